@@ -1,0 +1,153 @@
+"""Hardware probes (achieved memory bandwidth, matmul FLOP/s) and the GPU catalog in data/gpus.json.
+
+The bandwidth probe reads a working set far larger than the last-level cache (1 GiB by
+default): a probe that fits in cache reports the cache's speed, not DRAM's.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any
+
+from . import config
+from .timing import Measurement, measure
+
+CATALOG = config.DATA_DIR / "gpus.json"
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_gb: float
+    bandwidth_gbs: float
+    fp16_tflops: float | None
+    bf16_tflops: float | None
+    int8_tops: float | None
+    source: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * 1e9)
+
+    def flops_for(self, dtype: str) -> float | None:
+        """Peak dense FLOP/s that a model stored in ``dtype`` computes at (quantised weights
+        are dequantised to fp16 for the matmul)."""
+        tflops = self.bf16_tflops if dtype == "bf16" else self.fp16_tflops
+        if dtype == "fp32":
+            tflops = self.fp16_tflops / 2 if self.fp16_tflops else None  # tf32 tensor cores: half of fp16
+        return tflops * 1e12 if tflops else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@lru_cache(maxsize=1)
+def catalog() -> tuple[GPUSpec, ...]:
+    data = json.loads(CATALOG.read_text(encoding="utf-8"))
+    return tuple(GPUSpec(**{**g, "aliases": tuple(g.get("aliases", ()))}) for g in data["gpus"])
+
+
+def gpu(name: str) -> GPUSpec:
+    """Look a GPU up by name or alias, case-insensitively (``ValueError`` lists the names)."""
+    key = name.strip().lower().replace(" ", "-").replace("_", "-")
+    for spec in catalog():
+        if key == spec.name.lower() or key in spec.aliases:
+            return spec
+    raise ValueError(f"unknown GPU {name!r}; choose one of {[g.name for g in catalog()]} "
+                     "or pass --bandwidth-gbs")
+
+
+def catalog_frame():
+    import pandas as pd
+
+    return pd.DataFrame([g.to_dict() for g in catalog()]).drop(columns=["aliases"])
+
+
+@dataclass
+class BandwidthResult:
+    device: str
+    working_set_bytes: int
+    read: Measurement  # seconds per full read of the working set
+    kernel: str = "sum"
+
+    @property
+    def gbs(self) -> float:
+        """Best observed read bandwidth (GB/s): the roofline wants what the memory can deliver."""
+        return self.working_set_bytes / self.read.min / 1e9
+
+    @property
+    def median_gbs(self) -> float:
+        return self.working_set_bytes / self.read.median / 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "working_set_bytes": self.working_set_bytes, "kernel": self.kernel,
+                "bandwidth_gbs": self.gbs, "median_gbs": self.median_gbs, "read": self.read.to_dict()}
+
+
+def bandwidth(device: str | None = None, size_bytes: int = 2**30, repeats: int | None = None) -> BandwidthResult:
+    """Achieved read bandwidth: reduce a ``size_bytes`` fp32 tensor that has been written once
+    (so its pages exist), timing each full read."""
+    import torch
+
+    from . import env
+
+    device = device or env.device()
+    if size_bytes < 4 * 2**20:
+        raise ValueError(f"size_bytes={size_bytes}: use at least 4 MiB (and far more than the last-level cache)")
+    repeats = repeats or config.pick(10, 5)
+    x = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)  # written once: no page faults while timing
+    m = measure(lambda: x.sum(), repeats=repeats, warmup=1, name="full read", device=device)
+    del x
+    return BandwidthResult(device=device, working_set_bytes=size_bytes, read=m)
+
+
+@dataclass
+class MatmulResult:
+    device: str
+    n: int
+    dtype: str
+    seconds: Measurement
+
+    @property
+    def tflops(self) -> float:
+        return 2 * self.n**3 / self.seconds.min / 1e12
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "n": self.n, "dtype": self.dtype, "tflops": self.tflops,
+                "seconds": self.seconds.to_dict()}
+
+
+def matmul_flops(device: str | None = None, n: int = 2048, dtype: str = "fp32", repeats: int | None = None) -> MatmulResult:
+    """Achieved dense matmul throughput: an n×n by n×n product is 2n³ FLOPs."""
+    import torch
+
+    from . import env
+    from .models import torch_dtype
+
+    device = device or env.device()
+    if n <= 0:
+        raise ValueError(f"n={n}: must be positive")
+    td = torch_dtype(dtype)
+    a = torch.randn(n, n, device=device).to(td)
+    b = torch.randn(n, n, device=device).to(td)
+    m = measure(lambda: a @ b, repeats=repeats or config.pick(10, 3), warmup=1, name=f"matmul {n}", device=device)
+    return MatmulResult(device=device, n=n, dtype=dtype, seconds=m)
+
+
+def linear_layout_probe(out_features: int = 49152, in_features: int = 576, repeats: int | None = None) -> dict[str, Any]:
+    """The same matrix-vector product over the same bytes, weight stored (out, in) as nn.Linear
+    keeps it vs (in, out). On some CPU BLAS builds the first runs far below bandwidth."""
+    import torch
+    import torch.nn.functional as F
+
+    w = torch.randn(out_features, in_features)
+    wt = w.T.contiguous()
+    v = torch.randn(1, in_features)
+    reps = repeats or config.pick(30, 10)
+    a = measure(lambda: F.linear(v, w), repeats=reps, warmup=2, name="nn.Linear layout (out, in)")
+    b = measure(lambda: v @ wt, repeats=reps, warmup=2, name="transposed layout (in, out)")
+    nbytes = w.numel() * 4
+    return {"weight_bytes": nbytes, "linear_gbs": nbytes / a.median / 1e9, "transposed_gbs": nbytes / b.median / 1e9,
+            "linear": a, "transposed": b}

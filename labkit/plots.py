@@ -1,0 +1,55 @@
+"""Plotly figures that render offline: plotly.js is embedded in the notebook, never fetched."""
+from __future__ import annotations
+
+from typing import Any
+
+_TEMPLATE = "plotly_white"
+
+
+def setup_offline() -> None:
+    """Embed plotly.js in notebook outputs (renderer ``notebook``), so plots work without internet
+    and survive ``nbconvert --to slides``."""
+    import plotly.io as pio
+
+    pio.renderers.default = "notebook"
+    pio.templates.default = _TEMPLATE
+
+
+def bar(df: Any, x: str, y: str, title: str, y_title: str, color: str | None = None, text_auto: bool | str = ".3g"):
+    import plotly.express as px
+
+    fig = px.bar(df, x=x, y=y, color=color, title=title, text_auto=text_auto, barmode="group")
+    fig.update_layout(yaxis_title=y_title, template=_TEMPLATE)
+    return fig
+
+
+def line(df: Any, x: str, y: str | list[str], title: str, x_title: str, y_title: str,
+         color: str | None = None, log_x: bool = False, log_y: bool = False, markers: bool = True):
+    import plotly.express as px
+
+    fig = px.line(df, x=x, y=y, color=color, title=title, markers=markers, log_x=log_x, log_y=log_y)
+    fig.update_layout(xaxis_title=x_title, yaxis_title=y_title, template=_TEMPLATE)
+    return fig
+
+
+def scatter(df: Any, x: str, y: str, title: str, x_title: str, y_title: str, text: str | None = None,
+            color: str | None = None):
+    import plotly.express as px
+
+    fig = px.scatter(df, x=x, y=y, text=text, color=color, title=title)
+    if text:
+        fig.update_traces(textposition="top center")
+    fig.update_layout(xaxis_title=x_title, yaxis_title=y_title, template=_TEMPLATE)
+    return fig
+
+
+def predicted_vs_measured(labels: list[str], predicted: list[float], measured: list[float], title: str, unit: str):
+    """Side-by-side bars of a prediction and its measurement, with the ratio as text."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_bar(name="predicted", x=labels, y=predicted)
+    ratios = [f"{m / p:.2f}× of predicted" if p else "" for p, m in zip(predicted, measured)]
+    fig.add_bar(name="measured", x=labels, y=measured, text=ratios, textposition="outside")
+    fig.update_layout(title=title, yaxis_title=unit, barmode="group", template=_TEMPLATE)
+    return fig

@@ -1,0 +1,145 @@
+"""Results with provenance: rows of measurements plus the environment that produced them.
+
+A notebook keeps one ``Results`` object, adds rows as it measures, and saves it to
+``results/<name>.json`` atomically: a re-run replaces its own file and nothing else.
+Reference files in ``data/reference/`` use the same format.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import config
+
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-.")
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON values: dataclasses via to_dict, numpy/torch scalars via item(), NaN as None."""
+    if hasattr(value, "to_dict") and callable(value.to_dict):
+        return _jsonable(value.to_dict())
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
+        return _jsonable(value.item())
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_json_atomic(path: str | Path, data: Any) -> Path:
+    """Write JSON to a temporary file beside ``path`` and rename it over: never a half file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(_jsonable(data), fh, indent=2, allow_nan=False)
+            fh.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+@dataclass
+class Results:
+    name: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    env: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or not set(self.name.lower()) <= _NAME_CHARS:
+            raise ValueError(f"results name {self.name!r}: use letters, digits, '_', '-' or '.' (e.g. '01_hardware_sizing')")
+
+    def add(self, section: str, **values: Any) -> dict[str, Any]:
+        """Add one row (``section`` groups rows, e.g. 'decode'); returns it as stored."""
+        row = {"section": section, **_jsonable(values)}
+        self.rows.append(row)
+        return row
+
+    def replace(self, section: str, rows: list[dict[str, Any]]) -> None:
+        """Drop a section's rows and put these in their place (re-running a cell)."""
+        self.rows = [r for r in self.rows if r.get("section") != section]
+        for r in rows:
+            self.add(section, **r)
+
+    def section(self, section: str) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("section") == section]
+
+    def frame(self, section: str | None = None):
+        import pandas as pd
+
+        rows = self.rows if section is None else self.section(section)
+        df = pd.DataFrame(rows)
+        if section is not None and "section" in df:
+            df = df.drop(columns=["section"])
+        return df
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "env": self.env, "notes": self.notes, "rows": self.rows}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Results":
+        for key in ("name", "rows"):
+            if key not in data:
+                raise ValueError(f"not a labkit results file: key {key!r} missing")
+        return cls(name=data["name"], rows=list(data["rows"]), env=dict(data.get("env", {})),
+                   notes=dict(data.get("notes", {})))
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Save with the environment captured now; default ``results/<name>.json``."""
+        from . import env
+
+        if not self.env:
+            self.env = env.environment()
+        return write_json_atomic(path or default_path(self.name), self.to_dict())
+
+
+def default_path(name: str) -> Path:
+    return config.results_dir() / f"{name}.json"
+
+
+def load(path_or_name: str | Path) -> Results:
+    """Load a results file by path, or by name from the results directory."""
+    path = Path(path_or_name)
+    if not path.suffix:
+        path = default_path(str(path_or_name))
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no results file there; run its notebook first (or `make run`)")
+    return Results.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def reference_dir() -> Path:
+    return config.DATA_DIR / "reference"
+
+
+def reference(name: str) -> Results:
+    """A reference result from data/reference/ (measured elsewhere, with its provenance)."""
+    path = reference_dir() / f"{name}.json"
+    if not path.is_file():
+        have = sorted(p.stem for p in reference_dir().glob("*.json"))
+        raise FileNotFoundError(f"no reference result {name!r}; available: {have}")
+    return Results.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def provenance(res: Results) -> str:
+    """One line saying where and when a result was measured."""
+    e = res.env
+    hw = e.get("hardware", {})
+    where = hw.get("gpu") or hw.get("cpu") or "unknown hardware"
+    v = e.get("versions", {})
+    return (f"{res.name}: measured {e.get('date', '?')} on {where} ({e.get('device', '?')}), "
+            f"torch {v.get('torch', '?')}, transformers {v.get('transformers', '?')}; "
+            f"command: {e.get('command', '?')}")

@@ -1,0 +1,189 @@
+"""The one timing primitive: synchronise the device, then read ``perf_counter``.
+
+``measure`` keeps every raw sample; statistics are computed on demand, and a
+``Measurement`` warns when its spread is too wide to trust the median.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+SPREAD_LIMIT = 0.10  # flag a measurement whose (p90 - p10) / median exceeds 10 %
+
+
+def sync(device: Any = None) -> None:
+    """Wait for queued GPU work so the clock reads finished work (no-op on CPU)."""
+    name = str(device) if device is not None else ""
+    if name.startswith("cpu"):
+        return
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    if torch.cuda.is_available() and (not name or name.startswith("cuda")):
+        torch.cuda.synchronize()
+    elif name.startswith("mps"):
+        torch.mps.synchronize()
+
+
+def now(device: Any = None) -> float:
+    """Seconds on a monotonic clock, after the device has finished its queued work."""
+    sync(device)
+    return time.perf_counter()
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), ``q`` in [0, 100]."""
+    if not samples:
+        raise ValueError("percentile of no samples: measure at least once")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q={q} must lie in [0, 100]")
+    ordered = sorted(samples)
+    pos = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass
+class Measurement:
+    """Raw samples of one quantity with its unit; statistics are derived, never stored twice."""
+
+    name: str
+    samples: list[float]
+    unit: str = "s"
+    first: float | None = None  # the first (cold) call, kept apart from the samples
+    warmup: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_values(cls, name: str, values: list[float], unit: str = "s", **kw: Any) -> "Measurement":
+        if not values:
+            raise ValueError(f"{name}: no samples; run at least one repeat")
+        return cls(name=name, samples=[float(v) for v in values], unit=unit, **kw)
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples)
+
+    @property
+    def p10(self) -> float:
+        return percentile(self.samples, 10)
+
+    @property
+    def p90(self) -> float:
+        return percentile(self.samples, 90)
+
+    @property
+    def p99(self) -> float | None:
+        """Only with at least 100 samples; fewer cannot say anything about a 1 % tail."""
+        return percentile(self.samples, 99) if self.n >= 100 else None
+
+    @property
+    def min(self) -> float:
+        return min(self.samples)
+
+    @property
+    def max(self) -> float:
+        return max(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: the relative width of the middle 80 %."""
+        med = self.median
+        return (self.p90 - self.p10) / med if med else float("inf")
+
+    @property
+    def noisy(self) -> bool:
+        return self.n > 1 and self.spread > SPREAD_LIMIT
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "unit": self.unit,
+            "n": self.n,
+            "median": self.median,
+            "p10": self.p10,
+            "p90": self.p90,
+            "p99": self.p99,
+            "spread": self.spread,
+            "noisy": self.noisy,
+            "first": self.first,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.summary(), "samples": list(self.samples), "warmup": self.warmup, "meta": dict(self.meta)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Measurement":
+        return cls(name=data["name"], samples=list(data["samples"]), unit=data.get("unit", "s"),
+                   first=data.get("first"), warmup=data.get("warmup", 0), meta=dict(data.get("meta", {})))
+
+    def warn_if_noisy(self) -> None:
+        if self.noisy:
+            warnings.warn(
+                f"{self.name}: spread {self.spread:.0%} of the median exceeds {SPREAD_LIMIT:.0%}; "
+                "close other programs or raise the repeat count before trusting the median",
+                stacklevel=2,
+            )
+
+    def __repr__(self) -> str:
+        flag = "  (noisy)" if self.noisy else ""
+        return (f"Measurement({self.name}: median {self.median:.6g} {self.unit}, "
+                f"p10 {self.p10:.6g}, p90 {self.p90:.6g}, n={self.n}{flag})")
+
+
+def measure(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1, name: str = "call",
+            device: Any = None) -> Measurement:
+    """Time ``fn()`` ``repeats`` times after ``warmup`` untimed calls.
+
+    The first call is timed and stored as ``first`` (it pays for lazy initialisation);
+    it counts as one of the warmup calls when ``warmup >= 1``.
+    """
+    if repeats <= 0:
+        raise ValueError(f"repeats={repeats}: must be at least 1")
+    if warmup < 0:
+        raise ValueError(f"warmup={warmup}: must be 0 or more")
+    first: float | None = None
+    for i in range(warmup):
+        t0 = now(device)
+        fn()
+        if i == 0:
+            first = now(device) - t0
+    samples = []
+    for _ in range(repeats):
+        t0 = now(device)
+        fn()
+        samples.append(now(device) - t0)
+    if first is None:
+        first = samples[0]
+    return Measurement(name=name, samples=samples, unit="s", first=first, warmup=warmup)
+
+
+class _Stopwatch:
+    def __init__(self) -> None:
+        self.start: float = 0.0
+        self.seconds: float | None = None
+
+
+@contextmanager
+def track(device: Any = None) -> Iterator[_Stopwatch]:
+    """``with track() as t: ...`` then ``t.seconds``: one synchronised interval."""
+    watch = _Stopwatch()
+    watch.start = now(device)
+    yield watch
+    watch.seconds = now(device) - watch.start

@@ -1,0 +1,104 @@
+# %% md slide
+# # 00 · Setup: your machine, your model, your first measured answer
+#
+# Every number in this lab is measured on the machine in front of you. This notebook checks
+# what that machine can run, loads the default chat model (offline, from a PyPI wheel), asks it
+# one question and times the answer: time to first token and tokens per second.
+
+# %% md subslide
+# ## Learning objectives
+#
+# - Read the capabilities table: which optimisation paths this machine can take, and why not.
+# - Load a real chat model with one call, and know where its files live.
+# - Measure time to first token (TTFT) and decode speed for one answer, and see why the first
+#   call is slower than the second.
+# - Know where results are saved, with the environment that produced them.
+
+# %% slide
+import labkit
+from labkit import config, env, generation, memory, models, results, sizing
+
+labkit.plots.setup_offline()
+print("labkit", labkit.__version__, "| quick mode:", config.quick())
+print({k: v for k, v in env.versions().items() if v})
+env.capabilities_frame()
+
+# %% subslide parameters
+QUESTION = "What is the capital of France? Answer in one sentence."
+MAX_NEW_TOKENS = config.pick(64, 24)  # tokens to generate per answer
+DTYPE = "fp32"  # the baseline precision; later notebooks change it
+
+# %% md slide
+# ## Predict, then load
+#
+# Before loading, the sizing model predicts how many bytes the weights take: parameters are
+# counted on a model built on the meta device (no memory used), times bytes per parameter.
+
+# %% fragment
+predicted = sizing.estimate("default", dtype=DTYPE, context=1)
+print(f"{predicted.model}: {predicted.n_params:,} parameters → predicted weights {predicted.weight_bytes / 2**20:.1f} MiB in {DTYPE}")
+
+# %% subslide
+lm = models.load(dtype=DTYPE)
+measured = memory.param_bytes(lm.model)
+print(f"loaded {lm.name} on {lm.device} in {lm.load_seconds:.2f} s from {models.resolve()}")
+print(f"parameter bytes: measured {measured.mib:.1f} MiB, predicted {predicted.weight_bytes / 2**20:.1f} MiB, "
+      f"ratio {measured.bytes / predicted.weight_bytes:.3f}")
+memory.frame(memory.snapshot(lm.model))
+
+# %% md slide
+# ## A first chat, timed token by token
+#
+# A streamer hook stamps each token as `generate` hands it over: **TTFT** is the time to the
+# first token (prefill), **TPOT** the mean time per token after it (decode).
+
+# %% fragment
+first = generation.generate(lm.model, lm.tokenizer, QUESTION, max_new_tokens=MAX_NEW_TOKENS)
+print("answer:", first.text)
+print(f"TTFT {first.ttft_s * 1e3:.0f} ms · {first.n_out} tokens · "
+      f"decode {first.decode_tokens_per_s or float('nan'):.1f} tokens/s · E2E {first.e2e_s:.2f} s")
+
+# %% subslide
+second = generation.generate(lm.model, lm.tokenizer, QUESTION, max_new_tokens=MAX_NEW_TOKENS)
+print(f"second call: TTFT {second.ttft_s * 1e3:.0f} ms (first {first.ttft_s * 1e3:.0f} ms), "
+      f"decode {second.decode_tokens_per_s or float('nan'):.1f} tokens/s")
+print("same answer:", second.text == first.text)
+
+# %% md slide
+# ## Save what was measured
+#
+# Results go to `results/00_setup.json` with the hardware, library versions, date and command.
+# Re-running this notebook replaces that file and nothing else.
+
+# %% fragment
+res = results.Results("00_setup")
+res.add("load", model=lm.name, dtype=DTYPE, device=lm.device, load_s=lm.load_seconds,
+        param_bytes=measured.bytes, predicted_bytes=predicted.weight_bytes)
+for label, r in (("first", first), ("second", second)):
+    res.add("chat", call=label, ttft_s=r.ttft_s, tpot_s=r.tpot_s, decode_tokens_per_s=r.decode_tokens_per_s,
+            n_out=r.n_out, e2e_s=r.e2e_s, answer=r.text)
+path = res.save()
+print("saved", path)
+
+# %% md slide
+# ## Takeaways
+
+# %% fragment
+res.frame("chat")[["call", "ttft_s", "tpot_s", "decode_tokens_per_s", "n_out", "answer"]]
+
+# %% md fragment
+# - The capabilities table says which later sections run here and which show reference results.
+# - The weights' size is predictable from the config before loading: parameters × bytes each.
+# - The first call pays one-time costs (lazy initialisation, allocator growth); notebook 04
+#   measures them. Compare the two TTFT values above.
+#
+# ## Exercises
+# 1. Set `LABKIT_MODEL` to another model directory and re-run: how do TTFT and tokens/s change?
+# 2. Ask a longer question: which of TTFT and TPOT grows, and why?
+
+# %% hide
+# Solution sketch for exercise 2: TTFT grows with prompt length (prefill processes every
+# prompt token at once); TPOT barely moves (each decode step reads the same weights).
+long_q = QUESTION + " " + "Explain your reasoning in detail. " * 8
+r = generation.generate(lm.model, lm.tokenizer, long_q, max_new_tokens=8)
+print(f"prompt {r.n_prompt} tokens: TTFT {r.ttft_s * 1e3:.0f} ms, TPOT {(r.tpot_s or 0) * 1e3:.0f} ms")
