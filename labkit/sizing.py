@@ -237,3 +237,50 @@ def estimate(model: str | Any, dtype: str = "fp16", context: int = 2048, batch: 
         if flops:
             est.compute_bound_batch = compute_bound_batch(s.n_params, w, kv_tok, context, bw, flops)
     return est
+
+
+def _label(model: str) -> str:
+    return Path(model).name if Path(model).exists() else model
+
+
+def precision_table(models: list[str], dtypes: list[str]):
+    """Weight bytes for each model in each precision (GiB), one row per (model, dtype)."""
+    import pandas as pd
+
+    rows = []
+    for m in models:
+        s = shape(m)
+        for d in dtypes:
+            rows.append({"model": _label(m), "n_params": s.n_params, "dtype": normalize_dtype(d),
+                         "weight_gib": weight_bytes(s, d) / 2**30})
+    return pd.DataFrame(rows)
+
+
+def kv_table(models: list[str], contexts: list[int], batches: list[int], dtype: str = "fp16"):
+    """KV-cache GiB over context and batch for each model, with the weights for scale."""
+    import pandas as pd
+
+    rows = []
+    for m in models:
+        s = shape(m)
+        per_tok = kv_bytes_per_token(s, kv_dtype_for(dtype))
+        for b in batches:
+            for c in contexts:
+                rows.append({"model": _label(m), "batch": b, "context": c, "kv_bytes_per_token": per_tok,
+                             "kv_gib": kv_bytes(s, kv_dtype_for(dtype), c, b) / 2**30,
+                             "weight_gib": weight_bytes(s, dtype) / 2**30})
+    return pd.DataFrame(rows)
+
+
+def fit_table(models: list[str], gpus: list[str], dtypes: list[str], context: int, batch: int = 1):
+    """Which GPU fits which model: one row per (model, dtype, gpu) with total GiB and the ceiling."""
+    import pandas as pd
+
+    rows = []
+    for m in models:
+        for d in dtypes:
+            for g in gpus:
+                e = estimate(m, dtype=d, context=context, batch=batch, gpu=g)
+                rows.append({"model": _label(m), "dtype": e.dtype, "gpu": e.gpu, "total_gib": e.total_bytes / 2**30,
+                             "fits": e.fits, "ceiling_tokens_per_s": e.decode_tokens_per_s_ceiling})
+    return pd.DataFrame(rows)

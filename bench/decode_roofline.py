@@ -1,0 +1,51 @@
+"""Roofline check for the default model: predicted decode ceiling vs measured decode rate.
+
+Prints the ceiling first (bandwidth ÷ bytes read per token), then the measurement and the
+fraction of the ceiling reached. The last line is one JSON document.
+
+    python bench/decode_roofline.py [--dtype fp32] [--new-tokens 128] [--batch 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from labkit import config, env, generation, hardware, memory, models, sizing
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", default="fp32", choices=models.TORCH_DTYPES)
+    ap.add_argument("--new-tokens", type=int, default=config.pick(128, 32))
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=config.pick(3, 2))
+    args = ap.parse_args()
+
+    bw = hardware.bandwidth()
+    print(f"# bandwidth probe: {bw.gbs:.1f} GB/s best, {bw.median_gbs:.1f} GB/s median over "
+          f"{bw.read.n} reads of {bw.working_set_bytes / 2**30:.1f} GiB ({bw.device})")
+    lm = models.load(dtype=args.dtype)
+    weight_b = memory.param_bytes(lm.model).bytes
+    s = sizing.shape("default")
+    kv_tok = sizing.kv_bytes_per_token(s, sizing.kv_dtype_for(args.dtype))
+    context = 32 + args.new_tokens // 2  # prompt + half the answer: the mean context while decoding
+    ceiling = sizing.decode_ceiling(weight_b, kv_tok, context, args.batch, bw.gbs * 1e9)
+    print(f"# ceiling: {bw.gbs:.1f} GB/s ÷ {weight_b / 2**20:.0f} MiB per step → {ceiling:.1f} tokens/s")
+    dec = generation.measure_decode(lm.model, lm.tokenizer, batch=args.batch, new_tokens=args.new_tokens,
+                                    repeats=args.repeats)
+    ratio = dec["aggregate_tokens_per_s"] / ceiling
+    achieved_gbs = dec["aggregate_tokens_per_s"] / args.batch * sizing.decode_bytes_per_step(weight_b, kv_tok, context, args.batch) / 1e9
+    print(f"# measured: {dec['aggregate_tokens_per_s']:.1f} tokens/s = {ratio:.2f}× of the ceiling "
+          f"(achieved {achieved_gbs:.1f} GB/s)")
+    print(json.dumps({
+        "model": lm.name, "dtype": args.dtype, "batch": args.batch, "device": lm.device,
+        "bandwidth_gbs": bw.gbs, "bandwidth_median_gbs": bw.median_gbs, "weight_bytes": weight_b,
+        "ceiling_tokens_per_s": ceiling, "decode_tokens_per_s": dec["aggregate_tokens_per_s"],
+        "ratio": ratio, "achieved_gbs": achieved_gbs, "tpot_spread": dec["spread"],
+        "new_tokens": args.new_tokens, "repeats": args.repeats, "cpu": env.hardware()["cpu"],
+        "versions": {k: v for k, v in env.versions().items() if k in ("torch", "transformers")},
+    }))
+
+
+if __name__ == "__main__":
+    main()

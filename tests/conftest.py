@@ -1,0 +1,29 @@
+import os
+
+import pytest
+
+os.environ.setdefault("LABKIT_QUICK", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """A small random Llama (built in memory, no files) with the default model's tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from labkit import models
+
+    torch.manual_seed(0)
+    tok = models.load_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    model = LlamaForCausalLM(cfg).eval()
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def default_lm():
+    from labkit import models
+
+    return models.load(dtype="fp32")

@@ -1,0 +1,39 @@
+"""Committed notebooks carry no outputs, match their sources, and follow the notebook shape."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 2
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_outputs(path):
+    nb = json.loads(path.read_text())
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [], f"{path.name} cell {i} has outputs: strip them (make notebooks)"
+            assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_shape(path):
+    nb = json.loads(path.read_text())
+    cells = nb["cells"]
+    assert cells[0]["cell_type"] == "markdown" and "".join(cells[0]["source"]).startswith("# ")
+    assert all("slideshow" in c["metadata"] for c in cells), "every cell needs slide metadata"
+    assert sum("parameters" in c["metadata"].get("tags", []) for c in cells) == 1, "exactly one parameters cell"
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").lower()
+    assert "objectives" in text and "takeaways" in text and "exercises" in text
+
+
+def test_notebooks_match_sources():
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "nbbuild.py"), "--check"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -1,0 +1,65 @@
+import json
+import math
+
+import pytest
+
+from labkit import results
+
+
+def test_round_trip_with_environment(tmp_path):
+    res = results.Results("unit_test")
+    res.add("decode", batch=1, tokens_per_s=12.5, bad=float("nan"))
+    path = res.save(tmp_path / "r.json")
+    data = json.loads(path.read_text())
+    assert data["rows"][0] == {"section": "decode", "batch": 1, "tokens_per_s": 12.5, "bad": None}
+    for key in ("date", "hardware", "versions", "command", "device"):
+        assert key in data["env"]
+    again = results.load(path)
+    assert again.rows == res.rows and again.name == "unit_test"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left behind
+
+
+def test_replace_section_keeps_others():
+    res = results.Results("x")
+    res.add("a", v=1)
+    res.add("b", v=2)
+    res.replace("a", [{"v": 3}, {"v": 4}])
+    assert [r["v"] for r in res.section("a")] == [3, 4]
+    assert res.section("b") == [{"section": "b", "v": 2}]
+    assert list(res.frame("a")["v"]) == [3, 4]
+
+
+def test_default_path_uses_results_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_RESULTS", str(tmp_path))
+    path = results.Results("nb_x").save()
+    assert path == tmp_path / "nb_x.json"
+    assert results.load("nb_x").name == "nb_x"
+
+
+def test_bad_name_and_missing_files(tmp_path):
+    with pytest.raises(ValueError, match="results name"):
+        results.Results("../escape")
+    with pytest.raises(FileNotFoundError, match="run its notebook"):
+        results.load(tmp_path / "missing.json")
+    with pytest.raises(FileNotFoundError, match="available"):
+        results.reference("no_such_reference")
+    with pytest.raises(ValueError, match="not a labkit results file"):
+        results.Results.from_dict({"rows": []})
+
+
+def test_jsonable_handles_dataclasses_and_tensors():
+    import torch
+
+    from labkit.timing import Measurement
+
+    m = Measurement.from_values("t", [1.0, 2.0])
+    out = results._jsonable({"m": m, "t": torch.tensor(3.5), "inf": math.inf})
+    assert out["m"]["median"] == 1.5 and out["t"] == 3.5 and out["inf"] is None
+
+
+def test_reference_files_have_provenance():
+    for path in results.reference_dir().glob("*.json"):
+        res = results.load(path)
+        for key in ("date", "hardware", "versions", "command"):
+            assert key in res.env, f"{path.name} lacks env.{key}"
+        assert res.rows, f"{path.name} has no rows"

@@ -1,0 +1,124 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from labkit import config, sizing
+
+CONFIGS = config.DATA_DIR / "configs"
+# name: (published parameter count, hand-computed fp16 KV bytes per token = 2 × layers × kv_heads × head_dim × 2)
+PUBLIC = {
+    "SmolLM2-135M-Instruct": (134_515_008, 2 * 30 * 3 * 64 * 2),
+    "Llama-2-7b": (6_738_415_616, 2 * 32 * 32 * 128 * 2),
+    "Llama-3.1-8B": (8_030_261_248, 2 * 32 * 8 * 128 * 2),
+    "Mistral-7B-v0.1": (7_241_732_096, 2 * 32 * 8 * 128 * 2),
+    "Qwen2.5-1.5B-Instruct": (1_543_714_304, 2 * 28 * 2 * 128 * 2),  # attention biases, tied embeddings
+    "Qwen2-7B": (7_615_616_512, 2 * 28 * 4 * 128 * 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_param_count_and_kv_per_token(name):
+    published, kv_fp16 = PUBLIC[name]
+    s = sizing.shape(str(CONFIGS / name))
+    assert abs(s.n_params - published) / published < 0.005
+    assert sizing.kv_bytes_per_token(s, "fp16") == kv_fp16
+    assert sizing.kv_bytes_per_token(s, "fp32") == 2 * kv_fp16
+
+
+def test_weight_bytes_per_dtype():
+    s = sizing.shape(str(CONFIGS / "Llama-3.1-8B"))
+    assert sizing.weight_bytes(s, "fp32") == 4 * s.n_params
+    assert sizing.weight_bytes(s, "bf16") == sizing.weight_bytes(s, "fp16") == 2 * s.n_params
+    int8 = sizing.weight_bytes(s, "int8")
+    nf4 = sizing.weight_bytes(s, "nf4")
+    rest = (s.n_params - s.quantizable_params) * 2
+    assert int8 == rest + s.quantizable_params + 4 * s.quantizable_rows
+    assert nf4 == rest + s.quantizable_params // 2 + (s.quantizable_params // 64) * 4
+    assert nf4 < int8 < sizing.weight_bytes(s, "fp16")
+
+
+def test_kv_bytes_scales_with_context_and_batch():
+    s = sizing.shape("default")
+    assert sizing.kv_bytes(s, "fp16", 1000, 4) == 4 * 1000 * 23040
+    with pytest.raises(ValueError, match="context"):
+        sizing.kv_bytes(s, "fp16", 0, 1)
+    with pytest.raises(ValueError, match="batch"):
+        sizing.kv_bytes(s, "fp16", 10, -1)
+
+
+def test_roofline_math():
+    # 1 GB of weights at 100 GB/s, no KV: 100 tokens/s at batch 1, 800 at batch 8
+    assert sizing.decode_ceiling(10**9, 0, 1, 1, 100e9) == pytest.approx(100)
+    assert sizing.decode_ceiling(10**9, 0, 1, 8, 100e9) == pytest.approx(800)
+    # KV reads lower the ceiling: 1 GB weights + 4 × 250 MB KV = 2 GB per step → 4 × 50 = 200 tokens/s
+    assert sizing.decode_ceiling(10**9, 250_000, 1000, 4, 100e9) == pytest.approx(200)
+    # compute-bound crossover without KV: B* = F × W / (bw × 2N)
+    b = sizing.compute_bound_batch(10**9, 2 * 10**9, 0, 1, 1e12, 100e12)
+    assert b == pytest.approx(100e12 * 2e9 / (1e12 * 2e9))
+    # KV reads that grow faster than compute: never compute-bound
+    assert sizing.compute_bound_batch(10**9, 2 * 10**9, 10**7, 10**4, 1e12, 100e12) is None
+
+
+def test_estimate_with_gpu_and_kv_dtype_rule():
+    e = sizing.estimate(str(CONFIGS / "Llama-3.1-8B"), dtype="int4", context=8192, batch=2, gpu="T4")
+    assert e.kv_dtype == "fp16" and e.kv_bytes == 131072 * 8192 * 2
+    assert e.total_bytes == e.weight_bytes + e.kv_bytes
+    assert e.fits is True and e.total_bytes <= 16e9 * sizing.USABLE_FRACTION  # ~6 GB weights + 2 GiB KV
+    big = sizing.estimate(str(CONFIGS / "Llama-2-7b"), dtype="fp16", context=4096, gpu="T4")
+    assert big.fits is False  # 13.5 GB of fp16 weights + 2 GiB KV > 90 % of 16 GB
+    e32 = sizing.estimate("default", dtype="fp32", context=10, gpu="H200")
+    assert e32.kv_dtype == "fp32" and e32.fits is True
+    assert e32.decode_tokens_per_s_ceiling == pytest.approx(4800e9 / (e32.weight_bytes + e32.kv_bytes))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"dtype": "fp9"}, "unknown dtype"),
+    ({"context": 0}, "context"),
+    ({"batch": 0}, "batch"),
+    ({"gpu": "GTX-480"}, "unknown GPU"),
+    ({"bandwidth_gbs": -1.0}, "bandwidth"),
+])
+def test_estimate_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sizing.estimate("default", **kwargs)
+
+
+def test_unknown_model_paths():
+    with pytest.raises(ValueError, match="no such directory"):
+        sizing.load_config("./definitely/not/here")
+    with pytest.raises(ValueError, match="config.json"):
+        sizing.load_config(str(config.DATA_DIR))
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_size_json_keys():
+    out = _cli("size", str(CONFIGS / "Qwen2.5-1.5B-Instruct"), "--dtype", "bf16", "--context", "4096",
+               "--batch", "2", "--gpu", "L4", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for key in ("n_params", "weight_bytes", "kv_bytes_per_token", "kv_bytes", "total_bytes", "fits",
+                "decode_tokens_per_s_ceiling"):
+        assert key in data
+    assert data["n_params"] == 1_543_714_304
+    assert data["kv_bytes_per_token"] == 28672 and data["kv_bytes"] == 28672 * 4096 * 2
+
+
+@pytest.mark.parametrize("args", [
+    ["size", "no/such/dir/anywhere"],
+    ["size", "default", "--dtype", "fp9"],
+    ["size", "default", "--context", "0"],
+    ["size", "default", "--batch", "-3"],
+    ["size", "default", "--gpu", "Voodoo2"],
+    ["size", "default", "--bandwidth-gbs", "abc"],
+    ["nonsense"],
+])
+def test_cli_bad_input_exits_2_with_one_line(args):
+    out = _cli(*args)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("error:")

@@ -1,0 +1,71 @@
+import time
+
+import pytest
+
+from labkit import timing
+from labkit.timing import Measurement, measure, percentile
+
+
+def test_percentile_hand_checked():
+    xs = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert percentile(xs, 50) == 3.0
+    assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 5.0
+    assert percentile(xs, 10) == pytest.approx(1.4)  # 0.4 of the way from 1 to 2
+    assert percentile([10.0, 20.0], 90) == pytest.approx(19.0)
+
+
+def test_percentile_rejects_bad_input():
+    with pytest.raises(ValueError, match="no samples"):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_measurement_statistics_from_values():
+    m = Measurement.from_values("x", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], unit="ms")
+    assert m.n == 10 and m.median == 5.5 and m.unit == "ms"
+    assert m.p10 == pytest.approx(1.9) and m.p90 == pytest.approx(9.1)
+    assert m.spread == pytest.approx((9.1 - 1.9) / 5.5)
+    assert m.noisy  # spread far above 10 %
+    assert m.p99 is None  # too few samples for a 1 % tail
+    assert Measurement.from_values("y", list(range(1, 201))).p99 == pytest.approx(198.01)
+
+
+def test_quiet_measurement_is_not_noisy_and_round_trips():
+    m = Measurement.from_values("q", [1.00, 1.01, 0.99, 1.00, 1.02])
+    assert not m.noisy
+    again = Measurement.from_dict(m.to_dict())
+    assert again.samples == m.samples and again.median == m.median
+
+
+def test_noisy_measurement_warns():
+    m = Measurement.from_values("n", [1.0, 2.0, 3.0])
+    with pytest.warns(UserWarning, match="spread"):
+        m.warn_if_noisy()
+
+
+def test_measure_against_sleep():
+    calls = []
+
+    def nap():
+        calls.append(1)
+        time.sleep(0.02)
+
+    m = measure(nap, repeats=4, warmup=1, name="sleep")
+    assert len(calls) == 5  # warmup excluded from samples but executed
+    assert m.n == 4
+    assert 0.019 <= m.median < 0.06
+    assert m.first is not None and m.first >= 0.019
+
+
+def test_measure_rejects_bad_counts():
+    with pytest.raises(ValueError, match="repeats"):
+        measure(lambda: None, repeats=0)
+    with pytest.raises(ValueError, match="warmup"):
+        measure(lambda: None, warmup=-1)
+
+
+def test_track_context_manager():
+    with timing.track() as t:
+        time.sleep(0.01)
+    assert t.seconds is not None and t.seconds >= 0.009
