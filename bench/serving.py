@@ -1,0 +1,71 @@
+"""Dynamic batching on the serving path: the same load against max_batch_size=1 and max_batch_size=8.
+
+Starts ``python -m labkit serve`` itself (a child process per configuration, so the client's work does
+not share the server's interpreter), sends streaming requests from ``labkit.loadgen`` at a fixed
+concurrency, prints one JSON line per configuration, then one JSON document comparing them (last line).
+
+    flock /tmp/labkit-heavy.lock .venv/bin/python bench/serving.py [--requests 64] [--max-tokens 32]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from labkit import config, loadgen, serving  # noqa: E402
+from labkit.results import _jsonable  # noqa: E402
+
+KEYS = ("max_batch_size", "concurrency", "requests", "completed", "failed", "duration_s", "output_tokens",
+        "output_tokens_per_s", "request_throughput", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "itl_p50_s",
+        "e2e_p50_s", "e2e_p99_s", "mean_batch_size")
+
+
+def measure(max_batch_size: int, concurrency: int, requests: int, max_tokens: int, model: str | None) -> dict:
+    with serving.run_server(model, subprocess=True, port=0, max_batch_size=max_batch_size) as srv:
+        # warmup at full concurrency: every batch shape the run will see has been through the model once
+        loadgen.run(srv.url, num_requests=concurrency, max_concurrency=concurrency, max_tokens=4, warmup=1)
+        res = loadgen.run(srv.url, num_requests=requests, max_concurrency=concurrency, max_tokens=max_tokens,
+                          ignore_eos=True, warmup=0)
+        metrics = _scrape_mean_batch(srv.url)
+    summary = res.summary()
+    row = {"max_batch_size": max_batch_size, **summary, "mean_batch_size": metrics}
+    return {k: row.get(k) for k in KEYS}
+
+
+def _scrape_mean_batch(url: str) -> float | None:
+    """Mean batch size over the server's life (warmup included), from its Prometheus /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("labkit_batch_size_"))
+    count = float(values.get("labkit_batch_size_count", 0))
+    return float(values["labkit_batch_size_sum"]) / count if count else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=config.pick(64, 24), help="requests per configuration")
+    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per request (ignore_eos: exactly this)")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--model", default=None, help="default: LABKIT_MODEL or the default model")
+    args = ap.parse_args()
+    rows = []
+    for b in args.batch_sizes:
+        row = measure(b, args.concurrency, args.requests, args.max_tokens, args.model)
+        rows.append(row)
+        print(json.dumps(_jsonable(row)), flush=True)
+    base = rows[0]["output_tokens_per_s"]
+    speedups = {str(r["max_batch_size"]): r["output_tokens_per_s"] / base for r in rows} if base else {}
+    print(json.dumps(_jsonable({"bench": "serving", "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+                                "requests": args.requests, "speedup_vs_first": speedups,
+                                "failed": sum(r["failed"] for r in rows), "configs": rows})))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""Batching: a static batch-size sweep, the cost of padding, and the batched greedy decoder the server runs.
+
+Static batching runs B prompts as one left-padded batch through ``generate``: every decode step reads the
+weights once for all B sequences, so total tokens/s grows with B while each user's tokens/s falls a little.
+``decode_batch`` is the server's engine: ``prefill`` then ``decode_one_token`` steps on a shared KV cache,
+dropping each sequence from the batch as soon as it finishes (so a short answer does not ride along with
+the longest one, burning compute on padding).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Iterable, Sequence as SequenceABC
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import config
+from .generation import generate
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
+GPU_MAX_BATCH = 4096  # the GPU sweep doubles until memory runs out or this cap
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}={value!r}: must be a positive integer")
+    return value
+
+
+def load_prompts(kind: str = "prompts") -> list[str]:
+    """The fixed prompts in data/prompts.json: 'prompts' (mixed lengths) or 'questions' (short answers)."""
+    data = json.loads((config.DATA_DIR / "prompts.json").read_text(encoding="utf-8"))
+    choices = [k for k, v in data.items() if isinstance(v, list)]
+    if kind not in choices:
+        raise ValueError(f"prompt set {kind!r}: choose one of {choices}")
+    return list(data[kind])
+
+
+def cycle(prompts: SequenceABC[str], n: int) -> list[str]:
+    """``n`` prompts taken round-robin from ``prompts``."""
+    if not prompts:
+        raise ValueError("no prompts: pass at least one string")
+    return [prompts[i % len(prompts)] for i in range(_positive("n", n))]
+
+
+# --------------------------------------------------------------------------------------------- padding
+
+
+def padding_stats(lengths: SequenceABC[int]) -> dict[str, Any]:
+    """Tokens a left-padded batch computes versus the tokens its prompts really have."""
+    if not lengths or any(n <= 0 for n in lengths):
+        raise ValueError(f"lengths={list(lengths)!r}: need at least one prompt, each with at least one token")
+    longest = max(lengths)
+    real = sum(lengths)
+    padded = longest * len(lengths)
+    return {"batch": len(lengths), "real_tokens": real, "padded_tokens": padded, "pad_tokens": padded - real,
+            "wasted_fraction": (padded - real) / padded, "longest": longest, "shortest": min(lengths)}
+
+
+def prompt_lengths(tokenizer: Any, prompts: SequenceABC[str]) -> list[int]:
+    """Chat-formatted prompt lengths in tokens (what a batch really has to prefill)."""
+    from .models import chat_inputs
+
+    return [int(chat_inputs(tokenizer, p)["input_ids"].shape[1]) for p in prompts]
+
+
+def padding_experiment(model: Any, tokenizer: Any, batch: int = 8, new_tokens: int = 8, long_repeat: int = 3,
+                       repeats: int = 1) -> list[dict[str, Any]]:
+    """Prefill and decode cost of padding: one long prompt among short ones, versus length buckets.
+
+    Cases: the mixed batch padded to its longest prompt; the short prompts alone; the long prompt alone.
+    Bucketing (short batch + long alone) is the remedy a server can apply; its cost is the sum of the two.
+    """
+    _positive("batch", batch)
+    if batch < 2:
+        raise ValueError("batch must be at least 2: one long prompt plus short ones")
+    shorts = cycle(load_prompts("questions"), batch - 1)
+    long_prompt = "Summarise the following text. " + " ".join(load_prompts("prompts") * long_repeat)
+    cases = {"mixed (padded to longest)": [long_prompt] + shorts, "short prompts only": shorts,
+             "long prompt alone": [long_prompt]}
+    rows = []
+    for case, prompts in cases.items():
+        lengths = prompt_lengths(tokenizer, prompts)
+        generate(model, tokenizer, prompts, max_new_tokens=2, fixed_length=True)  # warmup at this shape
+        runs = [generate(model, tokenizer, prompts, max_new_tokens=new_tokens, fixed_length=True)
+                for _ in range(repeats)]
+        rows.append({"case": case, **padding_stats(lengths),
+                     "ttft_s": statistics.median(r.ttft_s for r in runs),
+                     "tpot_s": statistics.median(r.tpot_s for r in runs if r.tpot_s is not None),
+                     "e2e_s": statistics.median(r.e2e_s for r in runs)})
+    short, alone = rows[1], rows[2]
+    rows.append({"case": "bucketed (short batch, then long alone)", "batch": batch,
+                 "real_tokens": short["real_tokens"] + alone["real_tokens"],
+                 "padded_tokens": short["padded_tokens"] + alone["padded_tokens"],
+                 "pad_tokens": short["pad_tokens"] + alone["pad_tokens"],
+                 "wasted_fraction": (short["pad_tokens"] + alone["pad_tokens"]) /
+                 (short["padded_tokens"] + alone["padded_tokens"]),
+                 "longest": alone["longest"], "shortest": short["shortest"],
+                 "ttft_s": short["ttft_s"] + alone["ttft_s"], "tpot_s": None,
+                 "e2e_s": short["e2e_s"] + alone["e2e_s"]})
+    return rows
+
+
+# ------------------------------------------------------------------------------------ static sweep
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def _free_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def default_batch_sizes(device: str) -> tuple[int, ...]:
+    """1…16 on a CPU; on a GPU keep doubling until memory runs out (capped at GPU_MAX_BATCH)."""
+    if str(device).startswith("cuda"):
+        sizes, b = [], 1
+        while b <= GPU_MAX_BATCH:
+            sizes.append(b)
+            b *= 2
+        return tuple(sizes)
+    return DEFAULT_BATCH_SIZES
+
+
+def sweep_row(batch_size: int, runs: list[Any], lengths: list[int]) -> dict[str, Any]:
+    """One sweep row from timed ``GenerationResult``s of a static batch (all sequences finish together)."""
+    ttft = statistics.median(r.ttft_s for r in runs)
+    e2e = statistics.median(r.e2e_s for r in runs)
+    tpots = [r.tpot_s for r in runs if r.tpot_s is not None]
+    tpot = statistics.median(tpots) if tpots else None
+    n_out = runs[0].n_out
+    pad = padding_stats(lengths)
+    return {"batch_size": batch_size, "status": "ok", "n_out": n_out, "ttft_s": ttft, "tpot_s": tpot,
+            "latency_s": e2e, "tokens_per_s_per_user": n_out / e2e, "total_tokens_per_s": batch_size * n_out / e2e,
+            "decode_tokens_per_s_per_user": 1 / tpot if tpot else None, "pad_tokens": pad["pad_tokens"],
+            "wasted_fraction": pad["wasted_fraction"], "repeats": len(runs)}
+
+
+def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None = None, new_tokens: int = 32,
+                 repeats: int = 1, prompts: SequenceABC[str] | None = None,
+                 progress: bool = True) -> list[dict[str, Any]]:
+    """Per-request latency, TTFT, TPOT and total output tokens/s for each static batch size.
+
+    Each batch holds ``batch_size`` prompts (round-robin from ``prompts``, mixed lengths, left padded) and
+    generates exactly ``new_tokens`` tokens per sequence. One untimed warmup per size, then ``repeats``
+    timed runs (medians reported). An out-of-memory becomes a row with status 'oom' and the sweep goes on;
+    on a GPU with the default sizes, the sweep stops growing after the first 'oom' row.
+    """
+    from tqdm.auto import tqdm
+
+    _positive("new_tokens", new_tokens)
+    _positive("repeats", repeats)
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens={new_tokens}: need at least 2 to time decode")
+    device = str(next(model.parameters()).device)
+    auto = batch_sizes is None
+    sizes = list(default_batch_sizes(device) if auto else batch_sizes)
+    for b in sizes:
+        _positive("batch size", b)
+    prompts = list(prompts) if prompts is not None else load_prompts("prompts")
+    rows: list[dict[str, Any]] = []
+    for b in tqdm(sizes, desc="batch sizes", disable=not progress):
+        batch_prompts = cycle(prompts, b)
+        try:
+            generate(model, tokenizer, batch_prompts, max_new_tokens=2, fixed_length=True)  # warmup
+            runs = [generate(model, tokenizer, batch_prompts, max_new_tokens=new_tokens, fixed_length=True)
+                    for _ in range(repeats)]
+        except (RuntimeError, MemoryError) as exc:
+            if not isinstance(exc, MemoryError) and not _is_oom(exc):
+                raise
+            _free_memory()
+            rows.append({"batch_size": b, "status": "oom", "error": str(exc).splitlines()[0][:200]})
+            if auto:
+                break
+            continue
+        rows.append(sweep_row(b, runs, prompt_lengths(tokenizer, batch_prompts)))
+    return rows
+
+
+def pareto_front(rows: list[dict[str, Any]], x: str = "total_tokens_per_s",
+                 y: str = "tokens_per_s_per_user") -> list[dict[str, Any]]:
+    """Rows no other row beats on both ``x`` and ``y`` (higher is better), sorted by ``x``."""
+    ok = [r for r in rows if r.get("status", "ok") == "ok" and r.get(x) is not None and r.get(y) is not None]
+    front = [r for r in ok if not any(o[x] >= r[x] and o[y] >= r[y] and (o[x] > r[x] or o[y] > r[y]) for o in ok)]
+    return sorted(front, key=lambda r: r[x])
+
+
+def pareto_figure(rows: list[dict[str, Any]], title: str = "Static batching: each user's speed against the total"):
+    """Scatter of tokens/s per user (y) against total tokens/s (x), labelled by batch size, front joined."""
+    import plotly.graph_objects as go
+
+    ok = [r for r in rows if r.get("status", "ok") == "ok"]
+    front = pareto_front(ok)
+    fig = go.Figure()
+    fig.add_scatter(x=[r["total_tokens_per_s"] for r in ok], y=[r["tokens_per_s_per_user"] for r in ok],
+                    mode="markers+text", text=[f"B={r['batch_size']}" for r in ok], textposition="top center",
+                    name="batch size", marker={"size": 10})
+    fig.add_scatter(x=[r["total_tokens_per_s"] for r in front], y=[r["tokens_per_s_per_user"] for r in front],
+                    mode="lines", name="Pareto front", line={"dash": "dot"})
+    fig.update_layout(title=title, xaxis_title="total output tokens/s (all users)",
+                      yaxis_title="output tokens/s per user", template="plotly_white")
+    return fig
+
+
+# ------------------------------------------------------------------------ the server's batched decoder
+
+
+@dataclass
+class Sequence:
+    """One request inside ``decode_batch``. ``on_token(token_id, finish_reason)`` runs in the model thread;
+    ``finish_reason`` is None until the last token ('stop' at end-of-sequence, 'length' at the limit)."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    ignore_eos: bool = False
+    on_token: Callable[[int, str | None], None] | None = None
+    cancelled: Callable[[], bool] = lambda: False
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # stop | length | cancelled | aborted
+
+
+@dataclass
+class BatchStats:
+    """What one ``decode_batch`` call did: steps run and row-steps computed versus tokens kept."""
+
+    batch_size: int
+    prompt_tokens: int
+    padded_prompt_tokens: int
+    steps: int = 0
+    computed_rows: int = 0  # sum over steps of the rows in the batch (padding rows count)
+    output_tokens: int = 0
+
+    @property
+    def wasted_fraction(self) -> float:
+        return 1 - self.output_tokens / self.computed_rows if self.computed_rows else 0.0
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every token id that ends a sequence: the tokenizer's and the generation config's."""
+    ids: set[int] = set()
+    for value in (getattr(tokenizer, "eos_token_id", None), getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def left_pad(prompt_ids: list[list[int]], pad_id: int, device: Any = "cpu"):
+    """(B, T) input ids and attention mask, shorter prompts padded on the left so new tokens line up."""
+    import torch
+
+    longest = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), longest), dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        ids[i, longest - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, longest - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def positions(attention_mask):
+    """Position of each token counting only real ones (pads get 1, as in transformers' generate)."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.masked_fill(attention_mask == 0, 1)
+
+
+def prefill(model: Any, input_ids, attention_mask):
+    """Run the whole (B, T) prompt batch once; return the (B,) greedy next tokens and the KV cache."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions(attention_mask),
+                past_key_values=cache, use_cache=True, logits_to_keep=1)  # only the last position's logits
+    return out.logits[:, -1].argmax(-1), out.past_key_values
+
+
+def decode_one_token(model: Any, tokens, attention_mask, position_ids, cache):
+    """One decode step for the batch: (B,) tokens in, (B,) greedy next tokens out; the cache grows by one."""
+    out = model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=position_ids[:, None],
+                past_key_values=cache, use_cache=True)
+    return out.logits[:, -1].argmax(-1)
+
+
+def decode_batch(model: Any, seqs: list[Sequence], eos: set[int], pad_id: int, *, drop_finished: bool = True,
+                 should_abort: Callable[[], bool] = lambda: False) -> BatchStats:
+    """Greedy-decode a batch of sequences together, streaming each token through ``Sequence.on_token``.
+
+    ``drop_finished=True`` removes a finished (or cancelled) sequence from the batch and the KV cache at once;
+    ``False`` keeps it computing until the longest sequence is done, the cost static batching pays.
+    ``should_abort()`` is checked between steps; an abort marks unfinished sequences 'aborted'.
+    """
+    import torch
+
+    if not seqs:
+        raise ValueError("decode_batch needs at least one sequence")
+    for s in seqs:
+        if not s.prompt_ids:
+            raise ValueError("every sequence needs at least one prompt token")
+        _positive("max_new_tokens", s.max_new_tokens)
+    device = next(model.parameters()).device
+    input_ids, mask = left_pad([s.prompt_ids for s in seqs], pad_id, device)
+    stats = BatchStats(batch_size=len(seqs), prompt_tokens=sum(len(s.prompt_ids) for s in seqs),
+                       padded_prompt_tokens=int(input_ids.numel()))
+    active = list(range(len(seqs)))  # row r of the batch holds seqs[active[r]]
+    with torch.inference_mode():
+        next_tokens, cache = prefill(model, input_ids, mask)
+        pos = positions(mask)[:, -1]
+        while True:
+            stats.steps += 1
+            stats.computed_rows += len(active)
+            chosen = next_tokens.tolist()  # one host sync per step for the whole batch
+            keep = []
+            for row, idx in enumerate(active):
+                s = seqs[idx]
+                if s.finish_reason is not None:  # kept only because drop_finished=False
+                    continue
+                token = int(chosen[row])
+                s.tokens.append(token)
+                stats.output_tokens += 1
+                if token in eos and not s.ignore_eos:
+                    s.finish_reason = "stop"
+                elif len(s.tokens) >= s.max_new_tokens:
+                    s.finish_reason = "length"
+                if s.on_token is not None:
+                    s.on_token(token, s.finish_reason)
+                if s.finish_reason is None and s.cancelled():
+                    s.finish_reason = "cancelled"
+                if s.finish_reason is None or not drop_finished:
+                    keep.append(row)
+            if all(seqs[i].finish_reason is not None for i in active):
+                break
+            if should_abort():
+                for i in active:
+                    if seqs[i].finish_reason is None:
+                        seqs[i].finish_reason = "aborted"
+                break
+            if len(keep) < len(active):  # shrink the batch: rows, mask and every layer's KV cache
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                mask, pos, next_tokens = mask[index], pos[index], next_tokens[index]
+                active = [active[r] for r in keep]
+            # finished rows kept by drop_finished=False are fed padding and their output is ignored
+            done = torch.tensor([seqs[i].finish_reason is not None for i in active], device=device)
+            feed = next_tokens.masked_fill(done, pad_id)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            pos = pos + 1
+            next_tokens = decode_one_token(model, feed, mask, pos, cache)
+    return stats
