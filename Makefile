@@ -40,7 +40,7 @@ setup: $(STAMP)
 lab: setup
 	@echo "JupyterLab on 127.0.0.1:$(PORT); open the URL with the token printed below."
 	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) \
-		--ServerApp.root_dir=notebooks
+		--ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup
 	$(MAKE) test-unit test-notebooks
