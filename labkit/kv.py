@@ -1,0 +1,316 @@
+"""The KV cache, measured: its bytes against the sizing formula, cache on vs off, dynamic vs
+static, attention implementations, and the prefill/decode split.
+
+``generate`` feeds every token but the last through the model, so after a request of
+``n_prompt`` prompt tokens and ``n_new`` new tokens the cache holds ``n_prompt + n_new - 1``
+positions per sequence. The sizing model predicts 2 (K and V) × layers × KV heads × head_dim ×
+bytes per position; ``cache_bytes`` sums the tensors actually held, so the two can be compared.
+
+``python -m labkit.kv reference`` measures dynamic/static caches with and without
+torch.compile in full size and writes ``data/reference/05_kv_cache_compile.json``: the notebook
+shows it in quick mode, where compiling the model would take most of the time budget.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from . import config, generation, sizing
+from .timing import Measurement
+
+DEFAULT_PROMPT = "Write a short story about a lighthouse keeper."
+CACHE_VARIANTS = ("dynamic", "static", "static+compile")
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
+REFERENCE_COMPILE = "05_kv_cache_compile"
+
+
+# ---------------------------------------------------------------- measuring the cache itself
+
+def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
+    """(key, value) tensors per layer from a transformers ``Cache`` (4.5x: ``.layers``) or a legacy tuple."""
+    if cache is None:
+        raise ValueError("no cache: the model ran with use_cache=False, so there is nothing to measure")
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        pairs = [(layer.keys, layer.values) for layer in layers]
+    else:
+        pairs = [(kv[0], kv[1]) for kv in cache]
+    for k, v in pairs:
+        assert k is not None and v is not None, "cache layer not initialised: run a forward pass first"
+    return pairs
+
+
+def cache_bytes(cache: Any) -> int:
+    """Bytes of every key and value tensor the cache holds (allocated size, padding included)."""
+    return sum(t.numel() * t.element_size() for pair in cache_layers(cache) for t in pair)
+
+
+def cache_positions(cache: Any) -> int:
+    """Positions per sequence the cache holds storage for (the K tensors' sequence dimension)."""
+    return int(cache_layers(cache)[0][0].shape[-2])
+
+
+@dataclass
+class CacheSize:
+    """One cache measured against the sizing formula for the same context and batch."""
+
+    cache_class: str
+    kv_dtype: str
+    batch: int
+    context: int  # positions predicted: n_prompt + n_new - 1
+    positions: int  # positions the cache actually holds storage for
+    measured_bytes: int
+    predicted_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_bytes / self.predicted_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ratio": self.ratio}
+
+
+def _model_device(model: Any) -> Any:
+    return next(model.parameters()).device
+
+
+def _kv_dtype(model: Any) -> str:
+    return sizing.normalize_dtype(str(model.dtype))
+
+
+def predicted_bytes(model: Any, context: int, batch: int = 1) -> int:
+    """``labkit.sizing.kv_bytes`` for this model's config and compute dtype."""
+    return sizing.kv_bytes(sizing.shape(model.config), _kv_dtype(model), context, batch)
+
+
+def measure_cache(model: Any, tokenizer: Any, prompt: str = DEFAULT_PROMPT, new_tokens: int = 16,
+                  batch: int = 1, **gen_kwargs: Any) -> CacheSize:
+    """Generate ``new_tokens`` for ``batch`` copies of ``prompt`` and measure the returned cache.
+
+    Identical prompts keep the batch unpadded, so every row holds the same number of positions.
+    """
+    import torch
+
+    from .models import chat_inputs
+
+    generation._check_tokens(new_tokens)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
+        raise ValueError(f"batch={batch!r}: must be a positive integer")
+    inputs = chat_inputs(tokenizer, [prompt] * batch, device=str(_model_device(model)))
+    n_prompt = inputs["input_ids"].shape[1]
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id, **gen_kwargs)
+    cache = out.past_key_values
+    context = n_prompt + new_tokens - 1  # the last sampled token is never fed back
+    return CacheSize(cache_class=type(cache).__name__, kv_dtype=_kv_dtype(model), batch=batch, context=context,
+                     positions=cache_positions(cache), measured_bytes=cache_bytes(cache),
+                     predicted_bytes=predicted_bytes(model, context, batch))
+
+
+def prompt_of_length(tokenizer: Any, n_tokens: int, batch: int = 1, device: str = "cpu") -> dict[str, Any]:
+    """Inputs of exactly ``n_tokens`` real tokens (text from data/prompts.json, repeated)."""
+    import torch
+
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens <= 0:
+        raise ValueError(f"n_tokens={n_tokens!r}: must be a positive integer")
+    texts = json.loads((config.DATA_DIR / "prompts.json").read_text(encoding="utf-8"))["prompts"]
+    ids: list[int] = []
+    while len(ids) < n_tokens:
+        ids += tokenizer(" ".join(texts), add_special_tokens=False)["input_ids"]
+    row = torch.tensor([ids[:n_tokens]] * batch, device=device)
+    return {"input_ids": row, "attention_mask": torch.ones_like(row)}
+
+
+def prefill(model: Any, input_ids: Any, attention_mask: Any) -> Any:
+    """One forward over the whole prompt: (batch, seq) tokens → next-token logits and a filled cache."""
+    from transformers import DynamicCache
+
+    # logits for the last position only, as generate does: the lm_head is a 49k-wide matmul per token
+    return model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=DynamicCache(),
+                 use_cache=True, logits_to_keep=1)
+
+
+def decode_one_token(model: Any, token: Any, attention_mask: Any, cache: Any) -> Any:
+    """One decode step: (batch, 1) token + the cache → logits for the next; the cache grows by one."""
+    return model(input_ids=token, attention_mask=attention_mask, past_key_values=cache, use_cache=True,
+                 logits_to_keep=1)
+
+
+def prefill_cache_sizes(model: Any, tokenizer: Any, contexts: Iterable[int], batch: int = 1) -> list[CacheSize]:
+    """Cache bytes after prefilling prompts of each length: the growth line against the formula."""
+    import torch
+
+    rows = []
+    with torch.inference_mode():
+        for ctx in contexts:
+            inputs = prompt_of_length(tokenizer, ctx, batch=batch, device=str(_model_device(model)))
+            cache = prefill(model, **inputs).past_key_values
+            rows.append(CacheSize(cache_class=type(cache).__name__, kv_dtype=_kv_dtype(model), batch=batch,
+                                  context=ctx, positions=cache_positions(cache), measured_bytes=cache_bytes(cache),
+                                  predicted_bytes=predicted_bytes(model, ctx, batch)))
+    return rows
+
+
+# ---------------------------------------------------------------- timing cache choices
+
+def timed_generate(model: Any, tokenizer: Any, prompt: Any = DEFAULT_PROMPT, new_tokens: int = 64,
+                   use_cache: bool = True, **gen_kwargs: Any) -> generation.GenerationResult:
+    """Exactly ``new_tokens`` greedy tokens, every token stamped (use_cache=False re-runs the whole sequence)."""
+    return generation.generate(model, tokenizer, prompt, max_new_tokens=new_tokens, fixed_length=True,
+                               use_cache=use_cache, **gen_kwargs)
+
+
+def per_token_rows(result: generation.GenerationResult, label: str) -> list[dict[str, Any]]:
+    """One row per generated token: its position, ITL (the first is TTFT) and the time elapsed so far."""
+    gaps = [result.ttft_s] + list(result.itl_s)
+    rows, elapsed = [], 0.0
+    for i, gap in enumerate(gaps, start=1):
+        elapsed += gap
+        rows.append({"variant": label, "token": i, "position": result.n_prompt + i - 1, "itl_s": gap,
+                     "elapsed_s": elapsed})
+    return rows
+
+
+def elapsed_at(result: generation.GenerationResult, points: Iterable[int]) -> dict[int, float]:
+    """Time from the call until token k arrived, for each k in ``points`` (read off the stamps)."""
+    rows = per_token_rows(result, "")
+    out = {}
+    for k in points:
+        if not 1 <= k <= len(rows):
+            raise ValueError(f"token {k}: this run produced {len(rows)} tokens; choose points within 1..{len(rows)}")
+        out[k] = rows[k - 1]["elapsed_s"]
+    return out
+
+
+def compile_config() -> Any:
+    """A CompileConfig that lets ``generate`` compile the decode step on any device (CPU included).
+
+    ``reduce-overhead`` (the default) means CUDA graphs; on CPU plain ``default`` mode is the useful one.
+    """
+    import torch
+    from transformers import CompileConfig
+
+    cfg = CompileConfig(mode="reduce-overhead" if torch.cuda.is_available() else "default")
+    cfg._compile_all_devices = True  # transformers only auto-compiles on CUDA unless told otherwise
+    return cfg
+
+
+def cache_variant_kwargs(variant: str) -> dict[str, Any]:
+    """``generate`` keyword arguments for one of CACHE_VARIANTS."""
+    if variant == "dynamic":
+        return {}
+    if variant == "static":
+        return {"cache_implementation": "static", "disable_compile": True}
+    if variant == "static+compile":
+        return {"cache_implementation": "static", "compile_config": compile_config()}
+    raise ValueError(f"unknown cache variant {variant!r}; choose one of {CACHE_VARIANTS}")
+
+
+def compare_cache_variants(model: Any, tokenizer: Any, variants: Iterable[str] = CACHE_VARIANTS,
+                           prompt: str = DEFAULT_PROMPT, new_tokens: int = 32, repeats: int = 3) -> list[dict[str, Any]]:
+    """First call (it pays allocation, and for compile the compilation) and steady TPOT per variant."""
+    rows = []
+    for variant in variants:
+        kwargs = cache_variant_kwargs(variant)
+        first = timed_generate(model, tokenizer, prompt, new_tokens, **kwargs)
+        runs = [timed_generate(model, tokenizer, prompt, new_tokens, **kwargs) for _ in range(repeats)]
+        tpot = Measurement.from_values(f"tpot {variant}", [r.tpot_s for r in runs if r.tpot_s is not None])
+        rows.append({"variant": variant, "new_tokens": new_tokens, "first_call_s": first.e2e_s,
+                     "ttft_s": min(r.ttft_s for r in runs), "tpot_s": tpot.median, "tpot_spread": tpot.spread,
+                     "decode_tokens_per_s": 1 / tpot.median, "e2e_s": min(r.e2e_s for r in runs),
+                     "repeats": repeats})
+    return rows
+
+
+def attention_status(device: str | None = None) -> list[dict[str, Any]]:
+    """Which attention implementations can run here, each unavailable one with its reason."""
+    from . import env
+
+    device = device or env.device()
+    rows = [{"attn_implementation": "eager", "available": True, "reason": ""},
+            {"attn_implementation": "sdpa", "available": True, "reason": ""}]
+    fa = env.capability("flash-attn")
+    if not device.startswith("cuda"):
+        reason = "flash_attention_2 needs a CUDA GPU; this run is on " + device
+    elif not fa.available:
+        reason = fa.reason
+    else:
+        reason = ""
+    rows.append({"attn_implementation": "flash_attention_2", "available": not reason, "reason": reason})
+    return rows
+
+
+def compare_attention(model: Any, tokenizer: Any, implementations: Iterable[str], prompt_tokens: int = 512,
+                      new_tokens: int = 16, repeats: int = 2) -> list[dict[str, Any]]:
+    """TTFT on a ``prompt_tokens`` prompt and TPOT, for each attention implementation (switched in place)."""
+    implementations = list(implementations)
+    bad = [i for i in implementations if i not in ATTENTION_IMPLEMENTATIONS]
+    if bad:
+        raise ValueError(f"unknown attention implementation(s) {bad}; choose from {ATTENTION_IMPLEMENTATIONS}")
+    inputs = prompt_of_length(tokenizer, prompt_tokens, device=str(_model_device(model)))
+    before = model.config._attn_implementation
+    rows = []
+    try:
+        for impl in implementations:
+            model.set_attn_implementation(impl)
+            timed_generate(model, tokenizer, inputs, 2)  # untimed: first call after the switch
+            runs = [timed_generate(model, tokenizer, inputs, new_tokens) for _ in range(repeats)]
+            ttft = Measurement.from_values("ttft", [r.ttft_s for r in runs])
+            tpot = Measurement.from_values("tpot", [r.tpot_s for r in runs if r.tpot_s is not None])
+            rows.append({"attn_implementation": impl, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
+                         "ttft_s": ttft.median, "tpot_s": tpot.median, "repeats": repeats,
+                         "answer_start": runs[0].text[:40]})
+    finally:
+        model.set_attn_implementation(before)
+    return rows
+
+
+def prefill_decode_split(model: Any, tokenizer: Any, prompt_tokens: Iterable[int], new_tokens: int = 16,
+                         repeats: int = 2) -> list[dict[str, Any]]:
+    """TTFT (prefill + first token) and TPOT (decode) for prompts of each length, both read off the stamps."""
+    rows = []
+    for n in prompt_tokens:
+        inputs = prompt_of_length(tokenizer, n, device=str(_model_device(model)))
+        runs = [timed_generate(model, tokenizer, inputs, new_tokens) for _ in range(repeats)]
+        ttft = Measurement.from_values("ttft", [r.ttft_s for r in runs])
+        tpot = Measurement.from_values("tpot", [r.tpot_s for r in runs if r.tpot_s is not None])
+        rows.append({"prompt_tokens": n, "new_tokens": new_tokens, "ttft_s": ttft.median, "tpot_s": tpot.median,
+                     "prefill_tokens_per_s": n / ttft.median, "decode_tokens_per_s": 1 / tpot.median,
+                     "repeats": repeats})
+    return rows
+
+
+# ---------------------------------------------------------------- reference file for quick mode
+
+def write_compile_reference(new_tokens: int = 64, repeats: int = 3, path: Any = None) -> Any:
+    """Measure CACHE_VARIANTS at full size and save them as a reference result with provenance."""
+    from . import models, results
+
+    lm = models.load()
+    res = results.Results(REFERENCE_COMPILE)
+    res.notes["about"] = ("Dynamic vs static KV cache, with and without torch.compile of the decode step; "
+                          "first_call_s includes compilation. Shown by notebook 05 in quick mode.")
+    res.replace("cache_variants", compare_cache_variants(lm.model, lm.tokenizer, CACHE_VARIANTS,
+                                                         new_tokens=new_tokens, repeats=repeats))
+    return res.save(path or results.reference_dir() / f"{REFERENCE_COMPILE}.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m labkit.kv", description="KV-cache reference measurements")
+    ap.add_argument("what", choices=["reference"], help="reference: write data/reference/05_kv_cache_compile.json")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+    path = write_compile_reference(new_tokens=args.new_tokens, repeats=args.repeats)
+    print(json.dumps({"wrote": str(path)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

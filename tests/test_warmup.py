@@ -1,0 +1,108 @@
+import pytest
+
+from labkit import warmup
+from labkit.warmup import ColdStart, WarmupReport
+
+
+class FakeService:
+    """A callable whose latency (on a fake clock) falls from ``slow_s`` over the first ``k`` calls, then stays
+    at ``fast_s``, as a warming service's does."""
+
+    def __init__(self, k: int, slow_s: float = 1.0, fast_s: float = 0.1, jitter: list[float] | None = None):
+        self.k, self.slow_s, self.fast_s = k, slow_s, fast_s
+        self.jitter = jitter or [0.0]
+        self.t = 0.0
+        self.calls = 0
+
+    def clock(self) -> float:
+        return self.t
+
+    def __call__(self) -> None:
+        i = self.calls
+        base = self.fast_s + (self.slow_s - self.fast_s) * (self.k - i) / self.k if i < self.k else self.fast_s
+        self.t += base * (1 + self.jitter[self.calls % len(self.jitter)])
+        self.calls += 1
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 7])
+def test_reports_the_calls_before_latency_settles(k):
+    svc = FakeService(k, jitter=[0.0, 0.02, -0.02])  # 2 % jitter once settled: under the 10 % bar
+    rep = warmup.warmup_calls(svc, until_spread=0.10, max_calls=30, window=5, clock=svc.clock)
+    assert rep.settled
+    assert rep.warmup_calls == k
+    assert rep.calls == svc.calls == k + 5
+    assert rep.final_spread is not None and rep.final_spread < 0.10
+    assert rep.steady_s == pytest.approx(0.1, rel=0.03)
+    assert all(t > 0.1 * 1.05 for t in rep.latencies_s[:k])  # every warmup call was slower than steady
+
+
+def test_never_loops_forever_when_latency_never_settles():
+    svc = FakeService(k=0, jitter=[0.0, 0.5])  # alternates 0.10 s and 0.15 s: always 50 % apart
+    rep = warmup.warmup_calls(svc, until_spread=0.10, max_calls=12, window=4, clock=svc.clock)
+    assert not rep.settled and rep.warmup_calls is None and rep.steady_s is None
+    assert rep.calls == svc.calls == 12
+    assert rep.final_spread is not None and rep.final_spread > 0.10
+
+
+def test_a_looser_bar_settles_the_same_series():
+    svc = FakeService(k=0, jitter=[0.0, 0.5])
+    rep = warmup.warmup_calls(svc, until_spread=0.6, max_calls=12, window=4, clock=svc.clock)
+    assert rep.settled and rep.warmup_calls == 0 and rep.calls == 4
+
+
+def test_settle_point_and_window_spreads_agree_with_the_helper():
+    lat = [3.0, 2.0, 1.2, 1.0, 1.01, 0.99, 1.0, 1.02, 1.0]
+    spreads = warmup.window_spreads(lat, window=4)
+    assert spreads[:3] == [None, None, None] and all(s is not None for s in spreads[3:])
+    point = warmup.settle_point(lat, until_spread=0.10, window=4)
+    assert point == 3  # the first steady window is lat[3:7]
+    assert warmup.settle_point([1.0, 2.0, 1.0, 2.0], until_spread=0.10, window=2) is None
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"window": 1}, "window"),
+    ({"max_calls": 3, "window": 5}, "max_calls"),
+    ({"until_spread": 0}, "until_spread"),
+    ({"until_spread": -0.1}, "until_spread"),
+])
+def test_bad_arguments_name_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        warmup.warmup_calls(lambda: None, **kwargs)
+
+
+def test_report_round_trips_through_json():
+    svc = FakeService(2)
+    rep = warmup.warmup_calls(svc, max_calls=10, window=3, clock=svc.clock)
+    again = WarmupReport.from_dict(rep.to_dict())
+    assert again == rep and rep.to_dict()["calls"] == 5
+
+
+def test_warmup_on_a_real_model(tiny_llama):
+    model, tok = tiny_llama
+    rep = warmup.warmup(model, tok, until_spread=0.5, max_calls=8, window=3, max_new_tokens=3)
+    assert 3 <= rep.calls <= 8
+    assert all(t > 0 for t in rep.latencies_s)
+    assert rep.settled == (rep.warmup_calls is not None)
+
+
+@pytest.mark.slow
+def test_cold_start_in_a_fresh_process():
+    cs = warmup.cold_start(requests=3, max_new_tokens=2, timeout_s=300)
+    assert isinstance(cs, ColdStart)
+    assert len(cs.requests_s) == 3 and len(cs.ttft_s) == 3
+    assert cs.process_start_s is not None and cs.process_start_s > 0
+    assert cs.import_s > 0 and cs.load_s > 0
+    assert all(0 < ttft <= e2e for ttft, e2e in zip(cs.ttft_s, cs.requests_s))
+    assert cs.second_request_s == cs.requests_s[1]
+    assert cs.device == "cpu" and cs.cuda_init_s is None and cs.notes["cuda_init_s"]
+    # the first request touches every weight: resident memory grows by part of the weights at least
+    assert cs.rss_bytes["after_request_1"] >= cs.rss_bytes["after_load"]
+    assert ColdStart.from_dict(cs.to_dict()) == cs
+    assert list(cs.phases_frame()["phase"]) == [p.removesuffix("_s") for p in warmup.PHASES]
+
+
+def test_cold_start_rejects_bad_input():
+    with pytest.raises(ValueError, match="requests"):
+        warmup.cold_start(requests=0)
+    with pytest.raises(ValueError, match="window"):
+        warmup.cold_start(warm=True, window=1)
