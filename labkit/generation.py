@@ -103,7 +103,8 @@ def generate(model: Any, tokenizer: Any, prompt: str | list[str] | dict, max_new
     from .models import chat_inputs
 
     _check_tokens(max_new_tokens)
-    device = next(model.parameters()).device
+    # HF and ONNX Runtime (optimum) models both expose .device; an ORT model has no parameters()
+    device = getattr(model, "device", None) or next(model.parameters()).device
     inputs = prompt if isinstance(prompt, dict) else chat_inputs(tokenizer, prompt, device=str(device))
     batch, n_prompt = inputs["input_ids"].shape
     streamer = TimingStreamer(device)
