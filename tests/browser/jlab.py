@@ -1,0 +1,91 @@
+"""Driving JupyterLab 4 from Playwright: open a notebook, run up to a cell, move a slider, read a plot."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+KERNEL_START_TIMEOUT_MS = 120_000
+
+
+def open_notebook(page: Any, url: str) -> Any:
+    """Open a notebook and wait until its kernel is idle; returns the notebook panel locator."""
+    page.goto(url)
+    panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
+    panel.locator(".jp-Cell").first.wait_for(timeout=KERNEL_START_TIMEOUT_MS)
+    wait_idle(page)
+    return panel
+
+
+def wait_idle(page: Any, timeout_ms: int = KERNEL_START_TIMEOUT_MS) -> None:
+    """The toolbar's execution indicator says the kernel is idle."""
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator[data-status='idle']") \
+        .first.wait_for(timeout=timeout_ms)
+
+
+def cell_containing(panel: Any, text: str) -> Any:
+    """The one code cell whose source contains ``text``."""
+    cells = panel.locator(".jp-CodeCell").filter(has=panel.page.locator(".jp-InputArea", has_text=text))
+    cells.first.wait_for(timeout=30_000)  # editors fill in after the panel appears
+    n = cells.count()
+    assert n == 1, f"expected one code cell containing {text!r}, found {n}"
+    return cells.first
+
+
+def select(cell: Any) -> None:
+    """Select a cell in command mode (a click on its prompt, not into the editor)."""
+    cell.locator(".jp-InputPrompt").first.click()
+    cell.page.keyboard.press("Escape")
+
+
+def run_menu(page: Any, item: str) -> None:
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text=item).first.click()
+
+
+def run_through(page: Any, cell: Any, timeout_ms: int) -> None:
+    """Run every cell above ``cell``, then ``cell`` itself, and wait for the kernel to go idle."""
+    select(cell)
+    run_menu(page, "Run All Above Selected Cell")
+    page.wait_for_timeout(200)
+    wait_idle(page, timeout_ms)
+    select(cell)
+    run_menu(page, "Run Selected Cell and Do not Advance")
+    page.wait_for_timeout(200)
+    wait_idle(page, timeout_ms)
+
+
+def errors_in(panel: Any) -> list[str]:
+    """Text of every error output in the notebook (a failed cell above the widget)."""
+    return panel.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']") \
+        .filter(has_text="Traceback").all_inner_texts() + \
+        panel.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.error']").all_inner_texts()
+
+
+def slider(scope: Any, label: str) -> Any:
+    """An ipywidgets slider (Int/Float/Selection) by its description."""
+    box = scope.locator(".widget-slider").filter(has=scope.page.locator(".widget-label", has_text=label))
+    assert box.count() >= 1, f"no slider labelled {label!r} in this output"
+    return box.first
+
+
+def slider_value(box: Any) -> str:
+    return box.locator(".widget-readout").first.inner_text().strip()
+
+
+def nudge(box: Any, key: str = "ArrowRight") -> None:
+    """Move a slider one step with the keyboard, as a learner can."""
+    handle = box.locator(".noUi-handle").first
+    handle.focus()
+    handle.press(key)
+
+
+PLOT_DATA_JS = """els => els.map(el => JSON.stringify((el.data || []).map(t => [t.type, t.name, t.x, t.y])))"""
+
+
+def plot_data(scope: Any) -> list[str]:
+    """The traces (type, name, x, y) of every rendered plotly plot in ``scope``, as JSON strings."""
+    return scope.locator(".js-plotly-plot").evaluate_all(PLOT_DATA_JS)
+
+
+def describe(data: list[str]) -> str:
+    return json.dumps([d[:200] for d in data])

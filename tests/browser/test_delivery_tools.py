@@ -1,0 +1,137 @@
+"""tools/run_notebooks.py and tools/slides.py without a browser: failure reporting, summary merge,
+deck preparation and the offline check. Fast (two small kernels), part of `make test-unit`."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+
+import run_notebooks  # noqa: E402
+import slides  # noqa: E402
+
+
+def _notebook(path: Path, cells: list[str], slide_types: list[str] | None = None) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    for cell, kind in zip(nb.cells, slide_types or []):
+        cell.metadata["slideshow"] = {"slide_type": kind}
+    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}}
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def two_notebooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    monkeypatch.setenv("LABKIT_RESULTS", str(tmp_path / "results"))
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    _notebook(nbs / "10_fails.ipynb", ["x = 1", "y = x + 1\nraise ValueError('boom at ' + str(y))", "print('never')"])
+    _notebook(nbs / "11_ok.ipynb", [
+        "from labkit import results\nres = results.Results('11_ok')",
+        "res.add('speed', batch=4, tokens_per_s=123.456789)\nres.save()",
+    ])
+    return nbs, tmp_path / "build"
+
+
+def test_failing_notebook_reported_with_its_cell_and_the_next_still_runs(two_notebooks) -> None:
+    nbs, build = two_notebooks
+    code = run_notebooks.main(["--notebooks-dir", str(nbs), "--build-dir", str(build), "--timeout", "120"])
+    assert code == 1
+    summary = json.loads((build / "summary.json").read_text(encoding="utf-8"))
+    by_name = {n["name"]: n for n in summary["notebooks"]}
+    failed, ok = by_name["10_fails"], by_name["11_ok"]
+    assert failed["status"] == "failed"
+    assert failed["failed_cell"]["index"] == 1
+    assert failed["failed_cell"]["error"] == "ValueError: boom at 2"
+    assert "raise ValueError" in failed["failed_cell"]["source_excerpt"]
+    assert ok["status"] == "ok" and ok["wall_s"] > 0
+    rows = ok["results"][0]["sections"][0]
+    assert (rows["section"], rows["rows"][0]["batch"], rows["rows"][0]["tokens_per_s"]) == ("speed", 4, 123.5)
+    assert summary["n_failed"] == 1 and summary["n_notebooks"] == 2
+    executed = nbformat.read(build / "executed" / "10_fails.ipynb", as_version=4)
+    assert executed.cells[1].outputs[0]["ename"] == "ValueError"
+    page = (build / "summary.html").read_text(encoding="utf-8")
+    assert "failing cell 1" in page and "boom at 2" in page and "results/11_ok.json" in page
+
+
+def _run(name: str, path: Path, status: str = "ok") -> run_notebooks.NotebookRun:
+    return run_notebooks.NotebookRun(name=name, path=str(path), executed_path=str(path), status=status, wall_s=1.5,
+                                     quick=True, finished_at=f"{name}-time", n_cells=1, n_code_cells=1)
+
+
+def test_partial_run_keeps_earlier_entries(tmp_path: Path) -> None:
+    a, b = _notebook(tmp_path / "00_a.ipynb", ["1"]), _notebook(tmp_path / "01_b.ipynb", ["1"])
+    gone = tmp_path / "02_gone.ipynb"
+    run_notebooks.write_summary([_run("01_b", b, "failed"), _run("02_gone", gone)], 3.0, tmp_path)
+    merged = run_notebooks.write_summary([_run("00_a", a)], 1.5, tmp_path)
+    assert [n["name"] for n in merged["notebooks"]] == ["00_a", "01_b"], "kept 01_b, dropped a deleted notebook"
+    assert merged["notebooks"][1]["finished_at"] == "01_b-time"
+    assert (merged["n_failed"], merged["total_wall_s"], merged["run_wall_s"]) == (1, 3.0, 1.5)
+
+
+def test_unknown_notebook_name_lists_the_choices(tmp_path: Path) -> None:
+    _notebook(tmp_path / "00_a.ipynb", ["1"])
+    with pytest.raises(ValueError, match="available: \\['00_a'\\]"):
+        run_notebooks.discover(["07"], tmp_path)
+
+
+def test_prepare_drops_solutions_and_turns_widgets_into_a_note() -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    panel = nbformat.v4.new_code_cell("panel()", outputs=[nbformat.v4.new_output(
+        "display_data", data={slides.WIDGET_VIEW: {"model_id": "a"}, "text/plain": "VBox(children=(IntSlider(),))"})])
+    bar = nbformat.v4.new_code_cell("loop()", outputs=[nbformat.v4.new_output(
+        "display_data", data={slides.WIDGET_VIEW: {"model_id": "b"}, "text/plain": "100%|██████████| 5/5 [00:01]"})])
+    solution = nbformat.v4.new_code_cell("answer = 42", metadata={"tags": ["solution"]})
+    nb.cells = [panel, bar, solution]
+    out = slides.prepare(nb)
+    assert len(out.cells) == 2 and "widgets" not in out.metadata
+    assert out.cells[0].outputs[0]["data"]["text/html"] == slides.WIDGET_NOTE
+    assert out.cells[1].outputs[0]["data"] == {"text/plain": "100%|██████████| 5/5 [00:01]"}
+    assert len(nb.cells) == 3 and slides.WIDGET_VIEW in nb.cells[0].outputs[0]["data"], "the input is left alone"
+
+
+def test_remote_references_are_found_and_plotly_mathjax_removed() -> None:
+    page = ('<a href="https://example.org/docs">a link is fine</a>'
+            '<script src="https://cdn.example.org/x.js"></script>'
+            '<link rel="stylesheet" href="//fonts.example.org/f.css">'
+            "<script type='module'>import m from 'https://esm.example.org/m.mjs';</script>"
+            '<style>@import url("https://css.example.org/a.css");</style>'
+            '<script src="reveal.js/dist/reveal.js"></script>')
+    assert slides.remote_references(page) == ["//fonts.example.org/f.css", "https://cdn.example.org/x.js",
+                                              "https://css.example.org/a.css", "https://esm.example.org/m.mjs"]
+    mj = '<div><script src="https://cdnjs.cloudflare.com/ajax/libs/mathjax/3.2.2/es5/tex-svg.min.js"></script></div>'
+    assert slides.remote_references(slides.make_offline(mj)) == []
+
+
+def test_expected_slides_follows_nbconvert() -> None:
+    nb = nbformat.v4.new_notebook()
+    kinds = ["skip", "-", "fragment", "subslide", "slide", "notes", "-", "slide"]
+    nb.cells = [nbformat.v4.new_markdown_cell(k, metadata={"slideshow": {"slide_type": k}}) for k in kinds]
+    assert slides.expected_slides(nb) == 4  # first shown cell, subslide, slide, slide
+
+
+def test_deck_from_a_notebook_with_a_plot_fetches_nothing(tmp_path: Path) -> None:
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    bundle = pio.renderers["notebook"].to_mimebundle(go.Figure(go.Bar(x=["a", "b"], y=[1, 2])).to_dict())
+    assert "cdnjs" in bundle["text/html"], "plotly's figure HTML no longer asks for a CDN: simplify make_offline"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# A deck\n\n$x^2$", metadata={"slideshow": {"slide_type": "slide"}}),
+                nbformat.v4.new_code_cell("fig.show()", metadata={"slideshow": {"slide_type": "subslide"}},
+                                          outputs=[nbformat.v4.new_output("display_data", data=bundle)])]
+    executed = tmp_path / "99_plot.ipynb"
+    nbformat.write(nb, executed)
+    deck, n = slides.export_deck(executed, tmp_path)
+    text = deck.read_text(encoding="utf-8")
+    assert n == 2 and "plotly-graph-div" in text
+    assert 'src="reveal.js/dist/reveal.js"' in text and "static/mathjax/tex-svg-full.js" in text
+    assert slides.remote_references(text) == []

@@ -1,0 +1,91 @@
+"""JupyterLab in a real browser: run the batching widget, move 'batch size', see the latency plot change.
+
+The same harness first drives a small stand-in notebook (a 'batch size' slider redrawing a
+plotly figure), so a broken harness is told apart from a broken widget.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import jlab
+from conftest import ROOT, LabServer, copy_notebook, screenshot_path
+
+pytestmark = pytest.mark.browser
+
+BATCHING = ROOT / "notebooks" / "06_batching.ipynb"
+WIDGET_CALL = "batch_widget("  # the cell in 06 that shows the widget
+RUN_TIMEOUT_MS = 420_000  # cells above the widget, quick mode, 2 CPU cores
+CHANGE_TIMEOUT_MS = 120_000  # one re-measurement after the slider moves
+
+STAND_IN_CELLS = [
+    "import ipywidgets as w\nimport plotly.graph_objects as go\nfrom labkit import plots\nplots.setup_offline()",
+    "# stand-in widget\n"
+    "size = w.IntSlider(value=1, min=1, max=8, description='batch size')\n"
+    "out = w.Output()\n"
+    "def draw(_change=None):\n"
+    "    with out:\n"
+    "        out.clear_output(wait=True)\n"
+    "        go.Figure(go.Scatter(x=[1, 2, 3], y=[size.value * k for k in (1, 2, 3)], name='latency')).show()\n"
+    "size.observe(draw, names='value')\n"
+    "draw()\n"
+    "w.VBox([size, out])",
+]
+
+
+def _stand_in(path: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in STAND_IN_CELLS]
+    nb.metadata = {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}}
+    nbformat.write(nb, path)
+    return path
+
+
+def _drive(page, lab: LabServer, notebook: str, marker: str, label: str, shot: str) -> tuple[list[str], list[str]]:
+    """Open, run through the widget cell, nudge the slider; returns plot data before and after."""
+    panel = jlab.open_notebook(page, lab.open_url(notebook))
+    cell = jlab.cell_containing(panel, marker)
+    jlab.run_through(page, cell, RUN_TIMEOUT_MS)
+    errors = jlab.errors_in(panel)
+    assert not errors, f"{notebook}: a cell failed before the widget could be used:\n" + "\n".join(errors)[-3000:]
+    output = cell.locator(".jp-Cell-outputWrapper")
+    box = jlab.slider(output, label)
+    output.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=CHANGE_TIMEOUT_MS)
+    before = jlab.plot_data(output)
+    assert before and all(d != "[]" for d in before), f"{notebook}: the widget shows no plot data: {before}"
+    value_before = jlab.slider_value(box)
+    cell.scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshot_path(f"{shot}-before")))
+    jlab.nudge(box)
+    page.wait_for_function(
+        f"""before => {{
+            const els = [...document.querySelectorAll('.jp-Cell')].filter(c => c.innerText.includes({marker!r}));
+            if (els.length !== 1) return false;
+            const now = ({jlab.PLOT_DATA_JS})([...els[0].querySelectorAll('.jp-Cell-outputWrapper .js-plotly-plot')]);
+            return now.length > 0 && JSON.stringify(now) !== JSON.stringify(before);
+        }}""", arg=before, timeout=CHANGE_TIMEOUT_MS)
+    jlab.wait_idle(page, CHANGE_TIMEOUT_MS)
+    after = jlab.plot_data(output)
+    assert jlab.slider_value(box) != value_before, "the slider did not move"
+    page.screenshot(path=str(screenshot_path(f"{shot}-after")))
+    return before, after
+
+
+def test_harness_sees_a_plot_follow_the_slider(lab_server: LabServer, offline_page, tmp_path: Path) -> None:
+    name = copy_notebook(_stand_in(tmp_path / "stand_in_widget.ipynb"), lab_server)
+    before, after = _drive(offline_page, lab_server, name, "# stand-in widget", "batch size", "lab-stand-in")
+    assert before != after
+    leaks = offline_page.network.blocked_except_plotly_mathjax()
+    assert not leaks, f"requests left 127.0.0.1: {leaks}"
+
+
+@pytest.mark.skipif(not BATCHING.is_file(), reason="notebooks/06_batching.ipynb does not exist yet "
+                    "(its batching widget, labkit.batch_widget, is being written)")
+def test_batching_widget_moves_the_latency_plot(lab_server: LabServer, offline_page) -> None:
+    name = copy_notebook(BATCHING, lab_server)
+    before, after = _drive(offline_page, lab_server, name, WIDGET_CALL, "batch size", "lab-06-batching")
+    assert before != after, f"latency plot data unchanged after moving 'batch size': {jlab.describe(after)}"
+    leaks = offline_page.network.blocked_except_plotly_mathjax()
+    assert not leaks, f"requests left 127.0.0.1: {leaks}"

@@ -1,0 +1,355 @@
+"""Execute every notebook headless, in order, and write a summary (``make run``).
+
+Each notebooks/NN_*.ipynb runs in a fresh kernel with the notebook's folder as working
+directory (as nbmake does). The executed copy goes to build/executed/, and
+build/summary.json + build/summary.html list per notebook: status, wall time, the slowest
+cells and the key results read from the results/*.json files the notebook saved.
+A failing notebook is reported with its failing cell (index, source excerpt, error) and
+the others still run; the exit status is 1 when any notebook failed.
+
+    python tools/run_notebooks.py                 # all notebooks (LABKIT_QUICK=1 for quick mode)
+    python tools/run_notebooks.py --only 00 03    # a subset, by number or name
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from labkit import config, env, results  # noqa: E402  (after the path fix for a bare checkout)
+
+NOTEBOOKS_DIR = ROOT / "notebooks"
+BUILD_DIR = ROOT / "build"
+EXCERPT_LINES = 8
+EXCERPT_CHARS = 600
+RESULT_ROWS_SHOWN = 6
+RESULT_COLUMNS_SHOWN = 8
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+@dataclass
+class FailedCell:
+    index: int  # 0-based position in notebook.cells
+    source_excerpt: str
+    error: str  # "ename: evalue"
+    traceback_tail: str
+
+
+@dataclass
+class NotebookRun:
+    name: str
+    path: str
+    executed_path: str
+    status: str  # "ok" | "failed" | "timeout" | "kernel died"
+    wall_s: float
+    quick: bool  # LABKIT_QUICK was set
+    finished_at: str  # UTC, ISO 8601: a summary keeps earlier runs of notebooks not run this time
+    n_cells: int
+    n_code_cells: int
+    slowest_cells: list[dict[str, Any]] = field(default_factory=list)
+    failed_cell: FailedCell | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def discover(only: list[str] | None = None, notebooks_dir: Path = NOTEBOOKS_DIR) -> list[Path]:
+    """notebooks/*.ipynb in order; ``only`` keeps those whose name is or starts with an entry."""
+    found = sorted(p for p in notebooks_dir.glob("*.ipynb") if not p.name.startswith("."))
+    if not only:
+        return found
+    picked = [p for p in found if any(p.stem == o or p.stem.startswith(o) for o in only)]
+    unknown = [o for o in only if not any(p.stem == o or p.stem.startswith(o) for p in found)]
+    if unknown:
+        raise ValueError(f"no notebook matches {unknown}; available: {[p.stem for p in found]}")
+    return picked
+
+
+def _excerpt(source: str) -> str:
+    lines = source.splitlines()
+    text = "\n".join(lines[:EXCERPT_LINES])
+    if len(lines) > EXCERPT_LINES:
+        text += f"\n… ({len(lines) - EXCERPT_LINES} more lines)"
+    return text[:EXCERPT_CHARS]
+
+
+def _failed_cell(nb: nbformat.NotebookNode, index: int, fallback_error: str) -> FailedCell:
+    """The failing cell's excerpt and error, read from its error output when it has one."""
+    cell = nb.cells[index]
+    error, tb = fallback_error, ""
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            error = f"{out.get('ename', '?')}: {out.get('evalue', '')}"
+            tb = _ANSI.sub("", "\n".join(out.get("traceback", [])))
+    tail = "\n".join(tb.splitlines()[-12:])
+    return FailedCell(index=index, source_excerpt=_excerpt(cell.source), error=error[:1000], traceback_tail=tail)
+
+
+def _cell_seconds(cell: nbformat.NotebookNode) -> float | None:
+    """Execution time recorded by nbclient (record_timing) in the cell's metadata."""
+    ex = cell.get("metadata", {}).get("execution", {})
+    start, end = ex.get("iopub.execute_input"), ex.get("shell.execute_reply")
+    if not (start and end):
+        return None
+    parse = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
+    return (parse(end) - parse(start)).total_seconds()
+
+
+def _slowest(nb: nbformat.NotebookNode, n: int = 3) -> list[dict[str, Any]]:
+    timed = [(i, _cell_seconds(c)) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    timed = [(i, s) for i, s in timed if s is not None]
+    timed.sort(key=lambda t: -t[1])
+    return [{"index": i, "seconds": round(s, 2), "first_line": nb.cells[i].source.split("\n", 1)[0][:80]}
+            for i, s in timed[:n]]
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, str) and len(value) > 60:
+        return value[:57] + "…"
+    if isinstance(value, (list, dict)):
+        text = json.dumps(value)
+        return text if len(text) <= 60 else text[:57] + "…"
+    return value
+
+
+def key_results(name: str, since_epoch_s: float) -> list[dict[str, Any]]:
+    """The results files this notebook wrote: ``results/<name>.json`` and any other saved during its run.
+
+    Per file and section: row count, columns and the first rows (values shortened)."""
+    rdir = config.results_dir()
+    paths = {p for p in rdir.glob("*.json") if p.stat().st_mtime >= since_epoch_s}
+    own = rdir / f"{name}.json"
+    if own.is_file():
+        paths.add(own)
+    out = []
+    for path in sorted(paths):
+        try:
+            res = results.load(path)
+        except (ValueError, json.JSONDecodeError) as exc:
+            out.append({"file": path.name, "error": f"unreadable results file: {exc}"})
+            continue
+        sections: dict[str, list[dict[str, Any]]] = {}
+        for row in res.rows:
+            sections.setdefault(str(row.get("section", "")), []).append(row)
+        summary = []
+        for section, rows in sections.items():
+            columns = [k for k in dict.fromkeys(k for r in rows for k in r) if k != "section"]
+            shown = columns[:RESULT_COLUMNS_SHOWN]
+            summary.append({"section": section, "n_rows": len(rows), "columns": columns,
+                            "rows": [{k: _short(r.get(k)) for k in shown} for r in rows[:RESULT_ROWS_SHOWN]]})
+        out.append({"file": path.name, "fresh": path.stat().st_mtime >= since_epoch_s,
+                    "notes": res.notes, "sections": summary})
+    return out
+
+
+def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: str = "python3") -> NotebookRun:
+    """Execute one notebook in a fresh kernel; never raises for a failure inside the notebook."""
+    nb = nbformat.read(path, as_version=4)
+    current = {"index": -1}
+
+    def on_cell_start(cell: nbformat.NotebookNode, cell_index: int) -> None:
+        current["index"] = cell_index
+
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name=kernel_name, allow_errors=False,
+                            record_timing=True, resources={"metadata": {"path": str(path.parent)}},
+                            on_cell_start=on_cell_start)
+    status, failed = "ok", None
+    started_epoch_s = time.time()
+    t0 = time.perf_counter()
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        status = "failed"
+        failed = _failed_cell(nb, current["index"], str(exc).strip().splitlines()[-1] if str(exc).strip() else "error")
+    except CellTimeoutError:
+        status = "timeout"
+        failed = _failed_cell(nb, current["index"], f"CellTimeoutError: cell ran longer than {timeout_s} s "
+                                                    "(raise NB_TIMEOUT, or use LABKIT_QUICK=1)")
+    except DeadKernelError as exc:
+        status = "kernel died"
+        failed = _failed_cell(nb, current["index"], f"DeadKernelError: {exc} (out of memory?)")
+    wall_s = time.perf_counter() - t0
+    finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    executed_dir.mkdir(parents=True, exist_ok=True)
+    executed = executed_dir / path.name
+    nbformat.write(nb, executed)
+    return NotebookRun(
+        name=path.stem, path=str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+        executed_path=str(executed.relative_to(ROOT) if executed.is_relative_to(ROOT) else executed),
+        status=status, wall_s=round(wall_s, 2), quick=config.quick(), finished_at=finished_at, n_cells=len(nb.cells),
+        n_code_cells=sum(c.cell_type == "code" for c in nb.cells), slowest_cells=_slowest(nb),
+        failed_cell=failed, results=key_results(path.stem, started_epoch_s))
+
+
+def summary_dict(runs: list[NotebookRun], run_wall_s: float, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This run's notebooks, plus earlier entries (from ``previous``) for notebooks not run now
+    whose file still exists, so ``--only`` refreshes part of the summary without losing the rest."""
+    entries = {r.name: asdict(r) for r in runs}
+    for old in (previous or {}).get("notebooks", []):
+        if old["name"] not in entries and (ROOT / old["path"]).is_file():
+            entries[old["name"]] = old
+    notebooks = [entries[k] for k in sorted(entries)]
+    return {
+        "quick": config.quick(),
+        "environment": env.environment(),
+        "run_wall_s": round(run_wall_s, 2),
+        "total_wall_s": round(sum(n["wall_s"] for n in notebooks), 2),
+        "n_notebooks": len(notebooks),
+        "n_failed": sum(n["status"] != "ok" for n in notebooks),
+        "notebooks": notebooks,
+    }
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;color:#1f2328;max-width:1200px}
+table{border-collapse:collapse;margin:.5em 0 1em}th,td{border:1px solid #d0d7de;padding:.25em .5em;
+text-align:left;vertical-align:top;font-size:.9em}th{background:#f6f8fa}
+.ok{color:#1a7f37;font-weight:bold}.bad{color:#cf222e;font-weight:bold}
+pre{background:#f6f8fa;padding:.5em;overflow-x:auto;font-size:.85em}
+h2{margin-top:1.5em;border-bottom:1px solid #d0d7de}.muted{color:#656d76}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _results_html(files: list[dict[str, Any]]) -> str:
+    if not files:
+        return "<p class='muted'>no results file saved</p>"
+    parts = []
+    for f in files:
+        if "error" in f:
+            parts.append(f"<p class='bad'>{_e(f['file'])}: {_e(f['error'])}</p>")
+            continue
+        stale = "" if f["fresh"] else " <span class='bad'>(not rewritten by this run)</span>"
+        parts.append(f"<p><code>results/{_e(f['file'])}</code>{stale}</p>")
+        for s in f["sections"]:
+            cols = list(s["rows"][0]) if s["rows"] else []
+            head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+            body = "".join("<tr>" + "".join(f"<td>{_e(r.get(c))}</td>" for c in cols) + "</tr>" for r in s["rows"])
+            more = s["n_rows"] - len(s["rows"])
+            extra = f" · {more} more rows in the file" if more > 0 else ""
+            hidden = len(s["columns"]) - len(cols)
+            extra += f" · {hidden} more columns" if hidden > 0 else ""
+            parts.append(f"<p><b>{_e(s['section'])}</b> <span class='muted'>{s['n_rows']} rows{extra}</span></p>"
+                         f"<table><tr>{head}</tr>{body}</table>")
+    return "".join(parts)
+
+
+def summary_html(summary: dict[str, Any]) -> str:
+    e = summary["environment"]
+    hw = e.get("hardware", {})
+    mode = "quick (LABKIT_QUICK=1)" if summary["quick"] else "full"
+    modes = {bool(r.get("quick")) for r in summary["notebooks"]}
+    if len(modes) > 1:
+        mode += " — this summary mixes quick and full runs (see the mode column)"
+    rows = []
+    for r in summary["notebooks"]:
+        cls = "ok" if r["status"] == "ok" else "bad"
+        slow = "<br>".join(f"cell {c['index']}: {c['seconds']} s <code>{_e(c['first_line'])}</code>"
+                           for c in r["slowest_cells"])
+        rows.append(f"<tr><td><a href='#{_e(r['name'])}'>{_e(r['name'])}</a></td><td class='{cls}'>{_e(r['status'])}</td>"
+                    f"<td>{r['wall_s']:.1f}</td><td>{r['n_code_cells']}</td><td>{slow}</td>"
+                    f"<td>{'quick' if r.get('quick') else 'full'}</td><td>{_e(r.get('finished_at'))}</td></tr>")
+    details = []
+    for r in summary["notebooks"]:
+        block = [f"<h2 id='{_e(r['name'])}'>{_e(r['name'])} — "
+                 f"<span class='{'ok' if r['status'] == 'ok' else 'bad'}'>{_e(r['status'])}</span> "
+                 f"in {r['wall_s']:.1f} s</h2>",
+                 f"<p class='muted'>executed copy: <code>{_e(r['executed_path'])}</code></p>"]
+        fc = r.get("failed_cell")
+        if fc:
+            block.append(f"<p class='bad'>failing cell {fc['index']} (0-based): {_e(fc['error'])}</p>"
+                         f"<pre>{_e(fc['source_excerpt'])}</pre><pre>{_e(fc['traceback_tail'])}</pre>")
+        block.append(_results_html(r["results"]))
+        details.append("".join(block))
+    failed = summary["n_failed"]
+    verdict = (f"<span class='ok'>all {summary['n_notebooks']} notebooks passed</span>" if not failed
+               else f"<span class='bad'>{failed} of {summary['n_notebooks']} notebooks failed</span>")
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>labkit run summary</title>"
+            f"<style>{_CSS}</style></head><body><h1>labkit run summary</h1>"
+            f"<p>{verdict} · mode: {_e(mode)} · notebooks' total {summary['total_wall_s']:.1f} s "
+            f"(this run {summary['run_wall_s']:.1f} s) · {_e(e.get('date'))}</p>"
+            f"<p class='muted'>{_e(hw.get('cpu'))} ({_e(hw.get('cpu_cores_logical'))} cores) · device {_e(e.get('device'))}"
+            f" · GPU {_e(hw.get('gpu') or 'none')} · model {_e(e.get('model'))} · "
+            + " · ".join(f"{_e(k)} {_e(v)}" for k, v in e.get("versions", {}).items() if v)
+            + "</p><table><tr><th>notebook</th><th>status</th><th>wall s</th><th>code cells</th>"
+              "<th>slowest cells</th><th>mode</th><th>finished (UTC)</th></tr>" + "".join(rows) + "</table>" + "".join(details)
+            + "</body></html>\n")
+
+
+def write_summary(runs: list[NotebookRun], run_wall_s: float, build_dir: Path) -> dict[str, Any]:
+    path = build_dir / "summary.json"
+    previous = None
+    if path.is_file():
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            previous = None  # a damaged summary is rebuilt from this run alone
+    summary = summary_dict(runs, run_wall_s, previous)
+    results.write_json_atomic(path, summary)
+    (build_dir / "summary.html").write_text(summary_html(summary), encoding="utf-8")
+    return summary
+
+
+def run_all(paths: list[Path], build_dir: Path = BUILD_DIR, timeout_s: int = 900) -> dict[str, Any]:
+    runs = []
+    t0 = time.perf_counter()
+    for i, path in enumerate(paths, 1):
+        print(f"[{i}/{len(paths)}] {path.stem} …", end=" ", flush=True)
+        run = run_notebook(path, build_dir / "executed", timeout_s)
+        runs.append(run)
+        print(f"{run.status} in {run.wall_s:.1f} s", flush=True)
+        if run.failed_cell:
+            fc = run.failed_cell
+            print(f"    failing cell {fc.index}: {fc.error}\n" + "\n".join(f"    | {l}" for l in fc.source_excerpt.splitlines()),
+                  flush=True)
+    return write_summary(runs, time.perf_counter() - t0, build_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", default=None, help="notebook names or number prefixes (default: all)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds one cell may run (default 900)")
+    ap.add_argument("--build-dir", type=Path, default=BUILD_DIR, help="where executed/ and summary.* go")
+    ap.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR)
+    args = ap.parse_args(argv)
+    if args.timeout <= 0:
+        ap.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    try:
+        paths = discover(args.only, args.notebooks_dir)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not paths:
+        ap.error(f"no notebooks in {args.notebooks_dir}")
+    print(f"running {len(paths)} notebooks ({'quick' if config.quick() else 'full'} mode; "
+          f"LABKIT_QUICK=1 for quick)", flush=True)
+    summary = run_all(paths, args.build_dir, args.timeout)
+    ran = {p.stem for p in paths}
+    failed = [n["name"] for n in summary["notebooks"] if n["name"] in ran and n["status"] != "ok"]
+    print(f"summary: {args.build_dir / 'summary.html'} · {len(ran) - len(failed)}/{len(ran)} passed "
+          f"in {summary['run_wall_s']:.1f} s" + (f" · failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
