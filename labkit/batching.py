@@ -325,7 +325,8 @@ def decode_batch(model: Any, seqs: list[Sequence], eos: set[int], pad_id: int, *
             keep = []
             for row, idx in enumerate(active):
                 s = seqs[idx]
-                if s.finish_reason is not None:  # kept only because drop_finished=False
+                if s.finish_reason is not None:  # finished earlier, kept because drop_finished=False
+                    keep.append(row)
                     continue
                 token = int(chosen[row])
                 s.tokens.append(token)
