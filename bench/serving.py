@@ -27,28 +27,29 @@ def measure(max_batch_size: int, concurrency: int, requests: int, max_tokens: in
     with serving.run_server(model, subprocess=True, port=0, max_batch_size=max_batch_size) as srv:
         # warmup at full concurrency: every batch shape the run will see has been through the model once
         loadgen.run(srv.url, num_requests=concurrency, max_concurrency=concurrency, max_tokens=4, warmup=1)
+        before = _batch_totals(srv.url)
         res = loadgen.run(srv.url, num_requests=requests, max_concurrency=concurrency, max_tokens=max_tokens,
                           ignore_eos=True, warmup=0)
-        metrics = _scrape_mean_batch(srv.url)
-    summary = res.summary()
-    row = {"max_batch_size": max_batch_size, **summary, "mean_batch_size": metrics}
+        after = _batch_totals(srv.url)
+    batches = after[1] - before[1]
+    row = {"max_batch_size": max_batch_size, **res.summary(),
+           "mean_batch_size": (after[0] - before[0]) / batches if batches else None}
     return {k: row.get(k) for k in KEYS}
 
 
-def _scrape_mean_batch(url: str) -> float | None:
-    """Mean batch size over the server's life (warmup included), from its Prometheus /metrics."""
+def _batch_totals(url: str) -> tuple[float, float]:
+    """(sequences, batches) run so far, from the server's Prometheus /metrics."""
     import urllib.request
 
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
     values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("labkit_batch_size_"))
-    count = float(values.get("labkit_batch_size_count", 0))
-    return float(values["labkit_batch_size_sum"]) / count if count else None
+    return float(values["labkit_batch_size_sum"]), float(values["labkit_batch_size_count"])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=config.pick(64, 24), help="requests per configuration")
+    ap.add_argument("--requests", type=int, default=config.pick(32, 16), help="requests per configuration")
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens per request (ignore_eos: exactly this)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
