@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 KERNEL_START_TIMEOUT_MS = 120_000
@@ -17,9 +18,10 @@ def open_notebook(page: Any, url: str) -> Any:
 
 
 def wait_idle(page: Any, timeout_ms: int = KERNEL_START_TIMEOUT_MS) -> None:
-    """The toolbar's execution indicator says the kernel is idle."""
-    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator[data-status='idle']") \
-        .first.wait_for(timeout=timeout_ms)
+    """The status bar says the notebook's kernel is connected and idle ("Python 3 (ipykernel) | Idle").
+
+    The toolbar indicator says idle before the kernel is connected, and a cell run then is dropped."""
+    page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\| Idle$")).first.wait_for(timeout=timeout_ms)
 
 
 def cell_containing(panel: Any, text: str) -> Any:
@@ -34,23 +36,36 @@ def cell_containing(panel: Any, text: str) -> Any:
 def select(cell: Any) -> None:
     """Select a cell in command mode (a click on its prompt, not into the editor)."""
     cell.locator(".jp-InputPrompt").first.click()
-    cell.page.keyboard.press("Escape")
-
-
-def run_menu(page: Any, item: str) -> None:
-    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-    page.locator(".lm-Menu-itemLabel", has_text=item).first.click()
+    cell.page.wait_for_function("document.activeElement && document.activeElement.classList.contains('jp-mod-active')")
 
 
 def run_through(page: Any, cell: Any, timeout_ms: int) -> None:
-    """Run every cell above ``cell``, then ``cell`` itself, and wait for the kernel to go idle."""
-    select(cell)
-    run_menu(page, "Run All Above Selected Cell")
-    page.wait_for_timeout(200)
+    """Run every cell from the top down to ``cell`` (Shift+Enter each, then Ctrl+Enter on ``cell``,
+    as a learner does) and wait until ``cell`` shows its execution count."""
+    from playwright.sync_api import expect
+
+    panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
+    target = cell.evaluate("el => [...el.parentElement.children].filter(c => c.classList.contains('jp-Cell')).indexOf(el)")
+    assert target >= 0, "cell not found among the notebook's cells"
+    select(panel.locator(".jp-Cell").first)
+    for _ in range(target):
+        page.keyboard.press("Shift+Enter")
+    page.keyboard.press("Control+Enter")
+    expect(cell.locator(".jp-InputPrompt").first).to_have_text(re.compile(r"\[\d+\]"), timeout=timeout_ms)
     wait_idle(page, timeout_ms)
-    select(cell)
-    run_menu(page, "Run Selected Cell and Do not Advance")
-    page.wait_for_timeout(200)
+
+
+def run_cells(page: Any, indices: list[int], timeout_ms: int) -> None:
+    """Run only these cells (0-based notebook positions), in order, each with Ctrl+Enter, as a
+    learner who jumps to a section does; each must show its execution count before the next."""
+    from playwright.sync_api import expect
+
+    panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
+    for i in indices:
+        cell = panel.locator(".jp-Cell").nth(i)
+        select(cell)
+        page.keyboard.press("Control+Enter")
+        expect(cell.locator(".jp-InputPrompt").first).to_have_text(re.compile(r"\[\d+\]"), timeout=timeout_ms)
     wait_idle(page, timeout_ms)
 
 

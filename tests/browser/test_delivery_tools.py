@@ -135,3 +135,29 @@ def test_deck_from_a_notebook_with_a_plot_fetches_nothing(tmp_path: Path) -> Non
     assert n == 2 and "plotly-graph-div" in text
     assert 'src="reveal.js/dist/reveal.js"' in text and "static/mathjax/tex-svg-full.js" in text
     assert slides.remote_references(text) == []
+
+
+def test_class_results_pack_and_merge(tmp_path: Path) -> None:
+    import csv
+
+    import merge_results
+    from labkit import results
+
+    for learner, tps, machine in (("alice", [10.0, 12.0, 14.0], "cpu A"), ("bob", [30.0], "GPU B")):
+        res = results.Results("00_setup", env={"hardware": {"cpu": machine}, "device": "cpu", "quick": True})
+        for v in tps:
+            res.add("chat", decode_tokens_per_s=v, answer="Paris")
+        res.save(tmp_path / learner / "results" / "00_setup.json")
+        merge_results.pack(learner, tmp_path / learner / "results", tmp_path / "inbox")
+    (tmp_path / "inbox" / "carol").mkdir()
+    (tmp_path / "inbox" / "carol" / "notes.json").write_text('{"not": "a results file"}', encoding="utf-8")
+    info = merge_results.merge([tmp_path / "inbox"], tmp_path / "class")
+    assert info["learners"] == ["alice", "bob"] and info["rows"] == 4
+    assert len(info["skipped"]) == 1 and "carol: notes.json" in info["skipped"][0]
+    with open(tmp_path / "class" / "rows.csv", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {(r["learner"], r["machine"]) for r in rows} == {("alice", "cpu A"), ("bob", "GPU B")}
+    page = (tmp_path / "class" / "index.html").read_text(encoding="utf-8")
+    assert "<td>alice</td><td>cpu A</td><td>cpu</td><td>quick</td><td>3</td><td>12</td>" in page
+    with pytest.raises(ValueError, match="use letters"):
+        merge_results.pack("a b", tmp_path, tmp_path)

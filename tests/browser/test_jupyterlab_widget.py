@@ -5,6 +5,8 @@ plotly figure), so a broken harness is told apart from a broken widget.
 """
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -16,22 +18,19 @@ from conftest import ROOT, LabServer, copy_notebook, screenshot_path
 pytestmark = pytest.mark.browser
 
 BATCHING = ROOT / "notebooks" / "06_batching.ipynb"
-WIDGET_CALL = "batch_widget("  # the cell in 06 that shows the widget
-RUN_TIMEOUT_MS = 420_000  # cells above the widget, quick mode, 2 CPU cores
+WIDGET_CALL = "batch_widget("  # the cell in 06 that shows the widget (labkit.batch_widget.panel)
+RUN_TIMEOUT_MS = int(os.environ.get("LABKIT_LAB_RUN_TIMEOUT_MS", 420_000))  # cells above the widget, quick mode, 2 CPU cores
 CHANGE_TIMEOUT_MS = 120_000  # one re-measurement after the slider moves
 
-STAND_IN_CELLS = [
-    "import ipywidgets as w\nimport plotly.graph_objects as go\nfrom labkit import plots\nplots.setup_offline()",
+STAND_IN_CELLS = [  # shaped like labkit.batch_widget.panel: a slider redraws a plotly FigureWidget in place
+    "import ipywidgets as w\nimport plotly.graph_objects as go",
     "# stand-in widget\n"
-    "size = w.IntSlider(value=1, min=1, max=8, description='batch size')\n"
-    "out = w.Output()\n"
-    "def draw(_change=None):\n"
-    "    with out:\n"
-    "        out.clear_output(wait=True)\n"
-    "        go.Figure(go.Scatter(x=[1, 2, 3], y=[size.value * k for k in (1, 2, 3)], name='latency')).show()\n"
-    "size.observe(draw, names='value')\n"
-    "draw()\n"
-    "w.VBox([size, out])",
+    "size = w.IntSlider(value=1, min=1, max=8, description='batch size', continuous_update=False)\n"
+    "fig = go.FigureWidget(go.Scatter(x=[1, 2, 3], y=[1, 2, 3], name='latency'))\n"
+    "def redraw(_change=None):\n"
+    "    fig.data[0].y = [size.value * k for k in (1, 2, 3)]\n"
+    "size.observe(redraw, names='value')\n"
+    "w.VBox([size, fig])",
 ]
 
 
@@ -43,18 +42,43 @@ def _stand_in(path: Path) -> Path:
     return path
 
 
-def _drive(page, lab: LabServer, notebook: str, marker: str, label: str, shot: str) -> tuple[list[str], list[str]]:
-    """Open, run through the widget cell, nudge the slider; returns plot data before and after."""
+def cells_for_widget(nb: nbformat.NotebookNode, marker: str) -> list[int]:
+    """What a learner jumping to the live section runs: the first code cell (imports), the
+    parameters cell, the model load, then the widget cell (positions in the notebook)."""
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    widget = [i for i in code if marker in nb.cells[i].source]
+    assert len(widget) == 1, f"expected one cell calling {marker!r}, found {len(widget)}"
+    needed = {code[0], widget[0]}
+    needed |= {i for i in code if "parameters" in nb.cells[i].metadata.get("tags", [])
+               or "models.load(" in nb.cells[i].source}
+    return sorted(i for i in needed if i <= widget[0])
+
+
+def _drive(page, lab: LabServer, notebook: str, marker: str, label: str, shot: str,
+           only: list[int] | None = None) -> tuple[list[str], list[str]]:
+    """Open, run the cells up to the widget (all above, or ``only`` these), nudge the slider;
+    returns the plot data before and after."""
     panel = jlab.open_notebook(page, lab.open_url(notebook))
     cell = jlab.cell_containing(panel, marker)
-    jlab.run_through(page, cell, RUN_TIMEOUT_MS)
+    try:
+        if only is None:
+            jlab.run_through(page, cell, RUN_TIMEOUT_MS)
+        else:
+            jlab.run_cells(page, only, RUN_TIMEOUT_MS)
+    finally:
+        page.screenshot(path=str(screenshot_path(f"{shot}-ran")))
     errors = jlab.errors_in(panel)
     assert not errors, f"{notebook}: a cell failed before the widget could be used:\n" + "\n".join(errors)[-3000:]
     output = cell.locator(".jp-Cell-outputWrapper")
     box = jlab.slider(output, label)
     output.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=CHANGE_TIMEOUT_MS)
+    # the widget's first measurement is drawn (some trace has points) before the slider moves
+    output.locator(".js-plotly-plot").first.evaluate(
+        "el => new Promise((ok, fail) => { const t0 = Date.now(); (function poll() {"
+        " if ((el.data || []).some(t => t.x && t.x.length)) return ok(true);"
+        f" if (Date.now() - t0 > {CHANGE_TIMEOUT_MS}) return fail(new Error('plot stays empty'));"
+        " setTimeout(poll, 250); })(); })")
     before = jlab.plot_data(output)
-    assert before and all(d != "[]" for d in before), f"{notebook}: the widget shows no plot data: {before}"
     value_before = jlab.slider_value(box)
     cell.scroll_into_view_if_needed()
     page.screenshot(path=str(screenshot_path(f"{shot}-before")))
@@ -85,7 +109,12 @@ def test_harness_sees_a_plot_follow_the_slider(lab_server: LabServer, offline_pa
                     "(its batching widget, labkit.batch_widget, is being written)")
 def test_batching_widget_moves_the_latency_plot(lab_server: LabServer, offline_page) -> None:
     name = copy_notebook(BATCHING, lab_server)
-    before, after = _drive(offline_page, lab_server, name, WIDGET_CALL, "batch size", "lab-06-batching")
+    only = cells_for_widget(nbformat.read(BATCHING, as_version=4), WIDGET_CALL)
+    before, after = _drive(offline_page, lab_server, name, WIDGET_CALL, "batch size", "lab-06-batching", only)
     assert before != after, f"latency plot data unchanged after moving 'batch size': {jlab.describe(after)}"
+    traces = {t[1]: t for t in json.loads(after[0])}
+    latency = [t for n, t in traces.items() if n and "latency" in n]
+    assert latency and len(latency[0][2]) == 2, f"the latency curve should hold two batch sizes now: {traces}"
+    assert all(y is not None and y > 0 for y in latency[0][3]), f"latencies must be positive: {latency[0][3]}"
     leaks = offline_page.network.blocked_except_plotly_mathjax()
     assert not leaks, f"requests left 127.0.0.1: {leaks}"
