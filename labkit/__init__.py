@@ -13,7 +13,8 @@ __version__ = "0.1.0"
 _SUBMODULES = (
     "config", "env", "timing", "memory", "generation", "sizing", "hardware",
     "results", "plots", "models", "widgets", "quality", "variants", "batching",
-    "serving", "loadgen", "batch_widget", "kv", "warmup", "paged", "scheduler", "compile", "report", "profiling",
+    "serving", "loadgen", "batch_widget", "kv", "warmup", "paged", "scheduler", "compile", "report", "engines",
+    "profiling",
 )
 
 

@@ -815,15 +815,16 @@ class ServerHandle:
         self.stop()
 
 
-def start_server(model: Any = None, **options: Any) -> ServerHandle:
+def start_server(model: Any = None, *, server_class: type[Server] | None = None, **options: Any) -> ServerHandle:
     """Load (or reuse) a model and serve it from a background thread; returns once the port is bound.
 
     ``model``: a ``models.Loaded`` (shared, not copied), a name/directory, 'tiny-random' or None (default).
     ``options``: any ``ServerConfig`` field, e.g. ``port=0`` (an ephemeral port; see ``handle.url``).
+    ``server_class``: a ``Server`` subclass (e.g. ``labkit.scheduler.ContinuousServer``); default ``Server``.
     """
     cfg = _config(**{"port": 0, **options})
     lm = load_model(model if model is not None else cfg.model, cfg.dtype)
-    server = Server(lm, cfg)
+    server = (server_class or Server)(lm, cfg)
     loop = asyncio.new_event_loop()
     started = threading.Event()
     failure: list[BaseException] = []
