@@ -16,9 +16,12 @@ _SPAWNED_AT = time.time()  # wall clock, comparable across processes: read first
 
 import json  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+import tempfile  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -131,21 +134,81 @@ def warmup(model: Any, tokenizer: Any, *, until_spread: float = 0.10, max_calls:
 
 # ---------------------------------------------------------------- first-call costs in this process
 
-def compile_cost(module: Any, *example: Any, repeats: int = 5) -> dict[str, float]:
+@contextmanager
+def fresh_compile_cache() -> Iterator[str]:
+    """Point inductor at an empty cache directory for the block, so a compile inside it is truly cold.
+
+    Inductor keeps generated code and built libraries on disk (``/tmp/torchinductor_<user>``): after
+    one run, the same compile in another process mostly loads them and looks far cheaper. Code
+    compiled inside the block stays usable after it.
+    """
+    # torch >= 2.6: switches the directory and clears inductor's in-memory caches on entry and exit
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    path = tempfile.mkdtemp(prefix="labkit-inductor-")
+    try:
+        with temporary_cache_dir(path):
+            yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def compile_cost(module: Any, *example: Any, repeats: int = 5, fresh_cache: bool = True) -> dict[str, float]:
     """First and steady call of ``module(*example)`` eager and under a fresh ``torch.compile``.
 
     The compiled module's first call traces and compiles (inductor generates and builds C++ or
-    Triton code); later calls with the same shapes reuse it.
+    Triton code); later calls with the same shapes reuse it. ``fresh_cache`` hides inductor's
+    on-disk cache so the first call pays the whole compilation, as on a new machine.
     """
+    from contextlib import nullcontext
+
     import torch
 
+    device = getattr(example[0], "device", None) if example else None
     with torch.inference_mode():
-        eager = timing.measure(lambda: module(*example), repeats=repeats, warmup=1, name="eager")
+        eager = timing.measure(lambda: module(*example), repeats=repeats, warmup=1, name="eager", device=device)
         compiled = torch.compile(module)
-        comp = timing.measure(lambda: compiled(*example), repeats=repeats, warmup=1, name="compiled")
-    assert eager.first is not None and comp.first is not None
+        with fresh_compile_cache() if fresh_cache else nullcontext(), timing.track(device) as first:
+            compiled(*example)  # traces, generates code, builds it
+        comp = timing.measure(lambda: compiled(*example), repeats=repeats, warmup=0, name="compiled", device=device)
+    assert eager.first is not None and first.seconds is not None
     return {"eager_first_s": eager.first, "eager_s": eager.median,
-            "compiled_first_s": comp.first, "compiled_s": comp.median, "repeats": repeats}
+            "compiled_first_s": first.seconds, "compiled_s": comp.median, "repeats": repeats}
+
+
+def break_even_calls(compiled_first_s: float, compiled_s: float, eager_first_s: float, eager_s: float) -> float | None:
+    """Calls after which compiling has paid back its first call; None when compiled calls are not faster."""
+    saved = eager_s - compiled_s
+    if saved <= 0:
+        return None
+    return max(0.0, compiled_first_s - eager_first_s) / saved
+
+
+# ---------------------------------------------------------------- frames and figures for the notebook
+
+def requests_frame(**series: "ColdStart") -> Any:
+    """One row per timed request of each process: ``requests_frame(cold=a, warmed=b)``."""
+    import pandas as pd
+
+    rows = [{"series": name, "request": i, "latency_s": e2e, "ttft_s": ttft}
+            for name, cs in series.items() for i, (e2e, ttft) in enumerate(zip(cs.requests_s, cs.ttft_s), start=1)]
+    return pd.DataFrame(rows)
+
+
+def settle_figure(report: WarmupReport, title: str = "Warmup: latency per call and the spread of the last window"):
+    """Latency per warmup call (bars) and the rolling window spread against the bar (line, right axis)."""
+    import plotly.graph_objects as go
+
+    calls = list(range(1, report.calls + 1))
+    spreads = [None if s is None else 100 * s for s in window_spreads(report.latencies_s, report.window)]
+    fig = go.Figure()
+    fig.add_bar(x=calls, y=report.latencies_s, name="latency (s)")
+    fig.add_scatter(x=calls, y=spreads, name=f"spread of last {report.window} (%)", yaxis="y2", mode="lines+markers")
+    fig.add_scatter(x=calls, y=[100 * report.until_spread] * len(calls), name="settle bar (%)", yaxis="y2",
+                    mode="lines", line={"dash": "dash"})
+    fig.update_layout(title=title, xaxis_title="warmup call", yaxis_title="seconds", template="plotly_white",
+                      yaxis2={"title": "spread (%)", "overlaying": "y", "side": "right", "rangemode": "tozero"})
+    return fig
 
 
 # ---------------------------------------------------------------- a truly cold start, in a child process
@@ -226,11 +289,18 @@ def cold_start(name: str | None = None, *, dtype: str = "fp32", device: str | No
         cmd += ["--warm", "--until-spread", str(until_spread), "--max-calls", str(max_calls), "--window", str(window)]
     if compile:
         cmd.append("--compile")
-    env = {**os.environ, SPAWN_ENV: repr(time.time())}
+    env = dict(os.environ)
+    inductor_dir = tempfile.mkdtemp(prefix="labkit-inductor-") if compile else None
+    if inductor_dir:
+        env["TORCHINDUCTOR_CACHE_DIR"] = inductor_dir  # an empty compile cache: a truly cold compile
+    env[SPAWN_ENV] = repr(time.time())
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=config.REPO_DIR)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"the cold-start process ran past timeout_s={timeout_s}; raise it or lower requests") from None
+    finally:
+        if inductor_dir:
+            shutil.rmtree(inductor_dir, ignore_errors=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])

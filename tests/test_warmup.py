@@ -106,3 +106,24 @@ def test_cold_start_rejects_bad_input():
         warmup.cold_start(requests=0)
     with pytest.raises(ValueError, match="window"):
         warmup.cold_start(warm=True, window=1)
+
+
+def test_fresh_compile_cache_is_empty_and_removed_after():
+    import os
+
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with warmup.fresh_compile_cache() as path:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
+        assert os.path.isdir(path) and not os.listdir(path)
+    assert not os.path.exists(path)
+    # torch may write its default directory back into the variable; either way ours is gone from it
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != path
+    if before is not None:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == before
+
+
+def test_break_even_calls():
+    # compiling costs 10 s more on the first call and saves 0.5 s per call after it
+    assert warmup.break_even_calls(12.0, 1.5, 2.0, 2.0) == pytest.approx(20.0)
+    assert warmup.break_even_calls(12.0, 2.5, 2.0, 2.0) is None  # compiled is slower: never pays back
+    assert warmup.break_even_calls(1.0, 1.0, 2.0, 2.0) == 0.0  # faster from the first call on
