@@ -1,0 +1,561 @@
+"""Compiled engines: the same model run eagerly, compiled by torch.compile, optimised by ONNX Runtime's graph
+optimiser, and (on an NVIDIA GPU, where installed) built by TensorRT or served by vLLM.
+
+An inference compiler does three things to a model: it *fuses* chains of small operators into one
+kernel (one read and one write of memory instead of one per operator), it *rewrites the graph*
+(constant folding, removing no-op reshapes, recognising attention or layer-norm patterns and calling a
+fused implementation), and it *chooses precision* per layer (TensorRT calibrates int8 scales on sample
+data). Each row this module measures carries what the build cost (``build_s``), TTFT, decode tokens/s
+and quality against the fp32 eager reference (``labkit.quality``: greedy agreement and KL).
+
+torch paths use a static KV cache (every position allocated once, written in place), so the decode step
+has the same shapes at every token: compiled once, reused for every token after. ``prefill`` runs the
+prompt eagerly; ``decode_one_token`` is what gets compiled.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .env import Capability
+from .generation import GenerationResult
+from .timing import Measurement, now
+
+ORT_LEVELS: tuple[str, ...] = ("disable_all", "basic", "extended", "all")
+DEFAULT_PROMPT = "Write a short story about a lighthouse keeper."
+DEFAULT_MAX_CACHE_LEN = 256  # static cache positions: prompt + generated tokens must fit
+REFERENCE = "08_tensorrt"  # data/reference/08_tensorrt.json (CPU, full mode): compile rows for quick mode
+
+
+# ---------------------------------------------------------------------------------------- capabilities
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _version(pkg: str) -> str:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return "installed"
+
+
+def _cuda_reason() -> str:
+    import torch
+
+    return "" if torch.cuda.is_available() else "needs an NVIDIA GPU with CUDA; this machine has none"
+
+
+def capabilities() -> list[Capability]:
+    """Each engine this module knows, available here or not, and why not."""
+    from . import env
+
+    rows = [env.capability("torch.compile"), env.capability("onnxruntime")]
+    gpu = _cuda_reason()
+    for name, module, install in (
+            ("torch-tensorrt", "torch_tensorrt", "pip install torch-tensorrt (matching your torch)"),
+            ("tensorrt-llm", "tensorrt_llm", "pip install tensorrt-llm (its own environment, see README)"),
+            ("vllm", "vllm", "pip install vllm (its own environment, see README)")):
+        if gpu:
+            rows.append(Capability(name, False, "", gpu))
+        elif not _has(module):
+            rows.append(Capability(name, False, "", f"not installed: {install}"))
+        else:
+            rows.append(Capability(name, True, _version(name), ""))
+    rows.append(_ort_tensorrt())
+    return rows
+
+
+def _ort_tensorrt() -> Capability:
+    name = "ort-tensorrt"
+    if not _has("onnxruntime"):
+        return Capability(name, False, "", "onnxruntime is not installed")
+    import onnxruntime as ort
+
+    if "TensorrtExecutionProvider" not in ort.get_available_providers():
+        why = _cuda_reason() or "this onnxruntime has no TensorrtExecutionProvider: pip install onnxruntime-gpu and TensorRT"
+        return Capability(name, False, "", why)
+    return Capability(name, True, f"onnxruntime {ort.__version__}", "")
+
+
+def capability(name: str) -> Capability:
+    table = {c.name: c for c in capabilities()}
+    if name not in table:
+        raise ValueError(f"unknown engine capability {name!r}; choose one of {sorted(table)}")
+    return table[name]
+
+
+def capabilities_frame():
+    import pandas as pd
+
+    return pd.DataFrame([c.__dict__ for c in capabilities()])
+
+
+# ------------------------------------------------------------------ torch: static cache, prefill, decode
+
+
+def _device(model: Any) -> Any:
+    return next(model.parameters()).device
+
+
+def prefill(model: Any, input_ids: Any, cache: Any) -> Any:
+    """Run the (1, T) prompt into the static cache at positions 0…T-1; return the last position's (1, V) logits."""
+    import torch
+
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    out = model(input_ids=input_ids, cache_position=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1]
+
+
+def decode_one_token(model: Any, token: Any, position: Any, cache: Any) -> Any:
+    """(1, 1) token at (1,) position in, (1, V) logits out; the cache is written in place at that position.
+    Every call has the same shapes, so a compiled version is built once and reused."""
+    out = model(input_ids=token, position_ids=position[None], cache_position=position, past_key_values=cache,
+                use_cache=True)
+    return out.logits[:, -1]
+
+
+class StaticDecoder:
+    """Greedy decoding with a static KV cache, eager or with ``decode_one_token`` compiled.
+
+    ``compile=True`` wraps the decode step in ``torch.compile(dynamic=False)`` with ``backend`` (inductor,
+    or 'tensorrt' from torch-tensorrt on a GPU). The first decode call traces and builds it; ``build_s``
+    is that call's duration, measured against an empty inductor cache when ``fresh_cache`` (as on a new
+    machine) and ``kernels`` what inductor generated.
+    """
+
+    def __init__(self, model: Any, max_cache_len: int = DEFAULT_MAX_CACHE_LEN, compile: bool = False,
+                 backend: str = "inductor", mode: str | None = None, fresh_cache: bool = True) -> None:
+        import torch
+        from transformers import StaticCache
+
+        if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len <= 1:
+            raise ValueError(f"max_cache_len={max_cache_len!r}: must be an integer above 1")
+        self.model = model
+        self.max_cache_len = max_cache_len
+        self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+        self.compiled = compile
+        self.fresh_cache = fresh_cache
+        self.build_s: float | None = None
+        self.kernels: dict[str, int] = {}
+        self._step = torch.compile(decode_one_token, backend=backend, mode=mode, dynamic=False) if compile \
+            else decode_one_token
+
+    def _first_compiled_step(self, *args: Any) -> Any:
+        from torch._inductor import metrics
+
+        from .warmup import fresh_compile_cache
+
+        metrics.reset()
+        with fresh_compile_cache() if self.fresh_cache else contextlib.nullcontext():
+            t0 = now(_device(self.model))
+            logits = self._step(*args)
+            self.build_s = now(_device(self.model)) - t0
+        self.kernels = {"ir_nodes_before_fusion": metrics.ir_nodes_pre_fusion,
+                        "generated_kernels": metrics.generated_kernel_count}
+        return logits
+
+    def generate(self, input_ids: Any, new_tokens: int, feed: Any = None, keep_logits: bool = False
+                 ) -> tuple[GenerationResult, list[int], list[Any]]:
+        """Greedy tokens after the (1, T) prompt, each stamped as it arrives.
+
+        ``feed``: (new_tokens - 1,) tokens to feed instead of the model's own choices (teacher forcing,
+        for quality). Returns the timing, the chosen tokens and, with ``keep_logits``, each step's logits.
+        """
+        import torch
+
+        if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens <= 0:
+            raise ValueError(f"new_tokens={new_tokens!r}: must be a positive integer")
+        n_prompt = input_ids.shape[1]
+        if n_prompt + new_tokens > self.max_cache_len:
+            raise ValueError(f"prompt {n_prompt} + {new_tokens} new tokens exceed max_cache_len={self.max_cache_len}; "
+                             "build the decoder with a larger max_cache_len")
+        device = input_ids.device
+        kept: list[Any] = []
+        tokens: list[int] = []
+        stamps: list[float] = []
+        with torch.inference_mode():
+            self.cache.reset()  # its tensors were made in inference mode: zero them there
+            start = now(device)
+            logits = prefill(self.model, input_ids, self.cache)
+            for i in range(new_tokens):
+                if i > 0:
+                    token = (feed[i - 1] if feed is not None else next_token).view(1, 1)
+                    position = torch.tensor([n_prompt + i - 1], device=device)
+                    if self.compiled and self.build_s is None:
+                        logits = self._first_compiled_step(self.model, token, position, self.cache)
+                    else:
+                        logits = self._step(self.model, token, position, self.cache)
+                next_token = logits.argmax(-1)
+                tokens.append(int(next_token))  # the host sync: this token is ready
+                stamps.append(now(device))
+                if keep_logits:
+                    kept.append(logits[0].detach().to("cpu", torch.float32).clone())
+        return GenerationResult.from_stamps(start, stamps, n_prompt), tokens, kept
+
+
+def measure_decoder(dec: StaticDecoder, input_ids: Any, new_tokens: int = 32, repeats: int = 3) -> dict[str, Any]:
+    """TTFT and steady decode rate of ``dec`` (one untimed warmup run first; it pays any compilation)."""
+    if repeats <= 0:
+        raise ValueError(f"repeats={repeats}: must be at least 1")
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens={new_tokens}: need at least 2 to time decode")
+    dec.generate(input_ids, min(4, new_tokens))  # warmup (and the compile, when compiled)
+    runs = [dec.generate(input_ids, new_tokens) for _ in range(repeats)]
+    tpot = Measurement.from_values("tpot", [r.tpot_s for r, _, _ in runs if r.tpot_s is not None])
+    return {"ttft_s": min(r.ttft_s for r, _, _ in runs), "tpot_s": tpot.median, "tpot_spread": tpot.spread,
+            "decode_tokens_per_s": 1 / tpot.median, "new_tokens": new_tokens, "repeats": repeats,
+            "build_s": dec.build_s, **dec.kernels, "tokens": runs[0][1]}
+
+
+def decoder_quality(dec: StaticDecoder, ref: Any) -> Any:
+    """Teacher-force the reference's greedy continuations through ``dec``'s own decode path: the share of
+    positions where its argmax is the reference's token, and KL(reference ‖ dec) per token (nats)."""
+    import torch
+
+    from . import quality
+
+    agree = n = 0
+    kl_sum, kl_max = 0.0, 0.0
+    rows = []
+    device = _device(dec.model)
+    for text, seq, n_prompt, ref_lp in zip(ref.prompts, ref.sequences, ref.n_prompt, ref.logprobs):
+        cont = seq[0, n_prompt:].to(device)
+        _, _, logits = dec.generate(seq[:, :n_prompt].to(device), len(cont), feed=cont[:-1], keep_logits=True)
+        logits = torch.stack(logits)
+        same = int((logits.argmax(-1) == cont.cpu()).sum())
+        kl = quality.kl_divergence(ref_lp, logits)
+        rows.append({"prompt": text, "agreement": same / len(cont), "kl": float(kl.mean()), "n_tokens": len(cont)})
+        agree, n = agree + same, n + len(cont)
+        kl_sum, kl_max = kl_sum + float(kl.sum()), max(kl_max, float(kl.max()))
+    return quality.Agreement(agreement=agree / n, kl=kl_sum / n, kl_max=kl_max, n_tokens=n, per_prompt=rows)
+
+
+def count_eager_ops(model: Any, input_ids: Any, max_cache_len: int = DEFAULT_MAX_CACHE_LEN) -> int:
+    """How many PyTorch (aten) operators one eager decode step calls: each is a kernel launch and a
+    round trip of its inputs and outputs through memory."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    dec = StaticDecoder(model, max_cache_len=max_cache_len)
+    with torch.inference_mode():
+        logits = prefill(model, input_ids, dec.cache)
+        counter = Count()
+        with counter:
+            decode_one_token(model, logits.argmax(-1).view(1, 1),
+                             torch.tensor([input_ids.shape[1]], device=input_ids.device), dec.cache)
+    return counter.n
+
+
+# --------------------------------------------------------------------- ONNX Runtime graph optimisation
+
+
+def ort_level(level: str) -> Any:
+    """onnxruntime.GraphOptimizationLevel for 'disable_all', 'basic', 'extended' or 'all'."""
+    import onnxruntime as ort
+
+    table = {"disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    if level not in table:
+        raise ValueError(f"unknown ONNX Runtime optimisation level {level!r}; choose one of {list(ORT_LEVELS)}")
+    return table[level]
+
+
+def session_options(level: str, optimized_path: str | Path | None = None) -> Any:
+    """SessionOptions at ``level``; with ``optimized_path``, ONNX Runtime also writes the graph it optimised
+    there (weights to a side file), so its operators can be counted."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort_level(level)
+    if optimized_path is not None:
+        so.optimized_model_filepath = str(optimized_path)
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                    Path(optimized_path).stem + ".data")
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    return so
+
+
+def load_ort(level: str, model_name: str | None = None, provider: str | None = None,
+             count_ops: bool = False) -> dict[str, Any]:
+    """The exported model (``labkit.variants.export_onnx``, cached) in an ONNX Runtime session at ``level``.
+
+    Returns the model, ``build_s`` (session creation: loading plus graph optimisation) and, with
+    ``count_ops``, the optimised graph's operator counts (written to a temporary folder, then counted).
+    """
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    from . import env, models, variants
+
+    ort_level(level)
+    folder, export_s = variants.export_onnx(model_name)
+    provider = variants.ort_provider(env.device(), provider)
+    ops: dict[str, int] | None = None
+    tmp = tempfile.mkdtemp(prefix="labkit-ort-") if count_ops else None
+    try:
+        so = session_options(level, Path(tmp) / f"{level}.onnx" if tmp else None)
+        t0 = time.perf_counter()
+        model = ORTModelForCausalLM.from_pretrained(folder, provider=provider, session_options=so, use_cache=True)
+        build_s = time.perf_counter() - t0
+        if tmp:
+            ops = graph_ops(Path(tmp) / f"{level}.onnx")
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    tok = models.load_tokenizer(model_name)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    return {"model": model, "tokenizer": tok, "build_s": build_s, "export_s": export_s, "provider": provider,
+            "ops": ops, "level": level}
+
+
+def graph_ops(path: str | Path) -> dict[str, int]:
+    """Operator counts of an ONNX graph (without loading its weights), most frequent first."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return dict(collections.Counter(n.op_type for n in graph.node).most_common())
+
+
+def fused_ops(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """Operators that appear (or grow) after optimisation: the fused ones, with their counts."""
+    return {op: n - before.get(op, 0) for op, n in after.items() if n > before.get(op, 0)}
+
+
+# ----------------------------------------------------------------------------- precision calibration
+
+
+@dataclass
+class Calibration:
+    """Int8 scales for one layer's input activations, chosen three ways, and the error each gives."""
+
+    layer: str
+    calibration_values: int
+    absmax: float  # largest |x| seen while calibrating
+    percentile: float
+    percentile_value: float
+    errors: dict[str, float] = field(default_factory=dict)  # relative error of the int8 activations, held-out data
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _int8(x: Any, scale: Any) -> Any:
+    return (x / scale).round().clamp(-127, 127) * scale
+
+
+def calibrate_layer(model: Any, tokenizer: Any, calibration: Sequence[str], held_out: Sequence[str],
+                    layer: str = "model.layers.0.mlp.down_proj", percentile: float = 99.99) -> Calibration:
+    """Precision calibration, as TensorRT's int8 does it, on one layer's input activations.
+
+    Static int8 needs one scale per tensor chosen *before* serving, from sample (calibration) data:
+    the largest value seen ('absmax') keeps every outlier but spends resolution on them; a percentile
+    clips the rare outliers and keeps resolution for the bulk. Dynamic int8 (ONNX Runtime's, notebook 03)
+    computes the scale from each input at run time instead. The error is ‖int8(x) − x‖ / ‖x‖ on held-out
+    prompts' activations.
+    """
+    import torch
+
+    from .models import chat_inputs
+
+    if not calibration or not held_out:
+        raise ValueError("pass at least one calibration prompt and one held-out prompt")
+    if not 0 < percentile < 100:
+        raise ValueError(f"percentile={percentile}: must lie strictly between 0 and 100")
+    modules = dict(model.named_modules())
+    if layer not in modules:
+        linear = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear)][:3]
+        raise ValueError(f"no layer {layer!r} in the model; for example {linear}")
+    captured: list[Any] = []
+    hook = modules[layer].register_forward_hook(lambda m, args, out: captured.append(args[0].detach().float().flatten()))
+    device = str(_device(model))
+
+    def activations(prompts: Sequence[str]) -> Any:
+        captured.clear()
+        with torch.inference_mode():
+            for p in prompts:
+                model(**chat_inputs(tokenizer, p, device=device))
+        return torch.cat(captured).cpu()
+
+    try:
+        calib, test = activations(calibration), activations(held_out)
+    finally:
+        hook.remove()
+    absmax = float(calib.abs().max())
+    k = max(1, int(round(calib.numel() * percentile / 100)))
+    pct = float(calib.abs().kthvalue(k).values)
+    norm = float(test.norm())
+    errors = {"static, absmax scale": float((_int8(test, absmax / 127) - test).norm()) / norm,
+              f"static, p{percentile:g} scale": float((_int8(test, pct / 127) - test).norm()) / norm,
+              "dynamic, per-input scale": float((_int8(test, float(test.abs().max()) / 127) - test).norm()) / norm}
+    return Calibration(layer=layer, calibration_values=calib.numel(), absmax=absmax, percentile=percentile,
+                       percentile_value=pct, errors=errors)
+
+
+# -------------------------------------------------------------------------------- GPU engines: TensorRT
+
+
+def tensorrt_rows(model_name: str | None = None, prompt: str = DEFAULT_PROMPT, new_tokens: int = 32,
+                  repeats: int = 3, ref: Any = None) -> list[dict[str, Any]]:
+    """TensorRT rows where it can run: ONNX Runtime's TensorrtExecutionProvider on the exported model, and
+    torch-tensorrt as a torch.compile backend for the decode step. A row per path; when a path cannot run
+    here its ``status`` says why (no GPU, not installed, or the error it raised)."""
+    from . import generation, models, quality
+
+    rows: list[dict[str, Any]] = []
+    cap = capability("ort-tensorrt")
+    row: dict[str, Any] = {"engine": "ONNX Runtime + TensorRT EP", "status": cap.reason or "ok"}
+    if cap.available:
+        try:
+            built = load_ort("all", model_name, provider="TensorrtExecutionProvider")
+            d = generation.measure_decode(built["model"], built["tokenizer"], new_tokens=new_tokens, repeats=repeats,
+                                          prompt=prompt)
+            row.update(build_s=built["build_s"], ttft_s=d["ttft_s"], decode_tokens_per_s=d["decode_tokens_per_s"])
+            if ref is not None:
+                q = quality.compare(built["model"], ref)
+                row.update(agreement=q.agreement, kl=q.kl)
+        except (RuntimeError, ValueError, OSError, ImportError) as exc:
+            row["status"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    rows.append(row)
+    cap = capability("torch-tensorrt")
+    row = {"engine": "torch.compile backend=tensorrt (torch-tensorrt)", "status": cap.reason or "ok"}
+    if cap.available:
+        try:
+            import torch_tensorrt  # noqa: F401  (registers the 'tensorrt' backend)
+
+            lm = models.load(model_name, dtype="fp16")
+            ids = models.chat_inputs(lm.tokenizer, prompt, device=lm.device)["input_ids"]
+            dec = StaticDecoder(lm.model, compile=True, backend="tensorrt", fresh_cache=False)
+            m = measure_decoder(dec, ids, new_tokens, repeats)
+            row.update(build_s=m["build_s"], ttft_s=m["ttft_s"], decode_tokens_per_s=m["decode_tokens_per_s"])
+            if ref is not None:
+                q = decoder_quality(dec, ref)
+                row.update(agreement=q.agreement, kl=q.kl)
+        except (RuntimeError, ValueError, OSError, ImportError, AssertionError) as exc:
+            row["status"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------ GPU engines: vLLM
+
+
+def hf_offline(lm: Any, prompts: Sequence[str], max_tokens: int = 64) -> dict[str, Any]:
+    """The baseline for ``vllm_offline``: transformers ``generate`` on all prompts as one left-padded batch,
+    exactly ``max_tokens`` tokens each."""
+    from .generation import generate
+
+    generate(lm.model, lm.tokenizer, list(prompts[:1]), max_new_tokens=2, fixed_length=True)  # warmup
+    t0 = time.perf_counter()
+    out = generate(lm.model, lm.tokenizer, list(prompts), max_new_tokens=max_tokens, fixed_length=True)
+    wall = time.perf_counter() - t0
+    n_out = out.n_out * out.batch
+    return {"engine": f"transformers generate ({lm.dtype})", "requests": len(prompts), "output_tokens": n_out,
+            "wall_s": wall, "output_tokens_per_s": n_out / wall}
+
+
+def vllm_offline(model_path: str, prompts: Sequence[str], max_tokens: int = 64, dtype: str = "float16",
+                 tensor_parallel_size: int = 1) -> dict[str, Any]:
+    """Offline throughput of ``vllm.LLM(model, dtype=...)``: every prompt submitted at once, greedy,
+    exactly ``max_tokens`` tokens each (ignore_eos). Needs a GPU and vllm."""
+    cap = capability("vllm")
+    if not cap.available:
+        raise ValueError(f"vLLM cannot run here: {cap.reason}")
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(model=model_path, dtype=dtype, tensor_parallel_size=tensor_parallel_size)
+    load_s = time.perf_counter() - t0
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    messages = [[{"role": "user", "content": p}] for p in prompts]
+    llm.chat(messages[:1], params, use_tqdm=False)  # warmup
+    t0 = time.perf_counter()
+    outs = llm.chat(messages, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"engine": f"vLLM offline (tp={tensor_parallel_size})", "requests": len(prompts), "output_tokens": n_out,
+            "wall_s": wall, "output_tokens_per_s": n_out / wall, "load_s": load_s,
+            "texts": [o.outputs[0].text for o in outs]}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_server(model_path: str, dtype: str = "float16", tensor_parallel_size: int = 1,
+                startup_timeout_s: float = 600.0, extra_args: Sequence[str] = ()) -> Iterator[str]:
+    """``vllm serve MODEL --dtype float16`` in a child process on a free local port; yields its URL once
+    /health answers, and stops it afterwards. Drive it with ``labkit.loadgen.run(url, ...)``."""
+    cap = capability("vllm")
+    if not cap.available:
+        raise ValueError(f"vLLM cannot run here: {cap.reason}")
+    port = _free_port()
+    exe = shutil.which("vllm") or str(Path(sys.executable).with_name("vllm"))
+    argv = [exe, "serve", model_path, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
+            "--tensor-parallel-size", str(tensor_parallel_size), *extra_args]
+    log = tempfile.NamedTemporaryFile(prefix="labkit-vllm-", suffix=".log", delete=False)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"`{' '.join(argv)}` exited with {proc.returncode}; log: {log.name}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve did not answer /health within {startup_timeout_s:.0f} s; log: {log.name}")
+            time.sleep(2)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

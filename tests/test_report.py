@@ -1,0 +1,94 @@
+"""labkit.report: SLO checks, the before/after table, HTML + JSON writing, and merging class results."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from labkit import report, results
+
+
+def _row(concurrency, completed, good, failed=0, **kw):
+    return {"concurrency": concurrency, "completed": completed, "good_requests": good, "failed": failed, **kw}
+
+
+def test_meets_and_max_concurrency():
+    rows = [_row(1, 10, 10), _row(2, 10, 9), _row(4, 10, 5), _row(8, 10, 10, failed=1)]
+    assert [report.meets(r) for r in rows] == [True, True, False, False]
+    assert report.max_concurrency(rows) == 2
+    assert report.max_concurrency(rows, min_good_fraction=1.0) == 1
+    assert report.max_concurrency([_row(1, 4, 0)]) is None
+    with pytest.raises(ValueError, match="min_good_fraction"):
+        report.meets(rows[0], 0)
+
+
+def test_before_after_ratios_and_direction():
+    before = {"request_throughput": 2.0, "e2e_mean_s": 4.0, "peak_rss_bytes": None}
+    after = {"request_throughput": 5.0, "e2e_mean_s": 1.0, "peak_rss_bytes": 10}
+    df = report.before_after(before, after).set_index("key")
+    assert df.loc["request_throughput", "after / before"] == pytest.approx(2.5)
+    assert df.loc["request_throughput", "better"] and df.loc["e2e_mean_s", "better"]  # lower latency is better
+    assert df["after / before"].isna()["peak_rss_bytes"] and df["better"].isna()["peak_rss_bytes"]
+
+
+def test_peak_rss_sees_an_allocation():
+    with report.peak_rss(interval_s=0.01) as m:
+        block = bytearray(64 * 2**20)
+        block[::4096] = b"x" * len(block[::4096])  # touch every page so it is resident
+    assert m.peak_bytes > 64 * 2**20 and m.samples >= 1 and "rss" in m.source
+    del block
+    with pytest.raises(ValueError):
+        with report.peak_rss(interval_s=0):
+            pass
+
+
+def _results(name: str, throughput: float, gpu: str | None = None) -> results.Results:
+    res = results.Results(name)
+    res.add("configs", config="baseline", request_throughput=throughput, e2e_mean_s=2.0)
+    res.add("configs", config="best", request_throughput=3 * throughput, e2e_mean_s=0.5)
+    res.env = {"date": "2026-01-02T03:04:05+00:00", "device": "cuda" if gpu else "cpu", "quick": True,
+               "hardware": {"cpu": "Test CPU", "cpu_cores_logical": 2, "gpu": gpu},
+               "versions": {"torch": "2.x"}, "command": "test"}
+    return res
+
+
+def test_write_html_and_json(tmp_path):
+    import plotly.graph_objects as go
+
+    res = _results("09_capstone", 1.5)
+    res.notes["slo"] = "TTFT ≤ 2 s <and> TPOT ≤ 0.2 s"
+    paths = report.write(res, figures=[go.Figure(go.Bar(x=["a"], y=[1]))], out_dir=tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert data["name"] == "09_capstone" and len(data["rows"]) == 2 and data["env"]["device"] == "cpu"
+    page = paths["html"].read_text()
+    assert page.startswith("<!doctype html>") and "baseline" in page and "Test CPU" in page
+    assert "&lt;and&gt;" in page  # notes are escaped
+    assert "plotly" in page.lower()  # plotly.js embedded: opens offline
+    assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+
+
+def test_merge_class_results(tmp_path):
+    a = _results("09_capstone", 1.0).save(tmp_path / "alice" / "09_capstone.json")
+    b = _results("09_capstone", 10.0, gpu="NVIDIA L4").save(tmp_path / "bob" / "09_capstone.json")
+    df = report.merge([a, b])
+    assert len(df) == 4 and set(df["learner"]) == {"alice/09_capstone", "bob/09_capstone"}
+    assert df.loc[df.learner == "bob/09_capstone", "hardware"].iloc[0].startswith("NVIDIA L4")
+    assert list(df.loc[df.learner == "alice/09_capstone", "request_throughput"]) == [1.0, 3.0]
+    fig = report.merge_figure(df)
+    assert len(fig.data) == 2  # one series per learner
+    with pytest.raises(ValueError, match="no column"):
+        report.merge_figure(df, metric="nope")
+    with pytest.raises(ValueError, match="no such results file"):
+        report.merge([tmp_path / "missing.json"])
+    with pytest.raises(ValueError, match="no rows in section"):
+        report.merge([a], section="slo_sweep")
+    with pytest.raises(ValueError, match="at least one"):
+        report.merge([])
+
+
+def test_reference_file_merges():
+    path = results.reference_dir() / "09_capstone.json"
+    if not path.is_file():
+        pytest.skip("data/reference/09_capstone.json not written yet")
+    df = report.merge([path])
+    assert {"config", "request_throughput", "hardware"} <= set(df.columns) and len(df) >= 2
