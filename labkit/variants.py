@@ -1,0 +1,715 @@
+"""One loader for every precision variant, and one measurement for each: speed, memory, quality.
+
+    fp32              PyTorch float32: the reference every other row is compared with
+    fp16, bf16        PyTorch half precision (weights and compute)
+    bnb-int8          bitsandbytes LLM.int8: int8 weights, one scale per row, fp16 outlier columns
+    bnb-nf4           bitsandbytes 4-bit NormalFloat, one absmax per 64 weights (double quant optional)
+    ort-fp32          exported to ONNX by optimum-onnx, run by ONNX Runtime
+    ort-int8-tensor   ONNX Runtime dynamic int8, one scale per weight tensor
+    ort-int8-channel  ONNX Runtime dynamic int8, one scale per output channel
+
+``load_variant(name)`` never crashes for a variant this machine cannot run: it returns a
+``Variant`` whose ``status`` says why. Exported and quantised ONNX files are cached under
+``labkit.config.cache_dir() / "onnx"`` and reused; each is written to a temporary folder
+beside its target and renamed into place, so an interrupted export never leaves half a model.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import hashlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import config
+
+VARIANTS: dict[str, str] = {
+    "fp32": "PyTorch float32 (the reference)",
+    "fp16": "PyTorch float16 weights and compute",
+    "bf16": "PyTorch bfloat16 weights and compute",
+    "bnb-int8": "bitsandbytes LLM.int8 (int8 weights, fp16 outlier columns)",
+    "bnb-nf4": "bitsandbytes 4-bit NF4, block size 64",
+    "ort-fp32": "ONNX Runtime float32 (optimum-onnx export)",
+    "ort-int8-tensor": "ONNX Runtime dynamic int8, per-tensor scales",
+    "ort-int8-channel": "ONNX Runtime dynamic int8, per-channel scales",
+}
+NAMES: tuple[str, ...] = tuple(VARIANTS)
+
+# sizing.DTYPE_BYTES key for each variant's stored weights
+SIZING_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "bnb-int8": "int8", "bnb-nf4": "nf4",
+                "ort-fp32": "fp32", "ort-int8-tensor": "int8", "ort-int8-channel": "int8"}
+
+# options each variant accepts (anything else is a ValueError naming these)
+OPTIONS: dict[str, dict[str, str]] = {
+    "bnb-int8": {"threshold": "outlier threshold of LLM.int8 (default 6.0)"},
+    "bnb-nf4": {"double_quant": "also quantise the absmax scales (default False)",
+                "compute_dtype": "dtype the 4-bit weights are dequantised to: fp32, fp16 or bf16 "
+                                 "(default fp32 on CPU, fp16 on CUDA)"},
+    "ort-fp32": {"provider": "ONNX Runtime execution provider (default: CUDA when in use, else CPU)"},
+    "ort-int8-tensor": {"provider": "as for ort-fp32",
+                        "reduce_range": "quantise weights to 7 bits; default: True on x86 CPUs without VNNI "
+                                        "(see int8_saturation_risk), else False as in ONNX Runtime"},
+    "ort-int8-channel": {"provider": "as for ort-fp32", "reduce_range": "as for ort-int8-tensor"},
+}
+
+_HALF_FLAGS = ("f16c", "avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16",
+               "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def names() -> list[str]:
+    """The variant names ``load_variant`` accepts, reference first."""
+    return list(NAMES)
+
+
+def check_name(name: str) -> str:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}; choose one of {list(NAMES)}")
+    return name
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where that file does not exist)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_features() -> dict[str, bool]:
+    """The flags that decide half-precision and int8 speed on a CPU, each True or False."""
+    flags = cpu_flags()
+    return {f: f in flags for f in _HALF_FLAGS}
+
+
+def fast_half_matmul_reason() -> str:
+    """'' when this CPU has native bf16/fp16 matmul instructions; else one line saying why not."""
+    feats = cpu_features()
+    native = [f for f in ("avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16") if feats[f]]
+    if native:
+        return ""
+    return ("this CPU has no avx512_bf16, avx512_fp16 or AMX instructions: fp16/bf16 matmuls are "
+            "converted to fp32 piece by piece, so half precision saves bytes but not arithmetic")
+
+
+def int8_saturation_risk() -> bool:
+    """True on an x86 CPU without VNNI: its u8×s8 int8 kernel adds pairs of products into int16
+    (``vpmaddubsw``), which saturates when weights use the full int8 range."""
+    feats = cpu_features()
+    return bool(cpu_flags()) and feats["avx2"] and not (feats["avx512_vnni"] or feats["avx_vnni"] or feats["amx_int8"])
+
+
+# ---------------------------------------------------------------- the variant object
+
+
+@dataclass
+class Variant:
+    """A loaded model variant, or the reason it cannot run here (``status``)."""
+
+    name: str
+    status: str = "ok"
+    model: Any = None
+    tokenizer: Any = None
+    backend: str = ""  # torch | bitsandbytes | onnxruntime
+    device: str = "cpu"
+    load_s: float | None = None
+    weight_bytes: int | None = None
+    weight_bytes_source: str = ""
+    predicted_weight_bytes: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    prepare_s: float | None = None  # seconds spent exporting/quantising now (None: reused from the cache)
+    rss_before_bytes: int | None = None
+    load_peak_cuda_bytes: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def description(self) -> str:
+        return VARIANTS[self.name]
+
+    def release(self) -> None:
+        """Drop the model and hand its memory back, so the next variant's memory reading is its own."""
+        self.model = None
+        gc.collect()
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap otherwise; RSS would not drop
+
+    def summary(self) -> dict[str, Any]:
+        return {"variant": self.name, "status": self.status, "backend": self.backend, "device": self.device,
+                "load_s": self.load_s, "weight_bytes": self.weight_bytes,
+                "weight_bytes_source": self.weight_bytes_source,
+                "predicted_weight_bytes": self.predicted_weight_bytes, "prepare_s": self.prepare_s,
+                "options": dict(self.options)}
+
+
+def _validate_options(name: str, options: dict[str, Any]) -> None:
+    allowed = OPTIONS.get(name, {})
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"variant {name!r} takes no option(s) {unknown}; valid: {sorted(allowed) or 'none'}")
+
+
+def predicted_weight_bytes(name: str, model_name: str | None = None) -> int:
+    """labkit.sizing's prediction. ONNX Runtime's dynamic quantisation stores every weight as int8,
+    embeddings too, and a tied output embedding becomes its own (transposed) int8 copy, so its
+    prediction is (parameters + tied lm_head) × 1 byte rather than sizing's LLM.int8 layout."""
+    from . import sizing
+
+    check_name(name)
+    model = _sizing_model(model_name)
+    s = sizing.shape(model)
+    if name.startswith("ort-int8"):
+        tied = bool(getattr(sizing.load_config(model), "tie_word_embeddings", False))
+        return int((s.n_params + (s.vocab_size * s.hidden_size if tied else 0)) * sizing.DTYPE_BYTES["int8"])
+    return sizing.weight_bytes(s, SIZING_DTYPE[name])
+
+
+def _sizing_model(model_name: str | None) -> str:
+    name = model_name or os.environ.get("LABKIT_MODEL") or "default"
+    return name
+
+
+def _backend_errors() -> tuple[type[BaseException], ...]:
+    """What a backend raises when it cannot run here (missing kernel, driver, library, memory)."""
+    errors: list[type[BaseException]] = [ImportError, OSError, RuntimeError, ValueError, NotImplementedError,
+                                          TypeError, MemoryError]
+    if importlib.util.find_spec("onnxruntime") is not None:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+        errors += [getattr(ort_state, n) for n in ("Fail", "RuntimeException", "InvalidArgument",
+                                                    "NoSuchFile", "InvalidGraph", "NotImplemented")
+                   if hasattr(ort_state, n)]
+    return tuple(errors)
+
+
+def load_variant(name: str, model_name: str | None = None, device: str | None = None, **options: Any) -> Variant:
+    """Load ``name`` (see ``names()``) of the default model (or ``model_name`` / ``LABKIT_MODEL``).
+
+    Returns a ``Variant``; when this machine cannot run it, ``status`` holds the reason and
+    ``model`` is None. Unknown names or options raise ``ValueError`` listing the valid ones.
+    """
+    from . import env, memory
+
+    check_name(name)
+    _validate_options(name, options)
+    device = device or env.device()
+    v = Variant(name=name, device=device, options=dict(options))
+    v.predicted_weight_bytes = predicted_weight_bytes(name, model_name)
+    reason = _unavailable_reason(name, device)
+    if reason:
+        v.status = reason
+        return v
+    loader = {"fp32": _load_torch, "fp16": _load_torch, "bf16": _load_torch, "bnb-int8": _load_bnb,
+              "bnb-nf4": _load_bnb}.get(name, _load_ort)
+    with memory.track() as mem:
+        t0 = time.perf_counter()
+        try:
+            loader(v, model_name)
+        except _backend_errors() as exc:
+            v.status = f"cannot run here: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            v.model = None
+            return v
+        v.load_s = time.perf_counter() - t0 - (v.prepare_s or 0.0)
+    v.rss_before_bytes = mem.rss_before.bytes
+    v.load_peak_cuda_bytes = mem.cuda_peak.bytes
+    return v
+
+
+def _unavailable_reason(name: str, device: str) -> str:
+    from . import env
+
+    if name == "bf16" and device.startswith("cuda"):
+        cap = env.capability("bf16")
+        return "" if cap.available else cap.reason
+    if name.startswith("bnb-"):
+        cap = env.capability("bitsandbytes")
+        return "" if cap.available else cap.reason
+    if name.startswith("ort-"):
+        for cap_name in ("onnxruntime", "optimum-onnx"):
+            cap = env.capability(cap_name)
+            if not cap.available:
+                return cap.reason
+    if device.startswith("mps") and not name.startswith(("fp", "bf")):
+        return f"{name} has no Apple-GPU kernels here; use device='cpu'"
+    return ""
+
+
+def _load_torch(v: Variant, model_name: str | None) -> None:
+    from . import memory, models
+
+    lm = models.load(model_name, dtype=v.name, device=v.device)
+    v.model, v.tokenizer, v.backend = lm.model, lm.tokenizer, "torch"
+    v.weight_bytes = memory.tensor_bytes(list(lm.model.parameters()) + list(lm.model.buffers()))
+    v.weight_bytes_source = "parameter + buffer bytes"
+
+
+def _quant_state_tensors(model: Any) -> list[Any]:
+    """Tensors bitsandbytes keeps beside the weights, not registered as parameters or buffers:
+    4-bit absmax/code (and the nested state of double quant), LLM.int8's per-row scales (SCB)."""
+    import torch
+
+    out: list[Any] = []
+    for p in model.parameters():
+        qs = getattr(p, "quant_state", None)
+        while qs is not None:
+            out += [t for t in (qs.absmax, qs.code, getattr(qs, "offset", None)) if isinstance(t, torch.Tensor)]
+            qs = getattr(qs, "state2", None)
+        scb = getattr(p, "SCB", None)
+        if isinstance(scb, torch.Tensor):
+            out.append(scb)
+    return out
+
+
+def _load_bnb(v: Variant, model_name: str | None) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from . import memory, models
+
+    cuda = v.device.startswith("cuda")
+    if v.name == "bnb-int8":
+        qcfg = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=float(v.options.get("threshold", 6.0)))
+    else:
+        compute = v.options.get("compute_dtype", "fp16" if cuda else "fp32")
+        qcfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                  bnb_4bit_use_double_quant=bool(v.options.get("double_quant", False)),
+                                  bnb_4bit_compute_dtype=models.torch_dtype(compute))
+        v.options.setdefault("compute_dtype", compute)
+    tok = models.load_tokenizer(model_name)
+    # the layers bitsandbytes leaves alone (embeddings, norms, lm_head) are stored in fp16
+    model = AutoModelForCausalLM.from_pretrained(models.resolve(model_name), quantization_config=qcfg,
+                                                 dtype=torch.float16, device_map=v.device)
+    model.eval()
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    v.model, v.tokenizer, v.backend = model, tok, "bitsandbytes"
+    v.weight_bytes = memory.tensor_bytes(list(model.parameters()) + list(model.buffers()) + _quant_state_tensors(model))
+    v.weight_bytes_source = "parameter + buffer bytes + quantisation scales (absmax / SCB)"
+
+
+# ---------------------------------------------------------------- ONNX export and quantisation (cached)
+
+
+def _version(pkg: str) -> str:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def onnx_root(model_name: str | None = None) -> Path:
+    """The cache folder of one model's ONNX files: name plus a hash of its config and the exporter version."""
+    from . import models
+
+    path = models.resolve(model_name)
+    cfg = Path(path) / "config.json"
+    stamp = cfg.read_text(encoding="utf-8") if cfg.is_file() else path
+    digest = hashlib.sha1(f"{path}\n{stamp}\n{_version('optimum-onnx')}\n{_version('transformers')}".encode()).hexdigest()[:10]
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", models.display_name(model_name).split("/")[-1])
+    return config.cache_dir() / "onnx" / f"{slug}-{digest}"
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / "model.onnx").is_file() and (folder / "config.json").is_file()
+
+
+def onnx_files(folder: Path) -> list[Path]:
+    """The files that hold an ONNX model's graph and weights (.onnx plus external data)."""
+    return sorted(p for p in folder.iterdir() if p.suffix == ".onnx" or p.name.endswith((".onnx_data", ".onnx.data")))
+
+
+def onnx_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in onnx_files(folder))
+
+
+@contextlib.contextmanager
+def _atomic_dir(target: Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``target``; rename it to ``target`` when the block succeeds."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        yield tmp
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not _complete(target):  # not a concurrent writer that finished first
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence exporter/quantiser chatter (tracer warnings, 'consider pre-processing')."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            yield
+        finally:
+            logging.disable(logging.NOTSET)
+
+
+def export_onnx(model_name: str | None = None, force: bool = False) -> tuple[Path, float | None]:
+    """Export the model to ONNX (fp32, with KV cache) once; return (folder, seconds or None if cached)."""
+    from optimum.exporters.onnx import main_export
+
+    from . import models
+
+    target = onnx_root(model_name) / "fp32"
+    if _complete(target) and not force:
+        return target, None
+    if force and target.exists():
+        shutil.rmtree(target)
+    t0 = time.perf_counter()
+    with _atomic_dir(target) as tmp, _quiet():
+        main_export(model_name_or_path=models.resolve(model_name), output=tmp, task="text-generation-with-past",
+                    do_validation=False, device="cpu")
+    return target, time.perf_counter() - t0
+
+
+def fold_constant_transposes(model: Any) -> int:
+    """Replace each Transpose of a stored weight by the transposed weight itself; returns how many.
+
+    The exporter writes a tied lm_head as ``MatMul(x, Transpose(embed_tokens))``. The quantiser
+    sees no constant weight behind that MatMul, so it leaves it in fp32 and, worse, makes it
+    dequantise the whole int8 embedding on every decode step. Folded, the lm_head gets its own
+    int8 weight like every other MatMul.
+    """
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    keep, folded = [], 0
+    for node in model.graph.node:
+        if node.op_type == "Transpose" and node.input[0] in inits:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            arr = numpy_helper.to_array(inits[node.input[0]])
+            arr = arr.transpose(perm) if perm else arr.T
+            model.graph.initializer.append(numpy_helper.from_array(arr.copy(order="C"), node.output[0]))
+            folded += 1
+        else:
+            keep.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return folded
+
+
+def quantize_onnx(per_channel: bool, reduce_range: bool | None = None, model_name: str | None = None,
+                  force: bool = False) -> tuple[Path, float | None]:
+    """Dynamic int8 quantisation of the exported model (weights int8 ahead of time, activations
+    quantised on the fly at run time); cached per setting. Returns (folder, seconds or None).
+
+    ``reduce_range=None`` picks 7-bit weights where ``int8_saturation_risk()`` (ONNX Runtime's own
+    advice for CPUs without VNNI), else 8-bit.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    reduce_range = int8_saturation_risk() if reduce_range is None else bool(reduce_range)
+    src, export_s = export_onnx(model_name)
+    kind = f"int8-{'channel' if per_channel else 'tensor'}{'-rr' if reduce_range else ''}-ort{_version('onnxruntime')}"
+    target = onnx_root(model_name) / kind
+    if _complete(target) and not force:
+        return target, export_s
+    if force and target.exists():
+        shutil.rmtree(target)
+    t0 = time.perf_counter()
+    external = any(p.name.endswith(("onnx_data", "onnx.data")) for p in src.iterdir())
+    with _atomic_dir(target) as tmp, _quiet():
+        for f in src.iterdir():
+            if f not in onnx_files(src):
+                shutil.copy2(f, tmp / f.name)  # config, generation config, tokenizer
+        graph = onnx.load(src / "model.onnx")
+        fold_constant_transposes(graph)
+        quantize_dynamic(graph, tmp / "model.onnx", per_channel=per_channel, reduce_range=reduce_range,
+                         weight_type=QuantType.QInt8, use_external_data_format=external)
+        del graph
+    return target, time.perf_counter() - t0 + (export_s or 0.0)
+
+
+def ort_provider(device: str, wanted: str | None = None) -> str:
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if wanted:
+        if wanted not in available:
+            raise ValueError(f"ONNX Runtime provider {wanted!r} is not available here; choose one of {available}")
+        return wanted
+    if device.startswith("cuda") and "CUDAExecutionProvider" in available:
+        return "CUDAExecutionProvider"
+    return "CPUExecutionProvider"
+
+
+def _load_ort(v: Variant, model_name: str | None) -> None:
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    from . import models
+
+    if v.name == "ort-fp32":
+        folder, prep = export_onnx(model_name)
+    else:
+        rr = v.options.get("reduce_range")
+        rr = int8_saturation_risk() if rr is None else bool(rr)
+        v.options["reduce_range"] = rr
+        folder, prep = quantize_onnx(per_channel=v.name.endswith("channel"), reduce_range=rr, model_name=model_name)
+    v.prepare_s = prep
+    provider = ort_provider(v.device, v.options.get("provider"))
+    v.options["provider"] = provider
+    model = ORTModelForCausalLM.from_pretrained(folder, provider=provider, use_cache=True)
+    tok = models.load_tokenizer(model_name)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    v.model, v.tokenizer, v.backend = model, tok, "onnxruntime"
+    v.device = "cuda" if provider != "CPUExecutionProvider" else "cpu"
+    v.files = [str(p) for p in onnx_files(folder)]
+    v.weight_bytes = onnx_bytes(folder)
+    v.weight_bytes_source = "size of the .onnx file(s) and external data"
+
+
+# ---------------------------------------------------------------- one measurement per variant
+
+
+@dataclass
+class Settings:
+    """What every variant is measured with (same prompts and token counts for all)."""
+
+    new_tokens: int = 32  # decode tokens per timed run
+    repeats: int = 3  # timed runs (after one warmup)
+    answer_tokens: int = 24  # tokens per side-by-side answer
+    n_questions: int = 5
+    ppl_window_tokens: int = 512
+    ppl_stride_tokens: int = 512
+    ppl_max_tokens: int | None = None  # None: the whole evaluation text
+    ref_prompts: int = 12
+    ref_new_tokens: int = 32
+
+    @classmethod
+    def default(cls) -> "Settings":
+        """Full counts normally, small ones in quick mode (same code path)."""
+        pick = config.pick
+        return cls(new_tokens=pick(32, 8), repeats=pick(3, 1), answer_tokens=pick(24, 12), n_questions=pick(5, 1),
+                   ppl_window_tokens=512, ppl_stride_tokens=512, ppl_max_tokens=None if not config.quick() else 256,
+                   ref_prompts=pick(12, 3), ref_new_tokens=pick(32, 12))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Inputs:
+    """The reference (fp32 greedy continuations and log-probs), eval tokens and questions."""
+
+    reference: Any
+    eval_ids: list[int]
+    questions: list[str]
+    settings: Settings
+
+
+def prepare_inputs(reference_variant: Variant, settings: Settings | None = None) -> Inputs:
+    """Build the shared inputs once, with the fp32 variant as the reference."""
+    from . import quality
+
+    settings = settings or Settings.default()
+    if not reference_variant.ok:
+        raise ValueError(f"the reference variant {reference_variant.name} did not load: {reference_variant.status}")
+    ref = quality.reference(reference_variant.model, reference_variant.tokenizer,
+                            quality.prompts("prompts")[: settings.ref_prompts], new_tokens=settings.ref_new_tokens)
+    return Inputs(reference=ref, eval_ids=quality.eval_tokens(reference_variant.tokenizer),
+                  questions=quality.prompts("questions")[: settings.n_questions], settings=settings)
+
+
+def _peak_memory(v: Variant) -> tuple[int | None, str]:
+    from . import memory
+
+    if v.device.startswith("cuda"):
+        if v.backend == "onnxruntime":
+            return None, "ONNX Runtime allocates outside PyTorch's CUDA allocator: no allocator peak"
+        peak = memory.cuda_peak()
+        return peak.bytes, "cuda_peak: PyTorch allocator peak over load and runs"
+    now = memory.rss()
+    if v.rss_before_bytes is None or now.bytes is None:
+        return None, "RSS not readable here"
+    return now.bytes - v.rss_before_bytes, "rss growth: process RSS after the timed runs minus before the load"
+
+
+def measure_variant(v: Variant, inputs: Inputs) -> dict[str, Any]:
+    """One row: footprint, load time, TTFT, decode tokens/s, perplexity, agreement, KL, answers."""
+    from . import generation, quality
+
+    row: dict[str, Any] = v.summary()
+    if not v.ok:
+        return row
+    s = inputs.settings
+    timing = generation.measure_decode(v.model, v.tokenizer, new_tokens=s.new_tokens, repeats=s.repeats)
+    peak, source = _peak_memory(v)  # read before the quality passes allocate their own buffers
+    ppl = quality.perplexity(v.model, inputs.eval_ids, window_tokens=s.ppl_window_tokens,
+                             stride_tokens=s.ppl_stride_tokens, max_tokens=s.ppl_max_tokens)
+    agree = quality.compare(v.model, inputs.reference)
+    answers = quality.answers(v.model, v.tokenizer, inputs.questions, max_new_tokens=s.answer_tokens)
+    row.update(ttft_s=timing["ttft_s"], tpot_s=timing["tpot_s"], decode_tokens_per_s=timing["decode_tokens_per_s"],
+               decode_spread=timing["spread"], perplexity=ppl.perplexity, ppl_tokens=ppl.n_tokens,
+               agreement=agree.agreement, kl=agree.kl, kl_max=agree.kl_max, kl_tokens=agree.n_tokens,
+               peak_memory_bytes=peak, peak_memory_source=source, answers=answers)
+    return row
+
+
+def run(variant_names: Sequence[str] | None = None, settings: Settings | None = None,
+        model_name: str | None = None, device: str | None = None, progress: bool = True,
+        options: dict[str, dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:
+    """Load, measure and release each variant in turn (fp32 first: it is the reference).
+
+    Yields one row per variant; a variant that cannot run yields a row whose status says why.
+    """
+    variant_names = list(variant_names) if variant_names is not None else names()
+    for n in variant_names:
+        check_name(n)
+    options = options or {}
+    # the reference's continuations and log-probs first; then it is released and reloaded like
+    # any other variant, so its memory reading does not include the reference data
+    ref = load_variant("fp32", model_name, device)
+    inputs = prepare_inputs(ref, settings)
+    ref.release()
+    order = sorted(variant_names, key=lambda n: n != "fp32")
+    bar = _progress(order, progress)
+    for n in bar:
+        if hasattr(bar, "set_postfix_str"):
+            bar.set_postfix_str(n)
+        v = load_variant(n, model_name, device, **options.get(n, {}))
+        try:
+            row = measure_variant(v, inputs)
+        except (MemoryError, RuntimeError) as exc:  # an out-of-memory mid-run becomes a row, the sweep goes on
+            row = {**v.summary(), "status": f"failed while measuring: {type(exc).__name__}: {str(exc)[:200]}"}
+        finally:
+            v.release()
+        yield row
+
+
+def _progress(items: list[str], enabled: bool) -> Any:
+    if not enabled:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc="variants", unit="variant")
+
+
+def best_of(rows: Sequence[dict[str, Any]], candidates: Sequence[str]) -> dict[str, Any] | None:
+    """The better-quality row among ``candidates`` that ran: highest agreement, then lowest KL."""
+    ok = [r for r in rows if r.get("variant") in candidates and r.get("status") == "ok"]
+    if not ok:
+        return None
+    return max(ok, key=lambda r: (r["agreement"], -r["kl"]))
+
+
+# ---------------------------------------------------------------- looking inside int8: one layer at a time
+
+
+def ort_matmul_error(weight: Any, x: Any, per_channel: bool, reduce_range: bool) -> float:
+    """Relative error ‖Y_int8 − Y_fp32‖ / ‖Y_fp32‖ of one ``x @ weight.T`` run by ONNX Runtime after
+    ``quantize_dynamic``: the real CPU kernel on real weights and activations, in milliseconds."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    w = np.ascontiguousarray(weight.detach().float().cpu().numpy().T)  # ONNX MatMul wants B as (in, out)
+    xs = np.ascontiguousarray(x.detach().float().cpu().numpy().reshape(-1, w.shape[0]))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "one_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", w.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", w.shape[1]])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with tempfile.TemporaryDirectory() as tmp, _quiet():
+        src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
+        onnx.save(model, src)
+        quantize_dynamic(src, dst, per_channel=per_channel, reduce_range=reduce_range, weight_type=QuantType.QInt8)
+        run = {p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": xs})[0]
+               for p in (src, dst)}
+    return float(np.linalg.norm(run[dst] - run[src]) / np.linalg.norm(run[src]))
+
+
+def _fake_quant_weight(w: Any, per_channel: bool, reduce_range: bool) -> Any:
+    """Symmetric int8 as ONNX Runtime stores weights: ±127 (±64 with reduce_range), per tensor or per output row."""
+    q = 64 if reduce_range else 127
+    amax = w.abs().amax(dim=1, keepdim=True) if per_channel else w.abs().max()
+    scale = (amax / q).clamp_min(1e-12)
+    return (w / scale).round().clamp(-q, q) * scale
+
+
+def _fake_quant_activation(x: Any) -> Any:
+    """uint8 with one scale for the whole tensor, zero included (ONNX DynamicQuantizeLinear)."""
+    lo, hi = x.min().clamp(max=0), x.max().clamp(min=0)
+    scale = ((hi - lo) / 255).clamp_min(1e-12)
+    zp = (-lo / scale).round().clamp(0, 255)
+    return ((x / scale).round() + zp).clamp(0, 255).sub(zp) * scale
+
+
+LAYER_GROUPS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+
+
+@contextlib.contextmanager
+def fake_dynamic_int8(model: Any, groups: Sequence[str] = LAYER_GROUPS, per_channel: bool = False,
+                      reduce_range: bool = True) -> Iterator[int]:
+    """Emulate ONNX Runtime's dynamic int8 in PyTorch on the Linear layers whose name ends with one
+    of ``groups``: weights rounded to int8, activations to uint8 with one scale per call. The model's
+    own weights are untouched (a tied lm_head keeps its embedding). Yields how many layers it covers."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    handles = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and name.split(".")[-1] in groups:
+            with torch.no_grad():
+                wq = _fake_quant_weight(module.weight.float(), per_channel, reduce_range).to(module.weight.dtype)
+
+            def hook(mod: Any, args: tuple, out: Any, wq: Any = wq) -> Any:
+                return F.linear(_fake_quant_activation(args[0]), wq, mod.bias)
+
+            handles.append(module.register_forward_hook(hook))
+    try:
+        yield len(handles)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def layer_sensitivity(model: Any, ref: Any, per_channel: bool = False, reduce_range: bool = True,
+                      groups: Sequence[str] = LAYER_GROUPS) -> list[dict[str, Any]]:
+    """Quality (agreement, KL against ``ref``) with only one kind of layer in emulated int8, for each
+    kind, and with all of them: which layers hurt most."""
+    from . import quality
+
+    rows = []
+    for group in [*groups, "all"]:
+        chosen = groups if group == "all" else (group,)
+        with fake_dynamic_int8(model, chosen, per_channel=per_channel, reduce_range=reduce_range) as n:
+            res = quality.compare(model, ref)
+        rows.append({"layers": group, "n_layers": n, "per_channel": per_channel, "agreement": res.agreement,
+                     "kl": res.kl})
+    return rows
