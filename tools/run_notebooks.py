@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+from jupyter_client.kernelspec import NoSuchKernel, find_kernel_specs
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
@@ -54,7 +55,7 @@ class NotebookRun:
     name: str
     path: str
     executed_path: str
-    status: str  # "ok" | "failed" | "timeout" | "kernel died"
+    status: str  # "ok" | "failed" | "timeout" | "kernel died" | "kernel error"
     wall_s: float
     quick: bool  # LABKIT_QUICK was set
     finished_at: str  # UTC, ISO 8601: a summary keeps earlier runs of notebooks not run this time
@@ -90,7 +91,10 @@ def _excerpt(source: str) -> str:
 
 
 def _failed_cell(nb: nbformat.NotebookNode, index: int, fallback_error: str) -> FailedCell:
-    """The failing cell's excerpt and error, read from its error output when it has one."""
+    """The failing cell's excerpt and error, read from its error output when it has one
+    (index -1: no cell had started, the kernel itself failed)."""
+    if index < 0:
+        return FailedCell(index=-1, source_excerpt="(no cell started)", error=fallback_error[:1000], traceback_tail="")
     cell = nb.cells[index]
     error, tb = fallback_error, ""
     for out in cell.get("outputs", []):
@@ -107,8 +111,11 @@ def _cell_seconds(cell: nbformat.NotebookNode) -> float | None:
     start, end = ex.get("iopub.execute_input"), ex.get("shell.execute_reply")
     if not (start and end):
         return None
-    parse = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
-    return (parse(end) - parse(start)).total_seconds()
+    return (_parse_time(end) - _parse_time(start)).total_seconds()
+
+
+def _parse_time(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _slowest(nb: nbformat.NotebookNode, n: int = 3) -> list[dict[str, Any]]:
@@ -160,9 +167,11 @@ def key_results(name: str, since_epoch_s: float) -> list[dict[str, Any]]:
     return out
 
 
-def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: str = "python3") -> NotebookRun:
-    """Execute one notebook in a fresh kernel; never raises for a failure inside the notebook."""
+def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: str | None = None) -> NotebookRun:
+    """Execute one notebook in a fresh kernel (the one its metadata names, as nbmake does);
+    never raises for a failure inside the notebook or its kernel."""
     nb = nbformat.read(path, as_version=4)
+    kernel_name = kernel_name or nb.metadata.get("kernelspec", {}).get("name") or "python3"
     current = {"index": -1}
 
     def on_cell_start(cell: nbformat.NotebookNode, cell_index: int) -> None:
@@ -186,6 +195,14 @@ def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: st
     except DeadKernelError as exc:
         status = "kernel died"
         failed = _failed_cell(nb, current["index"], f"DeadKernelError: {exc} (out of memory?)")
+    except NoSuchKernel as exc:
+        status = "kernel error"
+        failed = _failed_cell(nb, -1, f"NoSuchKernel: {exc}; installed kernels: {sorted(find_kernel_specs())} "
+                                      "(start from the labkit .venv, e.g. `make run`)")
+    except RuntimeError as exc:  # the kernel did not start or stopped answering (nbclient/jupyter_client)
+        status = "kernel error"
+        failed = _failed_cell(nb, current["index"], f"RuntimeError: {exc} (is ipykernel installed in "
+                                                            f"this environment? `{sys.executable} -m ipykernel --version`)")
     wall_s = time.perf_counter() - t0
     finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     executed_dir.mkdir(parents=True, exist_ok=True)
@@ -315,10 +332,10 @@ def run_all(paths: list[Path], build_dir: Path = BUILD_DIR, timeout_s: int = 900
     runs = []
     t0 = time.perf_counter()
     for i, path in enumerate(paths, 1):
-        print(f"[{i}/{len(paths)}] {path.stem} …", end=" ", flush=True)
+        print(f"[{i}/{len(paths)}] {path.stem} …", flush=True)
         run = run_notebook(path, build_dir / "executed", timeout_s)
         runs.append(run)
-        print(f"{run.status} in {run.wall_s:.1f} s", flush=True)
+        print(f"[{i}/{len(paths)}] {path.stem}: {run.status} in {run.wall_s:.1f} s", flush=True)
         if run.failed_cell:
             fc = run.failed_cell
             print(f"    failing cell {fc.index}: {fc.error}\n" + "\n".join(f"    | {l}" for l in fc.source_excerpt.splitlines()),

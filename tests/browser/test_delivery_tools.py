@@ -61,6 +61,16 @@ def test_failing_notebook_reported_with_its_cell_and_the_next_still_runs(two_not
     assert "failing cell 1" in page and "boom at 2" in page and "results/11_ok.json" in page
 
 
+def test_missing_kernel_is_a_reported_failure(tmp_path: Path) -> None:
+    path = _notebook(tmp_path / "12_kernel.ipynb", ["1"])
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata["kernelspec"]["name"] = "no-such-kernel"
+    nbformat.write(nb, path)
+    run = run_notebooks.run_notebook(path, tmp_path / "executed", timeout_s=60)
+    assert run.status == "kernel error" and run.failed_cell.index == -1
+    assert "no-such-kernel" in run.failed_cell.error and "python3" in run.failed_cell.error
+
+
 def _run(name: str, path: Path, status: str = "ok") -> run_notebooks.NotebookRun:
     return run_notebooks.NotebookRun(name=name, path=str(path), executed_path=str(path), status=status, wall_s=1.5,
                                      quick=True, finished_at=f"{name}-time", n_cells=1, n_code_cells=1)
