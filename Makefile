@@ -50,7 +50,7 @@ lab: setup
 # notebooks run once, by `make run` (not nbmake as well): its executed copies feed the decks
 test: setup
 	$(MAKE) test-unit
-	LABKIT_QUICK=1 $(MAKE) run slides test-browser
+	LABKIT_QUICK=1 $(MAKE) run slides test-browser BROWSER_TESTS_K='not jupyterlab'
 
 test-unit:
 	LABKIT_QUICK=1 $(PY) -m pytest -q tests
@@ -76,7 +76,7 @@ browser:
 
 test-browser: setup browser node_modules/.package-lock.json
 	@test -f build/slides/decks.json || $(MAKE) slides
-	LABKIT_BROWSER_TESTS=1 LABKIT_QUICK=1 LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider -m browser tests/browser
+	LABKIT_BROWSER_TESTS=1 LABKIT_QUICK=1 LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider -m browser $(if $(BROWSER_TESTS_K),-k "$(BROWSER_TESTS_K)") tests/browser
 
 bench: setup
 	@for b in bench/*.py; do echo "# $$b"; $(PY) $$b || exit 1; done
