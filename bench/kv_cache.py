@@ -12,6 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+
+import torch
 
 from labkit import env, kv, models
 
@@ -31,12 +34,17 @@ def main(argv: list[str] | None = None) -> int:
 
     lm = models.load()
     kv.timed_generate(lm.model, lm.tokenizer, args.prompt, 8)  # untimed warmup: lazy set-up, page-in
+    threads = torch.get_num_threads()
     runs = {}
     for use_cache in (True, False):
+        cpu0 = time.process_time()
         r = kv.timed_generate(lm.model, lm.tokenizer, args.prompt, args.new_tokens, use_cache=use_cache)
+        cpu_s = time.process_time() - cpu0
         runs[use_cache] = r
+        # cpu_share near 1: this process had its threads' cores; far below: another program took them
         print(json.dumps({"use_cache": use_cache, "new_tokens": r.n_out, "seconds": r.e2e_s, "ttft_s": r.ttft_s,
-                          "tpot_s": r.tpot_s, "last_itl_s": r.itl_s[-1], "n_prompt": r.n_prompt}), flush=True)
+                          "tpot_s": r.tpot_s, "last_itl_s": r.itl_s[-1], "n_prompt": r.n_prompt,
+                          "cpu_s": cpu_s, "cpu_share": cpu_s / (r.e2e_s * threads)}), flush=True)
 
     size = kv.measure_cache(lm.model, lm.tokenizer, args.prompt, args.kv_new_tokens, batch=args.kv_batch)
     print(json.dumps({"kv_bytes_measured": size.measured_bytes, "kv_bytes_predicted": size.predicted_bytes,

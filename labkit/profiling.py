@@ -23,7 +23,7 @@ def op_group(name: str) -> str:
     low = name.lower()
     if any(mark in low for mark in _ATTENTION_MARKS):
         return "attention"
-    if low in _MATMUL or low.startswith(("aten::mm", "aten::addmm")) or "gemm" in low:
+    if low in _MATMUL or low.startswith(("aten::mm", "aten::addmm")) or "gemm" in low or "gemv" in low:
         return "matmul"
     return "other"
 
@@ -33,7 +33,7 @@ class StepProfile:
     """Self time per operator for one step, in microseconds, from torch.profiler's key averages."""
 
     step: str
-    device_kind: str  # "cpu" or "cuda": which self time was used
+    device_kind: str  # "cpu": self CPU time; "cuda": GPU time of the kernels each operator launched
     ops: list[dict[str, Any]]  # name, group, calls, self_us
 
     @property
@@ -61,10 +61,15 @@ class StepProfile:
 
 
 def _from_profiler(prof: Any, step: str, cuda: bool) -> StepProfile:
+    from torch.autograd import DeviceType
+
     ops = []
     for ev in prof.key_averages():
         if cuda:
-            self_us = float(getattr(ev, "self_device_time_total", 0.0) or getattr(ev, "self_cuda_time_total", 0.0))
+            # operator rows carry the GPU time of the kernels they launched; kernel rows would count it twice
+            if ev.device_type != DeviceType.CPU:
+                continue
+            self_us = float(ev.self_device_time_total)
         else:
             self_us = float(ev.self_cpu_time_total)
         if self_us <= 0:
