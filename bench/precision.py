@@ -7,7 +7,10 @@ run prints a line whose status says why.
 Targets on a 2-core CPU with the default model: ONNX Runtime int8 decodes at least 1.4× faster
 than the fp32 PyTorch baseline of the same run; NF4 weight bytes at most 30 % of fp32's.
 
-    python bench/precision.py [--variants fp32,bnb-nf4,...] [--new-tokens 32] [--repeats 3]
+    python bench/precision.py [--variants fp32,bnb-nf4,...] [--new-tokens 32] [--repeats 3] [--ppl-max-tokens 1024]
+
+The first run exports and quantises the ONNX models into the cache (about a minute for the
+default model); later runs reuse them. Each row's prepare_s says what was spent on that.
 """
 from __future__ import annotations
 
@@ -17,12 +20,12 @@ import sys
 import time
 from typing import Any
 
-from labkit import env, models, variants
+from labkit import config, env, models, variants
 
 TARGET_ORT_INT8_SPEEDUP = 1.4
 TARGET_NF4_FRACTION = 0.30
 COLUMNS = ("variant", "status", "backend", "device", "weight_bytes", "weight_bytes_source", "predicted_weight_bytes",
-           "load_s", "prepare_s", "peak_memory_bytes", "peak_memory_source", "ttft_s", "tpot_s", "decode_tokens_per_s",
+           "load_s", "prepare_s", "measure_s", "peak_memory_bytes", "peak_memory_source", "ttft_s", "tpot_s", "decode_tokens_per_s",
            "decode_spread", "perplexity", "agreement", "kl", "kl_max", "answers", "options")
 
 
@@ -40,18 +43,18 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, from {variants.names()}")
     ap.add_argument("--new-tokens", type=int, default=defaults.new_tokens, help="decode tokens per timed run")
     ap.add_argument("--repeats", type=int, default=defaults.repeats, help="timed runs per variant")
-    ap.add_argument("--ppl-max-tokens", type=int, default=defaults.ppl_max_tokens,
-                    help="tokens of the evaluation text scored (default: all)")
+    ap.add_argument("--ppl-max-tokens", type=int, default=config.pick(1024, defaults.ppl_max_tokens or 1024),
+                    help="tokens of the evaluation text scored, the same for every variant (0: all of it)")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in variants.names()]
     if unknown or not names:
         ap.error(f"unknown variant(s) {unknown}; choose from {variants.names()}")
-    if args.new_tokens < 2 or args.repeats <= 0:
-        ap.error("--new-tokens must be at least 2 and --repeats positive")
+    if args.new_tokens < 2 or args.repeats <= 0 or args.ppl_max_tokens < 0:
+        ap.error("--new-tokens must be at least 2, --repeats positive, --ppl-max-tokens 0 or more")
 
     settings = variants.Settings(**{**defaults.to_dict(), "new_tokens": args.new_tokens, "repeats": args.repeats,
-                                    "ppl_max_tokens": args.ppl_max_tokens})
+                                    "ppl_max_tokens": args.ppl_max_tokens or None})
     t0 = time.perf_counter()
     rows = []
     for row in variants.run(names, settings, progress=False):

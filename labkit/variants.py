@@ -188,8 +188,7 @@ def predicted_weight_bytes(name: str, model_name: str | None = None) -> int:
 
 
 def _sizing_model(model_name: str | None) -> str:
-    name = model_name or os.environ.get("LABKIT_MODEL") or "default"
-    return name
+    return model_name or os.environ.get("LABKIT_MODEL") or "default"
 
 
 def _backend_errors() -> tuple[type[BaseException], ...]:
@@ -211,7 +210,7 @@ def load_variant(name: str, model_name: str | None = None, device: str | None = 
     Returns a ``Variant``; when this machine cannot run it, ``status`` holds the reason and
     ``model`` is None. Unknown names or options raise ``ValueError`` listing the valid ones.
     """
-    from . import env, memory
+    from . import env, memory, models
 
     check_name(name)
     _validate_options(name, options)
@@ -222,12 +221,16 @@ def load_variant(name: str, model_name: str | None = None, device: str | None = 
     if reason:
         v.status = reason
         return v
+    if options.get("provider") is not None:
+        ort_provider(device, options["provider"])  # a provider this machine lacks is the caller's mistake
     loader = {"fp32": _load_torch, "fp16": _load_torch, "bf16": _load_torch, "bnb-int8": _load_bnb,
               "bnb-nf4": _load_bnb}.get(name, _load_ort)
     with memory.track() as mem:
         t0 = time.perf_counter()
         try:
             loader(v, model_name)
+        except models.ModelNotFound:
+            raise  # a wrong model name is the caller's to fix, not a property of this machine
         except _backend_errors() as exc:
             v.status = f"cannot run here: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             v.model = None
@@ -577,30 +580,44 @@ def measure_variant(v: Variant, inputs: Inputs) -> dict[str, Any]:
     return row
 
 
+def reference_inputs(settings: Settings | None = None, model_name: str | None = None,
+                     device: str | None = None) -> Inputs:
+    """Load fp32, build the shared inputs (its greedy continuations and log-probs), release it."""
+    ref = load_variant("fp32", model_name, device)
+    try:
+        return prepare_inputs(ref, settings)
+    finally:
+        ref.release()
+
+
 def run(variant_names: Sequence[str] | None = None, settings: Settings | None = None,
         model_name: str | None = None, device: str | None = None, progress: bool = True,
-        options: dict[str, dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:
+        options: dict[str, dict[str, Any]] | None = None, inputs: Inputs | None = None) -> Iterator[dict[str, Any]]:
     """Load, measure and release each variant in turn (fp32 first: it is the reference).
 
-    Yields one row per variant; a variant that cannot run yields a row whose status says why.
+    ``inputs`` (from ``reference_inputs``) is built here when not given. Yields one row per
+    variant; a variant that cannot run yields a row whose status says why.
     """
     variant_names = list(variant_names) if variant_names is not None else names()
     for n in variant_names:
         check_name(n)
     options = options or {}
-    # the reference's continuations and log-probs first; then it is released and reloaded like
-    # any other variant, so its memory reading does not include the reference data
-    ref = load_variant("fp32", model_name, device)
-    inputs = prepare_inputs(ref, settings)
-    ref.release()
+    # the reference is built first and released; fp32 is then reloaded like any other variant,
+    # so its memory reading does not include the reference data
+    if inputs is None:
+        inputs = reference_inputs(settings, model_name, device)
+    elif settings is not None and settings != inputs.settings:
+        raise ValueError("pass settings or inputs built with them, not both with different values")
     order = sorted(variant_names, key=lambda n: n != "fp32")
     bar = _progress(order, progress)
     for n in bar:
         if hasattr(bar, "set_postfix_str"):
             bar.set_postfix_str(n)
+        t0 = time.perf_counter()
         v = load_variant(n, model_name, device, **options.get(n, {}))
         try:
             row = measure_variant(v, inputs)
+            row["measure_s"] = time.perf_counter() - t0  # wall time of this row: load, prepare and all passes
         except (MemoryError, RuntimeError) as exc:  # an out-of-memory mid-run becomes a row, the sweep goes on
             row = {**v.summary(), "status": f"failed while measuring: {type(exc).__name__}: {str(exc)[:200]}"}
         finally:

@@ -157,3 +157,16 @@ def test_onnx_files_are_cached_and_reused(tiny_model_dir, tmp_path, monkeypatch)
     assert again.ok and again.prepare_s is None  # nothing exported or quantised the second time
     assert again.weight_bytes == sum(Path(p).stat().st_size for p in again.files)
     assert not list((tmp_path / "cache" / "onnx").rglob(".*"))  # no temporary folders left behind
+
+
+def test_a_missing_model_is_an_error_not_a_status(tmp_path):
+    from labkit import models
+
+    with pytest.raises(ValueError):
+        variants.load_variant("fp32", str(tmp_path / "no-such-model"))
+    assert issubclass(models.ModelNotFound, ValueError)
+
+
+def test_an_unavailable_provider_names_the_available_ones():
+    with pytest.raises(ValueError, match="CPUExecutionProvider"):
+        variants.load_variant("ort-fp32", "default", device="cpu", provider="NoSuchExecutionProvider")
