@@ -230,6 +230,20 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # stop | length | cancelled | aborted
 
+    def emit(self, token: int, eos: set[int]) -> bool:
+        """Record one generated token, set ``finish_reason`` when it ends the sequence, call ``on_token``;
+        True while the sequence goes on."""
+        self.tokens.append(token)
+        if token in eos and not self.ignore_eos:
+            self.finish_reason = "stop"
+        elif len(self.tokens) >= self.max_new_tokens:
+            self.finish_reason = "length"
+        if self.on_token is not None:
+            self.on_token(token, self.finish_reason)
+        if self.finish_reason is None and self.cancelled():
+            self.finish_reason = "cancelled"
+        return self.finish_reason is None
+
 
 @dataclass
 class BatchStats:
@@ -328,18 +342,8 @@ def decode_batch(model: Any, seqs: list[Sequence], eos: set[int], pad_id: int, *
                 if s.finish_reason is not None:  # finished earlier, kept because drop_finished=False
                     keep.append(row)
                     continue
-                token = int(chosen[row])
-                s.tokens.append(token)
                 stats.output_tokens += 1
-                if token in eos and not s.ignore_eos:
-                    s.finish_reason = "stop"
-                elif len(s.tokens) >= s.max_new_tokens:
-                    s.finish_reason = "length"
-                if s.on_token is not None:
-                    s.on_token(token, s.finish_reason)
-                if s.finish_reason is None and s.cancelled():
-                    s.finish_reason = "cancelled"
-                if s.finish_reason is None or not drop_finished:
+                if s.emit(int(chosen[row]), eos) or not drop_finished:
                     keep.append(row)
             if all(seqs[i].finish_reason is not None for i in active):
                 break

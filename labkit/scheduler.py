@@ -144,6 +144,22 @@ def _finish_reason(token: int, n_out: int, limit: int, eos: set[int]) -> str | N
 # ---------------------------------------------------------------------------------------------- static
 
 
+def _tracked(c: Completion, r: Request, t0: float, stamp_finish: bool) -> batching.Sequence:
+    """A decode sequence for request ``r`` that stamps its tokens' times (since ``t0``) into ``c``;
+    ``stamp_finish``: its response is ready at its last token (continuous), not when its batch returns."""
+    def on_token(token: int, reason: str | None) -> None:
+        t = now() - t0
+        if c.first_token_s is None:
+            c.first_token_s = t
+        c.tokens.append(token)
+        c.last_token_s = t
+        c.finish_reason = reason
+        if reason is not None and stamp_finish:
+            c.finished_s = t
+
+    return batching.Sequence(prompt_ids=list(r.prompt_ids), max_new_tokens=r.max_new_tokens, on_token=on_token)
+
+
 def run_static(model: Any, requests: Sequence[Request], eos: set[int], pad_id: int, batch_size: int = 4) -> Run:
     """Static batches of ``batch_size`` in arrival order; a batch returns when its longest request is done."""
     _check(requests, batch_size, "batch_size")
@@ -155,19 +171,8 @@ def run_static(model: Any, requests: Sequence[Request], eos: set[int], pad_id: i
         admitted = now() - t0
         seqs = []
         for r in chunk:
-            c = comps[r.id]
-            c.admitted_s = admitted
-
-            def on_token(token: int, reason: str | None, c: Completion = c) -> None:
-                t = now() - t0
-                if c.first_token_s is None:
-                    c.first_token_s = t
-                c.tokens.append(token)
-                c.last_token_s = t
-                c.finish_reason = reason
-
-            seqs.append(batching.Sequence(prompt_ids=list(r.prompt_ids), max_new_tokens=r.max_new_tokens,
-                                          on_token=on_token))
+            comps[r.id].admitted_s = admitted
+            seqs.append(_tracked(comps[r.id], r, t0, stamp_finish=False))
         stats = batching.decode_batch(model, seqs, eos, pad_id, drop_finished=False)
         done = now() - t0
         for r in chunk:
@@ -244,19 +249,6 @@ class ContinuousEngine:
     def _clear(self) -> None:
         self.cache = self.mask = self.pos = self.next_tokens = None
 
-    def _emit(self, seq: batching.Sequence, token: int) -> bool:
-        """Record one token; True while the sequence goes on."""
-        seq.tokens.append(token)
-        if token in self.eos and not seq.ignore_eos:
-            seq.finish_reason = "stop"
-        elif len(seq.tokens) >= seq.max_new_tokens:
-            seq.finish_reason = "length"
-        if seq.on_token is not None:
-            seq.on_token(token, seq.finish_reason)
-        if seq.finish_reason is None and seq.cancelled():
-            seq.finish_reason = "cancelled"
-        return seq.finish_reason is None
-
     def admit(self, seq: batching.Sequence) -> None:
         """Prefill ``seq`` alone (its first token), then join its KV cache to the running batch's."""
         import torch
@@ -269,7 +261,7 @@ class ContinuousEngine:
             one = torch.ones_like(ids)
             tok, new_cache = batching.prefill(self.model, ids, one)
             self.prefills += 1
-            if not self._emit(seq, int(tok[0])):
+            if not seq.emit(int(tok[0]), self.eos):
                 return
             new_pos = batching.positions(one)[:, -1]
             if self.cache is None:
@@ -292,7 +284,7 @@ class ContinuousEngine:
             self.steps += 1
             self.rows += len(self.active)
             chosen = self.next_tokens.tolist()  # one host sync per step
-            keep = [row for row, seq in enumerate(self.active) if self._emit(seq, int(chosen[row]))]
+            keep = [row for row, seq in enumerate(self.active) if seq.emit(int(chosen[row]), self.eos)]
             done = [seq for row, seq in enumerate(self.active) if row not in set(keep)]
             if done:  # they leave: drop their rows from the batch and from every layer's cache
                 if keep:
@@ -324,24 +316,11 @@ def run_continuous(model: Any, requests: Sequence[Request], eos: set[int], pad_i
     engine = ContinuousEngine(model, eos, pad_id)
     t0 = now()
 
-    def sequence(c: Completion, r: Request) -> batching.Sequence:
-        def on_token(token: int, reason: str | None) -> None:
-            t = now() - t0
-            if c.first_token_s is None:
-                c.first_token_s = t
-            c.tokens.append(token)
-            c.last_token_s = t
-            c.finish_reason = reason
-            if reason is not None:
-                c.finished_s = t  # its response is ready now
-
-        return batching.Sequence(prompt_ids=list(r.prompt_ids), max_new_tokens=r.max_new_tokens, on_token=on_token)
-
     while waiting or engine.active:
         while waiting and len(engine.active) < max_batch_size:  # admit at this token boundary
             r = waiting.popleft()
             comps[r.id].admitted_s = now() - t0
-            engine.admit(sequence(comps[r.id], r))
+            engine.admit(_tracked(comps[r.id], r, t0, stamp_finish=True))
         engine.step()
     wall = now() - t0
     return Run(mode="continuous", max_batch_size=max_batch_size, wall_s=wall,
