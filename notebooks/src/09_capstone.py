@@ -1,0 +1,182 @@
+# %% md slide
+# # 09 · Capstone: before and after, under the same load
+#
+# Tutorials end with a "before/after" table. Here it is measured. The *before* is the naive server:
+# fp32, one request at a time. The *after* is the best combination this machine allows from the
+# previous notebooks. Both serve the same requests from the same clients through the same
+# OpenAI-compatible API, and we report what a user and an operator care about: requests per second,
+# mean and p99 latency, peak memory, and the highest concurrency that still meets a latency target.
+# The result is a report you can share, and a cell that puts everyone's results side by side.
+
+# %% md subslide
+# ## Learning objectives
+#
+# - Serve one model three ways (one at a time, dynamic batching, continuous batching) and load-test
+#   each with the same streaming clients (`labkit.serving`, `labkit.scheduler`, `labkit.loadgen`).
+# - Build the before/after table from measurements, not from claims.
+# - Find the highest concurrency that meets a service-level objective (SLO) for the before and the after.
+# - Write a shareable HTML + JSON report, and merge several learners' files into one comparison.
+
+# %% slide
+import pandas as pd
+
+import labkit
+from labkit import config, env, loadgen, models, paged, plots, report, results, scheduler, serving
+
+plots.setup_offline()
+print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
+print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
+
+# %% subslide parameters
+BEST_DTYPE = "fp32" if env.device() == "cpu" else "fp16"  # weights of the "after" (CPUs: fp32 is fastest)
+BATCH = 8  # max_batch_size of the batched servers
+CONCURRENCY = 8  # clients for the before/after comparison
+REQUESTS = config.pick(24, 16)  # requests per configuration at that load
+MAX_TOKENS = config.pick(64, 16)  # answer limit per request, tokens (answers end earlier at end-of-sequence)
+SWEEP = config.pick((1, 2, 4, 8, 16), (1, 2, 4, 8))  # concurrency levels for the SLO search (rising)
+REQUESTS_PER_CLIENT = 2  # requests per client at each sweep level
+SLO = loadgen.SLO(ttft_s=2.0, tpot_s=0.25)  # a request is good when TTFT ≤ 2 s and TPOT ≤ 0.25 s
+MIN_GOOD = 0.9  # a load point meets the SLO when at least this share of its requests is good
+
+# %% fragment
+res = results.Results("09_capstone")
+res.notes.update(slo=f"TTFT ≤ {SLO.ttft_s} s and TPOT ≤ {SLO.tpot_s} s for at least {MIN_GOOD:.0%} of requests",
+                 load=f"{REQUESTS} chat requests from data/requests.json, {CONCURRENCY} clients, "
+                      f"answers up to {MAX_TOKENS} tokens (ending at end-of-sequence)")
+prompts = [r.prompt for r in paged.load_requests()]
+base_lm = models.load(dtype="fp32")
+best_lm = base_lm if BEST_DTYPE == "fp32" else models.load(dtype=BEST_DTYPE)
+configs = {  # name → how to start its server (all bind 127.0.0.1 on a free port)
+    "before: fp32, one at a time": lambda: serving.start_server(base_lm, max_batch_size=1),
+    f"dynamic batching {BATCH}, {BEST_DTYPE}": lambda: serving.start_server(best_lm, max_batch_size=BATCH),
+    f"continuous batching {BATCH}, {BEST_DTYPE}": lambda: scheduler.start_server(best_lm, max_batch_size=BATCH),
+}
+print(f"{len(prompts)} prompts; configurations: {list(configs)}")
+
+# %% md slide
+# ## 1 · Predict
+#
+# With 8 clients, the one-at-a-time server makes 7 of them wait for every answer: its throughput is
+# one request's decode rate, and latency grows with the queue. Batching serves them together
+# (notebook 06); continuous batching also lets a short answer leave at once and a waiting request
+# take its place (notebook 07). Expect throughput to rise and mean latency to fall, in that order.
+
+# %% md subslide
+# ## 2 · Measure: the same load against each configuration
+
+# %% fragment
+rows = []
+for name, start in configs.items():
+    with start() as srv:
+        loadgen.run(srv.url, prompts, num_requests=BATCH, max_concurrency=BATCH, max_tokens=4, endpoint="chat")  # warm up
+        srv.reset_stats()
+        row = report.load_point(srv.url, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO)
+        rows.append({"config": name, **row, "mean_batch_size": srv.stats()["mean_batch_size"]})
+res.replace(report.CONFIG_SECTION, rows)
+cfg_df = res.frame(report.CONFIG_SECTION)
+cfg_df[["config", "completed", "failed", "request_throughput", "output_tokens_per_s", "e2e_mean_s", "e2e_p99_s",
+        "ttft_p99_s", "good_requests", "peak_rss_bytes", "mean_batch_size"]].round(3)
+
+# %% subslide
+fig_configs = plots.bar(cfg_df, x="config", y="request_throughput", title="Same load, three servers: throughput",
+                        y_title="requests/s")
+fig_latency = plots.bar(cfg_df, x="config", y=["e2e_mean_s", "e2e_p99_s"], title="Same load: latency per request",
+                        y_title="seconds")
+fig_configs.show()
+fig_latency.show()
+done = cfg_df[cfg_df.failed == 0]
+best_name = done.loc[done.request_throughput.idxmax(), "config"]
+before_name = next(iter(configs))
+print(f"best here: {best_name}; {len(cfg_df) - len(done)} configuration(s) lost requests")
+
+# %% md slide
+# ## 3 · Highest concurrency that meets the SLO
+#
+# Raise the number of clients until the SLO breaks (each level sends a few requests per client;
+# the search stops at the first level that misses, since more clients only queue longer).
+# Fewer than 100 requests make p99 close to the worst request: read it so.
+
+# %% fragment
+sweep_rows = []
+for name in (before_name, best_name):
+    with configs[name]() as srv:
+        loadgen.run(srv.url, prompts, num_requests=BATCH, max_concurrency=BATCH, max_tokens=4, endpoint="chat")
+        for row in report.slo_sweep(srv.url, prompts, SWEEP, REQUESTS_PER_CLIENT, MAX_TOKENS, SLO, MIN_GOOD):
+            sweep_rows.append({"config": name, **row})
+res.replace(report.SWEEP_SECTION, sweep_rows)
+sweep = res.frame(report.SWEEP_SECTION)
+fig_sweep = plots.line(sweep, x="concurrency", y="goodput", color="config", title="Goodput against clients",
+                       x_title="concurrent clients", y_title="good requests/s", log_x=True)
+fig_sweep.show()
+limits = {n: report.max_concurrency([r for r in sweep_rows if r["config"] == n], MIN_GOOD) for n in (before_name, best_name)}
+print("highest concurrency meeting the SLO:", limits)
+
+# %% md slide
+# ## 4 · The before/after table
+
+# %% fragment
+before = {**cfg_df.set_index("config").loc[before_name].to_dict(), "max_concurrency_meeting_slo": limits[before_name]}
+after = {**cfg_df.set_index("config").loc[best_name].to_dict(), "max_concurrency_meeting_slo": limits[best_name]}
+table = report.before_after(before, after)
+res.replace("before_after", table.to_dict("records"))
+res.notes.update(before=before_name, after=best_name)
+table
+
+# %% fragment
+tp = table.set_index("key").loc["request_throughput"]
+lat = table.set_index("key").loc["e2e_mean_s"]
+print(f"{best_name}: {tp['after / before']:.1f}× the requests/s of the baseline, mean latency "
+      f"{lat['before']:.1f} s → {lat['after']:.1f} s, SLO met up to {limits[best_name]} clients "
+      f"(baseline: {limits[before_name]})")
+
+# %% md slide
+# ## 5 · A report to share
+#
+# `labkit.report.write` saves `results/09_capstone.json` (the rows with this machine's hardware,
+# versions, date and command) and `results/09_capstone.html`: tables and plots in one file that
+# opens offline.
+
+# %% fragment
+paths = report.write(res, figures=[fig_configs, fig_latency, fig_sweep], title="labkit capstone: before and after")
+print({k: str(v) for k, v in paths.items()}, f"| HTML {paths['html'].stat().st_size / 2**20:.1f} MiB")
+
+# %% md slide
+# ## 6 · Class results
+#
+# Collect everyone's `results/09_capstone.json` (a shared folder, a chat channel) and merge them:
+# one row per learner and configuration, labelled with the hardware that measured it. Here: this
+# run's file and the CPU reference that ships with labkit.
+
+# %% fragment
+reference_file = results.reference_dir() / "09_capstone.json"
+files = [paths["json"]] + ([reference_file] if reference_file.is_file() else [])
+print("merging", [str(f) for f in files])
+class_df = report.merge(files)
+report.merge_figure(class_df, metric="request_throughput").show()
+class_df[["learner", "hardware", "quick", "config", "request_throughput", "e2e_mean_s", "e2e_p99_s"]].round(3)
+
+# %% md slide
+# ## Takeaways
+
+# %% fragment
+table[["figure", "before", "after", "after / before", "better"]].round(3)
+
+# %% md fragment
+# - Most of the gain on a serving machine comes from keeping it busy: batching shares each weight
+#   read among users, and continuous batching keeps the batch full without holding short answers.
+# - The SLO decides capacity: the highest client count that still meets it is the number to plan
+#   with, not the peak requests/s.
+# - A before/after claim needs the same load, the same requests and the machine it was measured on:
+#   the report carries all three.
+#
+# ## Exercises
+# 1. Tighten the SLO to TTFT ≤ 0.5 s. Which configuration loses most capacity, and why?
+# 2. Add a configuration with `max_batch_size=16`. Does it beat 8 on this machine?
+# 3. Send your `results/09_capstone.json` to a neighbour and merge both files.
+
+# %% hide
+tight = loadgen.SLO(ttft_s=0.5, tpot_s=SLO.tpot_s)
+for name in (before_name, best_name):
+    pts = [r for r in sweep_rows if r["config"] == name]
+    ok = [r["concurrency"] for r in pts if r["completed"] and r["ttft_p90_s"] is not None and r["ttft_p90_s"] <= tight.ttft_s]
+    print(f"1. {name}: p90 TTFT ≤ {tight.ttft_s} s up to {max(ok) if ok else 'no'} clients (from the sweep above)")
