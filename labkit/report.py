@@ -102,6 +102,56 @@ def before_after(before: dict[str, Any], after: dict[str, Any], metrics: dict[st
     return pd.DataFrame(rows)
 
 
+# ------------------------------------------------------------------------------ choosing a precision
+
+
+def pick_precision(rows: Sequence[dict[str, Any]], min_agreement: float) -> str:
+    """The fastest row (``tokens_per_s``) whose greedy agreement with the reference is at least ``min_agreement``."""
+    ok = [r for r in rows if r["agreement"] >= min_agreement]
+    if not ok:
+        raise ValueError(f"no precision keeps greedy agreement ≥ {min_agreement}; lower min_agreement or add fp32")
+    return max(ok, key=lambda r: r["tokens_per_s"])["precision"]
+
+
+def choose_precision(models_by_precision: dict[str, Any], tokenizer: Any, prompts: Sequence[str], batch: int,
+                     new_tokens: int, reference: str = "fp32", min_agreement: float = 0.9, ref_prompts: int = 3,
+                     ref_tokens: int = 12) -> tuple[list[dict[str, Any]], str]:
+    """Measure each precision on the serving shape and its cost in answers; return the rows and the choice.
+
+    Speed: ``batch`` chat prompts decoded together for ``new_tokens`` each (``batching.decode_batch``, the
+    servers' own loop, prefill included), after one untimed warmup batch. Quality: greedy agreement and KL
+    against ``reference`` on ``ref_prompts`` prompts. The choice is the fastest precision whose agreement
+    is at least ``min_agreement`` (``pick_precision``), so a faster precision that changes answers loses.
+    """
+    import time
+
+    from . import batching, models, quality
+
+    if reference not in models_by_precision:
+        raise ValueError(f"reference precision {reference!r} is not among {list(models_by_precision)}")
+    if batch < 1 or new_tokens < 1:
+        raise ValueError(f"batch={batch}, new_tokens={new_tokens}: both must be at least 1")
+    cycled = [prompts[i % len(prompts)] for i in range(batch)]
+    ids = [models.chat_inputs(tokenizer, p)["input_ids"][0].tolist() for p in cycled]
+    ref = quality.reference(models_by_precision[reference], tokenizer, list(prompts[:ref_prompts]), new_tokens=ref_tokens)
+    rows = []
+    for name, model in models_by_precision.items():
+        eos = batching.eos_ids(model, tokenizer)
+
+        def run(n: int) -> float:
+            seqs = [batching.Sequence(prompt_ids=list(x), max_new_tokens=n, ignore_eos=True) for x in ids]
+            t0 = time.perf_counter()
+            batching.decode_batch(model, seqs, eos, tokenizer.pad_token_id)
+            return time.perf_counter() - t0
+
+        run(2)  # warmup: first calls pay allocation and kernel set-up
+        wall = run(new_tokens)
+        q = quality.compare(model, ref)
+        rows.append({"precision": name, "batch": batch, "new_tokens": new_tokens, "seconds": wall,
+                     "tokens_per_s": batch * new_tokens / wall, "agreement": q.agreement, "kl": q.kl})
+    return rows, pick_precision(rows, min_agreement)
+
+
 # ------------------------------------------------------------------------------------- load points
 
 

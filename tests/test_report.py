@@ -92,3 +92,35 @@ def test_reference_file_merges():
         pytest.skip("data/reference/09_capstone.json not written yet")
     df = report.merge([path])
     assert {"config", "request_throughput", "hardware"} <= set(df.columns) and len(df) >= 2
+
+
+def test_pick_precision_takes_the_fastest_that_keeps_the_answers() -> None:
+    rows = [{"precision": "fp32", "tokens_per_s": 10.0, "agreement": 1.0},
+            {"precision": "bf16", "tokens_per_s": 14.0, "agreement": 0.95},
+            {"precision": "int8", "tokens_per_s": 30.0, "agreement": 0.5}]
+    assert report.pick_precision(rows, 0.9) == "bf16"
+    assert report.pick_precision(rows, 0.4) == "int8"
+    assert report.pick_precision(rows, 0.99) == "fp32"
+    with pytest.raises(ValueError, match="lower min_agreement"):
+        report.pick_precision(rows[1:], 0.99)
+
+
+def test_choose_precision_measures_speed_and_answers(tiny_llama) -> None:
+    import copy
+
+    import torch
+
+    model, tok = tiny_llama
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in broken.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    rows, choice = report.choose_precision({"fp32": model, "noisy": broken}, tok, ["Hi there", "What is 2+2?"],
+                                           batch=3, new_tokens=4, ref_prompts=2, ref_tokens=6)
+    by = {r["precision"]: r for r in rows}
+    assert by["fp32"]["agreement"] == 1.0 and by["fp32"]["kl"] < 1e-6
+    assert by["noisy"]["agreement"] < 0.9 and by["noisy"]["kl"] > 0.01
+    assert all(r["tokens_per_s"] > 0 and r["batch"] == 3 for r in rows)
+    assert choice == "fp32"  # the only one that keeps the answers
+    with pytest.raises(ValueError, match="reference precision"):
+        report.choose_precision({"noisy": broken}, tok, ["Hi"], batch=1, new_tokens=1)

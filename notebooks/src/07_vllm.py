@@ -35,7 +35,7 @@ engines.capabilities_frame().query("name in ['vllm', 'torch-tensorrt']")
 
 # %% subslide parameters
 BLOCK_SIZE = 16  # tokens per KV block (vLLM's default on GPUs)
-DTYPE = "fp32" if env.device() == "cpu" else "fp16"  # the default model's weights and KV cache (CPUs: fp32 is fastest)
+DTYPE = "fp32" if env.device() == "cpu" else "fp16"  # weights and KV cache: fp32 on CPUs, the reference precision
 MAX_MODEL_LEN = 2048  # tokens: the longest sequence the server accepts; contiguous-max reserves this per request
 BIG_MODEL = "Llama-3.1-8B"  # a bigger public config from data/configs
 BIG_MODEL_GPU = "L4"  # its KV budget: this GPU's usable memory minus the fp16 weights

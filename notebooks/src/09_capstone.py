@@ -11,6 +11,7 @@
 # %% md subslide
 # ## Learning objectives
 #
+# - Choose the after's precision by measuring speed and answer agreement, not by assumption.
 # - Serve one model three ways (one at a time, dynamic batching, continuous batching) and load-test
 #   each with the same streaming clients (`labkit.serving`, `labkit.scheduler`, `labkit.loadgen`).
 # - Build the before/after table from measurements, not from claims.
@@ -28,7 +29,9 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 
 # %% subslide parameters
-BEST_DTYPE = "fp32" if env.device() == "cpu" else "fp16"  # weights of the "after" (CPUs: fp32 is fastest)
+PRECISIONS = ["fp32", "bf16", "fp16"]  # candidates for the "after" (fp32 first: the before, and the quality reference)
+MIN_AGREEMENT = 0.9  # the after may use a precision only if its greedy tokens agree with fp32's this often
+PROBE_TOKENS = config.pick(16, 8)  # tokens per sequence when timing each precision on a full batch
 BATCH = 8  # max_batch_size of the batched servers
 CONCURRENCY = 8  # clients for the before/after comparison
 REQUESTS = config.pick(24, 16)  # requests per configuration at that load
@@ -44,14 +47,34 @@ res.notes.update(slo=f"TTFT ≤ {SLO.ttft_s} s and TPOT ≤ {SLO.tpot_s} s for a
                  load=f"{REQUESTS} chat requests from data/requests.json, {CONCURRENCY} clients, "
                       f"answers up to {MAX_TOKENS} tokens (ending at end-of-sequence)")
 prompts = [r.prompt for r in paged.load_requests()]
-base_lm = models.load(dtype="fp32")
-best_lm = base_lm if BEST_DTYPE == "fp32" else models.load(dtype=BEST_DTYPE)
+candidates = {p: models.load(dtype=p) for p in PRECISIONS}
+base_lm = candidates["fp32"]
+print(f"{len(prompts)} prompts; {base_lm.name} loaded in {PRECISIONS}")
+
+# %% md subslide
+# ## The after's precision: measured, not assumed
+#
+# Half precision halves the bytes each decode step reads, but CPUs differ in how fast they compute
+# with it (notebook 02). So each candidate decodes a full batch of `BATCH` requests here, the shape
+# the batched servers run, and answers the quality prompts; the after takes the fastest one whose
+# greedy tokens still agree with fp32's at least `MIN_AGREEMENT` of the time.
+
+# %% fragment
+probe, best_dtype = report.choose_precision({p: c.model for p, c in candidates.items()}, base_lm.tokenizer, prompts,
+                                            BATCH, PROBE_TOKENS, min_agreement=MIN_AGREEMENT)
+res.replace("precision_choice", probe)
+best_lm = candidates[best_dtype]
+candidates = {p: c for p, c in candidates.items() if p in ("fp32", best_dtype)}  # free the others
+print(f"after's precision: {best_dtype}")
+res.frame("precision_choice").round(3)
+
+# %% fragment
 configs = {  # name → how to start its server (all bind 127.0.0.1 on a free port)
     "before: fp32, one at a time": lambda: serving.start_server(base_lm, max_batch_size=1),
-    f"dynamic batching {BATCH}, {BEST_DTYPE}": lambda: serving.start_server(best_lm, max_batch_size=BATCH),
-    f"continuous batching {BATCH}, {BEST_DTYPE}": lambda: scheduler.start_server(best_lm, max_batch_size=BATCH),
+    f"dynamic batching {BATCH}, {best_dtype}": lambda: serving.start_server(best_lm, max_batch_size=BATCH),
+    f"continuous batching {BATCH}, {best_dtype}": lambda: scheduler.start_server(best_lm, max_batch_size=BATCH),
 }
-print(f"{len(prompts)} prompts; configurations: {list(configs)}")
+print(f"configurations: {list(configs)}")
 
 # %% md slide
 # ## 1 · Predict
@@ -119,7 +142,7 @@ before = {**cfg_df.set_index("config").loc[before_name].to_dict(), "max_concurre
 after = {**cfg_df.set_index("config").loc[best_name].to_dict(), "max_concurrency_meeting_slo": limits[best_name]}
 table = report.before_after(before, after)
 res.replace("before_after", table.to_dict("records"))
-res.notes.update(before=before_name, after=best_name)
+res.notes.update(before=before_name, after=best_name, after_precision=best_dtype)
 table
 
 # %% fragment
