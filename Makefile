@@ -17,7 +17,7 @@ STAMP := $(VENV)/.labkit-installed
 NOTEBOOKS ?=
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser
+.PHONY: help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference
 
 help:
 	@echo "make lab    set up, then JupyterLab on http://127.0.0.1:$(PORT) (token auth)"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench  benchmark scripts in bench/, JSON on stdout"
 	@echo "make run    every notebook headless -> build/executed/, build/summary.html (NOTEBOOKS=\"00 03\" for some)"
 	@echo "make slides offline reveal.js decks -> build/slides/index.html (runs notebooks not run yet)"
+	@echo "make reference  full-mode runs -> data/reference/*.json with provenance (NOTEBOOKS=\"07 09\")"
 	@echo "make test-browser  decks and the JupyterLab widget in chromium, network blocked"
 
 $(PY):
@@ -80,6 +81,10 @@ test-browser: setup browser node_modules/.package-lock.json
 
 bench: setup
 	@for b in bench/*.py; do echo "# $$b"; $(PY) $$b || exit 1; done
+
+# full-mode runs whose results become data/reference/*.json, provenance included (NOTEBOOKS="07 09")
+reference: setup
+	LABKIT_QUICK=0 $(PY) tools/run_notebooks.py --timeout $(NB_TIMEOUT) --build-dir build/reference --reference $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
 
 notebooks:
 	$(PY) tools/nbbuild.py

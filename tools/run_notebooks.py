@@ -9,6 +9,7 @@ the others still run; the exit status is 1 when any notebook failed.
 
     python tools/run_notebooks.py                 # all notebooks (LABKIT_QUICK=1 for quick mode)
     python tools/run_notebooks.py --only 00 03    # a subset, by number or name
+    python tools/run_notebooks.py --only 07 09 --reference   # full mode; results become data/reference/*.json
 """
 from __future__ import annotations
 
@@ -328,6 +329,14 @@ def write_summary(runs: list[NotebookRun], run_wall_s: float, build_dir: Path) -
     return summary
 
 
+def save_reference(name: str, command: str, reference_dir: Path | None = None) -> Path:
+    """Copy ``results/<name>.json`` into data/reference/, its provenance naming ``command``
+    (the kernel's own argv says nothing about how the notebook was run)."""
+    res = results.load(config.results_dir() / f"{name}.json")
+    res.env["command"] = command
+    return res.save((reference_dir or results.reference_dir()) / f"{name}.json")
+
+
 def run_all(paths: list[Path], build_dir: Path = BUILD_DIR, timeout_s: int = 900) -> dict[str, Any]:
     runs = []
     t0 = time.perf_counter()
@@ -349,7 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds one cell may run (default 900)")
     ap.add_argument("--build-dir", type=Path, default=BUILD_DIR, help="where executed/ and summary.* go")
     ap.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR)
+    ap.add_argument("--reference", action="store_true",
+                    help="full mode only: copy each passing notebook's results/<name>.json to data/reference/")
     args = ap.parse_args(argv)
+    if args.reference and config.quick():
+        ap.error("--reference records full-mode runs: unset LABKIT_QUICK")
     if args.timeout <= 0:
         ap.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
     try:
@@ -365,6 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     failed = [n["name"] for n in summary["notebooks"] if n["name"] in ran and n["status"] != "ok"]
     print(f"summary: {args.build_dir / 'summary.html'} · {len(ran) - len(failed)}/{len(ran)} passed "
           f"in {summary['run_wall_s']:.1f} s" + (f" · failed: {', '.join(failed)}" if failed else ""))
+    if args.reference:
+        command = "python tools/run_notebooks.py --reference --only " + " ".join(sorted(ran - set(failed)))
+        for name in sorted(ran - set(failed)):
+            try:
+                print("reference:", save_reference(name, command))
+            except FileNotFoundError:
+                print(f"reference: {name} saved no results/{name}.json; nothing copied")
     return 1 if failed else 0
 
 

@@ -171,3 +171,24 @@ def test_class_results_pack_and_merge(tmp_path: Path) -> None:
     assert "<td>alice</td><td>cpu A</td><td>cpu</td><td>quick</td><td>3</td><td>12</td>" in page
     with pytest.raises(ValueError, match="use letters"):
         merge_results.pack("a b", tmp_path, tmp_path)
+
+
+def test_reference_copies_results_with_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from labkit import results
+
+    monkeypatch.setenv("LABKIT_RESULTS", str(tmp_path / "results"))
+    res = results.Results("07_demo", env={"command": "ipykernel_launcher -f kernel.json", "quick": False})
+    res.add("batching", mode="continuous", tokens_per_s=12.5)
+    res.save()
+    out = run_notebooks.save_reference("07_demo", "python tools/run_notebooks.py --reference --only 07_demo",
+                                       tmp_path / "reference")
+    saved = results.load(out)
+    assert out == tmp_path / "reference" / "07_demo.json"
+    assert saved.env["command"] == "python tools/run_notebooks.py --reference --only 07_demo"
+    assert [r["tokens_per_s"] for r in saved.section("batching")] == [12.5]
+    with pytest.raises(FileNotFoundError, match="run its notebook first"):
+        run_notebooks.save_reference("08_never_ran", "x", tmp_path / "reference")
+    monkeypatch.setenv("LABKIT_QUICK", "1")
+    with pytest.raises(SystemExit) as exc:
+        run_notebooks.main(["--reference", "--only", "07"])
+    assert exc.value.code == 2
