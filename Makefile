@@ -51,7 +51,7 @@ lab: setup
 # notebooks run once, by `make run` (not nbmake as well): its executed copies feed the decks
 test: setup
 	$(MAKE) test-unit
-	LABKIT_QUICK=1 $(MAKE) run slides test-browser BROWSER_TESTS_K='not jupyterlab'
+	LABKIT_QUICK=1 $(MAKE) run slides test-browser
 
 test-unit:
 	LABKIT_QUICK=1 $(PY) -m pytest -q tests

@@ -132,7 +132,8 @@ class LabServer:
     log: Path
 
     def open_url(self, notebook: str) -> str:
-        return f"{self.url}/lab/tree/{notebook}?token={self.token}"
+        # reset: a fresh layout each time, so a notebook left open by an earlier test is not restored beside it
+        return f"{self.url}/lab/tree/{notebook}?reset&token={self.token}"
 
 
 def _lab_settings(settings_dir: Path) -> None:

@@ -58,15 +58,30 @@ def run_through(page: Any, cell: Any, timeout_ms: int) -> None:
 def run_cells(page: Any, indices: list[int], timeout_ms: int) -> None:
     """Run only these cells (0-based notebook positions), in order, each with Ctrl+Enter, as a
     learner who jumps to a section does; each must show its execution count before the next."""
-    from playwright.sync_api import expect
-
     panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
     for i in indices:
         cell = panel.locator(".jp-Cell").nth(i)
-        select(cell)
-        page.keyboard.press("Control+Enter")
-        expect(cell.locator(".jp-InputPrompt").first).to_have_text(re.compile(r"\[\d+\]"), timeout=timeout_ms)
+        run_cell(cell, timeout_ms)
     wait_idle(page, timeout_ms)
+
+
+def run_cell(cell: Any, timeout_ms: int, tries: int = 3, accepted_ms: int = 15_000) -> None:
+    """Select ``cell``, press Ctrl+Enter, and wait for its execution count. A run sent while the
+    kernel is still connecting is dropped (the prompt stays ``[ ]``): then press again, as a learner would."""
+    from playwright.sync_api import expect
+
+    prompt = cell.locator(".jp-InputPrompt").first
+    for attempt in range(1, tries + 1):
+        select(cell)
+        cell.page.keyboard.press("Control+Enter")
+        try:  # queued or running ([*]) or already done ([n])
+            expect(prompt).to_have_text(re.compile(r"\[(\*|\d+)\]"), timeout=accepted_ms)
+            break
+        except AssertionError:
+            if attempt == tries:
+                raise AssertionError(f"the cell was not accepted for execution after {tries} tries "
+                                     f"({prompt.inner_text()!r})") from None
+    expect(prompt).to_have_text(re.compile(r"\[\d+\]"), timeout=timeout_ms)
 
 
 def errors_in(panel: Any) -> list[str]:
