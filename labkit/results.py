@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,6 +133,21 @@ def reference(name: str) -> Results:
         have = sorted(p.stem for p in reference_dir().glob("*.json"))
         raise FileNotFoundError(f"no reference result {name!r}; available: {have}")
     return Results.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def reference_name(name: str, env: dict[str, Any]) -> str:
+    """The file stem a reference result is stored under: ``name`` for a CPU run, ``name.<gpu>`` for a GPU
+    run (``07_vllm.nvidia-h200``), so GPU and CPU references of one notebook live side by side."""
+    gpu = (env.get("hardware") or {}).get("gpu")
+    if env.get("device", "cpu") == "cpu" or not gpu:
+        return name
+    return f"{name}.{re.sub(r'[^a-z0-9]+', '-', str(gpu).lower()).strip('-')}"
+
+
+def gpu_references(name: str) -> list[Results]:
+    """Every GPU reference result of notebook ``name`` (files ``name.<gpu>.json``), by file name."""
+    return [Results.from_dict(json.loads(p.read_text(encoding="utf-8")))
+            for p in sorted(reference_dir().glob(f"{name}.*.json"))]
 
 
 def provenance(res: Results) -> str:

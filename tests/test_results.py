@@ -63,3 +63,21 @@ def test_reference_files_have_provenance():
         for key in ("date", "hardware", "versions", "command"):
             assert key in res.env, f"{path.name} lacks env.{key}"
         assert res.rows, f"{path.name} has no rows"
+
+
+def test_reference_names_keep_gpu_and_cpu_runs_apart(tmp_path, monkeypatch):
+    from labkit import config
+
+    assert results.reference_name("07_vllm", {"device": "cpu", "hardware": {"gpu": None}}) == "07_vllm"
+    gpu_env = {"device": "cuda", "hardware": {"gpu": "NVIDIA H200"}}
+    assert results.reference_name("07_vllm", gpu_env) == "07_vllm.nvidia-h200"
+    monkeypatch.setattr(config, "DATA_DIR", tmp_path)
+    (tmp_path / "reference").mkdir()
+    results.Results("07_vllm", env={"device": "cpu"}).save(tmp_path / "reference" / "07_vllm.json")
+    assert results.gpu_references("07_vllm") == []
+    gpu = results.Results("07_vllm", env=gpu_env)
+    gpu.add("vllm", engine="vllm.LLM", output_tokens_per_s=5000.0)
+    gpu.save(tmp_path / "reference" / f"{results.reference_name('07_vllm', gpu_env)}.json")
+    found = results.gpu_references("07_vllm")
+    assert [r.env["hardware"]["gpu"] for r in found] == ["NVIDIA H200"]
+    assert found[0].section("vllm")[0]["output_tokens_per_s"] == 5000.0

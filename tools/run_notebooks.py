@@ -330,11 +330,11 @@ def write_summary(runs: list[NotebookRun], run_wall_s: float, build_dir: Path) -
 
 
 def save_reference(name: str, command: str, reference_dir: Path | None = None) -> Path:
-    """Copy ``results/<name>.json`` into data/reference/, its provenance naming ``command``
-    (the kernel's own argv says nothing about how the notebook was run)."""
+    """Copy ``results/<name>.json`` into data/reference/ (``<name>.<gpu>.json`` for a GPU run), its
+    provenance naming ``command`` (the kernel's own argv says nothing about how the notebook was run)."""
     res = results.load(config.results_dir() / f"{name}.json")
     res.env["command"] = command
-    return res.save((reference_dir or results.reference_dir()) / f"{name}.json")
+    return res.save((reference_dir or results.reference_dir()) / f"{results.reference_name(name, res.env)}.json")
 
 
 def run_all(paths: list[Path], build_dir: Path = BUILD_DIR, timeout_s: int = 900) -> dict[str, Any]:

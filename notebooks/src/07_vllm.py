@@ -203,7 +203,14 @@ if vllm_cap.available:
     res.replace("vllm", [{k: v for k, v in r.items() if k != "texts"} for r in gpu_rows])
     display(res.frame("vllm"))
 else:
-    print(f"vLLM not run here: {vllm_cap.reason}. labkit ships no GPU reference results for vLLM.")
+    print(f"vLLM not run here: {vllm_cap.reason}.")
+    gpu_refs = [r for r in results.gpu_references("07_vllm") if r.section("vllm")]
+    for ref in gpu_refs:
+        print("GPU reference:", results.provenance(ref))
+        display(ref.frame("vllm"))
+    if not gpu_refs:
+        print("No GPU reference ships yet: on a GPU machine with vllm, `make reference NOTEBOOKS=07` writes "
+              "data/reference/07_vllm.<gpu>.json, and this cell shows it.")
     if (results.reference_dir() / "07_vllm.json").is_file():
         ref = results.reference("07_vllm")
         print("CPU reference of this notebook's measurements:", results.provenance(ref))
