@@ -128,6 +128,14 @@ def panel(server: Any, batch_size: int = 8, max_wait_ms: int = 20, clients: int 
     for control in (batch, wait, users):
         control.observe(update, names="value")
     if measure_now:
+        # one untimed burst at the first setting: a fresh server's first batch pays allocation and
+        # kernel set-up, which would make the first point look slower than any later one
+        bar.description, status.value = "warming up", "<i>one untimed burst first…</i>"
+        try:
+            measure_point(server, max_tokens=2, progress=progress, max_batch_size=batch.value,
+                          max_wait_ms=wait.value, clients=users.value)
+        except (RuntimeError, ValueError):
+            pass  # update() below reports the failure
         update()
     box = w.VBox([w.HBox([batch, wait, users]), w.HBox([bar, status]), fig])
     box.state, box.figure, box.controls = state, fig, {"batch": batch, "wait": wait, "clients": users}  # for tests

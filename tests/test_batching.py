@@ -223,7 +223,8 @@ def test_panel_widgets_follow_the_slider(monkeypatch):
 
     monkeypatch.setattr(batch_widget, "measure_point", fake)
     box = batch_widget.panel(server=object(), batch_size=8, clients=8)
-    assert calls[-1]["max_batch_size"] == 8 and list(box.figure.data[0].x) == [8]
+    assert [c["max_batch_size"] for c in calls] == [8, 8]  # an untimed warm-up burst, then the first point
+    assert len(box.state.points) == 1 and list(box.figure.data[0].x) == [8]
     slider = box.controls["batch"]
     assert slider.description == "batch size"
     slider.value = 2
