@@ -484,12 +484,9 @@ def hf_offline(lm: Any, prompts: Sequence[str], max_tokens: int = 64) -> dict[st
     from .generation import generate
 
     generate(lm.model, lm.tokenizer, list(prompts[:1]), max_new_tokens=2, fixed_length=True)  # warmup
-    t0 = time.perf_counter()
     out = generate(lm.model, lm.tokenizer, list(prompts), max_new_tokens=max_tokens, fixed_length=True)
-    wall = time.perf_counter() - t0
-    n_out = out.n_out * out.batch
-    return {"engine": f"transformers generate ({lm.dtype})", "requests": len(prompts), "output_tokens": n_out,
-            "wall_s": wall, "output_tokens_per_s": n_out / wall}
+    return {"engine": f"transformers generate ({lm.dtype})", "requests": len(prompts),
+            "output_tokens": out.n_out * out.batch, "wall_s": out.e2e_s, "output_tokens_per_s": out.output_tokens_per_s}
 
 
 def vllm_offline(model_path: str, prompts: Sequence[str], max_tokens: int = 64, dtype: str = "float16",

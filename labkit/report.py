@@ -123,16 +123,13 @@ def choose_precision(models_by_precision: dict[str, Any], tokenizer: Any, prompt
     against ``reference`` on ``ref_prompts`` prompts. The choice is the fastest precision whose agreement
     is at least ``min_agreement`` (``pick_precision``), so a faster precision that changes answers loses.
     """
-    import time
-
-    from . import batching, models, quality
+    from . import batching, models, quality, timing
 
     if reference not in models_by_precision:
         raise ValueError(f"reference precision {reference!r} is not among {list(models_by_precision)}")
     if batch < 1 or new_tokens < 1:
         raise ValueError(f"batch={batch}, new_tokens={new_tokens}: both must be at least 1")
-    cycled = [prompts[i % len(prompts)] for i in range(batch)]
-    ids = [models.chat_inputs(tokenizer, p)["input_ids"][0].tolist() for p in cycled]
+    ids = [models.chat_inputs(tokenizer, p)["input_ids"][0].tolist() for p in batching.cycle(prompts, batch)]
     ref = quality.reference(models_by_precision[reference], tokenizer, list(prompts[:ref_prompts]), new_tokens=ref_tokens)
     rows = []
     for name, model in models_by_precision.items():
@@ -140,9 +137,9 @@ def choose_precision(models_by_precision: dict[str, Any], tokenizer: Any, prompt
 
         def run(n: int) -> float:
             seqs = [batching.Sequence(prompt_ids=list(x), max_new_tokens=n, ignore_eos=True) for x in ids]
-            t0 = time.perf_counter()
-            batching.decode_batch(model, seqs, eos, tokenizer.pad_token_id)
-            return time.perf_counter() - t0
+            with timing.track(model.device) as watch:
+                batching.decode_batch(model, seqs, eos, tokenizer.pad_token_id)
+            return watch.seconds
 
         run(2)  # warmup: first calls pay allocation and kernel set-up
         wall = run(new_tokens)
