@@ -14,7 +14,7 @@ _SUBMODULES = (
     "config", "env", "timing", "memory", "generation", "sizing", "hardware",
     "results", "plots", "models", "widgets", "quality", "variants", "batching",
     "serving", "loadgen", "batch_widget", "kv", "warmup", "paged", "scheduler", "compile", "report", "engines",
-    "profiling",
+    "profiling", "decode", "exercises",
 )
 
 

@@ -2,7 +2,7 @@
 
 Static batching runs B prompts as one left-padded batch through ``generate``: every decode step reads the
 weights once for all B sequences, so total tokens/s grows with B while each user's tokens/s falls a little.
-``decode_batch`` is the server's engine: ``prefill`` then ``decode_one_token`` steps on a shared KV cache,
+``decode_batch`` is the server's engine: ``labkit.decode``'s ``prefill`` then ``decode_one_token`` steps on a shared KV cache,
 dropping each sequence from the batch as soon as it finishes (so a short answer does not ride along with
 the longest one, burning compute on padding).
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence as SequenceABC
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import config
+from . import config, decode
 from .generation import generate
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -272,42 +272,6 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def left_pad(prompt_ids: list[list[int]], pad_id: int, device: Any = "cpu"):
-    """(B, T) input ids and attention mask, shorter prompts padded on the left so new tokens line up."""
-    import torch
-
-    longest = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), longest), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompt_ids), longest), dtype=torch.long)
-    for i, p in enumerate(prompt_ids):
-        ids[i, longest - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, longest - len(p):] = 1
-    return ids.to(device), mask.to(device)
-
-
-def positions(attention_mask):
-    """Position of each token counting only real ones (pads get 1, as in transformers' generate)."""
-    pos = attention_mask.long().cumsum(-1) - 1
-    return pos.masked_fill(attention_mask == 0, 1)
-
-
-def prefill(model: Any, input_ids, attention_mask):
-    """Run the whole (B, T) prompt batch once; return the (B,) greedy next tokens and the KV cache."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions(attention_mask),
-                past_key_values=cache, use_cache=True, logits_to_keep=1)  # only the last position's logits
-    return out.logits[:, -1].argmax(-1), out.past_key_values
-
-
-def decode_one_token(model: Any, tokens, attention_mask, position_ids, cache):
-    """One decode step for the batch: (B,) tokens in, (B,) greedy next tokens out; the cache grows by one."""
-    out = model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=position_ids[:, None],
-                past_key_values=cache, use_cache=True)
-    return out.logits[:, -1].argmax(-1)
-
-
 def decode_batch(model: Any, seqs: list[Sequence], eos: set[int], pad_id: int, *, drop_finished: bool = True,
                  should_abort: Callable[[], bool] = lambda: False) -> BatchStats:
     """Greedy-decode a batch of sequences together, streaming each token through ``Sequence.on_token``.
@@ -325,13 +289,14 @@ def decode_batch(model: Any, seqs: list[Sequence], eos: set[int], pad_id: int, *
             raise ValueError("every sequence needs at least one prompt token")
         _positive("max_new_tokens", s.max_new_tokens)
     device = next(model.parameters()).device
-    input_ids, mask = left_pad([s.prompt_ids for s in seqs], pad_id, device)
+    input_ids, mask = decode.left_pad([s.prompt_ids for s in seqs], pad_id, device)
     stats = BatchStats(batch_size=len(seqs), prompt_tokens=sum(len(s.prompt_ids) for s in seqs),
                        padded_prompt_tokens=int(input_ids.numel()))
     active = list(range(len(seqs)))  # row r of the batch holds seqs[active[r]]
     with torch.inference_mode():
-        next_tokens, cache = prefill(model, input_ids, mask)
-        pos = positions(mask)[:, -1]
+        logits, cache = decode.prefill(model, input_ids, mask)
+        next_tokens = logits.argmax(-1)
+        pos = decode.positions(mask)[:, -1]
         while True:
             stats.steps += 1
             stats.computed_rows += len(active)
@@ -360,7 +325,6 @@ def decode_batch(model: Any, seqs: list[Sequence], eos: set[int], pad_id: int, *
             # finished rows kept by drop_finished=False are fed padding and their output is ignored
             done = torch.tensor([seqs[i].finish_reason is not None for i in active], device=device)
             feed = next_tokens.masked_fill(done, pad_id)
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            pos = pos + 1
-            next_tokens = decode_one_token(model, feed, mask, pos, cache)
+            mask, pos = decode.extend(mask), pos + 1
+            next_tokens = decode.decode_one_token(model, feed, cache, pos, mask).argmax(-1)
     return stats

@@ -9,8 +9,9 @@ data). Each row this module measures carries what the build cost (``build_s``), 
 and quality against the fp32 eager reference (``labkit.quality``: greedy agreement and KL).
 
 torch paths use a static KV cache (every position allocated once, written in place), so the decode step
-has the same shapes at every token: compiled once, reused for every token after. ``prefill`` runs the
-prompt eagerly; ``decode_one_token`` is what gets compiled.
+has the same shapes at every token: compiled once, reused for every token after. ``labkit.decode.prefill``
+runs the prompt eagerly; ``static_step`` (``labkit.decode.decode_one_token`` on the static cache) is what
+gets compiled.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import decode
 from .env import Capability
 from .generation import GenerationResult
 from .timing import Measurement, now
@@ -117,25 +119,15 @@ def _device(model: Any) -> Any:
     return next(model.parameters()).device
 
 
-def prefill(model: Any, input_ids: Any, cache: Any) -> Any:
-    """Run the (1, T) prompt into the static cache at positions 0…T-1; return the last position's (1, V) logits."""
-    import torch
-
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-    out = model(input_ids=input_ids, cache_position=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1]
-
-
-def decode_one_token(model: Any, token: Any, position: Any, cache: Any) -> Any:
-    """(1, 1) token at (1,) position in, (1, V) logits out; the cache is written in place at that position.
-    Every call has the same shapes, so a compiled version is built once and reused."""
-    out = model(input_ids=token, position_ids=position[None], cache_position=position, past_key_values=cache,
-                use_cache=True)
-    return out.logits[:, -1]
+def static_step(model: Any, token: Any, position: Any, cache: Any) -> Any:
+    """``labkit.decode.decode_one_token`` on a static cache: (1,) token at (1,) position in, (1, V) logits out,
+    the cache written in place at that position. Every call has the same shapes, so a compiled version is
+    built once and reused."""
+    return decode.decode_one_token(model, token, cache, position_ids=position, cache_position=position)
 
 
 class StaticDecoder:
-    """Greedy decoding with a static KV cache, eager or with ``decode_one_token`` compiled.
+    """Greedy decoding with a static KV cache, eager or with ``static_step`` compiled.
 
     ``compile=True`` wraps the decode step in ``torch.compile(dynamic=False)`` with ``backend`` (inductor,
     or 'tensorrt' from torch-tensorrt on a GPU). The first decode call traces and builds it; ``build_s``
@@ -157,8 +149,8 @@ class StaticDecoder:
         self.fresh_cache = fresh_cache
         self.build_s: float | None = None
         self.kernels: dict[str, int] = {}
-        self._step = torch.compile(decode_one_token, backend=backend, mode=mode, dynamic=False) if compile \
-            else decode_one_token
+        self._step = torch.compile(static_step, backend=backend, mode=mode, dynamic=False) if compile \
+            else static_step
 
     def _first_compiled_step(self, *args: Any) -> Any:
         from torch._inductor import metrics
@@ -196,10 +188,10 @@ class StaticDecoder:
         with torch.inference_mode():
             self.cache.reset()  # its tensors were made in inference mode: zero them there
             start = now(device)
-            logits = prefill(self.model, input_ids, self.cache)
+            logits, _ = decode.prefill(self.model, input_ids, cache=self.cache)
             for i in range(new_tokens):
                 if i > 0:
-                    token = (feed[i - 1] if feed is not None else next_token).view(1, 1)
+                    token = (feed[i - 1] if feed is not None else next_token).view(1)
                     position = torch.tensor([n_prompt + i - 1], device=device)
                     if self.compiled and self.build_s is None:
                         logits = self._first_compiled_step(self.model, token, position, self.cache)
@@ -267,11 +259,11 @@ def count_eager_ops(model: Any, input_ids: Any, max_cache_len: int = DEFAULT_MAX
 
     dec = StaticDecoder(model, max_cache_len=max_cache_len)
     with torch.inference_mode():
-        logits = prefill(model, input_ids, dec.cache)
+        logits, _ = decode.prefill(model, input_ids, cache=dec.cache)
         counter = Count()
         with counter:
-            decode_one_token(model, logits.argmax(-1).view(1, 1),
-                             torch.tensor([input_ids.shape[1]], device=input_ids.device), dec.cache)
+            static_step(model, logits.argmax(-1).view(1), torch.tensor([input_ids.shape[1]], device=input_ids.device),
+                        dec.cache)
     return counter.n
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import config, generation, sizing
+from . import config, decode, generation, sizing
 from .timing import Measurement
 
 DEFAULT_PROMPT = "Write a short story about a lighthouse keeper."
@@ -125,21 +125,6 @@ def prompt_of_length(tokenizer: Any, n_tokens: int, batch: int = 1, device: str 
     return {"input_ids": row, "attention_mask": torch.ones_like(row)}
 
 
-def prefill(model: Any, input_ids: Any, attention_mask: Any) -> Any:
-    """One forward over the whole prompt: (batch, seq) tokens → next-token logits and a filled cache."""
-    from transformers import DynamicCache
-
-    # logits for the last position only, as generate does: the lm_head is a 49k-wide matmul per token
-    return model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=DynamicCache(),
-                 use_cache=True, logits_to_keep=1)
-
-
-def decode_one_token(model: Any, token: Any, attention_mask: Any, cache: Any) -> Any:
-    """One decode step: (batch, 1) token + the cache → logits for the next; the cache grows by one."""
-    return model(input_ids=token, attention_mask=attention_mask, past_key_values=cache, use_cache=True,
-                 logits_to_keep=1)
-
-
 def prefill_cache_sizes(model: Any, tokenizer: Any, contexts: Iterable[int], batch: int = 1) -> list[CacheSize]:
     """Cache bytes after prefilling prompts of each length: the growth line against the formula."""
     import torch
@@ -148,7 +133,7 @@ def prefill_cache_sizes(model: Any, tokenizer: Any, contexts: Iterable[int], bat
     with torch.inference_mode():
         for ctx in contexts:
             inputs = prompt_of_length(tokenizer, ctx, batch=batch, device=str(_model_device(model)))
-            cache = prefill(model, **inputs).past_key_values
+            _, cache = decode.prefill(model, inputs["input_ids"], inputs["attention_mask"])
             rows.append(CacheSize(cache_class=type(cache).__name__, kv_dtype=_kv_dtype(model), batch=batch,
                                   context=ctx, positions=cache_positions(cache), measured_bytes=cache_bytes(cache),
                                   predicted_bytes=predicted_bytes(model, ctx, batch)))

@@ -87,7 +87,8 @@ def profile_prefill_decode(model: Any, tokenizer: Any, prompt_tokens: int = 64, 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from .kv import decode_one_token, prefill, prompt_of_length
+    from .decode import decode_one_token, extend, positions, prefill
+    from .kv import prompt_of_length
 
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r}: must be 0 or a positive integer")
@@ -96,20 +97,18 @@ def profile_prefill_decode(model: Any, tokenizer: Any, prompt_tokens: int = 64, 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     inputs = prompt_of_length(tokenizer, prompt_tokens, device=str(device))
 
-    def next_inputs(out: Any) -> tuple[Any, Any]:
-        token = out.logits[:, -1:].argmax(-1)  # (batch, 1): greedy next token
-        mask = torch.cat([inputs["attention_mask"], torch.ones_like(token)], dim=1)
-        return token, mask
+    mask = extend(inputs["attention_mask"])  # the decode step's mask: the prompt plus its first token
+    pos = positions(mask)[:, -1]
 
     with torch.inference_mode():
         for _ in range(warmup):
-            out = prefill(model, **inputs)
-            decode_one_token(model, *next_inputs(out), out.past_key_values)
+            logits, cache = prefill(model, inputs["input_ids"], inputs["attention_mask"])
+            decode_one_token(model, logits.argmax(-1), cache, pos, mask)
         with profile(activities=activities) as prof_prefill:
-            out = prefill(model, **inputs)
-        token, mask = next_inputs(out)
+            logits, cache = prefill(model, inputs["input_ids"], inputs["attention_mask"])
+        token = logits.argmax(-1)  # (batch,): greedy next token
         with profile(activities=activities) as prof_decode:
-            decode_one_token(model, token, mask, out.past_key_values)
+            decode_one_token(model, token, cache, pos, mask)
     return [_from_profiler(prof_prefill, f"prefill ({prompt_tokens} tokens)", cuda),
             _from_profiler(prof_decode, "decode (1 token)", cuda)]
 

@@ -9,7 +9,7 @@ continuous  keeps up to ``max_batch_size`` requests running and admits a waiting
             left-padded and joined to the running batch's; a finished request leaves at once (its rows
             are dropped from every layer's cache) and its response is ready right then.
 
-Both use ``labkit.batching``'s ``prefill`` and ``decode_one_token`` (left padding, positions that count
+Both use ``labkit.decode``'s ``prefill`` and ``decode_one_token`` (left padding, positions that count
 only real tokens), so a request's greedy tokens are the ones it gets when run alone. Every request
 arrives at time 0 (an offline workload, like ``vllm.LLM.generate``); times are seconds from the start.
 """
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import batching, serving
+from . import batching, decode, serving
 from .timing import now
 
 MODES = ("static", "continuous")
@@ -259,11 +259,12 @@ class ContinuousEngine:
         with torch.inference_mode():
             ids = torch.tensor([list(seq.prompt_ids)], device=self.device)
             one = torch.ones_like(ids)
-            tok, new_cache = batching.prefill(self.model, ids, one)
+            logits, new_cache = decode.prefill(self.model, ids, one)
+            tok = logits.argmax(-1)
             self.prefills += 1
             if not seq.emit(int(tok[0]), self.eos):
                 return
-            new_pos = batching.positions(one)[:, -1]
+            new_pos = decode.positions(one)[:, -1]
             if self.cache is None:
                 self.cache, self.mask, self.pos, self.next_tokens = new_cache, one, new_pos, tok
             else:
@@ -278,9 +279,9 @@ class ContinuousEngine:
         if not self.active:
             return []
         with torch.inference_mode():
-            self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
-            self.pos = self.pos + 1
-            self.next_tokens = batching.decode_one_token(self.model, self.next_tokens, self.mask, self.pos, self.cache)
+            self.mask, self.pos = decode.extend(self.mask), self.pos + 1
+            logits = decode.decode_one_token(self.model, self.next_tokens, self.cache, self.pos, self.mask)
+            self.next_tokens = logits.argmax(-1)
             self.steps += 1
             self.rows += len(self.active)
             chosen = self.next_tokens.tolist()  # one host sync per step

@@ -40,13 +40,6 @@ def test_prompts_and_cycle():
         batching.cycle([], 2)
 
 
-def test_left_pad_and_positions():
-    ids, mask = batching.left_pad([[5, 6, 7], [8]], pad_id=0)
-    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
-    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
-    assert batching.positions(mask).tolist() == [[0, 1, 2], [1, 1, 0]]
-
-
 # ---------------------------------------------------------------------------- the batched decoder
 
 
