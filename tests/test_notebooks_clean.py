@@ -37,3 +37,13 @@ def test_notebook_shape(path):
 def test_notebooks_match_sources():
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "nbbuild.py"), "--check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_run_all_runs_no_solution(path):
+    """Solutions live in notebooks/solutions/: no notebook carries a solution cell (hidden or not)."""
+    nb = json.loads(path.read_text())
+    for i, cell in enumerate(nb["cells"]):
+        tags = cell["metadata"].get("tags", [])
+        assert "solution" not in tags, f"{path.name} cell {i} is a solution: move it to notebooks/solutions/"
+        assert not cell["metadata"].get("jupyter", {}).get("source_hidden"), f"{path.name} cell {i} hides its code"

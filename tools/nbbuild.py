@@ -2,8 +2,12 @@
 
 Cell markers (one per cell):
     # %% md [slide|subslide|fragment|skip|notes|-]     markdown; each line starts with "# "
-    # %% [slide|...] [parameters] [hide]              code; "parameters" tags the cell for papermill,
-                                                      "hide" collapses it (exercise solutions)
+    # %% [slide|...] [parameters]                     code; "parameters" tags the cell for papermill
+    # %% exercise NN.name                             an exercise's fill-in cell (its placeholder runs);
+                                                      tagged "exercise", left out of the slides
+    # %% check                                        the cell that checks an exercise, likewise
+Solutions never live in a notebook: they are in notebooks/solutions/NN_name.py, with the same
+``# %% exercise NN.name`` markers (``labkit.exercises``).
 Outputs are always empty: committed notebooks carry none. ``--check`` exits 1 when an
 .ipynb differs from what its source builds.
 """
@@ -34,12 +38,14 @@ def parse(text: str) -> list[nbformat.NotebookNode]:
             body = "\n".join(l[2:] if l.startswith("# ") else l.lstrip("#") for l in body.split("\n"))
             cell = nbformat.v4.new_markdown_cell(body, metadata=meta)
         else:
-            tags = [w for w in words if w == "parameters"]
+            tags = [w for w in words if w in ("parameters", "check")]
+            if "exercise" in words:
+                tags.append("exercise")
+                meta["labkit"] = {"exercise": words[words.index("exercise") + 1]}
+            if tags in (["check"], ["exercise"]) and slide == "-":
+                meta["slideshow"]["slide_type"] = "skip"
             if tags:
                 meta["tags"] = tags
-            if "hide" in words:
-                meta["jupyter"] = {"source_hidden": True}
-                meta.setdefault("tags", []).append("solution")
             cell = nbformat.v4.new_code_cell(body, metadata=meta)
         cells.append(cell)
 
@@ -49,8 +55,14 @@ def parse(text: str) -> list[nbformat.NotebookNode]:
             words = line[4:].split()
             kind = "md" if words[:1] == ["md"] else "code"
             words = words[1:] if kind == "md" else words
-            unknown = [w for w in words if w not in SLIDE_TYPES | {"parameters", "hide"}]
+            if "hide" in words:
+                raise ValueError(f"{line!r}: solutions do not live in notebooks; put them in notebooks/solutions/ "
+                                 "and give the notebook an exercise cell (# %% exercise NN.name) and a check cell")
+            exercise_ids = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "exercise"]
+            unknown = [w for w in words if w not in SLIDE_TYPES | {"parameters", "check", "exercise"}
+                       and w not in exercise_ids]
             assert not unknown, f"unknown cell marker words {unknown} in {line!r}"
+            assert words[-1:] != ["exercise"], f"{line!r}: name the exercise (# %% exercise NN.name)"
             lines = []
         else:
             lines.append(line)

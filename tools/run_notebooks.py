@@ -10,6 +10,11 @@ the others still run; the exit status is 1 when any notebook failed.
     python tools/run_notebooks.py                 # all notebooks (LABKIT_QUICK=1 for quick mode)
     python tools/run_notebooks.py --only 00 03    # a subset, by number or name
     python tools/run_notebooks.py --only 07 09 --reference   # full mode; results become data/reference/*.json
+    python tools/run_notebooks.py --solutions     # exercise cells replaced by notebooks/solutions/: all "correct"
+
+Exercises: every check cell prints one verdict line (``labkit.exercises``). As shipped, each must say
+"not attempted" (a notebook that says "correct" ships a solution); with ``--solutions`` each must say
+"correct". Anything else fails that notebook.
 """
 from __future__ import annotations
 
@@ -32,9 +37,13 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from labkit import config, env, results  # noqa: E402  (after the path fix for a bare checkout)
+from labkit import config, env, exercises, results  # noqa: E402  (after the path fix for a bare checkout)
+
+sys.path.insert(0, str(ROOT / "tools"))
+import nbbuild  # noqa: E402
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
+SOLUTIONS_DIR = NOTEBOOKS_DIR / "solutions"
 BUILD_DIR = ROOT / "build"
 EXCERPT_LINES = 8
 EXCERPT_CHARS = 600
@@ -65,6 +74,7 @@ class NotebookRun:
     slowest_cells: list[dict[str, Any]] = field(default_factory=list)
     failed_cell: FailedCell | None = None
     results: list[dict[str, Any]] = field(default_factory=list)
+    exercises: dict[str, str] = field(default_factory=dict)  # exercise id -> the verdict its check printed
 
     @property
     def ok(self) -> bool:
@@ -168,10 +178,58 @@ def key_results(name: str, since_epoch_s: float) -> list[dict[str, Any]]:
     return out
 
 
-def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: str | None = None) -> NotebookRun:
+def exercise_ids(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
+    """(cell index, exercise id) of every exercise cell."""
+    return [(i, c.metadata["labkit"]["exercise"]) for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" and "exercise" in c.metadata.get("labkit", {})]
+
+
+def exercise_verdicts(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """Exercise id -> the status its check cell printed (``labkit.exercises`` verdict lines)."""
+    found: dict[str, str] = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            text = out.get("text", "") if out.get("output_type") == "stream" else ""
+            for line in text.splitlines():
+                m = exercises.LINE.match(line)
+                if m:
+                    found[m["id"]] = m["status"]
+    return found
+
+
+def with_solutions(nb: nbformat.NotebookNode, solutions_file: Path) -> nbformat.NotebookNode:
+    """The notebook with each exercise cell's placeholder replaced by its solution."""
+    if not solutions_file.is_file():
+        raise FileNotFoundError(f"no solutions file {solutions_file} for this notebook's exercises")
+    solved = {c.metadata["labkit"]["exercise"]: c.source for c in nbbuild.parse(solutions_file.read_text(encoding="utf-8"))
+              if c.cell_type == "code" and "labkit" in c.metadata}
+    for i, ex_id in exercise_ids(nb):
+        if ex_id not in solved:
+            raise KeyError(f"{solutions_file.name} has no cell '# %% exercise {ex_id}'")
+        nb.cells[i].source = solved[ex_id]
+    return nb
+
+
+def check_exercises(nb: nbformat.NotebookNode, expected: str) -> FailedCell | None:
+    """Every exercise's check printed ``expected`` ('not attempted' as shipped, 'correct' with solutions)."""
+    verdicts = exercise_verdicts(nb)
+    wrong = {ex_id: verdicts.get(ex_id, "no verdict printed") for _, ex_id in exercise_ids(nb)
+             if verdicts.get(ex_id) != expected}
+    if not wrong:
+        return None
+    index = next(i for i, ex_id in exercise_ids(nb) if ex_id in wrong)
+    listing = ", ".join(f"{k}: {v}" for k, v in wrong.items())
+    return _failed_cell(nb, index, f"ExerciseCheck: expected every check to say {expected!r}; got {listing}")
+
+
+def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: str | None = None,
+                 solutions: bool = False) -> NotebookRun:
     """Execute one notebook in a fresh kernel (the one its metadata names, as nbmake does);
-    never raises for a failure inside the notebook or its kernel."""
+    never raises for a failure inside the notebook or its kernel. ``solutions``: run it with the
+    exercise cells replaced by notebooks/solutions/<name>.py."""
     nb = nbformat.read(path, as_version=4)
+    if solutions and exercise_ids(nb):
+        nb = with_solutions(nb, SOLUTIONS_DIR / f"{path.stem}.py")
     kernel_name = kernel_name or nb.metadata.get("kernelspec", {}).get("name") or "python3"
     current = {"index": -1}
 
@@ -205,6 +263,9 @@ def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: st
         failed = _failed_cell(nb, current["index"], f"RuntimeError: {exc} (is ipykernel installed in "
                                                             f"this environment? `{sys.executable} -m ipykernel --version`)")
     wall_s = time.perf_counter() - t0
+    if status == "ok":
+        failed = check_exercises(nb, "correct" if solutions else "not attempted")
+        status = "exercise check failed" if failed else status
     finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     executed_dir.mkdir(parents=True, exist_ok=True)
     executed = executed_dir / path.name
@@ -214,7 +275,7 @@ def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: st
         executed_path=str(executed.relative_to(ROOT) if executed.is_relative_to(ROOT) else executed),
         status=status, wall_s=round(wall_s, 2), quick=config.quick(), finished_at=finished_at, n_cells=len(nb.cells),
         n_code_cells=sum(c.cell_type == "code" for c in nb.cells), slowest_cells=_slowest(nb),
-        failed_cell=failed, results=key_results(path.stem, started_epoch_s))
+        failed_cell=failed, results=key_results(path.stem, started_epoch_s), exercises=exercise_verdicts(nb))
 
 
 def summary_dict(runs: list[NotebookRun], run_wall_s: float, previous: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -337,12 +398,13 @@ def save_reference(name: str, command: str, reference_dir: Path | None = None) -
     return res.save((reference_dir or results.reference_dir()) / f"{results.reference_name(name, res.env)}.json")
 
 
-def run_all(paths: list[Path], build_dir: Path = BUILD_DIR, timeout_s: int = 900) -> dict[str, Any]:
+def run_all(paths: list[Path], build_dir: Path = BUILD_DIR, timeout_s: int = 900,
+            solutions: bool = False) -> dict[str, Any]:
     runs = []
     t0 = time.perf_counter()
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.stem} …", flush=True)
-        run = run_notebook(path, build_dir / "executed", timeout_s)
+        run = run_notebook(path, build_dir / "executed", timeout_s, solutions=solutions)
         runs.append(run)
         print(f"[{i}/{len(paths)}] {path.stem}: {run.status} in {run.wall_s:.1f} s", flush=True)
         if run.failed_cell:
@@ -360,7 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR)
     ap.add_argument("--reference", action="store_true",
                     help="full mode only: copy each passing notebook's results/<name>.json to data/reference/")
+    ap.add_argument("--solutions", action="store_true",
+                    help="replace exercise cells with notebooks/solutions/: every check must say 'correct'")
     args = ap.parse_args(argv)
+    if args.solutions and args.reference:
+        ap.error("--solutions and --reference do not mix: reference results come from the notebooks as shipped")
     if args.reference and config.quick():
         ap.error("--reference records full-mode runs: unset LABKIT_QUICK")
     if args.timeout <= 0:
@@ -373,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"no notebooks in {args.notebooks_dir}")
     print(f"running {len(paths)} notebooks ({'quick' if config.quick() else 'full'} mode; "
           f"LABKIT_QUICK=1 for quick)", flush=True)
-    summary = run_all(paths, args.build_dir, args.timeout)
+    summary = run_all(paths, args.build_dir, args.timeout, solutions=args.solutions)
     ran = {p.stem for p in paths}
     failed = [n["name"] for n in summary["notebooks"] if n["name"] in ran and n["status"] != "ok"]
     print(f"summary: {args.build_dir / 'summary.html'} · {len(ran) - len(failed)}/{len(ran)} passed "

@@ -95,10 +95,3 @@ res.frame("chat")[["call", "ttft_s", "tpot_s", "decode_tokens_per_s", "n_out", "
 # ## Exercises
 # 1. Set `LABKIT_MODEL` to another model directory and re-run: how do TTFT and tokens/s change?
 # 2. Ask a longer question: which of TTFT and TPOT grows, and why?
-
-# %% hide
-# Solution sketch for exercise 2: TTFT grows with prompt length (prefill processes every
-# prompt token at once); TPOT barely moves (each decode step reads the same weights).
-long_q = QUESTION + " " + "Explain your reasoning in detail. " * 8
-r = generation.generate(lm.model, lm.tokenizer, long_q, max_new_tokens=8)
-print(f"prompt {r.n_prompt} tokens: TTFT {r.ttft_s * 1e3:.0f} ms, TPOT {(r.tpot_s or 0) * 1e3:.0f} ms")

@@ -168,11 +168,3 @@ dec[["batch", "ceiling_tokens_per_s", "measured_tokens_per_s", "ratio", "overhea
 # ## Exercises
 # 1. At what context does Llama-3.1-8B's fp16 KV cache (batch 1) outgrow its weights?
 # 2. Predict the batch-1 decode ceiling of Qwen2.5-1.5B in nf4 on a T4, then in fp16 on an L4.
-
-# %% hide
-s8 = sizing.shape(cfg["Llama-3.1-8B"])
-crossover = sizing.weight_bytes(s8, "fp16") / sizing.kv_bytes_per_token(s8, "fp16")
-print(f"1. KV outgrows the weights beyond {crossover:,.0f} tokens")
-for d, g in (("nf4", "T4"), ("fp16", "L4")):
-    e = sizing.estimate(cfg["Qwen2.5-1.5B-Instruct"], dtype=d, context=1024, gpu=g)
-    print(f"2. Qwen2.5-1.5B {d} on {g}: {e.decode_tokens_per_s_ceiling:,.0f} tokens/s at most")

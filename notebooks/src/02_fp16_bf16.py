@@ -168,12 +168,3 @@ res.frame("variants")[["variant", "weight_bytes", "load_s", "ttft_s", "decode_to
 #    do GPUs accumulate half-precision matmuls in fp32?
 # 2. On a GPU (set `LABKIT_DEVICE=cuda`), re-run section 3: which of TTFT and decode speed improves
 #    with fp16, and by how much against the 2× that bytes alone would predict?
-
-# %% hide
-# Solution 1: once the running sum is large, 0.0001 is below half a step of the format and
-# rounding throws it away, so the sum stops growing. fp32 keeps accumulating.
-for dtype in (torch.float32, torch.float16, torch.bfloat16):
-    total = torch.tensor(1.0, dtype=dtype)
-    for _ in range(10_000):
-        total = total + torch.tensor(1e-4, dtype=dtype)
-    print(f"{str(dtype):16} {total.item():.4f}  (exact: {1 + 10_000 * 1e-4:.4f}, step at 1.0: {torch.finfo(dtype).eps:.2e})")

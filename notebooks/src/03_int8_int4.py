@@ -198,16 +198,3 @@ res.frame("variants")[["variant", "weight_bytes", "peak_memory_bytes", "ttft_s",
 #    keeps closer to fp32? Does the emulation agree with the two ONNX rows in the table?
 # 2. **Which layers hurt most?** Quantise one kind of layer at a time (q, k, v, o, gate, up, down,
 #    lm_head) and rank them by KL. What is special about the inputs of the worst one?
-
-# %% hide
-# Solution 2: variants.layer_sensitivity puts one kind of layer at a time in emulated int8, then all.
-sens = pd.DataFrame(variants.layer_sensitivity(lm.model, inputs.reference, per_channel=False))
-print(sens.sort_values("kl", ascending=False).round(4).to_string(index=False))
-# Solution 1: the same emulation on every layer with per-channel weight scales.
-with variants.fake_dynamic_int8(lm.model, per_channel=True):
-    all_channel = quality.compare(lm.model, inputs.reference)
-print(f"all layers, per-tensor KL {sens.kl.iloc[-1]:.3f} vs per-channel {all_channel.kl:.3f}; ONNX Runtime rows: "
-      f"{table.kl.get('ort-int8-tensor', float('nan')):.3f} and {table.kl.get('ort-int8-channel', float('nan')):.3f}")
-# The MLP's down_proj reads SiLU(gate)·up: a few channels are far larger than the rest, so one uint8
-# scale for the whole activation rounds everything else to a few steps. LLM.int8 keeps such outlier
-# columns in fp16: compare bnb-int8's KL with the ONNX int8 rows in the table.

@@ -181,9 +181,3 @@ res.frame("phases").assign(ms=lambda d: d.seconds * 1e3).drop(columns="seconds")
 # 2. Tighten `UNTIL_SPREAD` to 0.05: how many warmup calls does it take now? Does it settle at all?
 # 3. A server takes prompts of many lengths. Why should its warmup use several prompt lengths
 #    (hint: compiled shapes, allocator sizes)?
-
-# %% hide
-# Solution sketch for exercise 2: apply the stricter bar to the latencies already measured.
-for bar in (0.10, 0.05, 0.02):
-    print(f"spread under {bar:.0%}: cold series settles after", warmup.settle_point(cold.requests_s, bar, WINDOW),
-          "calls; warmup calls:", warmup.settle_point(rep.latencies_s, bar, WINDOW))

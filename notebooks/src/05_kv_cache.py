@@ -222,11 +222,3 @@ res.frame("summary").round(3)
 # 2. Switch `DTYPE` to `"bf16"`: how do the measured cache bytes change, and does TPOT improve?
 # 3. Profile with `attn_implementation="eager"`: which operators appear, and which group do they
 #    fall into?
-
-# %% hide
-# Solution sketch for exercise 3: switch the implementation in place, profile, and switch back.
-before = lm.model.config._attn_implementation
-lm.model.set_attn_implementation("eager")
-eager_profiles = profiling.profile_prefill_decode(lm.model, lm.tokenizer, prompt_tokens=PROFILE_PROMPT)
-lm.model.set_attn_implementation(before)
-profiling.groups_frame(eager_profiles)

@@ -242,13 +242,5 @@ pd.DataFrame(takeaways).round(2)
 # 3. Run `python -m labkit serve` in a terminal and `python -m labkit.loadgen --max-concurrency 4`
 #    against it; then point the same command at `vllm serve` on a GPU.
 
-# %% hide
-# Solution sketch for exercise 1: with one client there is never anyone to batch with, so both
-# configurations run batches of one; max_batch_size 8 can only add the max_wait_ms pause.
-server1 = serving.start_server(lm, port=0, max_batch_size=8, max_wait_ms=MAX_WAIT_MS)
-solo = loadgen.run(server1.url, num_requests=4, max_concurrency=1, max_tokens=SERVE_TOKENS).summary()
-print(f"1 client: {solo['output_tokens_per_s']:.1f} tokens/s, mean batch size {server1.stats()['mean_batch_size']:.1f}")
-server1.stop()
-
 # %% fragment
 widget_server.stop()  # the panel above stops measuring; run its cell again to restart it

@@ -248,11 +248,3 @@ pd.DataFrame([
 # 2. Run the workload with `LONG_EVERY = 2` and `LONG_EVERY = 8`. When does continuous batching gain most?
 # 3. On a GPU: run `vllm serve` with the default model and drive it with
 #    `python -m labkit.loadgen --base-url http://127.0.0.1:8000 --endpoint chat --max-concurrency 16`.
-
-# %% hide
-for bs in (1, BLOCK_SIZE, 128):
-    f = paged.footprint(load, "paged", per_token[BIG_MODEL], MAX_MODEL_LEN, bs)
-    n = paged.fit_count(load, "paged", budget[BIG_MODEL], per_token[BIG_MODEL], MAX_MODEL_LEN, bs)
-    print(f"1. block size {bs:>3}: waste {f['waste_fraction']:.1%}, {n} requests fit")
-print("   Tiny blocks waste nothing, but every token then needs its own block-table entry and the attention "
-      "kernel gathers K and V one token at a time instead of in contiguous runs.")

@@ -205,9 +205,3 @@ print(f"fastest decode: {best.engine} ({best['where']}), {best.decode_tokens_per
 # 1. How many tokens must the compiled decoder serve before its compile time is paid back?
 # 2. Calibrate `model.layers.0.self_attn.q_proj` instead: is the gap between absmax and the
 #    percentile larger or smaller, and why might that be?
-
-# %% hide
-q_cal = engines.calibrate_layer(lm.model, lm.tokenizer, prompts[:CALIBRATION_PROMPTS], quality.prompts("questions"),
-                                layer="model.layers.0.self_attn.q_proj", percentile=PERCENTILE)
-print(f"1. see the print under section 1 (build time ÷ time saved per token)\n2. q_proj input: absmax "
-      f"{q_cal.absmax:.2f} vs p{PERCENTILE:g} {q_cal.percentile_value:.2f}; errors {q_cal.errors}")

@@ -196,10 +196,3 @@ table[["figure", "before", "after", "after / before", "better"]].round(3)
 # 1. Tighten the SLO to TTFT ≤ 0.5 s. Which configuration loses most capacity, and why?
 # 2. Add a configuration with `max_batch_size=16`. Does it beat 8 on this machine?
 # 3. Send your `results/09_capstone.json` to a neighbour and merge both files.
-
-# %% hide
-tight = loadgen.SLO(ttft_s=0.5, tpot_s=SLO.tpot_s)
-for name in (before_name, best_name):
-    pts = [r for r in sweep_rows if r["config"] == name]
-    ok = [r["concurrency"] for r in pts if r["completed"] and r["ttft_p90_s"] is not None and r["ttft_p90_s"] <= tight.ttft_s]
-    print(f"1. {name}: p90 TTFT ≤ {tight.ttft_s} s up to {max(ok) if ok else 'no'} clients (from the sweep above)")

@@ -192,3 +192,40 @@ def test_reference_copies_results_with_the_command(tmp_path: Path, monkeypatch: 
     with pytest.raises(SystemExit) as exc:
         run_notebooks.main(["--reference", "--only", "07"])
     assert exc.value.code == 2
+
+
+_REGISTER = ("from labkit import exercises\n"
+             "def _check(answer):\n"
+             "    if answer != 42:\n"
+             "        raise exercises.Wrong(f'{answer} is not the answer')\n"
+             "exercises.exercise('99.answer', 'the answer')(_check)")
+
+
+def _exercise_notebook(path: Path, placeholder: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(_REGISTER),
+                nbformat.v4.new_code_cell(placeholder, metadata={"labkit": {"exercise": "99.answer"}}),
+                nbformat.v4.new_code_cell('exercises.check("99.answer", answer)')]
+    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_exercise_checks_as_shipped_and_with_solutions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = _exercise_notebook(tmp_path / "99_ok.ipynb", "answer = None")
+    run = run_notebooks.run_notebook(shipped, tmp_path / "executed", timeout_s=60)
+    assert run.status == "ok" and run.exercises == {"99.answer": "not attempted"}
+
+    spoiled = _exercise_notebook(tmp_path / "99_spoiled.ipynb", "answer = 42")
+    run = run_notebooks.run_notebook(spoiled, tmp_path / "executed", timeout_s=60)
+    assert run.status == "exercise check failed" and "99.answer: correct" in run.failed_cell.error
+
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    monkeypatch.setattr(run_notebooks, "SOLUTIONS_DIR", solutions)
+    (solutions / "99_ok.py").write_text("# %% exercise 99.answer\nanswer = 41\n", encoding="utf-8")
+    run = run_notebooks.run_notebook(shipped, tmp_path / "executed", timeout_s=60, solutions=True)
+    assert run.status == "exercise check failed" and "wrong" in run.failed_cell.error
+    (solutions / "99_ok.py").write_text("# %% exercise 99.answer\nanswer = 6 * 7\n", encoding="utf-8")
+    run = run_notebooks.run_notebook(shipped, tmp_path / "executed", timeout_s=60, solutions=True)
+    assert run.status == "ok" and run.exercises == {"99.answer": "correct"}

@@ -1,0 +1,74 @@
+"""Exercises check themselves: every placeholder says 'not attempted', every solution 'correct', and every
+recorded mistake 'wrong' — so each check can fail. Solutions are run here, cell by cell, not by re-running
+whole notebooks."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from exercise_cells import MISTAKES, SOLUTIONS, SOURCES, all_cells, notebook_exercises, run_cell
+from labkit import exercises
+
+EXERCISES = notebook_exercises()
+IDS = [ex_id for _, ex_id, _ in EXERCISES]
+SOLVED = all_cells(SOLUTIONS)
+WRONG = all_cells(MISTAKES)
+NOTEBOOKS_WITH_EXERCISES = [f"{n:02d}" for n in range(1, 9)]  # 01 … 08: at least two each
+
+
+def _answer(ex_id: str, ns: dict):
+    name = exercises.get(ex_id).name
+    assert name in ns, f"the cell for {ex_id} must define {name!r}"
+    return ns[name]
+
+
+@pytest.mark.parametrize("stem,ex_id,source", EXERCISES, ids=IDS)
+def test_placeholder_runs_and_is_not_attempted(stem, ex_id, source):
+    assert ex_id.startswith(stem[:2]), f"{ex_id} sits in notebook {stem}: its id must start with {stem[:2]}"
+    ns = run_cell(source, f"{stem}:{ex_id}")
+    assert exercises.evaluate(ex_id, _answer(ex_id, ns)).status == "not attempted"
+
+
+@pytest.mark.parametrize("ex_id", IDS)
+def test_solution_is_correct(ex_id):
+    assert len(SOLVED.get(ex_id, [])) == 1, f"notebooks/solutions/ needs exactly one cell '# %% exercise {ex_id}'"
+    verdict = exercises.evaluate(ex_id, _answer(ex_id, run_cell(SOLVED[ex_id][0], f"solution {ex_id}")))
+    assert verdict.status == "correct", verdict.line
+
+
+@pytest.mark.parametrize("ex_id", IDS)
+def test_each_recorded_mistake_is_called_wrong(ex_id):
+    assert WRONG.get(ex_id), f"tests/exercise_mistakes/ needs at least one wrong answer for {ex_id}"
+    for i, source in enumerate(WRONG[ex_id]):
+        verdict = exercises.evaluate(ex_id, _answer(ex_id, run_cell(source, f"mistake {i} of {ex_id}")))
+        assert verdict.status == "wrong" and verdict.because, f"mistake {i}: {verdict.line}"
+
+
+def test_every_solution_and_mistake_belongs_to_an_exercise():
+    assert not set(SOLVED) - set(IDS), f"solutions without an exercise cell: {sorted(set(SOLVED) - set(IDS))}"
+    assert not set(WRONG) - set(IDS), f"mistakes without an exercise cell: {sorted(set(WRONG) - set(IDS))}"
+
+
+def test_every_exercise_cell_is_followed_by_its_check():
+    for path in sorted(SOURCES.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(r"^# %%.*\bexercise (\S+)", text, flags=re.M):
+            ex_id = m.group(1)
+            rest = text[m.end():]
+            nxt = re.search(r"^# %%(?! md).*$", rest, flags=re.M)  # the next code cell
+            assert nxt and "check" in nxt.group(0).split(), f"{path.name}: {ex_id} needs a '# %% check' cell after it"
+            body = rest[nxt.end():].split("\n# %%", 1)[0]
+            assert f'exercises.check("{ex_id}", {exercises.get(ex_id).name})' in body, \
+                f"{path.name}: the check cell after {ex_id} must call exercises.check(\"{ex_id}\", ...)"
+
+
+def test_at_least_two_exercises_per_notebook():
+    counts = {nb: sum(ex_id.startswith(nb) for ex_id in IDS) for nb in NOTEBOOKS_WITH_EXERCISES}
+    assert all(n >= 2 for n in counts.values()), counts
+
+
+def test_every_registered_check_is_used():
+    unused = sorted(e.id for e in exercises.all_exercises()
+                    if e.check.__module__.startswith("labkit.exercises.nb") and e.id not in IDS)
+    assert not unused, f"checks no notebook uses: {unused}"

@@ -1,0 +1,56 @@
+"""labkit.exercises itself: verdicts, the helpers checks use, and predictions."""
+import pytest
+import torch
+
+from labkit import exercises
+
+
+@exercises.exercise("98.double", "double a tensor")
+def _double(fn):
+    x = torch.arange(6.0).reshape(2, 3)
+    exercises.close(exercises.call(fn, x), 2 * x, "double(x)")
+
+
+def test_statuses_and_reasons():
+    assert exercises.evaluate("98.double", None).status == "not attempted"
+    assert exercises.evaluate("98.double", lambda x: None).status == "not attempted"
+
+    def todo(x):
+        raise NotImplementedError
+
+    assert exercises.evaluate("98.double", todo).status == "not attempted"
+    assert exercises.evaluate("98.double", lambda x: 2 * x).status == "correct"
+    off = exercises.evaluate("98.double", lambda x: x + x.max())
+    assert off.status == "wrong" and "double(x)[0, 0] is 5, expected 0" in off.because
+    shape = exercises.evaluate("98.double", lambda x: (2 * x).flatten())
+    assert shape.status == "wrong" and "shape (6,)" in shape.because
+    crash = exercises.evaluate("98.double", lambda x: x @ x)
+    assert crash.status == "wrong" and crash.because.startswith("it raised RuntimeError")
+    assert exercises.evaluate("98.double", 3).because == "expected a function, got int"
+
+
+def test_check_prints_one_parseable_line(capsys):
+    exercises.check("98.double", lambda x: 3 * x)
+    line = capsys.readouterr().out.strip()
+    m = exercises.LINE.match(line)
+    assert m and m["id"] == "98.double" and m["status"] == "wrong" and "because" in line
+
+
+def test_unknown_ids_and_bad_ids_name_the_fix():
+    with pytest.raises(ValueError, match="notebook 98 has"):
+        exercises.get("98.nope")
+    with pytest.raises(ValueError, match="NN.name"):
+        exercises.exercise("double", "x")
+
+
+def test_reveal_prints_prediction_measurement_and_ratio(capsys):
+    row = exercises.reveal("decode tokens/s", 20, 10.0, "tokens/s")
+    assert row["ratio"] == 0.5 and "measured / predicted = 0.50×" in capsys.readouterr().out
+    row = exercises.reveal("decode tokens/s", None, 10.0)
+    assert row["ratio"] is None and "no prediction made" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="must be a number"):
+        exercises.reveal("x", "ten", 10.0)
+    exercises.reveal_choice("overflows", "fp16", "fp16", ["fp16", "bf16", "neither"])
+    assert "as you predicted" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="one of"):
+        exercises.reveal_choice("overflows", "fp8", "fp16", ["fp16", "bf16", "neither"])
