@@ -54,3 +54,16 @@ def test_reveal_prints_prediction_measurement_and_ratio(capsys):
     assert "as you predicted" in capsys.readouterr().out
     with pytest.raises(ValueError, match="one of"):
         exercises.reveal_choice("overflows", "fp8", "fp16", ["fp16", "bf16", "neither"])
+
+
+def test_use_takes_the_answer_only_when_correct(capsys):
+    lib = lambda x: 2 * x  # noqa: E731
+    assert exercises.use("98.double", None, lib) is lib
+    assert "using labkit's" in capsys.readouterr().out
+    mine = lambda x: x * 2  # noqa: E731
+    assert exercises.use("98.double", mine, lib) is mine
+
+
+def test_tiny_llama_is_deterministic():
+    a, b = exercises.tiny_llama(), exercises.tiny_llama()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
