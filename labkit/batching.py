@@ -16,6 +16,7 @@ from typing import Any
 
 from . import config, decode
 from .generation import generate
+from .sampling import Sampling, choose
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
 GPU_MAX_BATCH = 4096  # the GPU sweep doubles until memory runs out or this cap
@@ -220,13 +221,16 @@ def pareto_figure(rows: list[dict[str, Any]], title: str = "Static batching: eac
 @dataclass
 class Sequence:
     """One request inside ``decode_batch``. ``on_token(token_id, finish_reason)`` runs in the model thread;
-    ``finish_reason`` is None until the last token ('stop' at end-of-sequence, 'length' at the limit)."""
+    ``finish_reason`` is None until the last token ('stop' at end-of-sequence, 'length' at the limit).
+    Tokens are greedy unless ``sampling`` says otherwise (``labkit.sampling``)."""
 
     prompt_ids: list[int]
     max_new_tokens: int
     ignore_eos: bool = False
     on_token: Callable[[int, str | None], None] | None = None
     cancelled: Callable[[], bool] = lambda: False
+    sampling: Sampling | None = None  # None: greedy
+    owner: Any = None  # whoever submitted it (the server's request), for answering after a failure
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # stop | length | cancelled | aborted
 
@@ -295,7 +299,7 @@ def decode_batch(model: Any, seqs: list[Sequence], eos: set[int], pad_id: int, *
     active = list(range(len(seqs)))  # row r of the batch holds seqs[active[r]]
     with torch.inference_mode():
         logits, cache = decode.prefill(model, input_ids, mask)
-        next_tokens = logits.argmax(-1)
+        next_tokens = choose(logits, [s.sampling for s in seqs])
         pos = decode.positions(mask)[:, -1]
         while True:
             stats.steps += 1
@@ -326,5 +330,6 @@ def decode_batch(model: Any, seqs: list[Sequence], eos: set[int], pad_id: int, *
             done = torch.tensor([seqs[i].finish_reason is not None for i in active], device=device)
             feed = next_tokens.masked_fill(done, pad_id)
             mask, pos = decode.extend(mask), pos + 1
-            next_tokens = decode.decode_one_token(model, feed, cache, pos, mask).argmax(-1)
+            logits = decode.decode_one_token(model, feed, cache, pos, mask)
+            next_tokens = choose(logits, [seqs[i].sampling for i in active])
     return stats

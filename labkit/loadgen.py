@@ -231,8 +231,11 @@ async def discover_model(session: Any, base_url: str) -> str | None:
 
 
 def _check(num_requests: int, request_rate: float, burstiness: float, max_concurrency: int | None,
-           max_tokens: int, endpoint: str) -> None:
-    for name, value in (("num_requests", num_requests), ("max_tokens", max_tokens)):
+           max_tokens: int | Sequence[int], endpoint: str) -> None:
+    limits = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens]
+    if not limits:
+        raise ValueError("max_tokens=[]: give one positive integer, or a list of them (one per request, cycled)")
+    for name, value in [("num_requests", num_requests)] + [("max_tokens", m) for m in limits]:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
     if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
@@ -257,10 +260,13 @@ def arrival_gaps(n: int, request_rate: float, burstiness: float = 1.0, seed: int
 
 async def run_async(base_url: str, prompts: Sequence[str] | None = None, *, num_requests: int = 32,
                     request_rate: float = math.inf, burstiness: float = 1.0, max_concurrency: int | None = None,
-                    max_tokens: int = 32, endpoint: str = "completions", model: str | None = None,
+                    max_tokens: int | Sequence[int] = 32, endpoint: str = "completions", model: str | None = None,
                     ignore_eos: bool = True, slo: SLO | None = None, seed: int = 0, timeout_s: float = 600.0,
                     warmup: int = 1, progress: Callable[[int, int], None] | None = None) -> BenchmarkResult:
-    """Send ``num_requests`` streaming requests and measure them (see the module docstring)."""
+    """Send ``num_requests`` streaming requests and measure them (see the module docstring).
+
+    ``prompts`` and ``max_tokens`` (an int, or a list) are taken round-robin, request ``i`` getting entry
+    ``i`` modulo their length: a mixed workload is two lists."""
     import aiohttp
 
     _check(num_requests, request_rate, burstiness, max_concurrency, max_tokens, endpoint)
@@ -270,13 +276,14 @@ async def run_async(base_url: str, prompts: Sequence[str] | None = None, *, num_
         prompts = load_prompts("prompts")
     if not prompts:
         raise ValueError("no prompts: pass at least one string")
+    limits = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens]
     url = base_url.rstrip("/") + ENDPOINTS[endpoint]
     chat = endpoint == "chat"
     connector = aiohttp.TCPConnector(limit=max_concurrency or 0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         model = model or await discover_model(session, base_url)
         for _ in range(warmup):  # one untimed request: fails fast when the server is not there
-            test = await send_request(session, url, _payload(endpoint, prompts[0], model, min(max_tokens, 4),
+            test = await send_request(session, url, _payload(endpoint, prompts[0], model, min(limits[0], 4),
                                                              ignore_eos), chat, time.perf_counter())
             if not test.success:
                 raise RuntimeError(f"{url} did not answer the test request (HTTP {test.status}): {test.error}")
@@ -285,7 +292,7 @@ async def run_async(base_url: str, prompts: Sequence[str] | None = None, *, num_
 
         async def one(i: int, t0: float) -> RequestOutput:
             nonlocal done
-            payload = _payload(endpoint, prompts[i % len(prompts)], model, max_tokens, ignore_eos)
+            payload = _payload(endpoint, prompts[i % len(prompts)], model, limits[i % len(limits)], ignore_eos)
             if gate is None:
                 out = await send_request(session, url, payload, chat, t0)
             else:
@@ -306,7 +313,8 @@ async def run_async(base_url: str, prompts: Sequence[str] | None = None, *, num_
         outputs = await asyncio.gather(*tasks)
         duration = time.perf_counter() - t0
     settings = {"endpoint": endpoint, "model": model, "request_rate": request_rate, "burstiness": burstiness,
-                "concurrency": max_concurrency, "max_tokens": max_tokens, "ignore_eos": ignore_eos}
+                "concurrency": max_concurrency, "max_tokens": limits[0] if len(limits) == 1 else f"{min(limits)}-{max(limits)}",
+                "ignore_eos": ignore_eos}
     return BenchmarkResult(outputs=list(outputs), duration_s=duration, settings=settings, slo=slo)
 
 

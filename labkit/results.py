@@ -93,9 +93,19 @@ class Results:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Results":
+        """A results file's contents, checked: a ``ValueError`` says what is not in the labkit format."""
+        if not isinstance(data, dict):
+            raise ValueError(f"not a labkit results file: expected a JSON object, got {type(data).__name__}")
         for key in ("name", "rows"):
             if key not in data:
                 raise ValueError(f"not a labkit results file: key {key!r} missing")
+        if not isinstance(data["name"], str):
+            raise ValueError(f"not a labkit results file: 'name' is {type(data['name']).__name__}, not text")
+        if not isinstance(data["rows"], list) or not all(isinstance(r, dict) for r in data["rows"]):
+            raise ValueError("not a labkit results file: 'rows' must be a list of objects")
+        for key in ("env", "notes"):
+            if not isinstance(data.get(key, {}), dict):
+                raise ValueError(f"not a labkit results file: '{key}' must be an object")
         return cls(name=data["name"], rows=list(data["rows"]), env=dict(data.get("env", {})),
                    notes=dict(data.get("notes", {})))
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import batching, decode, serving
+from .sampling import choose
 from .timing import now
 
 MODES = ("static", "continuous")
@@ -260,7 +261,7 @@ class ContinuousEngine:
             ids = torch.tensor([list(seq.prompt_ids)], device=self.device)
             one = torch.ones_like(ids)
             logits, new_cache = decode.prefill(self.model, ids, one)
-            tok = logits.argmax(-1)
+            tok = choose(logits, [seq.sampling])
             self.prefills += 1
             if not seq.emit(int(tok[0]), self.eos):
                 return
@@ -281,7 +282,7 @@ class ContinuousEngine:
         with torch.inference_mode():
             self.mask, self.pos = decode.extend(self.mask), self.pos + 1
             logits = decode.decode_one_token(self.model, self.next_tokens, self.cache, self.pos, self.mask)
-            self.next_tokens = logits.argmax(-1)
+            self.next_tokens = choose(logits, [seq.sampling for seq in self.active])
             self.steps += 1
             self.rows += len(self.active)
             chosen = self.next_tokens.tolist()  # one host sync per step
@@ -346,55 +347,34 @@ class ContinuousBatcher(serving.Batcher):
     not used: nobody waits for company, a new request starts at the next step. The batch-size metric is
     observed once per decode step."""
 
-    def _take(self, wait: bool, room: int) -> list[serving.Job] | None:
-        """Up to ``room`` queued requests; blocks for one when ``wait``. None once the server is closing."""
-        with self._cond:
-            while wait and not self._queue and not self._closing:
-                self._cond.wait()
-            if self._closing:
-                return None
-            jobs: list[serving.Job] = []
-            while self._queue and len(jobs) < room:
-                job = self._queue.popleft()
-                if not job.cancelled:  # its client left while it waited: nobody to answer
-                    jobs.append(job)
-            return jobs
-
     def _loop(self) -> None:
         engine = ContinuousEngine(self.lm.model, self.eos, self.pad_id)
-        owner: dict[int, serving.Job] = {}  # id(sequence) -> its request
         closing = False
         while True:
-            jobs = [] if closing else self._take(wait=not engine.active, room=self.cfg.max_batch_size - len(engine.active))
+            room = self.settings()[0] - len(engine.active)
+            jobs = [] if closing else self.take(max(room, 0), wait=not engine.active)
             if jobs is None:  # closing: queued requests got 503 in close(); running ones finish (drain)
                 closing, jobs = True, []
             if closing and not engine.active:
                 return
-            try:
-                started = time.perf_counter()
-                for job in jobs:
-                    job.started = started
-                    self.metrics.observe(self.metrics.queue_wait, started - job.arrival)
-                    seq = batching.Sequence(prompt_ids=job.prompt_ids, max_new_tokens=job.params.max_tokens,
-                                            ignore_eos=job.params.ignore_eos,
-                                            on_token=lambda t, r, j=job: j.push(("token", t, r)),
-                                            cancelled=lambda j=job: j.cancelled)
-                    owner[id(seq)] = job
-                    engine.admit(seq)
-                if engine.active:
-                    self.running = len(engine.active)
-                    self.metrics.observe(self.metrics.batch_size, len(engine.active))
+            for job in jobs:  # each admission on its own: one bad request fails alone
+                try:
+                    engine.admit(self.begin(job))
+                except Exception as exc:
+                    serving.log.exception("admitting a request failed")
+                    job.fail(500, f"generation failed: {type(exc).__name__}: {exc}")
+            if engine.active:
+                self.running = len(engine.active)
+                self.metrics.observe(self.metrics.batch_size, len(engine.active))
+                try:
                     engine.step()
-            except Exception as exc:  # keep serving: the running requests get a 500, the queue goes on
-                serving.log.exception("continuous batch of %d failed", len(engine.active))
+                except Exception as exc:  # keep serving: the running requests get a 500, the queue goes on
+                    serving.log.exception("continuous batch of %d failed", len(engine.active))
+                    for seq in engine.abort():
+                        seq.owner.fail(500, f"generation failed: {type(exc).__name__}: {exc}")
+            if self.aborting:
                 for seq in engine.abort():
-                    owner[id(seq)].fail(500, f"generation failed: {type(exc).__name__}: {exc}")
-            if self._abort.is_set():
-                for seq in engine.abort():
-                    owner[id(seq)].fail(503, "server is shutting down; generation was stopped")
-            live = {id(seq) for seq in engine.active}
-            for key in [k for k in owner if k not in live]:
-                del owner[key]
+                    seq.owner.fail(503, "server is shutting down; generation was stopped")
             self.running = len(engine.active)
 
 
@@ -408,7 +388,7 @@ class ContinuousServer(serving.Server):
 
 def start_server(model: Any = None, **options: Any) -> serving.ServerHandle:
     """``serving.start_server`` with continuous batching (same options, same API, same handle)."""
-    return serving.start_server(model, server_class=ContinuousServer, **options)
+    return serving.start_server(model, **{"batching": "continuous", **options})
 
 
 # --------------------------------------------------------------------------------------------- workload
@@ -480,7 +460,7 @@ def timeline_figure(runs: Sequence[Run], title: str = "When each request ran and
 # ------------------------------------------------------------------- transformers' own continuous batching
 
 
-def hf_continuous_batching(new_tokens: int = 4) -> dict[str, Any]:
+def hf_continuous_batching(new_tokens: int = 4, timeout_s: float = 60.0) -> dict[str, Any]:
     """Does transformers' own continuous batching (``ContinuousBatchingManager``, behind ``generate_batch``,
     with paged attention) run on this device?
 
@@ -523,10 +503,13 @@ def hf_continuous_batching(new_tokens: int = 4) -> dict[str, Any]:
         manager = model.init_continuous_batching(generation_config=gen)
         manager.start()
         manager.add_request([1, 2, 3, 4], max_new_tokens=new_tokens)
-        while manager.is_running() and not got:
+        deadline = time.monotonic() + timeout_s
+        while manager.is_running() and not got and time.monotonic() < deadline:
             result = manager.get_result(timeout=0.5)
             if result is not None:
                 got.append(len(result.generated_tokens))
+        if not got and manager.is_running():
+            errors.append(f"no result within {timeout_s:g} s")
         manager.stop(block=True, timeout=5.0)
     finally:
         log.removeHandler(handler)

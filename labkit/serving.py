@@ -9,8 +9,11 @@ admits them between decode steps, is notebook 07's subject).
 
 Endpoints: POST /v1/completions and /v1/chat/completions (``"stream": true`` gives server-sent events,
 ``data: {...}`` chunks ending with ``data: [DONE]``), GET /v1/models, /health and /metrics (Prometheus text).
-Decoding is always greedy: ``temperature`` and ``top_p`` are accepted and ignored. ``ignore_eos`` (as in
-vLLM) generates exactly ``max_tokens`` tokens, for benchmarks.
+A request that sets none of ``temperature``, ``top_p`` and ``seed`` is decoded greedily (this server's
+default, reproducible; OpenAI's default temperature is 1); otherwise tokens are sampled (``labkit.sampling``:
+temperature, nucleus top-p, a per-request generator seeded by ``seed``). ``stop`` strings end the answer
+before them, as in the OpenAI API. A parameter the server does not implement is refused with a 400 naming
+it, never ignored. ``ignore_eos`` (as in vLLM) generates exactly ``max_tokens`` tokens, for benchmarks.
 
 Every bad request gets a 4xx with an OpenAI-style JSON error body; a full queue gets 503; on shutdown the
 queued requests get an explicit 503 and running ones finish (or, after ``drain_s``, get an error).
@@ -22,6 +25,7 @@ import contextlib
 import importlib
 import json
 import logging
+import math
 import os
 import queue as _queue
 import signal
@@ -36,12 +40,14 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import batching
+from .sampling import Sampling
 
 log = logging.getLogger("labkit.serving")
 
 TINY_RANDOM = "tiny-random"  # a 2-layer random Llama with the default tokenizer: fast tests, nonsense text
 DEFAULT_HOST = "127.0.0.1"
 LISTENING = "labkit serve: listening on "  # the line a subprocess prints once its port is bound
+BATCHING = ("dynamic", "continuous")
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -64,6 +70,7 @@ class ServerConfig:
     drop_finished: bool = True  # False: finished sequences ride along until the longest one ends
     drain_s: float = 10.0  # on shutdown, how long running requests may finish before they get an error
     max_body_bytes: int = 1 << 20  # a larger request body gets 413
+    batching: str = "dynamic"  # dynamic: wait up to max_wait_ms, decode a batch to its end; continuous: join at every step
 
     def check(self) -> "ServerConfig":
         for name in ("max_batch_size", "max_queue", "max_tokens_limit", "default_max_tokens", "max_prompt_tokens",
@@ -77,6 +84,8 @@ class ServerConfig:
             raise ValueError(f"max_wait_ms={self.max_wait_ms!r}: must be 0 or more milliseconds")
         if not isinstance(self.drain_s, (int, float)) or self.drain_s < 0:
             raise ValueError(f"drain_s={self.drain_s!r}: must be 0 or more seconds")
+        if self.batching not in BATCHING:
+            raise ValueError(f"batching={self.batching!r}: choose one of {list(BATCHING)}")
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(f"default_max_tokens={self.default_max_tokens} exceeds max_tokens_limit="
                              f"{self.max_tokens_limit}; lower it or raise the limit")
@@ -129,9 +138,72 @@ class Params:
     include_usage: bool = False
     ignore_eos: bool = False
     model: str | None = None
+    sampling: Sampling | None = None  # None: greedy
+    stop: list[str] = field(default_factory=list)
 
 
 _ROLES = ("system", "user", "assistant")
+MAX_STOP = 4  # as the OpenAI API
+# what this server does with every request parameter it knows; anything else is refused by name
+_ACCEPTED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "stream", "stream_options", "n",
+             "temperature", "top_p", "seed", "stop", "ignore_eos",
+             "user", "metadata"}  # the last two only label a request: they change no output
+# parameters the API defines that this server does not implement: refused unless they ask for the default
+_UNSUPPORTED_DEFAULTS: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
+                                         "logprobs": None, "top_logprobs": None, "best_of": 1, "echo": False,
+                                         "suffix": None, "tools": None, "tool_choice": None, "functions": None,
+                                         "function_call": None, "response_format": None}
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float, low_open: bool = False) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not (low < value if low_open else low <= value) or value > high:
+        lo = f"above {low:g}" if low_open else f"from {low:g}"
+        raise ApiError(400, f"'{name}' must be a number {lo} to {high:g}, got {json.dumps(value)[:40]}", name)
+    return float(value)
+
+
+def _sampling(body: dict[str, Any]) -> Sampling | None:
+    """Greedy when the request sets none of temperature, top_p and seed (or temperature 0); otherwise
+    sampled, with OpenAI's default temperature of 1 where only top_p or seed is given."""
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**63):
+        raise ApiError(400, "'seed' must be an integer (a 64-bit one)", "seed")
+    if temperature is None and top_p is None and seed is None:
+        return None
+    if temperature == 0:
+        return None  # greedy: top_p and seed cannot change an argmax
+    return Sampling(temperature=1.0 if temperature is None else temperature,
+                    top_p=1.0 if top_p is None else top_p, seed=seed)
+
+
+def _stop(value: Any) -> list[str]:
+    """'stop': a string or a list of up to MAX_STOP non-empty strings."""
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops) or len(stops) > MAX_STOP:
+        raise ApiError(400, f"'stop' must be a non-empty string or a list of at most {MAX_STOP} of them", "stop")
+    return [_utf8_text(x, "stop") for x in stops]
+
+
+def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
+    """No parameter is silently ignored: one this server does not implement gets a 400 naming it."""
+    for name, default in _UNSUPPORTED_DEFAULTS.items():
+        value = body.get(name)
+        if name == "logprobs" and value is False:
+            continue
+        if value is not None and value != default:
+            raise ApiError(400, f"'{name}' is not supported by this server; leave it out", name)
+    unknown = sorted(set(body) - _ACCEPTED - set(_UNSUPPORTED_DEFAULTS))
+    if unknown:
+        raise ApiError(400, f"unknown parameter '{unknown[0]}' for /v1/{'chat/' if chat else ''}completions; "
+                            f"this server accepts {sorted(_ACCEPTED)}", unknown[0])
 
 
 def _utf8_text(value: str, param: str) -> str:
@@ -205,11 +277,9 @@ def parse_body(raw: bytes, chat: bool, cfg: ServerConfig) -> Params:
     n = body.get("n", 1)
     if n != 1 or isinstance(n, bool):
         raise ApiError(400, "'n' must be 1: this server returns one choice per request", "n")
-    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
-        value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not low <= value <= high):
-            raise ApiError(400, f"'{name}' must be a number between {low} and {high} (decoding is greedy)", name)
+    p.sampling = _sampling(body)
+    p.stop = _stop(body.get("stop"))
+    _refuse_unsupported(body, chat)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", "model")
@@ -284,6 +354,14 @@ class Metrics:
             self.prompt_tokens += prompt
             self.output_tokens += output
 
+    def reset(self) -> None:
+        """Fresh counters and histograms, in place: every thread keeps writing to this one object."""
+        fresh = Metrics()
+        with self.lock:
+            for name, value in vars(fresh).items():
+                if name != "lock":
+                    setattr(self, name, value)
+
     def snapshot(self) -> dict[str, Any]:
         """Plain numbers for notebooks: request counts, mean batch size, tokens."""
         with self.lock:
@@ -338,6 +416,12 @@ class Job:
         if not self.answered:
             self.push(("error", status, message))
 
+    def sequence(self) -> batching.Sequence:
+        """The decode sequence for this request: its tokens are pushed to it as they come."""
+        return batching.Sequence(prompt_ids=self.prompt_ids, max_new_tokens=self.params.max_tokens,
+                                 ignore_eos=self.params.ignore_eos, on_token=lambda t, r: self.push(("token", t, r)),
+                                 cancelled=lambda: self.cancelled, sampling=self.params.sampling, owner=self)
+
 
 class Batcher:
     """The bounded queue and the batching loop (a model thread)."""
@@ -361,6 +445,36 @@ class Batcher:
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    def settings(self) -> tuple[int, float]:
+        """(max_batch_size, max_wait_ms) as they are now; ``configure`` changes them under the same lock."""
+        with self._cond:
+            return self.cfg.max_batch_size, self.cfg.max_wait_ms
+
+    @property
+    def aborting(self) -> bool:
+        return self._abort.is_set()
+
+    def take(self, room: int, wait: bool) -> list[Job] | None:
+        """Up to ``room`` queued requests, oldest first (those whose client left are dropped); with
+        ``wait``, blocks until there is at least one. None once the server is closing."""
+        with self._cond:
+            while wait and not self._queue and not self._closing:
+                self._cond.wait()
+            if self._closing:
+                return None
+            jobs: list[Job] = []
+            while self._queue and len(jobs) < room:
+                job = self._queue.popleft()
+                if not job.cancelled:  # its client left while it waited: nobody to answer
+                    jobs.append(job)
+            return jobs
+
+    def begin(self, job: Job) -> batching.Sequence:
+        """Stamp the request's start (queue-wait metric) and make its decode sequence."""
+        job.started = time.perf_counter()
+        self.metrics.observe(self.metrics.queue_wait, job.started - job.arrival)
+        return job.sequence()
 
     def configure(self, max_batch_size: int | None = None, max_wait_ms: float | None = None) -> None:
         """Change batching while serving; the next batch uses the new values."""
@@ -414,11 +528,7 @@ class Batcher:
                     self._cond.wait(remaining)
                 if self._closing:
                     return None
-                batch: list[Job] = []
-                while self._queue and len(batch) < self.cfg.max_batch_size:
-                    job = self._queue.popleft()
-                    if not job.cancelled:  # its client left while it waited: nobody to answer
-                        batch.append(job)
+                batch = self.take(self.cfg.max_batch_size, wait=False)  # the condition's lock is re-entrant
                 if batch:
                     return batch
 
@@ -438,18 +548,10 @@ class Batcher:
                 self.running = 0
 
     def _run(self, batch: list[Job]) -> None:
-        now = time.perf_counter()
-        seqs = []
-        for job in batch:
-            job.started = now
-            self.metrics.observe(self.metrics.queue_wait, now - job.arrival)
-            seqs.append(batching.Sequence(prompt_ids=job.prompt_ids, max_new_tokens=job.params.max_tokens,
-                                          ignore_eos=job.params.ignore_eos,
-                                          on_token=lambda t, r, j=job: j.push(("token", t, r)),
-                                          cancelled=lambda j=job: j.cancelled))
+        seqs = [self.begin(job) for job in batch]
         self.metrics.observe(self.metrics.batch_size, len(batch))
         batching.decode_batch(self.lm.model, seqs, self.eos, self.pad_id, drop_finished=self.cfg.drop_finished,
-                              should_abort=self._abort.is_set)
+                              should_abort=lambda: self.aborting)
         for job, seq in zip(batch, seqs):
             if seq.finish_reason == "aborted":
                 job.fail(503, "server is shutting down; generation was stopped")
@@ -485,6 +587,43 @@ class Detokenizer:
         after = self._text(self.prefix)
         self.prefix = self.read = len(self.ids)
         return after[len(before):]
+
+
+class StopText:
+    """The text of a growing answer, cut at the first OpenAI ``stop`` string (which is not part of it).
+
+    ``add(token)`` returns the text that can be sent now: a tail that might be the start of a stop string
+    is held back until the next token shows whether it is. ``stopped`` turns True when one completed.
+    """
+
+    def __init__(self, tokenizer: Any, stops: list[str]) -> None:
+        self.detok = Detokenizer(tokenizer)
+        self.stops = [s for s in stops if s]
+        self.held = ""
+        self.stopped = False
+
+    def add(self, token: int) -> str:
+        return self._release(self.detok.add(token))
+
+    def finish(self) -> str:
+        """After the last token: whatever is still held (no stop string can complete any more)."""
+        text = self._release(self.detok.flush())
+        if self.stopped:
+            return text
+        text, self.held = text + self.held, ""
+        return text
+
+    def _release(self, delta: str) -> str:
+        if self.stopped:
+            return ""
+        text = self.held + delta
+        hits = [text.find(s) for s in self.stops if s in text]
+        if hits:
+            self.stopped, self.held = True, ""
+            return text[:min(hits)]
+        keep = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
 
 
 def tiny_random_model():
@@ -607,9 +746,10 @@ class Server:
 
     async def health(self, request: Any) -> Any:
         status = 503 if self.closing else 200
+        max_batch_size, max_wait_ms = self.batcher.settings()
         return _json({"status": "shutting down" if self.closing else "ok", "model": self.lm.name,
                       "queue_depth": self.batcher.depth, "running": self.batcher.running,
-                      "max_batch_size": self.cfg.max_batch_size, "max_wait_ms": self.cfg.max_wait_ms}, status=status)
+                      "max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms}, status=status)
 
     async def list_models(self, request: Any) -> Any:
         return _json({"object": "list", "data": [{"id": self.lm.name, "object": "model", "owned_by": "labkit",
@@ -618,11 +758,12 @@ class Server:
     async def metrics_endpoint(self, request: Any) -> Any:
         from aiohttp import web
 
+        max_batch_size, max_wait_ms = self.batcher.settings()
         gauges = {"labkit_queue_depth": ("Requests waiting for a batch", self.batcher.depth),
                   "labkit_queue_capacity": ("Queue bound; beyond it requests get 503", self.cfg.max_queue),
                   "labkit_running_requests": ("Requests in the batch now running", self.batcher.running),
-                  "labkit_max_batch_size": ("Configured max_batch_size", self.cfg.max_batch_size),
-                  "labkit_max_wait_seconds": ("Configured max wait", self.cfg.max_wait_ms / 1e3)}
+                  "labkit_max_batch_size": ("Configured max_batch_size", max_batch_size),
+                  "labkit_max_wait_seconds": ("Configured max wait", max_wait_ms / 1e3)}
         return web.Response(text=self.metrics.render(gauges), content_type="text/plain",
                             headers={"X-Prometheus-Format": "0.0.4"})
 
@@ -701,25 +842,33 @@ class Server:
 
     async def _complete(self, job: Job, event: tuple[Any, ...], endpoint: str) -> Any:
         self._record_first(job)
-        tokens: list[int] = []
+        answer = StopText(self.lm.tokenizer, job.params.stop)
+        parts: list[str] = []
+        n_out = 0
         while True:
             if event[0] == "error":
-                self._record_done(job, len(tokens), endpoint, event[1])
+                self._record_done(job, n_out, endpoint, event[1])
                 return _error(ApiError(event[1], event[2]))
-            tokens.append(event[1])
+            n_out += 1
+            parts.append(answer.add(event[1]))
+            if answer.stopped:  # a stop string completed: the model thread drops the sequence at its next step
+                job.cancelled = True
+                reason = "stop"
+                break
             if event[2] is not None:
+                reason = event[2]
+                parts.append(answer.finish())
                 break
             event = await job.events.get()
-        p, reason = job.params, event[2]
-        text = self.lm.tokenizer.decode(tokens, skip_special_tokens=True)
+        p, text = job.params, "".join(parts)
         rid = ("chatcmpl-" if p.chat else "cmpl-") + uuid.uuid4().hex[:24]
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
         if p.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        self._record_done(job, len(tokens), endpoint, 200)
-        return _json({**self._envelope(p, rid, False), "choices": [choice], "usage": self._usage(job, len(tokens))})
+        self._record_done(job, n_out, endpoint, 200)
+        return _json({**self._envelope(p, rid, False), "choices": [choice], "usage": self._usage(job, n_out)})
 
     async def _stream(self, request: Any, job: Job, event: tuple[Any, ...], endpoint: str) -> Any:
         from aiohttp import web
@@ -729,7 +878,7 @@ class Server:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                        "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        detok = Detokenizer(self.lm.tokenizer)
+        answer = StopText(self.lm.tokenizer, p.stop)
         n_out, status = 0, 200
 
         async def send(data: Any) -> None:
@@ -744,8 +893,12 @@ class Server:
                     await send(ApiError(event[1], event[2]).body())
                     break
                 n_out += 1
-                reason = event[2]
-                delta = detok.add(event[1]) + (detok.flush() if reason is not None else "")
+                delta = answer.add(event[1])
+                reason = "stop" if answer.stopped else event[2]
+                if answer.stopped:
+                    job.cancelled = True  # the model thread drops the sequence at its next step
+                elif reason is not None:
+                    delta += answer.finish()
                 if p.chat:
                     d = {"role": "assistant", "content": delta} if n_out == 1 else {"content": delta}
                     choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
@@ -798,7 +951,7 @@ class ServerHandle:
 
     def reset_stats(self) -> None:
         """Fresh counters and histograms (between experiments on one server)."""
-        self.server.metrics = self.server.batcher.metrics = Metrics()
+        self.server.metrics.reset()
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Answer queued requests, let running ones finish (drain_s), close the port, end the thread."""
@@ -815,16 +968,27 @@ class ServerHandle:
         self.stop()
 
 
-def start_server(model: Any = None, *, server_class: type[Server] | None = None, **options: Any) -> ServerHandle:
+def server_class_for(cfg: ServerConfig) -> type[Server]:
+    """``Server`` for dynamic batching, ``labkit.scheduler.ContinuousServer`` for continuous batching."""
+    if cfg.batching == "continuous":
+        from .scheduler import ContinuousServer
+
+        return ContinuousServer
+    return Server
+
+
+def start_server(model: Any = None, *, server_class: type[Server] | None = None, startup_timeout_s: float = 60.0,
+                 **options: Any) -> ServerHandle:
     """Load (or reuse) a model and serve it from a background thread; returns once the port is bound.
 
     ``model``: a ``models.Loaded`` (shared, not copied), a name/directory, 'tiny-random' or None (default).
     ``options``: any ``ServerConfig`` field, e.g. ``port=0`` (an ephemeral port; see ``handle.url``).
-    ``server_class``: a ``Server`` subclass (e.g. ``labkit.scheduler.ContinuousServer``); default ``Server``.
+    ``server_class``: a ``Server`` subclass; default: the one ``batching`` names (``server_class_for``).
+    Any start-up failure is raised here; a start that takes longer than ``startup_timeout_s`` is an error.
     """
     cfg = _config(**{"port": 0, **options})
     lm = load_model(model if model is not None else cfg.model, cfg.dtype)
-    server = (server_class or Server)(lm, cfg)
+    server = (server_class or server_class_for(cfg))(lm, cfg)
     loop = asyncio.new_event_loop()
     started = threading.Event()
     failure: list[BaseException] = []
@@ -833,7 +997,7 @@ def start_server(model: Any = None, *, server_class: type[Server] | None = None,
         asyncio.set_event_loop(loop)
         try:
             loop.run_until_complete(server.start())
-        except OSError as exc:  # the port is taken or the host cannot be bound
+        except BaseException as exc:  # every start-up failure goes back to the caller, none is swallowed
             failure.append(exc)
             started.set()
             loop.close()
@@ -846,9 +1010,15 @@ def start_server(model: Any = None, *, server_class: type[Server] | None = None,
 
     thread = threading.Thread(target=main, name="labkit-server", daemon=True)
     thread.start()
-    started.wait()
+    if not started.wait(startup_timeout_s):
+        loop.call_soon_threadsafe(server.request_stop)
+        raise RuntimeError(f"the server did not start within {startup_timeout_s:g} s; raise startup_timeout_s "
+                           "on a slow machine, or look for a stuck model load")
     if failure:
-        raise ValueError(f"cannot listen on {cfg.host}:{cfg.port} ({failure[0]}); choose another port, or port=0")
+        exc = failure[0]
+        if isinstance(exc, OSError):  # the port is taken or the host cannot be bound
+            raise ValueError(f"cannot listen on {cfg.host}:{cfg.port} ({exc}); choose another port, or port=0") from exc
+        raise RuntimeError(f"the server failed to start: {type(exc).__name__}: {exc}") from exc
     return ServerHandle(server, loop, thread)
 
 
@@ -962,8 +1132,8 @@ async def _serve_forever(server: Server) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not on Windows / not main thread
             loop.add_signal_handler(sig, server.request_stop)
     print(f"{LISTENING}{url}", flush=True)
-    print(f"model {server.lm.name} · max_batch_size {server.cfg.max_batch_size} · max_wait_ms "
-          f"{server.cfg.max_wait_ms:g} · queue {server.cfg.max_queue} · Ctrl-C stops", flush=True)
+    print(f"model {server.lm.name} · {server.cfg.batching} batching · max_batch_size {server.cfg.max_batch_size} · "
+          f"max_wait_ms {server.cfg.max_wait_ms:g} · queue {server.cfg.max_queue} · Ctrl-C stops", flush=True)
     await server.serve_until_stopped()
     print("labkit serve: stopped", flush=True)
 
@@ -979,7 +1149,7 @@ def cmd_serve(args: Any) -> int:
         lm = load_model(cfg.model, cfg.dtype)
     except ValueError as exc:
         raise cli.UsageError(str(exc)) from None
-    asyncio.run(_serve_forever(Server(lm, cfg)))
+    asyncio.run(_serve_forever(server_class_for(cfg)(lm, cfg)))
     return 0
 
 
@@ -998,6 +1168,8 @@ def _configure_serve(p: Any) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens, help="longest prompt accepted")
     p.add_argument("--drain-s", type=float, default=d.drain_s, help="on shutdown, seconds running requests get")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 beyond)")
+    p.add_argument("--batching", default=d.batching, choices=BATCHING,
+                   help="dynamic (default): batches wait up to max-wait-ms; continuous: requests join at every step")
     p.add_argument("--no-drop-finished", dest="drop_finished", action="store_false",
                    help="keep finished sequences in the batch until the longest ends (static batching's cost)")
 

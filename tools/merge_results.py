@@ -60,10 +60,13 @@ def _learner_from(path: Path) -> str:
     return stem.removeprefix(PACK_PREFIX)
 
 
-def _read(learner: str, label: str, text: str, out: list[Submission], skipped: list[str]) -> None:
+def _read(learner: str, label: str, raw: bytes, out: list[Submission], skipped: list[str]) -> None:
+    """One results file into ``out``, or one line into ``skipped`` naming the learner, the file and why."""
     try:
-        out.append(Submission(learner, label, results.Results.from_dict(json.loads(text))))
-    except (ValueError, json.JSONDecodeError, TypeError) as exc:
+        out.append(Submission(learner, label, results.Results.from_dict(json.loads(raw.decode("utf-8")))))
+    except UnicodeDecodeError as exc:
+        skipped.append(f"{learner}: {label}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
         skipped.append(f"{learner}: {label}: {exc}")
 
 
@@ -77,20 +80,34 @@ def collect(sources: list[Path]) -> tuple[list[Submission], list[str]]:
     for src in sources:
         if src.is_dir():
             for f in sorted(src.glob("*.json")):
-                _read(_learner_from(src), f.name, f.read_text(encoding="utf-8"), subs, skipped)
+                _read(_learner_from(src), f.name, f.read_bytes(), subs, skipped)
             inner = [p for p in sorted(src.iterdir()) if p.suffix == ".zip" or p.is_dir()]
             more_subs, more_skipped = collect(inner)
             subs += more_subs
             skipped += more_skipped
         elif src.suffix == ".zip":
-            with zipfile.ZipFile(src) as zf:
-                for member in sorted(n for n in zf.namelist() if n.endswith(".json")):
-                    _read(_learner_from(src), Path(member).name, zf.read(member).decode("utf-8"), subs, skipped)
+            _read_zip(src, subs, skipped)
         elif src.suffix == ".json":
-            _read(_learner_from(src.parent), src.name, src.read_text(encoding="utf-8"), subs, skipped)
+            _read(_learner_from(src.parent), src.name, src.read_bytes(), subs, skipped)
         else:
             raise ValueError(f"{src}: give zip files (labkit-results-NAME.zip), results folders or .json files")
     return subs, skipped
+
+
+def _read_zip(src: Path, subs: list[Submission], skipped: list[str]) -> None:
+    """Every results file in one learner's zip; a zip that cannot be read is skipped as a whole."""
+    learner = _learner_from(src)
+    try:
+        with zipfile.ZipFile(src) as zf:
+            for member in sorted(n for n in zf.namelist() if n.endswith(".json")):
+                try:
+                    raw = zf.read(member)
+                except (zipfile.BadZipFile, OSError, RuntimeError, ValueError) as exc:  # damaged or encrypted member
+                    skipped.append(f"{learner}: {src.name}/{member}: unreadable ({exc})")
+                    continue
+                _read(learner, Path(member).name, raw, subs, skipped)
+    except (zipfile.BadZipFile, OSError) as exc:
+        skipped.append(f"{learner}: {src.name}: not a readable zip file ({exc})")
 
 
 def _machine(env: dict[str, Any]) -> str:
@@ -182,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.out / 'index.html'}, rows.csv, class.json")
             for s in info["skipped"]:
                 print("skipped:", s)
+            if info["skipped"]:
+                print(f"{len(info['skipped'])} file(s) skipped, the rest merged")
     except ValueError as exc:
         ap.error(str(exc))
     return 0

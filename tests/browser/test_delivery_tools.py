@@ -173,6 +173,29 @@ def test_class_results_pack_and_merge(tmp_path: Path) -> None:
         merge_results.pack("a b", tmp_path, tmp_path)
 
 
+def test_class_merge_skips_each_bad_file_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import zipfile
+
+    import merge_results
+    from labkit import results
+
+    inbox = tmp_path / "inbox"
+    good = results.Results("00_setup", env={"hardware": {"cpu": "c"}, "device": "cpu", "quick": True})
+    good.add("chat", decode_tokens_per_s=11.0)
+    good.save(tmp_path / "alice" / "results" / "00_setup.json")
+    merge_results.pack("alice", tmp_path / "alice" / "results", inbox)
+    (inbox / "labkit-results-bob.zip").write_bytes(b"this is not a zip")
+    with zipfile.ZipFile(inbox / "labkit-results-carol.zip", "w") as zf:
+        zf.writestr("results/00_setup.json", json.dumps({"name": "00_setup", "rows": {"not": "a list"}}))
+        zf.writestr("results/01_sizing.json", b"\xff\xfe not utf-8")
+    code = merge_results.main(["merge", str(inbox), "--out", str(tmp_path / "class")])
+    out = capsys.readouterr().out
+    assert code == 0 and "1 learners, 1 files" in out and "3 file(s) skipped, the rest merged" in out
+    assert "skipped: bob: labkit-results-bob.zip: not a readable zip file" in out
+    assert "skipped: carol: 00_setup.json: not a labkit results file: 'rows' must be a list" in out
+    assert "skipped: carol: 01_sizing.json: not UTF-8 text" in out
+
+
 def test_reference_copies_results_with_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from labkit import results
 
