@@ -6,6 +6,9 @@ Cell markers (one per cell):
     # %% exercise NN.name                             an exercise's fill-in cell (its placeholder runs);
                                                       tagged "exercise", left out of the slides
     # %% check                                        the cell that checks an exercise, likewise
+    # %% [slide|...] mechanism                        code the lesson is about (a decode loop, a quantiser):
+                                                      the slides show its source; other code cells show
+                                                      only their output
 Solutions never live in a notebook: they are in notebooks/solutions/NN_name.py, with the same
 ``# %% exercise NN.name`` markers (``labkit.exercises``).
 Outputs are always empty: committed notebooks carry none. ``--check`` exits 1 when an
@@ -38,7 +41,7 @@ def parse(text: str) -> list[nbformat.NotebookNode]:
             body = "\n".join(l[2:] if l.startswith("# ") else l.lstrip("#") for l in body.split("\n"))
             cell = nbformat.v4.new_markdown_cell(body, metadata=meta)
         else:
-            tags = [w for w in words if w in ("parameters", "check")]
+            tags = [w for w in words if w in ("parameters", "check", "mechanism")]
             if "exercise" in words:
                 tags.append("exercise")
                 meta["labkit"] = {"exercise": words[words.index("exercise") + 1]}
@@ -59,7 +62,7 @@ def parse(text: str) -> list[nbformat.NotebookNode]:
                 raise ValueError(f"{line!r}: solutions do not live in notebooks; put them in notebooks/solutions/ "
                                  "and give the notebook an exercise cell (# %% exercise NN.name) and a check cell")
             exercise_ids = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "exercise"]
-            unknown = [w for w in words if w not in SLIDE_TYPES | {"parameters", "check", "exercise"}
+            unknown = [w for w in words if w not in SLIDE_TYPES | {"parameters", "check", "exercise", "mechanism"}
                        and w not in exercise_ids]
             assert not unknown, f"unknown cell marker words {unknown} in {line!r}"
             assert words[-1:] != ["exercise"], f"{line!r}: name the exercise (# %% exercise NN.name)"
