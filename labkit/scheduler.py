@@ -231,52 +231,185 @@ def trim_left(cache: Any, mask: Any) -> Any:
     return mask[:, first:]
 
 
+class PrefixCache:
+    """Keys and values of prompt prefixes already computed, reused by later prompts that start the same way
+    (a shared system prompt): automatic prefix caching, as vLLM's and SGLang's radix cache do it.
+
+    Entries are the KV of a prompt's first ``block_tokens``-aligned positions. A lookup finds the entry that
+    shares the longest aligned prefix with the new prompt; the new prompt then prefills only the rest.
+    The KV of a prefix depends on that prefix alone (attention is causal), so the reuse changes no output.
+    At most ``capacity_tokens`` positions are kept; the least recently used entry goes first.
+    """
+
+    def __init__(self, capacity_tokens: int, block_tokens: int = 16) -> None:
+        _positive("capacity_tokens", capacity_tokens)
+        _positive("block_tokens", block_tokens)
+        self.capacity_tokens = capacity_tokens
+        self.block_tokens = block_tokens
+        self.entries: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}  # prefix ids -> per layer (K, V), LRU order
+        self.queries = self.hits = self.hit_tokens = self.query_tokens = self.evictions = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(k) for k in self.entries)
+
+    def _aligned(self, n: int) -> int:
+        return n // self.block_tokens * self.block_tokens
+
+    def lookup(self, prompt_ids: Sequence[int]) -> tuple[int, Any]:
+        """(positions reused, a DynamicCache holding them) for the longest cached prefix; (0, None) on a
+        miss. At least one prompt token is always left to prefill (its logits give the first token)."""
+        from transformers import DynamicCache
+
+        prompt = tuple(prompt_ids)
+        self.queries += 1
+        self.query_tokens += len(prompt)
+        best, best_key = 0, None
+        for key in self.entries:
+            n = 0
+            limit = min(len(key), len(prompt) - 1)
+            while n < limit and key[n] == prompt[n]:
+                n += 1
+            n = self._aligned(n)
+            if n > best:
+                best, best_key = n, key
+        if best_key is None:
+            return 0, None
+        layers = self.entries.pop(best_key)
+        self.entries[best_key] = layers  # most recently used
+        cache = DynamicCache()
+        for i, (k, v) in enumerate(layers):
+            cache.update(k[:, :, :best], v[:, :, :best], i)
+        self.hits += 1
+        self.hit_tokens += best
+        return best, cache
+
+    def store(self, prompt_ids: Sequence[int], cache: Any) -> None:
+        """Keep the KV of the prompt's aligned prefix (its cache must hold the whole prompt, batch of one)."""
+        n = self._aligned(len(prompt_ids))
+        if n == 0 or n > self.capacity_tokens:
+            return
+        key = tuple(prompt_ids[:n])
+        if any(len(k) >= n and k[:n] == key for k in self.entries):
+            return  # already covered by a longer (or equal) entry
+        for k in [k for k in self.entries if len(k) < n and key[:len(k)] == k]:
+            del self.entries[k]  # this entry covers the shorter ones it extends
+        self.entries[key] = [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone()) for layer in _layers(cache)]
+        while self.tokens > self.capacity_tokens:
+            del self.entries[next(iter(self.entries))]
+            self.evictions += 1
+
+    def stats(self) -> dict[str, Any]:
+        return {"queries": self.queries, "hits": self.hits, "hit_rate": self.hits / self.queries if self.queries else None,
+                "hit_tokens": self.hit_tokens, "token_hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else None,
+                "entries": len(self.entries), "tokens": self.tokens, "evictions": self.evictions}
+
+
+@dataclass
+class _Prefill:
+    """A sequence whose prompt is being prefilled, possibly over several steps (chunked prefill)."""
+
+    seq: batching.Sequence
+    cache: Any
+    done: int = 0  # prompt positions already in ``cache``
+
+
 class ContinuousEngine:
     """The continuous-batching core: ``admit`` a sequence at any token boundary, ``step`` all running ones.
 
     Sequences are ``labkit.batching.Sequence``: ``on_token(token, finish_reason)`` is called for every token
     (the reason is None until the last), and ``cancelled()`` is checked after each, as in ``decode_batch``.
+
+    ``prefill_chunk_tokens`` > 0 turns on chunked prefill: a new prompt is prefilled at most that many tokens
+    per step, between the running sequences' decode steps, so one long prompt does not stall every running
+    stream for its whole prefill. ``prefix_cache`` (a ``PrefixCache``) reuses the KV of prompt prefixes
+    computed before.
     """
 
-    def __init__(self, model: Any, eos: set[int], pad_id: int) -> None:
+    def __init__(self, model: Any, eos: set[int], pad_id: int, prefill_chunk_tokens: int = 0,
+                 prefix_cache: PrefixCache | None = None) -> None:
+        if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) or prefill_chunk_tokens < 0:
+            raise ValueError(f"prefill_chunk_tokens={prefill_chunk_tokens!r}: 0 (off) or a positive integer")
         self.model = model
         self.eos = eos
         self.pad_id = pad_id
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.prefix_cache = prefix_cache
         self.device = next(model.parameters()).device
         self.active: list[batching.Sequence] = []  # row i of the batch is active[i]
+        self.prefilling: deque[_Prefill] = deque()  # admitted, prompt not fully prefilled yet (chunked)
         self._clear()
-        self.steps = self.rows = self.prefills = 0
+        self.steps = self.rows = self.prefills = self.prefill_chunks = 0
 
     def _clear(self) -> None:
         self.cache = self.mask = self.pos = self.next_tokens = None
 
+    @property
+    def busy(self) -> bool:
+        """Sequences running or still being prefilled."""
+        return bool(self.active or self.prefilling)
+
+    @property
+    def load(self) -> int:
+        """Sequences this engine holds (running plus prefilling): what counts against max_batch_size."""
+        return len(self.active) + len(self.prefilling)
+
     def admit(self, seq: batching.Sequence) -> None:
-        """Prefill ``seq`` alone (its first token), then join its KV cache to the running batch's."""
-        import torch
+        """Take ``seq`` in: prefill it alone (now, or chunk by chunk in the next steps), then its first token
+        comes out and its KV cache joins the running batch's."""
+        from transformers import DynamicCache
 
         if not seq.prompt_ids:
             raise ValueError("every sequence needs at least one prompt token")
         _positive("max_new_tokens", seq.max_new_tokens)
-        with torch.inference_mode():
-            ids = torch.tensor([list(seq.prompt_ids)], device=self.device)
-            one = torch.ones_like(ids)
-            logits, new_cache = decode.prefill(self.model, ids, one)
-            tok = choose(logits, [seq.sampling])
-            self.prefills += 1
-            if not seq.emit(int(tok[0]), self.eos):
-                return
-            new_pos = decode.positions(one)[:, -1]
-            if self.cache is None:
-                self.cache, self.mask, self.pos, self.next_tokens = new_cache, one, new_pos, tok
-            else:
-                self.mask = join_caches(self.cache, self.mask, new_cache, one)
-                self.pos, self.next_tokens = torch.cat([self.pos, new_pos]), torch.cat([self.next_tokens, tok])
-        self.active.append(seq)
+        reused, cache = self.prefix_cache.lookup(seq.prompt_ids) if self.prefix_cache is not None else (0, None)
+        job = _Prefill(seq, cache if cache is not None else DynamicCache(), done=reused)
+        if self.prefill_chunk_tokens:
+            self.prefilling.append(job)
+        else:
+            self._prefill(job, len(seq.prompt_ids) - job.done)
 
-    def step(self) -> list[batching.Sequence]:
-        """One decode step for every running sequence; returns the ones that finished (they have left)."""
+    def _prefill(self, job: _Prefill, n: int) -> bool:
+        """Run the next ``n`` prompt tokens of ``job``; True once its prompt is complete (then its first token
+        is out and, unless that token ended it, it runs in the batch)."""
         import torch
 
+        seq = job.seq
+        with torch.inference_mode():
+            ids = torch.tensor([list(seq.prompt_ids[job.done:job.done + n])], device=self.device)
+            mask = torch.ones((1, job.done + n), dtype=torch.long, device=self.device)  # cached part + this chunk
+            logits, job.cache = decode.prefill(self.model, ids, mask, cache=job.cache)
+            job.done += n
+            self.prefill_chunks += 1
+            if job.done < len(seq.prompt_ids):
+                return False
+            self.prefills += 1
+            if self.prefix_cache is not None:
+                self.prefix_cache.store(seq.prompt_ids, job.cache)
+            tok = choose(logits, [seq.sampling])
+            if not seq.emit(int(tok[0]), self.eos):
+                return True
+            new_pos = decode.positions(mask)[:, -1]
+            if self.cache is None:
+                self.cache, self.mask, self.pos, self.next_tokens = job.cache, mask, new_pos, tok
+            else:
+                self.mask = join_caches(self.cache, self.mask, job.cache, mask)
+                self.pos, self.next_tokens = torch.cat([self.pos, new_pos]), torch.cat([self.next_tokens, tok])
+        self.active.append(seq)
+        return True
+
+    def step(self) -> list[batching.Sequence]:
+        """At most ``prefill_chunk_tokens`` prompt tokens of waiting prefills, then one decode step for every
+        running sequence; returns the ones that finished (they have left)."""
+        import torch
+
+        budget = self.prefill_chunk_tokens
+        while self.prefilling and budget > 0:
+            job = self.prefilling[0]
+            n = min(budget, len(job.seq.prompt_ids) - job.done)
+            budget -= n
+            if self._prefill(job, n):
+                self.prefilling.popleft()
         if not self.active:
             return []
         with torch.inference_mode():
@@ -300,26 +433,28 @@ class ContinuousEngine:
         return done
 
     def abort(self) -> list[batching.Sequence]:
-        """Stop every running sequence ('aborted'); returns them."""
-        stopped = self.active
+        """Stop every running or prefilling sequence ('aborted'); returns them."""
+        stopped = self.active + [job.seq for job in self.prefilling]
         for seq in stopped:
             seq.finish_reason = "aborted"
         self.active = []
+        self.prefilling.clear()
         self._clear()
         return stopped
 
 
 def run_continuous(model: Any, requests: Sequence[Request], eos: set[int], pad_id: int,
-                   max_batch_size: int = 4) -> Run:
+                   max_batch_size: int = 4, prefill_chunk_tokens: int = 0,
+                   prefix_cache: PrefixCache | None = None) -> Run:
     """Continuous batching: admit at token boundaries, leave when done (see the module docstring)."""
     _check(requests, max_batch_size, "max_batch_size")
     waiting = deque(requests)
     comps = {r.id: _completion(r) for r in requests}
-    engine = ContinuousEngine(model, eos, pad_id)
+    engine = ContinuousEngine(model, eos, pad_id, prefill_chunk_tokens=prefill_chunk_tokens, prefix_cache=prefix_cache)
     t0 = now()
 
-    while waiting or engine.active:
-        while waiting and len(engine.active) < max_batch_size:  # admit at this token boundary
+    while waiting or engine.busy:
+        while waiting and engine.load < max_batch_size:  # admit at this token boundary
             r = waiting.popleft()
             comps[r.id].admitted_s = now() - t0
             engine.admit(_tracked(comps[r.id], r, t0, stamp_finish=True))
@@ -345,17 +480,41 @@ class ContinuousBatcher(serving.Batcher):
     """``labkit.serving``'s batcher with continuous batching: queued requests join the running batch at the
     next token boundary (up to ``max_batch_size`` running), and each leaves when done. ``max_wait_ms`` is
     not used: nobody waits for company, a new request starts at the next step. The batch-size metric is
-    observed once per decode step."""
+    observed once per decode step. ``prefix_cache_tokens`` and ``prefill_chunk_tokens`` (ServerConfig)
+    turn on the prefix cache and chunked prefill of ``ContinuousEngine``."""
+
+    prefix_cache: PrefixCache | None = None
+
+    def counters(self) -> dict[str, tuple[str, float]]:
+        pc = self.prefix_cache
+        if pc is None:
+            return {}
+        return {"labkit_prefix_cache_queries_total": ("Prompts looked up in the prefix cache", pc.queries),
+                "labkit_prefix_cache_hits_total": ("Prompts that reused a cached prefix", pc.hits),
+                "labkit_prefix_cache_hit_tokens_total": ("Prompt positions reused instead of prefilled", pc.hit_tokens),
+                "labkit_prefix_cache_query_tokens_total": ("Prompt positions looked up", pc.query_tokens)}
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        pc = self.prefix_cache
+        if pc is None:
+            return {}
+        return {"labkit_prefix_cache_tokens": ("KV positions held by the prefix cache", pc.tokens),
+                "labkit_prefix_cache_capacity_tokens": ("Prefix cache bound, positions", pc.capacity_tokens),
+                "labkit_prefix_cache_hit_rate": ("Share of prompts that reused a cached prefix", pc.hits / pc.queries
+                                                 if pc.queries else 0.0)}
 
     def _loop(self) -> None:
-        engine = ContinuousEngine(self.lm.model, self.eos, self.pad_id)
+        prefix = PrefixCache(self.cfg.prefix_cache_tokens) if self.cfg.prefix_cache_tokens else None
+        engine = ContinuousEngine(self.lm.model, self.eos, self.pad_id,
+                                  prefill_chunk_tokens=self.cfg.prefill_chunk_tokens, prefix_cache=prefix)
+        self.prefix_cache = prefix
         closing = False
         while True:
-            room = self.settings()[0] - len(engine.active)
-            jobs = [] if closing else self.take(max(room, 0), wait=not engine.active)
+            room = self.settings()[0] - engine.load
+            jobs = [] if closing else self.take(max(room, 0), wait=not engine.busy)
             if jobs is None:  # closing: queued requests got 503 in close(); running ones finish (drain)
                 closing, jobs = True, []
-            if closing and not engine.active:
+            if closing and not engine.busy:
                 return
             for job in jobs:  # each admission on its own: one bad request fails alone
                 try:
@@ -363,9 +522,10 @@ class ContinuousBatcher(serving.Batcher):
                 except Exception as exc:
                     serving.log.exception("admitting a request failed")
                     job.fail(500, f"generation failed: {type(exc).__name__}: {exc}")
-            if engine.active:
-                self.running = len(engine.active)
-                self.metrics.observe(self.metrics.batch_size, len(engine.active))
+            if engine.busy:
+                self.running = engine.load
+                if engine.active:
+                    self.metrics.observe(self.metrics.batch_size, len(engine.active))
                 try:
                     engine.step()
                 except Exception as exc:  # keep serving: the running requests get a 500, the queue goes on
@@ -375,7 +535,7 @@ class ContinuousBatcher(serving.Batcher):
             if self.aborting:
                 for seq in engine.abort():
                     seq.owner.fail(503, "server is shutting down; generation was stopped")
-            self.running = len(engine.active)
+            self.running = engine.load
 
 
 class ContinuousServer(serving.Server):

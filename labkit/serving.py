@@ -71,6 +71,8 @@ class ServerConfig:
     drain_s: float = 10.0  # on shutdown, how long running requests may finish before they get an error
     max_body_bytes: int = 1 << 20  # a larger request body gets 413
     batching: str = "dynamic"  # dynamic: wait up to max_wait_ms, decode a batch to its end; continuous: join at every step
+    prefix_cache_tokens: int = 0  # continuous only: KV positions of prompt prefixes kept for reuse (0: off)
+    prefill_chunk_tokens: int = 0  # continuous only: prompt tokens prefilled per step (0: a whole prompt at once)
 
     def check(self) -> "ServerConfig":
         for name in ("max_batch_size", "max_queue", "max_tokens_limit", "default_max_tokens", "max_prompt_tokens",
@@ -86,6 +88,12 @@ class ServerConfig:
             raise ValueError(f"drain_s={self.drain_s!r}: must be 0 or more seconds")
         if self.batching not in BATCHING:
             raise ValueError(f"batching={self.batching!r}: choose one of {list(BATCHING)}")
+        for name in ("prefix_cache_tokens", "prefill_chunk_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r}: must be 0 (off) or a positive integer")
+            if value and self.batching != "continuous":
+                raise ValueError(f"{name} needs batching='continuous' (the dynamic batcher prefills whole batches)")
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(f"default_max_tokens={self.default_max_tokens} exceeds max_tokens_limit="
                              f"{self.max_tokens_limit}; lower it or raise the limit")
@@ -370,7 +378,7 @@ class Metrics:
                     "mean_batch_size": self.batch_size.total / self.batch_size.n if self.batch_size.n else None,
                     "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens}
 
-    def render(self, gauges: dict[str, tuple[str, float]]) -> str:
+    def render(self, gauges: dict[str, tuple[str, float]], counters: dict[str, tuple[str, float]] | None = None) -> str:
         with self.lock:
             lines = ["# HELP labkit_requests_total Requests answered, by endpoint and HTTP status",
                      "# TYPE labkit_requests_total counter"]
@@ -379,6 +387,8 @@ class Metrics:
             for name, help_text, value in (("labkit_prompt_tokens_total", "Prompt tokens admitted", self.prompt_tokens),
                                            ("labkit_generation_tokens_total", "Tokens generated", self.output_tokens)):
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+            for name, (help_text, value) in (counters or {}).items():
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value:g}"]
             for name, (help_text, value) in gauges.items():
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value:g}"]
             for hist in (self.batch_size, self.queue_wait, self.ttft, self.e2e):
@@ -454,6 +464,14 @@ class Batcher:
     @property
     def aborting(self) -> bool:
         return self._abort.is_set()
+
+    def counters(self) -> dict[str, tuple[str, float]]:
+        """Extra Prometheus counters of this batching loop (name -> (help, value))."""
+        return {}
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """Extra Prometheus gauges of this batching loop (name -> (help, value))."""
+        return {}
 
     def take(self, room: int, wait: bool) -> list[Job] | None:
         """Up to ``room`` queued requests, oldest first (those whose client left are dropped); with
@@ -764,7 +782,8 @@ class Server:
                   "labkit_running_requests": ("Requests in the batch now running", self.batcher.running),
                   "labkit_max_batch_size": ("Configured max_batch_size", max_batch_size),
                   "labkit_max_wait_seconds": ("Configured max wait", max_wait_ms / 1e3)}
-        return web.Response(text=self.metrics.render(gauges), content_type="text/plain",
+        gauges.update(self.batcher.gauges())
+        return web.Response(text=self.metrics.render(gauges, self.batcher.counters()), content_type="text/plain",
                             headers={"X-Prometheus-Format": "0.0.4"})
 
     async def completions(self, request: Any) -> Any:
@@ -1170,6 +1189,10 @@ def _configure_serve(p: Any) -> None:
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 beyond)")
     p.add_argument("--batching", default=d.batching, choices=BATCHING,
                    help="dynamic (default): batches wait up to max-wait-ms; continuous: requests join at every step")
+    p.add_argument("--prefix-cache-tokens", type=int, default=d.prefix_cache_tokens,
+                   help="continuous batching: KV positions of shared prompt prefixes kept for reuse (0: off)")
+    p.add_argument("--prefill-chunk-tokens", type=int, default=d.prefill_chunk_tokens,
+                   help="continuous batching: prompt tokens prefilled per step (0: a whole prompt at once)")
     p.add_argument("--no-drop-finished", dest="drop_finished", action="store_false",
                    help="keep finished sequences in the batch until the longest ends (static batching's cost)")
 
