@@ -120,6 +120,7 @@ def tensorrt_provider_problem() -> str:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    preload_tensorrt()
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
@@ -138,6 +139,13 @@ def tensorrt_provider_problem() -> str:
         return (f"onnxruntime lists TensorrtExecutionProvider but a session got {got}: TensorRT's libraries "
                 f"({_tensorrt_sonames()}) did not load; install the TensorRT version this onnxruntime was built for")
     return ""
+
+
+def preload_tensorrt() -> None:
+    """Import TensorRT's Python package where installed: it loads TensorRT's libraries from its wheel, which
+    are not on the loader's path, so ONNX Runtime's TensorRT provider then finds them (when the versions match)."""
+    with contextlib.suppress(ImportError, OSError):
+        import tensorrt  # noqa: F401
 
 
 def _tensorrt_sonames() -> str:
@@ -382,6 +390,7 @@ def load_ort(level: str, model_name: str | None = None, provider: str | None = N
     provider = variants.ort_provider(env.device(), provider)
     providers, options = [provider], None
     if provider == "TensorrtExecutionProvider":
+        preload_tensorrt()
         providers = ["TensorrtExecutionProvider", "CUDAExecutionProvider"]
         options = [tensorrt_provider_options(folder / "model.onnx"), {}]
     t0 = time.perf_counter()
