@@ -168,9 +168,9 @@ def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_p
     """Why a decode step takes longer than its bytes need: the share of the step the bytes explain, the
     operators (kernel launches on a GPU) each step runs, and the time left per operator.
 
-    A step is launch-bound when less than half of it is the bytes at the probed bandwidth: then the
-    per-operator cost (Python, dispatch, a kernel launch each on a GPU), not memory, sets the speed, and a
-    bigger model (more bytes per operator) gets closer to the roofline ceiling.
+    When less than half of a step is the bytes at the probed bandwidth, the per-operator cost sets the speed:
+    ``bound`` is "launch" on a GPU (a kernel launch per operator), "overhead" on a CPU, else "bandwidth". A
+    bigger model (more bytes per operator) then gets closer to the roofline ceiling.
     """
     if tpot_s <= 0 or bytes_per_step <= 0 or bandwidth_gbs <= 0:
         raise ValueError(f"tpot_s={tpot_s}, bytes_per_step={bytes_per_step}, bandwidth_gbs={bandwidth_gbs}: "
@@ -180,22 +180,19 @@ def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_p
     bytes_s = bytes_per_step / (bandwidth_gbs * 1e9)
     rest_s = max(0.0, tpot_s - bytes_s)
     gpu = str(device).startswith("cuda")
-    bound = "launch" if bytes_s < 0.5 * tpot_s else "bandwidth"
+    bound = "bandwidth" if bytes_s >= 0.5 * tpot_s else "launch" if gpu else "overhead"
     per_op_us = rest_s / ops_per_step * 1e6 if ops_per_step else None
     ops = f"{ops_per_step} operators per step" if ops_per_step else "its operators"
-    what = "a kernel launch each" if gpu else "Python, dispatch and a small kernel each"
-    if bound == "launch":
-        text = (f"{bytes_s * 1e3:.3f} ms of each {tpot_s * 1e3:.2f} ms step is reading the bytes at {bandwidth_gbs:.0f} GB/s; "
-                f"the rest is {ops} ({what}"
-                + (f", about {per_op_us:.1f} µs per operator" if per_op_us is not None else "")
-                + "): decode here is launch-bound, not memory-bound, so the roofline ceiling is out of reach. "
-                f"A bigger model reads more bytes per operator: try LABKIT_MODEL={BIGGER_MODEL} or larger")
-        if gpu:
-            text += " (on a GPU, a model of several GB approaches the ceiling at batch 1)."
-        else:
-            text += "."
+    each = f", about {per_op_us:.1f} µs per operator" if per_op_us is not None else ""
+    share = f"{bytes_s * 1e3:.3f} ms of each {tpot_s * 1e3:.2f} ms step is reading the bytes at {bandwidth_gbs:.0f} GB/s"
+    if bound == "bandwidth":
+        text = f"{share}: decode here is memory-bound, as the roofline assumes; the rest is per-operator overhead."
     else:
-        text = (f"{bytes_s * 1e3:.3f} ms of each {tpot_s * 1e3:.2f} ms step is reading the bytes at {bandwidth_gbs:.0f} GB/s: "
-                "decode here is memory-bound, as the roofline assumes; the rest is per-operator overhead.")
+        kind = ("launch-bound: each operator is a kernel launch the GPU waits for" if gpu
+                else "overhead-bound: each operator pays Python, dispatch and a small kernel")
+        text = (f"{share}; the rest is {ops}{each}. Decode here is {kind}, not memory-bound, so the roofline "
+                f"ceiling is out of reach. A bigger model reads more bytes per operator: try "
+                f"LABKIT_MODEL={BIGGER_MODEL} or larger"
+                + (", whose weight reads outweigh its kernel launches." if gpu else "."))
     return {"device": str(device), "step_s": tpot_s, "bytes_s": bytes_s, "bytes_share": bytes_s / tpot_s,
             "ops_per_step": ops_per_step, "overhead_us_per_op": per_op_us, "bound": bound, "explanation": text}

@@ -274,6 +274,8 @@ def test_decode_gap_explains_a_launch_bound_gpu():
     assert "900 operators" in gap["explanation"] and gap["overhead_us_per_op"] == pytest.approx(6.6, rel=0.01)
     mem = hardware.decode_gap(tpot_s=0.1, bytes_per_step=270e6, bandwidth_gbs=3.0, ops_per_step=900, device="cpu")
     assert mem["bound"] == "bandwidth" and "memory-bound" in mem["explanation"]
+    cpu = hardware.decode_gap(tpot_s=0.4, bytes_per_step=270e6, bandwidth_gbs=7.0, ops_per_step=1800, device="cpu")
+    assert cpu["bound"] == "overhead" and "kernel launch" not in cpu["explanation"]
     with pytest.raises(ValueError):
         hardware.decode_gap(0.0, 1.0, 1.0, 1, "cpu")
     with pytest.raises(ValueError):
