@@ -320,3 +320,25 @@ def test_kv_reference_on_a_gpu_keeps_the_cpu_file(reference_dir, monkeypatch):
     path = kv.write_compile_reference()
     assert path.name == "05_kv_cache_compile.nvidia-h100-80gb-hbm3.json"
     assert not (reference_dir / "05_kv_cache_compile.json").exists()
+
+
+# ----------------------------------------------------------------------- memory of one server at a time
+
+
+def test_a_stopped_server_lets_its_model_go():
+    """Notebook 09 measures each server with only its own model loaded: once a server stopped and the caller
+    dropped the model, memory.free() must really free it (aiohttp's middleware cache kept every stopped
+    server, and its model, alive)."""
+    import gc
+    import weakref
+
+    from labkit import loadgen, memory, serving
+
+    lm = serving.tiny_random_model()
+    model = weakref.ref(lm.model)
+    with serving.start_server(lm, max_batch_size=2) as srv:
+        loadgen.run(srv.url, ["hi", "there"], num_requests=2, max_concurrency=2, max_tokens=3, endpoint="chat")
+    del lm, srv
+    gc.collect()
+    memory.free()
+    assert model() is None, "the stopped server's model is still alive"
