@@ -188,10 +188,10 @@ def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_p
     if bound == "bandwidth":
         text = f"{share}: decode here is memory-bound, as the roofline assumes; the rest is per-operator overhead."
     else:
-        kind = ("launch-bound: each operator is a kernel launch the GPU waits for" if gpu
-                else "overhead-bound: each operator pays Python, dispatch and a small kernel")
-        text = (f"{share}; the rest is {ops}{each}. Decode here is {kind}, not memory-bound, so the roofline "
-                f"ceiling is out of reach. A bigger model reads more bytes per operator: try "
+        kind = ("launch-bound, not memory-bound (each operator is a kernel launch the GPU waits for)" if gpu
+                else "overhead-bound, not memory-bound (each operator pays Python, dispatch and a small kernel)")
+        text = (f"{share}; the rest is {ops}{each}. Decode here is {kind}, so the roofline ceiling is out of "
+                f"reach. A bigger model reads more bytes per operator: try "
                 f"LABKIT_MODEL={BIGGER_MODEL} or larger"
                 + (", whose weight reads outweigh its kernel launches." if gpu else "."))
     return {"device": str(device), "step_s": tpot_s, "bytes_s": bytes_s, "bytes_share": bytes_s / tpot_s,
