@@ -193,6 +193,6 @@ def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_p
         text = (f"{share}; the rest is {ops}{each}. Decode here is {kind}, so the roofline ceiling is out of "
                 f"reach. A bigger model reads more bytes per operator: try "
                 f"LABKIT_MODEL={BIGGER_MODEL} or larger"
-                + (", whose weight reads outweigh its kernel launches." if gpu else "."))
+                + (", where reading the weights takes a larger share of each step." if gpu else "."))
     return {"device": str(device), "step_s": tpot_s, "bytes_s": bytes_s, "bytes_share": bytes_s / tpot_s,
             "ops_per_step": ops_per_step, "overhead_us_per_op": per_op_us, "bound": bound, "explanation": text}
