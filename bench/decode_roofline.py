@@ -1,7 +1,8 @@
 """Roofline check for the default model: predicted decode ceiling vs measured decode rate.
 
-Prints the ceiling first (bandwidth ÷ bytes read per token), then the measurement and the
-fraction of the ceiling reached. The last line is one JSON document.
+Prints the ceiling first (bandwidth ÷ bytes read per token), then the measurement, the
+fraction of the ceiling reached and why the rest is missing (operators, i.e. kernel launches on
+a GPU, per token: a small model on a GPU is launch-bound). The last line is one JSON document.
 
     python bench/decode_roofline.py [--dtype fp32] [--new-tokens 128] [--batch 1]
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from labkit import config, env, generation, hardware, memory, models, sizing
+from labkit import config, engines, env, generation, hardware, memory, models, sizing
 
 
 def main() -> None:
@@ -37,12 +38,17 @@ def main() -> None:
     achieved_gbs = dec["aggregate_tokens_per_s"] / args.batch * sizing.decode_bytes_per_step(weight_b, kv_tok, context, args.batch) / 1e9
     print(f"# measured: {dec['aggregate_tokens_per_s']:.1f} tokens/s = {ratio:.2f}× of the ceiling "
           f"(achieved {achieved_gbs:.1f} GB/s)")
+    ids = models.chat_inputs(lm.tokenizer, "Write a short story about a lighthouse keeper.", device=lm.device)["input_ids"]
+    gap = hardware.decode_gap(dec["tpot_s"], sizing.decode_bytes_per_step(weight_b, kv_tok, context, args.batch), bw.gbs,
+                              engines.count_eager_ops(lm.model, ids), lm.device)
+    print(f"# why: {gap['explanation']}")
     print(json.dumps({
         "model": lm.name, "dtype": args.dtype, "batch": args.batch, "device": lm.device,
         "bandwidth_gbs": bw.gbs, "bandwidth_median_gbs": bw.median_gbs, "weight_bytes": weight_b,
         "ceiling_tokens_per_s": ceiling, "decode_tokens_per_s": dec["aggregate_tokens_per_s"],
         "ratio": ratio, "achieved_gbs": achieved_gbs, "tpot_spread": dec["spread"],
-        "new_tokens": args.new_tokens, "repeats": args.repeats, "cpu": env.hardware()["cpu"],
+        "ops_per_token": gap["ops_per_step"], "bytes_share_of_step": gap["bytes_share"], "bound": gap["bound"],
+        "new_tokens": args.new_tokens, "repeats": args.repeats, "cpu": env.hardware()["cpu"], "gpu": env.hardware()["gpu"],
         "versions": {k: v for k, v in env.versions().items() if k in ("torch", "transformers")},
     }))
 

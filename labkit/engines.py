@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
+import gc
 import importlib.metadata
 import importlib.util
+import io
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -28,6 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,15 +93,74 @@ def capabilities() -> list[Capability]:
 
 
 def _ort_tensorrt() -> Capability:
+    """ONNX Runtime's TensorRT provider, counted available only when a session on it really gets it.
+
+    onnxruntime-gpu lists TensorrtExecutionProvider whether or not TensorRT's libraries are installed;
+    a session then falls back to CUDA or the CPU. So the check builds a one-node session and asks it.
+    """
     name = "ort-tensorrt"
     if not _has("onnxruntime"):
         return Capability(name, False, "", "onnxruntime is not installed")
     import onnxruntime as ort
 
+    gpu = _cuda_reason()
+    if gpu:
+        return Capability(name, False, "", gpu)
     if "TensorrtExecutionProvider" not in ort.get_available_providers():
-        why = _cuda_reason() or "this onnxruntime has no TensorrtExecutionProvider: pip install onnxruntime-gpu and TensorRT"
-        return Capability(name, False, "", why)
+        return Capability(name, False, "", "this onnxruntime has no TensorrtExecutionProvider: "
+                                           "pip install onnxruntime-gpu (the [gpu] extra) and TensorRT")
+    problem = tensorrt_provider_problem()
+    if problem:
+        return Capability(name, False, "", problem)
     return Capability(name, True, f"onnxruntime {ort.__version__}", "")
+
+
+@functools.lru_cache(maxsize=1)
+def tensorrt_provider_problem() -> str:
+    """'' when an ONNX Runtime session on TensorrtExecutionProvider really gets it; otherwise why not.
+    Cached: TensorRT's libraries load (or not) once per process."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    preload_tensorrt()
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    so = ort.SessionOptions()
+    so.log_severity_level = 4  # the probe's failure is reported below, not logged
+    quiet = io.StringIO()  # onnxruntime prints its own fallback notice
+    try:
+        with contextlib.redirect_stdout(quiet), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "not in available provider names": the answer is read below
+            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["TensorrtExecutionProvider"])
+    except (RuntimeError, ValueError, OSError) as exc:
+        return f"TensorRT's libraries did not load: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+    got = sess.get_providers()
+    if got[:1] != ["TensorrtExecutionProvider"]:
+        return (f"onnxruntime lists TensorrtExecutionProvider but a session got {got}: TensorRT's libraries "
+                f"({_tensorrt_sonames()}) did not load; install the TensorRT version this onnxruntime was built for")
+    return ""
+
+
+def preload_tensorrt() -> None:
+    """Import TensorRT's Python package where installed: it loads TensorRT's libraries from its wheel, which
+    are not on the loader's path, so ONNX Runtime's TensorRT provider then finds them (when the versions match)."""
+    with contextlib.suppress(ImportError, OSError):
+        import tensorrt  # noqa: F401
+
+
+def _tensorrt_sonames() -> str:
+    """The TensorRT libraries this onnxruntime's TensorRT provider links against (read from its ELF header)."""
+    import onnxruntime as ort
+
+    lib = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_tensorrt.so"
+    try:
+        data = lib.read_bytes()
+    except OSError:
+        return "libnvinfer"
+    found = sorted({m.decode() for m in re.findall(rb"libnv(?:infer|onnxparser)[a-z_]*\.so\.[0-9]+", data)})
+    return ", ".join(found) or "libnvinfer"
 
 
 def capability(name: str) -> Capability:
@@ -302,9 +366,12 @@ def load_ort(level: str, model_name: str | None = None, provider: str | None = N
              count_ops: bool = False) -> dict[str, Any]:
     """The exported model (``labkit.variants.export_onnx``, cached) in an ONNX Runtime session at ``level``.
 
-    Returns the model, ``build_s`` (session creation: loading plus graph optimisation) and, with
-    ``count_ops``, the optimised graph's operator counts. Those come from a second session that writes
-    the graph it optimised to a temporary folder, so writing it never counts as build time.
+    Returns the model, ``build_s`` (session creation: loading plus graph optimisation), ``providers`` (what
+    the session really got) and, with ``count_ops``, the optimised graph's operator counts. Those come from
+    a second session that writes the graph it optimised to a temporary folder, so writing it never counts
+    as build time. A session that did not get ``provider`` raises ``variants.ProviderFallback`` with the
+    reason: its numbers would be another provider's. The TensorRT provider gets an engine cache and shape
+    profiles (``tensorrt_provider_options``), with CUDA under it for what TensorRT does not take.
     """
     from optimum.onnxruntime import ORTModelForCausalLM
 
@@ -313,30 +380,102 @@ def load_ort(level: str, model_name: str | None = None, provider: str | None = N
     ort_level(level)
     folder, export_s = variants.export_onnx(model_name)
     provider = variants.ort_provider(env.device(), provider)
+    providers, options = [provider], None
+    if provider == "TensorrtExecutionProvider":
+        preload_tensorrt()
+        providers = ["TensorrtExecutionProvider", "CUDAExecutionProvider"]
+        options = [tensorrt_provider_options(folder / "model.onnx"), {}]
     t0 = time.perf_counter()
-    model = ORTModelForCausalLM.from_pretrained(folder, provider=provider, session_options=session_options(level),
-                                                use_cache=True)
+    model = ORTModelForCausalLM.from_pretrained(folder, providers=providers, provider_options=options,
+                                                session_options=session_options(level), use_cache=True)
     build_s = time.perf_counter() - t0
+    got = variants.session_providers(model)
+    problem = variants.check_providers(provider, got)
+    if problem:
+        raise variants.ProviderFallback(problem)
     ops = optimized_ops(folder / "model.onnx", level, provider) if count_ops else None
     tok = models.load_tokenizer(model_name)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
     return {"model": model, "tokenizer": tok, "build_s": build_s, "export_s": export_s, "provider": provider,
-            "ops": ops, "level": level}
+            "providers": got, "ops": ops, "level": level}
 
 
 def optimized_ops(onnx_path: str | Path, level: str, provider: str = "CPUExecutionProvider") -> dict[str, int]:
-    """Operator counts of the graph ONNX Runtime builds from ``onnx_path`` at ``level``."""
+    """Operator counts of the graph ONNX Runtime builds from ``onnx_path`` at ``level`` on ``provider``
+    (``variants.ProviderFallback`` when the session did not get it: the counts would be another provider's)."""
     import onnxruntime as ort
+
+    from . import variants
 
     tmp = Path(tempfile.mkdtemp(prefix="labkit-ort-"))
     try:
         so = session_options(level, tmp / f"{level}.onnx")
         so.log_severity_level = 3  # 'all' warns that its saved graph is tuned to this CPU: known, and only counted
-        ort.InferenceSession(str(onnx_path), so, providers=[provider])
+        sess = ort.InferenceSession(str(onnx_path), so, providers=[provider])
+        problem = variants.check_providers(provider, sess.get_providers())
+        if problem:
+            raise variants.ProviderFallback(problem)
         return graph_ops(tmp / f"{level}.onnx")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _profile_dims(dims: Sequence[int | str], max_batch: int, max_len: int) -> tuple[list[int], list[int], list[int]]:
+    """(min, opt, max) of one input's dimensions: fixed sizes as they are; a dynamic batch 1…max_batch; a
+    past length 0…max_len − 1 (the first step has no past); a sequence or total length 1…max_len."""
+    ranges = []
+    for d in dims:
+        name = str(d).lower()
+        if isinstance(d, int) and d > 0:
+            ranges.append((d, d, d))
+        elif "batch" in name:
+            ranges.append((1, 1, max_batch))
+        elif "past" in name and "+" not in name:
+            ranges.append((0, max_len // 2, max_len - 1))
+        elif "sequence" in name or "length" in name or "+" in name:
+            ranges.append((1, 1, max_len))
+        else:
+            raise ValueError(f"dynamic dimension {d!r}: not a batch, sequence or past length; "
+                             "give TensorRT its profile by hand (trt_profile_*_shapes)")
+    lo, opt, hi = ([r[i] for r in ranges] for i in range(3))
+    return lo, opt, hi
+
+
+def tensorrt_shape_profiles(onnx_path: str | Path, max_batch: int = 1, max_len: int = DEFAULT_MAX_CACHE_LEN
+                            ) -> dict[str, str]:
+    """TensorRT optimisation profiles (``trt_profile_min/opt/max_shapes``) for every input of an exported
+    decoder: one engine serves every prompt and cache length up to ``max_len`` instead of being rebuilt
+    for each new shape. Decode (one new token) is the ``opt`` shape."""
+    import onnx
+
+    if max_batch < 1 or max_len < 2:
+        raise ValueError(f"max_batch={max_batch}, max_len={max_len}: need max_batch ≥ 1 and max_len ≥ 2")
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+    shapes: dict[str, list[str]] = {"min": [], "opt": [], "max": []}
+    for inp in graph.input:
+        if inp.name in initializers:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in inp.type.tensor_type.shape.dim]
+        for key, values in zip(("min", "opt", "max"), _profile_dims(dims, max_batch, max_len)):
+            shapes[key].append(f"{inp.name}:{'x'.join(str(v) for v in values)}")
+    return {f"trt_profile_{k}_shapes": ",".join(v) for k, v in shapes.items()}
+
+
+def tensorrt_provider_options(onnx_path: str | Path, max_batch: int = 1, max_len: int = DEFAULT_MAX_CACHE_LEN,
+                              fp16: bool = True, cache_dir: str | Path | None = None) -> dict[str, str]:
+    """Provider options for ONNX Runtime's TensorRT provider: an engine and timing cache on disk (the next
+    session loads the engine instead of building it), shape profiles covering every length up to
+    ``max_len``, and fp16 kernels where TensorRT finds them faster (``fp16``)."""
+    from . import config
+
+    cache = Path(cache_dir) if cache_dir is not None else config.cache_dir() / "tensorrt" / Path(onnx_path).parent.parent.name
+    cache.mkdir(parents=True, exist_ok=True)
+    return {"trt_engine_cache_enable": "True", "trt_engine_cache_path": str(cache),
+            "trt_timing_cache_enable": "True", "trt_timing_cache_path": str(cache),
+            "trt_fp16_enable": "True" if fp16 else "False",
+            **tensorrt_shape_profiles(onnx_path, max_batch, max_len)}
 
 
 def graph_ops(path: str | Path) -> dict[str, int]:
@@ -425,46 +564,122 @@ def calibrate_layer(model: Any, tokenizer: Any, calibration: Sequence[str], held
 # -------------------------------------------------------------------------------- GPU engines: TensorRT
 
 
-def tensorrt_rows(model_name: str | None = None, prompt: str = DEFAULT_PROMPT, new_tokens: int = 32,
-                  repeats: int = 3, ref: Any = None) -> list[dict[str, Any]]:
-    """TensorRT rows where it can run: ONNX Runtime's TensorrtExecutionProvider on the exported model, and
-    torch-tensorrt as a torch.compile backend for the decode step. A row per path; when a path cannot run
-    here its ``status`` says why (no GPU, not installed, or the error it raised)."""
-    from . import generation, models, quality
+def torch_tensorrt_options(dtype: Any, min_block_size: int = 1) -> dict[str, Any]:
+    """Options for torch-tensorrt's ``torch.compile`` backend that the installed version accepts: the
+    precision TensorRT may use (``enabled_precisions``, where this version still has it: newer ones
+    are strongly typed and follow the model's dtype) and ``min_block_size`` (the fewest operators a
+    TensorRT engine may hold: the default 5 leaves short runs of operators in PyTorch)."""
+    import dataclasses
 
-    rows: list[dict[str, Any]] = []
+    from torch_tensorrt.dynamo import CompilationSettings
+
+    if isinstance(min_block_size, bool) or not isinstance(min_block_size, int) or min_block_size < 1:
+        raise ValueError(f"min_block_size={min_block_size!r}: must be a positive integer")
+    fields = {f.name for f in dataclasses.fields(CompilationSettings)}
+    wanted = {"enabled_precisions": {dtype}, "min_block_size": min_block_size, "pass_through_build_failures": False}
+    return {k: v for k, v in wanted.items() if k in fields}
+
+
+def partition_stats(module: Any) -> dict[str, int]:
+    """How a graph torch-tensorrt returned is split: TensorRT engines (``_run_on_acc*`` submodules) and what
+    stayed in PyTorch (``_run_on_gpu*`` submodules and operators outside any submodule). A graph with no
+    engine ran entirely in PyTorch (TensorRT took nothing, or its build failed and it fell back)."""
+    children = dict(module.named_children()) if hasattr(module, "named_children") else {}
+    engines = [n for n in children if n.startswith("_run_on_acc")]
+    torch_ops = 0
+    graph = getattr(module, "graph", None)
+    for node in (graph.nodes if graph is not None else ()):
+        if node.op == "call_function":
+            torch_ops += 1
+        elif node.op == "call_module" and not str(node.target).startswith("_run_on_acc"):
+            sub = children.get(str(node.target))
+            sub_graph = getattr(sub, "graph", None)
+            torch_ops += sum(n.op == "call_function" for n in sub_graph.nodes) if sub_graph is not None else 1
+    return {"trt_engines": len(engines), "torch_ops": torch_ops}
+
+
+def tensorrt_backend(options: dict[str, Any], stats: list[dict[str, int]]) -> Any:
+    """torch-tensorrt's ``torch.compile`` backend with ``options``, recording ``partition_stats`` of every
+    graph it compiles into ``stats`` (one entry per graph dynamo hands it; more than one means graph breaks)."""
+    from torch_tensorrt.dynamo.backend.backends import torch_tensorrt_backend
+
+    def backend(gm: Any, sample_inputs: Any) -> Any:
+        compiled = torch_tensorrt_backend(gm, sample_inputs, options=options)
+        stats.append(partition_stats(compiled))
+        return compiled
+
+    return backend
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
+
+
+def ort_tensorrt_row(model_name: str | None = None, prompt: str = DEFAULT_PROMPT, new_tokens: int = 32,
+                     repeats: int = 3, ref: Any = None) -> dict[str, Any]:
+    """ONNX Runtime's TensorrtExecutionProvider on the exported model (an engine cache and shape profiles,
+    CUDA for what TensorRT does not take): one row, whose ``status`` says why when it cannot run here."""
+    from . import generation, quality
+
     cap = capability("ort-tensorrt")
-    row: dict[str, Any] = {"engine": "ONNX Runtime + TensorRT EP", "status": cap.reason or "ok"}
-    if cap.available:
-        try:
-            built = load_ort("all", model_name, provider="TensorrtExecutionProvider")
-            d = generation.measure_decode(built["model"], built["tokenizer"], new_tokens=new_tokens, repeats=repeats,
-                                          prompt=prompt)
-            row.update(build_s=built["build_s"], ttft_s=d["ttft_s"], decode_tokens_per_s=d["decode_tokens_per_s"])
-            if ref is not None:
-                q = quality.compare(built["model"], ref)
-                row.update(agreement=q.agreement, kl=q.kl)
-        except (RuntimeError, ValueError, OSError, ImportError) as exc:
-            row["status"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-    rows.append(row)
-    cap = capability("torch-tensorrt")
-    row = {"engine": "torch.compile backend=tensorrt (torch-tensorrt)", "status": cap.reason or "ok"}
-    if cap.available:
-        try:
-            import torch_tensorrt  # noqa: F401  (registers the 'tensorrt' backend)
+    row: dict[str, Any] = {"engine": "ONNX Runtime + TensorRT EP (fp16 allowed)", "status": cap.reason or "ok"}
+    if not cap.available:
+        return row
+    try:
+        built = load_ort("all", model_name, provider="TensorrtExecutionProvider")
+        d = generation.measure_decode(built["model"], built["tokenizer"], new_tokens=new_tokens, repeats=repeats,
+                                      prompt=prompt)
+        row.update(build_s=built["build_s"], ttft_s=d["ttft_s"], decode_tokens_per_s=d["decode_tokens_per_s"],
+                   providers=built["providers"])
+        if ref is not None:
+            q = quality.compare(built["model"], ref)
+            row.update(agreement=q.agreement, kl=q.kl)
+    except (RuntimeError, ValueError, OSError, ImportError) as exc:
+        row["status"] = f"failed: {_first_line(exc)}"
+    return row
 
-            lm = models.load(model_name, dtype="fp16")
-            ids = models.chat_inputs(lm.tokenizer, prompt, device=lm.device)["input_ids"]
-            dec = StaticDecoder(lm.model, compile=True, backend="tensorrt", fresh_cache=False)
-            m = measure_decoder(dec, ids, new_tokens, repeats)
-            row.update(build_s=m["build_s"], ttft_s=m["ttft_s"], decode_tokens_per_s=m["decode_tokens_per_s"])
-            if ref is not None:
-                q = decoder_quality(dec, ref)
-                row.update(agreement=q.agreement, kl=q.kl)
-        except (RuntimeError, ValueError, OSError, ImportError, AssertionError) as exc:
-            row["status"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-    rows.append(row)
-    return rows
+
+def torch_tensorrt_row(model_name: str | None = None, prompt: str = DEFAULT_PROMPT, new_tokens: int = 32,
+                       repeats: int = 3, ref: Any = None, min_block_size: int = 1) -> dict[str, Any]:
+    """torch-tensorrt as a torch.compile backend for the fp16 decode step (``min_block_size``): one row with
+    ``trt_engines`` and ``torch_ops``, how much ran in TensorRT and how much stayed in PyTorch. A step where
+    TensorRT built no engine is a failed row: it ran entirely in PyTorch."""
+    from . import models
+
+    cap = capability("torch-tensorrt")
+    row: dict[str, Any] = {"engine": "torch.compile backend=tensorrt (torch-tensorrt)", "status": cap.reason or "ok"}
+    if not cap.available:
+        return row
+    try:
+        import torch
+
+        lm = models.load(model_name, dtype="fp16")
+        ids = models.chat_inputs(lm.tokenizer, prompt, device=lm.device)["input_ids"]
+        stats: list[dict[str, int]] = []
+        backend = tensorrt_backend(torch_tensorrt_options(torch.float16, min_block_size), stats)
+        dec = StaticDecoder(lm.model, compile=True, backend=backend, fresh_cache=False)
+        m = measure_decoder(dec, ids, new_tokens, repeats)
+        engines_built = sum(st["trt_engines"] for st in stats)
+        row.update(build_s=m["build_s"], ttft_s=m["ttft_s"], decode_tokens_per_s=m["decode_tokens_per_s"],
+                   graphs=len(stats), trt_engines=engines_built, torch_ops=sum(st["torch_ops"] for st in stats),
+                   min_block_size=min_block_size)
+        if not engines_built:
+            row["status"] = "failed: TensorRT built no engine; the whole decode step ran in PyTorch"
+        if ref is not None:
+            q = decoder_quality(dec, ref)
+            row.update(agreement=q.agreement, kl=q.kl)
+    except (RuntimeError, ValueError, OSError, ImportError, AssertionError) as exc:
+        row["status"] = f"failed: {_first_line(exc)}"
+    return row
+
+
+def tensorrt_rows(model_name: str | None = None, prompt: str = DEFAULT_PROMPT, new_tokens: int = 32,
+                  repeats: int = 3, ref: Any = None, min_block_size: int = 1) -> list[dict[str, Any]]:
+    """TensorRT rows where it can run: ``ort_tensorrt_row`` and ``torch_tensorrt_row``. A row per path; when a
+    path cannot run here its ``status`` says why (no GPU, not installed, a provider fallback, or the error)."""
+    return [ort_tensorrt_row(model_name, prompt, new_tokens, repeats, ref),
+            torch_tensorrt_row(model_name, prompt, new_tokens, repeats, ref, min_block_size)]
 
 
 # ------------------------------------------------------------------------------------ GPU engines: vLLM
@@ -481,28 +696,103 @@ def hf_offline(lm: Any, prompts: Sequence[str], max_tokens: int = 64) -> dict[st
             "output_tokens": out.n_out * out.batch, "wall_s": out.e2e_s, "output_tokens_per_s": out.output_tokens_per_s}
 
 
+VLLM_GPU_MEMORY_UTILIZATION = 0.5  # vLLM's share of the GPU: room for this process's own CUDA context and tensors
+
+
+def _check_fraction(gpu_memory_utilization: float) -> None:
+    if not 0 < gpu_memory_utilization < 1:
+        raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization}: a fraction of the GPU's memory "
+                         "strictly between 0 and 1 (vLLM reserves this share for weights and KV cache)")
+
+
+def shutdown_vllm(llm: Any) -> None:
+    """Stop a ``vllm.LLM``'s engine (its worker processes and their GPU memory) now, not whenever garbage
+    collection gets to it, then tear down vLLM's distributed state so the next engine can start."""
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    with contextlib.suppress(ImportError):
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    gc.collect()
+
+
 def vllm_offline(model_path: str, prompts: Sequence[str], max_tokens: int = 64, dtype: str = "float16",
-                 tensor_parallel_size: int = 1) -> dict[str, Any]:
+                 tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> dict[str, Any]:
     """Offline throughput of ``vllm.LLM(model, dtype=...)``: every prompt submitted at once, greedy,
-    exactly ``max_tokens`` tokens each (ignore_eos). Needs a GPU and vllm."""
+    exactly ``max_tokens`` tokens each (ignore_eos). vLLM may take ``gpu_memory_utilization`` of each GPU's
+    memory; the engine is shut down before this returns, so the next one starts on a free GPU. Needs a GPU
+    and vllm."""
+    _check_fraction(gpu_memory_utilization)
     cap = capability("vllm")
     if not cap.available:
         raise ValueError(f"vLLM cannot run here: {cap.reason}")
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(model=model_path, dtype=dtype, tensor_parallel_size=tensor_parallel_size)
-    load_s = time.perf_counter() - t0
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    messages = [[{"role": "user", "content": p}] for p in prompts]
-    llm.chat(messages[:1], params, use_tqdm=False)  # warmup
-    t0 = time.perf_counter()
-    outs = llm.chat(messages, params, use_tqdm=False)
-    wall = time.perf_counter() - t0
+    llm = LLM(model=model_path, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+              gpu_memory_utilization=gpu_memory_utilization)
+    try:
+        load_s = time.perf_counter() - t0
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        messages = [[{"role": "user", "content": p}] for p in prompts]
+        llm.chat(messages[:1], params, use_tqdm=False)  # warmup
+        t0 = time.perf_counter()
+        outs = llm.chat(messages, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+    finally:
+        shutdown_vllm(llm)
+        del llm
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"engine": f"vLLM offline (tp={tensor_parallel_size})", "requests": len(prompts), "output_tokens": n_out,
             "wall_s": wall, "output_tokens_per_s": n_out / wall, "load_s": load_s,
-            "texts": [o.outputs[0].text for o in outs]}
+            "gpu_memory_utilization": gpu_memory_utilization, "texts": [o.outputs[0].text for o in outs]}
+
+
+def release_gpu(lm: Any) -> None:
+    """Move a loaded model (``models.Loaded``) to the CPU and return its GPU memory, so an engine started next
+    (vLLM) finds the GPU free. The model stays usable on the CPU."""
+    from . import memory
+
+    lm.model.to("cpu")
+    lm.device = "cpu"
+    memory.free()
+
+
+def vllm_rows(lm: Any, prompts: Sequence[str], max_tokens: int = 64, max_concurrency: int = 16,
+              gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> list[dict[str, Any]]:
+    """transformers ``generate`` (``hf_offline``) against vLLM on the same prompts, one engine at a time:
+    the HF model is moved off the GPU first (``release_gpu``), each ``vllm.LLM`` is shut down before the next
+    (tp=1, then tp=2 on two or more GPUs), and ``vllm serve`` starts last, driven by ``labkit.loadgen``."""
+    from . import loadgen
+
+    _check_fraction(gpu_memory_utilization)
+    cap = capability("vllm")
+    if not cap.available:
+        raise ValueError(f"vLLM cannot run here: {cap.reason}")
+    path = models_path(lm)
+    rows = [hf_offline(lm, prompts, max_tokens)]
+    release_gpu(lm)
+    rows.append(vllm_offline(path, prompts, max_tokens, gpu_memory_utilization=gpu_memory_utilization))
+    if gpu_count() >= 2:
+        rows.append(vllm_offline(path, prompts, max_tokens, tensor_parallel_size=2,
+                                 gpu_memory_utilization=gpu_memory_utilization))
+    with vllm_server(path, gpu_memory_utilization=gpu_memory_utilization) as url:
+        served = loadgen.run(url, list(prompts), num_requests=len(prompts), max_concurrency=max_concurrency,
+                             max_tokens=max_tokens)
+    rows.append({"engine": "vllm serve + labkit.loadgen", **served.summary()})
+    return [{k: v for k, v in r.items() if k != "texts"} for r in rows]
+
+
+def models_path(lm: Any) -> str:
+    """The local directory or hub id vLLM should load for a ``models.Loaded`` model."""
+    from . import models
+
+    name = getattr(lm, "name", None)
+    return models.resolve(None if name in (None, models.display_name(None)) else name)
 
 
 def _free_port() -> int:
@@ -513,16 +803,20 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def vllm_server(model_path: str, dtype: str = "float16", tensor_parallel_size: int = 1,
-                startup_timeout_s: float = 600.0, extra_args: Sequence[str] = ()) -> Iterator[str]:
-    """``vllm serve MODEL --dtype float16`` in a child process on a free local port; yields its URL once
-    /health answers, and stops it afterwards. Drive it with ``labkit.loadgen.run(url, ...)``."""
+                startup_timeout_s: float = 600.0, extra_args: Sequence[str] = (),
+                gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> Iterator[str]:
+    """``vllm serve MODEL --dtype float16 --gpu-memory-utilization F`` in a child process on a free local port;
+    yields its URL once /health answers, and stops it (and its GPU memory) afterwards. Drive it with
+    ``labkit.loadgen.run(url, ...)``."""
+    _check_fraction(gpu_memory_utilization)
     cap = capability("vllm")
     if not cap.available:
         raise ValueError(f"vLLM cannot run here: {cap.reason}")
     port = _free_port()
     exe = shutil.which("vllm") or str(Path(sys.executable).with_name("vllm"))
     argv = [exe, "serve", model_path, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
-            "--tensor-parallel-size", str(tensor_parallel_size), *extra_args]
+            "--tensor-parallel-size", str(tensor_parallel_size),
+            "--gpu-memory-utilization", str(gpu_memory_utilization), *extra_args]
     log = tempfile.NamedTemporaryFile(prefix="labkit-vllm-", suffix=".log", delete=False)
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"

@@ -7,9 +7,13 @@ import importlib.util
 import os
 import platform
 import shutil
+import subprocess
 import sys
+import sysconfig
+import tempfile
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 _VALID_DEVICES = ("cpu", "cuda", "mps")
@@ -32,6 +36,17 @@ def device() -> str:
     if torch.cuda.is_available():
         return "cuda"
     return "cpu"
+
+
+def cuda_index(dev: Any = None) -> int:
+    """The CUDA device index ``dev`` names ("cuda:1" → 1); plain "cuda" or None → the current device."""
+    import torch
+
+    name = str(dev) if dev is not None else device()
+    if not name.startswith("cuda"):
+        raise ValueError(f"device {name!r} is not a CUDA device; pass 'cuda' or 'cuda:N'")
+    index = torch.device(name).index
+    return torch.cuda.current_device() if index is None else index
 
 
 def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
@@ -63,6 +78,9 @@ def _has(module: str) -> bool:
 def _cuda() -> Capability:
     import torch
 
+    problem = torch_gpu_problem()
+    if problem:
+        return Capability("cuda", False, f"torch {torch.__version__}", problem)
     if torch.version.cuda is None:
         return Capability("cuda", False, f"torch {torch.__version__}", "torch is a CPU build; install a CUDA build (see README, GPU quick start)")
     if not torch.cuda.is_available():
@@ -71,14 +89,73 @@ def _cuda() -> Capability:
     return Capability("cuda", True, f"{torch.cuda.device_count()}× {name}, CUDA {torch.version.cuda}", "")
 
 
-def _bf16() -> Capability:
+@lru_cache(maxsize=1)
+def driver_gpus(timeout_s: float = 10.0) -> tuple[str, ...]:
+    """GPUs the NVIDIA driver lists (``nvidia-smi -L``), whatever torch can use; () without nvidia-smi."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return ()
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(line.strip() for line in out.stdout.splitlines() if line.strip().startswith("GPU "))
+
+
+def torch_gpu_problem() -> str:
+    """'' unless the driver sees a GPU that torch cannot use; then one line saying why and how to fix it.
+
+    Without this check every notebook silently runs on the CPU of a GPU machine.
+    """
     import torch
 
     if torch.cuda.is_available():
-        ok = torch.cuda.is_bf16_supported()
-        return Capability("bf16", ok, torch.cuda.get_device_name(0), "" if ok else "this GPU has no bf16 support (pre-Ampere)")
-    # CPUs run bf16 everywhere, but fast only with AVX512-BF16 or AMX
-    return Capability("bf16", True, "CPU (emulated unless AVX512-BF16/AMX)", "")
+        return ""
+    gpus = driver_gpus()
+    if not gpus:
+        return ""
+    seen = f"nvidia-smi lists {len(gpus)} GPU(s) ({gpus[0]})"
+    if torch.version.cuda is None:
+        return (f"{seen}, but torch {torch.__version__} is a CPU build: install the CUDA build "
+                "(conda env create -f environment.yml, or pip install torch from PyPI on Linux; see README, GPU quick start)")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
+        return f"{seen}, but CUDA_VISIBLE_DEVICES is empty: unset it or name a GPU"
+    return (f"{seen}, but torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use it: the driver is probably "
+            "older than this CUDA build needs (nvidia-smi shows the driver's CUDA version; update the driver or "
+            "install a torch built for an older CUDA)")
+
+
+class GPUUnusable(RuntimeError):
+    """The machine has an NVIDIA GPU that torch cannot use; the message says why and how to fix it."""
+
+
+def require_usable_gpu() -> None:
+    """Stop (``GPUUnusable``) when nvidia-smi sees a GPU but torch cannot use it, unless LABKIT_DEVICE=cpu
+    says the CPU is meant. Notebook 00 calls it first, so a broken CUDA set-up is not silently a CPU run."""
+    if os.environ.get("LABKIT_DEVICE", "").strip().lower() == "cpu":
+        return
+    problem = torch_gpu_problem()
+    if problem:
+        raise GPUUnusable(problem + ". To run on the CPU on purpose, set LABKIT_DEVICE=cpu.")
+
+
+def _bf16(dev: str | None = None) -> Capability:
+    """Native bf16 on ``dev`` (default: the device notebooks use)."""
+    import torch
+
+    dev = dev or device()
+    if torch.cuda.is_available() and dev.startswith("cuda"):
+        index = cuda_index(dev)
+        name = torch.cuda.get_device_name(index)
+        major, minor = torch.cuda.get_device_capability(index)
+        # torch.cuda.is_bf16_supported() also counts emulation (a T4 or V100 "supports" bf16, slowly)
+        ok = major >= 8
+        return Capability("bf16", ok, f"{name}, compute capability {major}.{minor}",
+                          "" if ok else f"{name} (compute capability {major}.{minor}) has no native bf16: "
+                                        "it needs an Ampere GPU or newer (compute capability 8.0+)")
+    # CPUs run bf16 everywhere, but fast only with native instructions (see labkit.variants)
+    return Capability("bf16", True, "CPU (emulated unless the CPU has native bf16 instructions)", "")
 
 
 def _bitsandbytes() -> Capability:
@@ -119,15 +196,53 @@ def _gpu_only(name: str, module: str, install: str) -> Capability:
     return Capability(name, True, version, "")
 
 
+def c_compiler() -> str | None:
+    """The C compiler Triton builds its launchers with: $CC, else gcc, else clang (as triton.runtime.build)."""
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+
+
+@lru_cache(maxsize=8)
+def c_compiler_problem(cc: str) -> str:
+    """'' when ``cc`` builds a shared object that includes Python.h (what Triton compiles on first use);
+    otherwise its error. Cached: one real compile per compiler and process."""
+    include = sysconfig.get_paths()["include"]
+    with tempfile.TemporaryDirectory(prefix="labkit-cc-") as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text("#include <Python.h>\nint labkit_probe(void) { return 0; }\n", encoding="utf-8")
+        cmd = [cc, str(src), "-O1", "-shared", "-fPIC", "-o", str(Path(tmp) / "probe.so"), f"-I{include}"]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{cc} did not run: {exc}"
+    if out.returncode != 0:
+        first = (out.stderr.strip().splitlines() or ["no message"])[0]
+        return f"{cc} cannot build a Python extension: {first[:160]}"
+    return ""
+
+
 def _torch_compile() -> Capability:
     import torch
 
     if sys.platform == "win32":
         return Capability("torch.compile", False, "", "inductor needs Linux or macOS here")
+    if torch.cuda.is_available() and device().startswith("cuda"):
+        # inductor generates Triton kernels on CUDA; Triton compiles a C launcher with the system compiler
+        if not _has("triton"):
+            return Capability("torch.compile", False, "", "inductor on CUDA needs Triton: pip install triton "
+                                                          "(it comes with the Linux CUDA build of torch)")
+        cc = c_compiler()
+        if cc is None:
+            return Capability("torch.compile", False, "", "Triton needs a C compiler and Python headers: "
+                                                          "apt-get install gcc python3-dev (or set CC)")
+        problem = c_compiler_problem(cc)
+        if problem:
+            return Capability("torch.compile", False, "", f"Triton needs a working C compiler: {problem} "
+                                                          "(apt-get install python3-dev, or set CC)")
+        return Capability("torch.compile", True, f"torch {torch.__version__}, Triton, {cc}", "")
     compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if compiler is None and not torch.cuda.is_available():
+    if compiler is None:
         return Capability("torch.compile", False, "", "inductor on CPU needs a C++ compiler: apt-get install g++")
-    return Capability("torch.compile", True, f"torch {torch.__version__}, {compiler or 'triton'}", "")
+    return Capability("torch.compile", True, f"torch {torch.__version__}, {compiler}", "")
 
 
 def _nvml() -> Capability:
@@ -158,6 +273,11 @@ def capabilities() -> list[Capability]:
         _torch_compile(),
         _nvml(),
     ]
+
+
+def bf16(dev: str | None = None) -> Capability:
+    """Whether ``dev`` runs bf16 natively (a pre-Ampere GPU only emulates it: not available, with the reason)."""
+    return _bf16(dev)
 
 
 def capability(name: str) -> Capability:
@@ -193,7 +313,7 @@ def hardware() -> dict[str, Any]:
         "gpu_memory_bytes": None,
     }
     if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+        props = torch.cuda.get_device_properties(cuda_index() if device().startswith("cuda") else 0)
         info["gpu"] = props.name
         info["gpu_memory_bytes"] = props.total_memory
         info["gpu_count"] = torch.cuda.device_count()

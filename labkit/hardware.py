@@ -136,18 +136,63 @@ def matmul_flops(device: str | None = None, n: int = 2048, dtype: str = "fp32", 
     return MatmulResult(device=device, n=n, dtype=dtype, seconds=m)
 
 
-def linear_layout_probe(out_features: int = 49152, in_features: int = 576, repeats: int | None = None) -> dict[str, Any]:
+def linear_layout_probe(out_features: int = 49152, in_features: int = 576, repeats: int | None = None,
+                        device: str | None = None) -> dict[str, Any]:
     """The same matrix-vector product over the same bytes, weight stored (out, in) as nn.Linear
-    keeps it vs (in, out). On some CPU BLAS builds the first runs far below bandwidth."""
+    keeps it vs (in, out), timed on ``device`` (default: the device notebooks use). On some CPU BLAS
+    builds the first runs far below bandwidth."""
     import torch
     import torch.nn.functional as F
 
-    w = torch.randn(out_features, in_features)
-    wt = w.T.contiguous()
-    v = torch.randn(1, in_features)
+    from . import env
+
+    device = device or env.device()
+    if out_features <= 0 or in_features <= 0:
+        raise ValueError(f"out_features={out_features}, in_features={in_features}: both must be positive")
+    w = torch.randn(out_features, in_features, device=device)
+    wt = w.T.clone(memory_format=torch.contiguous_format)  # the same values stored (in, out)
+    v = torch.randn(1, in_features, device=device)
     reps = repeats or config.pick(30, 10)
-    a = measure(lambda: F.linear(v, w), repeats=reps, warmup=2, name="nn.Linear layout (out, in)")
-    b = measure(lambda: v @ wt, repeats=reps, warmup=2, name="transposed layout (in, out)")
+    a = measure(lambda: F.linear(v, w), repeats=reps, warmup=2, name="nn.Linear layout (out, in)", device=device)
+    b = measure(lambda: v @ wt, repeats=reps, warmup=2, name="transposed layout (in, out)", device=device)
     nbytes = w.numel() * 4
-    return {"weight_bytes": nbytes, "linear_gbs": nbytes / a.median / 1e9, "transposed_gbs": nbytes / b.median / 1e9,
-            "linear": a, "transposed": b}
+    return {"device": str(device), "weight_bytes": nbytes, "linear_gbs": nbytes / a.median / 1e9,
+            "transposed_gbs": nbytes / b.median / 1e9, "linear": a, "transposed": b}
+
+
+BIGGER_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # suggested where the default model is launch-bound
+
+
+def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_per_step: int | None,
+               device: str) -> dict[str, Any]:
+    """Why a decode step takes longer than its bytes need: the share of the step the bytes explain, the
+    operators (kernel launches on a GPU) each step runs, and the time left per operator.
+
+    When less than half of a step is the bytes at the probed bandwidth, the per-operator cost sets the speed:
+    ``bound`` is "launch" on a GPU (a kernel launch per operator), "overhead" on a CPU, else "bandwidth". A
+    bigger model (more bytes per operator) then gets closer to the roofline ceiling.
+    """
+    if tpot_s <= 0 or bytes_per_step <= 0 or bandwidth_gbs <= 0:
+        raise ValueError(f"tpot_s={tpot_s}, bytes_per_step={bytes_per_step}, bandwidth_gbs={bandwidth_gbs}: "
+                         "all must be positive")
+    if ops_per_step is not None and ops_per_step <= 0:
+        raise ValueError(f"ops_per_step={ops_per_step}: must be positive (or None when not counted)")
+    bytes_s = bytes_per_step / (bandwidth_gbs * 1e9)
+    rest_s = max(0.0, tpot_s - bytes_s)
+    gpu = str(device).startswith("cuda")
+    bound = "bandwidth" if bytes_s >= 0.5 * tpot_s else "launch" if gpu else "overhead"
+    per_op_us = rest_s / ops_per_step * 1e6 if ops_per_step else None
+    ops = f"{ops_per_step} operators per step" if ops_per_step else "its operators"
+    each = f", about {per_op_us:.1f} µs per operator" if per_op_us is not None else ""
+    share = f"{bytes_s * 1e3:.3f} ms of each {tpot_s * 1e3:.2f} ms step is reading the bytes at {bandwidth_gbs:.0f} GB/s"
+    if bound == "bandwidth":
+        text = f"{share}: decode here is memory-bound, as the roofline assumes; the rest is per-operator overhead."
+    else:
+        kind = ("launch-bound, not memory-bound (each operator is a kernel launch the GPU waits for)" if gpu
+                else "overhead-bound, not memory-bound (each operator pays Python, dispatch and a small kernel)")
+        text = (f"{share}; the rest is {ops}{each}. Decode here is {kind}, so the roofline ceiling is out of "
+                f"reach. A bigger model reads more bytes per operator: try "
+                f"LABKIT_MODEL={BIGGER_MODEL} or larger"
+                + (", where reading the weights takes a larger share of each step." if gpu else "."))
+    return {"device": str(device), "step_s": tpot_s, "bytes_s": bytes_s, "bytes_share": bytes_s / tpot_s,
+            "ops_per_step": ops_per_step, "overhead_us_per_op": per_op_us, "bound": bound, "explanation": text}

@@ -7,8 +7,9 @@ positions per sequence. The sizing model predicts 2 (K and V) × layers × KV he
 bytes per position; ``cache_bytes`` sums the tensors actually held, so the two can be compared.
 
 ``python -m labkit.kv reference`` measures dynamic/static caches with and without
-torch.compile in full size and writes ``data/reference/05_kv_cache_compile.json``: the notebook
-shows it in quick mode, where compiling the model would take most of the time budget.
+torch.compile in full size and writes ``data/reference/05_kv_cache_compile.json`` (on a GPU,
+``05_kv_cache_compile.<gpu>.json`` beside it): the notebook shows it in quick mode, where
+compiling the model would take most of the time budget.
 """
 from __future__ import annotations
 
@@ -287,14 +288,19 @@ def write_compile_reference(new_tokens: int = 64, repeats: int = 3, path: Any = 
                           "first_call_s includes compilation. Shown by notebook 05 in quick mode.")
     res.replace("cache_variants", compare_cache_variants(lm.model, lm.tokenizer, CACHE_VARIANTS,
                                                          new_tokens=new_tokens, repeats=repeats))
-    return res.save(path or results.reference_dir() / f"{REFERENCE_COMPILE}.json")
+    from . import env
+
+    res.env = env.environment()
+    # on a GPU the file is 05_kv_cache_compile.<gpu>.json: the CPU reference the notebooks read stays as it is
+    return res.save(path or results.reference_dir() / f"{results.reference_name(REFERENCE_COMPILE, res.env)}.json")
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m labkit.kv", description="KV-cache reference measurements")
-    ap.add_argument("what", choices=["reference"], help="reference: write data/reference/05_kv_cache_compile.json")
+    ap.add_argument("what", choices=["reference"], help="reference: write data/reference/05_kv_cache_compile.json "
+                                                        "(on a GPU: 05_kv_cache_compile.<gpu>.json)")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)

@@ -69,40 +69,128 @@ def rss_peak() -> Reading:
     return Reading("rss_peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
-def cuda_peak(device: int = 0) -> Reading:
+def _cuda_device(device: Any) -> Any:
+    """A torch.device for the CUDA allocator calls: "cuda:1" → cuda:1, None/"cuda" → the current device."""
+    import torch
+
+    if device is None or isinstance(device, int):
+        return torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"device {device!r} is not a CUDA device; pass 'cuda', 'cuda:N' or an index")
+    return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def cuda_peak(device: Any = None) -> Reading:
+    """PyTorch's CUDA allocator peak on ``device`` (default: the current CUDA device)."""
     import torch
 
     if not torch.cuda.is_available():
         return Reading("cuda_peak", None, "no CUDA device")
-    return Reading("cuda_peak", int(torch.cuda.max_memory_allocated(device)))
+    return Reading("cuda_peak", int(torch.cuda.max_memory_allocated(_cuda_device(device))))
 
 
-def reset_cuda_peak(device: int = 0) -> None:
+def reset_cuda_peak(device: Any = None) -> None:
     import torch
 
     if torch.cuda.is_available():
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+        dev = _cuda_device(device)
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
 
 
-def nvml_used(device: int = 0) -> Reading:
+def nvml_target(device: Any = None) -> tuple[str, int | str]:
+    """How NVML should find the GPU that CUDA calls ``device``: ("uuid", "GPU-…") or ("index", n).
+
+    NVML numbers GPUs in PCI bus order over all GPUs, CUDA only the ones in CUDA_VISIBLE_DEVICES (and,
+    unless CUDA_DEVICE_ORDER=PCI_BUS_ID, fastest first), so CUDA's cuda:0 is often not NVML's index 0.
+    The device's UUID identifies it for both; without torch's view, CUDA_VISIBLE_DEVICES is read directly.
+    """
+    import torch
+
+    index = device if isinstance(device, int) else (torch.device(device).index if device is not None else None)
+    if index is None:
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    if torch.cuda.is_available():
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        if uuid:
+            text = str(uuid)
+            return "uuid", text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible:
+        return "index", index
+    if index >= len(visible):
+        raise ValueError(f"cuda:{index} does not exist: CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r} "
+                         f"makes {len(visible)} device(s) visible")
+    entry = visible[index]
+    if entry.isdigit():
+        return "index", int(entry)
+    return "uuid", entry
+
+
+def nvml_used(device: Any = None) -> Reading:
+    """Device memory in use as the driver sees it (every process), on the GPU CUDA calls ``device``."""
     try:
         import pynvml
     except ImportError:
         return Reading("nvml", None, "nvidia-ml-py not installed (the [gpu] extra)")
     try:
+        kind, key = nvml_target(device)
+    except ValueError as exc:
+        return Reading("nvml", None, str(exc))
+    try:
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device)
-        used = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-        pynvml.nvmlShutdown()
-    except Exception as exc:  # NVMLError_* for no driver / no device
+        try:
+            handle = (pynvml.nvmlDeviceGetHandleByUUID(key) if kind == "uuid"
+                      else pynvml.nvmlDeviceGetHandleByIndex(key))
+            used = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # pynvml raises NVMLError_* subclasses for every no-driver / no-device case
         return Reading("nvml", None, f"NVML not usable: {exc}")
     return Reading("nvml", used)
 
 
-def snapshot(model: Any = None) -> dict[str, Reading]:
-    """Every source at once; model-based sources only when a model is given."""
-    out = {"rss": rss(), "rss_peak": rss_peak(), "cuda_peak": cuda_peak(), "nvml": nvml_used()}
+def free() -> None:
+    """Hand freed memory back after the caller dropped its last reference to a model: collect garbage,
+    empty PyTorch's CUDA cache and trim glibc's heap (otherwise RSS and NVML readings keep the old model)."""
+    import ctypes
+    import gc
+    import importlib.util
+
+    _forget_stopped_servers()
+    gc.collect()
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim
+
+
+def _forget_stopped_servers() -> None:
+    """aiohttp caches each request handler's middleware chain (an lru_cache keyed by the handler and its
+    application), which keeps every server started in this process, and the model it served, alive after
+    it stopped. Clearing the cache lets them go; running servers rebuild their entry on the next request."""
+    import sys
+
+    web_app = sys.modules.get("aiohttp.web_app")
+    cache = getattr(web_app, "_cached_build_middleware", None)
+    if cache is not None and hasattr(cache, "cache_clear"):
+        cache.cache_clear()
+
+
+def snapshot(model: Any = None, device: Any = None) -> dict[str, Reading]:
+    """Every source at once; model-based sources only when a model is given. GPU readings are of
+    ``device``, else the model's device, else the current CUDA device."""
+    if device is None and model is not None:
+        device = _model_device(model)
+    gpu = device if device is not None and str(device).startswith("cuda") else None
+    out = {"rss": rss(), "rss_peak": rss_peak(), "cuda_peak": cuda_peak(gpu), "nvml": nvml_used(gpu)}
     if model is not None:
         out["params"] = param_bytes(model)
         out["buffers"] = buffer_bytes(model)
@@ -125,13 +213,25 @@ class _Peak:
                 "rss_after": self.rss_after.to_dict(), "rss_growth_bytes": self.rss_growth_bytes}
 
 
+def _model_device(model: Any) -> Any:
+    dev = getattr(model, "device", None)
+    if dev is not None:
+        return dev
+    params = getattr(model, "parameters", None)
+    return next(params()).device if params is not None else None
+
+
 @contextmanager
-def track() -> Iterator[_Peak]:
-    """``with memory.track() as m: ...``: CUDA allocator peak over the block, RSS before/after."""
-    reset_cuda_peak()
+def track(device: Any = None) -> Iterator[_Peak]:
+    """``with memory.track("cuda:1") as m: ...``: CUDA allocator peak of ``device`` (default: the current
+    CUDA device) over the block, RSS before/after. A CPU ``device`` reads no allocator."""
+    gpu = None if device is not None and not str(device).startswith("cuda") else device
+    if device is None or gpu is not None:
+        reset_cuda_peak(gpu)
     peak = _Peak()
     yield peak
-    peak.cuda_peak = cuda_peak()
+    peak.cuda_peak = cuda_peak(gpu) if device is None or gpu is not None else Reading(
+        "cuda_peak", None, f"not a CUDA device: {device}")
     peak.rss_after = rss()
 
 

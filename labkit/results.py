@@ -160,6 +160,38 @@ def gpu_references(name: str) -> list[Results]:
             for p in sorted(reference_dir().glob(f"{name}.*.json"))]
 
 
+def show_gpu_references(name: str, sections: str | list[str], columns: list[str] | None = None) -> int:
+    """Show ``sections`` (one name or several) of every GPU reference of notebook ``name``
+    (``data/reference/name.<gpu>.json``), each reference under the line saying where, when and how it was
+    measured; ``columns`` picks and orders the columns shown (those a section lacks are skipped). When none
+    ships, one line says how to make one. Returns how many references were shown. This is the one call a
+    notebook's "GPU reference" cell makes."""
+    wanted = [sections] if isinstance(sections, str) else list(sections)
+    if not wanted:
+        raise ValueError("sections: name at least one results section, e.g. 'variants'")
+    refs = [r for r in gpu_references(name) if any(r.section(s) for s in wanted)]
+    if not refs:
+        print(f"No GPU reference of {name} ships yet: `make reference NOTEBOOKS={name.split('_')[0]}` on a GPU "
+              f"machine writes data/reference/{name}.<gpu>.json, and this cell shows it.")
+        return 0
+    try:
+        from IPython.display import display
+    except ImportError:
+        display = print
+    for ref in refs:
+        print("GPU reference (measured elsewhere, not in this run):", provenance(ref))
+        for section in wanted:
+            df = ref.frame(section)
+            if df.empty:
+                continue
+            if columns:
+                df = df[[c for c in columns if c in df.columns]]
+            if len(wanted) > 1:
+                print(f"{section}:")
+            display(df)
+    return len(refs)
+
+
 def provenance(res: Results) -> str:
     """One line saying where and when a result was measured."""
     e = res.env

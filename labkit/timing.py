@@ -18,19 +18,23 @@ SPREAD_LIMIT = 0.10  # flag a measurement whose (p90 - p10) / median exceeds 10 
 
 
 def sync(device: Any = None) -> None:
-    """Wait for queued GPU work so the clock reads finished work (no-op on CPU)."""
+    """Wait for queued GPU work so the clock reads finished work (no-op on CPU).
+
+    ``device`` names the device whose queue to wait for ("cuda:1" waits for cuda:1, not the current
+    device); None waits for the current CUDA device when CUDA is in use.
+    """
     name = str(device) if device is not None else ""
-    if name.startswith("cpu"):
+    if name.startswith("cpu") or name == "meta":
         return
     import sys
 
     torch = sys.modules.get("torch")
     if torch is None:
         return
-    if torch.cuda.is_available() and (not name or name.startswith("cuda")):
-        torch.cuda.synchronize()
-    elif name.startswith("mps"):
+    if name.startswith("mps"):
         torch.mps.synchronize()
+    elif torch.cuda.is_available() and (not name or name.startswith("cuda")):
+        torch.cuda.synchronize(torch.device(name) if name else None)
 
 
 def now(device: Any = None) -> float:

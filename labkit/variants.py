@@ -66,6 +66,11 @@ OPTIONS: dict[str, dict[str, str]] = {
 
 _HALF_FLAGS = ("f16c", "avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16",
                "avx512_vnni", "avx_vnni", "amx_int8")
+# Arm: fp16 arithmetic (fphp scalar, asimdhp vector), bf16 instructions, int8 dot products and matrix multiply
+_ARM_FLAGS = ("fphp", "asimdhp", "bf16", "asimddp", "i8mm", "sve", "sme")
+# Apple silicon reports the same features through sysctl, not /proc/cpuinfo
+_APPLE_SYSCTL = {"asimdhp": "hw.optional.arm.FEAT_FP16", "bf16": "hw.optional.arm.FEAT_BF16",
+                 "asimddp": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM"}
 
 
 def names() -> list[str]:
@@ -79,8 +84,21 @@ def check_name(name: str) -> str:
     return name
 
 
+def cpu_arch(machine: str | None = None) -> str:
+    """'x86', 'arm' or 'other', from ``platform.machine()`` (or ``machine``)."""
+    import platform
+
+    m = (machine or platform.machine()).lower()
+    if m in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return "x86"
+    if m.startswith(("arm", "aarch64")):
+        return "arm"
+    return "other"
+
+
 def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where that file does not exist)."""
+    """The CPU's feature flags from /proc/cpuinfo (x86 'flags', Arm 'Features'); on macOS, Apple silicon's
+    features from sysctl under their Linux names. Empty where neither says anything."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
@@ -88,28 +106,94 @@ def cpu_flags() -> set[str]:
                     return set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return _apple_flags()
+
+
+def _apple_flags() -> set[str]:
+    import platform
+    import subprocess
+
+    if platform.system() != "Darwin" or cpu_arch() != "arm":
+        return set()
+    found = set()
+    for flag, key in _APPLE_SYSCTL.items():
+        try:
+            out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.stdout.strip() == "1":
+            found.add(flag)
+    if "asimdhp" in found:
+        found.add("fphp")
+    return found
 
 
 def cpu_features() -> dict[str, bool]:
-    """The flags that decide half-precision and int8 speed on a CPU, each True or False."""
+    """The flags that decide half-precision and int8 speed on this CPU's architecture, each True or False
+    (x86: AVX-512/AMX/VNNI names; Arm: fphp/asimdhp/bf16/i8mm…; {} for other architectures)."""
     flags = cpu_flags()
-    return {f: f in flags for f in _HALF_FLAGS}
+    arch = cpu_arch()
+    names_ = _HALF_FLAGS if arch == "x86" else _ARM_FLAGS if arch == "arm" else ()
+    return {f: f in flags for f in names_}
 
 
-def fast_half_matmul_reason() -> str:
-    """'' when this CPU has native bf16/fp16 matmul instructions; else one line saying why not."""
+def half_precision_features(device: str | None = None) -> dict[str, Any]:
+    """What decides fp16/bf16 speed on ``device`` (default: the device notebooks use): a GPU's compute
+    capability (fp16 tensor cores from 7.0, native bf16 from 8.0), or the CPU's relevant instruction flags."""
+    from . import env
+
+    device = device or env.device()
+    if device.startswith("cuda"):
+        import torch
+
+        index = env.cuda_index(device)
+        major, minor = torch.cuda.get_device_capability(index)
+        return {"device": torch.cuda.get_device_name(index), "compute_capability": f"{major}.{minor}",
+                "fp16_tensor_cores": major >= 7, "bf16_native": major >= 8}
+    half = {"x86": ("f16c", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"),
+            "arm": ("fphp", "asimdhp", "bf16")}.get(cpu_arch(), ())
     feats = cpu_features()
-    native = [f for f in ("avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16") if feats[f]]
-    if native:
-        return ""
-    return ("this CPU has no avx512_bf16, avx512_fp16 or AMX instructions: fp16/bf16 matmuls are "
-            "converted to fp32 piece by piece, so half precision saves bytes but not arithmetic")
+    return {"device": f"CPU ({cpu_arch()})", **{k: feats[k] for k in half}}
+
+
+def fast_half_matmul_reason(device: str | None = None) -> str:
+    """'' when ``device`` (default: the device notebooks use) has native fp16/bf16 matmul hardware; else one
+    line saying why not, in that hardware's own terms (no x86 flags on an Arm CPU or a GPU)."""
+    from . import env
+
+    device = device or env.device()
+    if device.startswith("cuda"):
+        f = half_precision_features(device)
+        if f["bf16_native"]:
+            return ""
+        if f["fp16_tensor_cores"]:
+            return (f"{f['device']} (compute capability {f['compute_capability']}) has fp16 tensor cores but no native "
+                    "bf16 (it needs Ampere, 8.0+): fp16 speeds up, bf16 does not run natively")
+        return (f"{f['device']} (compute capability {f['compute_capability']}) has no tensor cores: "
+                "half precision saves bytes, not arithmetic")
+    arch = cpu_arch()
+    feats = cpu_features()
+    if arch == "x86":
+        if any(feats[f] for f in ("avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")):
+            return ""
+        return ("this CPU has no avx512_bf16, avx512_fp16 or AMX instructions: fp16/bf16 matmuls are "
+                "converted to fp32 piece by piece, so half precision saves bytes but not arithmetic")
+    if arch == "arm":
+        if not any(feats.values()):
+            return ("this Arm CPU reports no fp16/bf16 arithmetic features here (or none could be read): "
+                    "the matmul table above is the evidence")
+        if feats["bf16"] or feats["asimdhp"]:
+            return ""
+        return ("this Arm CPU has no fp16 (asimdhp) or bf16 arithmetic: half-precision matmuls are converted "
+                "to fp32, so half precision saves bytes but not arithmetic")
+    return "no CPU feature information for this architecture: the matmul table above is the evidence"
 
 
 def int8_saturation_risk() -> bool:
     """True on an x86 CPU without VNNI: its u8×s8 int8 kernel adds pairs of products into int16
-    (``vpmaddubsw``), which saturates when weights use the full int8 range."""
+    (``vpmaddubsw``), which saturates when weights use the full int8 range. Never on other architectures."""
+    if cpu_arch() != "x86":
+        return False
     feats = cpu_features()
     return bool(cpu_flags()) and feats["avx2"] and not (feats["avx512_vnni"] or feats["avx_vnni"] or feats["amx_int8"])
 
@@ -136,6 +220,8 @@ class Variant:
     prepare_s: float | None = None  # seconds spent exporting/quantising now (None: reused from the cache)
     rss_before_bytes: int | None = None
     load_peak_cuda_bytes: int | None = None
+    providers: list[str] = field(default_factory=list)  # ONNX Runtime: the providers the session really got
+    note: str = ""  # where and why a variant runs somewhere other than the device asked for
 
     @property
     def ok(self) -> bool:
@@ -162,7 +248,7 @@ class Variant:
                 "load_s": self.load_s, "weight_bytes": self.weight_bytes,
                 "weight_bytes_source": self.weight_bytes_source,
                 "predicted_weight_bytes": self.predicted_weight_bytes, "prepare_s": self.prepare_s,
-                "options": dict(self.options)}
+                "options": dict(self.options), "providers": list(self.providers), "note": self.note}
 
 
 def _validate_options(name: str, options: dict[str, Any]) -> None:
@@ -223,9 +309,11 @@ def load_variant(name: str, model_name: str | None = None, device: str | None = 
         return v
     if options.get("provider") is not None:
         ort_provider(device, options["provider"])  # a provider this machine lacks is the caller's mistake
+        if name.startswith("ort-int8") and options["provider"] != "CPUExecutionProvider":
+            raise ValueError(f"{name} runs on provider 'CPUExecutionProvider' only: {INT8_ON_GPU_NOTE}")
     loader = {"fp32": _load_torch, "fp16": _load_torch, "bf16": _load_torch, "bnb-int8": _load_bnb,
               "bnb-nf4": _load_bnb}.get(name, _load_ort)
-    with memory.track() as mem:
+    with memory.track(device) as mem:
         t0 = time.perf_counter()
         try:
             loader(v, model_name)
@@ -245,7 +333,7 @@ def _unavailable_reason(name: str, device: str) -> str:
     from . import env
 
     if name == "bf16" and device.startswith("cuda"):
-        cap = env.capability("bf16")
+        cap = env.bf16(device)
         return "" if cap.available else cap.reason
     if name.startswith("bnb-"):
         cap = env.capability("bitsandbytes")
@@ -455,6 +543,8 @@ def quantize_onnx(per_channel: bool, reduce_range: bool | None = None, model_nam
 
 
 def ort_provider(device: str, wanted: str | None = None) -> str:
+    """The ONNX Runtime provider to ask for: ``wanted`` (``ValueError`` when this onnxruntime lacks it),
+    else CUDA's on a CUDA device where installed, else the CPU's."""
     import onnxruntime as ort
 
     available = ort.get_available_providers()
@@ -465,6 +555,38 @@ def ort_provider(device: str, wanted: str | None = None) -> str:
     if device.startswith("cuda") and "CUDAExecutionProvider" in available:
         return "CUDAExecutionProvider"
     return "CPUExecutionProvider"
+
+
+INT8_ON_GPU_NOTE = ("ONNX Runtime's dynamic int8 runs on the CPU provider: its quantised operators (MatMulInteger, "
+                    "DynamicQuantizeLinear) have no CUDA kernels. On a GPU, int8 runs as bitsandbytes LLM.int8, or as "
+                    "static (QDQ) int8 on the TensorRT provider.")
+
+
+class ProviderFallback(RuntimeError):
+    """ONNX Runtime created the session on other providers than the ones asked for."""
+
+
+def session_providers(model: Any) -> list[str]:
+    """The execution providers an ONNX Runtime model's session really got (``InferenceSession.get_providers``),
+    first one first: what ran, which may differ from what was asked for."""
+    session = getattr(model, "session", None)
+    if session is not None and hasattr(session, "get_providers"):
+        return list(session.get_providers())
+    providers = getattr(model, "providers", None)
+    if providers is None:
+        raise TypeError(f"{type(model).__name__} has no ONNX Runtime session to ask for its providers")
+    return list(providers)
+
+
+def check_providers(asked: str, got: Sequence[str]) -> str:
+    """'' when the session runs on ``asked`` first; otherwise the reason the row failed."""
+    if got and got[0] == asked:
+        return ""
+    hint = ""
+    if asked in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+        hint = (" (ONNX Runtime fell back: the CUDA/cuDNN/TensorRT libraries it needs did not load; import torch "
+                "first, and check that onnxruntime-gpu's CUDA major matches torch's, see README)")
+    return f"asked ONNX Runtime for {asked}, the session got {list(got)}{hint}"
 
 
 def _load_ort(v: Variant, model_name: str | None) -> None:
@@ -480,14 +602,21 @@ def _load_ort(v: Variant, model_name: str | None) -> None:
         v.options["reduce_range"] = rr
         folder, prep = quantize_onnx(per_channel=v.name.endswith("channel"), reduce_range=rr, model_name=model_name)
     v.prepare_s = prep
+    if v.name.startswith("ort-int8") and v.device.startswith("cuda"):
+        v.device = "cpu"  # labelled: the row says it ran on the CPU, and why
+        v.note = INT8_ON_GPU_NOTE
     provider = ort_provider(v.device, v.options.get("provider"))
     v.options["provider"] = provider
     model = ORTModelForCausalLM.from_pretrained(folder, provider=provider, use_cache=True)
+    v.providers = session_providers(model)
+    problem = check_providers(provider, v.providers)
+    if problem:
+        raise ProviderFallback(problem)
     tok = models.load_tokenizer(model_name)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
     v.model, v.tokenizer, v.backend = model, tok, "onnxruntime"
-    v.device = "cuda" if provider != "CPUExecutionProvider" else "cpu"
+    v.device = "cpu" if v.providers[0] == "CPUExecutionProvider" else str(model.device)
     v.files = [str(p) for p in onnx_files(folder)]
     v.weight_bytes = onnx_bytes(folder)
     v.weight_bytes_source = "size of the .onnx file(s) and external data"
@@ -551,7 +680,7 @@ def _peak_memory(v: Variant) -> tuple[int | None, str]:
     if v.device.startswith("cuda"):
         if v.backend == "onnxruntime":
             return None, "ONNX Runtime allocates outside PyTorch's CUDA allocator: no allocator peak"
-        peak = memory.cuda_peak()
+        peak = memory.cuda_peak(v.device)
         return peak.bytes, "cuda_peak: PyTorch allocator peak over load and runs"
     now = memory.rss()
     if v.rss_before_bytes is None or now.bytes is None:
@@ -568,6 +697,10 @@ def measure_variant(v: Variant, inputs: Inputs) -> dict[str, Any]:
         return row
     s = inputs.settings
     timing = generation.measure_decode(v.model, v.tokenizer, new_tokens=s.new_tokens, repeats=s.repeats)
+    if v.backend == "onnxruntime":  # ONNX Runtime may also fall back while running: label what really ran
+        problem = check_providers(v.options["provider"], session_providers(v.model))
+        if problem:
+            return {**row, "status": f"failed while measuring: {problem}"}
     peak, source = _peak_memory(v)  # read before the quality passes allocate their own buffers
     ppl = quality.perplexity(v.model, inputs.eval_ids, window_tokens=s.ppl_window_tokens,
                              stride_tokens=s.ppl_stride_tokens, max_tokens=s.ppl_max_tokens)

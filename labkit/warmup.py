@@ -158,13 +158,18 @@ def compile_cost(module: Any, *example: Any, repeats: int = 5, fresh_cache: bool
 
     The compiled module's first call traces and compiles (inductor generates and builds C++ or
     Triton code); later calls with the same shapes reuse it. ``fresh_cache`` hides inductor's
-    on-disk cache so the first call pays the whole compilation, as on a new machine.
+    on-disk cache so the first call pays the whole compilation, as on a new machine. Example
+    tensors follow the module: they are moved to its device, and every call is timed there.
     """
     from contextlib import nullcontext
 
     import torch
 
-    device = getattr(example[0], "device", None) if example else None
+    device = _module_device(module)
+    if device is not None:
+        example = tuple(e.to(device) if isinstance(e, torch.Tensor) else e for e in example)
+    else:
+        device = getattr(example[0], "device", None) if example else None
     with torch.inference_mode():
         eager = timing.measure(lambda: module(*example), repeats=repeats, warmup=1, name="eager", device=device)
         compiled = torch.compile(module)
@@ -174,6 +179,16 @@ def compile_cost(module: Any, *example: Any, repeats: int = 5, fresh_cache: bool
     assert eager.first is not None and first.seconds is not None
     return {"eager_first_s": eager.first, "eager_s": eager.median,
             "compiled_first_s": first.seconds, "compiled_s": comp.median, "repeats": repeats}
+
+
+def _module_device(module: Any) -> Any:
+    """The device of a module's first parameter or buffer; None for a module without tensors."""
+    if not hasattr(module, "parameters"):
+        return None
+    first = next(iter(module.parameters()), None)
+    if first is None:
+        first = next(iter(module.buffers()), None)
+    return None if first is None else first.device
 
 
 def break_even_calls(compiled_first_s: float, compiled_s: float, eager_first_s: float, eager_s: float) -> float | None:

@@ -18,6 +18,7 @@
 import labkit
 from labkit import config, env, generation, memory, models, results, sizing
 
+env.require_usable_gpu()  # stops here when nvidia-smi sees a GPU that torch cannot use (a CPU run by mistake)
 labkit.plots.setup_offline()
 print("labkit", labkit.__version__, "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if v})

@@ -17,7 +17,7 @@
 
 # %% slide
 import labkit
-from labkit import config, env, generation, hardware, memory, models, plots, results, sizing, widgets
+from labkit import config, engines, env, generation, hardware, memory, models, plots, results, sizing, widgets
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -116,15 +116,16 @@ print(f"batch 1: measured {one.measured_tokens_per_s:.1f} tokens/s = {one.ratio:
 #
 # The ceiling assumes every byte streams at full bandwidth and nothing else costs time. A
 # 135M-parameter model runs ~200 small matrix-vector products and ~700 other small operators per
-# token; each has a fixed overhead, and a matrix-vector product may not reach full bandwidth in
-# the BLAS library's kernel. Below, the same bytes read as the same matrix-vector product, weight
-# stored as `nn.Linear` keeps it (out × in) and transposed.
+# token; each has a fixed overhead (on a GPU, a kernel launch), and a matrix-vector product may not
+# reach full bandwidth in the library's kernel. Below, on this run's device, the same bytes read as
+# the same matrix-vector product, weight stored as `nn.Linear` keeps it (out × in) and transposed.
 
 # %% fragment
-probe = hardware.linear_layout_probe(repeats=REPEATS * 5)
-res.add("layout", linear_gbs=probe["linear_gbs"], transposed_gbs=probe["transposed_gbs"], weight_bytes=probe["weight_bytes"])
-print(f"lm_head-sized matvec: nn.Linear layout {probe['linear_gbs']:.1f} GB/s, transposed {probe['transposed_gbs']:.1f} GB/s, "
-      f"probe {bw.gbs:.1f} GB/s")
+probe = hardware.linear_layout_probe(repeats=REPEATS * 5, device=lm.device)
+res.add("layout", device=probe["device"], linear_gbs=probe["linear_gbs"], transposed_gbs=probe["transposed_gbs"],
+        weight_bytes=probe["weight_bytes"])
+print(f"lm_head-sized matvec on {probe['device']}: nn.Linear layout {probe['linear_gbs']:.1f} GB/s, "
+      f"transposed {probe['transposed_gbs']:.1f} GB/s, probe {bw.gbs:.1f} GB/s")
 
 # %% md fragment
 # Split each decode step into the time the bytes need at the probed bandwidth and the rest
@@ -141,6 +142,11 @@ plots.bar(dec, x="batch", y="overhead_ms_per_token", title="Time per generated t
 first, last = dec.iloc[0], dec.iloc[-1]
 print(f"overhead per token: {first.overhead_ms_per_token:.1f} ms at batch {first.batch} → "
       f"{last.overhead_ms_per_token:.1f} ms at batch {last.batch}; ratio to ceiling {first.ratio:.2f} → {last.ratio:.2f}")
+ids = models.chat_inputs(lm.tokenizer, "Write a short story about a lighthouse keeper.", device=lm.device)["input_ids"]
+gap = hardware.decode_gap(first.tpot_s, sizing.decode_bytes_per_step(weight_b, kv_tok, ctx, 1), bw.gbs,
+                          engines.count_eager_ops(lm.model, ids), lm.device)  # operators (kernel launches) per token
+res.add("decode_gap", **gap)
+print(gap["explanation"])
 res.replace("decode", dec.to_dict("records"))
 path = res.save()
 print("saved", path)
@@ -162,8 +168,9 @@ dec[["batch", "ceiling_tokens_per_s", "measured_tokens_per_s", "ratio", "overhea
 # - At long context or large batch the KV cache, not the weights, decides whether a model fits.
 # - Decode at batch 1 is memory-bound: the ceiling is bandwidth ÷ bytes per token. Lower precision
 #   raises it; batching shares each weight read across sequences.
-# - A small model on a CPU sits well below its ceiling: per-operator overhead and kernel efficiency,
-#   not bandwidth, dominate. The ratio above says by how much on this machine.
+# - A small model sits well below its ceiling: per-operator overhead (on a GPU, one kernel launch per
+#   operator) and kernel efficiency, not bandwidth, dominate. The ratio and the explanation above say
+#   by how much, and why, on this machine; a bigger `LABKIT_MODEL` moves decode towards the ceiling.
 #
 # ## Exercises
 # 1. At what context does Llama-3.1-8B's fp16 KV cache (batch 1) outgrow its weights?

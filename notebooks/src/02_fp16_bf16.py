@@ -25,9 +25,8 @@ from labkit import config, env, plots, quality, results, sizing, timing, variant
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
-print("CPU:", env.hardware()["cpu"])
-print("half-precision CPU flags:", {k: v for k, v in variants.cpu_features().items() if k in
-      ("f16c", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")})
+print("CPU:", env.hardware()["cpu"], "| GPU:", env.hardware()["gpu"])
+print("half precision on this run's device:", variants.half_precision_features())
 
 # %% subslide parameters
 VARIANTS = ["fp32", "fp16", "bf16"]  # fp32 first: it is the reference
@@ -59,7 +58,7 @@ def layout(dtype: torch.dtype) -> dict:
 pd.DataFrame([layout(d) for d in (torch.float32, torch.float16, torch.bfloat16)])
 
 # %% fragment
-samples = torch.tensor([70000.0, 1e-6, 3.14159265, 1 + 2**-10, 300.5])
+samples = torch.tensor([70000.0, 1e-6, 3.14159265, 1 + 2**-10, 300.5], device="cpu")  # number formats: any device shows them
 demo = pd.DataFrame({"fp32": samples.tolist(), "fp16": samples.half().float().tolist(),
                      "bf16": samples.bfloat16().float().tolist()})
 demo
@@ -112,12 +111,14 @@ plots.bar(speed, x="variant", y="seconds", color="metric", title="Time to first 
 
 # %% fragment
 shape = sizing.shape("default")  # the lm_head's matrix: vocabulary × hidden size, the largest in the model
+device = env.device()  # timed where the model ran: the GPU when there is one
 def matmul_s(dtype: torch.dtype, rows: int) -> float:
-    x, w = torch.randn(rows, shape.hidden_size, dtype=dtype), torch.randn(shape.vocab_size, shape.hidden_size, dtype=dtype)
+    x = torch.randn(rows, shape.hidden_size, dtype=dtype, device=device)
+    w = torch.randn(shape.vocab_size, shape.hidden_size, dtype=dtype, device=device)
     return timing.measure(lambda: torch.nn.functional.linear(x, w), repeats=MATMUL_REPEATS, warmup=1,
-                          name=f"{dtype} × {rows} rows").median
+                          name=f"{dtype} × {rows} rows", device=device).median
 
-shapes = pd.DataFrame([{"dtype": str(d).replace("torch.", ""), "prefill-like (s)": matmul_s(d, MATMUL_TOKENS),
+shapes = pd.DataFrame([{"device": device, "dtype": str(d).replace("torch.", ""), "prefill-like (s)": matmul_s(d, MATMUL_TOKENS),
                         "decode-like (s)": matmul_s(d, 1)} for d in (torch.float32, torch.float16, torch.bfloat16)])
 shapes
 
@@ -149,11 +150,16 @@ quality.side_by_side(qs, {v: table.answers[v] for v in ok.index})
 
 # %% fragment
 res = results.Results("02_fp16_bf16")
-res.notes.update(settings=settings.to_dict(), cpu_features=variants.cpu_features(), half_matmul_reason=reason)
+res.notes.update(settings=settings.to_dict(), cpu_features=variants.cpu_features(), half_matmul_reason=reason,
+                 half_precision=variants.half_precision_features())
 res.replace("variants", [{k: v for k, v in r.items() if k != "options"} for r in rows])
 res.replace("matmul", shapes.to_dict("records"))
 print("saved", res.save())
 res.frame("variants")[["variant", "weight_bytes", "load_s", "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"]]
+
+# %% subslide
+# the same measurements from a GPU, where one ships (data/reference/02_fp16_bf16.<gpu>.json, each with its provenance)
+results.show_gpu_references("02_fp16_bf16", ["variants", "matmul"])
 
 # %% md fragment
 # - fp16 and bf16 halve the weight bytes exactly as predicted (compare the two bars above).

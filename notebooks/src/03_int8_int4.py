@@ -25,7 +25,8 @@ from labkit import config, env, models, plots, quality, results, variants
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("torch", "transformers", "bitsandbytes", "onnxruntime", "optimum-onnx")})
-print("int8-relevant CPU flags:", {k: v for k, v in variants.cpu_features().items() if "vnni" in k or k in ("avx2", "amx_int8")})
+print("int8-relevant CPU flags:", {k: v for k, v in variants.cpu_features().items()
+                                   if "vnni" in k or k in ("avx2", "amx_int8", "asimddp", "i8mm")})
 env.capabilities_frame().query("name in ['cuda', 'bitsandbytes', 'onnxruntime', 'optimum-onnx']")
 
 # %% subslide parameters
@@ -69,7 +70,10 @@ print(f"{folder}: {variants.onnx_bytes(folder) / 2**20:.0f} MiB",
 #
 # Same prompts, same token counts. Memory: on a CPU the growth of this process's resident set from
 # before the load to after the timed runs; on a GPU PyTorch's allocator peak. A variant this
-# machine cannot run becomes a row whose `status` says why.
+# machine cannot run becomes a row whose `status` says why. On a GPU, ONNX Runtime's dynamic int8
+# rows run on the CPU provider (their `device` column says so): its int8 operators have no CUDA
+# kernels. What runs int8 *on* a GPU is bitsandbytes LLM.int8 (the `bnb-int8` row), or static (QDQ)
+# int8 on TensorRT, whose scales are calibrated ahead (notebook 08).
 
 # %% fragment
 settings = variants.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_tokens=ANSWER_TOKENS, n_questions=QUESTIONS,
@@ -80,8 +84,11 @@ rows = list(variants.run(VARIANTS, inputs=inputs))
 table = pd.DataFrame(rows).set_index("variant")
 table["weight_MiB"] = table.weight_bytes / 2**20
 table["peak_MiB"] = table.peak_memory_bytes / 2**20
-cols = ["status", "weight_MiB", "peak_MiB", "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"]
+cols = ["status", "device", "weight_MiB", "peak_MiB", "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"]
 print("peak memory source:", "; ".join(sorted(set(table.peak_memory_source.dropna()))))
+for v, note in table.note.items():
+    if note:
+        print(f"{v}: {note}")
 table[cols]
 
 # %% subslide
@@ -123,7 +130,7 @@ probe = [f"model.layers.{i}.mlp.down_proj" for i in range(0, lm.model.config.num
 acts, mods = {}, dict(lm.model.named_modules())
 hooks = [mods[n].register_forward_pre_hook(lambda m, a, n=n: acts.__setitem__(n, a[0].detach())) for n in probe]
 with torch.inference_mode():
-    lm.model(**models.chat_inputs(lm.tokenizer, qs[0]))
+    lm.model(**models.chat_inputs(lm.tokenizer, qs[0], device=lm.device))
 for h in hooks:
     h.remove()
 
@@ -184,6 +191,11 @@ res.replace("claims", verdict.to_dict("records"))
 print("saved", res.save())
 res.frame("variants")[["variant", "weight_bytes", "peak_memory_bytes", "ttft_s", "decode_tokens_per_s",
                        "perplexity", "agreement", "kl"]]
+
+# %% subslide
+# the same measurements from a GPU, where one ships (data/reference/03_int8_int4.<gpu>.json, each with its provenance)
+results.show_gpu_references("03_int8_int4", "variants", ["variant", "status", "device", "weight_bytes", "peak_memory_bytes",
+                                                        "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"])
 
 # %% md fragment
 # - Bytes follow the prediction; whether speed follows depends on the kernels: bitsandbytes on a CPU

@@ -128,7 +128,7 @@ if cap.available:
     import torch
 
     lm = models.load()
-    x = torch.randn(*COMPILE_TOKENS, lm.model.config.hidden_size)
+    x = torch.randn(*COMPILE_TOKENS, lm.model.config.hidden_size, device=lm.device)  # inputs follow the model
     mlp_cost = warmup.compile_cost(lm.model.model.layers[0].mlp, x, repeats=5)
     res.add("compile", target="one MLP layer", where="this run", **mlp_cost)
     print(f"one MLP: eager first {mlp_cost['eager_first_s'] * 1e3:.1f} ms · compiled first {mlp_cost['compiled_first_s']:.2f} s "

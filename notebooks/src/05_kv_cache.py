@@ -183,6 +183,10 @@ dec = top[top.step.str.startswith("decode")].iloc[0]
 print(f"decode: {dec['name']} takes {dec.share:.0%} of the step ({dec.calls} calls)")
 top.assign(ms=top.self_us / 1e3).drop(columns="self_us").round(3)
 
+# %% subslide
+# the same measurements from a GPU, where one ships (data/reference/05_kv_cache.<gpu>.json, each with its provenance)
+results.show_gpu_references("05_kv_cache", ["cache_on_off", "prefill_decode", "cache_variants", "attention"])
+
 # %% md slide
 # ## Takeaways
 

@@ -207,6 +207,10 @@ print("server stopped; requests answered:", server.stats()["requests"])
 widget_server = serving.start_server(lm, port=0, max_wait_ms=MAX_WAIT_MS)
 batch_widget(widget_server, batch_size=8, clients=CLIENTS)
 
+# %% subslide
+# the same measurements from a GPU, where one ships (data/reference/06_batching.<gpu>.json, each with its provenance)
+results.show_gpu_references("06_batching", ["static", "serving"])
+
 # %% md slide
 # ## Takeaways
 

@@ -48,6 +48,7 @@ LONG_TOKENS = config.pick(128, 48)  # answer limit of a long request, tokens
 BATCH = 4  # sequences decoded together: static batch size = continuous max_batch_size
 VLLM_PROMPTS = 64  # prompts for the vLLM offline run (GPU only)
 VLLM_TOKENS = 128  # tokens per prompt (GPU only)
+VLLM_GPU_FRACTION = engines.VLLM_GPU_MEMORY_UTILIZATION  # share of the GPU's memory each vLLM engine may reserve (GPU only)
 
 # %% fragment
 res = results.Results("07_vllm")
@@ -187,30 +188,19 @@ print(f"continuous vs static, batch {BATCH}: {co['tokens_per_s'] / st['tokens_pe
 #
 # On a GPU, `vllm.LLM(model, dtype="float16")` runs offline batches, `vllm serve MODEL --dtype float16`
 # an OpenAI-compatible server that `labkit.loadgen` drives unchanged; with two or more GPUs,
-# `--tensor-parallel-size` splits every layer across them.
+# `--tensor-parallel-size` splits every layer across them. vLLM reserves a share of the GPU's memory
+# up front, so one engine runs at a time: the transformers model leaves the GPU first, and each engine
+# is shut down before the next starts.
 
 # %% fragment
 vllm_cap = engines.capability("vllm")
 if vllm_cap.available:
     prompts = batching.cycle(batching.load_prompts("prompts"), VLLM_PROMPTS)
-    gpu_rows = [engines.hf_offline(lm, prompts, VLLM_TOKENS),
-                engines.vllm_offline(models.resolve(), prompts, VLLM_TOKENS)]
-    if engines.gpu_count() >= 2:
-        gpu_rows.append(engines.vllm_offline(models.resolve(), prompts, VLLM_TOKENS, tensor_parallel_size=2))
-    with engines.vllm_server(models.resolve()) as url:
-        served = loadgen.run(url, prompts, num_requests=VLLM_PROMPTS, max_concurrency=16, max_tokens=VLLM_TOKENS)
-    gpu_rows.append({"engine": "vllm serve + labkit.loadgen", **served.summary()})
-    res.replace("vllm", [{k: v for k, v in r.items() if k != "texts"} for r in gpu_rows])
+    res.replace("vllm", engines.vllm_rows(lm, prompts, VLLM_TOKENS, gpu_memory_utilization=VLLM_GPU_FRACTION))
     display(res.frame("vllm"))
 else:
     print(f"vLLM not run here: {vllm_cap.reason}.")
-    gpu_refs = [r for r in results.gpu_references("07_vllm") if r.section("vllm")]
-    for ref in gpu_refs:
-        print("GPU reference:", results.provenance(ref))
-        display(ref.frame("vllm"))
-    if not gpu_refs:
-        print("No GPU reference ships yet: on a GPU machine with vllm, `make reference NOTEBOOKS=07` writes "
-              "data/reference/07_vllm.<gpu>.json, and this cell shows it.")
+    results.show_gpu_references("07_vllm", "vllm")
     if (results.reference_dir() / "07_vllm.json").is_file():
         ref = results.reference("07_vllm")
         print("CPU reference of this notebook's measurements:", results.provenance(ref))

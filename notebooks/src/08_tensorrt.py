@@ -183,6 +183,10 @@ plots.bar(table, x="engine", y="decode_tokens_per_s", color="where", title="Deco
           y_title="tokens/s").show()
 table[["engine", "where", "build_s", "ttft_s", "decode_tokens_per_s", "agreement", "kl"]].round(4)
 
+# %% subslide
+# the same measurements from a GPU, where one ships (data/reference/08_tensorrt.<gpu>.json, each with its provenance)
+results.show_gpu_references("08_tensorrt", "engines", ["engine", "where", "status", "build_s", "ttft_s", "decode_tokens_per_s", "agreement", "kl"])
+
 # %% md slide
 # ## Takeaways
 

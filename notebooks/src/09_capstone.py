@@ -22,7 +22,7 @@
 import pandas as pd
 
 import labkit
-from labkit import config, env, loadgen, models, paged, plots, report, results, scheduler, serving
+from labkit import config, env, loadgen, memory, models, paged, plots, report, results, scheduler, serving
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -63,16 +63,16 @@ print(f"{len(prompts)} prompts; {base_lm.name} loaded in {PRECISIONS}")
 probe, best_dtype = report.choose_precision({p: c.model for p, c in candidates.items()}, base_lm.tokenizer, prompts,
                                             BATCH, PROBE_TOKENS, min_agreement=MIN_AGREEMENT)
 res.replace("precision_choice", probe)
-best_lm = candidates[best_dtype]
-candidates = {p: c for p, c in candidates.items() if p in ("fp32", best_dtype)}  # free the others
+del candidates, base_lm  # each server below loads its own model: its memory readings hold that model, no other
+memory.free()
 print(f"after's precision: {best_dtype}")
 res.frame("precision_choice").round(3)
 
 # %% fragment
-configs = {  # name → how to start its server (all bind 127.0.0.1 on a free port)
-    "before: fp32, one at a time": lambda: serving.start_server(base_lm, max_batch_size=1),
-    f"dynamic batching {BATCH}, {best_dtype}": lambda: serving.start_server(best_lm, max_batch_size=BATCH),
-    f"continuous batching {BATCH}, {best_dtype}": lambda: scheduler.start_server(best_lm, max_batch_size=BATCH),
+configs = {  # name → (precision, how to start its server on that model); all bind 127.0.0.1 on a free port
+    "before: fp32, one at a time": ("fp32", lambda lm: serving.start_server(lm, max_batch_size=1)),
+    f"dynamic batching {BATCH}, {best_dtype}": (best_dtype, lambda lm: serving.start_server(lm, max_batch_size=BATCH)),
+    f"continuous batching {BATCH}, {best_dtype}": (best_dtype, lambda lm: scheduler.start_server(lm, max_batch_size=BATCH)),
 }
 print(f"configurations: {list(configs)}")
 
@@ -89,12 +89,15 @@ print(f"configurations: {list(configs)}")
 
 # %% fragment
 rows = []
-for name, start in configs.items():
-    with start() as srv:
+for name, (dtype, start) in configs.items():
+    lm = models.load(dtype=dtype)  # the only model loaded while this server is measured
+    with start(lm) as srv:
         loadgen.run(srv.url, prompts, num_requests=BATCH, max_concurrency=BATCH, max_tokens=4, endpoint="chat")  # warm up
         srv.reset_stats()
         row = report.load_point(srv.url, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO)
         rows.append({"config": name, **row, "mean_batch_size": srv.stats()["mean_batch_size"]})
+    del lm, srv
+    memory.free()
 res.replace(report.CONFIG_SECTION, rows)
 cfg_df = res.frame(report.CONFIG_SECTION)
 cfg_df[["config", "completed", "failed", "request_throughput", "output_tokens_per_s", "e2e_mean_s", "e2e_p99_s",
@@ -122,10 +125,14 @@ print(f"best here: {best_name}; {len(cfg_df) - len(done)} configuration(s) lost 
 # %% fragment
 sweep_rows = []
 for name in (before_name, best_name):
-    with configs[name]() as srv:
+    dtype, start = configs[name]
+    lm = models.load(dtype=dtype)
+    with start(lm) as srv:
         loadgen.run(srv.url, prompts, num_requests=BATCH, max_concurrency=BATCH, max_tokens=4, endpoint="chat")
         for row in report.slo_sweep(srv.url, prompts, SWEEP, REQUESTS_PER_CLIENT, MAX_TOKENS, SLO, MIN_GOOD):
             sweep_rows.append({"config": name, **row})
+    del lm, srv
+    memory.free()
 res.replace(report.SWEEP_SECTION, sweep_rows)
 sweep = res.frame(report.SWEEP_SECTION)
 fig_sweep = plots.line(sweep, x="concurrency", y="goodput", color="config", title="Goodput against clients",
@@ -177,6 +184,10 @@ print("merging", [str(f) for f in files])
 class_df = report.merge(files)
 report.merge_figure(class_df, metric="request_throughput").show()
 class_df[["learner", "hardware", "quick", "config", "request_throughput", "e2e_mean_s", "e2e_p99_s"]].round(3)
+
+# %% subslide
+# the same measurements from a GPU, where one ships (data/reference/09_capstone.<gpu>.json, each with its provenance)
+results.show_gpu_references("09_capstone", [report.CONFIG_SECTION, "before_after"])
 
 # %% md slide
 # ## Takeaways

@@ -1,0 +1,406 @@
+"""The GPU preflight (``make gpu-check``): every CUDA path the notebooks take, run once, small, on this machine.
+
+An instructor runs it on the workshop's GPU machine a week before. Each check loads what its notebook
+loads and runs a few tokens through it: fp16 and bf16 load and decode, bitsandbytes int8 and NF4, ONNX
+Runtime on the CUDA provider (and dynamic int8 labelled as the CPU provider's), SDPA and FlashAttention,
+the static cache with ``torch.compile``, the profiler, the server at ``max_batch_size`` 1 and 8, and
+vLLM, ONNX Runtime's TensorRT provider and torch-tensorrt where installed. One line per check:
+
+    PASS  fp16 load + decode       (12.3 s) 8 tokens at 105.2 tokens/s: 'The capital of France is Paris.'
+    SKIP  bf16 load + decode       Tesla T4 (compute capability 7.5) has no native bf16: it needs an Ampere GPU …
+    FAIL  onnxruntime CUDA provider asked ONNX Runtime for CUDAExecutionProvider, the session got [...]
+
+then one JSON document as the last line (also written to ``--json``, default build/gpu-check.json). The
+exit status is 1 when a check failed, 0 otherwise. On a machine without CUDA it says so in one line and
+exits 0; when nvidia-smi sees a GPU that torch cannot use, that is a failure (exit 1).
+
+    python -m labkit.gpu_check [--json build/gpu-check.json] [--only fp16 server] [--budget-s 420]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import config
+
+STATUSES = ("PASS", "FAIL", "SKIP")
+DEFAULT_BUDGET_S = 420.0  # checks not started by then are skipped: with the last one running, under 10 minutes
+DEFAULT_JSON = config.REPO_DIR / "build" / "gpu-check.json"
+PROMPT = "What is the capital of France? Answer in one sentence."
+TOKENS = 8  # new tokens per decode check
+
+
+class Skip(Exception):
+    """Raised by a check that cannot run here; the message is the reason."""
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: str  # PASS | FAIL | SKIP
+    detail: str  # what passed, or why it failed / was skipped
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        assert self.status in STATUSES, f"unknown check status {self.status}"
+
+    def line(self, width: int = 30) -> str:
+        took = f"({self.seconds:.1f} s) " if self.status != "SKIP" else ""
+        return f"{self.status}  {self.name:<{width}} {took}{self.detail}"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One preflight check: ``run(ctx)`` returns a one-line detail (PASS), raises ``Skip`` (SKIP) or anything
+    else (FAIL). ``needs``: capability names (``labkit.env`` / ``labkit.engines``) that must be available,
+    else the check is skipped with that capability's reason."""
+
+    name: str
+    run: Callable[["Context"], str]
+    needs: tuple[str, ...] = ()
+
+
+@dataclass
+class Context:
+    """What the checks share: the device, the model, and one fp16 copy of it loaded once."""
+
+    device: str
+    model_name: str | None = None
+    prompts: list[str] = field(default_factory=list)
+    _fp16: Any = None
+
+    def fp16(self) -> Any:
+        """The model in fp16 on the device (``models.Loaded``), loaded on first use."""
+        if self._fp16 is None:
+            from . import models
+
+            self._fp16 = models.load(self.model_name, dtype="fp16", device=self.device)
+        return self._fp16
+
+    def release(self) -> None:
+        """Drop the shared model and hand its GPU memory back (before vLLM or TensorRT take the GPU)."""
+        from . import memory
+
+        self._fp16 = None
+        memory.free()
+
+
+def capability_lookup(name: str) -> Any:
+    """A capability by name from ``labkit.env`` or, failing that, ``labkit.engines``."""
+    from . import engines, env
+
+    try:
+        return env.capability(name)
+    except ValueError:
+        return engines.capability(name)
+
+
+def run_checks(checks: Sequence[Check], ctx: Context, budget_s: float = DEFAULT_BUDGET_S,
+               lookup: Callable[[str], Any] = capability_lookup, clock: Callable[[], float] = time.monotonic,
+               out: TextIO | None = None) -> list[CheckResult]:
+    """Run each check in turn and print its line as it finishes. A check never stops the run: what it
+    raises becomes its FAIL line. Checks not started within ``budget_s`` are skipped, saying so."""
+    if budget_s <= 0:
+        raise ValueError(f"budget_s={budget_s}: must be positive")
+    out = out or sys.stdout
+    width = max((len(c.name) for c in checks), default=10)
+    start = clock()
+    results: list[CheckResult] = []
+    for check in checks:
+        t0 = clock()
+        if t0 - start > budget_s:
+            result = CheckResult(check.name, "SKIP", f"time budget of {budget_s:.0f} s spent before this check "
+                                                     "(raise --budget-s, or run it with --only)")
+        else:
+            missing = [cap for cap in (lookup(n) for n in check.needs) if not cap.available]
+            if missing:
+                result = CheckResult(check.name, "SKIP", f"{missing[0].name}: {missing[0].reason}")
+            else:
+                try:
+                    result = CheckResult(check.name, "PASS", check.run(ctx), clock() - t0)
+                except Skip as why:
+                    result = CheckResult(check.name, "SKIP", str(why), clock() - t0)
+                except Exception as exc:  # noqa: BLE001  (a preflight reports every failure as a FAIL line)
+                    text = str(exc).strip().splitlines()
+                    result = CheckResult(check.name, "FAIL", f"{type(exc).__name__}: {text[0][:300] if text else ''}",
+                                         clock() - t0)
+        results.append(result)
+        print(result.line(width), file=out, flush=True)
+    return results
+
+
+def summary(results: Sequence[CheckResult], **extra: Any) -> dict[str, Any]:
+    """The JSON report: counts per status, every check, plus ``extra`` (environment, device, wall time)."""
+    counts = {s.lower(): sum(r.status == s for r in results) for s in STATUSES}
+    return {"ok": counts["fail"] == 0, **counts, "checks": [asdict(r) for r in results], **extra}
+
+
+# ------------------------------------------------------------------------------------------ the checks
+
+
+def _decode(lm: Any, prompt: str = PROMPT, tokens: int = TOKENS) -> str:
+    from . import generation
+
+    r = generation.generate(lm.model, lm.tokenizer, prompt, max_new_tokens=tokens, fixed_length=True)
+    if r.n_out != tokens:
+        raise AssertionError(f"asked for {tokens} tokens, got {r.n_out}")
+    rate = f"{r.decode_tokens_per_s:.1f} tokens/s" if r.decode_tokens_per_s else "one token"
+    return f"{r.n_out} tokens at {rate}: {r.text[:50]!r}"
+
+
+def check_cuda(ctx: Context) -> str:
+    import torch
+
+    from . import env
+
+    index = env.cuda_index(ctx.device)
+    major, minor = torch.cuda.get_device_capability(index)
+    x = torch.randn(256, 256, device=ctx.device)
+    y = (x @ x).sum().item()  # a kernel ran and its result came back
+    assert y == y, "a matmul on the GPU returned NaN"
+    return (f"{torch.cuda.get_device_name(index)}, compute capability {major}.{minor}, torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda}), {torch.cuda.device_count()} GPU(s) visible")
+
+
+def check_nvml(ctx: Context) -> str:
+    import torch
+
+    from . import env, memory
+
+    reading = memory.nvml_used(ctx.device)
+    if reading.bytes is None:
+        raise Skip(reading.reason)
+    total = torch.cuda.get_device_properties(env.cuda_index(ctx.device)).total_memory
+    if not 0 < reading.bytes <= total:
+        raise AssertionError(f"NVML says {reading.bytes} bytes in use on a {total}-byte GPU: wrong device?")
+    kind, key = memory.nvml_target(ctx.device)
+    return f"{reading.mib:.0f} MiB in use on the GPU CUDA calls {ctx.device} (NVML {kind} {key})"
+
+
+def check_fp16(ctx: Context) -> str:
+    lm = ctx.fp16()
+    return f"loaded in {lm.load_seconds:.1f} s; " + _decode(lm)
+
+
+def check_bf16(ctx: Context) -> str:
+    from . import env, memory, models
+
+    cap = env.bf16(ctx.device)
+    if not cap.available:
+        raise Skip(cap.reason)
+    lm = models.load(ctx.model_name, dtype="bf16", device=ctx.device)
+    try:
+        return _decode(lm)
+    finally:
+        del lm
+        memory.free()
+
+
+def _variant_check(name: str) -> Callable[[Context], str]:
+    def run(ctx: Context) -> str:
+        from . import memory, variants
+
+        v = variants.load_variant(name, ctx.model_name, ctx.device)
+        try:
+            if not v.ok:
+                raise RuntimeError(v.status)
+            where = f"{v.backend} on {v.device}" + (f" ({v.providers[0]})" if v.providers else "")
+            return f"{where}, {v.weight_bytes / 2**20:.0f} MiB; " + _decode(v)
+        finally:
+            v.release()
+            memory.free()
+
+    return run
+
+
+def check_ort_int8_label(ctx: Context) -> str:
+    from . import variants
+
+    v = variants.load_variant("ort-int8-channel", ctx.model_name, ctx.device)
+    try:
+        if not v.ok:
+            raise RuntimeError(v.status)
+        if v.providers[:1] != ["CPUExecutionProvider"] or v.device != "cpu" or not v.note:
+            raise AssertionError(f"dynamic int8 should run on the CPU provider and say so; got device {v.device}, "
+                                 f"providers {v.providers}, note {v.note!r}")
+        return "labelled as the CPU provider's, with the reason; " + _decode(v, tokens=4)
+    finally:
+        v.release()
+
+
+def check_ort_tensorrt(ctx: Context) -> str:
+    from . import engines
+
+    row = engines.ort_tensorrt_row(ctx.model_name, new_tokens=TOKENS, repeats=1)
+    if row["status"] != "ok":
+        raise RuntimeError(row["status"])
+    return (f"providers {row['providers']}, session built in {row['build_s']:.1f} s (engine cached for next time), "
+            f"{row['decode_tokens_per_s']:.1f} tokens/s")
+
+
+def _attention_check(impl: str) -> Callable[[Context], str]:
+    def run(ctx: Context) -> str:
+        from . import kv
+
+        lm = ctx.fp16()
+        row = kv.compare_attention(lm.model, lm.tokenizer, [impl], prompt_tokens=128, new_tokens=4, repeats=1)[0]
+        return f"TTFT {row['ttft_s'] * 1e3:.1f} ms on 128 prompt tokens, TPOT {row['tpot_s'] * 1e3:.2f} ms"
+
+    return run
+
+
+def check_compile(ctx: Context) -> str:
+    from . import generation, kv
+
+    lm = ctx.fp16()
+    eager = generation.generate(lm.model, lm.tokenizer, PROMPT, max_new_tokens=TOKENS, fixed_length=True)
+    t0 = time.perf_counter()
+    first = generation.generate(lm.model, lm.tokenizer, PROMPT, max_new_tokens=TOKENS, fixed_length=True,
+                                **kv.cache_variant_kwargs("static+compile"))
+    first_s = time.perf_counter() - t0
+    again = generation.generate(lm.model, lm.tokenizer, PROMPT, max_new_tokens=TOKENS, fixed_length=True,
+                                **kv.cache_variant_kwargs("static+compile"))
+    same = "same greedy text as eager" if again.text == eager.text else "greedy text differs from eager (fp16 rounding)"
+    return f"first call (compiles) {first_s:.1f} s, then TPOT {again.tpot_s * 1e3:.2f} ms; {same} [{first.n_out} tokens]"
+
+
+def check_profiler(ctx: Context) -> str:
+    from . import profiling
+
+    lm = ctx.fp16()
+    prefill, decode = profiling.profile_prefill_decode(lm.model, lm.tokenizer, prompt_tokens=32)
+    if decode.device_kind != "cuda" or decode.total_us <= 0:
+        raise AssertionError(f"the profiler recorded no GPU kernel time ({decode.device_kind})")
+    groups = decode.groups().set_index("group")["share"]
+    return (f"decode step: {decode.total_us:.0f} µs of GPU kernel time over {len(decode.ops)} operators "
+            f"(matmul {groups['matmul']:.0%}, attention {groups['attention']:.0%})")
+
+
+def _server_check(max_batch_size: int) -> Callable[[Context], str]:
+    def run(ctx: Context) -> str:
+        from . import loadgen, serving
+
+        lm = ctx.fp16()
+        n = 2 * max(max_batch_size, 4)
+        with serving.start_server(lm, max_batch_size=max_batch_size) as srv:
+            res = loadgen.run(srv.url, ctx.prompts or [PROMPT], num_requests=n, max_concurrency=max(max_batch_size, 4),
+                              max_tokens=TOKENS, endpoint="chat")
+            stats = srv.stats()
+        s = res.summary()
+        if s["completed"] != n or s["failed"]:
+            raise AssertionError(f"{s['completed']} of {n} requests completed, {s['failed']} failed: {s['errors']}")
+        return (f"{n} streamed requests, {s['request_throughput']:.1f} requests/s, "
+                f"mean batch {stats.get('mean_batch_size', float('nan')):.1f}")
+
+    return run
+
+
+def check_vllm(ctx: Context) -> str:
+    from . import engines, models
+
+    ctx.release()  # vLLM reserves its share of the GPU: nothing else of ours may hold memory there
+    row = engines.vllm_offline(models.resolve(ctx.model_name), (ctx.prompts or [PROMPT])[:4], max_tokens=TOKENS,
+                               gpu_memory_utilization=0.3)
+    return f"{row['output_tokens']} tokens in {row['wall_s']:.2f} s after a {row['load_s']:.0f} s start; engine shut down"
+
+
+def check_torch_tensorrt(ctx: Context) -> str:
+    from . import engines
+
+    ctx.release()
+    row = engines.torch_tensorrt_row(ctx.model_name, new_tokens=TOKENS, repeats=1)
+    if row["status"] != "ok":
+        raise RuntimeError(row["status"])
+    return (f"{row['trt_engines']} TensorRT engine(s), {row['torch_ops']} operator(s) left to PyTorch, "
+            f"build {row['build_s']:.1f} s, {row['decode_tokens_per_s']:.1f} tokens/s")
+
+
+def checks() -> list[Check]:
+    """Every check, in the order they run (the ones that take the whole GPU last)."""
+    return [
+        Check("cuda", check_cuda),
+        Check("nvml (CUDA_VISIBLE_DEVICES)", check_nvml, ("nvml",)),
+        Check("fp16 load + decode", check_fp16),
+        Check("bf16 load + decode", check_bf16),
+        Check("bitsandbytes int8", _variant_check("bnb-int8"), ("bitsandbytes",)),
+        Check("bitsandbytes nf4", _variant_check("bnb-nf4"), ("bitsandbytes",)),
+        Check("onnxruntime CUDA provider", _variant_check("ort-fp32"), ("onnxruntime", "optimum-onnx")),
+        Check("onnxruntime int8 label", check_ort_int8_label, ("onnxruntime", "optimum-onnx")),
+        Check("attention sdpa", _attention_check("sdpa")),
+        Check("attention flash_attention_2", _attention_check("flash_attention_2"), ("flash-attn",)),
+        Check("static cache + torch.compile", check_compile, ("torch.compile",)),
+        Check("profiler", check_profiler),
+        Check("server max_batch_size=1", _server_check(1)),
+        Check("server max_batch_size=8", _server_check(8)),
+        Check("onnxruntime TensorRT provider", check_ort_tensorrt, ("ort-tensorrt",)),
+        Check("torch-tensorrt", check_torch_tensorrt, ("torch-tensorrt",)),
+        Check("vllm", check_vllm, ("vllm",)),
+    ]
+
+
+def select(all_checks: Sequence[Check], only: Sequence[str] | None) -> list[Check]:
+    """The checks whose name contains one of ``only`` (all when ``only`` is empty); ``ValueError`` lists the names."""
+    if not only:
+        return list(all_checks)
+    picked = [c for c in all_checks if any(o.lower() in c.name.lower() for o in only)]
+    unknown = [o for o in only if not any(o.lower() in c.name.lower() for c in all_checks)]
+    if unknown:
+        raise ValueError(f"no check matches {unknown}; checks: {[c.name for c in all_checks]}")
+    return picked
+
+
+def main(argv: list[str] | None = None, all_checks: Sequence[Check] | None = None, out: TextIO | None = None) -> int:
+    from . import env, results
+
+    ap = argparse.ArgumentParser(prog="python -m labkit.gpu_check", description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where the JSON report goes (default {DEFAULT_JSON})")
+    ap.add_argument("--only", nargs="*", default=None, help="run the checks whose name contains one of these words")
+    ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="skip checks not started by then")
+    ap.add_argument("--model", default=None, help="model to check with (default: LABKIT_MODEL or the default model)")
+    args = ap.parse_args(argv)
+    out = out or sys.stdout
+    if args.budget_s <= 0:
+        ap.error(f"--budget-s must be positive, got {args.budget_s}")
+    all_checks = list(all_checks) if all_checks is not None else checks()
+    try:
+        chosen = select(all_checks, args.only)
+    except ValueError as exc:
+        ap.error(str(exc))
+    import torch
+
+    problem = env.torch_gpu_problem()
+    if problem or not torch.cuda.is_available():
+        cuda = env.capability("cuda")
+        line = (f"gpu-check: FAIL: {problem}" if problem else
+                f"gpu-check: no CUDA device here ({cuda.reason}); nothing to check")
+        results.write_json_atomic(args.json, {"ok": not problem, "cuda": False, "reason": problem or cuda.reason,
+                                              "checks": [], "environment": env.environment()})
+        print(line, file=out, flush=True)
+        return 1 if problem else 0
+    device = env.device()
+    if not device.startswith("cuda"):
+        device = "cuda"  # LABKIT_DEVICE=cpu says where notebooks run; the preflight checks the GPU regardless
+    ctx = Context(device=device, model_name=args.model, prompts=_prompts())
+    t0 = time.monotonic()
+    done = run_checks(chosen, ctx, args.budget_s, out=out)
+    ctx.release()
+    report = summary(done, cuda=True, device=device, wall_s=time.monotonic() - t0, environment=env.environment())
+    results.write_json_atomic(args.json, report)
+    print(json.dumps(results._jsonable(report)), file=out, flush=True)
+    return 0 if report["ok"] else 1
+
+
+def _prompts() -> list[str]:
+    from . import quality
+
+    return list(quality.prompts("questions"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

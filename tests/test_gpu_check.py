@@ -1,0 +1,153 @@
+"""`make gpu-check`: the check runner's logic on a CPU (fake checks, mocked capability answers), its one-line
+answer on a machine without CUDA, and the real checks' code run against a tiny model on the CPU."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from test_devices import mock_gpu
+
+from labkit import gpu_check
+from labkit.env import Capability
+from labkit.gpu_check import Check, CheckResult, Context, Skip
+
+
+def _ok(ctx: Context) -> str:
+    return "fine"
+
+
+def _boom(ctx: Context) -> str:
+    raise ValueError("boom\nsecond line")
+
+
+def _skip(ctx: Context) -> str:
+    raise Skip("not on this GPU")
+
+
+def _lookup(name: str) -> Capability:
+    return Capability(name, name != "missing", "", "" if name != "missing" else "not installed: pip install missing")
+
+
+def test_run_checks_reports_every_check_and_never_stops():
+    out = io.StringIO()
+    checks = [Check("passes", _ok), Check("raises", _boom), Check("skips itself", _skip),
+              Check("needs a missing capability", _ok, ("present", "missing")), Check("passes again", _ok)]
+    done = gpu_check.run_checks(checks, Context(device="cuda"), lookup=_lookup, out=out)
+    assert [r.status for r in done] == ["PASS", "FAIL", "SKIP", "SKIP", "PASS"]
+    assert done[1].detail == "ValueError: boom" and done[2].detail == "not on this GPU"
+    assert done[3].detail == "missing: not installed: pip install missing"
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 5 and [line.split()[0] for line in lines] == ["PASS", "FAIL", "SKIP", "SKIP", "PASS"]
+    assert "boom" in lines[1] and "pip install missing" in lines[3]
+    report = gpu_check.summary(done)
+    assert (report["pass"], report["fail"], report["skip"], report["ok"]) == (2, 1, 2, False)
+
+
+def test_run_checks_skips_what_the_time_budget_cannot_fit():
+    ticks = iter(range(0, 10_000, 100))  # every clock read moves 100 s on
+    done = gpu_check.run_checks([Check(f"c{i}", _ok) for i in range(4)], Context(device="cuda"), budget_s=350,
+                                lookup=_lookup, clock=lambda: next(ticks), out=io.StringIO())
+    assert [r.status for r in done] == ["PASS", "PASS", "SKIP", "SKIP"]
+    assert "time budget of 350 s" in done[-1].detail
+    with pytest.raises(ValueError, match="budget_s"):
+        gpu_check.run_checks([], Context(device="cuda"), budget_s=0)
+    with pytest.raises(AssertionError):
+        CheckResult("x", "MAYBE", "")
+
+
+def test_without_cuda_one_line_and_exit_0(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = io.StringIO()
+    report = tmp_path / "gpu-check.json"
+    assert gpu_check.main(["--json", str(report)], out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and "no CUDA device" in lines[0]
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["cuda"] is False and data["checks"] == []
+
+
+def test_a_gpu_torch_cannot_use_is_a_failure(tmp_path, monkeypatch):
+    from labkit import env
+
+    monkeypatch.setattr(env, "torch_gpu_problem", lambda: "nvidia-smi lists 1 GPU(s), but torch is a CPU build")
+    out = io.StringIO()
+    assert gpu_check.main(["--json", str(tmp_path / "r.json")], out=out) == 1
+    assert out.getvalue().startswith("gpu-check: FAIL: nvidia-smi lists 1 GPU")
+
+
+def test_on_a_gpu_lines_then_one_json_document(tmp_path, monkeypatch):
+    mock_gpu(monkeypatch, "NVIDIA L4", (8, 9))
+    from labkit import env
+
+    monkeypatch.setattr(env, "torch_gpu_problem", lambda: "")
+    monkeypatch.setattr(gpu_check, "_prompts", lambda: ["Hi"])
+    out = io.StringIO()
+    report = tmp_path / "r.json"
+    checks = [Check("fp16 load + decode", _ok), Check("bitsandbytes int8", _boom), Check("vllm", _skip)]
+    assert gpu_check.main(["--json", str(report)], all_checks=checks, out=out) == 1  # a FAIL: exit 1
+    lines = out.getvalue().splitlines()
+    assert [line.split()[0] for line in lines[:-1]] == ["PASS", "FAIL", "SKIP"]
+    last = json.loads(lines[-1])
+    assert (last["pass"], last["fail"], last["skip"], last["device"]) == (1, 1, 1, "cuda")
+    assert json.loads(report.read_text())["checks"][1]["detail"] == "ValueError: boom"
+    out = io.StringIO()
+    assert gpu_check.main(["--json", str(report), "--only", "fp16"], all_checks=checks, out=out) == 0
+    assert len(out.getvalue().splitlines()) == 2
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--only", "warp-drive"], all_checks=checks, out=io.StringIO())
+
+
+def test_the_check_table_is_well_formed():
+    table = gpu_check.checks()
+    names = [c.name for c in table]
+    assert len(names) == len(set(names))
+    for wanted in ("fp16", "bf16", "bitsandbytes int8", "bitsandbytes nf4", "onnxruntime CUDA", "sdpa",
+                   "flash_attention_2", "torch.compile", "profiler", "max_batch_size=1", "max_batch_size=8",
+                   "vllm", "TensorRT provider", "torch-tensorrt"):
+        assert any(wanted in n for n in names), wanted
+    for check in table:
+        for need in check.needs:
+            assert gpu_check.capability_lookup(need).name == need  # a misspelt capability would raise here
+    assert [c.name for c in table][-1] == "vllm"  # the check that takes the GPU's memory runs last
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from labkit import models
+
+    tok = models.load_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    path = tmp_path_factory.mktemp("tiny-check")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_the_checks_themselves_run_on_a_cpu(tiny_dir, tmp_path, monkeypatch):
+    """The real check functions, pointed at the CPU and a tiny model: a check broken by a typo or a changed
+    API fails here, not on the instructor's GPU a week before the workshop."""
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
+    by_name = {c.name: c for c in gpu_check.checks()}
+    ctx = Context(device="cpu", model_name=str(tiny_dir), prompts=["Hi", "Name a colour."])
+    names = ["fp16 load + decode", "bitsandbytes nf4", "onnxruntime CUDA provider", "attention sdpa",
+             "server max_batch_size=1", "server max_batch_size=8"]
+    done = gpu_check.run_checks([by_name[n] for n in names], ctx, out=io.StringIO())
+    assert [r.status for r in done] == ["PASS"] * len(names), [r.line() for r in done]
+    assert "CPUExecutionProvider" in done[2].detail
+    ctx.release()
+
+
+def test_make_gpu_check_target_exists():
+    text = (Path(__file__).resolve().parent.parent / "Makefile").read_text(encoding="utf-8")
+    assert "gpu-check:" in text and "labkit.gpu_check" in text

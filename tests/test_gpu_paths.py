@@ -1,0 +1,344 @@
+"""The GPU paths' logic on a CPU: ONNX Runtime rows labelled from the providers their session really got,
+dynamic int8 on the CPU provider, TensorRT counted only when it loads (with shape profiles and an engine
+cache), torch-tensorrt's options and partition report, one vLLM engine at a time, the roofline's launch-bound
+explanation, and GPU reference files read and written under their GPU's name."""
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from test_devices import mock_gpu
+
+from labkit import engines, hardware, results, variants
+from labkit.env import Capability
+
+# -------------------------------------------------------------------------------- ONNX Runtime providers
+
+
+class FakeSession:
+    def __init__(self, providers: list[str]) -> None:
+        self.providers = providers
+
+    def get_providers(self) -> list[str]:
+        return list(self.providers)
+
+
+class FakeORTModel:
+    """What ORTModelForCausalLM.from_pretrained returns, with a session on ``got`` providers."""
+
+    def __init__(self, got: list[str]) -> None:
+        import torch
+
+        self.session = FakeSession(got)
+        self.device = torch.device("cuda", 0) if got[0] != "CPUExecutionProvider" else torch.device("cpu")
+        self.generation_config = types.SimpleNamespace(pad_token_id=0)
+
+
+@pytest.fixture
+def fake_ort(monkeypatch, tmp_path):
+    """ONNX Runtime that lists CUDA, an export that is already there, and sessions whose providers the test sets:
+    ``fake_ort["got"]`` (None: the first provider asked for, as a working GPU gives). Records what was asked."""
+    import onnxruntime as ort
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    folder = tmp_path / "onnx"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"not read")
+    state: dict = {"got": None, "asked": []}
+
+    def from_pretrained(path, provider="CPUExecutionProvider", providers=None, **kw):
+        asked = list(providers or [provider])
+        state["asked"].append(asked)
+        return FakeORTModel(state["got"] or [asked[0], "CPUExecutionProvider"])
+
+    monkeypatch.setattr(ort, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ORTModelForCausalLM, "from_pretrained", staticmethod(from_pretrained))
+    monkeypatch.setattr(variants, "export_onnx", lambda model_name=None, force=False: (folder, None))
+    monkeypatch.setattr(variants, "quantize_onnx", lambda per_channel, reduce_range=None, model_name=None, force=False:
+                        (folder, None))
+    return state
+
+
+def test_a_provider_fallback_is_a_failed_row_with_its_reason(fake_ort):
+    fake_ort["got"] = ["CPUExecutionProvider"]  # CUDA's libraries did not load
+    v = variants.load_variant("ort-fp32", device="cuda")
+    assert not v.ok and v.model is None
+    assert "asked ONNX Runtime for CUDAExecutionProvider, the session got ['CPUExecutionProvider']" in v.status
+
+
+def test_rows_are_labelled_from_the_session_providers(fake_ort):
+    v = variants.load_variant("ort-fp32", device="cuda")
+    assert v.ok and v.providers == ["CUDAExecutionProvider", "CPUExecutionProvider"] and v.device == "cuda:0"
+    assert v.summary()["providers"][0] == "CUDAExecutionProvider"
+
+
+def test_dynamic_int8_runs_on_the_cpu_provider_on_a_gpu_and_says_so(fake_ort):
+    v = variants.load_variant("ort-int8-channel", device="cuda")
+    assert fake_ort["asked"][-1] == ["CPUExecutionProvider"]
+    assert v.ok and v.device == "cpu" and v.providers[0] == "CPUExecutionProvider"
+    assert "no CUDA kernels" in v.note and "bitsandbytes" in v.note and "TensorRT" in v.note
+    with pytest.raises(ValueError, match="CPUExecutionProvider' only"):
+        variants.load_variant("ort-int8-tensor", device="cuda", provider="CUDAExecutionProvider")
+
+
+def test_load_ort_refuses_numbers_from_another_provider(fake_ort, monkeypatch):
+    monkeypatch.setenv("LABKIT_DEVICE", "cuda")
+    fake_ort["got"] = ["CPUExecutionProvider"]
+    with pytest.raises(variants.ProviderFallback, match="session got"):
+        engines.load_ort("basic")
+    fake_ort["got"] = None
+    built = engines.load_ort("basic")
+    assert built["providers"][0] == "CUDAExecutionProvider" == built["provider"]
+
+
+def test_tensorrt_provider_counts_only_when_tensorrt_loads(monkeypatch):
+    """onnxruntime-gpu lists TensorrtExecutionProvider without TensorRT installed: the capability asks a session."""
+    mock_gpu(monkeypatch, "NVIDIA L4", (8, 9))
+    import onnxruntime as ort
+
+    monkeypatch.setattr(ort, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    probe = getattr(engines, "tensorrt_provider_problem", None)  # cached per process: start and end clean
+    if probe is not None:
+        probe.cache_clear()
+    try:
+        cap = engines.capability("ort-tensorrt")  # this onnxruntime cannot give a TensorRT session
+        assert not cap.available and "TensorRT" in cap.reason
+        assert engines.tensorrt_rows()[0]["status"] == cap.reason
+    finally:
+        if probe is not None:
+            probe.cache_clear()
+
+
+def _decoder_onnx(path: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                            ["batch_size", "past_sequence_length + sequence_length"]),
+              helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+              helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT,
+                                            ["batch_size", 3, "past_sequence_length", 64])]
+    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", 10])
+    graph = helper.make_graph([helper.make_node("Identity", ["input_ids"], ["logits"])], "decoder", inputs, [out])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_tensorrt_profiles_cover_every_input_and_length(tmp_path):
+    model = _decoder_onnx(tmp_path / "model.onnx")
+    p = engines.tensorrt_shape_profiles(model, max_batch=2, max_len=256)
+    assert p["trt_profile_min_shapes"] == ("input_ids:1x1,attention_mask:1x1,position_ids:1x1,"
+                                           "past_key_values.0.key:1x3x0x64")
+    assert p["trt_profile_opt_shapes"] == ("input_ids:1x1,attention_mask:1x1,position_ids:1x1,"
+                                           "past_key_values.0.key:1x3x128x64")
+    assert p["trt_profile_max_shapes"] == ("input_ids:2x256,attention_mask:2x256,position_ids:2x256,"
+                                           "past_key_values.0.key:2x3x255x64")
+    opts = engines.tensorrt_provider_options(model, cache_dir=tmp_path / "engines")
+    assert opts["trt_engine_cache_enable"] == "True" and Path(opts["trt_engine_cache_path"]).is_dir()
+    assert opts["trt_timing_cache_enable"] == "True" and opts["trt_fp16_enable"] == "True"
+    with pytest.raises(ValueError, match="max_len"):
+        engines.tensorrt_shape_profiles(model, max_len=1)
+
+
+# ---------------------------------------------------------------------------------------- torch-tensorrt
+
+
+def test_torch_tensorrt_options_follow_the_installed_version(monkeypatch):
+    import dataclasses
+
+    import torch
+
+    def install(fields: dict) -> None:
+        settings = dataclasses.make_dataclass("CompilationSettings", [(k, type(v), v) for k, v in fields.items()])
+        dynamo = types.ModuleType("torch_tensorrt.dynamo")
+        dynamo.CompilationSettings = settings
+        monkeypatch.setitem(sys.modules, "torch_tensorrt", types.ModuleType("torch_tensorrt"))
+        monkeypatch.setitem(sys.modules, "torch_tensorrt.dynamo", dynamo)
+
+    install({"enabled_precisions": frozenset(), "min_block_size": 5, "pass_through_build_failures": False})
+    assert engines.torch_tensorrt_options(torch.float16) == {
+        "enabled_precisions": {torch.float16}, "min_block_size": 1, "pass_through_build_failures": False}
+    install({"min_block_size": 5, "pass_through_build_failures": False})  # strongly typed: precision is the model's
+    assert engines.torch_tensorrt_options(torch.float16, min_block_size=3) == {
+        "min_block_size": 3, "pass_through_build_failures": False}
+    with pytest.raises(ValueError, match="min_block_size"):
+        engines.torch_tensorrt_options(torch.float16, min_block_size=0)
+
+
+def test_partition_stats_count_engines_and_what_stayed_in_pytorch():
+    import torch
+    from torch import fx
+
+    class Fallback(torch.nn.Module):
+        def forward(self, x):
+            return torch.sin(x) + 1
+
+    class Partitioned(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self._run_on_acc_0 = torch.nn.Linear(4, 4)  # stands for a TensorRT engine
+            self._run_on_gpu_1 = fx.symbolic_trace(Fallback())
+
+        def forward(self, x):
+            return torch.relu(self._run_on_gpu_1(self._run_on_acc_0(x)))
+
+    class Leaves(fx.Tracer):
+        def is_leaf_module(self, m, name):
+            return name.startswith("_run_on") or super().is_leaf_module(m, name)
+
+    root = Partitioned()
+    gm = fx.GraphModule(root, Leaves().trace(root))
+    assert engines.partition_stats(gm) == {"trt_engines": 1, "torch_ops": 3}  # relu + sin + add
+    assert engines.partition_stats(fx.symbolic_trace(Fallback())) == {"trt_engines": 0, "torch_ops": 2}
+
+
+# ------------------------------------------------------------------------------------------------ vLLM
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """A vllm module that records engines starting and shutting down, and a GPU count of two."""
+    events: list[tuple] = []
+
+    class LLM:
+        def __init__(self, model, **kw):
+            live = [e for e in events if e[0] in ("start", "shutdown")]
+            assert not live or live[-1][0] == "shutdown", "an engine started while another was alive"
+            events.append(("start", kw["tensor_parallel_size"], kw["gpu_memory_utilization"]))
+            self.llm_engine = types.SimpleNamespace(
+                engine_core=types.SimpleNamespace(shutdown=lambda: events.append(("shutdown",))))
+
+        def chat(self, messages, params, use_tqdm=False):
+            out = types.SimpleNamespace(token_ids=[1] * params.max_tokens, text="ok")
+            return [types.SimpleNamespace(outputs=[out]) for _ in messages]
+
+    class SamplingParams:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM, vllm.SamplingParams = LLM, SamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    real = engines.capability
+    monkeypatch.setattr(engines, "capability",
+                        lambda name: Capability(name, True, "test", "") if name == "vllm" else real(name))
+    monkeypatch.setattr(engines, "gpu_count", lambda: 2)
+    return events
+
+
+def test_vllm_offline_passes_the_memory_share_and_shuts_down(fake_vllm):
+    row = engines.vllm_offline("some/model", ["a", "b"], max_tokens=3, gpu_memory_utilization=0.4)
+    assert fake_vllm == [("start", 1, 0.4), ("shutdown",)]
+    assert row["output_tokens"] == 6 and row["gpu_memory_utilization"] == 0.4
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        engines.vllm_offline("some/model", ["a"], gpu_memory_utilization=0.95 + 0.1)
+
+
+def test_vllm_rows_run_one_engine_at_a_time(fake_vllm, monkeypatch):
+    from labkit import loadgen
+
+    model = types.SimpleNamespace(to=lambda device: fake_vllm.append(("hf model to", device)))
+    lm = types.SimpleNamespace(model=model, device="cuda", name="some/model", tokenizer=None, dtype="fp16")
+    monkeypatch.setattr(engines, "hf_offline", lambda lm, prompts, max_tokens: fake_vllm.append(("hf",)) or
+                        {"engine": "transformers generate (fp16)", "output_tokens_per_s": 1.0})
+
+    @contextlib.contextmanager
+    def server(path, gpu_memory_utilization):
+        fake_vllm.append(("serve", gpu_memory_utilization))
+        yield "http://127.0.0.1:1"
+        fake_vllm.append(("serve stopped",))
+
+    monkeypatch.setattr(engines, "vllm_server", server)
+    monkeypatch.setattr(engines, "models_path", lambda lm: "some/model")
+    monkeypatch.setattr(loadgen, "run", lambda url, prompts, **kw: types.SimpleNamespace(summary=lambda: {"completed": 2}))
+    rows = engines.vllm_rows(lm, ["a", "b"], max_tokens=2, gpu_memory_utilization=0.4)
+    assert fake_vllm == [("hf",), ("hf model to", "cpu"), ("start", 1, 0.4), ("shutdown",), ("start", 2, 0.4),
+                         ("shutdown",), ("serve", 0.4), ("serve stopped",)]
+    assert lm.device == "cpu" and len(rows) == 4 and all("texts" not in r for r in rows)
+
+
+# ------------------------------------------------------------------------------------- roofline on a GPU
+
+
+def test_decode_gap_explains_a_launch_bound_gpu():
+    gap = hardware.decode_gap(tpot_s=0.006, bytes_per_step=270e6, bandwidth_gbs=4000, ops_per_step=900,
+                              device="cuda:0")
+    assert gap["bound"] == "launch" and gap["bytes_share"] < 0.02
+    assert "launch-bound" in gap["explanation"] and "LABKIT_MODEL=" in gap["explanation"]
+    assert "900 operators" in gap["explanation"] and gap["overhead_us_per_op"] == pytest.approx(6.6, rel=0.01)
+    mem = hardware.decode_gap(tpot_s=0.1, bytes_per_step=270e6, bandwidth_gbs=3.0, ops_per_step=900, device="cpu")
+    assert mem["bound"] == "bandwidth" and "memory-bound" in mem["explanation"]
+    cpu = hardware.decode_gap(tpot_s=0.4, bytes_per_step=270e6, bandwidth_gbs=7.0, ops_per_step=1800, device="cpu")
+    assert cpu["bound"] == "overhead" and "kernel launch" not in cpu["explanation"]
+    with pytest.raises(ValueError):
+        hardware.decode_gap(0.0, 1.0, 1.0, 1, "cpu")
+    with pytest.raises(ValueError):
+        hardware.decode_gap(1.0, 1.0, 1.0, 0, "cpu")
+
+
+# ------------------------------------------------------------------------------------- GPU reference files
+
+
+@pytest.fixture
+def reference_dir(tmp_path, monkeypatch):
+    from labkit import config
+
+    monkeypatch.setattr(config, "DATA_DIR", tmp_path)
+    (tmp_path / "reference").mkdir()
+    return tmp_path / "reference"
+
+
+def test_show_gpu_references_with_provenance(reference_dir, capsys):
+    assert results.show_gpu_references("02_fp16_bf16", "variants") == 0
+    assert "make reference NOTEBOOKS=02" in capsys.readouterr().out
+    env = {"device": "cuda", "hardware": {"gpu": "NVIDIA L4"}, "date": "2030-01-01", "command": "make reference",
+           "versions": {"torch": "2.13.0"}}
+    res = results.Results("02_fp16_bf16", env=env)
+    res.add("variants", variant="fp16", decode_tokens_per_s=300.0, extra=1)
+    res.save(reference_dir / f"{results.reference_name('02_fp16_bf16', env)}.json")
+    assert results.show_gpu_references("02_fp16_bf16", ["variants", "matmul"], ["variant", "decode_tokens_per_s"]) == 1
+    out = capsys.readouterr().out
+    assert "NVIDIA L4" in out and "2030-01-01" in out and "make reference" in out and "extra" not in out
+    with pytest.raises(ValueError, match="section"):
+        results.show_gpu_references("02_fp16_bf16", [])
+
+
+def test_kv_reference_on_a_gpu_keeps_the_cpu_file(reference_dir, monkeypatch):
+    from labkit import env, kv, models
+
+    monkeypatch.setattr(models, "load", lambda *a, **k: types.SimpleNamespace(model=None, tokenizer=None))
+    monkeypatch.setattr(kv, "compare_cache_variants", lambda *a, **k: [{"variant": "dynamic", "tpot_s": 0.01}])
+    gpu_env = {"device": "cuda", "hardware": {"gpu": "NVIDIA H100 80GB HBM3"}, "date": "2030", "versions": {},
+               "command": "python -m labkit.kv reference"}
+    monkeypatch.setattr(env, "environment", lambda: dict(gpu_env))
+    path = kv.write_compile_reference()
+    assert path.name == "05_kv_cache_compile.nvidia-h100-80gb-hbm3.json"
+    assert not (reference_dir / "05_kv_cache_compile.json").exists()
+
+
+# ----------------------------------------------------------------------- memory of one server at a time
+
+
+def test_a_stopped_server_lets_its_model_go():
+    """Notebook 09 measures each server with only its own model loaded: once a server stopped and the caller
+    dropped the model, memory.free() must really free it (aiohttp's middleware cache kept every stopped
+    server, and its model, alive)."""
+    import gc
+    import weakref
+
+    from labkit import loadgen, memory, serving
+
+    lm = serving.tiny_random_model()
+    model = weakref.ref(lm.model)
+    with serving.start_server(lm, max_batch_size=2) as srv:
+        loadgen.run(srv.url, ["hi", "there"], num_requests=2, max_concurrency=2, max_tokens=3, endpoint="chat")
+    del lm, srv
+    gc.collect()
+    memory.free()
+    assert model() is None, "the stopped server's model is still alive"
