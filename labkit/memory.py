@@ -158,7 +158,6 @@ def free() -> None:
     import gc
     import importlib.util
 
-    _forget_stopped_servers()
     gc.collect()
     if importlib.util.find_spec("torch") is not None:
         import torch
@@ -170,18 +169,6 @@ def free() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass  # not glibc: nothing to trim
-
-
-def _forget_stopped_servers() -> None:
-    """aiohttp caches each request handler's middleware chain (an lru_cache keyed by the handler and its
-    application), which keeps every server started in this process, and the model it served, alive after
-    it stopped. Clearing the cache lets them go; running servers rebuild their entry on the next request."""
-    import sys
-
-    web_app = sys.modules.get("aiohttp.web_app")
-    cache = getattr(web_app, "_cached_build_middleware", None)
-    if cache is not None and hasattr(cache, "cache_clear"):
-        cache.cache_clear()
 
 
 def snapshot(model: Any = None, device: Any = None) -> dict[str, Reading]:

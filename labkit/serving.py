@@ -686,6 +686,16 @@ def _error(exc: ApiError):
     return _json(exc.body(), status=exc.status, headers=headers)
 
 
+def _forget_handler_chains() -> None:
+    """aiohttp caches each request handler's middleware chain (an lru_cache keyed by the handler, a bound
+    method of this server), which would keep every stopped server, and the model it served, alive. Clear
+    it once a server stops; running servers rebuild their entry on their next request."""
+    web_app = sys.modules.get("aiohttp.web_app")
+    cache = getattr(web_app, "_cached_build_middleware", None)
+    if cache is not None and hasattr(cache, "cache_clear"):
+        cache.cache_clear()
+
+
 class Server:
     """The aiohttp application around a ``Batcher``. Start and stop it inside one event loop."""
 
@@ -742,6 +752,8 @@ class Server:
             await asyncio.to_thread(self.batcher.join, 60.0)
         if self._runner is not None:
             await self._runner.cleanup()
+        _forget_handler_chains()
+
 
     # ----------------------------------------------------------------- handlers
     def _errors_middleware(self):

@@ -328,7 +328,7 @@ def test_kv_reference_on_a_gpu_keeps_the_cpu_file(reference_dir, monkeypatch):
 def test_a_stopped_server_lets_its_model_go():
     """Notebook 09 measures each server with only its own model loaded: once a server stopped and the caller
     dropped the model, memory.free() must really free it (aiohttp's middleware cache kept every stopped
-    server, and its model, alive)."""
+    server, and its model, alive until stopping a server cleared it)."""
     import gc
     import weakref
 
