@@ -19,8 +19,8 @@ from labkit import config, loadgen, serving  # noqa: E402
 from labkit.results import _jsonable  # noqa: E402
 
 KEYS = ("max_batch_size", "concurrency", "requests", "completed", "failed", "duration_s", "output_tokens",
-        "output_tokens_per_s", "request_throughput", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "itl_p50_s",
-        "e2e_p50_s", "e2e_p99_s", "mean_batch_size")
+        "output_tokens_per_s", "request_throughput", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "itl_p50_s",
+        "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "mean_batch_size")
 
 
 def measure(max_batch_size: int, concurrency: int, requests: int, max_tokens: int, model: str | None) -> dict:

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .timing import now, percentile
+from .timing import now, p99, percentile
 
 
 class TimingStreamer:
@@ -131,7 +131,7 @@ def aggregate(results: list[GenerationResult]) -> dict[str, Any]:
         if not values:
             return {"median": None, "p10": None, "p90": None, "p99": None, "mean": None}
         return {"median": statistics.median(values), "p10": percentile(values, 10), "p90": percentile(values, 90),
-                "p99": percentile(values, 99) if len(values) >= 100 else None, "mean": statistics.fmean(values)}
+                "p99": p99(values), "mean": statistics.fmean(values)}
 
     tpots = [r.tpot_s for r in results if r.tpot_s is not None]
     itls = [x for r in results for x in r.itl_s]

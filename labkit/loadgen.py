@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .timing import percentile
+from .timing import P99_MIN_SAMPLES, p99, percentile
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -99,7 +99,7 @@ def _stats(prefix: str, values: list[float]) -> dict[str, float | None]:
     if not values:
         return {f"{prefix}_{k}_s": None for k in ("mean", "p50", "p90", "p99")}
     return {f"{prefix}_mean_s": statistics.fmean(values), f"{prefix}_p50_s": percentile(values, 50),
-            f"{prefix}_p90_s": percentile(values, 90), f"{prefix}_p99_s": percentile(values, 99)}
+            f"{prefix}_p90_s": percentile(values, 90), f"{prefix}_p99_s": p99(values)}
 
 
 @dataclass
@@ -120,7 +120,8 @@ class BenchmarkResult:
         return len(self.outputs) - self.completed
 
     def summary(self) -> dict[str, Any]:
-        """vLLM's figures, in seconds. p99 of fewer than 100 requests is close to the maximum: read it so."""
+        """vLLM's figures, in seconds. p99 is None below ``timing.P99_MIN_SAMPLES`` values (the lab's one rule:
+        fewer cannot say anything about a 1 % tail); p90 is there for small runs."""
         ok = [o for o in self.outputs if o.success]
         out_tokens = sum(o.output_tokens for o in ok)
         d = self.duration_s
@@ -347,6 +348,8 @@ def read_locust_csv(path: str | Path) -> dict[str, Any]:
     with path.open(newline="", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
             ms = {q: num(row.get(q, "N/A")) for q in ("50%", "90%", "95%", "99%")}
+            if int(row["Request Count"]) < P99_MIN_SAMPLES:
+                ms["99%"] = None  # the lab's one rule: no 1 % tail from fewer than P99_MIN_SAMPLES requests
             rows[row["Name"]] = {
                 "requests": int(row["Request Count"]), "failures": int(row["Failure Count"]),
                 "requests_per_s": num(row["Requests/s"]),

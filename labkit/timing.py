@@ -43,6 +43,14 @@ def now(device: Any = None) -> float:
     return time.perf_counter()
 
 
+P99_MIN_SAMPLES = 100  # one rule for the whole lab: fewer samples cannot say anything about a 1 % tail
+
+
+def p99(samples: list[float]) -> float | None:
+    """The 99th percentile, or None with fewer than P99_MIN_SAMPLES samples (then it is just the maximum)."""
+    return percentile(samples, 99) if len(samples) >= P99_MIN_SAMPLES else None
+
+
 def percentile(samples: list[float], q: float) -> float:
     """Linear-interpolated percentile (numpy's default), ``q`` in [0, 100]."""
     if not samples:
@@ -94,8 +102,8 @@ class Measurement:
 
     @property
     def p99(self) -> float | None:
-        """Only with at least 100 samples; fewer cannot say anything about a 1 % tail."""
-        return percentile(self.samples, 99) if self.n >= 100 else None
+        """Only with at least P99_MIN_SAMPLES samples (``p99``)."""
+        return p99(self.samples)
 
     @property
     def min(self) -> float:

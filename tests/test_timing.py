@@ -69,3 +69,17 @@ def test_track_context_manager():
     with timing.track() as t:
         time.sleep(0.01)
     assert t.seconds is not None and t.seconds >= 0.009
+
+
+def test_one_percentile_rule_everywhere():
+    """p99 only from at least timing.P99_MIN_SAMPLES values: Measurement, generation.aggregate and loadgen agree."""
+    from labkit import generation, loadgen, timing
+
+    few, many = [float(i) for i in range(1, 33)], [float(i) for i in range(1, 201)]
+    assert timing.p99(few) is None and Measurement.from_values("x", few).p99 is None
+    assert timing.p99(many) == pytest.approx(198.01) == Measurement.from_values("x", many).p99
+    outs = [loadgen.RequestOutput(success=True, output_tokens=2, ttft_s=v, e2e_s=2 * v) for v in few]
+    s = loadgen.BenchmarkResult(outputs=outs, duration_s=10.0).summary()
+    assert s["ttft_p99_s"] is None and s["ttft_p90_s"] == pytest.approx(timing.percentile(few, 90))
+    results = [generation.GenerationResult(n_prompt=3, n_out=2, ttft_s=v, e2e_s=2 * v) for v in few]
+    assert generation.aggregate(results)["ttft_s"]["p99"] is None
