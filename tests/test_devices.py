@@ -26,7 +26,7 @@ INPUT_BUILDERS = {"chat_inputs", "prompt_of_length"}  # labkit helpers that buil
 HOST_SIDE = {"tolist", "item", "shape", "numpy", "cpu", "to", "size", "dim"}
 # functions that build on the host on purpose, each with the reason
 ALLOWED = {
-    ("labkit/batching.py", "left_pad"): "pads on the host, returns ids.to(device), mask.to(device)",
+    ("labkit/decode.py", "left_pad"): "pads on the host, returns ids.to(device), mask.to(device)",
     ("labkit/quality.py", "perplexity"): "token ids on the host: logits_fn moves each window to the model's device",
     ("labkit/scheduler.py", "chat_ids"): "read back as Python ints",
 }
