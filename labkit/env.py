@@ -24,6 +24,37 @@ PACKAGES = (
 )
 
 
+class Unavailable(RuntimeError):
+    """labkit's own word that something cannot run on this machine (a missing backend, device or provider);
+    its message is the reason."""
+
+
+# what a missing package, library, kernel, device or memory raises
+BACKEND_ERRORS: tuple[type[BaseException], ...] = (ImportError, OSError, MemoryError, NotImplementedError, Unavailable)
+_LABKIT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _raised_in_labkit(exc: BaseException) -> bool:
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and os.path.abspath(last.tb_frame.f_code.co_filename).startswith(_LABKIT_DIR + os.sep)
+
+
+def backend_failure(exc: BaseException) -> bool:
+    """Does ``exc`` say that a backend cannot run here (True), or is it a bug to surface (False)?
+
+    A missing package, library, kernel, device or memory, ONNX Runtime's own errors and ``Unavailable``
+    are backend failures; a ``RuntimeError``/``ValueError`` is one when a backend raised it, not labkit's
+    own code. ``TypeError`` and ``AssertionError`` are always bugs (a wrong call, a broken invariant).
+    """
+    if isinstance(exc, (TypeError, AssertionError)):
+        return False
+    if isinstance(exc, BACKEND_ERRORS) or type(exc).__module__.startswith("onnxruntime"):
+        return True
+    return isinstance(exc, (RuntimeError, ValueError)) and not _raised_in_labkit(exc)
+
+
 def device() -> str:
     """The device notebooks use: ``LABKIT_DEVICE`` if set, else cuda when present, else cpu."""
     import torch

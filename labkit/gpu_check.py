@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import config
+from . import config, timing
 
 STATUSES = ("PASS", "FAIL", "SKIP")
 DEFAULT_BUDGET_S = 420.0  # checks not started by then are skipped: with the last one running, under 10 minutes
@@ -260,10 +260,10 @@ def check_compile(ctx: Context) -> str:
 
     lm = ctx.fp16()
     eager = generation.generate(lm.model, lm.tokenizer, PROMPT, max_new_tokens=TOKENS, fixed_length=True)
-    t0 = time.perf_counter()
-    first = generation.generate(lm.model, lm.tokenizer, PROMPT, max_new_tokens=TOKENS, fixed_length=True,
-                                **kv.cache_variant_kwargs("static+compile"))
-    first_s = time.perf_counter() - t0
+    with timing.track(lm.device) as t:
+        first = generation.generate(lm.model, lm.tokenizer, PROMPT, max_new_tokens=TOKENS, fixed_length=True,
+                                    **kv.cache_variant_kwargs("static+compile"))
+    first_s = t.seconds
     again = generation.generate(lm.model, lm.tokenizer, PROMPT, max_new_tokens=TOKENS, fixed_length=True,
                                 **kv.cache_variant_kwargs("static+compile"))
     same = "same greedy text as eager" if again.text == eager.text else "greedy text differs from eager (fp16 rounding)"
@@ -302,11 +302,12 @@ def _server_check(max_batch_size: int) -> Callable[[Context], str]:
 
 
 def check_vllm(ctx: Context) -> str:
-    from . import engines, models
+    from . import engines, models, scheduler
 
     ctx.release()  # vLLM reserves its share of the GPU: nothing else of ours may hold memory there
-    row = engines.vllm_offline(models.resolve(ctx.model_name), (ctx.prompts or [PROMPT])[:4], max_tokens=TOKENS,
-                               gpu_memory_utilization=0.3)
+    tok = models.load_tokenizer(ctx.model_name)
+    ids = [scheduler.chat_ids(tok, p) for p in (ctx.prompts or [PROMPT])[:4]]
+    row = engines.vllm_offline(models.resolve(ctx.model_name), ids, max_tokens=TOKENS, gpu_memory_utilization=0.3)
     return f"{row['output_tokens']} tokens in {row['wall_s']:.2f} s after a {row['load_s']:.0f} s start; engine shut down"
 
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .timing import P99_MIN_SAMPLES, p99, percentile
+from .timing import P99_MIN_SAMPLES, clock, p99, percentile
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -171,7 +171,7 @@ async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bo
     import aiohttp
 
     out = RequestOutput()
-    start = time.perf_counter()
+    start = clock()
     out.start_s = start - t0
     last = start
     chunks = 0
@@ -193,7 +193,7 @@ async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bo
                 if "error" in msg:
                     out.error = str(msg["error"].get("message", msg["error"]))[:300]
                     return out
-                stamp = time.perf_counter()
+                stamp = clock()
                 if msg.get("choices"):
                     choice = msg["choices"][0]
                     text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
@@ -285,7 +285,7 @@ async def run_async(base_url: str, prompts: Sequence[str] | None = None, *, num_
         model = model or await discover_model(session, base_url)
         for _ in range(warmup):  # one untimed request: fails fast when the server is not there
             test = await send_request(session, url, _payload(endpoint, prompts[0], model, min(limits[0], 4),
-                                                             ignore_eos), chat, time.perf_counter())
+                                                             ignore_eos), chat, clock())
             if not test.success:
                 raise RuntimeError(f"{url} did not answer the test request (HTTP {test.status}): {test.error}")
         gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
@@ -305,14 +305,14 @@ async def run_async(base_url: str, prompts: Sequence[str] | None = None, *, num_
             return out
 
         gaps = arrival_gaps(num_requests, request_rate, burstiness, seed)
-        t0 = time.perf_counter()
+        t0 = clock()
         tasks = []
         for i in range(num_requests):
             tasks.append(asyncio.create_task(one(i, t0)))
             if gaps[i] > 0:
                 await asyncio.sleep(gaps[i])
         outputs = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - t0
+        duration = clock() - t0
     settings = {"endpoint": endpoint, "model": model, "request_rate": request_rate, "burstiness": burstiness,
                 "concurrency": max_concurrency, "max_tokens": limits[0] if len(limits) == 1 else f"{min(limits)}-{max(limits)}",
                 "ignore_eos": ignore_eos}
@@ -385,9 +385,9 @@ def run_locust(base_url: str, users: int = 8, spawn_rate: float | None = None, r
         cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "-u", str(users),
                "-r", str(spawn_rate or users), "--run-time", f"{run_time_s}s", "--host", base_url.rstrip("/"),
                "--csv", str(prefix), "--only-summary", "--stop-timeout", str(stop_timeout_s), "--loglevel", "WARNING"]
-        t0 = time.perf_counter()
+        t0 = clock()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=run_time_s + stop_timeout_s + 120)
-        wall = time.perf_counter() - t0
+        wall = clock() - t0
         try:
             stats = read_locust_csv(f"{prefix}_stats.csv")
         except FileNotFoundError as exc:

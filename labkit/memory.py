@@ -7,6 +7,8 @@ in use as the driver sees it, every process included), ``rss`` (this process's r
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -61,12 +63,68 @@ def rss() -> Reading:
 
 
 def rss_peak() -> Reading:
-    """Peak resident set of this process since it started (Linux ru_maxrss, KiB)."""
+    """Peak resident set of this process since it started (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
     try:
         import resource
     except ImportError:
         return Reading("rss_peak", None, "resource module unavailable on this OS")
-    return Reading("rss_peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return Reading("rss_peak", maxrss if sys.platform == "darwin" else maxrss * 1024)
+
+
+class RSSSampler:
+    """A process's resident set sampled every ``interval_s`` by a thread; ``peak_bytes`` is the highest seen.
+
+    ``ru_maxrss`` is a peak since the process started, so it cannot say what one step took; this can:
+    ``with RSSSampler() as s: ...`` (or ``start()`` … ``stop()``), then ``s.peak_bytes``.
+    """
+
+    def __init__(self, interval_s: float = 0.02, pid: int | None = None) -> None:
+        import psutil
+
+        if not interval_s > 0:
+            raise ValueError(f"interval_s={interval_s}: must be positive")
+        self.interval_s = interval_s
+        self._proc = psutil.Process(pid or os.getpid())
+        self.peak_bytes = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, self._proc.memory_info().rss)
+        self.samples += 1
+
+    def _run(self) -> None:
+        while True:
+            self._sample()
+            if self._stop.wait(self.interval_s):
+                return
+
+    def start(self) -> "RSSSampler":
+        self._thread = threading.Thread(target=self._run, name="labkit-rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling (once; later calls do nothing), with a last sample."""
+        if self._thread is not None and not self._stop.is_set():
+            self._stop.set()
+            self._thread.join()
+            self._sample()
+
+    def describe(self) -> str:
+        return f"sampled every {self.interval_s * 1e3:g} ms, {self.samples} samples"
+
+    @property
+    def source(self) -> str:
+        return f"rss: the process's resident set, {self.describe()}"
+
+    def __enter__(self) -> "RSSSampler":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
 
 
 def _cuda_device(device: Any) -> Any:

@@ -11,13 +11,13 @@ import importlib.util
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import config
 from .sizing import DEFAULT_MODEL_NAME, normalize_dtype
+from .timing import track
 
 DEFAULT_DIRNAME = "SmolLM2-135M-Instruct"
 TORCH_DTYPES = ("fp32", "fp16", "bf16")
@@ -147,23 +147,20 @@ def load(name: str | None = None, dtype: str = "fp32", device: str | None = None
     td = torch_dtype(dtype)
     device = device or env.device()
     path = resolve(name)
-    t0 = time.perf_counter()
-    tok = load_tokenizer(name)
-    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=td, **extra, **kwargs)
-    except OSError as exc:
-        raise ModelNotFound(f"{path}: could not load ({exc}); check the name, or download it first "
-                            "with network access, or unset LABKIT_MODEL") from exc
-    model.to(device)
-    model.eval()
-    if model.generation_config.pad_token_id is None:
-        model.generation_config.pad_token_id = tok.pad_token_id
-    from .timing import sync
-
-    sync(device)
+    with track(device) as t:  # ends once the weights are on the device
+        tok = load_tokenizer(name)
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=td, **extra, **kwargs)
+        except OSError as exc:
+            raise ModelNotFound(f"{path}: could not load ({exc}); check the name, or download it first "
+                                "with network access, or unset LABKIT_MODEL") from exc
+        model.to(device)
+        model.eval()
+        if model.generation_config.pad_token_id is None:
+            model.generation_config.pad_token_id = tok.pad_token_id
     return Loaded(model=model, tokenizer=tok, name=display_name(name), dtype=normalize_dtype(dtype),
-                  device=device, load_seconds=time.perf_counter() - t0)
+                  device=device, load_seconds=t.seconds)
 
 
 def chat_inputs(tokenizer: Any, prompts: str | list[str], system: str | None = None, device: str = "cpu"):

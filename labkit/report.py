@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import html
 import os
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,43 +29,6 @@ COMPARED: dict[str, tuple[str, bool]] = {
 
 
 # ------------------------------------------------------------------------------------------- memory
-
-
-class _PeakRSS:
-    def __init__(self) -> None:
-        self.peak_bytes = 0
-        self.samples = 0
-        self.source = "rss: this process's resident set, sampled"
-
-
-@contextmanager
-def peak_rss(interval_s: float = 0.05) -> Iterator[_PeakRSS]:
-    """``with peak_rss() as m: ...`` then ``m.peak_bytes``: the highest RSS sampled every ``interval_s``
-    over the block (the server runs in this process, so this is its footprint plus the notebook's)."""
-    import psutil
-
-    if interval_s <= 0:
-        raise ValueError(f"interval_s={interval_s}: must be positive")
-    proc = psutil.Process(os.getpid())
-    peak = _PeakRSS()
-    stop = threading.Event()
-
-    def sample() -> None:
-        while True:
-            peak.peak_bytes = max(peak.peak_bytes, proc.memory_info().rss)
-            peak.samples += 1
-            if stop.wait(interval_s):
-                return
-
-    thread = threading.Thread(target=sample, name="labkit-rss-sampler", daemon=True)
-    thread.start()
-    try:
-        yield peak
-    finally:
-        stop.set()
-        thread.join()
-        peak.peak_bytes = max(peak.peak_bytes, proc.memory_info().rss)
-        peak.source += f" every {interval_s * 1e3:g} ms ({peak.samples} samples)"
 
 
 # ----------------------------------------------------------------------------------- SLO and tables
@@ -158,7 +119,7 @@ def load_point(url: str, prompts: Sequence[str], concurrency: int, num_requests:
     at ``concurrency`` clients, with the process's peak RSS (sampled) and the CUDA allocator peak."""
     from . import loadgen, memory
 
-    with memory.track() as mem, peak_rss() as rss:
+    with memory.track() as mem, memory.RSSSampler(interval_s=0.05) as rss:
         run = loadgen.run(url, prompts, num_requests=num_requests, max_concurrency=concurrency, max_tokens=max_tokens,
                           endpoint=endpoint, ignore_eos=False, slo=slo, **loadgen_options)
     summary = {k: v for k, v in run.summary().items() if k not in ("errors", "slo")}

@@ -41,6 +41,7 @@ from typing import Any
 
 from . import batching
 from .sampling import Sampling
+from .timing import clock
 
 log = logging.getLogger("labkit.serving")
 
@@ -410,7 +411,7 @@ class Job:
         self.params = params
         self.loop = loop
         self.events: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
-        self.arrival = time.perf_counter()
+        self.arrival = clock()
         self.started: float | None = None
         self.cancelled = False  # set when the client went away: the model thread drops it
         self.answered = False  # a final event (last token or error) has been pushed
@@ -490,7 +491,7 @@ class Batcher:
 
     def begin(self, job: Job) -> batching.Sequence:
         """Stamp the request's start (queue-wait metric) and make its decode sequence."""
-        job.started = time.perf_counter()
+        job.started = clock()
         self.metrics.observe(self.metrics.queue_wait, job.started - job.arrival)
         return job.sequence()
 
@@ -540,7 +541,7 @@ class Batcher:
                 # wait for company, counted from the oldest request's arrival, never past max_wait_ms
                 deadline = self._queue[0].arrival + self.cfg.max_wait_ms / 1e3
                 while len(self._queue) < self.cfg.max_batch_size and not self._closing:
-                    remaining = deadline - time.perf_counter()
+                    remaining = deadline - clock()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
@@ -856,10 +857,10 @@ class Server:
             job.cancelled = True  # no-op once it finished; stops the work if the client went away
 
     def _record_first(self, job: Job) -> None:
-        self.metrics.observe(self.metrics.ttft, time.perf_counter() - job.arrival)
+        self.metrics.observe(self.metrics.ttft, clock() - job.arrival)
 
     def _record_done(self, job: Job, n_out: int, endpoint: str, status: int) -> None:
-        self.metrics.observe(self.metrics.e2e, time.perf_counter() - job.arrival)
+        self.metrics.observe(self.metrics.e2e, clock() - job.arrival)
         self.metrics.add_tokens(output=n_out)
         self.metrics.count(endpoint, status)
 

@@ -37,6 +37,12 @@ def sync(device: Any = None) -> None:
         torch.cuda.synchronize(torch.device(name) if name else None)
 
 
+def clock() -> float:
+    """The host's monotonic clock, for intervals with no device work to wait for: arrivals and responses
+    over HTTP, file exports, wall time around whole steps that synchronise themselves."""
+    return time.perf_counter()
+
+
 def now(device: Any = None) -> float:
     """Seconds on a monotonic clock, after the device has finished its queued work."""
     sync(device)

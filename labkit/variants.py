@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import config
+from . import config, timing
+from .env import Unavailable
 
 VARIANTS: dict[str, str] = {
     "fp32": "PyTorch float32 (the reference)",
@@ -220,6 +221,7 @@ class Variant:
     prepare_s: float | None = None  # seconds spent exporting/quantising now (None: reused from the cache)
     rss_before_bytes: int | None = None
     load_peak_cuda_bytes: int | None = None
+    rss_sampler: Any = field(default=None, repr=False)  # memory.RSSSampler from the load to the end of the timed runs
     providers: list[str] = field(default_factory=list)  # ONNX Runtime: the providers the session really got
     note: str = ""  # where and why a variant runs somewhere other than the device asked for
 
@@ -234,6 +236,8 @@ class Variant:
     def release(self) -> None:
         """Drop the model and hand its memory back, so the next variant's memory reading is its own."""
         self.model = None
+        if self.rss_sampler is not None:
+            self.rss_sampler.stop()
         gc.collect()
         if importlib.util.find_spec("torch") is not None:
             import torch
@@ -277,19 +281,6 @@ def _sizing_model(model_name: str | None) -> str:
     return model_name or os.environ.get("LABKIT_MODEL") or "default"
 
 
-def _backend_errors() -> tuple[type[BaseException], ...]:
-    """What a backend raises when it cannot run here (missing kernel, driver, library, memory)."""
-    errors: list[type[BaseException]] = [ImportError, OSError, RuntimeError, ValueError, NotImplementedError,
-                                          TypeError, MemoryError]
-    if importlib.util.find_spec("onnxruntime") is not None:
-        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
-
-        errors += [getattr(ort_state, n) for n in ("Fail", "RuntimeException", "InvalidArgument",
-                                                    "NoSuchFile", "InvalidGraph", "NotImplemented")
-                   if hasattr(ort_state, n)]
-    return tuple(errors)
-
-
 def load_variant(name: str, model_name: str | None = None, device: str | None = None, **options: Any) -> Variant:
     """Load ``name`` (see ``names()``) of the default model (or ``model_name`` / ``LABKIT_MODEL``).
 
@@ -313,17 +304,20 @@ def load_variant(name: str, model_name: str | None = None, device: str | None = 
             raise ValueError(f"{name} runs on provider 'CPUExecutionProvider' only: {INT8_ON_GPU_NOTE}")
     loader = {"fp32": _load_torch, "fp16": _load_torch, "bf16": _load_torch, "bnb-int8": _load_bnb,
               "bnb-nf4": _load_bnb}.get(name, _load_ort)
-    with memory.track(device) as mem:
-        t0 = time.perf_counter()
+    v.rss_sampler = memory.RSSSampler().start()  # read in measure_variant: the peak over load and timed runs
+    with memory.track(device) as mem, timing.track(device) as t:
         try:
             loader(v, model_name)
         except models.ModelNotFound:
             raise  # a wrong model name is the caller's to fix, not a property of this machine
-        except _backend_errors() as exc:
+        except Exception as exc:
+            if not env.backend_failure(exc):
+                raise  # labkit's own bug: surface it, never report it as a capability gap
             v.status = f"cannot run here: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             v.model = None
+            v.rss_sampler.stop()
             return v
-        v.load_s = time.perf_counter() - t0 - (v.prepare_s or 0.0)
+    v.load_s = t.seconds - (v.prepare_s or 0.0)
     v.rss_before_bytes = mem.rss_before.bytes
     v.load_peak_cuda_bytes = mem.cuda_peak.bytes
     return v
@@ -476,11 +470,11 @@ def export_onnx(model_name: str | None = None, force: bool = False) -> tuple[Pat
         return target, None
     if force and target.exists():
         shutil.rmtree(target)
-    t0 = time.perf_counter()
+    t0 = timing.clock()
     with _atomic_dir(target) as tmp, _quiet():
         main_export(model_name_or_path=models.resolve(model_name), output=tmp, task="text-generation-with-past",
                     do_validation=False, device="cpu")
-    return target, time.perf_counter() - t0
+    return target, timing.clock() - t0
 
 
 def fold_constant_transposes(model: Any) -> int:
@@ -528,7 +522,7 @@ def quantize_onnx(per_channel: bool, reduce_range: bool | None = None, model_nam
         return target, export_s
     if force and target.exists():
         shutil.rmtree(target)
-    t0 = time.perf_counter()
+    t0 = timing.clock()
     external = any(p.name.endswith(("onnx_data", "onnx.data")) for p in src.iterdir())
     with _atomic_dir(target) as tmp, _quiet():
         for f in src.iterdir():
@@ -539,7 +533,7 @@ def quantize_onnx(per_channel: bool, reduce_range: bool | None = None, model_nam
         quantize_dynamic(graph, tmp / "model.onnx", per_channel=per_channel, reduce_range=reduce_range,
                          weight_type=QuantType.QInt8, use_external_data_format=external)
         del graph
-    return target, time.perf_counter() - t0 + (export_s or 0.0)
+    return target, timing.clock() - t0 + (export_s or 0.0)
 
 
 def ort_provider(device: str, wanted: str | None = None) -> str:
@@ -562,7 +556,7 @@ INT8_ON_GPU_NOTE = ("ONNX Runtime's dynamic int8 runs on the CPU provider: its q
                     "static (QDQ) int8 on the TensorRT provider.")
 
 
-class ProviderFallback(RuntimeError):
+class ProviderFallback(Unavailable):  # a capability gap, not a bug: load_variant reports it as a row
     """ONNX Runtime created the session on other providers than the ones asked for."""
 
 
@@ -682,10 +676,12 @@ def _peak_memory(v: Variant) -> tuple[int | None, str]:
             return None, "ONNX Runtime allocates outside PyTorch's CUDA allocator: no allocator peak"
         peak = memory.cuda_peak(v.device)
         return peak.bytes, "cuda_peak: PyTorch allocator peak over load and runs"
-    now = memory.rss()
-    if v.rss_before_bytes is None or now.bytes is None:
-        return None, "RSS not readable here"
-    return now.bytes - v.rss_before_bytes, "rss growth: process RSS after the timed runs minus before the load"
+    if v.rss_sampler is None or v.rss_before_bytes is None:
+        return None, "RSS not sampled for this variant"
+    v.rss_sampler.stop()
+    return (v.rss_sampler.peak_bytes - v.rss_before_bytes,
+            f"rss peak growth: highest process RSS over load and timed runs ({v.rss_sampler.describe()}), "
+            "minus the RSS before the load")
 
 
 def measure_variant(v: Variant, inputs: Inputs) -> dict[str, Any]:
@@ -746,11 +742,11 @@ def run(variant_names: Sequence[str] | None = None, settings: Settings | None = 
     for n in bar:
         if hasattr(bar, "set_postfix_str"):
             bar.set_postfix_str(n)
-        t0 = time.perf_counter()
+        t0 = timing.clock()
         v = load_variant(n, model_name, device, **options.get(n, {}))
         try:
             row = measure_variant(v, inputs)
-            row["measure_s"] = time.perf_counter() - t0  # wall time of this row: load, prepare and all passes
+            row["measure_s"] = timing.clock() - t0  # wall time of this row: load, prepare and all passes
         except (MemoryError, RuntimeError) as exc:  # an out-of-memory mid-run becomes a row, the sweep goes on
             row = {**v.summary(), "status": f"failed while measuring: {type(exc).__name__}: {str(exc)[:200]}"}
         finally:

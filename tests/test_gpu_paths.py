@@ -214,9 +214,10 @@ def fake_vllm(monkeypatch):
             self.llm_engine = types.SimpleNamespace(
                 engine_core=types.SimpleNamespace(shutdown=lambda: events.append(("shutdown",))))
 
-        def chat(self, messages, params, use_tqdm=False):
+        def generate(self, prompts, params, use_tqdm=False):
+            assert all(isinstance(p["prompt_token_ids"][0], int) for p in prompts), "token ids, made before the clock"
             out = types.SimpleNamespace(token_ids=[1] * params.max_tokens, text="ok")
-            return [types.SimpleNamespace(outputs=[out]) for _ in messages]
+            return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
 
     class SamplingParams:
         def __init__(self, **kw):
@@ -233,18 +234,21 @@ def fake_vllm(monkeypatch):
 
 
 def test_vllm_offline_passes_the_memory_share_and_shuts_down(fake_vllm):
-    row = engines.vllm_offline("some/model", ["a", "b"], max_tokens=3, gpu_memory_utilization=0.4)
+    row = engines.vllm_offline("some/model", [[1, 2], [3, 4, 5]], max_tokens=3, gpu_memory_utilization=0.4)
     assert fake_vllm == [("start", 1, 0.4), ("shutdown",)]
     assert row["output_tokens"] == 6 and row["gpu_memory_utilization"] == 0.4
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
-        engines.vllm_offline("some/model", ["a"], gpu_memory_utilization=0.95 + 0.1)
+        engines.vllm_offline("some/model", [[1]], gpu_memory_utilization=0.95 + 0.1)
 
 
 def test_vllm_rows_run_one_engine_at_a_time(fake_vllm, monkeypatch):
     from labkit import loadgen
 
     model = types.SimpleNamespace(to=lambda device: fake_vllm.append(("hf model to", device)))
-    lm = types.SimpleNamespace(model=model, device="cuda", name="some/model", tokenizer=None, dtype="fp16")
+    from labkit import models
+
+    lm = types.SimpleNamespace(model=model, device="cuda", name="some/model", tokenizer=models.load_tokenizer(),
+                               dtype="fp16")
     monkeypatch.setattr(engines, "hf_offline", lambda lm, prompts, max_tokens: fake_vllm.append(("hf",)) or
                         {"engine": "transformers generate (fp16)", "output_tokens_per_s": 1.0})
 

@@ -48,3 +48,34 @@ def test_track_sees_rss_growth():
         x = torch.ones(64 * 2**20 // 4)  # 64 MiB, written
     assert m.rss_growth_bytes > 32 * 2**20
     del x
+
+
+def test_rss_sampler_sees_an_allocation_freed_before_it_stops():
+    """A real peak: 64 MiB allocated and freed inside the block still shows, which RSS after the block cannot."""
+    import gc
+
+    with memory.RSSSampler(interval_s=0.005) as s:
+        base = memory.rss().bytes
+        block = bytearray(64 * 2**20)
+        block[::4096] = b"x" * len(block[::4096])  # touch every page so it is resident
+        import time
+
+        time.sleep(0.05)
+        del block
+        gc.collect()
+    assert s.peak_bytes - base > 48 * 2**20 and s.samples >= 2 and "every 5 ms" in s.source
+    with pytest.raises(ValueError):
+        memory.RSSSampler(interval_s=0)
+
+
+def test_rss_peak_units_per_platform(monkeypatch):
+    """ru_maxrss is KiB on Linux and bytes on macOS."""
+    import resource
+    import sys
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(resource, "getrusage", lambda who: SimpleNamespace(ru_maxrss=1000))
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert memory.rss_peak().bytes == 1000 * 1024
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert memory.rss_peak().bytes == 1000

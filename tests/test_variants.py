@@ -51,6 +51,35 @@ def test_backend_error_while_loading_becomes_a_status(monkeypatch):
     assert v.status.startswith("cannot run here: RuntimeError: no kernel image")
 
 
+@pytest.mark.parametrize("raise_it", [
+    lambda: variants.check_name("no-such-variant"),  # a ValueError raised by labkit's own code
+    lambda: len(42),  # a TypeError: a wrong call is a bug wherever it happens
+    lambda: exec("assert False, 'broken invariant'"),
+])
+def test_labkit_bugs_surface_instead_of_becoming_a_capability_gap(monkeypatch, raise_it):
+    def buggy(v, model_name):
+        raise_it()
+
+    monkeypatch.setattr(variants, "_load_torch", buggy)
+    with pytest.raises((ValueError, TypeError, AssertionError)):
+        variants.load_variant("fp16", "default", device="cpu")
+
+
+def test_what_counts_as_a_backend_failure():
+    class Fail(Exception):  # how onnxruntime's pybind errors look: their module is onnxruntime's
+        pass
+
+    Fail.__module__ = "onnxruntime.capi.onnxruntime_pybind11_state"
+    assert env.backend_failure(Fail("ep failed")) and env.backend_failure(ImportError("no bitsandbytes"))
+    assert env.backend_failure(env.Unavailable("no GPU")) and env.backend_failure(variants.ProviderFallback("cpu"))
+    assert env.backend_failure(RuntimeError("raised by a library, no labkit frame"))
+    assert not env.backend_failure(TypeError("wrong call")) and not env.backend_failure(AssertionError("invariant"))
+    try:
+        variants.check_name("nope")
+    except ValueError as exc:
+        assert not env.backend_failure(exc), "a ValueError from labkit's own code is a bug or bad input"
+
+
 def test_atomic_dir_renames_on_success_and_leaves_nothing_on_failure(tmp_path):
     target = tmp_path / "out"
     with pytest.raises(KeyError):
