@@ -232,7 +232,7 @@ def test_findings_choose_their_words_by_the_numbers():
     text = " ".join(_findings().sentences)
     assert "4.0× faster" in text and "each step grows with the sequence" in text
     assert "the formula is the cache" in text and "prefill grows with the prompt" in text
-    assert "static cache decoded slower" in text and "sdpa prefilled the long prompt faster" in text
+    assert "static cache decoded slower than" in text and "sdpa prefilled the long prompt faster than eager" in text
     assert "reading the weights dominates" in text and "90% of its tokens equal eager's" in text
     other = " ".join(_findings(speedup=0.8, step_growth={"cache on": 1.0, "cache off": 1.0},
                                kv_sizes=pd.DataFrame({"measured / formula": [1.0, 1.5]}),
@@ -240,6 +240,11 @@ def test_findings_choose_their_words_by_the_numbers():
                                                      index=["dynamic", "static"]),
                                decode_shares={"matmul": 0.2, "attention": 0.6}).sentences)
     assert "0.8× slower" in other and "cannot tell the two apart" in other and "not the formula" in other
-    assert "static cache decoded faster" in other and "attention dominates here" in other
+    assert "static cache decoded faster than" in other and "attention dominates here" in other
+    noisy = " ".join(_findings(step_growth={"cache on": 0.6, "cache off": 0.7}).sentences)
+    assert "cannot tell the two apart" in noisy  # a step that got faster without the cache is noise, not growth
+    even = " ".join(_findings(variants=pd.DataFrame({"tpot_s": [0.05, 0.0505], "agreement": [1.0, 1.0]},
+                                                    index=["dynamic", "static"])).sentences)
+    assert "static cache decoded as fast as the dynamic one" in even
     rows = {r["finding"]: r["value"] for r in _findings().rows}
     assert rows["TPOT static / dynamic cache (×)"] == pytest.approx(1.2)
