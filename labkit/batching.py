@@ -2,6 +2,8 @@
 
 Static batching runs B prompts as one left-padded batch through ``generate``: every decode step reads the
 weights once for all B sequences, so total tokens/s grows with B while each user's tokens/s falls a little.
+Every sweep row carries its quality: the greedy agreement of the batch's tokens with each prompt's tokens
+decoded alone (padding and batched kernels change the arithmetic, and so sometimes the answer).
 ``decode_batch`` is the server's engine: ``labkit.decode``'s ``prefill`` then ``decode_one_token`` steps on a shared KV cache,
 dropping each sequence from the batch as soon as it finishes (so a short answer does not ride along with
 the longest one, burning compute on padding).
@@ -14,8 +16,9 @@ from collections.abc import Callable, Iterable, Sequence as SequenceABC
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import config, decode
+from . import config, decode, sizing
 from .generation import generate
+from .kv import TokenRecorder, agreement
 from .sampling import Sampling, choose
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -58,6 +61,14 @@ def padding_stats(lengths: SequenceABC[int]) -> dict[str, Any]:
             "wasted_fraction": (padded - real) / padded, "longest": longest, "shortest": min(lengths)}
 
 
+def step_inputs(attention_mask: Any) -> tuple[Any, Any]:
+    """The next decode step's inputs from the mask so far: the (B, T + 1) mask, where each row's new token is a
+    real position, and the (B,) positions of the new tokens (each row counts its real tokens only). labkit's
+    answer to notebook 06's exercise, on the decode core."""
+    mask = decode.extend(attention_mask)
+    return mask, decode.positions(mask)[:, -1]
+
+
 def prompt_lengths(tokenizer: Any, prompts: SequenceABC[str]) -> list[int]:
     """Chat-formatted prompt lengths in tokens (what a batch really has to prefill)."""
     from .models import chat_inputs
@@ -79,16 +90,23 @@ def padding_experiment(model: Any, tokenizer: Any, batch: int = 8, new_tokens: i
     long_prompt = "Summarise the following text. " + " ".join(load_prompts("prompts") * long_repeat)
     cases = {"mixed (padded to longest)": [long_prompt] + shorts, "short prompts only": shorts,
              "long prompt alone": [long_prompt]}
-    rows = []
+    rows, tokens = [], {}
     for case, prompts in cases.items():
         lengths = prompt_lengths(tokenizer, prompts)
         generate(model, tokenizer, prompts, max_new_tokens=2, fixed_length=True)  # warmup at this shape
-        runs = [generate(model, tokenizer, prompts, max_new_tokens=new_tokens, fixed_length=True)
-                for _ in range(repeats)]
+        recorder = TokenRecorder()
+        runs = [generate(model, tokenizer, prompts, max_new_tokens=new_tokens, fixed_length=True,
+                         **(recorder.kwargs() if i == 0 else {})) for i in range(repeats)]
+        tokens[case] = recorder.tokens
         rows.append({"case": case, **padding_stats(lengths),
                      "ttft_s": statistics.median(r.ttft_s for r in runs),
                      "tpot_s": statistics.median(r.tpot_s for r in runs if r.tpot_s is not None),
-                     "e2e_s": statistics.median(r.e2e_s for r in runs)})
+                     "e2e_s": statistics.median(r.e2e_s for r in runs), "agreement": None})
+    # quality: the mixed batch's answers against the same prompts decoded in their buckets (long first)
+    import torch
+
+    bucketed_tokens = torch.cat([tokens["long prompt alone"], tokens["short prompts only"]])
+    rows[0]["agreement"] = agreement(tokens["mixed (padded to longest)"], bucketed_tokens)
     short, alone = rows[1], rows[2]
     rows.append({"case": "bucketed (short batch, then long alone)", "batch": batch,
                  "real_tokens": short["real_tokens"] + alone["real_tokens"],
@@ -98,7 +116,7 @@ def padding_experiment(model: Any, tokenizer: Any, batch: int = 8, new_tokens: i
                  (short["padded_tokens"] + alone["padded_tokens"]),
                  "longest": alone["longest"], "shortest": short["shortest"],
                  "ttft_s": short["ttft_s"] + alone["ttft_s"], "tpot_s": None,
-                 "e2e_s": short["e2e_s"] + alone["e2e_s"]})
+                 "e2e_s": short["e2e_s"] + alone["e2e_s"], "agreement": 1.0})  # the baseline itself
     return rows
 
 
@@ -152,13 +170,16 @@ def sweep_row(batch_size: int, runs: list[Any], lengths: list[int]) -> dict[str,
 def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None = None, new_tokens: int = 32,
                  repeats: int = 1, prompts: SequenceABC[str] | None = None,
                  progress: bool = True) -> list[dict[str, Any]]:
-    """Per-request latency, TTFT, TPOT and total output tokens/s for each static batch size.
+    """Per-request latency, TTFT, TPOT and total output tokens/s for each static batch size, and its quality.
 
     Each batch holds ``batch_size`` prompts (round-robin from ``prompts``, mixed lengths, left padded) and
     generates exactly ``new_tokens`` tokens per sequence. One untimed warmup per size, then ``repeats``
-    timed runs (medians reported). An out-of-memory becomes a row with status 'oom' and the sweep goes on;
-    on a GPU with the default sizes, the sweep stops growing after the first 'oom' row.
+    timed runs (medians reported). ``agreement``: the fraction of the batch's greedy tokens equal to each
+    prompt's tokens decoded alone (each distinct prompt is decoded alone once, untimed; batch 1 is its own
+    baseline). An out-of-memory becomes a row with status 'oom' and the sweep goes on; on a GPU with the
+    default sizes, the sweep stops growing after the first 'oom' row.
     """
+    import torch
     from tqdm.auto import tqdm
 
     _positive("new_tokens", new_tokens)
@@ -172,12 +193,14 @@ def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None =
         _positive("batch size", b)
     prompts = list(prompts) if prompts is not None else load_prompts("prompts")
     rows: list[dict[str, Any]] = []
+    alone: dict[str, Any] = {}  # prompt -> its (1, new_tokens) greedy tokens decoded without company
     for b in tqdm(sizes, desc="batch sizes", disable=not progress):
         batch_prompts = cycle(prompts, b)
+        recorder = TokenRecorder()
         try:
             generate(model, tokenizer, batch_prompts, max_new_tokens=2, fixed_length=True)  # warmup
-            runs = [generate(model, tokenizer, batch_prompts, max_new_tokens=new_tokens, fixed_length=True)
-                    for _ in range(repeats)]
+            runs = [generate(model, tokenizer, batch_prompts, max_new_tokens=new_tokens, fixed_length=True,
+                             **(recorder.kwargs() if i == 0 else {})) for i in range(repeats)]
         except (RuntimeError, MemoryError) as exc:
             if not isinstance(exc, MemoryError) and not _is_oom(exc):
                 raise
@@ -186,8 +209,37 @@ def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None =
             if auto:
                 break
             continue
-        rows.append(sweep_row(b, runs, prompt_lengths(tokenizer, batch_prompts)))
+        if b == 1:
+            alone.setdefault(batch_prompts[0], recorder.tokens)
+        for p in dict.fromkeys(batch_prompts):
+            if p not in alone:
+                alone[p] = alone_tokens(model, tokenizer, p, new_tokens)
+        baseline = torch.cat([alone[p] for p in batch_prompts])
+        rows.append({**sweep_row(b, runs, prompt_lengths(tokenizer, batch_prompts)),
+                     "agreement": agreement(recorder.tokens, baseline)})
     return rows
+
+
+def alone_tokens(model: Any, tokenizer: Any, prompt: str, new_tokens: int) -> Any:
+    """(1, new_tokens) greedy tokens of one chat prompt decoded alone: no padding, no company."""
+    recorder = TokenRecorder()
+    generate(model, tokenizer, prompt, max_new_tokens=new_tokens, fixed_length=True, **recorder.kwargs())
+    return recorder.tokens
+
+
+def memory_bound_gain(model: Any, tokenizer: Any, batch_size: int, new_tokens: int,
+                      prompts: SequenceABC[str] | None = None) -> float:
+    """Total tokens/s at ``batch_size`` over batch 1 if a decode step cost only its memory reads: every weight
+    once per step, plus each sequence's KV cache at the sweep's mean context (its prompt plus half its answer)."""
+    _positive("batch_size", batch_size)
+    est = sizing.estimate(model.config, dtype=sizing.normalize_dtype(str(model.dtype)), context=1)
+    lengths = prompt_lengths(tokenizer, list(prompts) if prompts is not None else load_prompts("prompts"))
+    context = round(sum(lengths) / len(lengths)) + _positive("new_tokens", new_tokens) // 2
+
+    def read(b: int) -> int:
+        return sizing.decode_bytes_per_step(est.weight_bytes, est.kv_bytes_per_token, context, b)
+
+    return batch_size * read(1) / read(batch_size)
 
 
 def pareto_front(rows: list[dict[str, Any]], x: str = "total_tokens_per_s",
@@ -213,6 +265,114 @@ def pareto_figure(rows: list[dict[str, Any]], title: str = "Static batching: eac
     fig.update_layout(title=title, xaxis_title="total output tokens/s (all users)",
                       yaxis_title="output tokens/s per user", template="plotly_white")
     return fig
+
+
+# ------------------------------------------------------------------------ takeaways from this run's numbers
+
+
+@dataclass
+class Findings:
+    """Notebook 06's takeaways: the numbers (``rows``) and the sentences they choose (``sentences``)."""
+
+    rows: list[dict[str, Any]]
+    sentences: list[str]
+
+
+def findings(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding: list[dict[str, Any]],
+             serving: list[dict[str, Any]], open_loop: list[dict[str, Any]], clients: int,
+             request_rate: float) -> Findings:
+    """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``sweep``: static_sweep rows (batch 1 first); ``memory_bound_gain``: the sizing model's predicted total-tokens/s
+    gain at the largest batch; ``padding``: padding_experiment rows (mixed first, bucketed last); ``serving``: the
+    max_batch_size 1 and 8 rows (loadgen summaries plus max_batch_size); ``open_loop``: Poisson then bursty rows.
+    """
+    ok = [r for r in sweep if r.get("status", "ok") == "ok"]
+    if not ok or not padding or len(serving) != 2 or len(open_loop) != 2:
+        raise ValueError("findings need the sweep's ok rows, the padding rows, two server rows and two open-loop rows")
+    first, last = ok[0], ok[-1]
+    gain = last["total_tokens_per_s"] / first["total_tokens_per_s"]
+    user = last["tokens_per_s_per_user"] / first["tokens_per_s_per_user"]
+    ttft_x = last["ttft_s"] / first["ttft_s"]
+    worst = min(ok, key=lambda r: r["agreement"])
+    mixed, bucketed = padding[0], padding[-1]
+    bucket_x = mixed["ttft_s"] / bucketed["ttft_s"]
+    one, many = serving
+    serve_x = many["output_tokens_per_s"] / one["output_tokens_per_s"]
+    tpot_x = many["tpot_p50_s"] / one["tpot_p50_s"]
+    poisson, bursty = open_loop
+    burst_x = bursty["ttft_p90_s"] / poisson["ttft_p90_s"]
+    sentences = [
+        f"Batch {last['batch_size']} gave {gain:.1f}× the total tokens/s of batch 1 "
+        f"({'more' if gain > memory_bound_gain else 'less'} than the memory-bound model's {memory_bound_gain:.1f}×); "
+        f"each user got {user:.2f}× batch 1's speed and waited {ttft_x:.1f}× as long for the first token.",
+        ("Batching changed no answer: every batch's greedy tokens equal each prompt's tokens decoded alone."
+         if worst["agreement"] == 1 else
+         f"Batching changed some answers: at batch {worst['batch_size']} only {worst['agreement']:.0%} of the tokens "
+         "equal each prompt decoded alone (padded rows and other matrix shapes round differently)."),
+        f"In the mixed batch {mixed['wasted_fraction']:.0%} of the prompt tokens were padding; bucketing by length "
+        f"prefilled {bucket_x:.1f}× {'faster' if bucket_x > 1 else 'slower'}, and the mixed batch's tokens equal "
+        f"the bucketed ones on {mixed['agreement']:.0%}.",
+        f"With {clients} clients, max_batch_size {many['max_batch_size']} served {serve_x:.1f}× the tokens/s of "
+        f"max_batch_size {one['max_batch_size']} (mean batch {many['mean_batch_size']:.1f}), each token coming "
+        f"{tpot_x:.1f}× {'slower' if tpot_x > 1 else 'faster'}; {one['failed'] + many['failed']} requests failed.",
+        f"At {request_rate:g} requests/s, bursty arrivals made the TTFT p90 {burst_x:.1f}× Poisson's "
+        f"({'worse' if burst_x > 1 else 'better'}); goodput {poisson['goodput']:.2f} (Poisson) and "
+        f"{bursty['goodput']:.2f} (bursty) requests/s.",
+    ]
+    rows = [
+        {"finding": f"static batch {last['batch_size']} / batch 1, total tokens/s (×)", "value": gain},
+        {"finding": "memory-bound prediction of that gain (×)", "value": memory_bound_gain},
+        {"finding": f"static batch {last['batch_size']} / batch 1, tokens/s per user (×)", "value": user},
+        {"finding": "lowest greedy agreement with prompts alone (share)", "value": worst["agreement"]},
+        {"finding": "padding share of the mixed batch's prompt tokens", "value": mixed["wasted_fraction"]},
+        {"finding": "prefill mixed / bucketed (×)", "value": bucket_x},
+        {"finding": f"server max_batch_size {many['max_batch_size']} / {one['max_batch_size']}, tokens/s (×)",
+         "value": serve_x},
+        {"finding": "TTFT p90 bursty / Poisson (×)", "value": burst_x},
+    ]
+    return Findings(rows=rows, sentences=sentences)
+
+
+# ------------------------------------------------------------- what articles write about TGI, and what exists
+
+TGI_ARTICLE_CALL = "text_generation.Client(url, max_batch_size=…, waiting_served_ratio=…)"
+TGI_CLIENT_CALL = "text_generation.Client(base_url, headers=None, cookies=None, timeout=…)"  # its whole constructor
+# TGI's launcher flags that shape batching (text-generation-launcher --help, TGI docs: reference/launcher),
+# each with the labkit server option (serving.ServerConfig) that does that job here, or None.
+TGI_BATCHING_FLAGS = (
+    ("--max-batch-size", "most requests in one batch (the docs: for hardware without unpadded inference)",
+     "max_batch_size", ""),
+    ("--waiting-served-ratio", "once waiting requests reach this ratio of running ones (and fit), pause the "
+     "running batch for one prefill that adds them", None,
+     "none: a new batch starts when the running one ends; continuous batching (notebook 07) adds requests "
+     "at every step"),
+    ("--max-waiting-tokens", "decode steps the running batch may take before waiting requests are forced in",
+     "max_wait_ms", "a time the oldest request waits for company, not a count of steps"),
+    ("--max-batch-total-tokens", "prompt + generated tokens all running requests may hold: the KV-cache budget",
+     None, "none: each request is bounded instead (max_prompt_tokens, max_tokens_limit)"),
+    ("--max-batch-prefill-tokens", "prompt tokens one prefill may take", "max_prompt_tokens",
+     "per request, not per prefill"),
+    ("--max-concurrent-requests", "requests in flight before new ones are refused", "max_queue",
+     "requests waiting beyond it get HTTP 503"),
+)
+
+
+def tgi_batching_options() -> list[dict[str, Any]]:
+    """TGI's batching settings where they really live (launcher flags, not the client), next to the labkit
+    server option that does the same job; every labkit name is checked against ``serving.ServerConfig``."""
+    from dataclasses import fields
+
+    from .serving import ServerConfig
+
+    ours = {f.name: f.default for f in fields(ServerConfig)}
+    rows = []
+    for flag, meaning, option, note in TGI_BATCHING_FLAGS:
+        assert option is None or option in ours, f"{option} is not a labkit server option ({sorted(ours)})"
+        rows.append({"TGI launcher flag": flag, "what it does": meaning,
+                     "labkit server": f"{option} (default {ours[option]})" if option else "—",
+                     "note": note})
+    return rows
 
 
 # ------------------------------------------------------------------------ the server's batched decoder

@@ -1,5 +1,6 @@
 """The KV cache, measured: its bytes against the sizing formula, cache on vs off, dynamic vs
-static, attention implementations, and the prefill/decode split.
+static, attention implementations, and the prefill/decode split. Every speed row carries a
+greedy-agreement column against its baseline (the first variant measured).
 
 ``generate`` feeds every token but the last through the model, so after a request of
 ``n_prompt`` prompt tokens and ``n_new`` new tokens the cache holds ``n_prompt + n_new - 1``
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import config, decode, generation, sizing
-from .timing import Measurement
+from .timing import Measurement, now
 
 DEFAULT_PROMPT = "Write a short story about a lighthouse keeper."
 CACHE_VARIANTS = ("dynamic", "static", "static+compile")
@@ -82,6 +83,16 @@ def _kv_dtype(model: Any) -> str:
     return sizing.normalize_dtype(str(model.dtype))
 
 
+def bytes_per_position(config: Any, bytes_per_value: float) -> int:
+    """KV-cache bytes one position of one sequence takes: K and V, for every layer and KV head.
+
+    Read from the model's config: ``num_key_value_heads`` (grouped-query attention caches fewer heads than it
+    queries with) and ``head_dim`` where the config sets it (not always hidden_size / num_attention_heads).
+    """
+    s = sizing.shape(config)
+    return int(2 * s.n_layers * s.n_kv_heads * s.head_dim * bytes_per_value)
+
+
 def predicted_bytes(model: Any, context: int, batch: int = 1) -> int:
     """``labkit.sizing.kv_bytes`` for this model's config and compute dtype."""
     return sizing.kv_bytes(sizing.shape(model.config), _kv_dtype(model), context, batch)
@@ -141,6 +152,64 @@ def prefill_cache_sizes(model: Any, tokenizer: Any, contexts: Iterable[int], bat
     return rows
 
 
+# ---------------------------------------------------------------- greedy tokens and agreement
+
+
+class TokenRecorder:
+    """A ``generate`` logits processor that keeps each step's greedy token, (B,) per step, on the device.
+
+    ``generate`` runs custom processors after its own, so the argmax of the scores this one sees is the token
+    greedy decoding picks. One argmax per step and no host copy: timing is not disturbed.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        self.steps.append(scores.argmax(-1))
+        return scores
+
+    def kwargs(self) -> dict[str, Any]:
+        """``generate`` keyword arguments that install this recorder."""
+        from transformers import LogitsProcessorList
+
+        return {"logits_processor": LogitsProcessorList([self])}
+
+    @property
+    def tokens(self) -> Any:
+        """(B, steps) greedy tokens, on the host."""
+        import torch
+
+        if not self.steps:
+            raise ValueError("no tokens recorded: pass recorder.kwargs() to generate first")
+        return torch.stack(self.steps, dim=1).cpu()
+
+
+def agreement(tokens: Any, baseline: Any) -> float:
+    """Fraction of greedy tokens equal to the baseline's at the same position (1.0: identical answers).
+
+    Greedy decoding is free-running: after a first different token the rest usually differ too."""
+    import torch
+
+    got, want = torch.as_tensor(tokens).cpu(), torch.as_tensor(baseline).cpu()
+    if got.shape != want.shape or got.numel() == 0:
+        raise ValueError(f"tokens {tuple(got.shape)} and baseline {tuple(want.shape)}: need the same, non-empty shape")
+    return float((got == want).float().mean())
+
+
+def time_steps(steps: Iterable[Any], device: Any, n_prompt: int) -> tuple[generation.GenerationResult, Any]:
+    """Run a decode loop that yields one (B,) token tensor per step, stamping each token as it arrives
+    (device-synchronised): the same timings ``generate``'s streamer gives, and the (B, n) tokens."""
+    import torch
+
+    start = now(device)
+    stamps, tokens = [], []
+    for token in steps:
+        stamps.append(now(device))
+        tokens.append(token)
+    return generation.GenerationResult.from_stamps(start, stamps, n_prompt), torch.stack(tokens, dim=1).cpu()
+
+
 # ---------------------------------------------------------------- timing cache choices
 
 def timed_generate(model: Any, tokenizer: Any, prompt: Any = DEFAULT_PROMPT, new_tokens: int = 64,
@@ -198,22 +267,27 @@ def cache_variant_kwargs(variant: str) -> dict[str, Any]:
 
 def compare_cache_variants(model: Any, tokenizer: Any, variants: Iterable[str] = CACHE_VARIANTS,
                            prompt: str = DEFAULT_PROMPT, new_tokens: int = 32, repeats: int = 3) -> list[dict[str, Any]]:
-    """First call (it pays allocation, and for compile the whole compilation) and steady TPOT per variant."""
+    """First call (it pays allocation, and for compile the whole compilation) and steady TPOT per variant, with
+    the greedy agreement of its tokens against the first variant's (the baseline)."""
     from contextlib import nullcontext
 
     from .warmup import fresh_compile_cache
 
-    rows = []
+    rows, baseline = [], None
     for variant in variants:
         kwargs = cache_variant_kwargs(variant)
         # an empty inductor cache, so the first call pays the whole compilation (as on a new machine)
         with fresh_compile_cache() if "compile" in variant else nullcontext():
             first = timed_generate(model, tokenizer, prompt, new_tokens, **kwargs)
-        runs = [timed_generate(model, tokenizer, prompt, new_tokens, **kwargs) for _ in range(repeats)]
+        recorder = TokenRecorder()
+        runs = [timed_generate(model, tokenizer, prompt, new_tokens, **kwargs, **(recorder.kwargs() if i == 0 else {}))
+                for i in range(repeats)]
+        baseline = (variant, recorder.tokens) if baseline is None else baseline
         tpot = Measurement.from_values(f"tpot {variant}", [r.tpot_s for r in runs if r.tpot_s is not None])
         rows.append({"variant": variant, "new_tokens": new_tokens, "first_call_s": first.e2e_s,
                      "ttft_s": min(r.ttft_s for r in runs), "tpot_s": tpot.median, "tpot_spread": tpot.spread,
                      "decode_tokens_per_s": 1 / tpot.median, "e2e_s": min(r.e2e_s for r in runs),
+                     "agreement": agreement(recorder.tokens, baseline[1]), "baseline": baseline[0],
                      "repeats": repeats})
     return rows
 
@@ -238,23 +312,28 @@ def attention_status(device: str | None = None) -> list[dict[str, Any]]:
 
 def compare_attention(model: Any, tokenizer: Any, implementations: Iterable[str], prompt_tokens: int = 512,
                       new_tokens: int = 16, repeats: int = 2) -> list[dict[str, Any]]:
-    """TTFT on a ``prompt_tokens`` prompt and TPOT, for each attention implementation (switched in place)."""
+    """TTFT on a ``prompt_tokens`` prompt and TPOT, for each attention implementation (switched in place), with
+    the greedy agreement of its tokens against the first implementation's (the baseline)."""
     implementations = list(implementations)
     bad = [i for i in implementations if i not in ATTENTION_IMPLEMENTATIONS]
     if bad:
         raise ValueError(f"unknown attention implementation(s) {bad}; choose from {ATTENTION_IMPLEMENTATIONS}")
     inputs = prompt_of_length(tokenizer, prompt_tokens, device=str(_model_device(model)))
     before = model.config._attn_implementation
-    rows = []
+    rows, baseline = [], None
     try:
         for impl in implementations:
             model.set_attn_implementation(impl)
             timed_generate(model, tokenizer, inputs, 2)  # untimed: first call after the switch
-            runs = [timed_generate(model, tokenizer, inputs, new_tokens) for _ in range(repeats)]
+            recorder = TokenRecorder()
+            runs = [timed_generate(model, tokenizer, inputs, new_tokens, **(recorder.kwargs() if i == 0 else {}))
+                    for i in range(repeats)]
+            baseline = (impl, recorder.tokens) if baseline is None else baseline
             ttft = Measurement.from_values("ttft", [r.ttft_s for r in runs])
             tpot = Measurement.from_values("tpot", [r.tpot_s for r in runs if r.tpot_s is not None])
             rows.append({"attn_implementation": impl, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
                          "ttft_s": ttft.median, "tpot_s": tpot.median, "repeats": repeats,
+                         "agreement": agreement(recorder.tokens, baseline[1]), "baseline": baseline[0],
                          "answer_start": runs[0].text[:40]})
     finally:
         model.set_attn_implementation(before)
@@ -274,6 +353,132 @@ def prefill_decode_split(model: Any, tokenizer: Any, prompt_tokens: Iterable[int
                      "prefill_tokens_per_s": n / ttft.median, "decode_tokens_per_s": 1 / tpot.median,
                      "repeats": repeats})
     return rows
+
+
+# ---------------------------------------------------------------- what articles write, run here
+
+ARTICLE_CLAIMS = (
+    # (what popular articles write, what does that job in transformers)
+    ('generate(..., cache_implementation="flash")',
+     'attn_implementation="flash_attention_2" (the attention kernel) or cache_implementation="static" (the cache)'),
+    ('model.set_attn_implementation("flash")', 'attn_implementation="flash_attention_2", "sdpa" or "eager"'),
+)
+
+
+def _outcome(fn: Any) -> str:
+    """What a call does here: 'ran' with its result, or the exception's type and first line."""
+    try:
+        return f"ran: {fn()}"
+    except (ValueError, ImportError, TypeError, RuntimeError) as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+
+
+def audit_claims(model: Any, tokenizer: Any, new_tokens: int = 2) -> list[dict[str, Any]]:
+    """Run the calls articles write next to the real API that does the job, on this model, and say what each
+    did (a refused call is refused before any forward pass). The attention implementation is restored."""
+    import torch
+
+    from .models import chat_inputs
+
+    inputs = chat_inputs(tokenizer, DEFAULT_PROMPT, device=str(_model_device(model)))
+
+    def gen(**kwargs: Any) -> str:
+        with torch.inference_mode():
+            out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True, **kwargs)
+        return f"{out.sequences.shape[1] - inputs['input_ids'].shape[1]} tokens, {type(out.past_key_values).__name__}"
+
+    def attn(impl: str) -> str:
+        model.set_attn_implementation(impl)
+        return f"attention is now {model.config._attn_implementation}"
+
+    before = model.config._attn_implementation
+    try:
+        calls = [("article", ARTICLE_CLAIMS[0][0], lambda: gen(cache_implementation="flash"), ARTICLE_CLAIMS[0][1]),
+                 ("real", 'generate(..., cache_implementation="static")',
+                  lambda: gen(**cache_variant_kwargs("static")), ""),
+                 ("article", ARTICLE_CLAIMS[1][0], lambda: attn("flash"), ARTICLE_CLAIMS[1][1]),
+                 ("real", 'model.set_attn_implementation("sdpa")', lambda: attn("sdpa"), ""),
+                 ("real", 'model.set_attn_implementation("flash_attention_2")', lambda: attn("flash_attention_2"), "")]
+        rows = [{"source": src, "call": call, "what it does here": _outcome(fn), "the real API": real}
+                for src, call, fn, real in calls]
+    finally:
+        model.set_attn_implementation(before)
+    return rows
+
+
+# ---------------------------------------------------------------- takeaways from this run's numbers
+
+
+@dataclass
+class Findings:
+    """Notebook 05's takeaways: the numbers (``rows``) and the sentences they choose (``sentences``)."""
+
+    rows: list[dict[str, Any]]
+    sentences: list[str]
+
+
+def _than(ratio: float) -> str:
+    """'faster than' when a time ratio (this / baseline) is below 1, 'slower than' above, 'as fast as' within 2 %."""
+    return "as fast as" if abs(ratio - 1) <= 0.02 else ("faster than" if ratio < 1 else "slower than")
+
+
+def findings(*, loop_agreement: float, core_identical: bool, tokens: int, speedup: float,
+             step_growth: dict[str, float], kv_sizes: Any, bytes_per_position: int, split: Any, variants: Any,
+             attention: Any, decode_shares: dict[str, float]) -> Findings:
+    """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``step_growth``: last step's time / first decode step's, per 'cache on' / 'cache off'. ``kv_sizes``: rows with
+    'measured / formula'. ``split``: prefill_decode_split rows, shortest prompt first. ``variants``: rows indexed
+    by cache variant ('dynamic', 'static') with tpot_s and agreement. ``attention``: rows indexed by
+    implementation ('eager', 'sdpa') with ttft_s and agreement. ``decode_shares``: group → share of a decode step.
+    """
+    fit = kv_sizes["measured / formula"]
+    short, long_ = split.iloc[0], split.iloc[-1]
+    prompt_x, ttft_x, tpot_x = (long_.prompt_tokens / short.prompt_tokens, long_.ttft_s / short.ttft_s,
+                                long_.tpot_s / short.tpot_s)
+    static_x = variants.loc["static"].tpot_s / variants.loc["dynamic"].tpot_s
+    sdpa_x = attention.loc["sdpa"].ttft_s / attention.loc["eager"].ttft_s
+    matmul, attn = decode_shares.get("matmul", 0.0), decode_shares.get("attention", 0.0)
+    on_g, off_g = step_growth["cache on"], step_growth["cache off"]
+    sentences = [
+        f"With the cache your loop made {tokens} tokens {speedup:.1f}× {'faster' if speedup > 1 else 'slower'} than "
+        f"without it. From the first decode steps to the last, a step's time changed {on_g:.2f}× with the cache and "
+        f"{off_g:.2f}× without: "
+        + ("without the cache each step grows with the sequence it recomputes." if off_g > max(1.1, on_g * 1.1) else
+           "this run cannot tell the two apart (too few tokens, or a noisy machine: raise LOOP_TOKENS)."),
+        f"Your loop agreed with generate on {loop_agreement:.0%} of its tokens, and labkit's decode core gave "
+        f"{'the same tokens as' if core_identical else 'different tokens from'} generate.",
+        f"The cache holds {bytes_per_position:,} bytes per position and sequence; the tensors measured "
+        f"{fit.min():.3f}–{fit.max():.3f}× the formula"
+        + (" — the formula is the cache." if fit.min() > 0.99 and fit.max() < 1.01 else
+           " — not the formula: look at the positions each cache holds."),
+        f"A {prompt_x:.0f}× longer prompt made TTFT {ttft_x:.1f}× longer and TPOT {tpot_x:.2f}×: prefill "
+        f"{'grows with the prompt' if ttft_x > 1.5 else 'barely grew'}, a decode step "
+        f"{'barely moved' if tpot_x < 1.5 else 'grew too (each step reads the whole, longer cache)'}.",
+        f"Without compiling, the static cache decoded {_than(static_x)} the dynamic one "
+        f"({static_x:.2f}× its time per token), with {variants.loc['static'].agreement:.0%} of its tokens equal.",
+        f"sdpa prefilled the long prompt {_than(sdpa_x)} eager ({sdpa_x:.2f}× its TTFT); "
+        f"{attention.loc['sdpa'].agreement:.0%} of its tokens equal eager's.",
+        f"A decode step spent {matmul:.0%} of its time in matrix multiplication and {attn:.0%} in attention: "
+        + ("reading the weights dominates, so fewer bytes per weight (notebooks 02, 03) help decode more than a "
+           "faster attention kernel." if matmul > attn else
+           "attention dominates here, so a faster attention kernel helps decode more than smaller weights."),
+    ]
+    rows = [
+        {"finding": f"cache on vs off, {tokens} new tokens (speedup ×)", "value": speedup},
+        {"finding": "loop tokens equal to generate (share)", "value": loop_agreement},
+        {"finding": "KV bytes measured / formula (min)", "value": float(fit.min())},
+        {"finding": "KV bytes measured / formula (max)", "value": float(fit.max())},
+        {"finding": f"TTFT, {prompt_x:.0f}× longer prompt (×)", "value": ttft_x},
+        {"finding": f"TPOT, {prompt_x:.0f}× longer prompt (×)", "value": tpot_x},
+        {"finding": "TPOT static / dynamic cache (×)", "value": static_x},
+        {"finding": "static cache tokens equal to dynamic (share)", "value": float(variants.loc["static"].agreement)},
+        {"finding": "TTFT sdpa / eager (×)", "value": sdpa_x},
+        {"finding": "sdpa tokens equal to eager (share)", "value": float(attention.loc["sdpa"].agreement)},
+        {"finding": "decode step spent in matmul (share)", "value": matmul},
+    ]
+    return Findings(rows=rows, sentences=sentences)
 
 
 # ---------------------------------------------------------------- reference file for quick mode

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from labkit import batch_widget, batching
 
@@ -232,3 +233,117 @@ def test_measure_point_refuses_a_stopped_server():
         batch_widget.measure_point(Stopped(), 4, 20, 2)
     with pytest.raises(ValueError, match="clients"):
         batch_widget.measure_point(Stopped(), 4, 20, 0)
+
+
+# ------------------------------------------------------------- the batched step, quality, claims, takeaways
+
+
+def test_step_inputs_grow_the_mask_and_count_real_tokens():
+    mask = torch.tensor([[1, 1, 1], [0, 0, 1], [0, 1, 1]])
+    grown, pos = batching.step_inputs(mask)
+    assert grown.tolist() == [[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1]]
+    assert pos.tolist() == [3, 1, 2]  # a row with n real tokens puts the new one at position n
+
+
+def test_step_inputs_drive_a_batched_step_like_each_prompt_alone(tiny_llama):
+    """One prefill and one step on a left-padded batch give each prompt the tokens it gets alone."""
+    from labkit import decode
+
+    model, tok = tiny_llama
+    prompts = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33]]
+    ids, mask = decode.left_pad(prompts, tok.pad_token_id, "cpu")
+    with torch.inference_mode():
+        logits, cache = decode.prefill(model, ids, mask)
+        first = logits.argmax(-1)
+        step_mask, pos = batching.step_inputs(mask)
+        second = decode.decode_one_token(model, first, cache, pos, step_mask).argmax(-1)
+    alone = torch.cat([decode.greedy(model, torch.tensor([p]), new_tokens=2) for p in prompts])
+    assert torch.equal(torch.stack([first, second], dim=1), alone)
+
+
+def test_memory_bound_gain_follows_the_bytes(tiny_llama):
+    from labkit import sizing
+
+    model, tok = tiny_llama
+    prompts = ["Hi", "Hello there, how are you today?"]
+    gain = batching.memory_bound_gain(model, tok, 8, new_tokens=4, prompts=prompts)
+    est = sizing.estimate(model.config, dtype="fp32", context=1)
+    lengths = batching.prompt_lengths(tok, prompts)
+    context = round(sum(lengths) / len(lengths)) + 2
+    one = est.weight_bytes + est.kv_bytes_per_token * context
+    eight = est.weight_bytes + est.kv_bytes_per_token * context * 8
+    assert gain == pytest.approx(8 * one / eight) and 1 < gain < 8
+    assert batching.memory_bound_gain(model, tok, 1, new_tokens=4, prompts=prompts) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="batch_size"):
+        batching.memory_bound_gain(model, tok, 0, new_tokens=4)
+
+
+def test_static_sweep_agreement_against_prompts_alone(tiny_llama, monkeypatch):
+    model, tok = tiny_llama
+    prompts = ["Tell me a story", "Hi", "What is two plus two?"]
+    rows = batching.static_sweep(model, tok, batch_sizes=[1, 3], new_tokens=3, prompts=prompts, progress=False)
+    assert [r["agreement"] for r in rows] == [1.0, 1.0]  # fp32 tiny model: padding changes no greedy token
+    real = batching.alone_tokens
+    monkeypatch.setattr(batching, "alone_tokens", lambda *a: real(*a) + 1)  # 'alone' answers all differ now
+    rows = batching.static_sweep(model, tok, batch_sizes=[1, 3], new_tokens=3, prompts=prompts, progress=False)
+    assert rows[0]["agreement"] == 1.0  # batch 1 is its own baseline
+    assert rows[1]["agreement"] == pytest.approx(1 / 3)  # only the first prompt's baseline came from batch 1
+
+
+def test_padding_experiment_scores_the_mixed_batch_against_its_buckets(tiny_llama):
+    model, tok = tiny_llama
+    rows = {r["case"]: r for r in batching.padding_experiment(model, tok, batch=3, new_tokens=2, long_repeat=1)}
+    assert rows["mixed (padded to longest)"]["agreement"] == 1.0
+    assert rows["bucketed (short batch, then long alone)"]["agreement"] == 1.0
+    assert rows["short prompts only"]["agreement"] is None
+
+
+def test_tgi_options_name_real_labkit_server_options():
+    from dataclasses import fields
+
+    from labkit import serving
+
+    rows = batching.tgi_batching_options()
+    flags = [r["TGI launcher flag"] for r in rows]
+    assert "--max-batch-size" in flags and "--waiting-served-ratio" in flags
+    ours = {f.name for f in fields(serving.ServerConfig)}
+    for r in rows:
+        name = r["labkit server"].split(" ")[0]
+        assert name == "—" or name in ours, r
+    assert "max_batch_size" not in batching.TGI_CLIENT_CALL and "waiting_served_ratio" in batching.TGI_ARTICLE_CALL
+    with pytest.raises(ValueError, match="unknown server option"):
+        serving.start_server("tiny-random", waiting_served_ratio=1.2)  # refused before any model loads
+
+
+def _batching_findings(**over):
+    sweep = [{"batch_size": 1, "status": "ok", "total_tokens_per_s": 10.0, "tokens_per_s_per_user": 10.0,
+              "ttft_s": 0.1, "agreement": 1.0},
+             {"batch_size": 8, "status": "ok", "total_tokens_per_s": 50.0, "tokens_per_s_per_user": 6.25,
+              "ttft_s": 0.4, "agreement": 1.0}]
+    padding = [{"case": "mixed", "wasted_fraction": 0.6, "ttft_s": 2.0, "agreement": 1.0},
+               {"case": "bucketed", "wasted_fraction": 0.1, "ttft_s": 1.0, "agreement": 1.0}]
+    serving_rows = [{"max_batch_size": 1, "mean_batch_size": 1.0, "output_tokens_per_s": 10.0, "tpot_p50_s": 0.05,
+                     "failed": 0},
+                    {"max_batch_size": 8, "mean_batch_size": 6.5, "output_tokens_per_s": 40.0, "tpot_p50_s": 0.08,
+                     "failed": 0}]
+    open_loop = [{"arrivals": "Poisson", "ttft_p90_s": 0.5, "goodput": 1.9},
+                 {"arrivals": "bursty", "ttft_p90_s": 1.5, "goodput": 1.2}]
+    args = dict(sweep=sweep, memory_bound_gain=7.5, padding=padding, serving=serving_rows, open_loop=open_loop,
+                clients=8, request_rate=2.0)
+    args.update(over)
+    return batching.findings(**args)
+
+
+def test_batching_findings_choose_their_words_by_the_numbers():
+    text = " ".join(_batching_findings().sentences)
+    assert "5.0× the total tokens/s" in text and "less than the memory-bound model's 7.5×" in text
+    assert "Batching changed no answer" in text and "prefilled 2.0× faster" in text
+    assert "4.0× the tokens/s" in text and "1.6× slower" in text and "3.0× Poisson's (worse)" in text
+    sweep = [{"batch_size": 1, "status": "ok", "total_tokens_per_s": 10.0, "tokens_per_s_per_user": 10.0,
+              "ttft_s": 0.1, "agreement": 1.0},
+             {"batch_size": 4, "status": "ok", "total_tokens_per_s": 90.0, "tokens_per_s_per_user": 22.5,
+              "ttft_s": 0.1, "agreement": 0.75}]
+    text = " ".join(_batching_findings(sweep=sweep, memory_bound_gain=3.9).sentences)
+    assert "more than the memory-bound model's 3.9×" in text and "at batch 4 only 75% of the tokens" in text
+    with pytest.raises(ValueError, match="two server rows"):
+        _batching_findings(serving=[])

@@ -119,3 +119,132 @@ def test_profile_prefill_and_decode(tiny_llama):
     top = profiling.top_ops_frame(profiles, top=3)
     assert len(top) == 6 and (top["self_us"] > 0).all()
     assert profiling.groups_figure(profiles).data
+
+
+# ------------------------------------------------------------- bytes per position, tokens, agreement, claims
+
+
+def test_bytes_per_position_reads_kv_heads_and_head_dim():
+    from transformers import LlamaConfig
+
+    gqa = LlamaConfig(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=5)
+    assert kv.bytes_per_position(gqa, 2) == 2 * 5 * 2 * 32 * 2  # K and V × layers × KV heads × head_dim × bytes
+    explicit = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+                           head_dim=96)
+    assert kv.bytes_per_position(explicit, 4) == 2 * 2 * 4 * 96 * 4  # head_dim from the config, not 256 / 4
+
+
+def test_bytes_per_position_is_what_a_prefill_stores(tiny_llama):
+    model, tok = tiny_llama
+    (size,) = kv.prefill_cache_sizes(model, tok, [24])
+    assert size.measured_bytes == kv.bytes_per_position(model.config, 4) * 24
+
+
+def test_token_recorder_sees_the_tokens_generate_returns(tiny_llama):
+    model, tok = tiny_llama
+    from labkit.models import chat_inputs
+
+    inputs = chat_inputs(tok, ["Hello there", "Hi"], device="cpu")  # left padded: rows of different lengths
+    recorder = kv.TokenRecorder()
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                             pad_token_id=tok.pad_token_id, **recorder.kwargs())
+    assert torch.equal(recorder.tokens, out[:, inputs["input_ids"].shape[1]:])
+    with pytest.raises(ValueError, match="no tokens recorded"):
+        kv.TokenRecorder().tokens
+
+
+def test_agreement_counts_equal_positions():
+    base = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert kv.agreement(base.clone(), base) == 1.0
+    assert kv.agreement(torch.tensor([[1, 2, 0, 0], [5, 6, 7, 8]]), base) == 0.75
+    with pytest.raises(ValueError, match="same, non-empty shape"):
+        kv.agreement(base[:, :3], base)
+
+
+def test_time_steps_stamps_each_yielded_token():
+    def loop():
+        for t in range(4):
+            yield torch.tensor([t])
+
+    result, tokens = kv.time_steps(loop(), "cpu", n_prompt=7)
+    assert tokens.tolist() == [[0, 1, 2, 3]] and result.n_out == 4 and result.n_prompt == 7
+    assert result.ttft_s >= 0 and len(result.itl_s) == 3 and result.e2e_s >= result.ttft_s
+
+
+def test_cache_variants_and_attention_carry_agreement(tiny_llama):
+    model, tok = tiny_llama
+    rows = kv.compare_cache_variants(model, tok, ["dynamic", "static"], new_tokens=3, repeats=1)
+    assert [(r["baseline"], r["agreement"]) for r in rows] == [("dynamic", 1.0), ("dynamic", 1.0)]
+    rows = kv.compare_attention(model, tok, ["sdpa", "eager"], prompt_tokens=12, new_tokens=3, repeats=1)
+    assert [r["baseline"] for r in rows] == ["sdpa", "sdpa"] and rows[0]["agreement"] == 1.0
+
+
+def test_compare_cache_variants_reports_a_changed_answer(tiny_llama, monkeypatch):
+    """A variant whose tokens differ from the baseline's gets agreement below 1."""
+    model, tok = tiny_llama
+    real = kv.timed_generate
+
+    def static_says_otherwise(model_, tok_, prompt, new_tokens, **kw):
+        if kw.get("cache_implementation") == "static" and "logits_processor" in kw:
+            recorder = kw["logits_processor"][0]
+            out = real(model_, tok_, prompt, new_tokens, **kw)
+            recorder.steps[-1] = recorder.steps[-1] + 1  # the last token differs
+            return out
+        return real(model_, tok_, prompt, new_tokens, **kw)
+
+    monkeypatch.setattr(kv, "timed_generate", static_says_otherwise)
+    rows = kv.compare_cache_variants(model, tok, ["dynamic", "static"], new_tokens=4, repeats=1)
+    assert rows[0]["agreement"] == 1.0 and rows[1]["agreement"] == pytest.approx(0.75)
+
+
+def test_audit_claims_runs_the_real_calls_and_shows_the_refusals(tiny_llama):
+    model, tok = tiny_llama
+    before = model.config._attn_implementation
+    rows = {r["call"]: r for r in kv.audit_claims(model, tok)}
+    flash = rows['generate(..., cache_implementation="flash")']
+    assert flash["source"] == "article" and flash["what it does here"].startswith("ValueError")
+    assert "static" in flash["what it does here"]  # transformers lists the valid caches
+    assert rows['generate(..., cache_implementation="static")']["what it does here"] == "ran: 2 tokens, StaticCache"
+    assert rows['model.set_attn_implementation("flash")']["what it does here"].startswith("ValueError")
+    assert rows['model.set_attn_implementation("sdpa")']["what it does here"].startswith("ran")
+    assert model.config._attn_implementation == before
+
+
+def _findings(**over):
+    import pandas as pd
+
+    args = dict(
+        loop_agreement=1.0, core_identical=True, tokens=32, speedup=4.0,
+        step_growth={"cache on": 1.0, "cache off": 1.8},
+        kv_sizes=pd.DataFrame({"measured / formula": [1.0, 1.0]}), bytes_per_position=46080,
+        split=pd.DataFrame({"prompt_tokens": [32, 512], "ttft_s": [0.1, 1.0], "tpot_s": [0.05, 0.06]}),
+        variants=pd.DataFrame({"tpot_s": [0.05, 0.06], "agreement": [1.0, 1.0]}, index=["dynamic", "static"]),
+        attention=pd.DataFrame({"ttft_s": [1.0, 0.8], "agreement": [1.0, 0.9]}, index=["eager", "sdpa"]),
+        decode_shares={"matmul": 0.7, "attention": 0.1, "other": 0.2})
+    args.update(over)
+    return kv.findings(**args)
+
+
+def test_findings_choose_their_words_by_the_numbers():
+    import pandas as pd
+
+    text = " ".join(_findings().sentences)
+    assert "4.0× faster" in text and "each step grows with the sequence" in text
+    assert "the formula is the cache" in text and "prefill grows with the prompt" in text
+    assert "static cache decoded slower than" in text and "sdpa prefilled the long prompt faster than eager" in text
+    assert "reading the weights dominates" in text and "90% of its tokens equal eager's" in text
+    other = " ".join(_findings(speedup=0.8, step_growth={"cache on": 1.0, "cache off": 1.0},
+                               kv_sizes=pd.DataFrame({"measured / formula": [1.0, 1.5]}),
+                               variants=pd.DataFrame({"tpot_s": [0.06, 0.05], "agreement": [1.0, 1.0]},
+                                                     index=["dynamic", "static"]),
+                               decode_shares={"matmul": 0.2, "attention": 0.6}).sentences)
+    assert "0.8× slower" in other and "cannot tell the two apart" in other and "not the formula" in other
+    assert "static cache decoded faster than" in other and "attention dominates here" in other
+    noisy = " ".join(_findings(step_growth={"cache on": 0.6, "cache off": 0.7}).sentences)
+    assert "cannot tell the two apart" in noisy  # a step that got faster without the cache is noise, not growth
+    even = " ".join(_findings(variants=pd.DataFrame({"tpot_s": [0.05, 0.0505], "agreement": [1.0, 1.0]},
+                                                    index=["dynamic", "static"])).sentences)
+    assert "static cache decoded as fast as the dynamic one" in even
+    rows = {r["finding"]: r["value"] for r in _findings().rows}
+    assert rows["TPOT static / dynamic cache (×)"] == pytest.approx(1.2)

@@ -1,27 +1,29 @@
 # %% md slide
 # # 05 · The KV cache and attention: where decode time goes
 #
-# Each new token attends to every token before it. Without a cache the model recomputes the keys
-# and values of the whole sequence at every step; with one it computes them once and keeps them.
-# That trade — memory for time — is the KV cache. This notebook measures both sides: the bytes
-# it holds against the sizing formula, the time it saves, static vs dynamic caches, attention
-# kernels, and — with the profiler — which operators a prefill and a decode step spend time in.
+# Each new token attends to every token before it. A decode loop can recompute the keys and values of
+# the whole sequence at every step, or compute each position's once and keep them: the KV cache. Here
+# you write the step that uses the cache, check it against `generate`, then measure both sides of the
+# trade — the bytes the cache holds and the time it saves — and go on to static vs dynamic caches,
+# attention kernels, and the operators one step spends its time in.
 
 # %% md subslide
 # ## Learning objectives
 #
-# - Predict the KV cache's bytes from the config, then measure the tensors a `generate` returns.
-# - See per-token latency stay flat with the cache and grow without it, and total time diverge.
+# - Write one decode step with the KV cache, run it in a greedy loop, and prove the loop gives `generate`'s tokens.
+# - Compute the cache's bytes per token from a model's config, then measure the tensors.
+# - Time the loop with and without the cache, and read where the difference comes from.
 # - Separate prefill (TTFT) from decode (TPOT) for short and long prompts.
-# - Compare a dynamic and a static cache (with and without `torch.compile`) and attention
-#   implementations (`eager`, `sdpa`, `flash_attention_2`).
+# - Compare a dynamic and a static cache, and attention implementations, each with its greedy agreement.
+# - Tell the real switches from one that articles invent (`cache_implementation="flash"`).
 # - Read a profiler table: how much of a step is matrix multiplication, attention, and the rest.
 
 # %% slide
 import pandas as pd
+import torch
 
 import labkit
-from labkit import config, env, kv, models, plots, profiling, results, sizing
+from labkit import config, decode, env, exercises, kv, models, plots, profiling, results, sizing
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -31,113 +33,221 @@ env.capabilities_frame().query("name in ['cuda', 'flash-attn', 'torch.compile']"
 # %% subslide parameters
 DTYPE = "fp16" if env.device() == "cuda" else "fp32"  # weights and KV cache precision
 PROMPT = "Write a short story about a lighthouse keeper."
-KV_NEW_TOKENS = 16  # new tokens for the cache-size check
+LOOP_TOKENS = config.pick(128, 24)  # new tokens from the loop written below, with and without the cache
+POINTS = [8, 16, 32, 64]  # new-token counts at which total time is read off (and LOOP_TOKENS)
+KV_NEW_TOKENS = config.pick(16, 4)  # new tokens for the cache-size check
 KV_BATCHES = [1, 4]  # sequences per cache-size check
-KV_CONTEXTS = config.pick([128, 512, 1024, 2048], [64, 256, 512])  # prompt tokens for the growth line
-ON_TOKENS = config.pick(512, 64)  # new tokens with the cache
-OFF_TOKENS = config.pick(256, 64)  # new tokens without it (every step re-runs the sequence)
-POINTS = [16, 32, 64, 128, 256, 512]  # new-token counts at which total time is read off
+KV_CONTEXTS = config.pick([128, 512, 1024, 2048], [64, 128, 256])  # prompt tokens for the growth line
 SPLIT_PROMPTS = config.pick([32, 256, 1024], [32, 512])  # prompt tokens for prefill vs decode
 SPLIT_TOKENS = config.pick(32, 12)  # new tokens per prefill/decode run
-VARIANT_TOKENS = config.pick(64, 24)  # new tokens per cache-variant run
+VARIANT_TOKENS = config.pick(64, 12)  # new tokens per cache-variant run
 REPEATS = config.pick(3, 1)  # timed repeats per point
 ATTN_PROMPT = config.pick(1024, 512)  # prompt tokens for the attention comparison
+ATTN_TOKENS = config.pick(16, 6)  # new tokens per attention run
 PROFILE_PROMPT = 128  # prompt tokens for the profiled prefill
 COMPILE_HERE = not config.quick()  # compile the decode step here (too slow for quick mode on a CPU)
 
-# %% md slide
-# ## 1 · Predict: how many bytes does the cache hold?
-#
-# Per position: 2 (K and V) × layers × KV heads × head_dim × bytes per value. `generate` feeds
-# every token but the last through the model, so a request of *p* prompt tokens and *n* new
-# tokens leaves *p + n − 1* positions per sequence.
-
 # %% fragment
 lm = models.load(dtype=DTYPE)
-shape = sizing.shape(lm.model.config)
-per_pos = sizing.kv_bytes_per_token(shape, DTYPE)
-print(f"{lm.name}: {shape.n_layers} layers × {shape.n_kv_heads} KV heads × {shape.head_dim} dims × 2 × "
-      f"{sizing.DTYPE_BYTES[DTYPE]:g} bytes = {per_pos:,} bytes per position ({per_pos / 2**10:.0f} KiB)")
+inputs = models.chat_inputs(lm.tokenizer, PROMPT, device=lm.device)  # (1, T) on the model's device
+n_prompt = inputs["input_ids"].shape[1]
+print(f"{lm.name} in {DTYPE} on {lm.device}; the prompt is {n_prompt} tokens")
 
 # %% md slide
-# ## 2 · Measure: the tensors in the returned cache
+# ## 1 · One decode step, with the cache
 #
-# `generate(..., return_dict_in_generate=True)` hands back the cache; we sum the bytes of every
-# key and value tensor and set them against `sizing.kv_bytes` for the same context and batch.
+# `generate` hides a loop: the prompt goes through the model once (*prefill*), then one token at a time
+# (*decode*). The prefill leaves every prompt position's keys and values in a cache (`past_key_values`).
+# What does a decode step need to feed the model, if the cache already holds everything before the new
+# token? Write the step: the check runs it on a tiny random model against the same step without a cache.
+
+# %% exercise 05.decode_step
+import torch
+
+
+def decode_step(model, tokens, cache, position_ids):
+    """One decode step with the KV cache: (B,) newest tokens at (B,) positions → (B, V) next-token logits.
+
+    ``cache`` holds the keys and values of every earlier position. ``model(...)`` takes ``input_ids`` (B, L),
+    ``position_ids`` (B, L) and ``past_key_values``; its ``.logits`` are (B, L, V).
+    """
+    return None  # your code here
+
+
+# %% check
+exercises.check("05.decode_step", decode_step);
+
+# %% md subslide
+# ### The loop around the step
+#
+# Prefill once, then your step, one token at a time. The other branch keeps no cache: each step feeds the
+# whole sequence so far. Both yield one token per step, so labkit can stamp each as it arrives.
 
 # %% fragment
+step = exercises.use("05.decode_step", decode_step, decode.decode_one_token)
+
+
+@torch.inference_mode()
+def greedy_steps(model, input_ids, new_tokens, use_cache=True):
+    """(1, T) prompt → yields new_tokens greedy tokens, each (1,), one per step."""
+    if use_cache:
+        out = model(input_ids=input_ids, use_cache=True)  # prefill: T positions at once, cache filled
+        cache, token = out.past_key_values, out.logits[:, -1].argmax(-1)
+        position = torch.full_like(token, input_ids.shape[1])  # the new token sits right after the prompt
+        for _ in range(new_tokens - 1):
+            yield token
+            token, position = step(model, token, cache, position).argmax(-1), position + 1
+        yield token
+    else:
+        ids = input_ids
+        for _ in range(new_tokens):  # step t runs all T + t positions again
+            token = model(input_ids=ids, use_cache=False).logits[:, -1].argmax(-1)
+            yield token
+            ids = torch.cat([ids, token[:, None]], dim=1)
+
+# %% md slide
+# ## 2 · Cache on vs off: time per token
+#
+# Predict: for `LOOP_TOKENS` new tokens, how many times faster is the loop with the cache than without it?
+# And how does the time of one step change from the first tokens to the last, with the cache and without?
+
+# %% fragment
+PREDICT_CACHE_SPEEDUP = None  # your prediction: time without the cache / time with it, for LOOP_TOKENS tokens
+
+# %% fragment
+list(greedy_steps(lm.model, inputs["input_ids"], 2))  # untimed warmup: first calls allocate
+on, on_tokens = kv.time_steps(greedy_steps(lm.model, inputs["input_ids"], LOOP_TOKENS), lm.device, n_prompt)
+off, off_tokens = kv.time_steps(greedy_steps(lm.model, inputs["input_ids"], LOOP_TOKENS, use_cache=False),
+                                lm.device, n_prompt)
+per_token = pd.DataFrame(kv.per_token_rows(on, "cache on") + kv.per_token_rows(off, "cache off"))
+plots.line(per_token, x="token", y="itl_s", color="variant", title="Time per generated token (first = TTFT)",
+           x_title="generated token", y_title="seconds", markers=False).show()
+early = per_token[per_token.token.between(2, 5)].groupby("variant").itl_s.median()  # first decode steps
+late = per_token[per_token.token > LOOP_TOKENS - 4].groupby("variant").itl_s.median()  # the last four
+growth = late / early
+print(f"last steps / first steps: cache on {growth['cache on']:.2f}×, cache off {growth['cache off']:.2f}×")
+
+# %% subslide
+points = sorted({*(p for p in POINTS if p < LOOP_TOKENS), LOOP_TOKENS})
+totals = pd.DataFrame({"cache on": kv.elapsed_at(on, points), "cache off": kv.elapsed_at(off, points)})
+totals["speedup"] = totals["cache off"] / totals["cache on"]
+totals.index.name = "new_tokens"
+plots.bar(totals.reset_index().melt(id_vars="new_tokens", value_vars=["cache on", "cache off"], var_name="variant",
+                                    value_name="seconds"), x="new_tokens", y="seconds", color="variant",
+          title="Total time for n new tokens, read off the same runs", y_title="seconds").show()
+exercises.reveal(f"cache speedup at {totals.index[-1]} tokens", PREDICT_CACHE_SPEEDUP, totals.speedup.iloc[-1], "×")
+totals
+
+# %% md subslide
+# ### Same tokens as `generate`?
+#
+# A faster loop is only useful if it computes the same thing. Greedy decoding is deterministic, so the
+# loop with the cache, the loop without it and `generate` should agree token for token — do they?
+
+# %% fragment
+core = decode.same_as_generate(lm.model, inputs["input_ids"], inputs["attention_mask"], new_tokens=LOOP_TOKENS)
+reference = torch.tensor(core["generate"])
+loop_agreement = {"cache on": kv.agreement(on_tokens, reference), "cache off": kv.agreement(off_tokens, reference)}
+for label, share in loop_agreement.items():
+    print(f"your loop, {label}: {share:.0%} of {LOOP_TOKENS} tokens equal to generate's")
+print("answer:", repr(lm.tokenizer.decode(reference[0], skip_special_tokens=True)))
+
+# %% md slide
+# ## 3 · The decode core: the same loop in labkit
+#
+# Every engine in this lab — the server's batches (notebook 06), continuous batching (07), the static-cache
+# and compiled decoder (08) — runs on these few functions. They are your loop, batched: a mask hides
+# left padding, and each row counts its own positions. `prefill` and `decode_one_token` are the answer to
+# the exercise above, so they appear here once your `decode_step` passes its check.
+
+# %% fragment
+solved = exercises.evaluate("05.decode_step", decode_step).status == "correct"
+decode.show_source(*(["prefill", "decode_one_token", "greedy"] if solved else ["greedy"]))
+
+# %% fragment
+print(f"labkit's decode core vs generate, {core['new_tokens']} tokens: "
+      f"{'identical' if core['identical'] else 'DIFFERENT'} (greedy, with the cache)")
+
+# %% md slide
+# ## 4 · How many bytes does the cache hold?
+#
+# Every layer keeps, for each position, one key and one value vector per *key/value head*, each `head_dim`
+# numbers wide. Models with grouped-query attention have fewer key/value heads than query heads. Write the
+# bytes one position of one sequence costs, reading the numbers from a config.
+
+# %% exercise 05.kv_bytes_per_token
+def kv_bytes_per_token(config, bytes_per_value):
+    """Bytes the KV cache holds for one position of one sequence.
+
+    ``config``: a transformers model config (``num_hidden_layers``, ``num_attention_heads``,
+    ``num_key_value_heads``, ``hidden_size``, and ``head_dim`` where the model sets it).
+    ``bytes_per_value``: 4 for fp32, 2 for fp16/bf16.
+    """
+    return None  # your code here
+
+
+# %% check
+exercises.check("05.kv_bytes_per_token", kv_bytes_per_token);
+
+# %% md subslide
+# ### Predict, then measure the tensors
+#
+# `generate` feeds every token but the last through the model: a request of *p* prompt tokens and *n*
+# new tokens leaves *p + n − 1* positions per sequence. The growth line prefills prompts of each length in
+# `KV_CONTEXTS`. Predict: how many MiB does one sequence's cache hold after the longest of them?
+
+# %% fragment
+PREDICT_KV_MIB = None  # your prediction: MiB after the longest prompt in KV_CONTEXTS, one sequence
+
+# %% fragment
+per_pos = exercises.use("05.kv_bytes_per_token", kv_bytes_per_token, kv.bytes_per_position)(
+    lm.model.config, sizing.DTYPE_BYTES[DTYPE])
 sizes = [kv.measure_cache(lm.model, lm.tokenizer, PROMPT, KV_NEW_TOKENS, batch=b) for b in KV_BATCHES]
-sizes.append(kv.measure_cache(lm.model, lm.tokenizer, PROMPT, KV_NEW_TOKENS, batch=1,
-                              **kv.cache_variant_kwargs("static")))
+sizes.append(kv.measure_cache(lm.model, lm.tokenizer, PROMPT, KV_NEW_TOKENS, batch=1, **kv.cache_variant_kwargs("static")))
 sizes += kv.prefill_cache_sizes(lm.model, lm.tokenizer, KV_CONTEXTS)
-kvdf = pd.DataFrame([s.to_dict() for s in sizes])
+kvdf = pd.DataFrame([s.to_dict() for s in sizes]).drop(columns=["predicted_bytes", "ratio"])
+kvdf["formula_bytes"] = per_pos * kvdf.context * kvdf.batch  # bytes per position × positions × sequences
+kvdf["measured / formula"] = kvdf.measured_bytes / kvdf.formula_bytes
 grow = kvdf.iloc[len(KV_BATCHES) + 1:]
-plots.predicted_vs_measured([f"{c} tokens" for c in grow.context], list(grow.predicted_bytes / 2**20),
+plots.predicted_vs_measured([f"{c} tokens" for c in grow.context], list(grow.formula_bytes / 2**20),
                             list(grow.measured_bytes / 2**20), "KV cache after prefill: formula vs tensors", "MiB").show()
-print(f"measured / predicted over {len(kvdf)} caches: min {kvdf.ratio.min():.4f}, max {kvdf.ratio.max():.4f}")
+exercises.reveal(f"MiB after {grow.context.iloc[-1]} tokens", PREDICT_KV_MIB, grow.measured_bytes.iloc[-1] / 2**20, "MiB")
+print(f"{per_pos:,} bytes per position; measured / formula over {len(kvdf)} caches: "
+      f"{kvdf['measured / formula'].min():.4f} to {kvdf['measured / formula'].max():.4f}")
 kvdf
 
 # %% md slide
-# ## 3 · Cache on vs off: latency per token
+# ## 5 · Prefill vs decode: TTFT and TPOT, short and long prompts
 #
-# Predict: with the cache a decode step processes one new token, so its time should stay flat.
-# Without it, step *t* re-runs all *p + t* tokens, so each step should be slower than the last.
+# Prefill runs the whole prompt through the model in one pass; a decode step runs one token and reads the
+# cache. Predict: when the prompt gets longer by the factor below, how many times longer do TTFT (prefill)
+# and TPOT (one decode step) get?
 
 # %% fragment
-on = kv.timed_generate(lm.model, lm.tokenizer, PROMPT, ON_TOKENS, use_cache=True)
-off = kv.timed_generate(lm.model, lm.tokenizer, PROMPT, OFF_TOKENS, use_cache=False)
-tokens = pd.DataFrame(kv.per_token_rows(on, "cache on") + kv.per_token_rows(off, "cache off"))
-plots.line(tokens, x="token", y="itl_s", color="variant", title="Time per generated token (first = TTFT)",
-           x_title="generated token", y_title="seconds", markers=False).show()
-n = min(on.n_out, off.n_out)
-early = tokens[tokens.token.between(2, 9)].groupby("variant").itl_s.median()
-late = tokens[tokens.token.between(n - 7, n)].groupby("variant").itl_s.median()
-print(f"median step, tokens 2-9 → {n - 7}-{n}: cache on {early['cache on'] * 1e3:.0f} → {late['cache on'] * 1e3:.0f} ms, "
-      f"cache off {early['cache off'] * 1e3:.0f} → {late['cache off'] * 1e3:.0f} ms")
-
-# %% md subslide
-# ### Total time for *n* new tokens
-#
-# Read off the same runs: the time from the call until token *n* arrived (greedy decoding makes
-# the first *n* tokens of a long run identical to an *n*-token run).
-
-# %% fragment
-rows = []
-for label, run in (("cache on", on), ("cache off", off)):
-    pts = [p for p in POINTS if p <= run.n_out]
-    rows += [{"variant": label, "new_tokens": n, "seconds": s} for n, s in kv.elapsed_at(run, pts).items()]
-totals = pd.DataFrame(rows)
-plots.bar(totals, x="new_tokens", y="seconds", color="variant", title="Total time for n new tokens",
-          y_title="seconds").show()
-wide = totals.pivot(index="new_tokens", columns="variant", values="seconds").dropna()
-wide["speedup"] = wide["cache off"] / wide["cache on"]
-print(f"at {wide.index[-1]} new tokens the cache is {wide.speedup.iloc[-1]:.1f}× faster")
-wide
-
-# %% md slide
-# ## 4 · Prefill vs decode: TTFT and TPOT, short and long prompts
-#
-# Predict: prefill processes the whole prompt at once (matrix × matrix: compute-bound), so TTFT
-# grows with the prompt; a decode step processes one token (matrix × vector: bandwidth-bound), so
-# TPOT should barely move.
+print(f"prompt lengths: {SPLIT_PROMPTS} tokens, a factor of {SPLIT_PROMPTS[-1] / SPLIT_PROMPTS[0]:.0f}")
+PREDICT_TTFT_GROWTH = None  # your prediction: TTFT(longest) / TTFT(shortest)
+PREDICT_TPOT_GROWTH = None  # your prediction: TPOT(longest) / TPOT(shortest)
 
 # %% fragment
 split = pd.DataFrame(kv.prefill_decode_split(lm.model, lm.tokenizer, SPLIT_PROMPTS, SPLIT_TOKENS, repeats=REPEATS))
 melted = split.melt(id_vars="prompt_tokens", value_vars=["ttft_s", "tpot_s"], var_name="metric", value_name="seconds")
 plots.bar(melted.astype({"prompt_tokens": str}), x="prompt_tokens", y="seconds", color="metric",
           title="Prefill (TTFT) vs decode (TPOT)", y_title="seconds").show()
-short, long_ = split.iloc[0].to_dict(), split.iloc[-1].to_dict()
-n_short, n_long = int(short["prompt_tokens"]), int(long_["prompt_tokens"])
-print(f"{n_long / n_short:.0f}× longer prompt: TTFT {long_['ttft_s'] / short['ttft_s']:.1f}×, "
-      f"TPOT {long_['tpot_s'] / short['tpot_s']:.2f}×")
+short, long_ = split.iloc[0], split.iloc[-1]
+exercises.reveal("TTFT growth", PREDICT_TTFT_GROWTH, long_.ttft_s / short.ttft_s, "×")
+exercises.reveal("TPOT growth", PREDICT_TPOT_GROWTH, long_.tpot_s / short.tpot_s, "×")
 split
 
 # %% md slide
-# ## 5 · Dynamic vs static cache, with and without torch.compile
+# ## 6 · Dynamic vs static cache
 #
-# A *dynamic* cache grows by concatenation at every step. A *static* cache allocates every
-# position once and writes in place: its shapes never change, which is what lets `torch.compile`
-# (and CUDA graphs on a GPU) compile the decode step once. The first call pays for that.
+# A *dynamic* cache grows by concatenation at every step. A *static* cache allocates every position once
+# and writes in place: its shapes never change, which is what lets `torch.compile` (and CUDA graphs on a
+# GPU) compile the decode step once; the first call pays for that. Predict: without compiling, which of
+# the two decodes faster on this machine?
+
+# %% fragment
+PREDICT_FASTER_CACHE = None  # your prediction: "dynamic" or "static"
 
 # %% fragment
 variants = ["dynamic", "static"] + (["static+compile"] if COMPILE_HERE and env.capability("torch.compile").available else [])
@@ -150,37 +260,62 @@ if "static+compile" not in variants:
     vrows += [dict(r, where="reference") for r in ref.frame("cache_variants").to_dict("records")]
 vdf = pd.DataFrame(vrows)
 plots.bar(vdf, x="variant", y="tpot_s", color="where", title="Decode time per token by cache", y_title="seconds").show()
-vdf[["variant", "where", "new_tokens", "first_call_s", "ttft_s", "tpot_s", "decode_tokens_per_s"]]
+here = vdf[vdf["where"] == "this run"].set_index("variant")
+exercises.reveal_choice("faster decode", PREDICT_FASTER_CACHE, here.loc[["dynamic", "static"]].tpot_s.idxmin(),
+                        ["dynamic", "static"])
+vdf[["variant", "where", "new_tokens", "first_call_s", "ttft_s", "tpot_s", "decode_tokens_per_s", "agreement"]]
 
 # %% md slide
-# ## 6 · Attention implementations
+# ## 7 · Attention: the real switches, and one that articles invent
+#
+# Articles write `generate(..., cache_implementation="flash")` to get FlashAttention. Is that an option?
+# Each call below runs on this model; a refused call is refused before any forward pass.
+
+# %% fragment
+claims = kv.audit_claims(lm.model, lm.tokenizer)
+for c in claims:
+    print(f"[{c['source']}] {c['call']}\n    here: {c['what it does here']}"
+          + (f"\n    what does this job: {c['the real API']}" if c["the real API"] else ""))
+
+# %% md subslide
+# ### Attention implementations, timed
 #
 # `eager` writes attention as matmul → softmax → matmul in PyTorch; `sdpa` calls PyTorch's fused
-# `scaled_dot_product_attention`; `flash_attention_2` is a fused CUDA kernel for fp16/bf16 on
-# NVIDIA GPUs. A long prompt shows the difference best: attention grows with its square.
+# `scaled_dot_product_attention`; `flash_attention_2` is a fused CUDA kernel for fp16/bf16 on NVIDIA GPUs.
+# The comparison prefills an `ATTN_PROMPT`-token prompt. Predict: which implementation has the shorter TTFT
+# here, and do they give the same tokens?
+
+# %% fragment
+PREDICT_FASTER_ATTENTION = None  # your prediction: "eager" or "sdpa"
 
 # %% fragment
 status = pd.DataFrame(kv.attention_status())
 for r in status[~status.available].itertuples():
     print(f"{r.attn_implementation}: not run here — {r.reason}")
 impls = list(status[status.available].attn_implementation)
-attn = pd.DataFrame(kv.compare_attention(lm.model, lm.tokenizer, impls, ATTN_PROMPT, SPLIT_TOKENS, repeats=REPEATS))
+attn = pd.DataFrame(kv.compare_attention(lm.model, lm.tokenizer, impls, ATTN_PROMPT, ATTN_TOKENS, repeats=REPEATS))
 plots.bar(attn, x="attn_implementation", y="ttft_s", title=f"TTFT for a {ATTN_PROMPT}-token prompt",
           y_title="seconds").show()
-attn
+timed = attn[attn.attn_implementation.isin(["eager", "sdpa"])].set_index("attn_implementation")
+exercises.reveal_choice("shorter TTFT", PREDICT_FASTER_ATTENTION, timed.ttft_s.idxmin(), ["eager", "sdpa"])
+attn.drop(columns="answer_start")
 
 # %% md slide
-# ## 7 · Profiler view: where does one step spend its time?
+# ## 8 · Profiler view: where does one step spend its time?
 #
-# `torch.profiler` records every operator of one prefill and of the decode step after it. Self
-# time counts each operator once (`aten::linear` calls `aten::mm`; only `aten::mm` gets the time).
+# `torch.profiler` records every operator of one prefill and of the decode step after it. Self time counts
+# each operator once (`aten::linear` calls `aten::mm`; only `aten::mm` gets the time). Predict: what share
+# of a decode step goes to matrix multiplication (reading the weights), and what share to attention?
+
+# %% fragment
+PREDICT_MATMUL_SHARE = None  # your prediction: share of a decode step's self time in matmul, 0 to 1
 
 # %% fragment
 profiles = profiling.profile_prefill_decode(lm.model, lm.tokenizer, prompt_tokens=PROFILE_PROMPT)
 profiling.groups_figure(profiles).show()
+groups = profiling.groups_frame(profiles).set_index(["step", "group"]).share
+exercises.reveal("decode step in matmul", PREDICT_MATMUL_SHARE, groups[(profiles[1].step, "matmul")], "share")
 top = profiling.top_ops_frame(profiles, top=6)
-dec = top[top.step.str.startswith("decode")].iloc[0]
-print(f"decode: {dec['name']} takes {dec.share:.0%} of the step ({dec.calls} calls)")
 top.assign(ms=top.self_us / 1e3).drop(columns="self_us").round(3)
 
 # %% subslide
@@ -188,41 +323,28 @@ top.assign(ms=top.self_us / 1e3).drop(columns="self_us").round(3)
 results.show_gpu_references("05_kv_cache", ["cache_on_off", "prefill_decode", "cache_variants", "attention"])
 
 # %% md slide
-# ## Takeaways
+# ## Takeaways, from this run's numbers
 
 # %% fragment
 res = results.Results("05_kv_cache")
-res.replace("kv_bytes", kvdf.to_dict("records"))
-res.replace("cache_on_off", totals.to_dict("records"))
-res.replace("prefill_decode", split.to_dict("records"))
-res.replace("cache_variants", vrows)
-res.replace("attention", attn.to_dict("records"))
-res.replace("profile_groups", profiling.groups_frame(profiles).to_dict("records"))
-groups = profiling.groups_frame(profiles).set_index(["step", "group"]).share
-dyn, sta = (vdf[(vdf.variant == v) & (vdf["where"] == "this run")].tpot_s.iloc[0] for v in ("dynamic", "static"))
-res.replace("summary", [
-    {"finding": "KV bytes measured / predicted", "value": kvdf.ratio.median()},
-    {"finding": f"cache on vs off, {wide.index[-1]} new tokens (speedup ×)", "value": wide.speedup.iloc[-1]},
-    {"finding": f"TTFT, {n_long} vs {n_short}-token prompt (×)", "value": long_["ttft_s"] / short["ttft_s"]},
-    {"finding": f"TPOT, {n_long} vs {n_short}-token prompt (×)", "value": long_["tpot_s"] / short["tpot_s"]},
-    {"finding": "TPOT static / dynamic cache (×)", "value": sta / dyn},
-    {"finding": "decode step spent in matmul (share)", "value": groups[(profiles[1].step, "matmul")]},
-])
+for section, rows in {"cache_on_off": totals.reset_index().to_dict("records"), "kv_bytes": kvdf.to_dict("records"),
+                      "prefill_decode": split.to_dict("records"), "cache_variants": vrows,
+                      "attention": attn.to_dict("records"), "claims": claims,
+                      "profile_groups": profiling.groups_frame(profiles).to_dict("records")}.items():
+    res.replace(section, rows)
+found = kv.findings(loop_agreement=min(loop_agreement.values()), core_identical=core["identical"],
+                    tokens=int(totals.index[-1]), speedup=totals.speedup.iloc[-1], step_growth=growth.to_dict(),
+                    kv_sizes=kvdf, bytes_per_position=per_pos, split=split, variants=here, attention=timed,
+                    decode_shares=groups[profiles[1].step].to_dict())
+res.replace("summary", found.rows)
 print("saved", res.save())
-res.frame("summary").round(3)
+print("\n".join("- " + s for s in found.sentences))
 
-# %% md fragment
-# - The cache's bytes follow the formula — layers × KV heads × head_dim × 2 × bytes, per position
-#   and per sequence (the measured/predicted ratio above). Grouped-query attention keeps it small.
-# - With the cache a decode step costs about the same at every position; without it, each step
-#   re-runs the sequence and total time grows with the square of the length.
-# - TTFT scales with the prompt, TPOT hardly does: prefill and decode are different workloads.
-# - Read the profiler's matmul share: where decode is mostly matrix multiplication reading the
-#   weights, fewer bytes per weight (notebooks 02, 03) speed it up more than a faster attention kernel.
-#
+# %% md slide
 # ## Exercises
-# 1. Predict the KV-cache bytes of a batch of 8 sequences of 4096 tokens for this model in fp16,
-#    then check with `kv.prefill_cache_sizes` (smaller context if memory is short).
-# 2. Switch `DTYPE` to `"bf16"`: how do the measured cache bytes change, and does TPOT improve?
-# 3. Profile with `attn_implementation="eager"`: which operators appear, and which group do they
-#    fall into?
+#
+# The two exercises sit where their mechanism is taught: `05.decode_step` in section 1 (the loop of
+# section 2 runs your step once it is correct) and `05.kv_bytes_per_token` in section 4 (the formula-vs-
+# tensors chart uses your formula). Change an answer, run its check cell again, then the cells after it.
+# To go further: set `DTYPE = "bf16"` in the parameters cell and predict what happens to the bytes per
+# position and to the cache speedup before you run it.

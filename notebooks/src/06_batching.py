@@ -2,18 +2,21 @@
 # # 06 · Batching and serving: more users per second, and what each one pays
 #
 # One decode step reads every weight of the model once, whether it advances one sequence or sixteen.
-# Batching shares that read among users: the machine's total tokens/s climbs while each user's own
-# speed falls a little. A server turns this into *dynamic batching*: requests that arrive close
-# together are decoded together. We measure it statically, then behind a real HTTP server under load.
+# Batching shares that read among users. Here you build a batch yourself — prompts of different lengths
+# padded into one rectangle, a mask, one prefill, one decode step — and check it against each prompt alone.
+# Then the library does the same at scale: a static sweep, the cost of padding, and a server with dynamic
+# batching under load.
 
 # %% md subslide
 # ## Learning objectives
 #
-# - Measure a static batch-size sweep: per-request latency, TTFT, TPOT, total output tokens/s,
-#   and read the trade-off as a Pareto front (tokens/s per user against total tokens/s).
+# - Write left padding with its attention mask, and the next step's mask and positions; run one batched
+#   decode step and check it gives each prompt's own tokens.
+# - Measure a static batch-size sweep: TTFT, TPOT, total and per-user tokens/s, each with its greedy
+#   agreement against the prompts decoded alone; read the trade-off as a Pareto front.
 # - Count what left padding wastes when prompt lengths differ, and what bucketing saves.
-# - Run an OpenAI-compatible server with dynamic batching (`python -m labkit serve`) and compare
-#   `max_batch_size` 1 and 8 under the same load.
+# - Run an OpenAI-compatible server with dynamic batching and compare `max_batch_size` 1 and 8 under load;
+#   tell TGI's real batching flags from the client options articles invent.
 # - Load-test it two ways: Locust (generic HTTP) and an LLM-aware streaming client with vLLM's
 #   benchmark semantics (TTFT, TPOT, ITL, goodput under Poisson and bursty arrivals).
 
@@ -21,9 +24,10 @@
 import urllib.request
 
 import pandas as pd
+import torch
 
 import labkit
-from labkit import batching, config, env, loadgen, models, plots, results, serving, sizing
+from labkit import batching, config, decode, env, exercises, loadgen, models, plots, results, serving, sizing
 from labkit.batch_widget import panel as batch_widget
 
 plots.setup_offline()
@@ -31,16 +35,19 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 
 # %% subslide parameters
+STEP_PROMPTS = ["The capital of France is", "Once upon a time, in a village by the sea, there lived", "Water boils at"]
+STEP_TOKENS = config.pick(16, 8)  # new tokens for the decode core's check on the padded batch
 SWEEP_TOKENS = config.pick(32, 12)  # new tokens per sequence in the static sweep
-BATCH_SIZES = None  # None: 1, 2, 4, 8, 16 on a CPU; on a GPU doubling until out of memory
+BATCH_SIZES = config.pick(None, [1, 2, 4, 8])  # None: 1, 2, 4, 8, 16 on a CPU; on a GPU doubling until out of memory
 SWEEP_REPEATS = config.pick(2, 1)  # timed runs per batch size (after one warmup)
-PAD_BATCH = 8  # sequences in the padding experiment (one long prompt, the rest short)
+PAD_BATCH = config.pick(8, 4)  # sequences in the padding experiment (one long prompt, the rest short)
+PAD_LONG_REPEAT = config.pick(2, 1)  # how many times the long prompt repeats the prompt set
 CLIENTS = 8  # concurrent clients for the server comparison
-SERVE_REQUESTS = config.pick(32, 16)  # requests per server configuration
-SERVE_TOKENS = config.pick(32, 12)  # tokens per request (ignore_eos: exactly this many)
+SERVE_REQUESTS = config.pick(32, 8)  # requests per server configuration
+SERVE_TOKENS = config.pick(32, 8)  # tokens per request (ignore_eos: exactly this many)
 MAX_WAIT_MS = 20  # dynamic batching: how long the oldest queued request waits for company, ms
-LOCUST_SECONDS = config.pick(20, 6)  # Locust run time, s
-OPEN_LOOP_REQUESTS = config.pick(40, 12)  # requests per open-loop (Poisson / bursty) run
+LOCUST_SECONDS = config.pick(20, 5)  # Locust run time, s
+OPEN_LOOP_REQUESTS = config.pick(40, 8)  # requests per open-loop (Poisson / bursty) run
 REQUEST_RATE = 2.0  # open-loop arrival rate, requests/s
 SLO = loadgen.SLO(ttft_s=2.0, tpot_s=0.5)  # goodput target: a request is good if it meets both, s
 
@@ -50,75 +57,184 @@ res = results.Results("06_batching")
 print(f"{lm.name} on {lm.device}, loaded in {lm.load_seconds:.2f} s")
 
 # %% md slide
-# ## 1 · Static batching: predict
+# ## 1 · A batch is a rectangle
 #
-# A decode step must read all weights plus each sequence's KV cache. If reading memory were the
-# only cost, B sequences would take barely longer than one, and total tokens/s would grow almost B×.
+# A batch is one (B, T) tensor, but prompts have different lengths: the short ones are padded. A decoder
+# writes each row's next token after its last column, so on which side do the pads go, and how does the
+# model learn to ignore them? Write the padding and its attention mask (1 = real token, 0 = pad), building
+# both on the model's device.
+
+# %% exercise 06.left_pad
+import torch
+
+
+def left_pad(prompt_ids, pad_id, device):
+    """Token-id lists of different lengths → (B, T) ``input_ids`` and ``attention_mask`` on ``device``.
+
+    T is the longest prompt's length; shorter rows are filled with ``pad_id``.
+    """
+    return None  # your code here
+
+
+# %% check
+exercises.check("06.left_pad", left_pad);
 
 # %% fragment
-est = sizing.estimate("default", dtype=lm.dtype, context=1)
-prompt_tokens = batching.prompt_lengths(lm.tokenizer, batching.load_prompts("prompts"))
-context = round(sum(prompt_tokens) / len(prompt_tokens)) + SWEEP_TOKENS // 2  # prompt + half the answer, on average
-read = {b: sizing.decode_bytes_per_step(est.weight_bytes, est.kv_bytes_per_token, context, b) for b in (1, 16)}
-predicted_16 = 16 * read[1] / read[16]
-print(f"bytes read per step: batch 1 {read[1] / 2**20:.1f} MiB, batch 16 {read[16] / 2**20:.1f} MiB "
-      f"→ memory-bound prediction: batch 16 gives {predicted_16:.1f}× the total tokens/s of batch 1")
+pad_batch = exercises.use("06.left_pad", left_pad, decode.left_pad)
+prompt_ids = [lm.tokenizer(t)["input_ids"] for t in STEP_PROMPTS]
+ids, mask = pad_batch(prompt_ids, lm.tokenizer.pad_token_id, lm.device)
+pd.DataFrame(mask.cpu().numpy(), index=[f"{len(p)} tokens" for p in prompt_ids])  # the mask: 0 marks a pad
+
+# %% md slide
+# ## 2 · One batched decode step, written out
+#
+# One prefill runs all rows at once and leaves every row's keys and values in one cache. Then a decode
+# step feeds one token per row. Each row's new token sits in the same column, but at which *position*,
+# when a row starts with pads? And what must the step's mask cover? Write both.
+
+# %% exercise 06.step_inputs
+import torch
+
+
+def step_inputs(attention_mask):
+    """The next decode step's inputs, from the (B, T) mask so far.
+
+    Returns the step's (B, T + 1) attention mask and the (B,) positions of the new tokens (positions count
+    a row's real tokens only, from 0).
+    """
+    return None  # your code here
+
+
+# %% check
+exercises.check("06.step_inputs", step_inputs);
+
+# %% fragment
+next_inputs = exercises.use("06.step_inputs", step_inputs, batching.step_inputs)
+with torch.inference_mode():
+    positions = decode.positions(mask)  # (B, T): each row counts its real tokens from 0 (pads are masked out)
+    out = lm.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)  # one prefill
+    first = out.logits[:, -1].argmax(-1)  # (B,) each row's first new token
+    step_mask, step_pos = next_inputs(mask)  # (B, T + 1), (B,)
+    out = lm.model(input_ids=first[:, None], attention_mask=step_mask, position_ids=step_pos[:, None],
+                   past_key_values=out.past_key_values, use_cache=True)  # one step: every row, one token
+    second = out.logits[:, -1].argmax(-1)
+batched = torch.stack([first, second], dim=1).cpu()  # (B, 2)
 
 # %% md subslide
-# ## Measure: one left-padded batch per size, every sequence generates the same number of tokens
+# ### The same tokens as each prompt alone?
+#
+# Padding is only correct if it changes nothing: each row should get the tokens its prompt gets without
+# company. Does it, row by row?
+
+# %% fragment
+alone = torch.cat([decode.greedy(lm.model, torch.tensor([p], device=lm.device), new_tokens=2).cpu()
+                   for p in prompt_ids])
+pd.DataFrame({"prompt": STEP_PROMPTS, "pads": [ids.shape[1] - len(p) for p in prompt_ids],
+              "batched": [lm.tokenizer.decode(r) for r in batched], "alone": [lm.tokenizer.decode(r) for r in alone],
+              "same": (batched == alone).all(dim=1).tolist()})
+
+# %% md slide
+# ## 3 · The decode core on a left-padded batch
+#
+# The server's batches (section 6), continuous batching (notebook 07) and the compiled decoder (08) run on
+# these functions: your padding, your mask and positions, and the step, in a loop. `left_pad`, `positions` and
+# `extend` answer this notebook's exercises, so each appears once your version passes its check.
+
+# %% fragment
+solved = {name: exercises.evaluate(f"06.{name}", answer).status == "correct"
+          for name, answer in (("left_pad", left_pad), ("step_inputs", step_inputs))}
+decode.show_source(*(["left_pad"] if solved["left_pad"] else []), *(["positions", "extend"] if solved["step_inputs"] else []),
+                   "prefill", "decode_one_token", "greedy")
+
+# %% md subslide
+# Proof that the core computes what `generate` computes, on the same left-padded batch:
+
+# %% fragment
+core = decode.same_as_generate(lm.model, ids, mask, new_tokens=STEP_TOKENS)
+print(f"decode core vs generate, {len(core['ours'])} left-padded rows × {STEP_TOKENS} tokens: "
+      f"{'identical' if core['identical'] else 'DIFFERENT'}")
+
+# %% md slide
+# ## 4 · Static batching: predict, then sweep
+#
+# A decode step must read all weights plus each sequence's KV cache. The sweep below runs batches of
+# `BATCH_SIZES` prompts (left padded, mixed lengths). Predict: at the largest batch, how many times the
+# total tokens/s of batch 1? And will each user's own speed rise, stay, or fall?
+
+# %% fragment
+PREDICT_THROUGHPUT_GAIN = None  # your prediction: total tokens/s at the largest batch / at batch 1
 
 # %% fragment
 sweep = batching.static_sweep(lm.model, lm.tokenizer, BATCH_SIZES, new_tokens=SWEEP_TOKENS, repeats=SWEEP_REPEATS)
 res.replace("static", sweep)
 res.frame("static")[["batch_size", "status", "ttft_s", "tpot_s", "latency_s", "tokens_per_s_per_user",
-                     "total_tokens_per_s", "wasted_fraction"]].round(3)
+                     "total_tokens_per_s", "wasted_fraction", "agreement"]].round(3)
 
 # %% subslide
 ok = [r for r in sweep if r["status"] == "ok"]
+first_row, last_row = ok[0], ok[-1]
+memory_bound = batching.memory_bound_gain(lm.model, lm.tokenizer, last_row["batch_size"], SWEEP_TOKENS)
 plots.line(res.frame("static").query("status == 'ok'"), x="batch_size", y=["total_tokens_per_s", "tokens_per_s_per_user"],
            title="Static batching: total against per-user output tokens/s", x_title="batch size",
            y_title="output tokens/s", log_x=True).show()
 batching.pareto_figure(sweep).show()
-first, last = ok[0], ok[-1]
-print(f"batch {last['batch_size']}: {last['total_tokens_per_s'] / first['total_tokens_per_s']:.1f}× the total tokens/s "
-      f"of batch 1 (memory-bound prediction {predicted_16:.1f}× at 16); each user gets "
-      f"{last['tokens_per_s_per_user'] / first['tokens_per_s_per_user']:.2f}× the speed, TTFT "
-      f"{last['ttft_s'] / first['ttft_s']:.1f}× longer")
+gain = last_row["total_tokens_per_s"] / first_row["total_tokens_per_s"]
+exercises.reveal(f"throughput gain at batch {last_row['batch_size']}", PREDICT_THROUGHPUT_GAIN, gain, "×")
+print(f"the memory-bound model predicted {memory_bound:.1f}× (weights read once per step, KV per sequence)")
 
 # %% md slide
-# ## 2 · The cost of padding
+# ## 5 · The cost of padding
 #
-# A batch is a rectangle: shorter prompts are padded on the left up to the longest. One long
-# prompt among short ones makes every row pay for its length in prefill (and in attention while
-# decoding). Predict the waste from token counts alone, then time it; *bucketing* (batching
-# prompts of similar length) is the remedy.
+# One long prompt among short ones makes every row pay for its length in prefill (and in attention while
+# decoding). *Bucketing* — batching prompts of similar length — is the remedy: the short prompts together,
+# the long one alone. Predict: how many times faster is the bucketed prefill than the mixed one?
 
 # %% fragment
-pad = batching.padding_experiment(lm.model, lm.tokenizer, batch=PAD_BATCH, new_tokens=4, long_repeat=2)
-res.replace("padding", pad)
-mixed = pad[0]
-print(f"predicted: {mixed['pad_tokens']} of {mixed['padded_tokens']} prompt tokens are padding "
-      f"({mixed['wasted_fraction']:.0%} of the prefill work is wasted)")
-res.frame("padding")[["case", "batch", "real_tokens", "padded_tokens", "wasted_fraction", "ttft_s", "tpot_s"]].round(3)
+PREDICT_BUCKET_SPEEDUP = None  # your prediction: prefill time of the mixed batch / of the two buckets together
 
-# %% subslide
+# %% fragment
+pad = batching.padding_experiment(lm.model, lm.tokenizer, batch=PAD_BATCH, new_tokens=4, long_repeat=PAD_LONG_REPEAT)
+res.replace("padding", pad)
+mixed, bucketed = pad[0], pad[-1]
 plots.bar(res.frame("padding"), x="case", y="ttft_s", title="Prefill time (TTFT) with and without padding",
           y_title="seconds").show()
-bucketed = pad[-1]
-print(f"bucketing: prefill {bucketed['ttft_s']:.2f} s instead of {mixed['ttft_s']:.2f} s "
-      f"({mixed['ttft_s'] / bucketed['ttft_s']:.1f}× faster) for the same {mixed['real_tokens']} real tokens")
+exercises.reveal("bucketing speedup", PREDICT_BUCKET_SPEEDUP, mixed["ttft_s"] / bucketed["ttft_s"], "×")
+print(f"{mixed['pad_tokens']} of the mixed batch's {mixed['padded_tokens']} prompt tokens are padding "
+      f"({mixed['wasted_fraction']:.0%}); its tokens equal the bucketed ones on {mixed['agreement']:.0%}")
+res.frame("padding")[["case", "batch", "real_tokens", "padded_tokens", "wasted_fraction", "ttft_s", "tpot_s",
+                      "agreement"]].round(3)
 
 # %% md slide
-# ## 3 · A server with dynamic batching
+# ## 6 · A server with dynamic batching
 #
-# `python -m labkit serve` (or `serving.run_server(...)` here) speaks the OpenAI API:
-# `POST /v1/completions` and `/v1/chat/completions`, streaming or not, plus `/health` and
-# `/metrics`. Requests wait in a bounded queue; a model thread takes the oldest, waits up to
-# `max_wait_ms` for up to `max_batch_size` others, and decodes them together. A sequence that
-# finishes leaves the batch at once, so short answers are not held hostage by long ones.
+# `python -m labkit serve` (or `serving.start_server(...)` here) speaks the OpenAI API: `POST /v1/completions`
+# and `/v1/chat/completions`, streaming or not, plus `/health` and `/metrics`. Requests wait in a bounded queue;
+# a model thread takes the oldest, waits up to `max_wait_ms` for up to `max_batch_size` others, and decodes them
+# together (the loop of section 3). A sequence that finishes leaves the batch at once.
+
+# %% md subslide
+# ### Where batching is configured: articles vs TGI vs this lab
 #
-# Predict: with 8 clients always waiting, `max_batch_size=8` should approach the static batch-8
-# throughput above; `max_batch_size=1` serves them one at a time, like batch 1.
+# Articles configure Hugging Face TGI's batching from its Python client:
+# `Client(url, max_batch_size=…, waiting_served_ratio=…)`. Does the client take those? What does the lab's
+# own server do with such a keyword?
+
+# %% fragment
+print(f"the article writes:    {batching.TGI_ARTICLE_CALL}\nTGI's client really is: {batching.TGI_CLIENT_CALL}")
+try:  # the article's keyword, given to labkit's server: refused before anything loads
+    serving.start_server(lm, port=0, max_batch_size=CLIENTS, waiting_served_ratio=1.2).stop()
+except ValueError as exc:
+    print("labkit's server:", exc)
+pd.DataFrame(batching.tgi_batching_options()).style.hide(axis="index")
+
+# %% md subslide
+# ### max_batch_size 1 vs 8, same load
+#
+# Predict: with `CLIENTS` clients always waiting, how many times the output tokens/s does `max_batch_size=8`
+# serve compared with `max_batch_size=1`? And what happens to each token's time (TPOT)?
+
+# %% fragment
+PREDICT_SERVER_GAIN = None  # your prediction: served tokens/s with max_batch_size 8 / with 1
 
 # %% fragment
 server = serving.start_server(lm, port=0, max_batch_size=1, max_wait_ms=MAX_WAIT_MS)
@@ -136,17 +252,12 @@ for max_batch in (1, 8):
     serve_rows.append({"max_batch_size": max_batch, "mean_batch_size": server.stats()["mean_batch_size"],
                        **{k: v for k, v in run.summary().items() if k != "errors"}})
 res.replace("serving", serve_rows)
-res.frame("serving")[["max_batch_size", "mean_batch_size", "completed", "failed", "output_tokens_per_s",
-                      "ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "e2e_p90_s"]].round(3)
-
-# %% subslide
+one, eight = serve_rows
 plots.bar(res.frame("serving").astype({"max_batch_size": str}), x="max_batch_size", y="output_tokens_per_s",
           title=f"{CLIENTS} clients: served output tokens/s", y_title="tokens/s").show()
-one, eight = serve_rows
-print(f"max_batch_size 8 serves {eight['output_tokens_per_s'] / one['output_tokens_per_s']:.1f}× the tokens/s of "
-      f"max_batch_size 1 ({eight['failed'] + one['failed']} failed); median latency per request "
-      f"{one['e2e_p50_s']:.2f} s → {eight['e2e_p50_s']:.2f} s, but each token comes "
-      f"{eight['tpot_p50_s'] / one['tpot_p50_s']:.1f}× slower (TPOT)")
+exercises.reveal("server gain", PREDICT_SERVER_GAIN, eight["output_tokens_per_s"] / one["output_tokens_per_s"], "×")
+res.frame("serving")[["max_batch_size", "mean_batch_size", "completed", "failed", "output_tokens_per_s",
+                      "ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "e2e_p90_s"]].round(3)
 
 # %% md subslide
 # The server's own view, from `/metrics` (Prometheus text format): how big the batches really were.
@@ -156,10 +267,10 @@ metrics_text = urllib.request.urlopen(server.url + "/metrics").read().decode()
 print("\n".join(line for line in metrics_text.splitlines() if line.startswith(("labkit_batch_size", "labkit_queue"))))
 
 # %% md slide
-# ## 4 · Load testing two ways
+# ## 7 · Load testing two ways
 #
-# **Locust** is a general HTTP load tester: each simulated user sends a request, waits for the
-# whole answer, sends the next (a *closed loop*). It sees response times, not tokens.
+# **Locust** is a general HTTP load tester: each simulated user sends a request, waits for the whole
+# answer, sends the next (a *closed loop*). It sees response times, not tokens.
 
 # %% fragment
 server.configure(max_batch_size=8)
@@ -171,37 +282,36 @@ print(f"Locust, {CLIENTS} users for {LOCUST_SECONDS} s: {agg['requests']} reques
       f"median response {agg['response_p50_s']:.2f} s")
 
 # %% md subslide
-# **labkit.loadgen** measures like `vllm bench serve`: an *open loop* where requests arrive at a
-# rate whether or not earlier ones finished (Poisson gaps, or gamma gaps with burstiness < 1 for
-# bursts), streamed so TTFT and inter-token latency are stamped as tokens arrive, and **goodput**:
-# requests per second that meet the SLO. The same call works against `vllm serve` (notebook 07).
-# A burst fills the queue at once (longer waits) but also hands the batcher company (bigger
-# batches): which effect wins depends on the rate and the server, so measure it.
+# **labkit.loadgen** measures like `vllm bench serve`: an *open loop* where requests arrive at a rate whether
+# or not earlier ones finished (Poisson gaps, or gamma gaps with burstiness < 1 for bursts), streamed so TTFT
+# and inter-token latency are stamped as tokens arrive, and **goodput**: requests per second that meet the
+# SLO. The same call works against `vllm serve` (notebook 07). A burst fills the queue at once (longer waits)
+# but also hands the batcher company (bigger batches). Predict: which arrivals see the worse TTFT p90?
+
+# %% fragment
+PREDICT_WORSE_TTFT = None  # your prediction: "Poisson" or "bursty"
 
 # %% fragment
 open_rows = []
-for label, burstiness in (("Poisson", 1.0), ("bursty (gamma 0.25)", 0.25)):
+for label, burstiness in (("Poisson", 1.0), ("bursty", 0.25)):
     run = loadgen.run(server.url, num_requests=OPEN_LOOP_REQUESTS, request_rate=REQUEST_RATE, burstiness=burstiness,
                       max_tokens=SERVE_TOKENS, slo=SLO, seed=1)
-    open_rows.append({"arrivals": label, **{k: v for k, v in run.summary().items() if k not in ("errors", "slo")}})
+    open_rows.append({"arrivals": label, "burstiness": burstiness,
+                      **{k: v for k, v in run.summary().items() if k not in ("errors", "slo")}})
 res.replace("open_loop", open_rows)
+poisson, bursty = open_rows
+exercises.reveal_choice("worse TTFT p90", PREDICT_WORSE_TTFT,
+                        max(open_rows, key=lambda r: r["ttft_p90_s"])["arrivals"], ["Poisson", "bursty"])
+server.stop()  # queued requests would get an explicit 503; running ones finish first
 res.frame("open_loop")[["arrivals", "completed", "failed", "request_throughput", "goodput", "ttft_p50_s",
                         "ttft_p90_s", "itl_p50_s", "e2e_p90_s"]].round(3)
 
-# %% subslide
-poisson, bursty = open_rows
-print(f"at {REQUEST_RATE:g} requests/s, TTFT p90: Poisson {poisson['ttft_p90_s']:.2f} s, bursty {bursty['ttft_p90_s']:.2f} s; "
-      f"goodput (TTFT ≤ {SLO.ttft_s:g} s and TPOT ≤ {SLO.tpot_s:g} s): Poisson {poisson['goodput']:.2f}, "
-      f"bursty {bursty['goodput']:.2f} requests/s")
-server.stop()  # queued requests would get an explicit 503; running ones finish first
-print("server stopped; requests answered:", server.stats()["requests"])
-
 # %% md slide
-# ## 5 · Live: batch size, max wait and clients
+# ## 8 · Live: batch size, max wait and clients
 #
-# Move a slider: the panel reconfigures its own server, sends one streaming request per client,
-# and adds the point to the curves (total tokens/s, and median latency on the right axis).
-# Try batch size 1 against 8 at 8 clients, then a max wait of 200 ms with a single client.
+# Move a slider: the panel reconfigures its own server, sends one streaming request per client, and adds the
+# point to the curves (total tokens/s, and median latency on the right axis). Try batch size 1 against 8 at
+# 8 clients, then a max wait of 200 ms with a single client.
 
 # %% fragment
 widget_server = serving.start_server(lm, port=0, max_wait_ms=MAX_WAIT_MS)
@@ -212,39 +322,22 @@ batch_widget(widget_server, batch_size=8, clients=CLIENTS)
 results.show_gpu_references("06_batching", ["static", "serving"])
 
 # %% md slide
-# ## Takeaways
+# ## Takeaways, from this run's numbers
 
 # %% fragment
-res.save()
-takeaways = [
-    {"measurement": "static batch 1 → largest", "throughput gain": last["total_tokens_per_s"] / first["total_tokens_per_s"],
-     "per-user speed": last["tokens_per_s_per_user"] / first["tokens_per_s_per_user"],
-     "latency factor": last["latency_s"] / first["latency_s"]},
-    {"measurement": f"server max_batch_size 1 → 8 ({CLIENTS} clients)",
-     "throughput gain": eight["output_tokens_per_s"] / one["output_tokens_per_s"],
-     "per-user speed": one["tpot_p50_s"] / eight["tpot_p50_s"], "latency factor": eight["e2e_p50_s"] / one["e2e_p50_s"]},
-    {"measurement": "padding: mixed batch → bucketed", "throughput gain": mixed["ttft_s"] / bucketed["ttft_s"],
-     "per-user speed": None, "latency factor": bucketed["ttft_s"] / mixed["ttft_s"]},
-]
-pd.DataFrame(takeaways).round(2)
+found = batching.findings(sweep=sweep, memory_bound_gain=memory_bound, padding=pad, serving=serve_rows,
+                          open_loop=open_rows, clients=CLIENTS, request_rate=REQUEST_RATE)
+res.replace("summary", found.rows)
+print("saved", res.save())
+print("\n".join("- " + s for s in found.sentences))
 
-# %% md fragment
-# - **Batching helps when there are users to batch**: with several requests in flight, a batch
-#   shares each weight read, and the server's tokens/s multiplies (table above, and the sweep).
-# - **It costs the single user**: each step is slower with a bigger batch (TPOT up, per-user
-#   tokens/s down), a new request waits up to `max_wait_ms` for company, and waits for the batch
-#   ahead of it to finish. With one client, batching only adds that wait.
-# - **Padding is paid by everyone in the batch**: bucket by length, or use a server that packs
-#   sequences without padding (vLLM, notebook 07).
-# - Measure like the users feel it: streaming TTFT and TPOT percentiles under realistic arrivals,
-#   and goodput against an SLO, not just requests/s.
-#
+# %% md slide
 # ## Exercises
-# 1. Re-run the server comparison with `CLIENTS = 1`. Which configuration wins, and why?
-# 2. In the panel, set 8 clients and move max wait from 0 to 200 ms at batch size 8. What happens
-#    to the mean batch size and to latency?
-# 3. Run `python -m labkit serve` in a terminal and `python -m labkit.loadgen --max-concurrency 4`
-#    against it; then point the same command at `vllm serve` on a GPU.
+#
+# The two exercises sit where their mechanism is taught: `06.left_pad` in section 1 and `06.step_inputs` in
+# section 2; the batched step of section 2 runs your versions once they are correct. To go further: re-run
+# the server comparison with `CLIENTS = 1` after predicting which configuration wins, and in the panel move
+# max wait from 0 to 200 ms at batch size 8 with 8 clients, watching the mean batch size and latency.
 
 # %% fragment
 widget_server.stop()  # the panel above stops measuring; run its cell again to restart it

@@ -1,0 +1,82 @@
+"""Checks for notebook 06 (batching): a left-padded batch with its mask, and the next step's mask and positions."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import NotAttempted, Wrong, call, close, exercise
+
+
+def _pair(out: Any, what: str) -> tuple[Any, Any]:
+    import torch
+
+    if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+        raise Wrong(f"return two tensors, {what}; got {type(out).__name__}")
+    return out[0], out[1]
+
+
+@exercise("06.left_pad", "left padding and its attention mask")
+def check_left_pad(fn: Any) -> None:
+    import torch
+
+    prompts, pad_id = [[5, 6, 7, 8], [9], [10, 11]], 99
+    longest = max(len(p) for p in prompts)
+    want_ids = torch.tensor([[pad_id] * (longest - len(p)) + p for p in prompts])
+    want_mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+    ids, mask = _pair(call(fn, prompts, pad_id, torch.device("cpu")), "(input_ids, attention_mask)")
+    if ids.is_floating_point():
+        raise Wrong(f"input ids are {ids.dtype}: token ids are integers (torch.long)")
+    if tuple(ids.shape) == tuple(want_ids.shape):
+        right = torch.tensor([p + [pad_id] * (longest - len(p)) for p in prompts])
+        if torch.equal(ids.long(), right):
+            raise Wrong("the pads are on the right: put them on the left, so every row's last real token sits in the "
+                        "last column and each row's next token lands in the same column")
+    close(ids.long(), want_ids, "input_ids")
+    if tuple(mask.shape) == tuple(want_mask.shape) and torch.equal(mask.long(), 1 - want_mask):
+        raise Wrong("the mask is inverted: 1 marks a real token the model attends to, 0 a pad it must ignore")
+    close(mask.long(), want_mask, "attention_mask")
+    try:
+        on_meta = _pair(call(fn, prompts, pad_id, torch.device("meta")), "(input_ids, attention_mask)")
+    except (Wrong, NotAttempted):
+        raise
+    except Exception as exc:  # the learner's code failed only because the device changed
+        raise Wrong(f"asked for another device (torch's 'meta'), it raised {type(exc).__name__}: build the tensors "
+                    "on `device`, or move them there at the end (.to(device))") from None
+    for name, t in zip(("input_ids", "attention_mask"), on_meta):
+        if t.device.type != "meta":
+            raise Wrong(f"asked for device 'meta', {name} came back on {t.device}: build it on `device` (or .to(device)) "
+                        "— the model's device, which is a GPU on a GPU machine")
+
+
+@exercise("06.step_inputs", "next-step mask and positions")
+def check_step_inputs(fn: Any) -> None:
+    import torch
+
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 1, 1], [0, 1, 1, 1, 1]])
+    want_mask = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], dim=1)
+    want_pos = mask.sum(-1)  # a row with n real tokens puts its next token at position n (positions start at 0)
+    new_mask, pos = _pair(call(fn, mask), "(the step's attention mask, the new tokens' positions)")
+    if tuple(new_mask.shape) == tuple(mask.shape):
+        raise Wrong("the mask did not grow: append one column of ones, since the new token is a real position that "
+                    "every later step attends to")
+    close(new_mask.long(), want_mask, "the step's attention mask")
+    if pos.dim() == 2 and pos.shape[1] == 1:
+        raise Wrong(f"positions have shape {tuple(pos.shape)}: return one per row, shape (B,)")
+    if tuple(pos.shape) == tuple(want_pos.shape):
+        p = pos.long()
+        if torch.all(p == mask.shape[1]):
+            raise Wrong(f"every row got position {mask.shape[1]}, the column index: count real tokens instead — "
+                        f"row 1 has {int((mask[1] == 0).sum())} pads and {int(mask[1].sum())} real tokens, so its new "
+                        f"token sits at position {int(want_pos[1])}")
+        if torch.equal(p, want_pos - 1):
+            raise Wrong("one too small: positions start at 0, so after n real tokens the new token sits at position n")
+    close(pos.long(), want_pos, "positions")
+    try:
+        on_meta = _pair(call(fn, mask.to("meta")), "(mask, positions)")
+    except (Wrong, NotAttempted):
+        raise
+    except Exception as exc:
+        raise Wrong(f"with the mask on another device (torch's 'meta') it raised {type(exc).__name__}: create new "
+                    "tensors on mask.device (mask.new_ones(...)) and keep the work in tensors") from None
+    for name, t in zip(("mask", "positions"), on_meta):
+        if t.device.type != "meta":
+            raise Wrong(f"with the mask on device 'meta', the {name} came back on {t.device}: create it on mask.device")
