@@ -312,9 +312,17 @@ def explain(fn: Any, *args: Any) -> dict[str, Any]:
     """What torch.compile's front end (dynamo) captures of ``fn(*args)``: how many graphs, how many graph
     breaks (and why, first line of each reason), and how many operators the graphs hold. It traces only:
     nothing is compiled. Every break ends one graph and starts another, and nothing fuses across it."""
+    import logging
+
     import torch
 
-    out = torch._dynamo.explain(fn)(*args)
+    quiet = logging.getLogger("torch._dynamo")  # each break is also logged as a warning: the reasons are returned
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        out = torch._dynamo.explain(fn)(*args)
+    finally:
+        quiet.setLevel(level)
     ops = sum(1 for g in out.graphs for n in g.graph.nodes if n.op in ("call_function", "call_method"))
     return {"graphs": out.graph_count, "graph_breaks": out.graph_break_count, "graph_ops": ops,
             "break_reasons": [r.reason.strip().splitlines()[0] for r in out.break_reasons]}
@@ -607,6 +615,7 @@ def calibrate_layer(model: Any, tokenizer: Any, calibration: Sequence[str], held
                 logits = run(p)  # the same prompt, with this layer's input quantised by ``scale``
                 used = torch.as_tensor(scale(x), dtype=torch.float32, device=x.device)
                 scores.append({"method": method, "prompt": p, "scale": float(used.mean()),
+                               "max_at_token": int(x.abs().amax(-1).flatten().argmax()),  # where |x| peaks
                                "clipped_fraction": float((x.abs() > 127 * used).float().mean()),
                                "layer_error": float((seen["y"] - y_ref).norm() / y_ref.norm()),
                                "kl": float(quality.kl_divergence(ref_logprobs, logits).mean())})

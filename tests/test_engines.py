@@ -116,6 +116,7 @@ def test_calibration_scores_outputs_per_prompt(tiny_llama):
             dyn = by.loc["dynamic, per-prompt scale"]
             assert dyn.scale == pytest.approx(float(x.abs().max()) / 127)  # this prompt's own scale
             assert dyn.clipped_fraction == 0
+            assert dyn.max_at_token == int(x.abs().amax(-1).flatten().argmax())  # the token holding the largest |x|
             tok_scale = by.loc["dynamic, per-token scale"]
             assert tok_scale.scale == pytest.approx(float(x.abs().amax(-1).mean()) / 127, rel=1e-5)
             assert tok_scale.clipped_fraction == 0 and tok_scale.layer_error <= dyn.layer_error
