@@ -15,7 +15,7 @@
 # - Count the blocks a sequence needs and grow a block table one token at a time (two exercises),
 #   then watch two requests of different lengths fill a shared pool.
 # - Compare what three allocation policies reserve for real requests: contiguous up to the model's
-#   limit, contiguous up to the client's `max_tokens`, and 16-token blocks; count how many requests
+#   limit, contiguous up to the client's `max_tokens`, and `BLOCK_SIZE`-token blocks; count how many requests
 #   fit in a KV budget under each, and replay a queue through it.
 # - Read the decode core the scheduler runs on, and check it gives `generate`'s tokens.
 # - Run the same mixed workload one at a time, in static batches and with continuous batching;
@@ -97,7 +97,7 @@ print(f"{BLOCK_SIZE}-token blocks, {len(requests)} requests: {sum(empty) / len(e
 
 # %% fragment
 PREDICT_WASTE_CONTIGUOUS_MAX = None  # your prediction: fraction of reserved KV memory left empty, 0–1
-PREDICT_WASTE_PAGED = None  # the same for 16-token blocks
+PREDICT_WASTE_PAGED = None  # the same for BLOCK_SIZE-token blocks
 
 # %% fragment
 cfg = {"default": "default", BIG_MODEL: str(config.DATA_DIR / "configs" / BIG_MODEL)}
