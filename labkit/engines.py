@@ -310,25 +310,175 @@ def count_eager_ops(model: Any, input_ids: Any, max_cache_len: int = DEFAULT_MAX
     """How many PyTorch (aten) operators one eager decode step calls: each is a kernel launch and a
     round trip of its inputs and outputs through memory."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.n = 0
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            self.n += 1
-            return func(*args, **(kwargs or {}))
 
     dec = StaticDecoder(model, max_cache_len=max_cache_len)
     with torch.inference_mode():
         logits, _ = decode.prefill(model, input_ids, cache=dec.cache)
-        counter = Count()
-        with counter:
-            static_step(model, logits.argmax(-1).view(1), torch.tensor([input_ids.shape[1]], device=input_ids.device),
-                        dec.cache)
-    return counter.n
+        position = torch.tensor([input_ids.shape[1]], device=input_ids.device)
+        return len(eager_ops(static_step, model, logits.argmax(-1).view(1), position, dec.cache))
+
+
+# ------------------------------------------------------------ fusion: one elementwise chain, eager and compiled
+
+
+def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    """RMSNorm as a Llama's eager forward runs it, one kernel per operator (pow, mean, add, rsqrt, mul, mul):
+    (..., hidden) activations and a (hidden,) weight → (..., hidden)."""
+    import torch
+
+    variance = x.pow(2).mean(-1, keepdim=True)  # (..., 1): each row's mean square
+    return x * torch.rsqrt(variance + eps) * weight
+
+
+def rms_norm_traffic(rows: int, hidden: int, bytes_per_value: int) -> tuple[int, int]:
+    """Bytes of (rows, hidden)-sized tensors that RMSNorm moves through memory: (eager, fused).
+
+    Eager, one kernel per operator: ``x.pow(2)`` reads x and writes x² (2 trips), ``mean`` reads x² (1),
+    ``x * r`` reads x and writes y (2), ``y * weight`` reads y and writes the output (2): 7 trips. Fused
+    into one kernel: x is read once and the output written once: 2. The (rows, 1) statistics and the
+    (hidden,) weight are small next to these and left out.
+    """
+    for name, value in (("rows", rows), ("hidden", hidden), ("bytes_per_value", bytes_per_value)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}={value!r}: must be a positive integer")
+    full = rows * hidden * bytes_per_value
+    return 7 * full, 2 * full
+
+
+def _op_counter() -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpCounter(TorchDispatchMode):
+        """Records every aten operator dispatched inside the block (each one kernel launch when eager)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops.append(str(func.overloadpacket.__name__))
+            return func(*args, **(kwargs or {}))
+
+    return OpCounter()
+
+
+def eager_ops(fn: Any, *args: Any) -> list[str]:
+    """The aten operators ``fn(*args)`` runs eagerly, in order: one kernel launch each."""
+    import torch
+
+    counter = _op_counter()
+    with torch.inference_mode(), counter:
+        fn(*args)
+    return counter.ops
+
+
+def explain(fn: Any, *args: Any) -> dict[str, Any]:
+    """What torch.compile's front end (dynamo) captures of ``fn(*args)``: how many graphs, how many graph
+    breaks (and why, first line of each reason), and how many operators the graphs hold. It traces only:
+    nothing is compiled. Every break ends one graph and starts another, and nothing fuses across it."""
+    import logging
+
+    import torch
+
+    quiet = logging.getLogger("torch._dynamo")  # each break is also logged as a warning: the reasons are returned
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        out = torch._dynamo.explain(fn)(*args)
+    finally:
+        quiet.setLevel(level)
+    ops = sum(1 for g in out.graphs for n in g.graph.nodes if n.op in ("call_function", "call_method"))
+    return {"graphs": out.graph_count, "graph_breaks": out.graph_break_count, "graph_ops": ops,
+            "break_reasons": [r.reason.strip().splitlines()[0] for r in out.break_reasons]}
+
+
+@dataclass
+class Fused:
+    """``torch.compile`` of one function for one input shape, and what its first call did."""
+
+    fn: Any  # the compiled callable (same arguments as the original)
+    first_call_s: float  # the first call: trace, fuse, generate code, build it (or load the build from disk)
+    kernels: list[str]  # the kernels inductor generated, named after the operators fused into each
+    code: str  # the module inductor wrote (its kernels' source included)
+    cache_entries_before: int  # entries in inductor's on-disk cache folder before the call: 0 means a cold build
+
+
+def _inductor_cache_entries() -> int:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = Path(cache_dir())
+    return sum(1 for _ in root.iterdir()) if root.is_dir() else 0
+
+
+def compile_fused(fn: Any, *args: Any, backend: str = "inductor") -> Fused:
+    """``torch.compile(fn, dynamic=False)`` and its first call on ``args``, timed on their device.
+
+    Inductor's FX-graph cache is off for the call, so the kernels are really generated (and counted from the
+    code it writes); building them may still reuse inductor's on-disk cache of earlier runs (the C++ or
+    Triton build of identical source), which ``cache_entries_before`` reports.
+    """
+    import re
+    from unittest import mock
+
+    import torch
+    from torch._inductor.graph import GraphLowering
+
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    code: list[str] = []
+    before = _inductor_cache_entries()
+    with mock.patch.object(GraphLowering, "save_output_code", code.append), \
+            torch._inductor.config.patch(fx_graph_cache=False), torch.inference_mode():
+        t0 = now(device)
+        compiled(*args)
+        first = now(device) - t0
+    text = "\n\n".join(code)
+    kernels = re.findall(r"^(\w+) = async_compile\.\w+\(", text, flags=re.M)
+    return Fused(fn=compiled, first_call_s=first, kernels=kernels, code=text, cache_entries_before=before)
+
+
+def time_per_call(fn: Any, *args: Any, repeats: int = 5, min_sample_s: float = 0.01) -> Measurement:
+    """Seconds per call of ``fn(*args)`` (after one untimed call). Each sample averages enough calls to
+    last ``min_sample_s``, so a call of a few microseconds is not lost in the clock's resolution."""
+    import torch
+
+    if repeats <= 0:
+        raise ValueError(f"repeats={repeats}: must be at least 1")
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    with torch.inference_mode():
+        fn(*args)
+        t0 = now(device)
+        fn(*args)
+        once = max(now(device) - t0, 1e-7)
+        inner = max(1, int(min_sample_s / once))
+        samples = []
+        for _ in range(repeats):
+            t0 = now(device)
+            for _ in range(inner):
+                fn(*args)
+            samples.append((now(device) - t0) / inner)
+    return Measurement.from_values("per call", samples, warmup=2, meta={"calls_per_sample": inner})
+
+
+def fusion_rows(fn: Any, fused: dict[str, Fused], inputs: dict[str, tuple[Any, ...]], repeats: int = 5
+                ) -> list[dict[str, Any]]:
+    """One row per input shape: ``fn`` eager against its compiled version (``fused[label]``), with the
+    operators eager runs, the kernels compiled runs, both times, and the largest difference between their
+    outputs (fusion reorders arithmetic: a few ulps, never a different answer)."""
+    import torch
+
+    rows = []
+    for label, args in inputs.items():
+        with torch.inference_mode():
+            diff = float((fused[label].fn(*args) - fn(*args)).abs().max())
+        eager_t = time_per_call(fn, *args, repeats=repeats)
+        fused_t = time_per_call(fused[label].fn, *args, repeats=repeats)
+        rows.append({"input": label, "shape": tuple(args[0].shape), "eager_ops": len(eager_ops(fn, *args)),
+                     "fused_kernels": len(fused[label].kernels), "eager_us": eager_t.median * 1e6,
+                     "compiled_us": fused_t.median * 1e6, "speedup": eager_t.median / fused_t.median,
+                     "max_abs_diff": diff, "first_call_s": fused[label].first_call_s})
+    return rows
+
 
 
 # --------------------------------------------------------------------- ONNX Runtime graph optimisation
@@ -496,35 +646,62 @@ def fused_ops(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 @dataclass
 class Calibration:
-    """Int8 scales for one layer's input activations, chosen three ways, and the error each gives."""
+    """One layer's int8 input scale chosen four ways, and what each does to the layer's output and to the
+    model's next-token distributions, per held-out prompt."""
 
     layer: str
     calibration_values: int
     absmax: float  # largest |x| seen while calibrating
     percentile: float
-    percentile_value: float
-    errors: dict[str, float] = field(default_factory=dict)  # relative error of the int8 activations, held-out data
+    percentile_value: float  # |x| at that percentile of the calibration values
+    scores: list[dict[str, Any]] = field(default_factory=list)  # one row per (scale choice, held-out prompt)
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.scores)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per scale choice: mean layer-output error and mean KL over the held-out prompts, worst KL too."""
+        out: dict[str, dict[str, float]] = {}
+        for method in dict.fromkeys(r["method"] for r in self.scores):
+            rows = [r for r in self.scores if r["method"] == method]
+            out[method] = {"layer_error": sum(r["layer_error"] for r in rows) / len(rows),
+                           "kl": sum(r["kl"] for r in rows) / len(rows), "kl_max": max(r["kl"] for r in rows),
+                           "prompts": len(rows)}
+        return out
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "scores"}
 
 
-def _int8(x: Any, scale: Any) -> Any:
+def fake_int8(x: Any, scale: float | Any) -> Any:
+    """Quantise to symmetric int8 with ``scale`` and back: round(x / scale) clamped to ±127, times scale.
+    Values beyond 127 × scale are clipped; the rest land on a grid of step ``scale``. A zero scale (an
+    all-zero row) is raised to the smallest positive float, so zeros stay zeros instead of becoming NaN."""
+    import torch
+
+    tiny = torch.finfo(torch.float32).tiny
+    scale = scale.clamp_min(tiny) if isinstance(scale, torch.Tensor) else max(float(scale), tiny)
     return (x / scale).round().clamp(-127, 127) * scale
 
 
 def calibrate_layer(model: Any, tokenizer: Any, calibration: Sequence[str], held_out: Sequence[str],
                     layer: str = "model.layers.0.mlp.down_proj", percentile: float = 99.99) -> Calibration:
-    """Precision calibration, as TensorRT's int8 does it, on one layer's input activations.
+    """Precision calibration, as a static int8 engine (TensorRT's) needs it, on one layer's input activations,
+    scored by what the model outputs.
 
-    Static int8 needs one scale per tensor chosen *before* serving, from sample (calibration) data:
-    the largest value seen ('absmax') keeps every outlier but spends resolution on them; a percentile
-    clips the rare outliers and keeps resolution for the bulk. Dynamic int8 (ONNX Runtime's, notebook 03)
-    computes the scale from each input at run time instead. The error is ‖int8(x) − x‖ / ‖x‖ on held-out
-    prompts' activations.
+    Static int8 fixes one scale per tensor *before* serving, from sample (calibration) data: the largest
+    value seen ('absmax') keeps every outlier; a percentile clips the rarest ones to give the bulk finer
+    steps. Dynamic int8 (ONNX Runtime's, notebook 03) takes the scale from each input at run time: here
+    each held-out prompt's own activations. Each choice is scored per held-out prompt by running the model
+    with only this layer's input quantised: the layer's output error ‖y_int8 − y‖ / ‖y‖, and the KL from the
+    fp32 next-token distributions to the quantised ones (nats, mean over the prompt's positions). A per-token
+    scale (one per row, also measured at run time) is scored too; its ``scale`` is the mean over the tokens.
     """
     import torch
 
+    from . import quality
     from .models import chat_inputs
 
     if not calibration or not held_out:
@@ -535,30 +712,57 @@ def calibrate_layer(model: Any, tokenizer: Any, calibration: Sequence[str], held
     if layer not in modules:
         linear = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear)][:3]
         raise ValueError(f"no layer {layer!r} in the model; for example {linear}")
-    captured: list[Any] = []
-    hook = modules[layer].register_forward_hook(lambda m, args, out: captured.append(args[0].detach().float().flatten()))
-    device = str(_device(model))
+    target = modules[layer]
+    device = _device(model)
+    seen: dict[str, Any] = {}
+    scale_now: dict[str, Any] = {}
 
-    def activations(prompts: Sequence[str]) -> Any:
-        captured.clear()
+    def quantise_input(module: Any, args: tuple) -> tuple | None:
+        seen["x"] = args[0].detach()
+        if "scale" not in scale_now:
+            return None
+        return (fake_int8(args[0], scale_now["scale"](args[0].detach())), *args[1:])
+
+    def keep_output(module: Any, args: tuple, out: Any) -> None:
+        seen["y"] = out.detach().float()
+
+    def run(prompt: str) -> Any:
         with torch.inference_mode():
-            for p in prompts:
-                model(**chat_inputs(tokenizer, p, device=device))
-        return torch.cat(captured).cpu()
+            return model(**chat_inputs(tokenizer, prompt, device=device)).logits[0].float()
 
+    hooks = [target.register_forward_pre_hook(quantise_input), target.register_forward_hook(keep_output)]
     try:
-        calib, test = activations(calibration), activations(held_out)
+        calib = []
+        for p in calibration:
+            run(p)
+            calib.append(seen["x"].float().flatten().cpu())
+        calib_values = torch.cat(calib).abs()
+        absmax = float(calib_values.max())
+        k = max(1, int(round(calib_values.numel() * percentile / 100)))
+        pct = float(calib_values.kthvalue(k).values)
+        choices = {"static, absmax scale": lambda x: absmax / 127,  # fixed before serving
+                   f"static, p{percentile:g} scale": lambda x: pct / 127,
+                   "dynamic, per-prompt scale": lambda x: x.abs().max() / 127,  # measured on each input
+                   "dynamic, per-token scale": lambda x: x.abs().amax(-1, keepdim=True) / 127}
+        scores = []
+        for p in held_out:
+            scale_now.clear()
+            ref_logprobs = torch.log_softmax(run(p), dim=-1)  # fp32: nothing quantised
+            x, y_ref = seen["x"].float(), seen["y"]
+            for method, scale in choices.items():
+                scale_now["scale"] = scale
+                logits = run(p)  # the same prompt, with this layer's input quantised by ``scale``
+                used = torch.as_tensor(scale(x), dtype=torch.float32, device=x.device)
+                scores.append({"method": method, "prompt": p, "scale": float(used.mean()),
+                               "max_at_token": int(x.abs().amax(-1).flatten().argmax()),  # where |x| peaks
+                               "clipped_fraction": float((x.abs() > 127 * used).float().mean()),
+                               "layer_error": float((seen["y"] - y_ref).norm() / y_ref.norm()),
+                               "kl": float(quality.kl_divergence(ref_logprobs, logits).mean())})
     finally:
-        hook.remove()
-    absmax = float(calib.abs().max())
-    k = max(1, int(round(calib.numel() * percentile / 100)))
-    pct = float(calib.abs().kthvalue(k).values)
-    norm = float(test.norm())
-    errors = {"static, absmax scale": float((_int8(test, absmax / 127) - test).norm()) / norm,
-              f"static, p{percentile:g} scale": float((_int8(test, pct / 127) - test).norm()) / norm,
-              "dynamic, per-input scale": float((_int8(test, float(test.abs().max()) / 127) - test).norm()) / norm}
-    return Calibration(layer=layer, calibration_values=calib.numel(), absmax=absmax, percentile=percentile,
-                       percentile_value=pct, errors=errors)
+        for h in hooks:
+            h.remove()
+    return Calibration(layer=layer, calibration_values=calib_values.numel(), absmax=absmax, percentile=percentile,
+                       percentile_value=pct, scores=scores)
 
 
 # -------------------------------------------------------------------------------- GPU engines: TensorRT

@@ -10,6 +10,10 @@
 Reserved minus used tokens is internal waste (fragmentation). Bytes follow from
 ``labkit.sizing.kv_bytes_per_token``. ``simulate`` replays the requests through a KV budget, step by
 step (one token per running request per step), and reports how many run at once.
+
+The block table itself is ``grow_table``: one more token for one sequence, a new block from the front of
+the free list only when its last block is full. ``BlockAllocator`` runs on it, and ``replay_tables``
+records every request's table step by step.
 """
 from __future__ import annotations
 
@@ -141,6 +145,26 @@ def fit_count(requests: list[Request], policy: str, budget_bytes: int, kv_bytes_
     return n
 
 
+def grow_table(table: list[int], length: int, free: list[int] | deque[int], block_size: int = DEFAULT_BLOCK_SIZE
+               ) -> list[int]:
+    """The block table of a ``length``-token sequence after it gains one token.
+
+    The token goes to slot ``length % block_size`` of the last block; only when that block is full
+    (``length`` a multiple of ``block_size``, including the empty sequence) does the sequence take a new
+    block: the first of ``free``, removed from it. ``table`` is extended in place and returned.
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise ValueError(f"length={length!r}: must be 0 or a positive integer")
+    if len(table) != blocks_for(length, block_size):
+        raise ValueError(f"a {length}-token sequence holds {blocks_for(length, block_size)} blocks of "
+                         f"{block_size}, but its table has {len(table)}: {table}")
+    if length % block_size == 0:  # the last block is full (or there is none yet)
+        if not free:
+            raise ValueError("no free block left in the pool: free a sequence (or preempt one) first")
+        table.append(free.popleft() if isinstance(free, deque) else free.pop(0))
+    return table
+
+
 class BlockAllocator:
     """A shared pool of ``num_blocks`` blocks of ``block_size`` tokens; each sequence has a block table.
 
@@ -192,10 +216,9 @@ class BlockAllocator:
         length = self._lengths.get(seq_id)
         if length is None:
             raise ValueError(f"no sequence {seq_id!r} in the pool; allocate it first")
-        if length % self.block_size == 0:  # the last block is full
-            if not self._free:
-                return False
-            self._tables[seq_id].append(self._free.popleft())
+        if length % self.block_size == 0 and not self._free:  # it needs a block and the pool is empty
+            return False
+        grow_table(self._tables[seq_id], length, self._free, self.block_size)
         self._lengths[seq_id] = length + 1
         return True
 
@@ -204,6 +227,29 @@ class BlockAllocator:
             raise ValueError(f"no sequence {seq_id!r} in the pool")
         self._free.extend(self._tables.pop(seq_id))
         del self._lengths[seq_id]
+
+
+def replay_tables(requests: list[Request], num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE
+                  ) -> list[dict[str, Any]]:
+    """Every request's block table, step by step, in a pool of ``num_blocks`` blocks.
+
+    All requests are admitted in order (each prompt's blocks taken at once, as its prefill writes the
+    whole prompt), then every step adds one token to each request not yet at its full length. Returns
+    one row per moment: ``step`` (0: after the prefills), each request's table, and the free blocks left.
+    """
+    if not requests:
+        raise ValueError("no requests: pass at least one")
+    pool = BlockAllocator(num_blocks, block_size)
+    for r in requests:
+        if not pool.allocate(r.id, r.prompt_tokens):
+            raise ValueError(f"{num_blocks} blocks of {block_size} cannot hold the prompts; raise num_blocks")
+    rows = [{"step": 0, **{r.id: pool.table(r.id) for r in requests}, "free_blocks": pool.free_blocks}]
+    for step in range(1, max(r.answer_tokens for r in requests) + 1):
+        for r in requests:
+            if step <= r.answer_tokens and not pool.append(r.id):
+                raise ValueError(f"the pool ran out of blocks at step {step}; raise num_blocks")
+        rows.append({"step": step, **{r.id: pool.table(r.id) for r in requests}, "free_blocks": pool.free_blocks})
+    return rows
 
 
 @dataclass

@@ -70,6 +70,38 @@ def test_block_allocator():
         pool.allocate("b", 1)
 
 
+def test_grow_table_takes_a_block_only_when_the_last_is_full():
+    free = [7, 3, 5]
+    table = paged.grow_table([], 0, free, block_size=4)  # the first token opens the first block
+    assert table == [7] and free == [3, 5]
+    for length in (1, 2, 3):  # tokens 2..4 fill it
+        assert paged.grow_table(table, length, free, 4) == [7] and free == [3, 5]
+    assert paged.grow_table(table, 4, free, 4) == [7, 3] and free == [5]  # token 5: a second block, the first free one
+    from collections import deque
+
+    dq = deque([9])
+    assert paged.grow_table([1], 16, dq, 16) == [1, 9] and not dq
+    with pytest.raises(ValueError, match="no free block"):
+        paged.grow_table([1], 16, [], 16)
+    with pytest.raises(ValueError, match="holds 2 blocks"):
+        paged.grow_table([1], 5, [2], 4)  # a 5-token sequence cannot have one 4-token block
+    with pytest.raises(ValueError, match="length"):
+        paged.grow_table([], -1, [2], 4)
+
+
+def test_replay_tables_step_by_step():
+    a, b = req(0, prompt=5, answer=4, max_tokens=8), req(1, prompt=2, answer=2, max_tokens=8)
+    rows = paged.replay_tables([a, b], num_blocks=6, block_size=4)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[0] == {"step": 0, "r0": [0, 1], "r1": [2], "free_blocks": 3}  # prompts: 5 tokens → 2 blocks, 2 → 1
+    assert rows[2]["r1"] == [2] and rows[2]["r0"] == [0, 1]  # r1 at 4 tokens, r0 at 7: no new block yet
+    assert rows[4] == {"step": 4, "r0": [0, 1, 3], "r1": [2], "free_blocks": 2}  # r0's 9th token opens block 3
+    with pytest.raises(ValueError, match="ran out of blocks"):
+        paged.replay_tables([a, b], num_blocks=3, block_size=4)
+    with pytest.raises(ValueError, match="cannot hold the prompts"):
+        paged.replay_tables([a, b], num_blocks=2, block_size=4)
+
+
 def test_simulate_contiguous_runs_one_at_a_time():
     rs = [req(0, 1, 2, 2), req(1, 1, 2, 2)]
     sim = paged.simulate(rs, "contiguous-max", budget_tokens=4, max_model_len=4)

@@ -4,20 +4,23 @@
 # A serving engine is judged by how many requests it can hold at once and how busy it keeps the
 # hardware. vLLM raised both with two ideas. **PagedAttention** stores each request's KV cache in
 # small fixed-size blocks taken on demand, instead of one slab reserved for the longest answer it
-# might give, so far more requests fit in the same memory. **Continuous batching** admits a new
-# request at every token boundary and lets each leave when it is done, instead of waiting for the
-# whole batch. We measure the first with real request lengths, and the second with the default model.
+# might give. **Continuous batching** admits a new request at every token boundary and lets each
+# leave when it is done, instead of waiting for the whole batch. You will write the block
+# arithmetic and the block table yourself, then measure both ideas: the first with real request
+# lengths, the second with the default model.
 
 # %% md subslide
 # ## Learning objectives
 #
-# - Compute the KV bytes a request really uses and what three allocation policies reserve for it:
-#   contiguous up to the model's limit, contiguous up to the client's `max_tokens`, and 16-token blocks.
-# - Count how many requests fit in a KV budget under each, and replay a queue of requests through it.
-# - Run the same mixed workload (short and long answers) one at a time, in static batches and with
-#   continuous batching; compare throughput and each request's latency, and check the greedy answers
-#   are identical to running each request alone.
-# - Know how to run vLLM itself (`vllm.LLM`, `vllm serve`) on a GPU and load-test it with `labkit.loadgen`.
+# - Count the blocks a sequence needs and grow a block table one token at a time (two exercises),
+#   then watch two requests of different lengths fill a shared pool.
+# - Compare what three allocation policies reserve for real requests: contiguous up to the model's
+#   limit, contiguous up to the client's `max_tokens`, and `BLOCK_SIZE`-token blocks; count how many requests
+#   fit in a KV budget under each, and replay a queue through it.
+# - Read the decode core the scheduler runs on, and check it gives `generate`'s tokens.
+# - Run the same mixed workload one at a time, in static batches and with continuous batching;
+#   compare throughput and each request's latency, and check every answer equals the request run alone.
+# - Know the real vLLM flags (`--dtype`, `--quantization`) and how to run vLLM on a GPU.
 
 # %% slide
 import dataclasses
@@ -26,7 +29,8 @@ import pandas as pd
 from IPython.display import display
 
 import labkit
-from labkit import batching, config, engines, env, hardware, loadgen, models, paged, plots, results, scheduler, sizing
+from labkit import (batching, config, decode, engines, env, exercises, hardware, loadgen, models, paged, plots, results,
+                    scheduler, sizing)
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -35,12 +39,16 @@ engines.capabilities_frame().query("name in ['vllm', 'torch-tensorrt']")
 
 # %% subslide parameters
 BLOCK_SIZE = 16  # tokens per KV block (vLLM's default on GPUs)
+TABLE_REQUESTS = ("short-01", "short-03")  # the two requests whose block tables are filled step by step (ids in data/requests.json)
+TABLE_BLOCK_SIZE = 8  # tokens per block in that demonstration (small, so the tables change often)
+TABLE_BLOCKS = 16  # blocks in its pool
 DTYPE = "fp32" if env.device() == "cpu" else "fp16"  # weights and KV cache: fp32 on CPUs, the reference precision
 MAX_MODEL_LEN = 2048  # tokens: the longest sequence the server accepts; contiguous-max reserves this per request
 BIG_MODEL = "Llama-3.1-8B"  # a bigger public config from data/configs
 BIG_MODEL_GPU = "L4"  # its KV budget: this GPU's usable memory minus the fp16 weights
 DEFAULT_KV_BUDGET_GIB = 0.25  # KV budget for the default model (fp32 on a CPU), GiB
 SIM_REQUESTS = 480  # requests replayed through each budget (the file's requests, round-robin)
+CORE_TOKENS = config.pick(16, 8)  # tokens compared between the decode core and generate
 N_REQUESTS = config.pick(16, 8)  # requests in the mixed workload
 LONG_EVERY = 4  # one request in LONG_EVERY has a long answer, the rest short
 SHORT_TOKENS = 16  # answer limit of a short request, tokens
@@ -59,13 +67,38 @@ plots.bar(lengths.sort_values("answer_tokens"), x="id", y=["prompt_tokens", "ans
           title="Prompt and answer length of each request (default model, greedy)", y_title="tokens").show()
 
 # %% md slide
-# ## 1 · PagedAttention: predict what each policy reserves
+# ## 1 · Blocks: how many does a sequence need?
 #
-# A request's KV cache holds `kv_bytes_per_token` for every token of prompt + answer. But the
-# answer's length is unknown when the request arrives. A contiguous allocator must reserve the worst
-# case up front: the model's whole context, or at best the client's `max_tokens`. Paged allocation
-# takes a 16-token block whenever the sequence crosses into a new one, so at most 15 slots per
-# request are ever empty.
+# A request's KV cache holds `kv_bytes_per_token` for every token of prompt + answer. PagedAttention
+# cuts the cache into blocks of `block_size` token slots taken from a shared pool, and a sequence
+# holds whole blocks: the last one may be partly empty. Write the count.
+
+# %% exercise 07.blocks_needed
+def blocks_needed(tokens: int, block_size: int) -> int:
+    """Blocks of ``block_size`` slots that a sequence of ``tokens`` tokens occupies (0 tokens: 0 blocks)."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("07.blocks_needed", blocks_needed)
+
+# %% fragment
+count = exercises.use("07.blocks_needed", blocks_needed, paged.blocks_for)
+empty = [count(r.total_tokens, BLOCK_SIZE) * BLOCK_SIZE - r.total_tokens for r in requests]  # empty slots per finished request
+print(f"{BLOCK_SIZE}-token blocks, {len(requests)} requests: {sum(empty) / len(empty):.1f} empty slots per request on average, "
+      f"at most {max(empty)}; labkit.paged agrees: {sum(empty) / len(empty) == paged.mean_blocks_wasted(requests, BLOCK_SIZE)}")
+
+# %% md subslide
+# ## Predict: what does each policy waste?
+#
+# The answer's length is unknown when a request arrives. A contiguous allocator must reserve the
+# worst case up front: the model's whole context (`contiguous-max`), or at best the client's
+# `max_tokens` (`contiguous-reserve`). Paged allocation takes a block when the sequence reaches it.
+# Which fraction of the reserved KV memory holds no token, for the requests above?
+
+# %% fragment
+PREDICT_WASTE_CONTIGUOUS_MAX = None  # your prediction: fraction of reserved KV memory left empty, 0–1
+PREDICT_WASTE_PAGED = None  # the same for BLOCK_SIZE-token blocks
 
 # %% fragment
 cfg = {"default": "default", BIG_MODEL: str(config.DATA_DIR / "configs" / BIG_MODEL)}
@@ -96,17 +129,67 @@ alloc[["model", "policy", "reserved_gib", "used_gib", "waste_fraction"]].round(3
 
 # %% fragment
 waste = alloc.set_index(["model", "policy"]).waste_fraction
-print(f"{BIG_MODEL}: contiguous-max wastes {waste[BIG_MODEL, 'contiguous-max']:.0%} of what it reserves, "
-      f"contiguous-reserve {waste[BIG_MODEL, 'contiguous-reserve']:.0%}, paged {waste[BIG_MODEL, 'paged']:.1%} "
-      f"({paged.mean_blocks_wasted(requests, BLOCK_SIZE):.1f} empty slots per request, on average)")
+exercises.reveal("contiguous-max waste", PREDICT_WASTE_CONTIGUOUS_MAX, waste[BIG_MODEL, "contiguous-max"], "of reserved")
+exercises.reveal("paged waste", PREDICT_WASTE_PAGED, waste[BIG_MODEL, "paged"], "of reserved")
+print(f"reserving up to the client's max_tokens instead (contiguous-reserve) still leaves "
+      f"{waste[BIG_MODEL, 'contiguous-reserve']:.0%} empty")
 
 # %% md slide
-# ## 2 · How many requests fit, and how busy the batch stays
+# ## 2 · The block table, one token at a time
 #
-# `fit_in_budget`: requests that fit at once, each at its full length. The replay puts all
-# requests in a queue and steps them (one token per running request per step), admitting from the
-# queue whenever the next one fits; a paged sequence that finds no free block preempts the newest
-# one, which is recomputed later, as vLLM does. More requests running means more tokens per step.
+# Each sequence keeps a *block table*: the pool blocks holding its tokens, in order. Blocks come
+# from the front of a shared free list, so two sequences growing side by side interleave: their
+# blocks need not be adjacent, and a freed block serves whoever needs one next. Write the step
+# that adds one token to a sequence.
+
+# %% exercise 07.grow_table
+def grow_table(table: list[int], length: int, free: list[int], block_size: int) -> list[int]:
+    """The block table of a ``length``-token sequence after it gains one token.
+
+    The new token goes to slot ``length % block_size`` of the last block. Only when there is no room (every
+    slot of the last block taken, or no block yet) does the sequence take a block: the first one in ``free``,
+    which leaves the free list. Return the table (extending it in place is fine).
+    """
+    return None  # your code here
+
+
+# %% check
+exercises.check("07.grow_table", grow_table)
+
+# %% md subslide
+# ## Two requests fill a shared pool
+#
+# Step 0 is the prefill: each prompt's tokens are written at once. Then every step adds one answer
+# token to each request not yet finished. The table shows the moments a block changed hands.
+
+# %% fragment
+grow = exercises.use("07.grow_table", grow_table, paged.grow_table)
+pair = [next(r for r in requests if r.id == i) for i in TABLE_REQUESTS]
+free = list(range(TABLE_BLOCKS))  # the pool: ids of free blocks, handed out from the front
+table, length, history = {r.id: [] for r in pair}, {r.id: 0 for r in pair}, []
+for step in range(max(r.answer_tokens for r in pair) + 1):
+    for r in pair:  # step 0 writes the prompt; each later step one answer token, until the answer is complete
+        target = min(r.prompt_tokens + step, r.total_tokens)
+        while length[r.id] < target:
+            table[r.id] = grow(table[r.id], length[r.id], free, TABLE_BLOCK_SIZE)
+            length[r.id] += 1
+    history.append({"step": step, **{k: list(v) for k, v in table.items()}, "free_blocks": len(free)})
+steps = pd.DataFrame(history)
+print({r.id: f"{r.prompt_tokens} prompt + {r.answer_tokens} answer tokens" for r in pair}, "| block size", TABLE_BLOCK_SIZE)
+print("the same tables as labkit.paged.BlockAllocator:", history == paged.replay_tables(pair, TABLE_BLOCKS, TABLE_BLOCK_SIZE))
+steps[steps.free_blocks.diff() != 0]
+
+# %% md slide
+# ## 3 · How many requests fit, and how busy the batch stays
+#
+# `fit_in_budget`: requests that fit at once, each at its full length. The replay puts all requests
+# in a queue and steps them (one token per running request per step), admitting from the queue
+# whenever the next one fits; a paged sequence that finds no free block preempts the newest one,
+# which is recomputed later, as vLLM does. How many times more requests do blocks fit than
+# `contiguous-max`, for `BIG_MODEL` with the KV budget of a `BIG_MODEL_GPU`?
+
+# %% fragment
+PREDICT_FIT_RATIO = None  # your prediction: requests fitting at once, paged ÷ contiguous-max (×)
 
 # %% fragment
 alloc[["model", "policy", "fit_in_budget", "sim_mean_running", "sim_steps", "sim_preemptions"]]
@@ -115,30 +198,14 @@ alloc[["model", "policy", "fit_in_budget", "sim_mean_running", "sim_steps", "sim
 plots.bar(alloc, x="policy", y="sim_mean_running", color="model", title="Requests running at once (mean over the replay)",
           y_title="requests").update_layout(barmode="group").show()
 fit = alloc.set_index(["model", "policy"])
+fit_ratio = fit.fit_in_budget[BIG_MODEL, "paged"] / fit.fit_in_budget[BIG_MODEL, "contiguous-max"]
+exercises.reveal("paged ÷ contiguous-max requests fitting", PREDICT_FIT_RATIO, fit_ratio, "×")
 print(f"{BIG_MODEL} on a {BIG_MODEL_GPU}: paged blocks fit {fit.fit_in_budget[BIG_MODEL, 'paged']} requests at once, "
-      f"contiguous-max {fit.fit_in_budget[BIG_MODEL, 'contiguous-max']} "
-      f"({fit.fit_in_budget[BIG_MODEL, 'paged'] / fit.fit_in_budget[BIG_MODEL, 'contiguous-max']:.1f}×); the replay "
-      f"finishes in {fit.sim_steps[BIG_MODEL, 'contiguous-max'] / fit.sim_steps[BIG_MODEL, 'paged']:.1f}× fewer steps")
-
-# %% md subslide
-# ## Block tables
-#
-# Each sequence keeps a *block table*: the pool blocks holding its tokens, in order. Blocks need not
-# be adjacent, so a freed block serves whoever needs one next. Three requests growing in turn:
-
-# %% fragment
-pool = paged.BlockAllocator(num_blocks=12, block_size=BLOCK_SIZE)
-for seq_id, tokens in (("A", 20), ("B", 5), ("C", 33)):
-    pool.allocate(seq_id, tokens)
-pool.free("B")
-pool.allocate("D", 40)
-for _ in range(BLOCK_SIZE):
-    pool.append("A")
-print({s: pool.table(s) for s in ("A", "C", "D")}, "| free blocks:", pool.free_blocks,
-      f"| used {pool.used_tokens} of {pool.reserved_tokens} reserved token slots")
+      f"contiguous-max {fit.fit_in_budget[BIG_MODEL, 'contiguous-max']}; the replay finishes in "
+      f"{fit.sim_steps[BIG_MODEL, 'contiguous-max'] / fit.sim_steps[BIG_MODEL, 'paged']:.1f}× fewer steps")
 
 # %% md slide
-# ## 3 · Continuous batching: transformers' own first
+# ## 4 · Continuous batching: transformers' own first
 #
 # transformers ships a continuous-batching manager with paged attention (`model.generate_batch`,
 # `ContinuousBatchingManager`). Does it run on this device?
@@ -149,20 +216,41 @@ res.add("hf_continuous_batching", **hf_cb)
 print("transformers continuous batching here:", "runs" if hf_cb["available"] else hf_cb["reason"])
 
 # %% md subslide
-# ## labkit's scheduler
+# ## The decode core the scheduler runs on
 #
-# `labkit.scheduler` runs both policies with the same model code (left-padded batches, a KV cache
-# per batch): **static** takes `BATCH` requests, decodes until the longest is done and hands the
-# batch back; **continuous** prefills each newcomer alone, joins its cache to the running batch at
-# the next token boundary and lets each request leave the moment it is done. Predict: the short
-# requests stuck behind a long one in a static batch should finish much sooner, and the batch stays
-# full instead of carrying finished rows.
+# `labkit.scheduler` is built on these functions of `labkit.decode`: shorter prompts are padded on
+# the left so every row's next token lands in the same column, the mask hides the pads, and
+# positions count real tokens only. One decode step reads every weight once for the whole batch.
+
+# %% fragment
+decode.show_source("left_pad", "positions", "prefill", "decode_one_token")
 
 # %% fragment
 lm = models.load(dtype=DTYPE)
 eos = batching.eos_ids(lm.model, lm.tokenizer)
 work = scheduler.mixed_workload(lm.tokenizer, N_REQUESTS, LONG_EVERY, SHORT_TOKENS, LONG_TOKENS)
-print(f"{lm.name}: {len(work)} requests, answer limits {[r.max_new_tokens for r in work]}")
+longest = sorted(work, key=lambda r: -r.max_new_tokens)[:2]  # long answers: no end-of-text token among the first tokens
+prompt_pair = [list(r.prompt_ids) for r in longest]
+ids, mask = decode.left_pad(prompt_pair, lm.tokenizer.pad_token_id, lm.device)
+proof = decode.same_as_generate(lm.model, ids, mask, new_tokens=CORE_TOKENS)
+print(f"{lm.name}: two prompts of {[len(p) for p in prompt_pair]} tokens, left-padded to {ids.shape[1]}; "
+      f"the decode core and generate chose the same {CORE_TOKENS} tokens for both: {proof['identical']}")
+
+# %% md subslide
+# ## labkit's scheduler: static against continuous
+#
+# **Static** takes `BATCH` requests, decodes until the longest is done and hands the batch back;
+# **continuous** prefills each newcomer alone, joins its cache to the running batch at the next
+# token boundary and lets each request leave the moment it is done. One request in `LONG_EVERY` has
+# a long answer. Predict: how many times the static throughput does continuous batching reach, and how
+# many times sooner are the short requests answered?
+
+# %% fragment
+PREDICT_CB_SPEEDUP = None  # your prediction: continuous ÷ static output tokens/s (×)
+PREDICT_SHORT_SOONER = None  # your prediction: static ÷ continuous mean latency of the short requests (×)
+
+# %% fragment
+print(f"{len(work)} requests, answer limits {[r.max_new_tokens for r in work]}")
 scheduler.run_static(lm.model, work[:2], eos, lm.tokenizer.pad_token_id, 2)  # warmup: first calls pay set-up
 runs = {"one at a time": scheduler.run_static(lm.model, work, eos, lm.tokenizer.pad_token_id, batch_size=1),
         "static": scheduler.run_static(lm.model, work, eos, lm.tokenizer.pad_token_id, batch_size=BATCH),
@@ -179,12 +267,13 @@ batch_df[["mode", "max_batch_size", "tokens_per_s", "mean_latency_short_s", "mea
 # %% subslide
 scheduler.timeline_figure([runs["static"], runs["continuous"]]).show()
 st, co = runs["static"].summary(), runs["continuous"].summary()
-print(f"continuous vs static, batch {BATCH}: {co['tokens_per_s'] / st['tokens_per_s']:.2f}× the throughput, short requests "
-      f"answered {st['mean_latency_short_s'] / co['mean_latency_short_s']:.1f}× sooner on average; greedy tokens identical "
-      f"to each request alone: {same['continuous']}")
+exercises.reveal("continuous ÷ static throughput", PREDICT_CB_SPEEDUP, co["tokens_per_s"] / st["tokens_per_s"], "×")
+exercises.reveal("short requests answered sooner", PREDICT_SHORT_SOONER,
+                 st["mean_latency_short_s"] / co["mean_latency_short_s"], "×")
+print(f"greedy tokens identical to each request run alone: static {same['static']}, continuous {same['continuous']}")
 
 # %% md slide
-# ## 4 · vLLM itself (NVIDIA GPU)
+# ## 5 · vLLM itself (NVIDIA GPU)
 #
 # On a GPU, `vllm.LLM(model, dtype="float16")` runs offline batches, `vllm serve MODEL --dtype float16`
 # an OpenAI-compatible server that `labkit.loadgen` drives unchanged; with two or more GPUs,
@@ -206,6 +295,24 @@ else:
         print("CPU reference of this notebook's measurements:", results.provenance(ref))
         display(ref.frame("batching")[["mode", "tokens_per_s", "mean_latency_short_s", "same_tokens_as_alone"]])
 
+# %% md subslide
+# ## Read in articles: `vllm serve MODEL --quantization fp16`
+#
+# vLLM has no `fp16` quantisation. The precision weights and activations run in is **`--dtype`**
+# (`auto`, `half`/`float16`, `bfloat16`, `float`/`float32`; in Python `LLM(model, dtype="float16")`).
+# **`--quantization`** names a quantisation *method*: the format of a quantised checkpoint (`awq`,
+# `gptq`, `compressed-tensors`, `gguf`, …) or one applied while loading (`fp8`, `bitsandbytes`).
+# vLLM's own list of methods, read from the installed package where it runs:
+
+# %% fragment
+if vllm_cap.available:
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+    print(f"--quantization takes {len(QUANTIZATION_METHODS)} methods: {', '.join(QUANTIZATION_METHODS)}")
+    print("'fp16' among them:", "fp16" in QUANTIZATION_METHODS, "| the fp16 run above used --dtype float16")
+else:
+    print(f"vLLM's list of --quantization methods cannot be read here: {vllm_cap.reason}.")
+
 # %% md slide
 # ## Takeaways
 
@@ -214,27 +321,40 @@ res.save()
 paged_row, max_row = fit.loc[(BIG_MODEL, "paged")], fit.loc[(BIG_MODEL, "contiguous-max")]
 pd.DataFrame([
     {"idea": "paged KV blocks", "measured on": f"{BIG_MODEL}, {SIM_REQUESTS} requests",
-     "gain": paged_row.fit_in_budget / max_row.fit_in_budget, "unit": "× requests fitting the budget"},
+     "gain": paged_row.fit_in_budget / max_row.fit_in_budget, "unit": "× requests fitting the budget",
+     "quality": "exact (allocation only)"},
     {"idea": "paged KV blocks", "measured on": f"{BIG_MODEL}, {SIM_REQUESTS} requests",
-     "gain": max_row.waste_fraction - paged_row.waste_fraction, "unit": "of reserved memory no longer wasted"},
+     "gain": max_row.waste_fraction - paged_row.waste_fraction, "unit": "of reserved memory no longer wasted",
+     "quality": "exact (allocation only)"},
     {"idea": "continuous batching", "measured on": f"{lm.name}, {len(work)} requests, this run",
-     "gain": co["tokens_per_s"] / st["tokens_per_s"], "unit": "× throughput vs static"},
+     "gain": co["tokens_per_s"] / st["tokens_per_s"], "unit": "× throughput vs static",
+     "quality": f"same tokens as alone: {same['continuous']}"},
     {"idea": "continuous batching", "measured on": f"{lm.name}, {len(work)} requests, this run",
-     "gain": st["mean_latency_short_s"] / co["mean_latency_short_s"], "unit": "× sooner for short requests"},
+     "gain": st["mean_latency_short_s"] / co["mean_latency_short_s"], "unit": "× sooner for short requests",
+     "quality": f"same tokens as alone: {same['continuous']}"},
 ]).round(2)
 
-# %% md fragment
-# - Reserving KV memory for the longest possible answer wastes most of it: real answers are short
-#   and their length is unknown in advance. Blocks allocated on demand waste less than one block per
-#   request, so the same memory holds many more requests, and more requests per step means more
-#   tokens per second.
-# - Static batching pays twice for mixed lengths: finished rows keep computing, and every request
-#   waits for the slowest in its batch (and the batch before it). Continuous batching fixes both.
-# - Batching must not change answers: with greedy decoding every request got exactly the tokens it
-#   gets alone (the `same_tokens_as_alone` column).
-#
+# %% fragment
+cb_gain, short_gain = co["tokens_per_s"] / st["tokens_per_s"], st["mean_latency_short_s"] / co["mean_latency_short_s"]
+print(f"- Reserving up to the model's limit left {max_row.waste_fraction:.0%} of the KV memory empty; blocks left "
+      f"{paged_row.waste_fraction:.1%} (under one block per request), so {paged_row.fit_in_budget / max_row.fit_in_budget:.0f}× "
+      f"as many {BIG_MODEL} requests fit on a {BIG_MODEL_GPU}.")
+print(f"- Continuous batching gave {cb_gain:.2f}× the static throughput here ("
+      + ("faster" if cb_gain > 1 else "not faster") + f") and answered short requests {short_gain:.1f}× "
+      + ("sooner" if short_gain > 1 else "later") + f": static batches made {st['wasted_row_fraction']:.0%} of their rows "
+      f"compute for finished requests, continuous {co['wasted_row_fraction']:.0%}.")
+print("- Batching changed no answer: every request got exactly the greedy tokens it gets alone."
+      if all(same.values()) else f"- Some answers differ from the request run alone: {same}; look for the cause.")
+
+# %% md subslide
 # ## Exercises
-# 1. Set `BLOCK_SIZE` to 1 and to 128. What happens to waste, and why does vLLM not use 1?
-# 2. Run the workload with `LONG_EVERY = 2` and `LONG_EVERY = 8`. When does continuous batching gain most?
-# 3. On a GPU: run `vllm serve` with the default model and drive it with
-#    `python -m labkit.loadgen --base-url http://127.0.0.1:8000 --endpoint chat --max-concurrency 16`.
+#
+# Your two exercises above, as the checks see them now (run the cells above again after a change):
+
+# %% fragment
+pd.DataFrame([dataclasses.asdict(exercises.evaluate(i, a))
+              for i, a in (("07.blocks_needed", blocks_needed), ("07.grow_table", grow_table))])
+
+# %% md fragment
+# To go further: set `BLOCK_SIZE` to 1 and to 128 and rerun section 1 (why does vLLM not use 1?);
+# rerun section 4 with `LONG_EVERY = 2` and `LONG_EVERY = 8` (when does continuous batching gain most?).
