@@ -252,3 +252,64 @@ def test_exercise_checks_as_shipped_and_with_solutions(tmp_path: Path, monkeypat
     (solutions / "99_ok.py").write_text("# %% exercise 99.answer\nanswer = 6 * 7\n", encoding="utf-8")
     run = run_notebooks.run_notebook(shipped, tmp_path / "executed", timeout_s=60, solutions=True)
     assert run.status == "ok" and run.exercises == {"99.answer": "correct"}
+
+
+# ------------------------------------------------------------------ quiet kernels, the summary's short table
+
+TCP_WARNING = "without encryption"
+
+
+def test_kernels_start_without_the_plain_tcp_warning(tmp_path: Path, capfd: pytest.CaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from jupyter_client.manager import AsyncKernelManager
+
+    nb = _notebook(tmp_path / "13_quiet.ipynb", ["print(6 * 7)"])
+    run = run_notebooks.run_notebook(nb, tmp_path / "executed", timeout_s=60)
+    assert run.status == "ok"
+    assert TCP_WARNING not in capfd.readouterr().err, "CurveZMQ (or IPC) kernels do not warn"
+
+    monkeypatch.setattr(run_notebooks.QuietKernelManager, "_curve", lambda self: False)  # no CurveZMQ: IPC
+    assert run_notebooks.run_notebook(nb, tmp_path / "executed", timeout_s=60).status == "ok"
+    assert TCP_WARNING not in capfd.readouterr().err
+
+    # the test can fail: a plain kernel manager (plain TCP) makes this ipykernel warn
+    monkeypatch.setattr(run_notebooks, "QuietKernelManager", AsyncKernelManager)
+    assert run_notebooks.run_notebook(nb, tmp_path / "executed", timeout_s=60).status == "ok"
+    assert TCP_WARNING in capfd.readouterr().err
+
+
+def test_headline_is_the_summary_sections_first_row_else_a_result_column() -> None:
+    from labkit import results
+
+    res = results.Results("05_demo")
+    res.add("kv_bytes", layers=30, ratio=1.0)
+    res.replace("summary", [{"finding": "cache on vs off (speedup ×)", "value": 3.2}, {"finding": "x", "value": 1}])
+    assert run_notebooks.headline(res) == {"label": "cache on vs off (speedup ×)", "value": 3.2, "source": "summary"}
+
+    res = results.Results("01_demo")
+    res.add("bandwidth", method="copy", n=5, gbs=12.5)
+    assert run_notebooks.headline(res)["label"] == "bandwidth: gbs (method=copy)"
+    assert run_notebooks.headline(res)["value"] == 12.5 and "no summary section" in run_notebooks.headline(res)["source"]
+    res = results.Results("04_demo")
+    res.add("phases", phase="import")
+    res.add("phases", phase="load", seconds=1.5)
+    assert run_notebooks.headline(res)["value"] == 1.5, "the first row holding a number"
+    assert run_notebooks.headline(results.Results("00_demo")) is None
+
+
+def test_summary_page_opens_with_the_short_table(two_notebooks) -> None:
+    nbs, build = two_notebooks
+    _notebook(nbs / "12_sum.ipynb", [
+        "from labkit import results\nres = results.Results('12_sum')\nres.add('sweep', batch=8, tokens_per_s=40.0)",
+        "res.replace('summary', [{'finding': 'batch 8 vs 1 (throughput ×)', 'value': 5.4321}])\nres.save()"])
+    run_notebooks.main(["--notebooks-dir", str(nbs), "--build-dir", str(build), "--timeout", "120", "--only", "11", "12"])
+    page = (build / "summary.html").read_text(encoding="utf-8")
+    short = page.index("<table class='short'>")
+    assert short < page.index("<h2>Runs</h2>") < page.index("<h2 id='11_ok'>")
+    assert page[:short].count("<table") == 0, "nothing tabular before the short table"
+    rows = page[short:page.index("</table>", short)].split("<tr>")[2:]
+    assert [r[r.index("#") + 1:r.index("'>")] for r in rows] == ["11_ok", "12_sum"]
+    fallback, summary = rows
+    assert "<td class='ok'>ok</td>" in summary and ">5.432<" in summary and "batch 8 vs 1 (throughput ×)" in summary
+    assert ">123.5<" in fallback and "speed: tokens_per_s" in fallback and "no summary section" in fallback
+    assert "* marks a notebook without one" in page
