@@ -313,3 +313,73 @@ def test_summary_page_opens_with_the_short_table(two_notebooks) -> None:
     assert "<td class='ok'>ok</td>" in summary and ">5.432<" in summary and "batch 8 vs 1 (throughput ×)" in summary
     assert ">123.5<" in fallback and "speed: tokens_per_s" in fallback and "no summary section" in fallback
     assert "* marks a notebook without one" in page
+
+
+# ------------------------------------------------------------------------------------ the class page's plots
+
+
+def _learner_results(root: Path, learner: str, scale: float, notebooks: tuple[str, ...]) -> Path:
+    """Results files shaped like the notebooks' own (same sections and columns), numbers scaled."""
+    from labkit import results
+
+    env = {"hardware": {"cpu": f"cpu of {learner}"}, "device": "cpu", "quick": True, "model": "default"}
+    folder = root / learner / "results"
+    if "01_hardware_sizing" in notebooks:
+        res = results.Results("01_hardware_sizing", env=env)
+        res.add("bandwidth", device="cpu", bandwidth_gbs=10.0 * scale, median_gbs=9.5 * scale)
+        for b in (1, 4):
+            res.add("decode", batch=b, ceiling_tokens_per_s=20.0 * scale * b, measured_tokens_per_s=8.0 * scale * b,
+                    ratio=0.4)
+        res.save(folder / "01_hardware_sizing.json")
+    if "02_fp16_bf16" in notebooks:
+        res = results.Results("02_fp16_bf16", env=env)
+        for v, tps, agree in (("fp32", 10.0, 1.0), ("fp16", 18.0 * scale, 0.97), ("bf16", 5.0, 0.9)):
+            res.add("variants", variant=v, status="ok", decode_tokens_per_s=tps, agreement=agree, kl=0.01)
+        res.add("variants", variant="fp8", status="unsupported here: no fp8 kernels")
+        res.save(folder / "02_fp16_bf16.json")
+    if "06_batching" in notebooks:
+        res = results.Results("06_batching", env=env)
+        for b, tps in ((1, 2.0), (4, 6.0 * scale), (16, 20.0 * scale)):
+            res.add("static", batch_size=b, status="ok", total_tokens_per_s=tps)
+        for b, tps in ((1, 15.0), (8, 40.0 * scale)):
+            res.add("serving", max_batch_size=b, output_tokens_per_s=tps)
+        res.save(folder / "06_batching.json")
+    return folder
+
+
+def test_class_page_plots_read_the_notebooks_sections(tmp_path: Path) -> None:
+    import merge_results
+
+    everything = ("01_hardware_sizing", "02_fp16_bf16", "06_batching")
+    sources = [_learner_results(tmp_path, "alice", 1.0, everything), _learner_results(tmp_path, "bob", 2.0, everything)]
+    subs, skipped = merge_results.collect(sources)
+    assert not skipped
+    roof = {p["learner"]: p for p in merge_results.roofline_points(subs)}
+    assert roof["bob"]["bandwidth_gbs"] == 20.0 and roof["bob"]["tokens_per_s"] == 16.0 and roof["bob"]["batch"] == 1
+    assert roof["alice"]["bytes_per_token"] == pytest.approx(10e9 / 20.0)
+    prec = {(p["learner"], p["variant"]): p for p in merge_results.precision_points(subs)}
+    assert set(prec) == {(l, v) for l in ("alice", "bob") for v in ("fp16", "bf16")}, "fp32 is the baseline, fp8 did not run"
+    assert prec[("bob", "fp16")]["speedup"] == pytest.approx(3.6) and prec[("alice", "bf16")]["agreement"] == 0.9
+    gain = {p["learner"]: p for p in merge_results.batching_points(subs)}
+    assert gain["alice"]["static_gain"] == pytest.approx(10.0) and gain["alice"]["static_size"] == 16
+    assert gain["bob"]["serving_gain"] == pytest.approx(80 / 15)
+
+    page, drawn = merge_results.plots_html(subs)
+    assert drawn == {"roofline": 2, "precision": 4, "batching": 2}
+    assert page.count("plotly-graph-div") == 3
+    roofline = merge_results.roofline_figure(merge_results.roofline_points(subs)).data[0]
+    assert roofline.name == "roofline default: bandwidth ÷ 500 MB per token"
+    assert roofline.y[1] / roofline.x[1] == pytest.approx(1e9 / 500e6), "tokens/s = GB/s × 1e9 ÷ bytes per token"
+
+
+def test_class_page_says_which_plot_no_learner_has_data_for(tmp_path: Path) -> None:
+    import merge_results
+
+    folder = _learner_results(tmp_path, "carol", 1.0, ("06_batching",))
+    info = merge_results.merge([folder], tmp_path / "class")
+    page = (tmp_path / "class" / "index.html").read_text(encoding="utf-8")
+    assert info["learners"] == ["carol"] and page.count("plotly-graph-div") == 1
+    assert "No learner's results have this yet: it needs 01_hardware_sizing" in page
+    assert "No learner's results have this yet: it needs 02_fp16_bf16 or 03_int8_int4" in page
+    assert slides.remote_references(page) == [], "plotly.js is embedded, nothing comes from a CDN"
+    assert page.index("id='batching'") < page.index("id='tables'"), "plots first, then the tables"
