@@ -3,6 +3,7 @@ deck preparation and the offline check. Fast (two small kernels), part of `make 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -383,3 +384,152 @@ def test_class_page_says_which_plot_no_learner_has_data_for(tmp_path: Path) -> N
     assert "No learner's results have this yet: it needs 02_fp16_bf16 or 03_int8_int4" in page
     assert slides.remote_references(page) == [], "plotly.js is embedded, nothing comes from a CDN"
     assert page.index("id='batching'") < page.index("id='tables'"), "plots first, then the tables"
+
+
+# ------------------------------------------------------------------------------- what a deck shows, and how
+
+
+def _md(text: str, kind: str = "-") -> nbformat.NotebookNode:
+    return nbformat.v4.new_markdown_cell(text, metadata={"slideshow": {"slide_type": kind}})
+
+
+def _code(src: str, kind: str = "-", outputs: list | None = None, tags: list[str] | None = None,
+          **meta) -> nbformat.NotebookNode:
+    md = {"slideshow": {"slide_type": kind}, **meta}
+    if tags:
+        md["tags"] = tags
+    return nbformat.v4.new_code_cell(src, metadata=md, outputs=outputs or [])
+
+
+def _out(text: str, name: str = "stdout") -> nbformat.NotebookNode:
+    return nbformat.v4.new_output("stream", name=name, text=text)
+
+
+def _html(text: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_output("display_data", data={"text/html": text, "text/plain": "…"})
+
+
+def _deck(cells: list) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = cells
+    return slides.prepare(nb)
+
+
+def _shown_source(cell) -> bool:
+    return not cell.metadata.get("transient", {}).get("remove_source", False)
+
+
+def test_code_shows_outputs_only_unless_it_is_the_mechanism() -> None:
+    deck = _deck([_md("# Title", "slide"),
+                  _code("plot()", "fragment", [_out("42 tokens/s\n")]),
+                  _code("def decode_step(x):\n    return x", "fragment", [_out("same tokens: True\n")], tags=["mechanism"])])
+    plot, mech = deck.cells[1], deck.cells[2]
+    assert not _shown_source(plot) and plot.outputs[0]["text"] == "42 tokens/s\n"
+    assert _shown_source(mech) and "decode_step" in mech.source
+
+
+def test_exercises_checks_solutions_and_silent_set_up_stay_in_the_notebook() -> None:
+    deck = _deck([_md("# Title", "slide"),
+                  _code("import labkit", "slide"),  # set-up: prints nothing, starts a slide
+                  _code("N = 8  # parameters", "subslide", tags=["parameters"]),
+                  _code("print('loaded')", "fragment", [_out("model loaded in 1.2 s\n")]),
+                  _code("def f(): return None", "skip", tags=["exercise"], labkit={"exercise": "03.f"}),
+                  _code("check('03.f', f)", "fragment", [_out("Exercise 03.f: not attempted\n")], tags=["check"]),
+                  _code("answer = 42", tags=["solution"]),
+                  _md("Say this out loud, do not show it.", "notes")])
+    assert [c.cell_type for c in deck.cells] == ["markdown", "code", "markdown"]
+    loaded = deck.cells[1]
+    assert "model loaded" in loaded.outputs[0]["text"]
+    assert slides._slide_type(loaded) == "slide", "the slide that began on a silent cell begins on the next one shown"
+    assert slides._slide_type(deck.cells[2]) == "notes"
+    assert slides.expected_slides(deck) == 2
+
+
+def test_stderr_is_dropped_and_long_printed_text_is_trimmed_with_a_note() -> None:
+    lines = "".join(f"step {i}: ok\n" for i in range(40))
+    deck = _deck([_md("# T", "slide"), _code("run()", "fragment", [_out("warming up\n", "stderr"), _out(lines[:20]),
+                                                                    _out(lines[20:])])])
+    (out,) = deck.cells[1].outputs
+    kept = out["text"].splitlines()
+    assert len(kept) == slides.TEXT_MAX_LINES + 1 and kept[0] == "step 0: ok"
+    assert kept[-1] == f"… {40 - slides.TEXT_MAX_LINES} more lines in the notebook"
+
+
+def test_progress_bars_keep_only_a_finished_count() -> None:
+    def bar(text: str):
+        return nbformat.v4.new_output("display_data", data={slides.WIDGET_VIEW: {"model_id": "p"}, "text/plain": text})
+
+    deck = _deck([_md("# T", "slide"), _code("a()", "-", [bar("batch sizes:   0%|          | 0/5 [00:00<?, ?it/s]"),
+                                                          _out("done\n")])])
+    assert [o["output_type"] for o in deck.cells[1].outputs] == ["stream"], "a bar stuck at 0/5 says nothing"
+
+
+def _frame_html(n_rows: int, columns: dict) -> str:
+    import pandas as pd
+
+    return pd.DataFrame({k: (v if isinstance(v, list) else [v] * n_rows) for k, v in columns.items()}).to_html()
+
+
+def test_tables_keep_the_columns_that_fit_and_say_what_was_cut() -> None:
+    cols = {"variant": [f"v{i}" for i in range(14)], "device": "cpu"}
+    cols.update({f"measurement_number_{k}_tokens_per_s": [float((i + 1) * (k + 1)) + 0.123456 for i in range(14)] for k in range(12)})
+    t = slides.trim_table(_frame_html(14, cols))
+    assert t is not None and t.html.count("<tr>") == 1 + slides.TABLE_MAX_ROWS
+    head = t.html[:t.html.index("</thead>")].replace("<wbr>", "")
+    assert "variant" in head and "device" not in head, "a column with one value in every row becomes a note"
+    assert "in every row: device = cpu" in t.cut and "4 more rows" in t.cut
+    kept = head.count("measurement_number_")
+    assert 0 < kept < 12 and f"{12 - kept} more columns" in t.cut and "measurement_number_11_tokens_per_s" in t.cut
+
+
+def test_tables_with_spans_are_read_as_a_grid() -> None:
+    import pandas as pd
+
+    df = pd.DataFrame({"model": ["a", "a", "b", "b"], "dtype": ["fp16", "nf4"] * 2, "T4": [True, True, False, True],
+                       "L4": [True] * 4}).pivot_table(index=["model", "dtype"], values=["T4", "L4"], aggfunc="first")
+    grid = slides.read_table(df.to_html())
+    assert grid.index_cols == 2 and len(grid.cells[0]) == 4 and all(len(r) == 4 for r in grid.cells)
+    t = slides.trim_table(df.to_html(), max_rows=3)
+    assert t.html.count("<tr>") == grid.head + 3 and "1 more rows" in t.cut
+
+
+def test_a_slide_that_would_run_past_the_bottom_continues_on_a_new_slide() -> None:
+    chart = _html("<div class='plotly-graph-div'></div>")
+    deck = _deck([_md("## 1 · Weights per precision\n\n" + "A sentence about weights. " * 30, "slide"),
+                  _code("bar()", "fragment", [chart, _out("fp16 halves the bytes\n")]),
+                  _code("two()", "subslide", [chart, chart])])
+    kinds = [(c.cell_type, slides._slide_type(c)) for c in deck.cells]
+    assert kinds[:3] == [("markdown", "slide"), ("markdown", "subslide"), ("code", "fragment")], kinds
+    assert "1 · Weights per precision (continued)" in deck.cells[1].source
+    # a cell with two charts: one per slide
+    assert [len(c.outputs) for c in deck.cells if c.cell_type == "code"] == [2, 1, 1]
+    assert slides.expected_slides(deck) == 4
+    per_slide = []
+    for c in deck.cells:
+        if slides._slide_type(c) in ("slide", "subslide"):
+            per_slide.append(0.0)
+        per_slide[-1] += slides.cell_px(c)
+    assert max(per_slide) <= slides.BUDGET_PX, per_slide
+
+
+def test_markdown_taller_than_a_slide_is_split_between_paragraphs() -> None:
+    para = "\n".join(f"- point {i}: " + "words " * 30 for i in range(6))
+    deck = _deck([_md(f"## Takeaways\n\n{para}\n\n## Exercises\n\n{para}", "slide")])
+    assert len(deck.cells) >= 3 and all(slides.markdown_px(c.source) <= slides.BUDGET_PX for c in deck.cells)
+    text = "\n".join(c.source for c in deck.cells if slides.CONT_CLASS not in c.source)
+    assert text.count("- point") == 12 and "## Exercises" in text, "nothing lost in the split"
+
+
+def test_exported_deck_has_the_slides_prepare_counts(tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    chart = _html("<div class='plotly-graph-div'></div>")
+    nb.cells = [_md("# Deck", "slide"), _code("import x", "slide"), _code("c()", "fragment", [chart, chart, chart]),
+                _md("notes here", "notes")]
+    executed = tmp_path / "97_count.ipynb"
+    nbformat.write(nb, executed)
+    deck, n = slides.export_deck(executed, tmp_path)
+    text = deck.read_text(encoding="utf-8")
+    leaves = len(re.findall(r"<section\b", text)) - len(re.findall(r"<section\b[^>]*>\s*<section\b", text))
+    assert n == leaves == 4, "the title, then one slide per chart"
+    assert "import x" not in text, "set-up code stays in the notebook"
+    assert "<aside class=\"notes\">" in text and "notes here" in text
