@@ -103,8 +103,9 @@ def copy_assets(slides_dir: Path, node_modules: Path = NODE_MODULES) -> None:
 #   cells with nothing left to show (set-up, parameters); a slide that began on a dropped cell begins
 #   on the next cell shown;
 # - printed text keeps its first TEXT_MAX_LINES lines, a table its first TABLE_MAX_ROWS rows and the
-#   columns that fit the slide's width (columns holding one value in every row are folded into a note
-#   line), each with a line saying what was cut and that the notebook holds it all;
+#   columns that fit the slide's width (when not all fit, columns holding one value in every row are
+#   folded into a note line first, then columns are cut from the right), each with a line saying what
+#   was cut and that the notebook holds it all;
 # - a slide whose estimated content is taller than the slide is split: the cell that does not fit
 #   starts a new vertical slide titled "<heading> (continued)", and a cell too tall for any slide is
 #   split between its outputs (code) or its paragraphs (markdown);
@@ -121,12 +122,13 @@ BUDGET_PX = SLIDE_H - 2 * PAD_Y - 36  # what the estimates may fill: a margin fo
 TEXT_PX, TEXT_LINE_PX, TEXT_CHAR_PX = 22, 30, 11.0  # markdown body (a wide estimate of the average glyph)
 H1_PX, H2_PX, H3_PX = 60, 50, 40  # heading lines with their margins
 CODE_LINE_PX, CODE_CHAR_PX = 22, 9.7  # 16px monospace, line-height 1.35
-TABLE_ROW_PX, TABLE_CHAR_PX, TABLE_CELL_PAD_PX = 29, 8.6, 14  # 15px table text
+TABLE_ROW_PX, TABLE_CHAR_PX, TABLE_HEAD_CHAR_PX, TABLE_CELL_PAD_PX = 29, 7.9, 9.2, 14  # 15px text, bold headers
 TABLE_CELL_CHARS = 48  # a longer cell wraps; its text is cut at TABLE_CELL_MAX_CHARS
 TABLE_CELL_MAX_CHARS = 120
-TABLE_MAX_ROWS = 10
+TABLE_MAX_ROWS = 15
 TABLE_MAX_COLS = 10
 TEXT_MAX_LINES = 12
+CODE_SLIDE_LINES = 24  # a longer code listing (mechanism source, a listing output) is split over slides
 CHART_MIN_PX, CHART_MAX_PX = 300, 520
 BLOCK_GAP_PX = 12  # between cells and outputs
 NOTE_PX = 26  # one "… cut" note line
@@ -136,6 +138,8 @@ CUT_CLASS = "labkit-cut"
 MECHANISM_TAG = "mechanism"
 LEFT_OUT_TAGS = {SOLUTION_TAG, "exercise", "check"}
 _TABLE = re.compile(r"<table\b.*?</table>", re.IGNORECASE | re.DOTALL)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_PRE = re.compile(r"<pre\b[^>]*>(.*?)</pre>", re.IGNORECASE | re.DOTALL)
 _PROGRESS = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")  # tqdm's "| 3/5 ["
 _TAG = re.compile(r"<[^>]+>")
 _HEADING = re.compile(r"^(#{1,3})\s+(.*\S)\s*$")
@@ -332,15 +336,14 @@ def _plain(inner: str) -> str:
 
 
 def _col_chars(grid: _Grid, col: int, rows: list[int]) -> int:
-    """Characters a column needs on one line: its longest body value (capped where it wraps), its
-    header's longest word (headers wrap at spaces and underscores)."""
-    body = [len(_plain(grid.cells[r][col][2])) for r in rows]
+    """Characters a column needs on one line: its longest body value (capped where it wraps)."""
+    return max([min(len(_plain(grid.cells[r][col][2])), TABLE_CELL_CHARS) for r in rows] + [1])
+
+
+def _col_width(grid: _Grid, col: int, rows: list[int]) -> float:
+    """Its body text or its header's longest word (headers wrap at spaces and underscores), in px."""
     words = [len(w) for r in range(grid.head) for w in re.split(r"[\s_]+", _plain(grid.cells[r][col][2])) if w]
-    return max([min(n, TABLE_CELL_CHARS) for n in body] + words + [1])
-
-
-def _col_px(chars: int) -> float:
-    return chars * TABLE_CHAR_PX + TABLE_CELL_PAD_PX
+    return max(_col_chars(grid, col, rows) * TABLE_CHAR_PX, max(words + [0]) * TABLE_HEAD_CHAR_PX) + TABLE_CELL_PAD_PX
 
 
 def _row_lines(grid: _Grid, r: int, cols: list[int]) -> int:
@@ -353,8 +356,8 @@ def _header_lines(grid: _Grid, r: int, cols: list[int]) -> int:
     most = 1
     for c in cols:
         text = _plain(grid.cells[r][c][2])
-        width = max(_col_chars(grid, c, list(range(grid.head, len(grid.cells)))), 1)
-        most = max(most, math.ceil(len(text) / width) if text else 1)
+        width = _col_width(grid, c, list(range(grid.head, len(grid.cells)))) - TABLE_CELL_PAD_PX
+        most = max(most, math.ceil(len(text) * TABLE_HEAD_CHAR_PX / width) if text else 1)
     return most
 
 
@@ -380,8 +383,9 @@ class TrimmedTable:
 def trim_table(table_html: str, max_rows: int = TABLE_MAX_ROWS, width_px: float = CONTENT_W,
                height_px: float | None = None) -> TrimmedTable | None:
     """The rows and columns of a table that fit: row labels always, then data columns in order while
-    they fit ``width_px`` (at most TABLE_MAX_COLS; a column with one value in all of 3+ rows becomes
-    a note), then rows while they fit ``height_px`` (at most ``max_rows``). None: not a table we read."""
+    they fit ``width_px`` (at most TABLE_MAX_COLS; when the table is too wide, a column with one value
+    in all of 3+ rows becomes a note first), then rows while they fit ``height_px`` (at most
+    ``max_rows``). None: not a table we read."""
     grid = read_table(table_html)
     if grid is None:
         return None
@@ -397,15 +401,17 @@ def trim_table(table_html: str, max_rows: int = TABLE_MAX_ROWS, width_px: float 
                 constant.append(c)
     name = {c: " / ".join(t for t in (_plain(grid.cells[r][c][2]) for r in range(grid.head)) if t) or f"column {c}"
             for c in range(n_cols)}
-    kept, used = [], sum(_col_px(_col_chars(grid, c, body_rows)) for c in index)
+    widths = {c: _col_width(grid, c, body_rows) for c in range(n_cols)}
+    if sum(widths.values()) <= width_px and len(data) <= TABLE_MAX_COLS:
+        constant = []  # everything fits: the full grid is the clearest picture
+    kept, used = [], sum(widths[c] for c in index)
     dropped = []
     for c in data:
         if c in constant:
             continue
-        px = _col_px(_col_chars(grid, c, body_rows))
-        if used + px <= width_px and len(kept) < TABLE_MAX_COLS:
+        if used + widths[c] <= width_px and len(kept) < TABLE_MAX_COLS:
             kept.append(c)
-            used += px
+            used += widths[c]
         else:
             dropped.append(c)
     if not kept and data:  # even one column is too wide: show the first, its text wraps
@@ -482,7 +488,7 @@ def output_px(out: nbformat.NotebookNode) -> float:
     if kind == "stream":
         return CODE_LINE_PX * _wrapped_lines(_text(out.get("text", "")).rstrip("\n"), CONTENT_W / CODE_CHAR_PX) + 8
     if kind == "error":
-        return CODE_LINE_PX * 6
+        return CODE_LINE_PX * _wrapped_lines(_ANSI.sub("", "\n".join(out.get("traceback", []))), CONTENT_W / CODE_CHAR_PX) + 8
     data = out.get("data", {})
     if "text/html" in data:
         text = _text(data["text/html"])
@@ -491,6 +497,9 @@ def output_px(out: nbformat.NotebookNode) -> float:
         meta = out.get("metadata", {}).get("labkit", {})
         if "height_px" in meta:
             return meta["height_px"]
+        code = _listing(out)
+        if code is not None:
+            return source_px(code)
         visible = _TAG.sub("", re.sub(r"<(script|style)\b.*?</\1>", "", text, flags=re.IGNORECASE | re.DOTALL)).strip()
         return 0.0 if not visible else TEXT_LINE_PX * _wrapped_lines(html.unescape(visible), CONTENT_W / TEXT_CHAR_PX)
     for image in ("image/png", "image/jpeg", "image/svg+xml"):
@@ -503,6 +512,10 @@ def output_px(out: nbformat.NotebookNode) -> float:
     if "text/plain" in data:
         return CODE_LINE_PX * _wrapped_lines(_text(data["text/plain"]), CONTENT_W / CODE_CHAR_PX) + 8
     return 0.0
+
+
+def _shows_source(cell: nbformat.NotebookNode) -> bool:
+    return not cell.get("metadata", {}).get("transient", {}).get("remove_source")
 
 
 def charts(cell: nbformat.NotebookNode) -> int:
@@ -526,6 +539,58 @@ def cell_px(cell: nbformat.NotebookNode) -> float:
 # ---- preparing cells
 
 
+def _listing(out: nbformat.NotebookNode) -> str | None:
+    """The code of an output that is a code listing (IPython's ``Code``, pygments' HTML), else None."""
+    data = out.get("data", {})
+    text = _text(data.get("text/html", ""))
+    if "<pre" not in text.lower() or "<table" in text.lower() or _is_plotly(text):
+        return None
+    if "text/plain" in data:
+        return _text(data["text/plain"])
+    return "\n".join(html.unescape(_TAG.sub("", m)) for m in _PRE.findall(text))
+
+
+def code_chunks(code: str, max_lines: int = CODE_SLIDE_LINES) -> list[str]:
+    """Code cut into pieces of at most ``max_lines`` screen lines (long lines wrap): before the last
+    top-level statement that follows a blank line, else at a blank line in the piece's second half."""
+    lines = code.rstrip("\n").split("\n")
+    per_line = CONTENT_W / CODE_CHAR_PX
+    chunks, start = [], 0
+    while start < len(lines):
+        used, end = 0, start
+        while end < len(lines) and used + max(1, math.ceil(len(lines[end]) / per_line)) <= max_lines:
+            used += max(1, math.ceil(len(lines[end]) / per_line))
+            end += 1
+        end = max(end, start + 1)
+        if end < len(lines):  # cut before a top-level statement, else at a blank line, else where it is full
+            tops = [i for i in range(start + 1, end + 1) if not lines[i - 1].strip() and lines[i][:1].strip()]
+            blanks = [i + 1 for i in range(start + (end - start) // 2, end) if not lines[i].strip()]
+            end = tops[-1] if tops else blanks[-1] if blanks else end
+        chunks.append("\n".join(lines[start:end]).strip("\n"))
+        start = end
+    return [c for c in chunks if c.strip()]
+
+
+def _highlighted(code: str) -> nbformat.NotebookNode:
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+
+    return nbformat.v4.new_output("display_data", data={
+        "text/html": highlight(code, PythonLexer(), HtmlFormatter(cssclass="highlight")), "text/plain": code})
+
+
+def _expand_output(out: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    """A long code listing becomes one output per slide-sized piece; an error keeps its last line."""
+    if out.get("output_type") == "error":
+        out["traceback"] = [f"{out.get('ename', 'Error')}: {out.get('evalue', '')}"]
+        return [out]
+    code = _listing(out) if out.get("data") else None
+    if code is None or len(code_chunks(code)) == 1:
+        return [out]
+    return [_highlighted(chunk) for chunk in code_chunks(code)]
+
+
 def _trim_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Printed text and tables cut to what a slide holds, with a note of the cut."""
     if out.get("output_type") == "stream":
@@ -536,13 +601,14 @@ def _trim_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode:
         return out
     if "text/html" in data and not _is_plotly(_text(data["text/html"])):
         text = _text(data["text/html"])
-        tables = _TABLE.findall(text)
-        if len(tables) == 1:
-            t = trim_table(tables[0])
-            if t is not None:
-                before, _, after = text.partition(tables[0])
-                data["text/html"] = before + t.html + after + (_cut_note(t.cut) if t.cut else "")
-                out.setdefault("metadata", {})["labkit"] = {"height_px": t.height_px + (NOTE_PX if t.cut else 0)}
+        trimmed = [(table, trim_table(table)) for table in _TABLE.findall(text)]
+        if trimmed and all(t is not None for _, t in trimmed):
+            height = 0.0
+            for table, t in trimmed:
+                text = text.replace(table, t.html + (_cut_note(t.cut) if t.cut else ""), 1)
+                height += t.height_px + (NOTE_PX if t.cut else 0)
+            data["text/html"] = text
+            out.setdefault("metadata", {})["labkit"] = {"height_px": height + BLOCK_GAP_PX * (len(trimmed) - 1)}
     elif "text/plain" in data and len(data) == 1:
         data["text/plain"] = trim_text(_text(data["text/plain"]))
     return out
@@ -572,60 +638,89 @@ def _continued(title: str | None) -> nbformat.NotebookNode:
     return cell
 
 
-def _split_markdown(cell: nbformat.NotebookNode, budget: float) -> list[nbformat.NotebookNode]:
-    """A markdown cell taller than a slide, cut between paragraphs (never inside a code fence)."""
+def _split_markdown(cell: nbformat.NotebookNode, first: float, rest: float) -> list[nbformat.NotebookNode | None]:
+    """Markdown cut between paragraphs, list items or before a heading (never inside a code fence):
+    the first piece fills ``first`` px (None when not even one paragraph fits), the others ``rest``."""
     blocks, current, in_fence = [], [], False
     for line in cell.source.split("\n"):
         if _FENCE.match(line):
             in_fence = not in_fence
-        if not in_fence and current and (_HEADING.match(line) or (not line.strip() and current[-1].strip())):
+        item = re.match(r"^([-*+]|\d+\.)\s", line)
+        if not in_fence and current and (_HEADING.match(line) or item or (not line.strip() and current[-1].strip())):
             blocks.append("\n".join(current))
             current = []
         current.append(line)
     if current:
         blocks.append("\n".join(current))
-    pieces, text = [], ""
+    groups: list[list[str]] = [[]]
+    budget = first
     for block in blocks:
-        if text.strip() and markdown_px(text + "\n" + block) > budget:
-            pieces.append(text)
-            text = block
-        else:
-            text = f"{text}\n{block}" if text else block
-    pieces.append(text)
-    out = []
-    for piece in pieces:
-        if piece.strip():
-            c = copy.deepcopy(cell)
-            c.source = piece.strip("\n")
-            if out and "id" in c:
-                c.id = f"{c.id}-{len(out)}"
-            out.append(c)
+        if markdown_px("\n".join(groups[-1] + [block])) > budget and (groups[-1] or budget == first):
+            groups.append([])
+            budget = rest
+        groups[-1].append(block)
+    # no widow: a last piece of one short block takes the block before it along
+    if len(groups) > 1 and len(groups[-2]) > 1 and markdown_px("\n".join(groups[-1])) < 3 * TEXT_LINE_PX \
+            and markdown_px("\n".join(groups[-2][-1:] + groups[-1])) <= rest:
+        groups[-1].insert(0, groups[-2].pop())
+    pieces = ["\n".join(g) for g in groups]
+    out: list[nbformat.NotebookNode | None] = []
+    for i, piece in enumerate(pieces):
+        if not piece.strip():
+            if i == 0:
+                out.append(None)
+            continue
+        c = copy.deepcopy(cell)
+        c.source = piece.strip("\n")
+        if i and "id" in c:
+            c.id = f"{c.id}-{i}"
+        out.append(c)
     return out
 
 
-def _split_code(cell: nbformat.NotebookNode, budget: float) -> list[nbformat.NotebookNode]:
-    """A code cell taller than a slide: its source (mechanism) with as many outputs as fit, then the
-    other outputs grouped onto as few slides as hold them."""
+def _split_code(cell: nbformat.NotebookNode, first: float, rest: float,
+                chart_above: bool = False) -> list[nbformat.NotebookNode | None]:
+    """A code cell's source (mechanism) and outputs over several slides, one chart per slide: the
+    first piece fills ``first`` px below what the slide holds (``chart_above``: a chart), None when
+    nothing fits there; the others fill ``rest``. Source longer than a slide is cut at blank lines
+    (``code_chunks``). A script-only output (plotly.js itself) travels with what follows it."""
     show_source = not cell.get("metadata", {}).get("transient", {}).get("remove_source")
-    groups: list[list] = [[]]
-    used = source_px(cell.source) if show_source else 0.0
-    for out in cell.get("outputs", []):
-        px = output_px(out)
-        if px == 0:  # a script (plotly.js itself): stays with what follows it
-            groups[-1].append(out)
+    items: list[tuple[str, Any, float, bool]] = []
+    if show_source:
+        chunks = [cell.source] if source_px(cell.source) <= rest else code_chunks(cell.source)
+        items += [("source", chunk, source_px(chunk), False) for chunk in chunks]
+    items += [("output", out, output_px(out), _is_plotly(_text(out.get("data", {}).get("text/html", ""))))
+              for out in cell.get("outputs", [])]
+    groups: list[list[tuple[str, Any]]] = [[]]
+    cap, used, chart = first, 0.0, chart_above
+    for kind, item, px, is_chart in items:
+        if px == 0:
+            groups[-1].append((kind, item))
             continue
-        chart = _is_plotly(_text(out.get("data", {}).get("text/html", "")))
-        if used and (used + BLOCK_GAP_PX + px > budget or (chart and any(
-                _is_plotly(_text(o.get("data", {}).get("text/html", ""))) for o in groups[-1]))):
+        fits = used + (BLOCK_GAP_PX if used else 0) + px <= cap and not (is_chart and chart)
+        fresh = cap == rest and not used  # an empty continuation slide: nothing better to do
+        if not fits and not fresh:
             groups.append([])
-            used = 0.0
-        groups[-1].append(out)
+            cap, used, chart = rest, 0.0, False
+        groups[-1].append((kind, item))
         used += px + (BLOCK_GAP_PX if used else 0)
-    parts = []
-    for i, outputs in enumerate(groups):
+        chart = chart or is_chart
+    parts: list[nbformat.NotebookNode | None] = []
+    carried: list[tuple[str, Any]] = []
+    for i, group in enumerate(groups):
+        group = carried + group
+        carried = []
+        if not any(kind == "source" or output_px(item) > 0 for kind, item in group) and i < len(groups) - 1:
+            carried = group
+            if i == 0:
+                parts.append(None)
+            continue
         c = copy.deepcopy(cell)
-        c.outputs = outputs
-        if i or not show_source:
+        c.outputs = [item for kind, item in group if kind == "output"]
+        sources = [item for kind, item in group if kind == "source"]
+        if sources:
+            c.source = "\n\n".join(sources)
+        else:
             c.setdefault("metadata", {}).setdefault("transient", {})["remove_source"] = True
         if i and "id" in c:
             c.id = f"{c.id}-{i}"
@@ -634,28 +729,33 @@ def _split_code(cell: nbformat.NotebookNode, budget: float) -> list[nbformat.Not
 
 
 def paginate(cells: list[nbformat.NotebookNode], budget: float = BUDGET_PX) -> list[nbformat.NotebookNode]:
-    """Start a new vertical slide (titled "<heading> (continued)") wherever the next cell would run
-    past the slide's bottom; split a cell taller than a slide."""
+    """Lay cells out slide by slide: a cell that does not fit below what a slide holds is split
+    (outputs, paragraphs) so the part that fits stays there, and the rest continues on a new vertical
+    slide titled "<heading> (continued)"; at most one chart per slide."""
     out: list[nbformat.NotebookNode] = []
     used, title, has_chart = 0.0, None, False
+    room_rest = budget - CONT_PX
     for cell in cells:
         kind = _slide_type(cell)
         if kind == "notes":
             out.append(cell)
             continue
-        px = cell_px(cell)
         if kind in ("slide", "subslide") or not out:
             used, has_chart = 0.0, False
             if cell.cell_type == "markdown":
                 title = _heading(cell) or title
-        elif used + BLOCK_GAP_PX + px > budget or (has_chart and charts(cell)):  # one chart per slide
-            out.append(_continued(title))
-            used, has_chart = CONT_PX, False
-        parts = [cell]
-        if px > budget - used or charts(cell) > 1:
-            room = budget - CONT_PX
-            parts = _split_markdown(cell, room) if cell.cell_type == "markdown" else _split_code(cell, room)
+        room = budget - used - (BLOCK_GAP_PX if used else 0)
+        px = cell_px(cell)
+        if px <= room and not (has_chart and charts(cell)) and charts(cell) <= 1 and (
+                cell.cell_type != "code" or _shows_source(cell) is False or source_px(cell.source) <= budget - CONT_PX):
+            parts: list[nbformat.NotebookNode | None] = [cell]
+        elif cell.cell_type == "markdown":
+            parts = _split_markdown(cell, room, room_rest)
+        else:
+            parts = _split_code(cell, room, room_rest, chart_above=has_chart)
         for i, part in enumerate(parts):
+            if part is None:
+                continue
             if i:
                 out.append(_continued(title))
                 _set_slide_type(part, "-")
@@ -681,8 +781,9 @@ def prepare(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             for out in cell.get("outputs", []):
                 if out.get("data") and WIDGET_VIEW in out["data"]:
                     _widget_output(out)
-            cell.outputs = [_trim_output(o) for o in _merge_streams(cell.get("outputs", []))
-                            if o.get("output_type") not in ("display_data", "execute_result") or o.get("data")]
+            cell.outputs = [_trim_output(piece) for o in _merge_streams(cell.get("outputs", []))
+                            if o.get("output_type") not in ("display_data", "execute_result") or o.get("data")
+                            for piece in _expand_output(o)]
             if not is_mechanism(cell):
                 cell.setdefault("metadata", {}).setdefault("transient", {})["remove_source"] = True
         if not _shows(cell):

@@ -471,15 +471,22 @@ def _frame_html(n_rows: int, columns: dict) -> str:
 
 
 def test_tables_keep_the_columns_that_fit_and_say_what_was_cut() -> None:
-    cols = {"variant": [f"v{i}" for i in range(14)], "device": "cpu"}
-    cols.update({f"measurement_number_{k}_tokens_per_s": [float((i + 1) * (k + 1)) + 0.123456 for i in range(14)] for k in range(12)})
-    t = slides.trim_table(_frame_html(14, cols))
+    cols = {"variant": [f"v{i}" for i in range(20)], "device": "cpu"}
+    cols.update({f"measurement_number_{k}_tokens_per_s": [float((i + 1) * (k + 1)) + 0.123456 for i in range(20)]
+                 for k in range(12)})
+    t = slides.trim_table(_frame_html(20, cols))
     assert t is not None and t.html.count("<tr>") == 1 + slides.TABLE_MAX_ROWS
     head = t.html[:t.html.index("</thead>")].replace("<wbr>", "")
     assert "variant" in head and "device" not in head, "a column with one value in every row becomes a note"
-    assert "in every row: device = cpu" in t.cut and "4 more rows" in t.cut
+    assert "in every row: device = cpu" in t.cut and f"{20 - slides.TABLE_MAX_ROWS} more rows" in t.cut
     kept = head.count("measurement_number_")
     assert 0 < kept < 12 and f"{12 - kept} more columns" in t.cut and "measurement_number_11_tokens_per_s" in t.cut
+
+
+def test_a_table_that_fits_keeps_all_its_columns() -> None:
+    t = slides.trim_table(_frame_html(4, {"gpu": ["T4", "L4", "A10G", "H200"], "fits fp16": [False, True, True, True],
+                                          "fits nf4": True}))
+    assert t.cut == "" and "fits nf4" in t.html, "a constant column is folded only when the table is too wide"
 
 
 def test_tables_with_spans_are_read_as_a_grid() -> None:
@@ -493,23 +500,28 @@ def test_tables_with_spans_are_read_as_a_grid() -> None:
     assert t.html.count("<tr>") == grid.head + 3 and "1 more rows" in t.cut
 
 
+def _slides_of(deck) -> list[list]:
+    out = []
+    for c in deck.cells:
+        if slides._slide_type(c) in ("slide", "subslide") or not out:
+            out.append([])
+        if slides._slide_type(c) != "notes":
+            out[-1].append(c)
+    return out
+
+
 def test_a_slide_that_would_run_past_the_bottom_continues_on_a_new_slide() -> None:
     chart = _html("<div class='plotly-graph-div'></div>")
     deck = _deck([_md("## 1 · Weights per precision\n\n" + "A sentence about weights. " * 30, "slide"),
                   _code("bar()", "fragment", [chart, _out("fp16 halves the bytes\n")]),
                   _code("two()", "subslide", [chart, chart])])
-    kinds = [(c.cell_type, slides._slide_type(c)) for c in deck.cells]
-    assert kinds[:3] == [("markdown", "slide"), ("markdown", "subslide"), ("code", "fragment")], kinds
-    assert "1 · Weights per precision (continued)" in deck.cells[1].source
-    # a cell with two charts: one per slide
-    assert [len(c.outputs) for c in deck.cells if c.cell_type == "code"] == [2, 1, 1]
-    assert slides.expected_slides(deck) == 4
-    per_slide = []
-    for c in deck.cells:
-        if slides._slide_type(c) in ("slide", "subslide"):
-            per_slide.append(0.0)
-        per_slide[-1] += slides.cell_px(c)
-    assert max(per_slide) <= slides.BUDGET_PX, per_slide
+    pages = _slides_of(deck)
+    assert [sum(map(slides.charts, p)) for p in pages] == [1, 0, 1, 1], "the chart stays with its idea; one per slide"
+    assert "1 · Weights per precision (continued)" in pages[1][0].source
+    assert "fp16 halves the bytes" in pages[1][1].outputs[0]["text"], "what did not fit continues, nothing is lost"
+    assert max(sum(slides.cell_px(c) + slides.BLOCK_GAP_PX for c in p) for p in pages) <= slides.BUDGET_PX + \
+        slides.BLOCK_GAP_PX
+    assert slides.expected_slides(deck) == len(pages) == 4
 
 
 def test_markdown_taller_than_a_slide_is_split_between_paragraphs() -> None:
