@@ -56,8 +56,8 @@ EXCERPT_CHARS = 600
 RESULT_ROWS_SHOWN = 6
 RESULT_COLUMNS_SHOWN = 8
 SUMMARY_SECTION = "summary"  # rows {"finding": text, "value": number}: the first row is the headline
-# without a summary section: the first column of the first section whose name says it is a result
-HEADLINE_HINTS = ("speedup", "gain", "ratio", "tokens_per_s", "gbs", "goodput")
+# without a summary section: a first-row column whose name says it is a result, in this order
+HEADLINE_HINTS = ("speedup", "gain", "ratio", "goodput", "tokens_per_s", "gbs")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -165,25 +165,31 @@ def headline(res: results.Results) -> dict[str, Any] | None:
     """The one number a notebook's results lead with, and where it came from.
 
     Rule: the first row of the ``summary`` section (its first text value names the finding, its
-    first number is the value); a notebook without one falls back to the first section's first
-    row, taking the first column whose name contains one of HEADLINE_HINTS, else its first
-    numeric column. None when no row holds a number."""
+    first number is the value). A notebook without one falls back to the first row of its sections:
+    the first column whose name holds HEADLINE_HINTS[0] in any section (in file order), else
+    HEADLINE_HINTS[1], and so on, else the first numeric column of the first section with one.
+    None when no first row holds a number."""
     summary = res.section(SUMMARY_SECTION)
-    rows = summary or res.rows
-    for row in rows[:1] if summary else rows:
-        values = {k: v for k, v in row.items() if k != "section"}
+    if summary:
+        values = {k: v for k, v in summary[0].items() if k != "section"}
         numbers = [k for k, v in values.items() if _number(v)]
-        if not numbers:
-            continue
-        if summary:
+        if numbers:
             label = next((str(v) for v in values.values() if isinstance(v, str)), numbers[0])
             return {"label": label, "value": values[numbers[0]], "source": SUMMARY_SECTION}
-        key = next((k for k in numbers if any(h in k for h in HEADLINE_HINTS)), numbers[0])
-        where = row.get("section", "")
-        named = [f"{k}={v}" for k, v in values.items() if isinstance(v, str) and len(v) <= 30][:1]
-        label = f"{where}: {key}" + (f" ({named[0]})" if named else "")
-        return {"label": label, "value": values[key], "source": f"section '{where}', first row (no summary section)"}
-    return None
+    firsts: dict[str, dict[str, Any]] = {}
+    for row in res.rows:
+        firsts.setdefault(str(row.get("section", "")), row)
+    numeric = {name: [k for k, v in row.items() if k != "section" and _number(v)] for name, row in firsts.items()}
+    found = next(((name, k) for hint in HEADLINE_HINTS for name in firsts for k in numeric[name]
+                  if re.search(rf"(^|[_\s]){re.escape(hint)}($|[_\s])", k)),
+                 next(((name, cols[0]) for name, cols in numeric.items() if cols), None))
+    if found is None:
+        return None
+    where, key = found
+    row = firsts[where]
+    named = [f"{k}={v}" for k, v in row.items() if k != "section" and isinstance(v, str) and len(v) <= 30][:1]
+    label = f"{where}: {key}" + (f" ({named[0]})" if named else "")
+    return {"label": label, "value": row[key], "source": f"section '{where}', first row (no summary section)"}
 
 
 def key_results(name: str, since_epoch_s: float) -> list[dict[str, Any]]:
@@ -429,8 +435,8 @@ def short_table(summary: dict[str, Any]) -> str:
     fallback = any((notebook_headline(r) or {}).get("source", SUMMARY_SECTION) != SUMMARY_SECTION
                    for r in summary["notebooks"])
     foot = ("<p class='muted'>Headline: the first row of the notebook's <code>summary</code> results section"
-            + ("; * marks a notebook without one, shown with the first result column of its first section"
-               if fallback else "") + ".</p>")
+            + ("; * marks a notebook without one, shown with the first first-row column named like a result ("
+               + ", ".join(HEADLINE_HINTS) + ", in that order)" if fallback else "") + ".</p>")
     return ("<table class='short'><tr><th>notebook</th><th>status</th><th>time (s)</th><th>headline</th>"
             "<th>what it is</th></tr>" + "".join(rows) + "</table>" + foot)
 

@@ -291,10 +291,13 @@ def test_headline_is_the_summary_sections_first_row_else_a_result_column() -> No
     res.add("bandwidth", method="copy", n=5, gbs=12.5)
     assert run_notebooks.headline(res)["label"] == "bandwidth: gbs (method=copy)"
     assert run_notebooks.headline(res)["value"] == 12.5 and "no summary section" in run_notebooks.headline(res)["source"]
+    res.add("serving", duration_s=18.0)  # "ratio" in "duration" is no ratio
+    res.add("decode", batch=1, ceiling_tokens_per_s=20.0, ratio=0.4)
+    assert run_notebooks.headline(res)["label"] == "decode: ratio", "a ratio leads over a bandwidth, in any section"
     res = results.Results("04_demo")
     res.add("phases", phase="import")
-    res.add("phases", phase="load", seconds=1.5)
-    assert run_notebooks.headline(res)["value"] == 1.5, "the first row holding a number"
+    res.add("requests", request=1, latency_s=1.5)
+    assert run_notebooks.headline(res)["value"] == 1, "else the first number of the first section holding one"
     assert run_notebooks.headline(results.Results("00_demo")) is None
 
 
@@ -313,7 +316,7 @@ def test_summary_page_opens_with_the_short_table(two_notebooks) -> None:
     fallback, summary = rows
     assert "<td class='ok'>ok</td>" in summary and ">5.432<" in summary and "batch 8 vs 1 (throughput ×)" in summary
     assert ">123.5<" in fallback and "speed: tokens_per_s" in fallback and "no summary section" in fallback
-    assert "* marks a notebook without one" in page
+    assert "* marks a notebook without one" in page and "speedup, gain, ratio" in page
 
 
 # ------------------------------------------------------------------------------------ the class page's plots
