@@ -130,6 +130,7 @@ TABLE_MAX_COLS = 10
 TEXT_MAX_LINES = 12
 CODE_SLIDE_LINES = 24  # a longer code listing (mechanism source, a listing output) is split over slides
 CHART_MIN_PX, CHART_MAX_PX = 300, 520
+UNKNOWN_HTML_PX = 120  # HTML with no text (a drawing in divs): its height is not known here
 BLOCK_GAP_PX = 12  # between cells and outputs
 NOTE_PX = 26  # one "… cut" note line
 CONT_PX = 34  # the "(continued)" line atop a continuation slide
@@ -500,8 +501,13 @@ def output_px(out: nbformat.NotebookNode) -> float:
         code = _listing(out)
         if code is not None:
             return source_px(code)
-        visible = _TAG.sub("", re.sub(r"<(script|style)\b.*?</\1>", "", text, flags=re.IGNORECASE | re.DOTALL)).strip()
-        return 0.0 if not visible else TEXT_LINE_PX * _wrapped_lines(html.unescape(visible), CONTENT_W / TEXT_CHAR_PX)
+        markup = re.sub(r"<(script|style)\b.*?</\1>", "", text, flags=re.IGNORECASE | re.DOTALL).strip()
+        visible = _TAG.sub("", markup).strip()
+        if visible:
+            return TEXT_LINE_PX * _wrapped_lines(html.unescape(visible), CONTENT_W / TEXT_CHAR_PX)
+        if re.search(r"<(img|svg|canvas|iframe|video|object|embed)\b", markup, re.IGNORECASE):
+            return CHART_MAX_PX
+        return UNKNOWN_HTML_PX if markup else 0.0  # drawn by markup alone; only scripts and styles show nothing
     for image in ("image/png", "image/jpeg", "image/svg+xml"):
         if image in data:
             return CHART_MAX_PX
