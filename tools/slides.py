@@ -4,9 +4,10 @@ The decks are made from build/executed/*.ipynb (``make run``; a missing executed
 run first) with nbconvert's slides exporter and a template (tools/slides_template/) whose
 assets are all local: reveal.js and MathJax 3 come from node_modules (``npm ci``, see
 package.json) and are copied next to the decks; plotly.js is already embedded in the
-executed notebooks by labkit.plots.setup_offline(). Before export, exercise solutions are
-dropped and live widgets are replaced by a note (a deck has no kernel to drive them).
-A deck that still references a remote script or stylesheet fails the build.
+executed notebooks by labkit.plots.setup_offline(). Before export, ``prepare`` turns the
+notebook into what a presenter shows (the deck rules below: outputs, not set-up code; trimmed
+text and tables; slides that fit 1280 × 720), and live widgets become a note (a deck has no
+kernel to drive them). A deck that still references a remote script or stylesheet fails the build.
 
     python tools/slides.py                # every notebook
     python tools/slides.py --only 00 01   # a subset
@@ -99,18 +100,19 @@ def copy_assets(slides_dir: Path, node_modules: Path = NODE_MODULES) -> None:
 # - markdown cells, as written; markdown marked ``notes`` becomes speaker notes (``s`` in the deck);
 # - code cells show their outputs only: the chart, the table, the printed result; cells tagged
 #   ``mechanism`` (nbbuild's ``# %% mechanism``) show their source too;
-# - left out: cells tagged ``exercise``, ``check`` or ``solution``, stderr (warnings, logs), and code
-#   cells with nothing left to show (set-up, parameters); a slide that began on a dropped cell begins
-#   on the next cell shown;
+# - left out: cells tagged ``exercise``, ``check`` or ``solution``, stderr (warnings, logs), progress
+#   bars saved before they finished, and code cells with nothing left to show (set-up, parameters);
+#   a slide that began on a dropped cell begins on the next cell shown; an error shows its last line;
 # - printed text keeps its first TEXT_MAX_LINES lines, a table its first TABLE_MAX_ROWS rows and the
 #   columns that fit the slide's width (when not all fit, columns holding one value in every row are
-#   folded into a note line first, then columns are cut from the right), each with a line saying what
-#   was cut and that the notebook holds it all;
-# - a slide whose estimated content is taller than the slide is split: the cell that does not fit
-#   starts a new vertical slide titled "<heading> (continued)", and a cell too tall for any slide is
-#   split between its outputs (code) or its paragraphs (markdown);
-# - plotly charts fill the height the rest of their slide leaves (template script, CHART_MIN_PX to
-#   CHART_MAX_PX).
+#   folded into a note line first, then columns are cut from the right); a note under each says what
+#   was cut, all of which is in the notebook;
+# - slides are laid out by estimated height: a cell that does not fit below what its slide holds is
+#   split between its outputs, source pieces or paragraphs, the part that fits stays and the rest
+#   goes to a new vertical slide titled "<heading> (continued)"; one chart per slide; code (mechanism
+#   source, a listing output) longer than CODE_SLIDE_LINES lines is cut before top-level statements;
+# - a plotly chart fills the height the rest of its slide leaves, CHART_MIN_PX to CHART_MAX_PX, and
+#   the slide's width (the template's labkitFit script).
 # Sizes are logical pixels of the 1280 × 720 slide; reveal.js scales the slide to the screen, so
 # what fits at 1280 × 720 fits at 1920 × 1080. The estimates below mirror the template's CSS
 # (tools/slides_template/labkit_reveal/index.html.j2); `make test-browser` measures the real decks.
@@ -119,7 +121,7 @@ SLIDE_W, SLIDE_H = 1280, 720
 PAD_X, PAD_Y = 40, 20  # section padding (CSS)
 CONTENT_W = SLIDE_W - 2 * PAD_X
 BUDGET_PX = SLIDE_H - 2 * PAD_Y - 36  # what the estimates may fill: a margin for their error
-TEXT_PX, TEXT_LINE_PX, TEXT_CHAR_PX = 22, 30, 11.0  # markdown body (a wide estimate of the average glyph)
+TEXT_LINE_PX, TEXT_CHAR_PX = 30, 11.0  # 22px markdown body (a wide estimate of the average glyph)
 H1_PX, H2_PX, H3_PX = 60, 50, 40  # heading lines with their margins
 CODE_LINE_PX, CODE_CHAR_PX = 22, 9.7  # 16px monospace, line-height 1.35
 TABLE_ROW_PX, TABLE_CHAR_PX, TABLE_HEAD_CHAR_PX, TABLE_CELL_PAD_PX = 29, 7.9, 9.2, 14  # 15px text, bold headers
