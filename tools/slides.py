@@ -339,8 +339,13 @@ def _plain(inner: str) -> str:
 
 
 def _col_chars(grid: _Grid, col: int, rows: list[int]) -> int:
-    """Characters a column needs on one line: its longest body value (capped where it wraps)."""
-    return max([min(len(_plain(grid.cells[r][col][2])), TABLE_CELL_CHARS) for r in rows] + [1])
+    """Characters a column needs on one line: its longest body value, where a long one wraps at its
+    spaces (to TABLE_CELL_CHARS), but never narrower than its longest word."""
+    need = [1]
+    for r in rows:
+        text = _plain(grid.cells[r][col][2])[:TABLE_CELL_MAX_CHARS]
+        need.append(max(min(len(text), TABLE_CELL_CHARS), max((len(w) for w in text.split()), default=0)))
+    return max(need)
 
 
 def _col_width(grid: _Grid, col: int, rows: list[int]) -> float:
