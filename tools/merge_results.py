@@ -251,19 +251,22 @@ def roofline_figure(points: list[dict[str, Any]]):
 
 
 def precision_figure(points: list[dict[str, Any]]):
-    import plotly.graph_objects as go
+    import plotly.colors
     from plotly.subplots import make_subplots
 
     variants = sorted({p["variant"] for p in points})
     learners = sorted({p["learner"] for p in points})
     fig = make_subplots(rows=1, cols=2, subplot_titles=("decode speedup over fp32 (×)", "greedy agreement with fp32"),
                         horizontal_spacing=0.1)
-    for learner in learners:
+    palette = plotly.colors.qualitative.Plotly
+    for i, learner in enumerate(learners):
         mine = {p["variant"]: p for p in points if p["learner"] == learner}
         xs = [v for v in variants if v in mine]
-        fig.add_bar(x=xs, y=[mine[v]["speedup"] for v in xs], name=learner, legendgroup=learner, row=1, col=1)
-        fig.add_bar(x=xs, y=[mine[v]["agreement"] for v in xs], name=learner, legendgroup=learner, showlegend=False,
-                    row=1, col=2)
+        color = {"color": palette[i % len(palette)]}  # one colour per learner in both panels
+        fig.add_bar(x=xs, y=[mine[v]["speedup"] for v in xs], name=learner, legendgroup=learner, marker=color,
+                    row=1, col=1)
+        fig.add_bar(x=xs, y=[mine[v]["agreement"] for v in xs], name=learner, legendgroup=learner, marker=color,
+                    showlegend=False, row=1, col=2)
     fig.add_hline(y=1.0, line_dash="dot", row=1, col=1)
     fig.update_yaxes(range=[0, 1.05], row=1, col=2)
     fig.update_layout(title="Each precision: how much faster, and does it still answer like fp32?", barmode="group",
