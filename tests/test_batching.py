@@ -210,18 +210,22 @@ def test_panel_callback_updates_figure_in_place():
 def test_panel_widgets_follow_the_slider(monkeypatch):
     calls = []
 
-    def fake(server, max_tokens, progress, **values):
+    def fake(server, max_tokens, progress=None, superseded=None, rounds=1, max_rounds=None, **values):
         calls.append(values)
-        progress(1, 1)
+        if progress:
+            progress(1, 1)
         return _fake_measure(**values)
 
     monkeypatch.setattr(batch_widget, "measure_point", fake)
     box = batch_widget.panel(server=object(), batch_size=8, clients=8)
+    assert box.measurer.wait(30)  # measuring runs in the background: the cell returned at once
     assert [c["max_batch_size"] for c in calls] == [8, 8]  # an untimed warm-up burst, then the first point
     assert len(box.state.points) == 1 and list(box.figure.data[0].x) == [8]
     slider = box.controls["batch"]
     assert slider.description == "batch size"
     slider.value = 2
+    assert box.measurer.wait(30)
+    box.measurer.close(30)
     assert calls[-1]["max_batch_size"] == 2 and list(box.figure.data[0].x) == [2, 8]
 
 

@@ -7,6 +7,13 @@
 the learner's name comes from the zip name (labkit-results-NAME.zip) or the folder name. Each
 file must be a labkit results file (labkit.results format, with its environment); anything
 else is listed as skipped, never silently dropped.
+
+build/class/index.html opens with the plots that answer the room's questions, from the sections
+the notebooks write: each laptop's measured bandwidth against its batch-1 decode tokens/s with
+the roofline (01_hardware_sizing: bandwidth, decode), each precision's decode speedup against
+its greedy agreement with fp32 (02_fp16_bf16, 03_int8_int4: variants), and each learner's
+batching gain (06_batching: static, serving); then one table per notebook section. plotly.js is
+embedded in the page: it opens offline. A plot whose data no learner sent says so in one line.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from labkit import config, results  # noqa: E402
 PACK_PREFIX = "labkit-results-"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 MAX_NUMERIC_COLUMNS = 6
+PLOT_HEIGHT_PX = 460
 
 
 @dataclass
@@ -138,12 +146,186 @@ def _numeric(df) -> list[str]:
     return cols[:MAX_NUMERIC_COLUMNS]
 
 
-def class_html(df, skipped: list[str]) -> str:
-    """Per notebook and section: one line per learner, the median of each numeric column."""
+def _ok_rows(res: results.Results, section: str) -> list[dict[str, Any]]:
+    return [r for r in res.section(section) if r.get("status", "ok") == "ok"]
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None
+
+
+def _label(s: Submission) -> str:
+    return f"{s.learner} · {_machine(s.res.env)}"
+
+
+def roofline_points(subs: list[Submission]) -> list[dict[str, Any]]:
+    """Per 01_hardware_sizing file: bandwidth (GB/s), batch-1 (else smallest batch) measured and
+    ceiling decode tokens/s, and the bytes one token reads (bandwidth ÷ ceiling)."""
+    points = []
+    for s in subs:
+        if s.res.name != "01_hardware_sizing":
+            continue
+        bw = next((_num(r.get("bandwidth_gbs")) for r in s.res.section("bandwidth") if _num(r.get("bandwidth_gbs"))), None)
+        decode = [r for r in s.res.section("decode") if _num(r.get("measured_tokens_per_s")) and _num(r.get("batch"))]
+        if not bw or not decode:
+            continue
+        d = min(decode, key=lambda r: r["batch"])
+        ceiling = _num(d.get("ceiling_tokens_per_s"))
+        points.append({"learner": s.learner, "label": _label(s), "model": str(s.res.env.get("model") or "default"),
+                       "bandwidth_gbs": bw, "batch": d["batch"], "tokens_per_s": d["measured_tokens_per_s"],
+                       "ceiling_tokens_per_s": ceiling,
+                       "bytes_per_token": bw * 1e9 / ceiling if ceiling else None})
+    return points
+
+
+def precision_points(subs: list[Submission]) -> list[dict[str, Any]]:
+    """Per learner and precision (02 and 03 'variants' that ran): decode speedup over the same
+    file's fp32 row, and greedy agreement with fp32."""
+    points = []
+    for s in subs:
+        if s.res.name not in ("02_fp16_bf16", "03_int8_int4"):
+            continue
+        rows = _ok_rows(s.res, "variants")
+        base = next((r for r in rows if r.get("variant") == "fp32" and _num(r.get("decode_tokens_per_s"))), None)
+        if base is None:
+            continue
+        for r in rows:
+            tps = _num(r.get("decode_tokens_per_s"))
+            if r is base or tps is None:
+                continue
+            points.append({"learner": s.learner, "label": _label(s), "notebook": s.res.name, "variant": str(r["variant"]),
+                           "speedup": tps / base["decode_tokens_per_s"], "agreement": _num(r.get("agreement")),
+                           "kl": _num(r.get("kl"))})
+    return points
+
+
+def batching_points(subs: list[Submission]) -> list[dict[str, Any]]:
+    """Per 06_batching file: total tokens/s at the largest static batch over batch 1, and the
+    server's output tokens/s at its largest max_batch_size over max_batch_size 1."""
+    points = []
+    for s in subs:
+        if s.res.name != "06_batching":
+            continue
+        gains: dict[str, Any] = {}
+        for section, size, value in (("static", "batch_size", "total_tokens_per_s"),
+                                     ("serving", "max_batch_size", "output_tokens_per_s")):
+            rows = sorted((r for r in _ok_rows(s.res, section) if _num(r.get(size)) and _num(r.get(value))),
+                          key=lambda r: r[size])
+            if len(rows) >= 2 and rows[0][size] == 1:
+                gains[section] = (rows[-1][value] / rows[0][value], rows[-1][size])
+        if gains:
+            points.append({"learner": s.learner, "label": _label(s), **{f"{k}_gain": v[0] for k, v in gains.items()},
+                           **{f"{k}_size": v[1] for k, v in gains.items()}})
+    return points
+
+
+def _figure_html(fig) -> str:
+    fig.update_layout(template="plotly_white", height=PLOT_HEIGHT_PX, margin={"t": 60, "r": 20, "b": 60, "l": 70})
+    return fig.to_html(full_html=False, include_plotlyjs=False, config={"responsive": True, "displaylogo": False})
+
+
+def roofline_figure(points: list[dict[str, Any]]):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    top = max(p["bandwidth_gbs"] for p in points) * 1.15
+    by_model: dict[str, list[float]] = {}
+    for p in points:
+        if p["bytes_per_token"]:
+            by_model.setdefault(p["model"], []).append(p["bytes_per_token"])
+    for model, per_token in sorted(by_model.items()):
+        b = statistics.median(per_token)
+        fig.add_scatter(x=[0, top], y=[0, top * 1e9 / b], mode="lines", line={"dash": "dash"},
+                        name=f"roofline {model}: bandwidth ÷ {b / 1e6:.0f} MB per token")
+    for model in sorted({p["model"] for p in points}):
+        mine = [p for p in points if p["model"] == model]
+        fig.add_scatter(x=[p["bandwidth_gbs"] for p in mine], y=[p["tokens_per_s"] for p in mine],
+                        mode="markers+text", text=[p["learner"] for p in mine], textposition="top center",
+                        hovertext=[f"{p['label']}: batch {p['batch']}, {p['tokens_per_s']:.1f} tokens/s, "
+                                   f"ceiling {p['ceiling_tokens_per_s'] or 0:.1f}" for p in mine],
+                        marker={"size": 11}, name=f"measured ({model})")
+    fig.update_layout(title="Memory bandwidth against decode speed: each laptop and its roofline",
+                      xaxis_title="measured bandwidth (GB/s)", yaxis_title="decode tokens/s (batch 1)",
+                      xaxis_rangemode="tozero", yaxis_rangemode="tozero", legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def precision_figure(points: list[dict[str, Any]]):
+    import plotly.colors
+    from plotly.subplots import make_subplots
+
+    variants = sorted({p["variant"] for p in points})
+    learners = sorted({p["learner"] for p in points})
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("decode speedup over fp32 (×)", "greedy agreement with fp32"),
+                        horizontal_spacing=0.1)
+    palette = plotly.colors.qualitative.Plotly
+    for i, learner in enumerate(learners):
+        mine = {p["variant"]: p for p in points if p["learner"] == learner}
+        xs = [v for v in variants if v in mine]
+        color = {"color": palette[i % len(palette)]}  # one colour per learner in both panels
+        fig.add_bar(x=xs, y=[mine[v]["speedup"] for v in xs], name=learner, legendgroup=learner, marker=color,
+                    row=1, col=1)
+        fig.add_bar(x=xs, y=[mine[v]["agreement"] for v in xs], name=learner, legendgroup=learner, marker=color,
+                    showlegend=False, row=1, col=2)
+    fig.add_hline(y=1.0, line_dash="dot", row=1, col=1)
+    fig.update_yaxes(range=[0, 1.05], row=1, col=2)
+    fig.update_layout(title="Each precision: how much faster, and does it still answer like fp32?", barmode="group",
+                      legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def batching_figure(points: list[dict[str, Any]]):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    names = {"static_gain": "static batch: largest vs 1 (total tokens/s ×)",
+             "serving_gain": "server: max_batch_size largest vs 1 (output tokens/s ×)"}
+    for key, name in names.items():
+        have = [p for p in points if key in p]
+        if have:
+            size = key.replace("gain", "size")
+            fig.add_bar(x=[p["learner"] for p in have], y=[p[key] for p in have], name=name,
+                        hovertext=[f"{p['label']}: batch {p[size]}" for p in have])
+    fig.add_hline(y=1.0, line_dash="dot")
+    fig.update_layout(title="Batching gain per learner", barmode="group", yaxis_title="throughput gain (×)",
+                      legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+PLOTS = [  # (anchor, question, points, figure, the notebook and sections it needs)
+    ("roofline", "How close does each laptop's decode get to what its memory bandwidth allows?",
+     roofline_points, roofline_figure, "01_hardware_sizing (sections bandwidth and decode)"),
+    ("precision", "Which precision is faster on whose laptop, and does it still answer like fp32?",
+     precision_points, precision_figure, "02_fp16_bf16 or 03_int8_int4 (section variants, with its fp32 row)"),
+    ("batching", "How much does batching multiply throughput on each laptop?",
+     batching_points, batching_figure, "06_batching (sections static or serving, from batch 1 up)"),
+]
+
+
+def plots_html(subs: list[Submission]) -> tuple[str, dict[str, int]]:
+    """The plots' sections, and how many points each one drew."""
+    parts, drawn = [], {}
+    for anchor, question, points_of, figure_of, needs in PLOTS:
+        points = points_of(subs)
+        drawn[anchor] = len(points)
+        body = (_figure_html(figure_of(points)) if points else
+                f"<p class='none'>No learner's results have this yet: it needs {html.escape(needs)}.</p>")
+        parts.append(f"<section class='plot' id='{anchor}'><h2>{html.escape(question)}</h2>{body}</section>")
+    return "".join(parts), drawn
+
+
+def class_html(df, skipped: list[str], subs: list[Submission] | None = None) -> str:
+    """The plots first (see ``PLOTS``), then per notebook and section one line per learner, the
+    median of each numeric column. plotly.js is inlined once: the page needs no network."""
+    from plotly.offline import get_plotlyjs
+
     parts = [f"<p>{df['learner'].nunique()} learners · {len(df)} measurement rows · "
              f"{df['notebook'].nunique()} notebooks</p>"] if len(df) else ["<p>no results merged</p>"]
+    plots, _ = plots_html(subs or [])
+    parts.append(plots)
     if skipped:
         parts.append("<p><b>skipped files</b></p><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in skipped) + "</ul>")
+    parts.append("<h2 id='tables'>Every section, one line per learner</h2>")
     for (nb, section), part in (df.groupby(["notebook", "section"], sort=True) if len(df) else []):
         part = part.dropna(axis=1, how="all")
         cols = _numeric(part.drop(columns=["learner", "notebook", "machine", "device", "model", "date", "section"],
@@ -156,12 +338,14 @@ def class_html(df, skipped: list[str]) -> str:
             body.append(f"<tr><td>{html.escape(str(learner))}</td><td>{html.escape(str(machine))}</td>"
                         f"<td>{html.escape(str(device))}</td><td>{'quick' if quick else 'full'}</td>"
                         f"<td>{len(g)}</td>{vals}</tr>")
-        parts.append(f"<h2>{html.escape(nb)} · {html.escape(str(section))}</h2><table><tr><th>learner</th>"
+        parts.append(f"<h3>{html.escape(nb)} · {html.escape(str(section))}</h3><table><tr><th>learner</th>"
                      f"<th>machine</th><th>device</th><th>mode</th><th>rows</th>{head}</tr>{''.join(body)}</table>")
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>labkit class results</title><style>"
             "body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
             "td,th{border:1px solid #d0d7de;padding:.25em .5em;text-align:left;font-size:.9em}th{background:#f6f8fa}"
-            "</style></head><body><h1>labkit class results</h1>" + "".join(parts) + "</body></html>\n")
+            "section.plot{max-width:1100px}p.none{color:#656d76;font-style:italic}"
+            "</style><script>" + get_plotlyjs() + "</script></head><body><h1>labkit class results</h1>"
+            + "".join(parts) + "</body></html>\n")
 
 
 def merge(sources: list[Path], out_dir: Path) -> dict[str, Any]:
@@ -172,7 +356,7 @@ def merge(sources: list[Path], out_dir: Path) -> dict[str, Any]:
     results.write_json_atomic(out_dir / "class.json", {
         "learners": sorted({s.learner for s in subs}), "skipped": skipped,
         "submissions": [{"learner": s.learner, "file": s.file, **s.res.to_dict()} for s in subs]})
-    (out_dir / "index.html").write_text(class_html(df, skipped), encoding="utf-8")
+    (out_dir / "index.html").write_text(class_html(df, skipped, subs), encoding="utf-8")
     return {"learners": sorted({s.learner for s in subs}), "files": len(subs), "rows": len(df), "skipped": skipped}
 
 

@@ -21,18 +21,24 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import os
 import re
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import nbformat
+import zmq
 from jupyter_client.kernelspec import NoSuchKernel, find_kernel_specs
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.paths import jupyter_runtime_dir
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+from traitlets import default
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -49,6 +55,9 @@ EXCERPT_LINES = 8
 EXCERPT_CHARS = 600
 RESULT_ROWS_SHOWN = 6
 RESULT_COLUMNS_SHOWN = 8
+SUMMARY_SECTION = "summary"  # rows {"finding": text, "value": number}: the first row is the headline
+# without a summary section: a first-row column whose name says it is a result, in this order
+HEADLINE_HINTS = ("speedup", "gain", "ratio", "goodput", "tokens_per_s", "gbs")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -148,6 +157,41 @@ def _short(value: Any) -> Any:
     return value
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def headline(res: results.Results) -> dict[str, Any] | None:
+    """The one number a notebook's results lead with, and where it came from.
+
+    Rule: the first row of the ``summary`` section (its first text value names the finding, its
+    first number is the value). A notebook without one falls back to the first row of its sections:
+    the first column whose name holds HEADLINE_HINTS[0] in any section (in file order), else
+    HEADLINE_HINTS[1], and so on, else the first numeric column of the first section with one.
+    None when no first row holds a number."""
+    summary = res.section(SUMMARY_SECTION)
+    if summary:
+        values = {k: v for k, v in summary[0].items() if k != "section"}
+        numbers = [k for k, v in values.items() if _number(v)]
+        if numbers:
+            label = next((str(v) for v in values.values() if isinstance(v, str)), numbers[0])
+            return {"label": label, "value": values[numbers[0]], "source": SUMMARY_SECTION}
+    firsts: dict[str, dict[str, Any]] = {}
+    for row in res.rows:
+        firsts.setdefault(str(row.get("section", "")), row)
+    numeric = {name: [k for k, v in row.items() if k != "section" and _number(v)] for name, row in firsts.items()}
+    found = next(((name, k) for hint in HEADLINE_HINTS for name in firsts for k in numeric[name]
+                  if re.search(rf"(^|[_\s]){re.escape(hint)}($|[_\s])", k)),
+                 next(((name, cols[0]) for name, cols in numeric.items() if cols), None))
+    if found is None:
+        return None
+    where, key = found
+    row = firsts[where]
+    named = [f"{k}={v}" for k, v in row.items() if k != "section" and isinstance(v, str) and len(v) <= 30][:1]
+    label = f"{where}: {key}" + (f" ({named[0]})" if named else "")
+    return {"label": label, "value": row[key], "source": f"section '{where}', first row (no summary section)"}
+
+
 def key_results(name: str, since_epoch_s: float) -> list[dict[str, Any]]:
     """The results files this notebook wrote: ``results/<name>.json`` and any other saved during its run.
 
@@ -174,7 +218,7 @@ def key_results(name: str, since_epoch_s: float) -> list[dict[str, Any]]:
             summary.append({"section": section, "n_rows": len(rows), "columns": columns,
                             "rows": [{k: _short(r.get(k)) for k in shown} for r in rows[:RESULT_ROWS_SHOWN]]})
         out.append({"file": path.name, "fresh": path.stat().st_mtime >= since_epoch_s,
-                    "notes": res.notes, "sections": summary})
+                    "notes": res.notes, "headline": headline(res), "sections": summary})
     return out
 
 
@@ -222,6 +266,37 @@ def check_exercises(nb: nbformat.NotebookNode, expected: str) -> FailedCell | No
     return _failed_cell(nb, index, f"ExerciseCheck: expected every check to say {expected!r}; got {listing}")
 
 
+class QuietKernelManager(AsyncKernelManager):
+    """A kernel that is not on plain TCP, so ipykernel (7+) does not warn at every start that it
+    is "running over TCP without encryption": CurveZMQ-encrypted TCP when libzmq has CurveZMQ and
+    the kernelspec declares ``supported_encryption: ["curve"]`` (ipykernel's own spec does), else
+    IPC sockets in Jupyter's runtime folder (POSIX), else plain TCP as before."""
+
+    def _curve(self) -> bool:
+        try:
+            spec = self.kernel_spec
+        except NoSuchKernel:  # reported when the kernel starts; cleaning up must not raise it again
+            return False
+        encryption = (getattr(spec, "metadata", None) or {}).get("supported_encryption") or []
+        encryption = [encryption] if isinstance(encryption, str) else encryption
+        return zmq.has("curve") and "curve" in {str(e).strip().lower() for e in encryption}
+
+    @default("transport_encryption")
+    def _transport_encryption_default(self) -> str:
+        return "auto" if self._curve() else "disabled"
+
+    @default("transport")
+    def _transport_default(self) -> str:
+        return "tcp" if self._curve() or os.name == "nt" else "ipc"
+
+    def _ip_default(self) -> str:
+        if self.transport == "ipc":  # a socket-file prefix; jupyter_client's default is relative to the cwd
+            folder = Path(jupyter_runtime_dir())
+            folder.mkdir(parents=True, exist_ok=True)
+            return str(folder / f"labkit-kernel-{uuid.uuid4().hex[:12]}-ipc")
+        return super()._ip_default()
+
+
 def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: str | None = None,
                  solutions: bool = False) -> NotebookRun:
     """Execute one notebook in a fresh kernel (the one its metadata names, as nbmake does);
@@ -238,7 +313,7 @@ def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: st
 
     client = NotebookClient(nb, timeout=timeout_s, kernel_name=kernel_name, allow_errors=False,
                             record_timing=True, resources={"metadata": {"path": str(path.parent)}},
-                            on_cell_start=on_cell_start)
+                            on_cell_start=on_cell_start, kernel_manager_class=QuietKernelManager)
     status, failed = "ok", None
     started_epoch_s = time.time()
     t0 = time.perf_counter()
@@ -304,6 +379,7 @@ text-align:left;vertical-align:top;font-size:.9em}th{background:#f6f8fa}
 .ok{color:#1a7f37;font-weight:bold}.bad{color:#cf222e;font-weight:bold}
 pre{background:#f6f8fa;padding:.5em;overflow-x:auto;font-size:.85em}
 h2{margin-top:1.5em;border-bottom:1px solid #d0d7de}.muted{color:#656d76}
+td.num{text-align:right;font-variant-numeric:tabular-nums}table.short td{font-size:1em}
 """
 
 
@@ -332,6 +408,37 @@ def _results_html(files: list[dict[str, Any]]) -> str:
             parts.append(f"<p><b>{_e(s['section'])}</b> <span class='muted'>{s['n_rows']} rows{extra}</span></p>"
                          f"<table><tr>{head}</tr>{body}</table>")
     return "".join(parts)
+
+
+def notebook_headline(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The headline of a notebook's own results file (``results/<name>.json``) in its summary entry."""
+    own = [f for f in entry.get("results", []) if f.get("file") == f"{entry['name']}.json"]
+    return own[0].get("headline") if own else None
+
+
+def _headline_cells(h: dict[str, Any] | None) -> str:
+    if not h:
+        return "<td class='muted'>no number saved</td><td></td>"
+    value = h["value"]
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    note = "" if h["source"] == SUMMARY_SECTION else f" <span class='muted' title='{_e(h['source'])}'>*</span>"
+    return f"<td class='num'>{_e(text)}</td><td>{_e(h['label'])}{note}</td>"
+
+
+def short_table(summary: dict[str, Any]) -> str:
+    """One line per notebook: status, wall time and its headline number."""
+    rows = []
+    for r in summary["notebooks"]:
+        cls = "ok" if r["status"] == "ok" else "bad"
+        rows.append(f"<tr><td><a href='#{_e(r['name'])}'>{_e(r['name'])}</a></td><td class='{cls}'>{_e(r['status'])}</td>"
+                    f"<td class='num'>{r['wall_s']:.1f}</td>{_headline_cells(notebook_headline(r))}</tr>")
+    fallback = any((notebook_headline(r) or {}).get("source", SUMMARY_SECTION) != SUMMARY_SECTION
+                   for r in summary["notebooks"])
+    foot = ("<p class='muted'>Headline: the first row of the notebook's <code>summary</code> results section"
+            + ("; * marks a notebook without one, shown with the first first-row column named like a result ("
+               + ", ".join(HEADLINE_HINTS) + ", in that order)" if fallback else "") + ".</p>")
+    return ("<table class='short'><tr><th>notebook</th><th>status</th><th>time (s)</th><th>headline</th>"
+            "<th>what it is</th></tr>" + "".join(rows) + "</table>" + foot)
 
 
 def summary_html(summary: dict[str, Any]) -> str:
@@ -368,8 +475,9 @@ def summary_html(summary: dict[str, Any]) -> str:
             f"<style>{_CSS}</style></head><body><h1>labkit run summary</h1>"
             f"<p>{verdict} · mode: {_e(mode)} · notebooks' total {summary['total_wall_s']:.1f} s "
             f"(this run {summary['run_wall_s']:.1f} s) · {_e(e.get('date'))}</p>"
-            f"<p class='muted'>{_e(hw.get('cpu'))} ({_e(hw.get('cpu_cores_logical'))} cores) · device {_e(e.get('device'))}"
-            f" · GPU {_e(hw.get('gpu') or 'none')} · model {_e(e.get('model'))} · "
+            + short_table(summary) +
+            f"<h2>Runs</h2><p class='muted'>{_e(hw.get('cpu'))} ({_e(hw.get('cpu_cores_logical'))} cores) · "
+            f"device {_e(e.get('device'))} · GPU {_e(hw.get('gpu') or 'none')} · model {_e(e.get('model'))} · "
             + " · ".join(f"{_e(k)} {_e(v)}" for k, v in e.get("versions", {}).items() if v)
             + "</p><table><tr><th>notebook</th><th>status</th><th>wall s</th><th>code cells</th>"
               "<th>slowest cells</th><th>mode</th><th>finished (UTC)</th></tr>" + "".join(rows) + "</table>" + "".join(details)

@@ -109,7 +109,9 @@ def nudge(box: Any, key: str = "ArrowRight") -> None:
     handle.press(key)
 
 
-PLOT_DATA_JS = """els => els.map(el => JSON.stringify((el.data || []).map(t => [t.type, t.name, t.x, t.y])))"""
+# x and y as plain arrays: plotly.js may hold them as typed arrays (decoded from base64 "bdata")
+PLOT_DATA_JS = """els => els.map(el => JSON.stringify((el.data || []).map(t => [t.type, t.name,
+    t.x ? Array.from(t.x) : t.x, t.y ? Array.from(t.y) : t.y])))"""
 
 
 def plot_data(scope: Any) -> list[str]:

@@ -3,6 +3,7 @@ deck preparation and the offline check. Fast (two small kernels), part of `make 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -252,3 +253,303 @@ def test_exercise_checks_as_shipped_and_with_solutions(tmp_path: Path, monkeypat
     (solutions / "99_ok.py").write_text("# %% exercise 99.answer\nanswer = 6 * 7\n", encoding="utf-8")
     run = run_notebooks.run_notebook(shipped, tmp_path / "executed", timeout_s=60, solutions=True)
     assert run.status == "ok" and run.exercises == {"99.answer": "correct"}
+
+
+# ------------------------------------------------------------------ quiet kernels, the summary's short table
+
+TCP_WARNING = "without encryption"
+
+
+def test_kernels_start_without_the_plain_tcp_warning(tmp_path: Path, capfd: pytest.CaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from jupyter_client.manager import AsyncKernelManager
+
+    nb = _notebook(tmp_path / "13_quiet.ipynb", ["print(6 * 7)"])
+    run = run_notebooks.run_notebook(nb, tmp_path / "executed", timeout_s=60)
+    assert run.status == "ok"
+    assert TCP_WARNING not in capfd.readouterr().err, "CurveZMQ (or IPC) kernels do not warn"
+
+    monkeypatch.setattr(run_notebooks.QuietKernelManager, "_curve", lambda self: False)  # no CurveZMQ: IPC
+    assert run_notebooks.run_notebook(nb, tmp_path / "executed", timeout_s=60).status == "ok"
+    assert TCP_WARNING not in capfd.readouterr().err
+
+    # the test can fail: with a plain kernel manager (plain TCP) an ipykernel that has the warning warns
+    import inspect
+
+    import ipykernel.kernelapp
+
+    monkeypatch.setattr(run_notebooks, "QuietKernelManager", AsyncKernelManager)
+    assert run_notebooks.run_notebook(nb, tmp_path / "executed", timeout_s=60).status == "ok"
+    if TCP_WARNING in inspect.getsource(ipykernel.kernelapp):
+        assert TCP_WARNING in capfd.readouterr().err
+
+
+def test_headline_is_the_summary_sections_first_row_else_a_result_column() -> None:
+    from labkit import results
+
+    res = results.Results("05_demo")
+    res.add("kv_bytes", layers=30, ratio=1.0)
+    res.replace("summary", [{"finding": "cache on vs off (speedup ×)", "value": 3.2}, {"finding": "x", "value": 1}])
+    assert run_notebooks.headline(res) == {"label": "cache on vs off (speedup ×)", "value": 3.2, "source": "summary"}
+
+    res = results.Results("01_demo")
+    res.add("bandwidth", method="copy", n=5, gbs=12.5)
+    assert run_notebooks.headline(res)["label"] == "bandwidth: gbs (method=copy)"
+    assert run_notebooks.headline(res)["value"] == 12.5 and "no summary section" in run_notebooks.headline(res)["source"]
+    res.add("serving", duration_s=18.0)  # "ratio" in "duration" is no ratio
+    res.add("decode", batch=1, ceiling_tokens_per_s=20.0, ratio=0.4)
+    assert run_notebooks.headline(res)["label"] == "decode: ratio", "a ratio leads over a bandwidth, in any section"
+    res = results.Results("04_demo")
+    res.add("phases", phase="import")
+    res.add("requests", request=1, latency_s=1.5)
+    assert run_notebooks.headline(res)["value"] == 1, "else the first number of the first section holding one"
+    assert run_notebooks.headline(results.Results("00_demo")) is None
+
+
+def test_summary_page_opens_with_the_short_table(two_notebooks) -> None:
+    nbs, build = two_notebooks
+    _notebook(nbs / "12_sum.ipynb", [
+        "from labkit import results\nres = results.Results('12_sum')\nres.add('sweep', batch=8, tokens_per_s=40.0)",
+        "res.replace('summary', [{'finding': 'batch 8 vs 1 (throughput ×)', 'value': 5.4321}])\nres.save()"])
+    run_notebooks.main(["--notebooks-dir", str(nbs), "--build-dir", str(build), "--timeout", "120", "--only", "11", "12"])
+    page = (build / "summary.html").read_text(encoding="utf-8")
+    short = page.index("<table class='short'>")
+    assert short < page.index("<h2>Runs</h2>") < page.index("<h2 id='11_ok'>")
+    assert page[:short].count("<table") == 0, "nothing tabular before the short table"
+    rows = page[short:page.index("</table>", short)].split("<tr>")[2:]
+    assert [r[r.index("#") + 1:r.index("'>")] for r in rows] == ["11_ok", "12_sum"]
+    fallback, summary = rows
+    assert "<td class='ok'>ok</td>" in summary and ">5.432<" in summary and "batch 8 vs 1 (throughput ×)" in summary
+    assert ">123.5<" in fallback and "speed: tokens_per_s" in fallback and "no summary section" in fallback
+    assert "* marks a notebook without one" in page and "speedup, gain, ratio" in page
+
+
+# ------------------------------------------------------------------------------------ the class page's plots
+
+
+def _learner_results(root: Path, learner: str, scale: float, notebooks: tuple[str, ...]) -> Path:
+    """Results files shaped like the notebooks' own (same sections and columns), numbers scaled."""
+    from labkit import results
+
+    env = {"hardware": {"cpu": f"cpu of {learner}"}, "device": "cpu", "quick": True, "model": "default"}
+    folder = root / learner / "results"
+    if "01_hardware_sizing" in notebooks:
+        res = results.Results("01_hardware_sizing", env=env)
+        res.add("bandwidth", device="cpu", bandwidth_gbs=10.0 * scale, median_gbs=9.5 * scale)
+        for b in (1, 4):
+            res.add("decode", batch=b, ceiling_tokens_per_s=20.0 * scale * b, measured_tokens_per_s=8.0 * scale * b,
+                    ratio=0.4)
+        res.save(folder / "01_hardware_sizing.json")
+    if "02_fp16_bf16" in notebooks:
+        res = results.Results("02_fp16_bf16", env=env)
+        for v, tps, agree in (("fp32", 10.0, 1.0), ("fp16", 18.0 * scale, 0.97), ("bf16", 5.0, 0.9)):
+            res.add("variants", variant=v, status="ok", decode_tokens_per_s=tps, agreement=agree, kl=0.01)
+        res.add("variants", variant="fp8", status="unsupported here: no fp8 kernels")
+        res.save(folder / "02_fp16_bf16.json")
+    if "06_batching" in notebooks:
+        res = results.Results("06_batching", env=env)
+        for b, tps in ((1, 2.0), (4, 6.0 * scale), (16, 20.0 * scale)):
+            res.add("static", batch_size=b, status="ok", total_tokens_per_s=tps)
+        for b, tps in ((1, 15.0), (8, 40.0 * scale)):
+            res.add("serving", max_batch_size=b, output_tokens_per_s=tps)
+        res.save(folder / "06_batching.json")
+    return folder
+
+
+def test_class_page_plots_read_the_notebooks_sections(tmp_path: Path) -> None:
+    import merge_results
+
+    everything = ("01_hardware_sizing", "02_fp16_bf16", "06_batching")
+    sources = [_learner_results(tmp_path, "alice", 1.0, everything), _learner_results(tmp_path, "bob", 2.0, everything)]
+    subs, skipped = merge_results.collect(sources)
+    assert not skipped
+    roof = {p["learner"]: p for p in merge_results.roofline_points(subs)}
+    assert roof["bob"]["bandwidth_gbs"] == 20.0 and roof["bob"]["tokens_per_s"] == 16.0 and roof["bob"]["batch"] == 1
+    assert roof["alice"]["bytes_per_token"] == pytest.approx(10e9 / 20.0)
+    prec = {(p["learner"], p["variant"]): p for p in merge_results.precision_points(subs)}
+    assert set(prec) == {(l, v) for l in ("alice", "bob") for v in ("fp16", "bf16")}, "fp32 is the baseline, fp8 did not run"
+    assert prec[("bob", "fp16")]["speedup"] == pytest.approx(3.6) and prec[("alice", "bf16")]["agreement"] == 0.9
+    gain = {p["learner"]: p for p in merge_results.batching_points(subs)}
+    assert gain["alice"]["static_gain"] == pytest.approx(10.0) and gain["alice"]["static_size"] == 16
+    assert gain["bob"]["serving_gain"] == pytest.approx(80 / 15)
+
+    page, drawn = merge_results.plots_html(subs)
+    assert drawn == {"roofline": 2, "precision": 4, "batching": 2}
+    assert page.count("plotly-graph-div") == 3
+    roofline = merge_results.roofline_figure(merge_results.roofline_points(subs)).data[0]
+    assert roofline.name == "roofline default: bandwidth ÷ 500 MB per token"
+    assert roofline.y[1] / roofline.x[1] == pytest.approx(1e9 / 500e6), "tokens/s = GB/s × 1e9 ÷ bytes per token"
+
+
+def test_class_page_says_which_plot_no_learner_has_data_for(tmp_path: Path) -> None:
+    import merge_results
+
+    folder = _learner_results(tmp_path, "carol", 1.0, ("06_batching",))
+    info = merge_results.merge([folder], tmp_path / "class")
+    page = (tmp_path / "class" / "index.html").read_text(encoding="utf-8")
+    assert info["learners"] == ["carol"] and page.count("plotly-graph-div") == 1
+    assert "No learner's results have this yet: it needs 01_hardware_sizing" in page
+    assert "No learner's results have this yet: it needs 02_fp16_bf16 or 03_int8_int4" in page
+    assert slides.remote_references(page) == [], "plotly.js is embedded, nothing comes from a CDN"
+    assert page.index("id='batching'") < page.index("id='tables'"), "plots first, then the tables"
+
+
+# ------------------------------------------------------------------------------- what a deck shows, and how
+
+
+def _md(text: str, kind: str = "-") -> nbformat.NotebookNode:
+    return nbformat.v4.new_markdown_cell(text, metadata={"slideshow": {"slide_type": kind}})
+
+
+def _code(src: str, kind: str = "-", outputs: list | None = None, tags: list[str] | None = None,
+          **meta) -> nbformat.NotebookNode:
+    md = {"slideshow": {"slide_type": kind}, **meta}
+    if tags:
+        md["tags"] = tags
+    return nbformat.v4.new_code_cell(src, metadata=md, outputs=outputs or [])
+
+
+def _out(text: str, name: str = "stdout") -> nbformat.NotebookNode:
+    return nbformat.v4.new_output("stream", name=name, text=text)
+
+
+def _html(text: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_output("display_data", data={"text/html": text, "text/plain": "…"})
+
+
+def _deck(cells: list) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = cells
+    return slides.prepare(nb)
+
+
+def _shown_source(cell) -> bool:
+    return not cell.metadata.get("transient", {}).get("remove_source", False)
+
+
+def test_code_shows_outputs_only_unless_it_is_the_mechanism() -> None:
+    deck = _deck([_md("# Title", "slide"),
+                  _code("plot()", "fragment", [_out("42 tokens/s\n")]),
+                  _code("def decode_step(x):\n    return x", "fragment", [_out("same tokens: True\n")], tags=["mechanism"])])
+    plot, mech = deck.cells[1], deck.cells[2]
+    assert not _shown_source(plot) and plot.outputs[0]["text"] == "42 tokens/s\n"
+    assert _shown_source(mech) and "decode_step" in mech.source
+
+
+def test_exercises_checks_solutions_and_silent_set_up_stay_in_the_notebook() -> None:
+    deck = _deck([_md("# Title", "slide"),
+                  _code("import labkit", "slide"),  # set-up: prints nothing, starts a slide
+                  _code("N = 8  # parameters", "subslide", tags=["parameters"]),
+                  _code("print('loaded')", "fragment", [_out("model loaded in 1.2 s\n")]),
+                  _code("def f(): return None", "skip", tags=["exercise"], labkit={"exercise": "03.f"}),
+                  _code("check('03.f', f)", "fragment", [_out("Exercise 03.f: not attempted\n")], tags=["check"]),
+                  _code("answer = 42", tags=["solution"]),
+                  _md("Say this out loud, do not show it.", "notes")])
+    assert [c.cell_type for c in deck.cells] == ["markdown", "code", "markdown"]
+    loaded = deck.cells[1]
+    assert "model loaded" in loaded.outputs[0]["text"]
+    assert slides._slide_type(loaded) == "slide", "the slide that began on a silent cell begins on the next one shown"
+    assert slides._slide_type(deck.cells[2]) == "notes"
+    assert slides.expected_slides(deck) == 2
+
+
+def test_stderr_is_dropped_and_long_printed_text_is_trimmed_with_a_note() -> None:
+    lines = "".join(f"step {i}: ok\n" for i in range(40))
+    deck = _deck([_md("# T", "slide"), _code("run()", "fragment", [_out("warming up\n", "stderr"), _out(lines[:20]),
+                                                                    _out(lines[20:])])])
+    (out,) = deck.cells[1].outputs
+    kept = out["text"].splitlines()
+    assert len(kept) == slides.TEXT_MAX_LINES + 1 and kept[0] == "step 0: ok"
+    assert kept[-1] == f"… {40 - slides.TEXT_MAX_LINES} more lines in the notebook"
+
+
+def test_progress_bars_keep_only_a_finished_count() -> None:
+    def bar(text: str):
+        return nbformat.v4.new_output("display_data", data={slides.WIDGET_VIEW: {"model_id": "p"}, "text/plain": text})
+
+    deck = _deck([_md("# T", "slide"), _code("a()", "-", [bar("batch sizes:   0%|          | 0/5 [00:00<?, ?it/s]"),
+                                                          _out("done\n")])])
+    assert [o["output_type"] for o in deck.cells[1].outputs] == ["stream"], "a bar stuck at 0/5 says nothing"
+
+
+def _frame_html(n_rows: int, columns: dict) -> str:
+    import pandas as pd
+
+    return pd.DataFrame({k: (v if isinstance(v, list) else [v] * n_rows) for k, v in columns.items()}).to_html()
+
+
+def test_tables_keep_the_columns_that_fit_and_say_what_was_cut() -> None:
+    cols = {"variant": [f"v{i}" for i in range(20)], "device": "cpu"}
+    cols.update({f"measurement_number_{k}_tokens_per_s": [float((i + 1) * (k + 1)) + 0.123456 for i in range(20)]
+                 for k in range(12)})
+    t = slides.trim_table(_frame_html(20, cols))
+    assert t is not None and t.html.count("<tr>") == 1 + slides.TABLE_MAX_ROWS
+    head = t.html[:t.html.index("</thead>")].replace("<wbr>", "")
+    assert "variant" in head and "device" not in head, "a column with one value in every row becomes a note"
+    assert "in every row: device = cpu" in t.cut and f"{20 - slides.TABLE_MAX_ROWS} more rows" in t.cut
+    kept = head.count("measurement_number_")
+    assert 0 < kept < 12 and f"{12 - kept} more columns" in t.cut and "measurement_number_11_tokens_per_s" in t.cut
+
+
+def test_a_table_that_fits_keeps_all_its_columns() -> None:
+    t = slides.trim_table(_frame_html(4, {"gpu": ["T4", "L4", "A10G", "H200"], "fits fp16": [False, True, True, True],
+                                          "fits nf4": True}))
+    assert t.cut == "" and "fits nf4" in t.html, "a constant column is folded only when the table is too wide"
+
+
+def test_tables_with_spans_are_read_as_a_grid() -> None:
+    import pandas as pd
+
+    df = pd.DataFrame({"model": ["a", "a", "b", "b"], "dtype": ["fp16", "nf4"] * 2, "T4": [True, True, False, True],
+                       "L4": [True] * 4}).pivot_table(index=["model", "dtype"], values=["T4", "L4"], aggfunc="first")
+    grid = slides.read_table(df.to_html())
+    assert grid.index_cols == 2 and len(grid.cells[0]) == 4 and all(len(r) == 4 for r in grid.cells)
+    t = slides.trim_table(df.to_html(), max_rows=3)
+    assert t.html.count("<tr>") == grid.head + 3 and "1 more rows" in t.cut
+
+
+def _slides_of(deck) -> list[list]:
+    out = []
+    for c in deck.cells:
+        if slides._slide_type(c) in ("slide", "subslide") or not out:
+            out.append([])
+        if slides._slide_type(c) != "notes":
+            out[-1].append(c)
+    return out
+
+
+def test_a_slide_that_would_run_past_the_bottom_continues_on_a_new_slide() -> None:
+    chart = _html("<div class='plotly-graph-div'></div>")
+    deck = _deck([_md("## 1 · Weights per precision\n\n" + "A sentence about weights. " * 30, "slide"),
+                  _code("bar()", "fragment", [chart, _out("fp16 halves the bytes\n")]),
+                  _code("two()", "subslide", [chart, chart])])
+    pages = _slides_of(deck)
+    assert [sum(map(slides.charts, p)) for p in pages] == [1, 0, 1, 1], "the chart stays with its idea; one per slide"
+    assert "1 · Weights per precision (continued)" in pages[1][0].source
+    assert "fp16 halves the bytes" in pages[1][1].outputs[0]["text"], "what did not fit continues, nothing is lost"
+    assert max(sum(slides.cell_px(c) + slides.BLOCK_GAP_PX for c in p) for p in pages) <= slides.BUDGET_PX + \
+        slides.BLOCK_GAP_PX
+    assert slides.expected_slides(deck) == len(pages) == 4
+
+
+def test_markdown_taller_than_a_slide_is_split_between_paragraphs() -> None:
+    para = "\n".join(f"- point {i}: " + "words " * 30 for i in range(6))
+    deck = _deck([_md(f"## Takeaways\n\n{para}\n\n## Exercises\n\n{para}", "slide")])
+    assert len(deck.cells) >= 3 and all(slides.markdown_px(c.source) <= slides.BUDGET_PX for c in deck.cells)
+    text = "\n".join(c.source for c in deck.cells if slides.CONT_CLASS not in c.source)
+    assert text.count("- point") == 12 and "## Exercises" in text, "nothing lost in the split"
+
+
+def test_exported_deck_has_the_slides_prepare_counts(tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    chart = _html("<div class='plotly-graph-div'></div>")
+    nb.cells = [_md("# Deck", "slide"), _code("import x", "slide"), _code("c()", "fragment", [chart, chart, chart]),
+                _md("notes here", "notes")]
+    executed = tmp_path / "97_count.ipynb"
+    nbformat.write(nb, executed)
+    deck, n = slides.export_deck(executed, tmp_path)
+    text = deck.read_text(encoding="utf-8")
+    leaves = len(re.findall(r"<section\b", text)) - len(re.findall(r"<section\b[^>]*>\s*<section\b", text))
+    assert n == leaves == 4, "the title, then one slide per chart"
+    assert "import x" not in text, "set-up code stays in the notebook"
+    assert "<aside class=\"notes\">" in text and "notes here" in text

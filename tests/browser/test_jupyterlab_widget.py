@@ -1,4 +1,5 @@
-"""JupyterLab in a real browser: run the batching widget, move 'batch size', see the latency plot change.
+"""JupyterLab in a real browser: run the batching widget, move 'batch size' twice in quick succession,
+see the plot show the second setting, and run a cell while the panel measures in the background.
 
 The same harness first drives a small stand-in notebook (a 'batch size' slider redrawing a
 plotly figure), so a broken harness is told apart from a broken widget.
@@ -21,6 +22,8 @@ BATCHING = ROOT / "notebooks" / "06_batching.ipynb"
 WIDGET_CALL = "batch_widget("  # the cell in 06 that shows the widget (labkit.batch_widget.panel)
 RUN_TIMEOUT_MS = int(os.environ.get("LABKIT_LAB_RUN_TIMEOUT_MS", 420_000))  # cells above the widget, quick mode, 2 CPU cores
 CHANGE_TIMEOUT_MS = 120_000  # one re-measurement after the slider moves
+# appended to the copy of 06 the browser runs: `_` is the panel, the cell run just before it
+PROBE = 'print("panel measuring while this cell ran:", _.measurer.busy)'
 
 STAND_IN_CELLS = [  # shaped like labkit.batch_widget.panel: a slider redraws a plotly FigureWidget in place
     "import ipywidgets as w\nimport plotly.graph_objects as go",
@@ -55,9 +58,10 @@ def cells_for_widget(nb: nbformat.NotebookNode, marker: str) -> list[int]:
 
 
 def _drive(page, lab: LabServer, notebook: str, marker: str, label: str, shot: str,
-           only: list[int] | None = None) -> tuple[list[str], list[str]]:
-    """Open, run the cells up to the widget (all above, or ``only`` these), nudge the slider;
-    returns the plot data before and after."""
+           only: list[int] | None = None, moves: int = 1, probe: int | None = None) -> dict:
+    """Open, run the cells up to the widget (all above, or ``only`` these), move the slider ``moves``
+    steps in quick succession, run cell ``probe`` right after (when given), and wait for the plot to
+    change; returns the plot data before and after, the slider's values and the probe's output."""
     panel = jlab.open_notebook(page, lab.open_url(notebook))
     cell = jlab.cell_containing(panel, marker)
     try:
@@ -82,7 +86,14 @@ def _drive(page, lab: LabServer, notebook: str, marker: str, label: str, shot: s
     value_before = jlab.slider_value(box)
     cell.scroll_into_view_if_needed()
     page.screenshot(path=str(screenshot_path(f"{shot}-before")))
-    jlab.nudge(box)
+    for _ in range(moves):  # as quick as a learner's key presses: each step reaches the kernel
+        jlab.nudge(box)
+        page.wait_for_timeout(150)
+    value_after = jlab.slider_value(box)
+    probe_text = None
+    if probe is not None:
+        jlab.run_cells(page, [probe], CHANGE_TIMEOUT_MS)
+        probe_text = panel.locator(".jp-Cell").nth(probe).locator(".jp-OutputArea-output").inner_text()
     page.wait_for_function(
         f"""before => {{
             const els = [...document.querySelectorAll('.jp-Cell')].filter(c => c.innerText.includes({marker!r}));
@@ -92,29 +103,64 @@ def _drive(page, lab: LabServer, notebook: str, marker: str, label: str, shot: s
         }}""", arg=before, timeout=CHANGE_TIMEOUT_MS)
     jlab.wait_idle(page, CHANGE_TIMEOUT_MS)
     after = jlab.plot_data(output)
-    assert jlab.slider_value(box) != value_before, "the slider did not move"
+    assert value_after != value_before, "the slider did not move"
     page.screenshot(path=str(screenshot_path(f"{shot}-after")))
-    return before, after
+    return {"before": before, "after": after, "value_before": value_before, "value_after": value_after,
+            "probe": probe_text, "status": output.locator(".widget-html").first.inner_text()
+            if output.locator(".widget-html").count() else ""}
 
 
 def test_harness_sees_a_plot_follow_the_slider(lab_server: LabServer, offline_page, tmp_path: Path) -> None:
     name = copy_notebook(_stand_in(tmp_path / "stand_in_widget.ipynb"), lab_server)
-    before, after = _drive(offline_page, lab_server, name, "# stand-in widget", "batch size", "lab-stand-in")
-    assert before != after
+    run = _drive(offline_page, lab_server, name, "# stand-in widget", "batch size", "lab-stand-in", moves=2)
+    assert run["before"] != run["after"]
+    final = int(run["value_after"])
+    output = jlab.cell_containing(offline_page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first,
+                                  "# stand-in widget").locator(".jp-Cell-outputWrapper")
+    offline_page.wait_for_function(  # the plot shows the second move's value
+        "([el, want]) => JSON.stringify(Array.from((el.data || [])[0].y || [])) === JSON.stringify(want)",
+        arg=[output.locator(".js-plotly-plot").first.element_handle(), [final * k for k in (1, 2, 3)]],
+        timeout=CHANGE_TIMEOUT_MS)
     leaks = offline_page.network.blocked_except_plotly_mathjax()
     assert not leaks, f"requests left 127.0.0.1: {leaks}"
 
 
+def _with_probe(src: Path, dst: Path) -> tuple[Path, int]:
+    nb = nbformat.read(src, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
+    nbformat.write(nb, dst)
+    return dst, len(nb.cells) - 1
+
+
 @pytest.mark.skipif(not BATCHING.is_file(), reason="notebooks/06_batching.ipynb does not exist yet "
                     "(its batching widget, labkit.batch_widget, is being written)")
-def test_batching_widget_moves_the_latency_plot(lab_server: LabServer, offline_page) -> None:
-    name = copy_notebook(BATCHING, lab_server)
+def test_batching_widget_follows_two_quick_moves(lab_server: LabServer, offline_page, tmp_path: Path) -> None:
+    """Two key presses on 'batch size' in a row: the panel drops the first setting's point (or finishes
+    it) and draws the second; a cell run right after the moves answers while the panel measures."""
+    copy, probe = _with_probe(BATCHING, tmp_path / BATCHING.name)
+    name = copy_notebook(copy, lab_server)
     only = cells_for_widget(nbformat.read(BATCHING, as_version=4), WIDGET_CALL)
-    before, after = _drive(offline_page, lab_server, name, WIDGET_CALL, "batch size", "lab-06-batching", only)
-    assert before != after, f"latency plot data unchanged after moving 'batch size': {jlab.describe(after)}"
-    traces = {t[1]: t for t in json.loads(after[0])}
+    run = _drive(offline_page, lab_server, name, WIDGET_CALL, "batch size", "lab-06-batching", only,
+                 moves=2, probe=probe)
+    assert "measuring while this cell ran: True" in run["probe"], \
+        f"the kernel ran a cell only after the measurement ended (the panel blocks it): {run['probe']!r}"
+    first, final = int(run["value_before"]), int(run["value_after"])
+    assert final == first + 2, f"two steps from {first} should give {first + 2}, the slider says {final}"
+    output_cell = jlab.cell_containing(offline_page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first,
+                                       WIDGET_CALL).locator(".jp-Cell-outputWrapper")
+    offline_page.wait_for_function(
+        """([el, want]) => (el.data || []).some(t => t.name === 'just measured' && t.x && t.x.length === 1
+                                                      && Number(t.x[0]) === want)""",
+        arg=[output_cell.locator(".js-plotly-plot").first.element_handle(), final], timeout=CHANGE_TIMEOUT_MS)
+    traces = {t[1]: t for t in json.loads(jlab.plot_data(output_cell)[0])}
     latency = [t for n, t in traces.items() if n and "latency" in n]
-    assert latency and len(latency[0][2]) == 2, f"the latency curve should hold two batch sizes now: {traces}"
-    assert all(y is not None and y > 0 for y in latency[0][3]), f"latencies must be positive: {latency[0][3]}"
+    assert latency, f"no latency curve: {traces}"
+    xs, ys = latency[0][2], latency[0][3]
+    assert first in xs and final in xs, f"the curve should hold batch {first} and {final}: {traces}"
+    assert all(y is not None and y > 0 for y in ys), f"latencies must be positive: {ys}"
+    status = output_cell.locator(".widget-html").first.inner_text()
+    assert "measurement failed" not in status, f"the panel reports a failure: {status}"
+    output_cell.scroll_into_view_if_needed()
+    offline_page.screenshot(path=str(screenshot_path("lab-06-batching-final")))
     leaks = offline_page.network.blocked_except_plotly_mathjax()
     assert not leaks, f"requests left 127.0.0.1: {leaks}"

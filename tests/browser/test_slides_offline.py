@@ -3,6 +3,7 @@ reveal.js and MathJax load from the local copies, and every plotly chart draws i
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import nbformat
@@ -12,13 +13,17 @@ from conftest import BUILD, ROOT, screenshot_path
 
 pytestmark = pytest.mark.browser
 
+sys.path.insert(0, str(ROOT / "tools"))
+
+import slides  # noqa: E402
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def slide_count(nb: nbformat.NotebookNode) -> int:
-    """Slides the deck must hold, from the cells' slideshow metadata: the first shown cell opens a
-    slide, then each 'slide' or 'subslide' cell opens another. Exercise solutions stay out of decks."""
-    cells = [c for c in nb.cells if "solution" not in c.metadata.get("tags", [])]
+    """Slides the deck must hold, from the prepared cells' slideshow metadata: the first shown cell
+    opens a slide, then each 'slide' or 'subslide' cell opens another (continuations included)."""
+    cells = slides.prepare(nb).cells
     kinds = [c.metadata.get("slideshow", {}).get("slide_type", "-") for c in cells]
     first = next(i for i, k in enumerate(kinds) if k not in ("skip", "notes"))
     return 1 + sum(k in ("slide", "subslide") for k in kinds[first + 1:])
@@ -39,13 +44,14 @@ def open_deck(page, deck: Path) -> None:
 def test_deck_renders_offline(notebook: Path, slides_dir: Path, offline_page) -> None:
     page = offline_page
     open_deck(page, slides_dir / f"{notebook.stem}.slides.html")
-    expected = slide_count(nbformat.read(notebook, as_version=4))
-    assert page.evaluate("Reveal.getTotalSlides()") == expected, "slides in the deck ≠ slide starts in the notebook"
+    executed = nbformat.read(BUILD / "executed" / notebook.name, as_version=4)
+    expected = slide_count(executed)
+    assert page.evaluate("Reveal.getTotalSlides()") == expected, "slides in the deck ≠ slide starts of the prepared notebook"
     assert page.evaluate("typeof MathJax === 'object' && typeof MathJax.typesetPromise === 'function'"), \
         "the local MathJax did not load"
     page.screenshot(path=str(screenshot_path(f"slides-{notebook.stem}-title")))
 
-    n_plots = plotly_outputs(nbformat.read(BUILD / "executed" / notebook.name, as_version=4))
+    n_plots = plotly_outputs(slides.prepare(executed))
     plots = page.locator(".js-plotly-plot")
     assert plots.count() == n_plots, "every plotly output of the executed notebook becomes a chart in the deck"
     for i in range(n_plots):
