@@ -23,7 +23,7 @@ from typing import Any
 from .timing import now
 
 BACKENDS = {"quanto": ("optimum-quanto", "optimum.quanto"), "hqq": ("hqq", "hqq")}
-INSTALL = "pip install 'labkit[kvquant]'"  # optimum-quanto and hqq: pure Python wheels
+INSTALL = {"quanto": "pip install 'labkit[kvquant]'", "hqq": "pip install hqq"}  # pure Python wheels both
 
 
 def _positive(name: str, value: Any) -> int:
@@ -42,7 +42,7 @@ def backend_reason(backend: str) -> str:
     except ModuleNotFoundError:
         found = False
     if not found:
-        return f"{dist} is not installed ({INSTALL})"
+        return f"{dist} is not installed ({INSTALL[backend]})"
     try:
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM, QuantizedCache

@@ -37,7 +37,8 @@ def draft_from_context(ids: Sequence[int], max_ngram: int = 2, num_tokens: int =
     """Prompt lookup's draft: find the last ``n`` tokens (n = max_ngram … 1) earlier in ``ids``, earliest
     occurrence first, and propose the up to ``num_tokens`` tokens that followed it. A draft stops before an
     end-of-sequence token. No match: an empty draft (the step decodes one token, as plain decoding does).
-    The same rule as transformers' ``PromptLookupCandidateGenerator``."""
+    The same rule as transformers' ``PromptLookupCandidateGenerator`` when end-of-sequence is forbidden
+    (``min_new_tokens``, as in ``timed_generate``)."""
     _positive("max_ngram", max_ngram)
     _positive("num_tokens", num_tokens)
     ids = list(ids)
@@ -47,7 +48,8 @@ def draft_from_context(ids: Sequence[int], max_ngram: int = 2, num_tokens: int =
             if ids[start:start + n] == tail:
                 follow = ids[start + n:start + n + num_tokens]
                 stop = next((i for i, t in enumerate(follow) if t in eos), len(follow))
-                return follow[:stop]
+                if stop:  # an occurrence followed at once by end-of-sequence proposes nothing: try the next
+                    return follow[:stop]
     return []
 
 
@@ -166,11 +168,13 @@ def timed_generate(model: Any, input_ids: Any, new_tokens: int, label: str = "",
     _positive("new_tokens", new_tokens)
     streamer = CountingStreamer(input_ids.device)
     pad = model.generation_config.pad_token_id
+    # exactly new_tokens: end-of-sequence forbidden (min_new_tokens); assisted decoding with a draft model
+    # refuses that processor, so there it is switched off instead (no token stops the run)
+    fixed = {"eos_token_id": None} if gen_kwargs.get("assistant_model") is not None else {"min_new_tokens": new_tokens}
     with torch.inference_mode():
         streamer.begin()
         out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, streamer=streamer,
-                             pad_token_id=pad, **gen_kwargs)
+                             max_new_tokens=new_tokens, streamer=streamer, pad_token_id=pad, **fixed, **gen_kwargs)
     # assisted decoding may accept a few tokens past the limit in its last pass: keep exactly new_tokens
     tokens = out[0, input_ids.shape[1]:].tolist()[:new_tokens]
     assert streamer.puts, "generate produced no token"
