@@ -40,8 +40,11 @@ def draft_from_context(ids: Sequence[int], max_ngram: int = 2, num_tokens: int =
     The same rule as transformers' ``PromptLookupCandidateGenerator`` when end-of-sequence is forbidden
     (``min_new_tokens``, as in ``timed_generate``)."""
     _positive("max_ngram", max_ngram)
-    _positive("num_tokens", num_tokens)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        raise ValueError(f"num_tokens={num_tokens!r}: must be 0 (no draft) or a positive integer")
     ids = list(ids)
+    if num_tokens == 0:
+        return []
     for n in range(min(max_ngram, len(ids) - 1), 0, -1):
         tail = ids[-n:]
         for start in range(len(ids) - n):  # the occurrence at the very end has nothing after it
@@ -116,7 +119,7 @@ def lookup_decode(model: Any, input_ids: Any, new_tokens: int = 32, num_tokens: 
         while len(run.tokens) < new_tokens:
             ids = prompt + run.tokens
             room = new_tokens - len(run.tokens) - 1  # the bonus token always comes
-            draft = list(draft_fn(ids, max_ngram, min(num_tokens, room), eos))[:room] if room else []
+            draft = list(draft_fn(ids, max_ngram, min(num_tokens, room), eos))[:room]
             x = torch.tensor([[run.tokens[-1], *draft]], device=input_ids.device)  # (1, 1 + d)
             out = model(input_ids=x, past_key_values=cache, use_cache=True)  # positions follow the cache
             predicted = out.logits[0].argmax(-1).tolist()  # (1 + d,): the model's token after each prefix

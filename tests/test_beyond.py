@@ -39,7 +39,8 @@ def test_draft_stops_before_eos_and_is_empty_without_a_match():
     assert speculative.draft_from_context([1, 2, 3, 4], 2, 5) == []
     assert speculative.draft_from_context([4, 9, 4, 8, 4], 1, 2) == [9, 4], "the earliest occurrence first"
     with pytest.raises(ValueError, match="num_tokens"):
-        speculative.draft_from_context([1, 2], 2, 0)
+        speculative.draft_from_context([1, 2], 2, -1)
+    assert speculative.draft_from_context([1, 2, 1, 2], 1, 0) == []
 
 
 def test_accept_rule():

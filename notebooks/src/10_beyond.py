@@ -460,6 +460,7 @@ print(f"the lab's fastest CPU path now: {best_lab['engine']} {best_lab['format']
 # %% fragment
 head = beyond.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_rows, kv_name=kv_best.cache)
 res.replace("headline", [head])
+res.notes["versions"] = env.versions(("optimum-quanto", "hqq", "onnx-ir", "llama-cpp-python"))
 res.save()
 head
 
