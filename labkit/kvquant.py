@@ -9,8 +9,8 @@ the cache is smaller, each step does more work.
 The lab's own version is the same cache layer with a quantiser written out: int8, one absmax scale per
 channel (per head-dimension entry, over the tokens), as KIVI does for keys. ``compare`` prefills the same
 long context into each cache, feeds the fp32 reference's greedy continuation one token at a time
-(teacher forcing) and reports the bytes the cache holds, the step time and, against the fp32 cache,
-greedy agreement and KL.
+(teacher forcing) and reports the bytes the cache holds, the step time and, against the model's own cache
+(fp32 on a CPU, fp16 on a GPU), greedy agreement and KL.
 """
 from __future__ import annotations
 
@@ -112,10 +112,10 @@ def lab_cache(config: Any, quantize: Callable[[Any], Any] | None = None, dequant
 
 
 def fp16_storage_cache(config: Any, residual_length: int = 128) -> Any:
-    """Keys and values stored in fp16, computed in the model's dtype: half the bytes of an fp32 cache."""
+    """Keys and values stored in fp16, handed back in the dtype they came in: half the bytes of an fp32 cache."""
     import torch
 
-    return lab_cache(config, lambda x: x.to(torch.float16), lambda s: s.to(torch.float32), residual_length)
+    return lab_cache(config, lambda x: (x.to(torch.float16), x.dtype), lambda s: s[0].to(s[1]), residual_length)
 
 
 def library_cache(config: Any, backend: str, nbits: int = 4, q_group_size: int = 64, residual_length: int = 128) -> Any:
@@ -191,7 +191,7 @@ def teacher_forced(model: Any, context: Any, continuation: list[int], cache: Any
 
 
 def compare(model: Any, context: Any, new_tokens: int, caches: dict[str, Callable[[], Any]]) -> list[dict[str, Any]]:
-    """The fp32 ``DynamicCache`` greedy continuation of ``context`` is the reference; each cache in ``caches``
+    """The greedy continuation of ``context`` with the model's own ``DynamicCache`` is the reference; each cache in ``caches``
     (name → factory) is prefilled with the same context and teacher-forced on it. One row per cache: KV bytes
     held, median decode step, agreement and mean KL against the reference."""
     import torch
@@ -206,8 +206,9 @@ def compare(model: Any, context: Any, new_tokens: int, caches: dict[str, Callabl
     ref_lp = torch.log_softmax(ref["logits"], dim=-1)
     target = torch.tensor(continuation)
     rows = []
-    for name, make in {"fp32 (DynamicCache)": DynamicCache, **caches}.items():
-        run = ref if name.startswith("fp32 (") else teacher_forced(model, context, continuation, make())
+    base = f"{str(model.dtype).replace('torch.', '')} (DynamicCache)"  # the model's own cache: the reference
+    for name, make in {base: DynamicCache, **caches}.items():
+        run = ref if name == base else teacher_forced(model, context, continuation, make())
         kl = kl_divergence(ref_lp, run["logits"])
         step = statistics.median(run["step_s"]) if run["step_s"] else None
         rows.append({"cache": name, "context_tokens": int(context.shape[1]), "new_tokens": new_tokens,

@@ -199,7 +199,7 @@ def compare_lookup(model: Any, input_ids: Any, new_tokens: int, num_tokens: int 
     _positive("repeats", repeats)
     kinds = {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": num_tokens, **extra}}
     for kwargs in kinds.values():  # warmup: first calls pay allocation and lazy set-up
-        timed_generate(model, input_ids, min(new_tokens, 8), **kwargs)
+        timed_generate(model, input_ids, min(new_tokens, 4), **kwargs)
     runs = {k: [timed_generate(model, input_ids, new_tokens, k, **kw) for _ in range(repeats)] for k, kw in kinds.items()}
     med = {k: statistics.median(r["decode_s"] for r in rs) for k, rs in runs.items()}
     plain, lookup = runs["plain"][0], runs["prompt lookup"][0]
