@@ -99,18 +99,19 @@ exercises.check("10.accept", accept)
 accept_fn = exercises.use("10.accept", accept, speculative.accept)
 
 
+@torch.inference_mode()
 def lookup_decode(model, input_ids, new_tokens, draft_tokens):
-    with torch.inference_mode():
-        logits, cache = decode.prefill(model, input_ids)  # pass 1: the prompt
-        tokens, passes, drafted = [int(logits.argmax(-1))], 1, 0
-        while len(tokens) < new_tokens:
-            context = input_ids[0].tolist() + tokens
-            draft = speculative.draft_from_context(context, 2, min(draft_tokens, new_tokens - len(tokens) - 1), eos)
-            x = torch.tensor([[tokens[-1], *draft]], device=input_ids.device)  # (1, 1 + d)
-            predicted = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0].argmax(-1).tolist()
-            new = accept_fn(draft, predicted)  # accepted draft prefix + the model's next token
-            cache.crop(len(context) + len(new) - 1)  # keep the KV of accepted tokens only
-            tokens, passes, drafted = tokens + new, passes + 1, drafted + len(draft)
+    logits, cache = decode.prefill(model, input_ids)  # pass 1: the prompt
+    tokens, passes, drafted = [int(logits.argmax(-1))], 1, 0
+    while len(tokens) < new_tokens:
+        context = input_ids[0].tolist() + tokens
+        room = min(draft_tokens, new_tokens - len(tokens) - 1)
+        draft = speculative.draft_from_context(context, 2, room, eos)  # last 2 tokens seen before?
+        x = torch.tensor([[tokens[-1], *draft]], device=input_ids.device)  # (1, 1 + d)
+        logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0]
+        new = accept_fn(draft, logits.argmax(-1).tolist())  # accepted prefix + the model's token
+        cache.crop(len(context) + len(new) - 1)  # drop the KV of rejected draft tokens
+        tokens, passes, drafted = tokens + new, passes + 1, drafted + len(draft)
     return tokens, passes, drafted
 
 # %% fragment
@@ -300,8 +301,9 @@ exercises.check("10.quantize_kv", quantize_kv)
 # %% mechanism
 quantize_fn = exercises.use("10.quantize_kv", quantize_kv, kvquant.quantize_kv)
 context = kvquant.context_ids(tok, KV_CONTEXT_TOKENS, device)
-kv_caches = {  # name -> a fresh cache; the lab's int8 plugs its quantiser into transformers' cache layer
-    "int8 per channel (lab)": lambda: kvquant.lab_cache(lm.model.config, quantize_fn, lambda s: kvquant.dequantize_kv(*s)),
+dequantize_fn = lambda stored: kvquant.dequantize_kv(*stored)  # noqa: E731  q * scale
+kv_caches = {  # name -> a fresh cache; the lab's quantiser plugs into transformers' cache layer
+    "int8 per channel (lab)": lambda: kvquant.lab_cache(lm.model.config, quantize_fn, dequantize_fn),
 }
 if DTYPE == "fp32":
     kv_caches["fp16 storage"] = lambda: kvquant.fp16_storage_cache(lm.model.config)
