@@ -68,18 +68,25 @@ def main(argv: list[str] | None = None) -> int:
     engines = [cpu_engines.measure_hf("PyTorch", "fp32", lm.model, tok, prompt, n, reps, ref,
                                       weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()))]
     fp32_answer = engines[0]["answer"]
+    if env.device() == "cpu":
+        half = models.load(dtype="fp16")
+        engines.append(cpu_engines.measure_hf("PyTorch", "fp16", half.model, tok, prompt, n, reps, ref, fp32_answer,
+                                              sum(p.numel() * p.element_size() for p in half.model.parameters())))
+        del half
     v = variants.load_variant("ort-int8-channel")
     engines.append(cpu_engines.measure_hf("ONNX Runtime", "int8 per channel", v.model, tok, prompt, n, reps, ref,
                                           fp32_answer, v.weight_bytes) if v.ok
                    else cpu_engines.failed_row("ONNX Runtime", "int8 per channel", v.status))
     v.release()
     reason = cpu_engines.nbits_reason()
-    if reason:
-        engines.append(cpu_engines.failed_row("ONNX Runtime", "MatMulNBits 4-bit b32", reason))
-    else:
-        folder, made_s = cpu_engines.quantize_nbits(bits=4, block_size=32, symmetric=True, accuracy_level=4)
-        engines.append(cpu_engines.measure_hf("ONNX Runtime", "MatMulNBits 4-bit b32", cpu_engines.load_ort(folder, tok),
-                                              tok, prompt, n, reps, ref, fp32_answer, variants.onnx_bytes(folder), made_s))
+    for bits in (4, 8):
+        fmt = f"MatMulNBits {bits}-bit b32"
+        if reason:
+            engines.append(cpu_engines.failed_row("ONNX Runtime", fmt, reason))
+            continue
+        folder, made_s = cpu_engines.quantize_nbits(bits=bits, block_size=32, symmetric=True, accuracy_level=4)
+        engines.append(cpu_engines.measure_hf("ONNX Runtime", fmt, cpu_engines.load_ort(folder, tok, env.device()), tok,
+                                              prompt, n, reps, ref, fp32_answer, variants.onnx_bytes(folder), made_s))
     cap = llamacpp.capability()
     engines.append(cpu_engines.measure_llamacpp("llama.cpp", "Q4_1", models.default_gguf(), tok, prompt, n, reps, ref,
                                                 fp32_answer) if cap.available

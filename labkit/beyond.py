@@ -30,14 +30,16 @@ def _ratio(a: Any, b: Any) -> float | None:
 
 
 def headline(lookup: list[dict[str, Any]], prefix: list[dict[str, Any]], chunked: list[dict[str, Any]],
-             kv: list[dict[str, Any]], engines: list[dict[str, Any]], kv_name: str | None = None) -> dict[str, Any]:
+             kv: list[dict[str, Any]], engines: list[dict[str, Any]], kv_name: str | None = None,
+             quality_floor: float = 0.9) -> dict[str, Any]:
     """The headline ratio of each section, with the check that makes it honest.
 
     lookup   rows of ``speculative.compare_lookup`` (task 'copy' and 'chat')
     prefix   rows of ``prefill.prefix_cache_run`` (off first, then on)
     chunked  rows of ``prefill.chunked_prefill_run`` (unchunked first, then chunked)
     kv       rows of ``kvquant.compare``; ``kv_name``: the quantised row to report (default: the smallest)
-    engines  rows of ``cpu_engines.measure_*`` (llama.cpp rows have engines named 'llama.cpp …')
+    engines  rows of ``cpu_engines.measure_*`` (llama.cpp rows have engines named 'llama.cpp …'); the lab's
+             best is its fastest path whose greedy agreement with fp32 is at least ``quality_floor``
     """
     out: dict[str, Any] = {}
     copy = next((r for r in lookup if r["task"] == "copy"), None)
@@ -61,11 +63,11 @@ def headline(lookup: list[dict[str, Any]], prefix: list[dict[str, Any]], chunked
                        kv_quant_agreement=best["agreement"], kv_quant_kl=best["kl"],
                        kv_quant_speed_ratio=_ratio(best["decode_tokens_per_s"], kv[0]["decode_tokens_per_s"]))
     ok = [r for r in engines if r.get("status") == "ok"]
-    lab = [r for r in ok if not r["engine"].startswith("llama.cpp")]
+    lab = [r for r in ok if not r["engine"].startswith("llama.cpp") and r["agreement"] >= quality_floor]
     llama = [r for r in ok if r["engine"].startswith("llama.cpp")]
     if lab:
         best_lab = max(lab, key=lambda r: r["decode_tokens_per_s"])
-        out.update(lab_best_engine=f"{best_lab['engine']} {best_lab['format']}",
+        out.update(lab_best_engine=f"{best_lab['engine']} {best_lab['format']}", quality_floor=quality_floor,
                    lab_best_decode_tokens_per_s=best_lab["decode_tokens_per_s"], lab_best_agreement=best_lab["agreement"])
     if llama:
         ref = next((r for r in llama if r["format"] == "Q4_1"), llama[0])

@@ -278,13 +278,14 @@ def test_best_lab_row_and_headline():
     kv = [{"cache": "fp32", "bytes_ratio": 1.0, "decode_tokens_per_s": 20.0, "agreement": 1.0, "kl": 0.0},
           {"cache": "quanto int4", "bytes_ratio": 6.0, "decode_tokens_per_s": 10.0, "agreement": 0.9, "kl": 0.01},
           {"cache": "quanto int2", "bytes_ratio": 8.0, "decode_tokens_per_s": 10.0, "agreement": 0.5, "kl": 0.3}]
-    h = beyond.headline(lookup, prefix, chunked, kv, engines, kv_name="quanto int4")
+    h = beyond.headline(lookup, prefix, chunked, kv, engines, kv_name="quanto int4", quality_floor=0.5)
     assert h["lookup_copy_decode_speedup"] == 2.5 and h["lookup_identical_to_greedy"]
     assert h["prefix_cache_ttft_ratio"] == 4.0 and h["prefix_cache_outputs_identical"]
     assert h["chunked_prefill_itl_p99_ratio"] == 4.0 and h["chunked_prefill_long_ttft_ratio"] == 2.0
     assert h["kv_quant_bytes_ratio"] == 6.0 and h["kv_quant_speed_ratio"] == 0.5
     assert h["lab_best_over_llamacpp_decode"] == 0.75 and h["llamacpp_agreement"] == 0.95
     assert beyond.headline([], [], [], kv, engines[:2])["llamacpp_reason"] == "not run"
+    assert beyond.headline([], [], [], kv, engines)["lab_best_engine"] == "PyTorch fp32", "0.8 agreement is below 0.9"
     assert beyond.headline([], [], [], kv, engines)["kv_quant_cache"] == "quanto int2"
 
 
