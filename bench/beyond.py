@@ -39,18 +39,18 @@ def main(argv: list[str] | None = None) -> int:
     lm = models.load(dtype="fp32" if env.device() == "cpu" else "fp16")
     tok, device = lm.tokenizer, lm.model.device
 
-    tasks = {"copy": beyond.copy_prompt(tok, pick(240, 120)), "chat": beyond.FREE_CHAT}
+    tasks = {"copy": beyond.copy_prompt(tok, pick(240, 96)), "chat": beyond.FREE_CHAT}
     lookup = [speculative.compare_lookup(lm.model, models.chat_inputs(tok, p, device=str(device))["input_ids"],
-                                         pick(64, 32), 10, repeats=args.repeats, label=t) for t, p in tasks.items()]
+                                         pick(64, 24), 5, repeats=args.repeats, label=t) for t, p in tasks.items()]
     _emit("lookup", lookup)
 
-    doc = prefill.document_text(tok, pick(768, 384))
+    doc = prefill.document_text(tok, pick(768, 256))
     prompts = prefill.shared_prefix_prompts(doc, beyond.QUESTIONS[:pick(8, 4)])
-    prefix = [prefill.prefix_cache_run(lm, prompts, pick(16, 4), 2, n) for n in (0, 4096)]
+    prefix = [prefill.prefix_cache_run(lm, prompts, pick(16, 2), 2, n) for n in (0, 4096)]
     _emit("prefix_cache", prefix)
 
-    long_prompt = prefill.document_text(tok, pick(1536, 768))
-    chunked = [prefill.chunked_prefill_run(lm, list(beyond.STREAM_PROMPTS[:2]), pick(48, 24), long_prompt, n)
+    long_prompt = prefill.document_text(tok, pick(1536, 512))
+    chunked = [prefill.chunked_prefill_run(lm, list(beyond.STREAM_PROMPTS[:2]), pick(48, 16), long_prompt, n)
                for n in (0, 128)]
     _emit("chunked_prefill", chunked)
 
@@ -59,12 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     if not kvquant.backend_reason("quanto"):
         caches["quanto int4"] = lambda: kvquant.library_cache(lm.model.config, "quanto", 4)
         kv_name = "quanto int4"
-    kv = kvquant.compare(lm.model, kvquant.context_ids(tok, pick(2048, 512), device), pick(32, 8), caches)
+    kv = kvquant.compare(lm.model, kvquant.context_ids(tok, pick(2048, 384), device), pick(32, 6), caches)
     _emit("kv_cache", kv)
 
     prompt = quality.prompts("prompts")[0]
     ref = quality.reference(lm.model, tok, quality.prompts("prompts")[:pick(4, 2)], new_tokens=pick(24, 12))
-    n, reps = pick(32, 12), args.repeats
+    n, reps = pick(32, 8), args.repeats
     engines = [cpu_engines.measure_hf("PyTorch", "fp32", lm.model, tok, prompt, n, reps, ref,
                                       weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()))]
     fp32_answer = engines[0]["answer"]

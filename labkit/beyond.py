@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-COPY_INSTRUCTION = "Proofread the following text and return it in full."
+COPY_INSTRUCTION = "Correct any spelling mistakes in the following text and return the whole text."
 FREE_CHAT = "Write a short story about a lighthouse keeper."
 QUESTIONS = ("What does the café write on its blackboard?", "How many iron rings are on the sea wall?",
              "Who visits the lighthouse, and how often?", "What colour is the school's door?",

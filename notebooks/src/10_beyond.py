@@ -37,7 +37,7 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 DTYPE = "fp32" if env.device() == "cpu" else "fp16"  # the model every section measures
 PASSAGE_TOKENS = config.pick(240, 96)  # tokens of text the copying task hands the model
 LOOKUP_NEW_TOKENS = config.pick(64, 24)  # tokens each speculative run decodes
-LOOKUP_DRAFT_TOKENS = 10  # prompt lookup's draft length (transformers' prompt_lookup_num_tokens)
+LOOKUP_DRAFT_TOKENS = 5  # prompt lookup's draft length, tokens (transformers' prompt_lookup_num_tokens)
 REPEATS = config.pick(3, 1)  # timed runs per measurement (after one warmup)
 DRAFT_MODEL = None  # a smaller model sharing the tokenizer (hub id or directory), e.g. with
 #                     LABKIT_MODEL=HuggingFaceTB/SmolLM2-1.7B-Instruct: "HuggingFaceTB/SmolLM2-135M-Instruct"
