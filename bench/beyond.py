@@ -1,0 +1,106 @@
+"""Notebook 10's headline ratios, measured in one run: each beside its quality or equality check.
+
+    prompt lookup    decode speedup on the copying task (and tokens per forward pass), tokens identical
+    prefix cache     TTFT without / with, under the same load; hit rate; answers identical
+    chunked prefill  the running streams' ITL p99 without / with; the long prompt's TTFT cost; answers identical
+    quantised KV     fp32 cache bytes / quantised cache bytes at long context; agreement, KL, speed ratio
+    CPU engines      the lab's best CPU decode tokens/s over llama.cpp's on the same prompt, both agreements
+
+Prints one JSON line per section, the last line one JSON document with every headline figure.
+LABKIT_QUICK=1 shrinks token and request counts (the same code paths).
+
+    python bench/beyond.py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from labkit import (beyond, config, cpu_engines, env, kvquant, llamacpp, models, prefill, quality, speculative,
+                    variants)
+from labkit.results import _jsonable
+
+DROP = ("tokens", "lookup_tokens", "texts", "stamps", "ttft_s", "answer")
+
+
+def _emit(section: str, rows: list[dict]) -> None:
+    for r in rows:
+        print(json.dumps(_jsonable({"section": section, **{k: v for k, v in r.items() if k not in DROP}})), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=config.pick(3, 1), help="timed runs per measurement")
+    args = ap.parse_args(argv)
+    if args.repeats <= 0:
+        ap.error("--repeats must be positive")
+    pick = config.pick
+    lm = models.load(dtype="fp32" if env.device() == "cpu" else "fp16")
+    tok, device = lm.tokenizer, lm.model.device
+
+    tasks = {"copy": beyond.copy_prompt(tok, pick(240, 96)), "chat": beyond.FREE_CHAT}
+    lookup = [speculative.compare_lookup(lm.model, models.chat_inputs(tok, p, device=str(device))["input_ids"],
+                                         pick(64, 24), 5, repeats=args.repeats, label=t) for t, p in tasks.items()]
+    _emit("lookup", lookup)
+
+    doc = prefill.document_text(tok, pick(768, 256))
+    prompts = prefill.shared_prefix_prompts(doc, beyond.QUESTIONS[:pick(8, 4)])
+    prefix = [prefill.prefix_cache_run(lm, prompts, pick(16, 2), 2, n) for n in (0, 4096)]
+    _emit("prefix_cache", prefix)
+
+    long_prompt = prefill.document_text(tok, pick(1536, 512))
+    chunked = [prefill.chunked_prefill_run(lm, list(beyond.STREAM_PROMPTS[:2]), pick(48, 16), long_prompt, n)
+               for n in (0, 128)]
+    _emit("chunked_prefill", chunked)
+
+    caches = {"int8 per channel (lab)": lambda: kvquant.lab_cache(lm.model.config)}
+    kv_name = "int8 per channel (lab)"
+    if not kvquant.backend_reason("quanto"):
+        caches["quanto int4"] = lambda: kvquant.library_cache(lm.model.config, "quanto", 4)
+        kv_name = "quanto int4"
+    kv = kvquant.compare(lm.model, kvquant.context_ids(tok, pick(2048, 384), device), pick(32, 6), caches)
+    _emit("kv_cache", kv)
+
+    prompt = quality.prompts("prompts")[0]
+    ref = quality.reference(lm.model, tok, quality.prompts("prompts")[:pick(4, 2)], new_tokens=pick(24, 12))
+    n, reps = pick(32, 8), args.repeats
+    engines = [cpu_engines.measure_hf("PyTorch", "fp32", lm.model, tok, prompt, n, reps, ref,
+                                      weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()))]
+    fp32_answer = engines[0]["answer"]
+    if env.device() == "cpu":
+        half = models.load(dtype="fp16")
+        engines.append(cpu_engines.measure_hf("PyTorch", "fp16", half.model, tok, prompt, n, reps, ref, fp32_answer,
+                                              sum(p.numel() * p.element_size() for p in half.model.parameters())))
+        del half
+    v = variants.load_variant("ort-int8-channel")
+    engines.append(cpu_engines.measure_hf("ONNX Runtime", "int8 per channel", v.model, tok, prompt, n, reps, ref,
+                                          fp32_answer, v.weight_bytes) if v.ok
+                   else cpu_engines.failed_row("ONNX Runtime", "int8 per channel", v.status))
+    v.release()
+    reason = cpu_engines.nbits_reason()
+    for bits in (4, 8):
+        fmt = f"MatMulNBits {bits}-bit b32"
+        if reason:
+            engines.append(cpu_engines.failed_row("ONNX Runtime", fmt, reason))
+            continue
+        folder, made_s = cpu_engines.quantize_nbits(bits=bits, block_size=32, symmetric=True, accuracy_level=4)
+        engines.append(cpu_engines.measure_hf("ONNX Runtime", fmt, cpu_engines.load_ort(folder, tok, env.device()), tok,
+                                              prompt, n, reps, ref, fp32_answer, variants.onnx_bytes(folder), made_s))
+    cap = llamacpp.capability()
+    engines.append(cpu_engines.measure_llamacpp("llama.cpp", "Q4_1", models.default_gguf(), tok, prompt, n, reps, ref,
+                                                fp32_answer) if cap.available
+                   else cpu_engines.failed_row("llama.cpp", "Q4_1", cap.reason))
+    _emit("cpu_engines", engines)
+
+    head = beyond.headline(lookup, prefix, chunked, kv, engines, kv_name=kv_name)
+    summary = {"bench": "beyond", "model": lm.name, "device": lm.device, "quick": config.quick(), **head,
+               "hardware": env.hardware(),
+               "versions": env.versions(("torch", "transformers", "onnxruntime", "optimum-quanto", "onnx-ir",
+                                         "llama-cpp-python"))}
+    print(json.dumps(_jsonable(summary), allow_nan=False), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

