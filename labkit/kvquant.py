@@ -53,9 +53,11 @@ def backend_reason(backend: str) -> str:
             torch.manual_seed(0)
             model = LlamaForCausalLM(cfg).eval()
         cache = QuantizedCache(backend=backend, config=cfg, nbits=4, q_group_size=16, residual_length=4)
+        from .decode import prefill
+
         with torch.inference_mode():
-            model(torch.arange(8)[None], past_key_values=cache, use_cache=True)
-            model(torch.arange(1)[None], past_key_values=cache, use_cache=True)
+            prefill(model, torch.arange(8)[None], cache=cache)  # enough positions to quantise some
+            prefill(model, torch.arange(1)[None], cache=cache)
     except Exception as exc:  # a backend that imports but cannot run here: say what it raised
         return f"{dist} {importlib.metadata.version(dist)} failed on a tiny model: {type(exc).__name__}: {exc}"[:300]
     return ""
@@ -173,7 +175,7 @@ def teacher_forced(model: Any, context: Any, continuation: list[int], cache: Any
     logits that predict each continuation token (the first from the prefill) and each step's seconds."""
     import torch
 
-    from .decode import prefill
+    from .decode import decode_one_token, prefill
 
     device = context.device
     rows, step_s = [], []
@@ -182,11 +184,12 @@ def teacher_forced(model: Any, context: Any, continuation: list[int], cache: Any
         logits, cache = prefill(model, context, cache=cache)
         prefill_s = now(device) - t0
         rows.append(logits[0].float())
-        for tok in continuation[:-1]:
+        for i, tok in enumerate(continuation[:-1]):
+            position = torch.tensor([context.shape[1] + i], device=device)
             t0 = now(device)
-            out = model(input_ids=torch.tensor([[tok]], device=device), past_key_values=cache, use_cache=True)
+            logits = decode_one_token(model, torch.tensor([tok], device=device), cache, position)
             step_s.append(now(device) - t0)
-            rows.append(out.logits[0, -1].float())
+            rows.append(logits[0].float())
     return {"logits": torch.stack(rows).cpu(), "prefill_s": prefill_s, "step_s": step_s, "cache": cache}
 
 

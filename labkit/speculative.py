@@ -104,7 +104,7 @@ def lookup_decode(model: Any, input_ids: Any, new_tokens: int = 32, num_tokens: 
     """
     import torch
 
-    from .decode import prefill
+    from .decode import prefill, verify
 
     _positive("new_tokens", new_tokens)
     _positive("num_tokens", num_tokens)
@@ -121,8 +121,7 @@ def lookup_decode(model: Any, input_ids: Any, new_tokens: int = 32, num_tokens: 
             room = new_tokens - len(run.tokens) - 1  # the bonus token always comes
             draft = list(draft_fn(ids, max_ngram, min(num_tokens, room), eos))[:room]
             x = torch.tensor([[run.tokens[-1], *draft]], device=input_ids.device)  # (1, 1 + d)
-            out = model(input_ids=x, past_key_values=cache, use_cache=True)  # positions follow the cache
-            predicted = out.logits[0].argmax(-1).tolist()  # (1 + d,): the model's token after each prefix
+            predicted = verify(model, x, cache)[0].argmax(-1).tolist()  # (1 + d,): the model's token after each prefix
             new = accept(draft, predicted)
             n = len(new) - 1
             run.tokens += new

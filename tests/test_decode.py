@@ -69,3 +69,17 @@ def test_only_the_core_calls_the_model_with_a_cache():
         if re.search(r"^def (prefill|decode_one_token)\b", text, flags=re.M):
             offenders.append(f"{path.name}: defines its own prefill/decode_one_token")
     assert not offenders, offenders
+
+
+def test_same_as_generate_compares_up_to_end_of_sequence(tiny_llama):
+    """generate stops a row at end-of-sequence, the core does not: a row that ends early still matches."""
+    model, _ = tiny_llama
+    ids = torch.tensor([[3, 4, 5, 6]])
+    first = decode.greedy(model, ids, new_tokens=6)[0].tolist()
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = first[2]  # the third greedy token now ends the sequence
+    try:
+        check = decode.same_as_generate(model, ids, new_tokens=6)
+    finally:
+        model.generation_config.eos_token_id = saved
+    assert check["identical"] and check["compared_tokens"] == [first.index(first[2]) + 1]

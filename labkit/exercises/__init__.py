@@ -137,11 +137,9 @@ def evaluate(exercise_id: str, answer: Any) -> Verdict:
     return verdict("correct")
 
 
-def check(exercise_id: str, answer: Any) -> Verdict:
-    """Evaluate and print the verdict's one line (the check cell of an exercise)."""
-    v = evaluate(exercise_id, answer)
-    print(v.line)
-    return v
+def check(exercise_id: str, answer: Any) -> None:
+    """Evaluate and print the verdict's one line (the check cell of an exercise; ``evaluate`` returns it)."""
+    print(evaluate(exercise_id, answer).line)
 
 
 def use(exercise_id: str, answer: Any, fallback: Any) -> Any:
