@@ -56,8 +56,8 @@ def backend_reason(backend: str) -> str:
         from .decode import prefill
 
         with torch.inference_mode():
-            prefill(model, torch.arange(8)[None], cache=cache)  # enough positions to quantise some
-            prefill(model, torch.arange(1)[None], cache=cache)
+            prefill(model, torch.arange(8, device="cpu")[None], cache=cache)  # the probe model is on the CPU
+            prefill(model, torch.arange(1, device="cpu")[None], cache=cache)
     except Exception as exc:  # a backend that imports but cannot run here: say what it raised
         return f"{dist} {importlib.metadata.version(dist)} failed on a tiny model: {type(exc).__name__}: {exc}"[:300]
     return ""
@@ -207,7 +207,7 @@ def compare(model: Any, context: Any, new_tokens: int, caches: dict[str, Callabl
     continuation = greedy(model, context, new_tokens=new_tokens)[0].tolist()
     ref = teacher_forced(model, context, continuation, DynamicCache())
     ref_lp = torch.log_softmax(ref["logits"], dim=-1)
-    target = torch.tensor(continuation)
+    target = torch.tensor(continuation, device="cpu")  # beside the logits teacher_forced read back
     rows = []
     base = f"{str(model.dtype).replace('torch.', '')} (DynamicCache)"  # the model's own cache: the reference
     for name, make in {base: DynamicCache, **caches}.items():

@@ -146,10 +146,12 @@ totals
 
 # %% fragment
 core = decode.same_as_generate(lm.model, inputs["input_ids"], inputs["attention_mask"], new_tokens=LOOP_TOKENS)
-reference = torch.tensor(core["generate"])
-loop_agreement = {"cache on": kv.agreement(on_tokens, reference), "cache off": kv.agreement(off_tokens, reference)}
+n = core["compared_tokens"][0]  # generate stops at end-of-sequence; the loops run on: compare that far
+reference = torch.tensor(core["generate"], device="cpu")  # read back to the host, as the loops' tokens are
+loop_agreement = {"cache on": kv.agreement(on_tokens[:, :n], reference),
+                  "cache off": kv.agreement(off_tokens[:, :n], reference)}
 for label, share in loop_agreement.items():
-    print(f"your loop, {label}: {share:.0%} of {LOOP_TOKENS} tokens equal to generate's")
+    print(f"your loop, {label}: {share:.0%} of {n} tokens equal to generate's")
 print("answer:", repr(lm.tokenizer.decode(reference[0], skip_special_tokens=True)))
 
 # %% md slide

@@ -297,7 +297,7 @@ print(f"each held-out prompt's largest |x|: {(prompt_max.scale * 127).round(2).t
       f"{scored.loc['dynamic, per-token scale'].scale.mean() * 127:.2f} on average")
 if prompt_max.max_at_token.nunique() == 1 and (prompt_max.scale * 127 - cal.absmax).abs().max() < 1e-4:
     at = int(prompt_max.max_at_token.iloc[0])
-    peak = lm.tokenizer.decode(models.chat_inputs(lm.tokenizer, prompt_max.prompt.iloc[0])["input_ids"][0, at])
+    peak = lm.tokenizer.decode(models.chat_inputs(lm.tokenizer, prompt_max.prompt.iloc[0], device="cpu")["input_ids"][0, at])
     print(f"every prompt peaks at the same token, {at} ({peak!r}), at the calibration absmax: "
           "the per-prompt scale is the absmax scale")
 clip = summary.loc[f"static, p{PERCENTILE:g} scale"].kl / summary.loc["static, absmax scale"].kl
