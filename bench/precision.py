@@ -17,10 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
-from labkit import config, env, models, variants
+from labkit import config, env, models, timing, variants
 
 TARGET_ORT_INT8_SPEEDUP = 1.4
 TARGET_NF4_FRACTION = 0.30
@@ -55,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = variants.Settings(**{**defaults.to_dict(), "new_tokens": args.new_tokens, "repeats": args.repeats,
                                     "ppl_max_tokens": args.ppl_max_tokens or None})
-    t0 = time.perf_counter()
+    t0 = timing.clock()
     rows = []
     for row in variants.run(names, settings, progress=False):
         rows.append(row)
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     nf4_fraction = nf4["weight_bytes"] / fp32["weight_bytes"] if fp32 and nf4 else None
     summary = {
         "bench": "precision", "model": models.display_name(), "device": env.device(),
-        "variants": names, "settings": settings.to_dict(), "seconds": time.perf_counter() - t0,
+        "variants": names, "settings": settings.to_dict(), "seconds": timing.clock() - t0,
         "ort_int8_chosen": by.get("ort-int8", {}).get("chosen"),
         "ort_int8_decode_speedup_vs_fp32": speedup, "target_ort_int8_speedup": TARGET_ORT_INT8_SPEEDUP,
         "nf4_weight_fraction_of_fp32": nf4_fraction, "target_nf4_fraction": TARGET_NF4_FRACTION,

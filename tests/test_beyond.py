@@ -130,6 +130,9 @@ def test_itl_stats_window_counts_a_stall_that_overlaps_it():
     during = prefill.itl_stats(stamps, (0.3, 1.0))
     assert during["n"] == 2 and during["max_s"] == pytest.approx(1.4)
     assert prefill.itl_stats([[0.0]])["p99_s"] is None
+    assert whole["p99_s"] is None, "6 gaps: too few for a 1 % tail (timing.P99_MIN_SAMPLES)"
+    many = prefill.itl_stats([[i * 0.01 for i in range(101)]])
+    assert many["n"] == 100 and many["p99_s"] == pytest.approx(0.01)
 
 
 def test_prefix_cache_run_hits_and_answers_the_same():
@@ -154,7 +157,7 @@ def test_chunked_prefill_run_streams_through_the_long_prefill():
     assert off["texts"] == on["texts"]
     assert all(len(s) == 20 for r in (off, on) for s in r["stamps"])
     assert on["gaps_during_long_prefill"] > off["gaps_during_long_prefill"], "chunked: streams keep getting tokens"
-    assert off["long_ttft_s"] > 0 and on["itl_p99_s"] > 0
+    assert off["long_ttft_s"] > 0 and on["itl_max_s"] > 0 and on["itl_p99_s"] is None  # 38 gaps: no p99
     with pytest.raises(ValueError, match="long_after"):
         prefill.chunked_prefill_run(lm, prompts, 3, long_prompt, 0, long_after=3)
 
@@ -274,7 +277,8 @@ def test_best_lab_row_and_headline():
     lookup = [{"task": "copy", "decode_speedup": 2.5, "tokens_per_forward": 4.0, "identical": True},
               {"task": "chat", "decode_speedup": 0.9, "tokens_per_forward": 1.0, "identical": True}]
     prefix = [{"ttft_p50_s": 0.4, "texts": ["a"], "hit_rate": None}, {"ttft_p50_s": 0.1, "texts": ["a"], "hit_rate": 0.75}]
-    chunked = [{"itl_p99_s": 1.0, "long_ttft_s": 1.0, "texts": ["x"]}, {"itl_p99_s": 0.25, "long_ttft_s": 2.0, "texts": ["x"]}]
+    chunked = [{"itl_p99_s": 1.0, "itl_max_s": 3.0, "long_ttft_s": 1.0, "texts": ["x"]},
+               {"itl_p99_s": 0.25, "itl_max_s": 0.5, "long_ttft_s": 2.0, "texts": ["x"]}]
     kv = [{"cache": "fp32", "bytes_ratio": 1.0, "decode_tokens_per_s": 20.0, "agreement": 1.0, "kl": 0.0},
           {"cache": "quanto int4", "bytes_ratio": 6.0, "decode_tokens_per_s": 10.0, "agreement": 0.9, "kl": 0.01},
           {"cache": "quanto int2", "bytes_ratio": 8.0, "decode_tokens_per_s": 10.0, "agreement": 0.5, "kl": 0.3}]
@@ -282,6 +286,9 @@ def test_best_lab_row_and_headline():
     assert h["lookup_copy_decode_speedup"] == 2.5 and h["lookup_identical_to_greedy"]
     assert h["prefix_cache_ttft_ratio"] == 4.0 and h["prefix_cache_outputs_identical"]
     assert h["chunked_prefill_itl_p99_ratio"] == 4.0 and h["chunked_prefill_long_ttft_ratio"] == 2.0
+    assert h["chunked_prefill_itl_max_ratio"] == 6.0
+    few = [{**r, "itl_p99_s": None} for r in chunked]  # fewer than 100 gaps: no p99 to compare
+    assert beyond.headline([], [], few, kv, engines)["chunked_prefill_itl_p99_ratio"] is None
     assert h["kv_quant_bytes_ratio"] == 6.0 and h["kv_quant_speed_ratio"] == 0.5
     assert h["lab_best_over_llamacpp_decode"] == 0.75 and h["llamacpp_agreement"] == 0.95
     assert beyond.headline([], [], [], kv, engines[:2])["llamacpp_reason"] == "not run"

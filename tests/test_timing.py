@@ -83,3 +83,18 @@ def test_one_percentile_rule_everywhere():
     assert s["ttft_p99_s"] is None and s["ttft_p90_s"] == pytest.approx(timing.percentile(few, 90))
     results = [generation.GenerationResult(n_prompt=3, n_out=2, ttft_s=v, e2e_s=2 * v) for v in few]
     assert generation.aggregate(results)["ttft_s"]["p99"] is None
+
+
+def test_every_interval_goes_through_the_timing_primitive():
+    """One timing primitive (DESIGN.md): labkit, the benches and the notebooks read the clock through
+    ``timing`` (``track``/``measure``/``now`` for device work, ``clock`` for host work), never ``perf_counter``."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = [p for d in ("labkit", "bench", "notebooks/src", "notebooks/solutions") for p in (root / d).rglob("*.py")]
+    assert len(files) > 20, "the lint must see the sources"
+    offenders = [f"{p.relative_to(root)}:{i}" for p in files if p.name != "timing.py" or p.parent.name != "labkit"
+                 for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                 if re.search(r"\bperf_counter\b", line.split("#", 1)[0])]
+    assert not offenders, f"time these through labkit.timing (clock() for host work): {offenders}"

@@ -46,7 +46,7 @@ PREFIX_REQUESTS = config.pick(8, 4)  # requests sharing it
 PREFIX_MAX_TOKENS = config.pick(16, 2)  # tokens per answer
 CONCURRENCY = 2  # requests in flight at once (and the server's max_batch_size)
 PREFIX_CACHE_TOKENS = 4096  # the server's prefix cache bound, KV positions
-STREAMS = 2  # answers streaming when the long prompt arrives
+STREAMS = config.pick(3, 2)  # answers streaming when the long prompt arrives (3 × 47 gaps: enough for a p99)
 STREAM_TOKENS = config.pick(48, 16)  # tokens each stream decodes
 LONG_PROMPT_TOKENS = config.pick(1536, 512)  # the long prompt that arrives while they stream
 PREFILL_CHUNK_TOKENS = 128  # chunked prefill: prompt tokens per step
@@ -270,8 +270,10 @@ chunk_df[["prefill_chunk_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s", "itl_du
 unchunked, chunked = chunk_rows
 exercises.reveal("worst inter-token gap without chunking", PREDICT_STALL_MS, unchunked["itl_max_s"] * 1e3, "ms")
 prefill.stamps_figure(chunk_rows).show()
-itl_ratio = unchunked["itl_p99_s"] / chunked["itl_p99_s"]
-print(f"running streams' ITL p99 {unchunked['itl_p99_s'] * 1e3:.0f} ms unchunked → {chunked['itl_p99_s'] * 1e3:.0f} ms "
+tail = unchunked["itl_tail"] if unchunked["itl_tail"] == chunked["itl_tail"] else "max"  # p99 only from 100 gaps on
+itl_ratio = unchunked[f"itl_{tail}_s"] / chunked[f"itl_{tail}_s"]
+print(f"running streams' ITL {tail} ({unchunked['itl_n']} gaps) {unchunked[f'itl_{tail}_s'] * 1e3:.0f} ms unchunked → "
+      f"{chunked[f'itl_{tail}_s'] * 1e3:.0f} ms "
       f"with {PREFILL_CHUNK_TOKENS}-token chunks ({itl_ratio:.1f}×); the long prompt's TTFT {unchunked['long_ttft_s']:.2f} s → "
       f"{chunked['long_ttft_s']:.2f} s; streamed answers identical: {unchunked['texts'] == chunked['texts']}")
 
@@ -490,7 +492,7 @@ lines = [
     f"{head['lookup_identical_to_greedy']}.",
     f"Prefix cache: median TTFT {ttft_ratio:.2f}× {more(ttft_ratio, 'shorter', 'not shorter')} with "
     f"{on['hit_rate']:.0%} of prompts hitting; answers identical: {head['prefix_cache_outputs_identical']}.",
-    f"Chunked prefill: the running streams' ITL p99 {itl_ratio:.1f}× {more(itl_ratio, 'lower', 'not lower')}; the long "
+    f"Chunked prefill: the running streams' ITL {tail} {itl_ratio:.1f}× {more(itl_ratio, 'lower', 'not lower')}; the long "
     f"prompt's own TTFT {long_cost:.1f}× {more(long_cost, 'longer', 'not longer')}; answers identical: "
     f"{head['chunked_prefill_outputs_identical']}.",
     f"KV cache ({kv_best.cache}): {kv_best.bytes_ratio:.1f}× fewer bytes, decode steps {kv_speed:.2f}× the speed "
