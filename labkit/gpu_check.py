@@ -14,13 +14,15 @@ then one JSON document as the last line (also written to ``--json``, default bui
 exit status is 1 when a check failed, 0 otherwise. On a machine without CUDA it says so in one line and
 exits 0; when nvidia-smi sees a GPU that torch cannot use, that is a failure (exit 1).
 
-    python -m labkit.gpu_check [--json build/gpu-check.json] [--only fp16 server] [--budget-s 420]
+    python -m labkit.gpu_check [--json build/gpu-check.json] [--only fp16 server] [--budget-s 420] [--deadline-s 570]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,7 +32,8 @@ from typing import Any, TextIO
 from . import config, timing
 
 STATUSES = ("PASS", "FAIL", "SKIP")
-DEFAULT_BUDGET_S = 420.0  # checks not started by then are skipped: with the last one running, under 10 minutes
+DEFAULT_BUDGET_S = 420.0  # checks not started by then are skipped
+DEFAULT_DEADLINE_S = 570.0  # a check still running then is a FAIL and the run ends: under 10 minutes in all
 DEFAULT_JSON = config.REPO_DIR / "build" / "gpu-check.json"
 PROMPT = "What is the capital of France? Answer in one sentence."
 TOKENS = 8  # new tokens per decode check
@@ -101,20 +104,47 @@ def capability_lookup(name: str) -> Any:
         return engines.capability(name)
 
 
+def _run_one(check: Check, ctx: Context, limit_s: float) -> tuple[str, str] | None:
+    """(status, detail) of one check run in a thread of its own, or None when it is still running after
+    ``limit_s`` (a hung CUDA call, a TensorRT build or a vLLM start that would take the run past its deadline)."""
+    box: list[tuple[str, str]] = []
+
+    def target() -> None:
+        try:
+            box.append(("PASS", check.run(ctx)))
+        except Skip as why:
+            box.append(("SKIP", str(why)))
+        except BaseException as exc:  # noqa: BLE001  (a preflight reports every failure as a FAIL line)
+            text = str(exc).strip().splitlines()
+            box.append(("FAIL", f"{type(exc).__name__}: {text[0][:300] if text else ''}"))
+
+    worker = threading.Thread(target=target, name=f"gpu-check {check.name}", daemon=True)
+    worker.start()
+    worker.join(max(limit_s, 0.0))
+    return box[0] if box else None
+
+
 def run_checks(checks: Sequence[Check], ctx: Context, budget_s: float = DEFAULT_BUDGET_S,
                lookup: Callable[[str], Any] = capability_lookup, clock: Callable[[], float] = time.monotonic,
-               out: TextIO | None = None) -> list[CheckResult]:
+               out: TextIO | None = None, deadline_s: float = DEFAULT_DEADLINE_S) -> list[CheckResult]:
     """Run each check in turn and print its line as it finishes. A check never stops the run: what it
-    raises becomes its FAIL line. Checks not started within ``budget_s`` are skipped, saying so."""
+    raises becomes its FAIL line. Checks not started within ``budget_s`` are skipped, saying so; a check
+    still running at ``deadline_s`` is a FAIL, and the checks after it are skipped (the GPU is still busy
+    with it), so the whole run ends by the deadline."""
     if budget_s <= 0:
         raise ValueError(f"budget_s={budget_s}: must be positive")
+    if deadline_s <= 0:
+        raise ValueError(f"deadline_s={deadline_s}: must be positive")
     out = out or sys.stdout
     width = max((len(c.name) for c in checks), default=10)
     start = clock()
     results: list[CheckResult] = []
+    hung: str | None = None
     for check in checks:
         t0 = clock()
-        if t0 - start > budget_s:
+        if hung:
+            result = CheckResult(check.name, "SKIP", f"not started: {hung!r} was still running at the deadline")
+        elif t0 - start > budget_s:
             result = CheckResult(check.name, "SKIP", f"time budget of {budget_s:.0f} s spent before this check "
                                                      "(raise --budget-s, or run it with --only)")
         else:
@@ -122,14 +152,15 @@ def run_checks(checks: Sequence[Check], ctx: Context, budget_s: float = DEFAULT_
             if missing:
                 result = CheckResult(check.name, "SKIP", f"{missing[0].name}: {missing[0].reason}")
             else:
-                try:
-                    result = CheckResult(check.name, "PASS", check.run(ctx), clock() - t0)
-                except Skip as why:
-                    result = CheckResult(check.name, "SKIP", str(why), clock() - t0)
-                except Exception as exc:  # noqa: BLE001  (a preflight reports every failure as a FAIL line)
-                    text = str(exc).strip().splitlines()
-                    result = CheckResult(check.name, "FAIL", f"{type(exc).__name__}: {text[0][:300] if text else ''}",
-                                         clock() - t0)
+                limit_s = deadline_s - (t0 - start)
+                got = _run_one(check, ctx, limit_s)
+                if got is None:
+                    hung = check.name
+                    result = CheckResult(check.name, "FAIL", f"still running after {limit_s:.0f} s, at the run's "
+                                         f"{deadline_s:.0f} s deadline: run it alone (--only) to see how long it "
+                                         "takes, or what it waits for", clock() - t0)
+                else:
+                    result = CheckResult(check.name, got[0], got[1], clock() - t0)
         results.append(result)
         print(result.line(width), file=out, flush=True)
     return results
@@ -363,11 +394,15 @@ def main(argv: list[str] | None = None, all_checks: Sequence[Check] | None = Non
     ap.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where the JSON report goes (default {DEFAULT_JSON})")
     ap.add_argument("--only", nargs="*", default=None, help="run the checks whose name contains one of these words")
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="skip checks not started by then")
+    ap.add_argument("--deadline-s", type=float, default=DEFAULT_DEADLINE_S,
+                    help="a check still running then is a FAIL and the run ends")
     ap.add_argument("--model", default=None, help="model to check with (default: LABKIT_MODEL or the default model)")
     args = ap.parse_args(argv)
     out = out or sys.stdout
     if args.budget_s <= 0:
         ap.error(f"--budget-s must be positive, got {args.budget_s}")
+    if args.deadline_s <= 0:
+        ap.error(f"--deadline-s must be positive, got {args.deadline_s}")
     all_checks = list(all_checks) if all_checks is not None else checks()
     try:
         chosen = select(all_checks, args.only)
@@ -389,12 +424,17 @@ def main(argv: list[str] | None = None, all_checks: Sequence[Check] | None = Non
         device = "cuda"  # LABKIT_DEVICE=cpu says where notebooks run; the preflight checks the GPU regardless
     ctx = Context(device=device, model_name=args.model, prompts=_prompts())
     t0 = time.monotonic()
-    done = run_checks(chosen, ctx, args.budget_s, out=out)
-    ctx.release()
+    done = run_checks(chosen, ctx, args.budget_s, out=out, deadline_s=args.deadline_s)
+    hung = any(r.detail.startswith("still running after") for r in done)
+    if not hung:  # a hung check's thread may still hold the model: releasing could wait on it
+        ctx.release()
     report = summary(done, cuda=True, device=device, wall_s=time.monotonic() - t0, environment=env.environment())
     results.write_json_atomic(args.json, report)
     print(json.dumps(results._jsonable(report)), file=out, flush=True)
-    return 0 if report["ok"] else 1
+    code = 0 if report["ok"] else 1
+    if hung and out is sys.stdout and __name__ == "__main__":
+        os._exit(code)  # the report is written; do not wait at exit for the hung check's thread
+    return code
 
 
 def _prompts() -> list[str]:

@@ -57,6 +57,30 @@ def test_run_checks_skips_what_the_time_budget_cannot_fit():
         CheckResult("x", "MAYBE", "")
 
 
+def test_a_check_still_running_at_the_deadline_fails_and_the_run_ends():
+    import threading
+    import time
+
+    release = threading.Event()
+
+    def hangs(ctx):
+        release.wait(60)  # a CUDA call that never returns, a TensorRT build that takes too long
+        return "finished late"
+
+    t0 = time.monotonic()
+    try:
+        done = gpu_check.run_checks([Check("first", _ok), Check("hangs", hangs), Check("after", _ok)],
+                                    Context(device="cuda"), lookup=_lookup, out=io.StringIO(), deadline_s=1.0)
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 10, "the run must end at its deadline, not when the hung check returns"
+    assert [r.status for r in done] == ["PASS", "FAIL", "SKIP"]
+    assert done[1].detail.startswith("still running after") and "--only" in done[1].detail
+    assert "'hangs' was still running" in done[2].detail
+    with pytest.raises(ValueError, match="deadline_s"):
+        gpu_check.run_checks([], Context(device="cuda"), deadline_s=0)
+
+
 def test_without_cuda_one_line_and_exit_0(tmp_path):
     import torch
 
