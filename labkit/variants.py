@@ -859,3 +859,310 @@ def layer_sensitivity(model: Any, ref: Any, per_channel: bool = False, reduce_ra
         rows.append({"layers": group, "n_layers": n, "per_channel": per_channel, "agreement": res.agreement,
                      "kl": res.kl})
     return rows
+
+
+# ---------------------------------------------------------------- the quantisers written out, and the libraries' own
+
+
+def absmax_scale(w: Any, per_channel: bool, qmax: int = 127) -> Any:
+    """Symmetric absmax scale of an (out, in) weight: one for the whole tensor (shape (1, 1)) or one per output
+    row (shape (out, 1)), so that ``w / scale`` spans [-qmax, qmax]."""
+    amax = w.abs().amax(dim=1, keepdim=True) if per_channel else w.abs().amax().reshape(1, 1)
+    return (amax / qmax).clamp_min(1e-12)
+
+
+def int8_round_trip(w: Any, scale: Any, qmax: int = 127) -> tuple[Any, Any]:
+    """(int8 codes, dequantised weight): ``round(w / scale)`` clamped to [-qmax, qmax], then ``codes × scale``."""
+    import torch
+
+    q = torch.round(w / scale).clamp(-qmax, qmax).to(torch.int8)
+    return q, q.to(w.dtype) * scale
+
+
+def nf4_quantize(blocks: Any, code: Any) -> tuple[Any, Any]:
+    """(indices, absmax) of (n, block) values: each block divided by its absmax, each value then mapped to the
+    index of the nearest of the 16 NF4 ``code`` values. Dequantise with ``code[indices] * absmax``."""
+    absmax = blocks.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)  # (n, 1)
+    idx = ((blocks / absmax).unsqueeze(-1) - code).abs().argmin(dim=-1)  # (n, block): nearest code
+    return idx, absmax
+
+
+def ort_quantized_weight(weight: Any, per_channel: bool, reduce_range: bool) -> tuple[Any, Any]:
+    """What ``onnxruntime.quantization.quantize_dynamic`` stores for one (out, in) Linear weight: its int8
+    values as (out, in) and its scale(s) as (out, 1) or (1, 1), both torch tensors on the weight's device, read
+    from the initializers of a quantised one-MatMul graph."""
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    w = np.ascontiguousarray(weight.detach().float().cpu().numpy().T)  # ONNX MatMul wants B as (in, out)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "one_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", w.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", w.shape[1]])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with tempfile.TemporaryDirectory() as tmp, _quiet():
+        src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
+        onnx.save(model, src)
+        quantize_dynamic(src, dst, per_channel=per_channel, reduce_range=reduce_range, weight_type=QuantType.QInt8)
+        inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(dst).graph.initializer}
+    q = torch.from_numpy(inits["w_quantized"].T.copy()).to(weight.device)  # (out, in) int8
+    scale = torch.from_numpy(np.asarray(inits["w_scale"], dtype=np.float32).reshape(-1, 1)).to(weight.device)
+    return q, scale
+
+
+def bnb_layer(weight: Any, kind: str, threshold: float = 6.0) -> Any:
+    """One bitsandbytes Linear (``kind`` 'int8': Linear8bitLt, 'nf4': Linear4bit, block 64, fp32 compute) holding
+    ``weight`` (out, in), quantised on the weight's device, in eval mode as in the loaded variants."""
+    import bitsandbytes as bnb
+    import torch
+
+    out_f, in_f = weight.shape
+    w = weight.detach().float().cpu()  # bitsandbytes quantises while moving a host tensor to its device
+    if kind == "int8":
+        layer = bnb.nn.Linear8bitLt(in_f, out_f, bias=False, has_fp16_weights=False, threshold=threshold)
+        layer.weight = bnb.nn.Int8Params(w, requires_grad=False, has_fp16_weights=False)
+    elif kind == "nf4":
+        layer = bnb.nn.Linear4bit(in_f, out_f, bias=False, compute_dtype=torch.float32, quant_type="nf4")
+        layer.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", blocksize=64)
+    else:
+        raise ValueError(f"kind={kind!r}: choose 'int8' or 'nf4'")
+    return layer.to(weight.device).eval()
+
+
+def ops_called(module: Any, x: Any) -> list[str]:
+    """The operators one ``module(x)`` call dispatches, as torch.profiler names them (``aten::_int_mm``,
+    ``bitsandbytes::gemv_4bit``…), first seen first. One untimed call runs before, so the list is the steady
+    call's: a layer that repacks its weights on its first call (bitsandbytes NF4 on AVX512-BF16 CPUs) shows
+    what every later call runs."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        module(x)
+        with _quiet(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            module(x)
+    seen: dict[str, None] = {}
+    for e in prof.events():
+        seen.setdefault(e.name, None)
+    return list(seen)
+
+
+def bnb_route(kind: str, ops: Sequence[str], device: str) -> str:
+    """What a bitsandbytes layer's call did, read from the operators it dispatched (``ops_called``)."""
+    if kind == "int8":
+        if "aten::_int_mm" in ops:
+            return "int8 × int8 → int32 matrix multiply (torch._int_mm): the weights stay int8"
+        if device.startswith("cuda"):
+            return "bitsandbytes' own CUDA int8 matmul (bitsandbytes::int8_linear_matmul): the weights stay int8"
+        return ("the int8 weights and activations converted to fp32 and multiplied in floating point "
+                "(bitsandbytes' default int8_linear_matmul): integers stored, float arithmetic")
+    if kind == "nf4":
+        if "bitsandbytes::dequantize_4bit" in ops:
+            return ("the whole weight dequantised to floating point (bitsandbytes::dequantize_4bit), then a float "
+                    "matmul: every call rebuilds the weight")
+        if "bitsandbytes::gemv_4bit" in ops:
+            return ("one fused kernel (bitsandbytes::gemv_4bit) decodes the 4-bit codes inside the matrix product: "
+                    "no full-precision copy of the weight is built")
+        return "no bitsandbytes 4-bit operator seen: " + ", ".join(o for o in ops if "::" in o)[:200]
+    raise ValueError(f"kind={kind!r}: choose 'int8' or 'nf4'")
+
+
+def bnb_cpu_conditions() -> dict[str, Any]:
+    """What the installed bitsandbytes reads on a CPU to choose its kernels (backends/cpu/ops.py): int8 goes
+    through torch._int_mm when torch >= 2.6 reports an AVX-512 CPU; NF4 repacks for a fused kernel when the
+    CPU has AVX512-BF16."""
+    import torch
+
+    from bitsandbytes.functional import has_avx512bf16
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    return {"torch": torch.__version__, "torch >= 2.6": bool(torch.__version__ >= (2, 6)),
+            "torch CPU capability": capability, "avx512bf16 (bitsandbytes' probe)": bool(has_avx512bf16())}
+
+
+def onnx_op_counts(folder: Path) -> dict[str, int]:
+    """Operator types in ``folder``'s model.onnx and how often each occurs (graph only, no weights read)."""
+    import onnx
+
+    graph = onnx.load(str(Path(folder) / "model.onnx"), load_external_data=False).graph
+    counts: dict[str, int] = {}
+    for node in graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+INT8_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QLinearMatMul", "MatMulIntegerToFloat")
+
+
+def _outcome(fn: Any) -> tuple[str, Any]:
+    try:
+        return "ran", fn()
+    except TypeError as exc:
+        return f"refused: TypeError: {exc}", None
+
+
+def audit_ort_claims(fp32_folder: Path, int8_folder: Path) -> list[dict[str, Any]]:
+    """The call articles write (``use_quantized=True``) next to the real API, each run here: what it did, and
+    how many int8 operators the model it gave holds (a model that loads but holds none ignored the argument)."""
+    import inspect
+
+    import onnxruntime as ort
+    from onnxruntime.quantization import quantize_dynamic
+
+    def int8_ops(folder: Path) -> int:
+        return sum(n for op, n in onnx_op_counts(folder).items() if op in INT8_OPS)
+
+    rows = []
+    with _quiet():
+        how, _ = _outcome(lambda: ort.InferenceSession(str(fp32_folder / "model.onnx"), use_quantized=True,
+                                                       providers=["CPUExecutionProvider"]))
+    rows.append({"source": "article", "call": 'ort.InferenceSession("model.onnx", use_quantized=True)',
+                 "what it does here": how + (f"; the session runs the fp32 graph ({int8_ops(fp32_folder)} int8 "
+                                             "operators): the argument was accepted and ignored" if how == "ran" else "")})
+    with tempfile.TemporaryDirectory() as tmp, _quiet():
+        how, _ = _outcome(lambda: quantize_dynamic(fp32_folder / "model.onnx", Path(tmp) / "q.onnx",
+                                                   use_quantized=True))
+    rows.append({"source": "article", "call": 'quantize_dynamic("model.onnx", "q.onnx", use_quantized=True)',
+                 "what it does here": how})
+    params = list(inspect.signature(quantize_dynamic).parameters)
+    rows.append({"source": "real", "call": "quantize_dynamic(src, dst, per_channel=…, reduce_range=…, "
+                                           "weight_type=QuantType.QInt8)  # what labkit.variants runs",
+                 "what it does here": f"{int8_ops(int8_folder)} int8 operators in the cached result "
+                                      f"({int8_folder.name}); its parameters: {', '.join(params)}"})
+    try:
+        from optimum.onnxruntime import ORTQuantizer  # noqa: F401
+        from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+        qparams = list(inspect.signature(AutoQuantizationConfig.avx512_vnni).parameters)
+        optimum_row = ("exists (not run here: labkit.variants calls quantize_dynamic directly); "
+                       f"AutoQuantizationConfig.avx512_vnni takes {', '.join(qparams)}")
+    except ImportError as exc:
+        optimum_row = f"not installed here: {exc}"
+    rows.append({"source": "real", "call": "ORTQuantizer.from_pretrained(folder).quantize("
+                                           "AutoQuantizationConfig.avx512_vnni(is_static=False), save_dir)",
+                 "what it does here": optimum_row})
+    return rows
+
+
+# the 16 NF4 values (bitsandbytes.functional.get_4bit_type("nf4")), for machines without bitsandbytes
+NF4_CODE = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+            -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+            0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)
+
+
+def _rel(a: Any, b: Any) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def library_agreement(w: Any, x: Any, int8_hand: tuple[Any, Any, Any], nf4_hand: Any, hand: Any,
+                      round_trip: Any, scale_of: Any) -> Any:
+    """One row per library form: do bitsandbytes and ONNX Runtime store what the notebook's quantiser computed?
+
+    ``int8_hand``: (codes, scales, dequantised) of the per-channel int8 written in the notebook; ``nf4_hand``: its
+    dequantised NF4 weight; ``hand``: its table (bytes, output_error by form); ``round_trip`` and ``scale_of``:
+    the notebook's functions, applied to bitsandbytes' fp16 copy of the weight. Libraries missing here give a
+    row that says so."""
+    import pandas as pd
+
+    from . import env
+
+    y = x @ w.T
+    rows: list[dict[str, Any]] = []
+
+    def row(library: str, form: str, ours: Any, theirs: Any, our_bytes: int, their_bytes: int, our_err: float,
+            their_err: float) -> None:
+        same = int((ours == theirs).sum()) if ours.dtype == theirs.dtype else 0
+        rows.append({"library": library, "form": form, "equal_values": same, "values": ours.numel(),
+                     "max_value_diff": float((ours.double() - theirs.double()).abs().max()),
+                     "our_bytes": our_bytes, "their_bytes": their_bytes, "our_output_error": our_err,
+                     "their_output_error": their_err})
+
+    if env.capability("bitsandbytes").available:
+        import bitsandbytes.functional as bnbf
+
+        w16 = w.half()  # bitsandbytes' loader quantises the fp16 copy of each weight
+        cb, scb, _ = bnbf.int8_vectorwise_quant(w16)  # (out, in) int8, (out,) row absmax
+        q16, s16 = round_trip(w16.float(), scale_of(w16.float()))
+        row("bitsandbytes int8_vectorwise_quant (fp16 copy)", "int8 per row", q16, cb,
+            q16.numel() + s16.numel() * 4, cb.numel() * cb.element_size() + scb.numel() * scb.element_size(),
+            _rel(x @ (q16.float() * s16).T, y), _rel(x @ (cb.float() * scb[:, None] / 127).T, y))
+        packed, state = bnbf.quantize_4bit(w, blocksize=64, quant_type="nf4")
+        theirs = bnbf.dequantize_4bit(packed, state).float()
+        row("bitsandbytes quantize_4bit → dequantize_4bit", "nf4, block 64 (dequantised values)", nf4_hand, theirs,
+            int(hand.bytes["nf4"]), packed.numel() * packed.element_size() + state.absmax.numel() * state.absmax.element_size(),
+            float(hand.output_error["nf4"]), _rel(x @ theirs.T, y))
+    else:
+        rows.append({"library": "bitsandbytes", "form": env.capability("bitsandbytes").reason})
+    if env.capability("onnxruntime").available:
+        q, scale, _ = int8_hand
+        oq, oscale = ort_quantized_weight(w, per_channel=True, reduce_range=False)
+        row("onnxruntime quantize_dynamic", "int8 per channel, 8-bit", q, oq, int(hand.bytes["per-channel"]),
+            oq.numel() * oq.element_size() + oscale.numel() * oscale.element_size(),
+            float(hand.output_error["per-channel"]), _rel(x @ (oq.float() * oscale).T, y))
+    else:
+        rows.append({"library": "onnxruntime", "form": env.capability("onnxruntime").reason})
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Findings:
+    """Notebook 03's takeaways: the numbers (``rows``) and the sentences they choose (``sentences``)."""
+
+    rows: list[dict[str, Any]]
+    sentences: list[str]
+
+
+def findings(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], layer_error: dict[str, float],
+             verdict: Any) -> Findings:
+    """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``table``: variant rows indexed by name (status, weight_bytes, decode_tokens_per_s, agreement, kl);
+    ``hand``: the hand-written layer table (bytes, output_error by form); ``agree``: ``library_agreement``;
+    ``routes``: bitsandbytes kernel per kind; ``layer_error``: worst ONNX Runtime layer error by form;
+    ``verdict``: the claims table."""
+    rows: list[dict[str, Any]] = []
+    says: list[str] = []
+    ratio = hand.output_error["per-tensor"] / hand.output_error["per-channel"]
+    rows.append({"finding": "per-tensor / per-channel output error, hand-written", "value": ratio})
+    says.append(f"On one real layer, one scale per tensor gave {ratio:.1f}× the output error of one scale per row "
+                f"({hand.output_error['per-tensor']:.2%} vs {hand.output_error['per-channel']:.2%}); NF4 gave "
+                f"{hand.output_error['nf4']:.2%} in {hand.fraction_of_fp32['nf4']:.1%} of fp32's bytes "
+                f"(int8: {hand.fraction_of_fp32['per-channel']:.1%}).")
+    if "equal_values" in agree:
+        full = agree.dropna(subset=["equal_values"])
+        parts = []
+        for r in full.itertuples():
+            same = "identical" if r.equal_values == r.values else f"{r.equal_values / r.values:.4%} equal"
+            parts.append(f"{r.library}: {same} values, {'the same' if r.our_bytes == r.their_bytes else 'other'} bytes")
+        says.append("The libraries against the hand-written quantiser — " + "; ".join(parts) + ".")
+    base = table.loc["fp32"]
+    ok = table[table.status == "ok"]
+    for v in ("bnb-int8", "bnb-nf4", "ort-int8-channel"):
+        if v in ok.index:
+            frac = ok.weight_bytes[v] / base.weight_bytes
+            rows.append({"finding": f"{v} weight bytes / fp32", "value": frac})
+    int8 = ok[ok.index.isin(["bnb-int8", "ort-int8-tensor", "ort-int8-channel"])]
+    if len(int8):
+        fast = int8.decode_tokens_per_s.idxmax()
+        speed = int8.decode_tokens_per_s[fast] / base.decode_tokens_per_s
+        rows.insert(0, {"finding": f"fastest int8 ({fast}) decode / fp32", "value": speed})
+        word = "faster than" if speed > 1.02 else "slower than" if speed < 0.98 else "as fast as"
+        says.append(f"The fastest int8 variant here, {fast}, decoded {speed:.2f}× fp32's speed ({word} fp32) with "
+                    f"{int8.agreement[fast]:.0%} greedy agreement and KL {int8.kl[fast]:.3g}; the most faithful int8, "
+                    f"{int8.agreement.idxmax()}, agreed on {int8.agreement.max():.0%}.")
+    for kind, route in routes.items():
+        says.append(f"bitsandbytes {kind} on this machine: {route}.")
+    if layer_error:
+        lo = min(layer_error, key=layer_error.get)
+        says.append(f"In ONNX Runtime's kernel the lowest worst-layer error came from {lo} "
+                    f"({layer_error[lo]:.3f}, against {', '.join(f'{k} {v:.3f}' for k, v in layer_error.items() if k != lo)}).")
+    if "memory_holds" in verdict:
+        held = verdict.dropna(subset=["memory_holds"])
+        both = held[held.memory_holds.astype(bool) & held.accuracy_holds.astype(bool)]
+        says.append(f"Of {len(held)} published claims measured here, {len(both)} held on both memory and accuracy"
+                    + (f" ({', '.join(both.variant)})" if len(both) else "") + ".")
+    return Findings(rows=rows, sentences=says)

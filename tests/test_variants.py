@@ -199,3 +199,62 @@ def test_a_missing_model_is_an_error_not_a_status(tmp_path):
 def test_an_unavailable_provider_names_the_available_ones():
     with pytest.raises(ValueError, match="CPUExecutionProvider"):
         variants.load_variant("ort-fp32", "default", device="cpu", provider="NoSuchExecutionProvider")
+
+
+# ------------------------------------------------------------------ the quantisers written out, against the libraries
+
+
+def _weight() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(64, 128, generator=gen) * torch.linspace(0.01, 1.0, 64)[:, None]  # rows: a multiple of 32, as NF4 repacking needs
+
+
+def test_hand_written_int8_is_onnx_runtimes_int8():
+    w = _weight()
+    for per_channel in (False, True):
+        for reduce_range in (False, True):
+            qmax = 64 if reduce_range else 127
+            q, w_hat = variants.int8_round_trip(w, variants.absmax_scale(w, per_channel, qmax), qmax)
+            oq, oscale = variants.ort_quantized_weight(w, per_channel, reduce_range)
+            assert oq.dtype == torch.int8 and torch.equal(q, oq)
+            assert torch.allclose(oscale, variants.absmax_scale(w, per_channel, qmax))
+            assert w_hat.dtype == torch.float32 and (w_hat - w).abs().max() <= oscale.max() / 2 + 1e-7
+
+
+def test_hand_written_int8_and_nf4_are_bitsandbytes_own():
+    if not env.capability("bitsandbytes").available:
+        pytest.skip(env.capability("bitsandbytes").reason)
+    import bitsandbytes.functional as F
+
+    w = _weight()
+    cb, scb, _ = F.int8_vectorwise_quant(w.half())
+    w16 = w.half().float()
+    q, _ = variants.int8_round_trip(w16, variants.absmax_scale(w16, per_channel=True))
+    assert (q != cb).float().mean() < 1e-3  # equal but for values on a rounding tie (w/s vs w·(127/absmax))
+    code = F.get_4bit_type("nf4", device="cpu")
+    assert torch.allclose(code, torch.tensor(variants.NF4_CODE))
+    idx, amax = variants.nf4_quantize(w.reshape(-1, 64), code)
+    packed, state = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
+    assert torch.equal((code[idx] * amax).reshape(w.shape), F.dequantize_4bit(packed, state))
+
+
+def test_bnb_route_reads_the_operators_that_ran():
+    assert "_int_mm" in variants.bnb_route("int8", ["bitsandbytes::int8_linear_matmul", "aten::_int_mm"], "cpu")
+    assert "fp32" in variants.bnb_route("int8", ["bitsandbytes::int8_linear_matmul", "aten::mm"], "cpu")
+    assert "CUDA" in variants.bnb_route("int8", ["bitsandbytes::int8_linear_matmul"], "cuda:0")
+    assert "dequantised" in variants.bnb_route("nf4", ["bitsandbytes::dequantize_4bit", "aten::mm"], "cpu")
+    assert "fused" in variants.bnb_route("nf4", ["bitsandbytes::gemv_4bit"], "cpu")
+    with pytest.raises(ValueError, match="int8"):
+        variants.bnb_route("fp8", [], "cpu")
+
+
+def test_bnb_layer_reports_the_kernel_this_machine_runs():
+    if not env.capability("bitsandbytes").available:
+        pytest.skip(env.capability("bitsandbytes").reason)
+    w = _weight()
+    for kind in ("int8", "nf4"):
+        ops = variants.ops_called(variants.bnb_layer(w, kind), torch.randn(1, 1, 128))
+        assert any(o.startswith("bitsandbytes::") for o in ops), ops
+    cond = variants.bnb_cpu_conditions()
+    int8_ops = variants.ops_called(variants.bnb_layer(w, "int8"), torch.randn(1, 1, 128))
+    assert ("aten::_int_mm" in int8_ops) == (cond["torch >= 2.6"] and cond["torch CPU capability"] == "AVX512")
