@@ -65,6 +65,26 @@ def settle_point(latencies_s: list[float], until_spread: float = 0.10, window: i
     return None
 
 
+def one_time_share(latencies_s: list[float], window: int = 5) -> float:
+    """The share of the first call that is one-time cost: (first - steady) / first, where steady is the median
+    of the last ``window`` calls."""
+    _check_settle_args(1.0, window)
+    if len(latencies_s) < window + 1:
+        raise ValueError(f"{len(latencies_s)} latencies: need the first call and a steady window of {window} after it")
+    steady = Measurement.from_values("steady", latencies_s[-window:]).median
+    return (latencies_s[0] - steady) / latencies_s[0]
+
+
+def token_agreement(tokenizer: Any, text: str, reference: str) -> float:
+    """Share of the reference answer's tokens that ``text`` repeats at the same position (1.0: identical
+    greedy answers). Both answers are re-encoded by ``tokenizer``; a missing token counts as a difference."""
+    ref = tokenizer(reference, add_special_tokens=False)["input_ids"]
+    got = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not ref:
+        return 1.0 if not got else 0.0
+    return sum(a == b for a, b in zip(got, ref)) / max(len(ref), len(got))
+
+
 @dataclass
 class WarmupReport:
     """What a warmup did: every call's latency, and whether (and after how many calls) it settled."""
@@ -176,9 +196,11 @@ def compile_cost(module: Any, *example: Any, repeats: int = 5, fresh_cache: bool
         with fresh_compile_cache() if fresh_cache else nullcontext(), timing.track(device) as first:
             compiled(*example)  # traces, generates code, builds it
         comp = timing.measure(lambda: compiled(*example), repeats=repeats, warmup=0, name="compiled", device=device)
+        diff = (compiled(*example) - module(*example)).abs().max()  # same shapes: no new compile
     assert eager.first is not None and first.seconds is not None
     return {"eager_first_s": eager.first, "eager_s": eager.median,
-            "compiled_first_s": first.seconds, "compiled_s": comp.median, "repeats": repeats}
+            "compiled_first_s": first.seconds, "compiled_s": comp.median, "repeats": repeats,
+            "max_abs_diff": float(diff)}
 
 
 def _module_device(module: Any) -> Any:
@@ -197,6 +219,60 @@ def break_even_calls(compiled_first_s: float, compiled_s: float, eager_first_s: 
     if saved <= 0:
         return None
     return max(0.0, compiled_first_s - eager_first_s) / saved
+
+
+@dataclass
+class Findings:
+    """Notebook 04's takeaways: the numbers (``rows``) and the sentences they choose (``sentences``)."""
+
+    rows: list[dict[str, Any]]
+    sentences: list[str]
+
+
+def findings(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_share: float,
+             rss_growth_bytes: int, weight_bytes: int, loop_warmup_calls: int | None, loop_calls: int,
+             summary: Any, compile_rows: Any) -> Findings:
+    """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``summary``: rows indexed by series ('cold', 'warmed') with first_s, median_s and agreement;
+    ``compile_rows``: the compile table (target, where, break_even_calls, and max_abs_diff / agreement where known)."""
+    phases = {k: v for k, v in cold.phases().items() if v is not None and k != "second_request_s"}
+    largest = max(phases, key=phases.get)
+    before = sum(v for k, v in phases.items() if k != "first_request_s")
+    ratio = cold.first_request_s / steady_s
+    rows = [{"finding": "first request / steady, cold process", "value": ratio},
+            {"finding": "one-time share of the first request", "value": one_time_share},
+            {"finding": f"largest phase ({largest.removesuffix('_s')}), seconds", "value": phases[largest]},
+            {"finding": "RSS growth of the first request / weight bytes", "value": rss_growth_bytes / weight_bytes}]
+    says = [f"The largest phase of this cold start was {largest.removesuffix('_s').replace('_', ' ')} "
+            f"({phases[largest]:.2f} s); {before:.2f} s passed before the first request.",
+            f"The first request took {ratio:.1f}× a steady one ({cold.first_request_s * 1e3:.0f} vs {steady_s * 1e3:.0f} ms): "
+            f"{one_time_share:.0%} of it was one-time cost. It grew the RSS by {rss_growth_bytes / 2**20:.0f} MiB, "
+            f"{rss_growth_bytes / weight_bytes:.2f}× the weights."]
+    if loop_warmup_calls is None:
+        says.append(f"The warmup loop written here did not settle within {loop_calls} calls.")
+    else:
+        says.append(f"The warmup loop written here settled after {loop_warmup_calls} warmup call(s) "
+                    f"({loop_calls} calls with the steady window).")
+    c, w = summary.loc["cold"], summary.loc["warmed"]
+    gain = c.first_s / w.first_s
+    rows.append({"finding": "request 1, cold / after warmup", "value": gain})
+    word = "faster" if gain > 1.05 else "slower" if gain < 0.95 else "about as fast"
+    same = "identical answers" if min(c.agreement, w.agreement) == 1 else \
+        f"greedy agreement down to {min(c.agreement, w.agreement):.0%}"
+    says.append(f"After a warmup, request 1 was {word} ({w.first_s * 1e3:.0f} ms vs {c.first_s * 1e3:.0f} ms cold), with "
+                f"{same} against the cold process's first answer.")
+    if warmed.warmup is not None:
+        rep = warmed.warmup
+        says.append("labkit's warmup in the second process " + (f"settled after {rep.warmup_calls} call(s)."
+                    if rep.settled else f"did not settle within {rep.calls} calls."))
+    for r in compile_rows.to_dict("records"):
+        be = r.get("break_even_calls")
+        pay = "never pays back (compiled calls were not faster)" if be is None or be != be else \
+            f"pays back after {be:,.0f} calls"
+        says.append(f"torch.compile, {r['target']} ({r['where']}): first call {r['compiled_first_s']:.2f} s vs "
+                    f"{r['eager_first_s']:.3f} s eager; {pay}.")
+    return Findings(rows=rows, sentences=says)
 
 
 # ---------------------------------------------------------------- frames and figures for the notebook
@@ -245,6 +321,7 @@ class ColdStart:
     max_new_tokens: int
     warmup: WarmupReport | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    texts: list[str] = field(default_factory=list)  # each timed request's greedy answer, in order
 
     @property
     def first_request_s(self) -> float:
@@ -276,7 +353,8 @@ class ColdStart:
         keys = ("process_start_s", "import_s", "cuda_init_s", "load_s", "requests_s", "ttft_s", "rss_bytes", "device",
                 "torch_threads", "compile", "max_new_tokens", "notes")
         w = data.get("warmup")
-        return cls(**{k: data[k] for k in keys}, warmup=WarmupReport.from_dict(w) if w else None)
+        return cls(**{k: data[k] for k in keys}, warmup=WarmupReport.from_dict(w) if w else None,
+                   texts=list(data.get("texts", [])))
 
 
 def cold_start(name: str | None = None, *, dtype: str = "fp32", device: str | None = None, requests: int = 2,
@@ -377,19 +455,20 @@ def _child(argv: list[str] | None = None) -> int:
                         window=args.window, prompt=args.prompt, max_new_tokens=args.max_new_tokens, **kwargs)
         rss["after_warmup"] = memory.rss().bytes
         notes["first_request_s"] = f"first generate after warmup ({report.calls} calls)"
-    latencies, ttfts = [], []
+    latencies, ttfts, texts = [], [], []
     for i in range(args.requests):
         r = generation.generate(lm.model, lm.tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
                                 fixed_length=True, **kwargs)
         latencies.append(r.e2e_s)
         ttfts.append(r.ttft_s)
+        texts.append(r.text)
         if i < 2:
             rss[f"after_request_{i + 1}"] = memory.rss().bytes
     result = ColdStart(process_start_s=process_start,
                        import_s=t_import.seconds or 0.0, cuda_init_s=cuda_init, load_s=lm.load_seconds,
                        requests_s=latencies, ttft_s=ttfts, rss_bytes=rss, device=device,
                        torch_threads=torch.get_num_threads(), compile=args.compile,
-                       max_new_tokens=args.max_new_tokens, warmup=report, notes=notes)
+                       max_new_tokens=args.max_new_tokens, warmup=report, notes=notes, texts=texts)
     print(json.dumps(result.to_dict()))
     return 0
 

@@ -127,3 +127,27 @@ def test_break_even_calls():
     assert warmup.break_even_calls(12.0, 1.5, 2.0, 2.0) == pytest.approx(20.0)
     assert warmup.break_even_calls(12.0, 2.5, 2.0, 2.0) is None  # compiled is slower: never pays back
     assert warmup.break_even_calls(1.0, 1.0, 2.0, 2.0) == 0.0  # faster from the first call on
+
+
+def test_one_time_share_and_token_agreement():
+    assert warmup.one_time_share([2.0, 0.6, 0.5, 0.5, 0.5], window=3) == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="steady window"):
+        warmup.one_time_share([1.0, 0.5], window=3)
+
+    class Tok:  # one token per word
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": text.split()}
+
+    assert warmup.token_agreement(Tok(), "Paris is the capital", "Paris is the capital") == 1.0
+    assert warmup.token_agreement(Tok(), "Paris is a city", "Paris is the capital") == 0.5
+    assert warmup.token_agreement(Tok(), "Paris", "Paris is") == 0.5
+
+
+def test_cold_start_texts_round_trip():
+    cs = ColdStart(process_start_s=0.1, import_s=1.0, cuda_init_s=None, load_s=2.0, requests_s=[0.5, 0.2],
+                   ttft_s=[0.1, 0.05], rss_bytes={}, device="cpu", torch_threads=2, compile=False, max_new_tokens=8,
+                   texts=["a", "b"])
+    assert ColdStart.from_dict(cs.to_dict()).texts == ["a", "b"]
+    old = cs.to_dict()
+    del old["texts"]
+    assert ColdStart.from_dict(old).texts == []  # results written before answers were recorded still load
