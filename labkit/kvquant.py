@@ -58,7 +58,12 @@ def backend_reason(backend: str) -> str:
         with torch.inference_mode():
             prefill(model, torch.arange(8, device="cpu")[None], cache=cache)  # the probe model is on the CPU
             prefill(model, torch.arange(1, device="cpu")[None], cache=cache)
-    except Exception as exc:  # a backend that imports but cannot run here: say what it raised
+    except Exception as exc:  # noqa: BLE001  (narrowed below)
+        from . import env
+
+        if not env.backend_failure(exc):
+            raise  # labkit's own bug (a TypeError, a broken invariant): surface it, never a capability gap
+        # a backend that imports but cannot run here: say what it raised
         return f"{dist} {importlib.metadata.version(dist)} failed on a tiny model: {type(exc).__name__}: {exc}"[:300]
     return ""
 
