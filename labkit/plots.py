@@ -53,3 +53,25 @@ def predicted_vs_measured(labels: list[str], predicted: list[float], measured: l
     fig.add_bar(name="measured", x=labels, y=measured, text=ratios, textposition="outside")
     fig.update_layout(title=title, yaxis_title=unit, barmode="group", template=_TEMPLATE)
     return fig
+
+
+def roofline(bandwidth_gbs: float, peak_gflops: float, points: Any, title: str):
+    """The two roofs on log axes — bandwidth × intensity (slope) and the matmul peak (flat) — and measured
+    points: ``points`` has columns ``label``, ``intensity`` (FLOPs per byte) and ``gflops`` (achieved)."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    ridge = peak_gflops / bandwidth_gbs
+    lo = min([ridge, *points["intensity"]]) / 4
+    hi = max([ridge, *points["intensity"]]) * 4
+    xs = np.geomspace(lo, hi, 64)
+    fig = go.Figure()
+    fig.add_scatter(x=xs, y=np.minimum(bandwidth_gbs * xs, peak_gflops), mode="lines", name="roof (this run's probes)",
+                    line={"color": "black"})
+    fig.add_scatter(x=[ridge], y=[peak_gflops], mode="markers+text", name="ridge", text=[f"ridge {ridge:.3g} FLOP/B"],
+                    textposition="top left", marker={"color": "black", "symbol": "diamond"})
+    fig.add_scatter(x=list(points["intensity"]), y=list(points["gflops"]), mode="markers+text", name="measured",
+                    text=list(points["label"]), textposition="bottom right", marker={"size": 10})
+    fig.update_layout(title=title, xaxis_title="arithmetic intensity (FLOPs per byte moved)",
+                      yaxis_title="GFLOP/s", xaxis_type="log", yaxis_type="log", template=_TEMPLATE)
+    return fig
