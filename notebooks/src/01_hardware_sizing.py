@@ -3,21 +3,31 @@
 #
 # Before buying a GPU or picking a precision, two questions decide almost everything: do the
 # weights and the KV cache fit in memory, and how many tokens per second can decoding reach at
-# best? Both follow from the model's config and two numbers about the hardware. We predict them,
-# then measure this machine and see how close a real decode gets to the prediction.
+# best? Both follow from the model's config and two numbers about the hardware: how many bytes per
+# second its memory delivers, and how many FLOPs per second its matrix units compute. You write the
+# sizing formulas, measure both numbers on this machine, and place prefill and decode on the
+# roofline they draw.
 
 # %% md subslide
 # ## Learning objectives
 #
-# - Compute weight bytes per precision and KV-cache bytes per token from a config (GQA aware).
+# - Compute weight bytes per precision from a config (exercise), and KV-cache bytes per token (GQA aware).
 # - See how the KV cache grows with context and batch until it dwarfs the weights.
 # - Read a GPU catalog: which GPU fits which model.
-# - Measure this machine's memory bandwidth, predict the decode ceiling (bandwidth ÷ bytes read per
-#   token), measure real decode, and explain the gap.
+# - Measure this machine's memory bandwidth, write the decode ceiling (bandwidth ÷ bytes read per
+#   step, exercise), measure real decode, and explain the gap with the operators one step runs.
+# - Measure matmul FLOP/s, compute a matmul's arithmetic intensity (FLOPs per byte), and place prefill
+#   and decode on the roofline: which of the two roofs limits each.
 
 # %% slide
+import collections
+
+import pandas as pd
+import torch
+
 import labkit
-from labkit import config, engines, env, generation, hardware, memory, models, plots, results, sizing, widgets
+from labkit import (config, decode, engines, env, exercises, generation, hardware, kv, memory, models, plots,
+                    profiling, results, sizing, timing, widgets)
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -33,19 +43,48 @@ CONTEXTS = [512, 2048, 8192, 32768]  # tokens per sequence
 BATCHES = [1, 4, 16]  # sequences
 FIT_CONTEXT = 4096  # tokens per sequence for the fit table
 PROBE_BYTES = 2**30  # bandwidth probe working set, bytes (far above the last-level cache)
-DECODE_TOKENS = config.pick(64, 24)  # new tokens per timed decode
+DECODE_TOKENS = config.pick(64, 16)  # new tokens per timed decode
 DECODE_BATCHES = config.pick([1, 2, 4, 8], [1, 4])  # batch sizes for the ceiling-vs-measured sweep
 REPEATS = config.pick(3, 2)  # timed repeats per point
+MATMUL_N = 2048  # the FLOP/s probe multiplies two n × n fp32 matrices (2n³ FLOPs)
+PREFILL_TOKENS = config.pick(256, 128)  # prompt tokens of the prefill placed on the roofline
 
 # %% md slide
 # ## 1 · Weights per precision
 #
-# Parameters are counted on a model built on the *meta* device (no memory, exact for any
-# architecture: biases, tied embeddings, GQA). Bytes per parameter: fp32 4, fp16/bf16 2;
-# int8 and nf4 quantise the decoder's linear layers and add their scales, the rest stays fp16.
+# A Llama-architecture decoder holds: the token embedding (vocabulary × hidden); per layer, four
+# attention projections (`q_proj` and `o_proj` with `num_attention_heads` heads of `head_dim`, `k_proj`
+# and `v_proj` with `num_key_value_heads`), three MLP matrices (`gate_proj`, `up_proj`, `down_proj`,
+# hidden × intermediate) and two RMSNorm weights (hidden each); a final RMSNorm; and an output head
+# (vocabulary × hidden) unless `tie_word_embeddings` reuses the embedding. No biases. Write the bytes.
+
+# %% exercise 01.weight_bytes
+def weight_bytes(config, bytes_per_param):
+    """Bytes of a Llama-architecture model's weights, from its transformers config.
+
+    ``config``: ``vocab_size``, ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
+    ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``tie_word_embeddings``.
+    ``bytes_per_param``: 4 for fp32, 2 for fp16/bf16.
+    """
+    return None  # your code here
+
+
+# %% check
+exercises.check("01.weight_bytes", weight_bytes)
+
+# %% md subslide
+# ### Your formula, labkit's count, the loaded tensors
+#
+# labkit does not use a formula: it builds the model on PyTorch's *meta* device (shapes, no memory) and
+# counts its parameters, which is exact for any architecture. int8 and nf4 quantise the decoder's linear
+# layers and add their scales; the rest stays fp16.
 
 # %% fragment
 cfg = {m: str(config.DATA_DIR / "configs" / m) for m in PUBLIC_MODELS}
+bytes_of = exercises.use("01.weight_bytes", weight_bytes, lambda c, b: sizing.shape(c).n_params * b)
+small = sizing.load_config(cfg["SmolLM2-135M-Instruct"])
+print(f"SmolLM2-135M in fp32: {bytes_of(small, 4):,} bytes from the formula, "
+      f"{sizing.weight_bytes(sizing.shape(small), 'fp32'):,} from the meta-device count")
 prec = sizing.precision_table(list(cfg.values()), DTYPES)
 plots.bar(prec, x="model", y="weight_gib", color="dtype", title="Weight memory by precision", y_title="GiB").show()
 prec.pivot(index="model", columns="dtype", values="weight_gib").round(2)
@@ -53,17 +92,19 @@ prec.pivot(index="model", columns="dtype", values="weight_gib").round(2)
 # %% md slide
 # ## 2 · The KV cache grows with context × batch
 #
-# Per token: 2 (K and V) × layers × KV heads × head_dim × bytes. Grouped-query attention
-# (Llama-3.1: 8 KV heads for 32 query heads) shrinks it 4× against full multi-head attention (Llama-2).
+# Per token: 2 (K and V) × layers × KV heads × head_dim × bytes. Llama-3.1-8B has 8 KV heads for its
+# 32 query heads (grouped-query attention); Llama-2-7b keeps 32 of each. How far apart do their lines
+# sit, and where does the cache overtake the weights?
 
 # %% fragment
-kv = sizing.kv_table([cfg[m] for m in KV_MODELS], CONTEXTS, BATCHES)
-kv["series"] = kv["model"] + " · batch " + kv["batch"].astype(str)
-plots.line(kv, x="context", y="kv_gib", color="series", title="KV cache (fp16) vs context", x_title="context (tokens)",
+kvt = sizing.kv_table([cfg[m] for m in KV_MODELS], CONTEXTS, BATCHES)
+kvt["series"] = kvt["model"] + " · batch " + kvt["batch"].astype(str)
+plots.line(kvt, x="context", y="kv_gib", color="series", title="KV cache (fp16) vs context", x_title="context (tokens)",
            y_title="GiB", log_x=True, log_y=True).show()
-big = kv.iloc[kv["kv_gib"].idxmax()]
+big = kvt.iloc[kvt["kv_gib"].idxmax()]
+per_tok = kvt.groupby("model").kv_bytes_per_token.first()
 print(f"{big.model} at {big.context:,} tokens × batch {big.batch}: KV {big.kv_gib:.1f} GiB vs weights {big.weight_gib:.1f} GiB "
-      f"({big.kv_gib / big.weight_gib:.1f}×)")
+      f"({big.kv_gib / big.weight_gib:.1f}×); per token: " + ", ".join(f"{m} {b:,} bytes" for m, b in per_tok.items()))
 
 # %% md slide
 # ## 3 · Which GPU fits which model?
@@ -77,48 +118,183 @@ fit = sizing.fit_table([cfg[m] for m in PUBLIC_MODELS], gpus, ["fp16", "nf4"], c
 fit.pivot_table(index=["model", "dtype"], columns="gpu", values="fits", aggfunc="first")[gpus]
 
 # %% md slide
-# ## 4 · Predict: this machine's bandwidth and the decode ceiling
+# ## 4 · The first roof: memory bandwidth
 #
-# A decode step reads every weight once (plus the KV cache so far). So tokens/s can be at most
-# **bandwidth ÷ bytes read per token** — the roofline ceiling. First measure the bandwidth with a
-# working set far larger than the last-level cache.
+# The probe reads a `PROBE_BYTES` working set, far larger than the last-level cache, and times each full
+# read on this run's device. Predict: how many GB/s does this machine's memory deliver?
 
 # %% fragment
-bw = hardware.bandwidth(size_bytes=PROBE_BYTES, repeats=REPEATS * 3)
+PREDICT_BANDWIDTH_GBS = None  # your prediction, GB/s
+
+# %% fragment
+bw = hardware.bandwidth(device=env.device(), size_bytes=PROBE_BYTES, repeats=REPEATS * 3)
+exercises.reveal(f"read bandwidth on {bw.device}", PREDICT_BANDWIDTH_GBS, bw.gbs, "GB/s")
+print(f"best of {bw.read.n} reads; median {bw.median_gbs:.1f} GB/s")
+
+# %% md subslide
+# ### The decode ceiling
+#
+# A decode step reads every weight once, for the whole batch, plus each sequence's KV cache so far, and
+# yields one token per sequence. Bandwidth ÷ the bytes one step reads bounds the steps per second. Write
+# the ceiling on aggregate tokens/s.
+
+# %% exercise 01.decode_ceiling
+def decode_ceiling(weight_bytes, kv_bytes_per_token, context, batch, bandwidth_bytes_per_s):
+    """The most tokens/s (all sequences together) decoding can reach at this bandwidth.
+
+    ``weight_bytes``: the model's weights; ``kv_bytes_per_token``: KV cache per position of one sequence;
+    ``context``: positions each sequence holds; ``batch``: sequences decoded together.
+    """
+    return None  # your code here
+
+
+# %% check
+exercises.check("01.decode_ceiling", decode_ceiling)
+
+# %% fragment
+ceiling_of = exercises.use("01.decode_ceiling", decode_ceiling, sizing.decode_ceiling)
 lm = models.load(dtype="fp32")
 weight_b = memory.param_bytes(lm.model).bytes
-shape = sizing.shape("default")
-kv_tok = sizing.kv_bytes_per_token(shape, "fp32")
+kv_tok = sizing.kv_bytes_per_token(sizing.shape("default"), "fp32")
 ctx = 32 + DECODE_TOKENS // 2  # mean context while decoding
-ceiling_1 = sizing.decode_ceiling(weight_b, kv_tok, ctx, 1, bw.gbs * 1e9)
-print(f"bandwidth {bw.gbs:.1f} GB/s (median {bw.median_gbs:.1f}) · weights {weight_b / 2**20:.0f} MiB "
-      f"→ predicted ceiling {ceiling_1:.1f} tokens/s at batch 1")
+ceiling_1 = ceiling_of(weight_b, kv_tok, ctx, 1, bw.gbs * 1e9)
+print(f"{lm.name} on {lm.device}: weights {weight_b / 2**20:.0f} MiB, KV {kv_tok:,} bytes per token "
+      f"→ ceiling {ceiling_1:.1f} tokens/s at batch 1 (labkit's sizing.decode_ceiling: "
+      f"{sizing.decode_ceiling(weight_b, kv_tok, ctx, 1, bw.gbs * 1e9):.1f})")
 
 # %% md slide
 # ## 5 · Measure: real decode against the ceiling, batch by batch
+#
+# Predict: how many tokens/s does greedy decoding reach at batch 1 here, against the ceiling above?
+
+# %% fragment
+PREDICT_DECODE_TPS = None  # your prediction, tokens/s at batch 1
 
 # %% fragment
 res = results.Results("01_hardware_sizing")
 res.add("bandwidth", **bw.to_dict())
 for b in DECODE_BATCHES:
     d = generation.measure_decode(lm.model, lm.tokenizer, batch=b, new_tokens=DECODE_TOKENS, repeats=REPEATS)
-    ceiling = sizing.decode_ceiling(weight_b, kv_tok, ctx, b, bw.gbs * 1e9)
+    ceiling = ceiling_of(weight_b, kv_tok, ctx, b, bw.gbs * 1e9)
     res.add("decode", batch=b, ceiling_tokens_per_s=ceiling, measured_tokens_per_s=d["aggregate_tokens_per_s"],
             ratio=d["aggregate_tokens_per_s"] / ceiling, tpot_s=d["tpot_s"], spread=d["spread"])
 dec = res.frame("decode")
 plots.predicted_vs_measured([f"batch {b}" for b in dec.batch], list(dec.ceiling_tokens_per_s),
                             list(dec.measured_tokens_per_s), "Decode: roofline ceiling vs measured", "tokens/s").show()
 one = dec.iloc[0]
+exercises.reveal("decode at batch 1", PREDICT_DECODE_TPS, one.measured_tokens_per_s, "tokens/s")
 print(f"batch 1: measured {one.measured_tokens_per_s:.1f} tokens/s = {one.ratio:.2f}× of the ceiling")
 
 # %% md slide
-# ## 6 · Why the gap?
+# ## 6 · The second roof: matmul FLOP/s
 #
-# The ceiling assumes every byte streams at full bandwidth and nothing else costs time. A
-# 135M-parameter model runs ~200 small matrix-vector products and ~700 other small operators per
-# token; each has a fixed overhead (on a GPU, a kernel launch), and a matrix-vector product may not
-# reach full bandwidth in the library's kernel. Below, on this run's device, the same bytes read as
-# the same matrix-vector product, weight stored as `nn.Linear` keeps it (out × in) and transposed.
+# A matrix product of two `MATMUL_N` × `MATMUL_N` fp32 matrices does 2n³ FLOPs on n² × 3 values: plenty
+# of arithmetic per byte, so it runs as fast as the matrix units compute. Predict: how many GFLOP/s does
+# this run's device reach?
+
+# %% fragment
+PREDICT_GFLOPS = None  # your prediction, GFLOP/s (fp32)
+
+# %% fragment
+mm = hardware.matmul_flops(device=str(lm.device), n=MATMUL_N, dtype="fp32", repeats=REPEATS + 1)
+peak_gflops = mm.tflops * 1e3
+exercises.reveal(f"fp32 matmul on {mm.device}", PREDICT_GFLOPS, peak_gflops, "GFLOP/s")
+res.add("flops", **mm.to_dict())
+ridge = hardware.ridge_intensity(bw.gbs, peak_gflops)
+print(f"the two roofs meet at {ridge:.1f} FLOPs per byte: a kernel doing fewer waits for memory, more for arithmetic")
+
+# %% md subslide
+# ### Arithmetic intensity: FLOPs per byte moved
+#
+# Every linear layer multiplies T token rows by an (out, in) weight. Its FLOPs grow with T; the weight's
+# bytes do not. The model's intensity is the sum over its linear layers (attention's own products are
+# left out). Prefill keeps only the last position's logits, so its output head runs one row.
+
+# %% mechanism
+def matmul_cost(tokens, out_features, in_features, bytes_per_value):
+    """(tokens, in) activations × an (out, in) weight → (tokens, out): its FLOPs and the bytes it moves."""
+    flops = 2 * tokens * out_features * in_features  # one multiply and one add per weight, per token row
+    moved = (out_features * in_features  # the weight: read once, however many rows
+             + tokens * in_features  # activations in
+             + tokens * out_features) * bytes_per_value  # results out
+    return flops, moved
+
+
+def model_cost(model, rows, head_rows):
+    """FLOPs and bytes of every nn.Linear in one forward over `rows` token rows (the output head: `head_rows`)."""
+    head, flops, moved = model.get_output_embeddings(), 0, 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):  # weight (out_features, in_features)
+            f, b = matmul_cost(head_rows if m is head else rows, m.out_features, m.in_features, m.weight.element_size())
+            flops, moved = flops + f, moved + b
+    return flops, moved
+
+# %% fragment
+shape = sizing.shape("default")
+rows = [dict(zip(("tokens", "flops", "bytes"), (t, *matmul_cost(t, shape.vocab_size, shape.hidden_size, 4))))
+        for t in (1, 8, 64, 512, 4096)]
+grid = pd.DataFrame(rows).assign(flops_per_byte=lambda d: d.flops / d.bytes)
+same = all(matmul_cost(t, o, i, b) == hardware.matmul_cost(t, o, i, b) for t, o, i, b in [(1, 49152, 576, 4), (96, 1536, 576, 2)])
+same &= model_cost(lm.model, 7, 1) == hardware.linear_traffic(lm.model, 7, 1)
+print(f"the lm_head's ({shape.vocab_size} × {shape.hidden_size}) fp32 matmul, by token rows; "
+      f"labkit's hardware.matmul_cost and linear_traffic {'agree' if same else 'DISAGREE'}")
+grid
+
+# %% md slide
+# ## 7 · Prefill and decode on the roofline
+#
+# Decode at batch B runs B rows through each weight; a prefill of `PREFILL_TOKENS` tokens runs that many.
+# Predict: which roof limits each, the bandwidth slope or the compute flat?
+
+# %% fragment
+PREDICT_DECODE_BOUND = None  # your prediction for decode at batch 1: "memory-bound" or "compute-bound"
+PREDICT_PREFILL_BOUND = None  # your prediction for the prefill: "memory-bound" or "compute-bound"
+
+# %% fragment
+prompt = kv.prompt_of_length(lm.tokenizer, PREFILL_TOKENS, device=lm.device)["input_ids"]  # (1, T) on the model's device
+with torch.inference_mode():
+    pre = timing.measure(lambda: decode.prefill(lm.model, prompt), repeats=REPEATS, warmup=1, name="prefill",
+                         device=lm.device)
+points = [("prefill", PREFILL_TOKENS, *model_cost(lm.model, PREFILL_TOKENS, 1), pre.median)]
+points += [(f"decode, batch {r.batch}", r.batch, *model_cost(lm.model, r.batch, r.batch), r.tpot_s) for r in dec.itertuples()]
+roof = pd.DataFrame(points, columns=["label", "rows", "flops", "bytes", "seconds"])
+roof["intensity"] = roof.flops / roof.bytes
+roof["gflops"] = roof.flops / roof.seconds / 1e9
+roof["roof_gflops"] = [hardware.roof_gflops(i, bw.gbs, peak_gflops) for i in roof.intensity]
+roof["bound"] = ["compute-bound" if i > ridge else "memory-bound" for i in roof.intensity]
+roof["of_roof"] = roof.gflops / roof.roof_gflops
+plots.roofline(bw.gbs, peak_gflops, roof, f"Roofline on {lm.device}: this run's probes and steps").show()
+choices = ["memory-bound", "compute-bound"]
+exercises.reveal_choice("decode at batch 1", PREDICT_DECODE_BOUND, roof.bound.iloc[1], choices)
+exercises.reveal_choice(f"prefill of {PREFILL_TOKENS} tokens", PREDICT_PREFILL_BOUND, roof.bound.iloc[0], choices)
+res.replace("roofline", roof.to_dict("records"))
+roof.round(3)
+
+# %% md slide
+# ## 8 · Why the gap?
+#
+# The ceiling assumes every byte streams at full bandwidth and nothing else costs time. How many
+# operators does one decode step run, and how many of them are matrix-vector products against a weight?
+# Each operator has a fixed cost (on a GPU, a kernel launch). Counted below, on one step of this model.
+
+# %% fragment
+ids = models.chat_inputs(lm.tokenizer, "Write a short story about a lighthouse keeper.", device=lm.device)["input_ids"]
+with torch.inference_mode():
+    logits, cache = decode.prefill(lm.model, ids)
+token = logits.argmax(-1)  # (1,)
+ops = engines.eager_ops(decode.decode_one_token, lm.model, token, cache, torch.full_like(token, ids.shape[1]))
+n_linear = ops.count("linear")  # one per weight matrix: each a matrix-vector product at batch 1
+n_attention = sum(profiling.op_group("aten::" + o) == "attention" for o in ops)
+print(f"one decode step ran {len(ops)} operators: {n_linear} matrix-vector products against a weight, "
+      f"{n_attention} attention kernels and {len(ops) - n_linear - n_attention} others; most frequent: "
+      + ", ".join(f"{o} {n}" for o, n in collections.Counter(ops).most_common(6)))
+res.add("ops", total=len(ops), linear=n_linear, attention=n_attention, other=len(ops) - n_linear - n_attention)
+
+# %% md subslide
+# ### Does the kernel stream the weight at full bandwidth?
+#
+# The same bytes read as the same matrix-vector product, on this run's device, with the weight stored as
+# `nn.Linear` keeps it (out × in) and transposed. Do they reach the probe's bandwidth?
 
 # %% fragment
 probe = hardware.linear_layout_probe(repeats=REPEATS * 5, device=lm.device)
@@ -128,11 +304,9 @@ print(f"lm_head-sized matvec on {probe['device']}: nn.Linear layout {probe['line
       f"transposed {probe['transposed_gbs']:.1f} GB/s, probe {bw.gbs:.1f} GB/s")
 
 # %% md fragment
-# Split each decode step into the time the bytes need at the probed bandwidth and the rest
-# (overhead). Per *generated token*, the overhead shrinks as the batch grows: one step's fixed
-# costs — operator launches, Python, weight reads the kernel does not stream at full speed — are
-# shared by more sequences. Whether the *ratio* to the ceiling rises too depends on how well the
-# BLAS kernels scale from matrix-vector to small matrix-matrix products on this machine.
+# Split each decode step into the time its bytes need at the probed bandwidth and the rest (overhead).
+# As the batch grows, one step's fixed costs are shared by more sequences: does the overhead per
+# generated token shrink, and does the ratio to the ceiling rise with it?
 
 # %% fragment
 dec["ideal_step_ms"] = [sizing.decode_bytes_per_step(weight_b, kv_tok, ctx, b) / (bw.gbs * 1e9) * 1e3 for b in dec.batch]
@@ -140,38 +314,60 @@ dec["overhead_ms_per_token"] = (dec.tpot_s * 1e3 - dec.ideal_step_ms) / dec.batc
 plots.bar(dec, x="batch", y="overhead_ms_per_token", title="Time per generated token beyond the bandwidth bound",
           y_title="ms per token").show()
 first, last = dec.iloc[0], dec.iloc[-1]
-print(f"overhead per token: {first.overhead_ms_per_token:.1f} ms at batch {first.batch} → "
-      f"{last.overhead_ms_per_token:.1f} ms at batch {last.batch}; ratio to ceiling {first.ratio:.2f} → {last.ratio:.2f}")
-ids = models.chat_inputs(lm.tokenizer, "Write a short story about a lighthouse keeper.", device=lm.device)["input_ids"]
-gap = hardware.decode_gap(first.tpot_s, sizing.decode_bytes_per_step(weight_b, kv_tok, ctx, 1), bw.gbs,
-                          engines.count_eager_ops(lm.model, ids), lm.device)  # operators (kernel launches) per token
+print(f"overhead per token: {first.overhead_ms_per_token:.1f} ms at batch {int(first.batch)} → "
+      f"{last.overhead_ms_per_token:.1f} ms at batch {int(last.batch)}; ratio to ceiling {first.ratio:.2f} → {last.ratio:.2f}")
+gap = hardware.decode_gap(first.tpot_s, sizing.decode_bytes_per_step(weight_b, kv_tok, ctx, 1), bw.gbs, len(ops),
+                          lm.device)  # the operators counted above
 res.add("decode_gap", **gap)
 print(gap["explanation"])
-res.replace("decode", dec.to_dict("records"))
-path = res.save()
-print("saved", path)
 
 # %% md slide
-# ## 7 · Try it live: does it fit, how fast at most?
+# ## 9 · Try it live: does it fit, how fast at most?
 
 # %% fragment
 widgets.sizing_panel()
 
 # %% md slide
-# ## Takeaways
+# ## Takeaways, from this run's numbers
 
 # %% fragment
+res.replace("decode", dec.to_dict("records"))
+fp = prec[prec.model == "SmolLM2-135M-Instruct"].set_index("dtype").weight_gib * 2**10
+d1, pf = roof.iloc[1], roof.iloc[0]
+findings = [
+    (f"Weights: {fp['fp32']:.0f} MiB in fp32, {fp['fp16']:.0f} MiB in fp16, {fp['nf4']:.0f} MiB in nf4 for SmolLM2-135M; "
+     f"{big.model}'s KV cache at {big.context:,} tokens × batch {big.batch} is {big.kv_gib / big.weight_gib:.1f}× "
+     "its weights.", fp["fp32"]),
+    (f"On {bw.device}: {bw.gbs:.1f} GB/s and {peak_gflops:.0f} GFLOP/s (fp32), so the roofs meet at {ridge:.1f} FLOPs "
+     "per byte.", ridge),
+    (f"Decode at batch 1 does {d1.intensity:.2f} FLOPs per byte, "
+     + (f"{ridge / d1.intensity:.0f}× below the ridge: memory-bound" if d1.bound == "memory-bound"
+        else "above the ridge: compute-bound") + f"; it reached {d1.of_roof:.0%} of its roof.", d1.intensity),
+    (f"A {PREFILL_TOKENS}-token prefill does {pf.intensity:.0f} FLOPs per byte: {pf.bound}, at {pf.gflops:.0f} GFLOP/s "
+     f"({pf.of_roof:.0%} of its roof).", pf.intensity),
+    (f"Measured decode at batch 1: {one.measured_tokens_per_s:.1f} tokens/s, {one.ratio:.2f}× of the "
+     f"{one.ceiling_tokens_per_s:.1f} tokens/s ceiling; one step ran {len(ops)} operators, {n_linear} of them "
+     f"matrix-vector products; the bytes explain {gap['bytes_share']:.0%} of a step ({gap['bound']}-bound).",
+     one.ratio),
+    (f"Batching from {int(first.batch)} to {int(last.batch)}: the ratio to the ceiling went from {first.ratio:.2f} to "
+     f"{last.ratio:.2f} ({'up' if last.ratio > first.ratio else 'down'}), the overhead per token from "
+     f"{first.overhead_ms_per_token:.1f} to {last.overhead_ms_per_token:.1f} ms "
+     f"({'shared by more sequences' if last.overhead_ms_per_token < 0.9 * first.overhead_ms_per_token else 'hardly shrinking here'}).",
+     last.ratio),
+]
+res.replace("summary", [{"finding": f, "value": v} for f, v in findings])
+print("saved", res.save())
+print("\n".join("- " + f for f, _ in findings))
 dec[["batch", "ceiling_tokens_per_s", "measured_tokens_per_s", "ratio", "overhead_ms_per_token", "spread"]].round(3)
 
-# %% md fragment
-# - Memory = weights (parameters × bytes) + KV (2 × layers × KV heads × head_dim × bytes × context × batch).
-# - At long context or large batch the KV cache, not the weights, decides whether a model fits.
-# - Decode at batch 1 is memory-bound: the ceiling is bandwidth ÷ bytes per token. Lower precision
-#   raises it; batching shares each weight read across sequences.
-# - A small model sits well below its ceiling: per-operator overhead (on a GPU, one kernel launch per
-#   operator) and kernel efficiency, not bandwidth, dominate. The ratio and the explanation above say
-#   by how much, and why, on this machine; a bigger `LABKIT_MODEL` moves decode towards the ceiling.
-#
+# %% md slide
 # ## Exercises
+#
+# The two exercises sit where their mechanism is taught: `01.weight_bytes` in section 1 (the table uses your
+# formula once it is correct) and `01.decode_ceiling` in section 4 (the decode sweep's ceilings are yours
+# once it is correct). Change an answer, run its check cell again, then the cells after it. To go further:
+#
 # 1. At what context does Llama-3.1-8B's fp16 KV cache (batch 1) outgrow its weights?
 # 2. Predict the batch-1 decode ceiling of Qwen2.5-1.5B in nf4 on a T4, then in fp16 on an L4.
+# 3. With `matmul_cost`, find the number of token rows at which the lm_head's matmul crosses this machine's
+#    ridge; then set `PREFILL_TOKENS` below and above it and rerun section 7.
