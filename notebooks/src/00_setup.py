@@ -14,6 +14,12 @@
 #   call is slower than the second.
 # - Know where results are saved, with the environment that produced them.
 
+# %% md notes
+# Presenter: this notebook is the room's install check. Ask everyone to run it top to bottom while
+# you run it on the projector; the capabilities table is where a learner's laptop differs from yours,
+# so ask two or three people to read theirs aloud. Before the first answer is timed, ask the room to
+# guess its TTFT and tokens/s, and write the guesses down; compare after the second call.
+
 # %% slide
 import labkit
 from labkit import config, env, generation, memory, models, results, sizing

@@ -18,6 +18,12 @@
 # - Tell the real switches from one that articles invent (`cache_implementation="flash"`).
 # - Read a profiler table: how much of a step is matrix multiplication, attention, and the rest.
 
+# %% md notes
+# Presenter: the learner writes the decode step themselves (exercise 05.decode_step); give the room
+# five minutes for it before running the cells after it. Ask for a prediction of the speedup the cache
+# gives at 128 tokens before the timing cell, and collect a few numbers. The agreement columns are
+# the point of the variant tables: a faster variant that changes the answer is shown as such.
+
 # %% slide
 import pandas as pd
 import torch

@@ -20,6 +20,12 @@
 # - Load-test it two ways: Locust (generic HTTP) and an LLM-aware streaming client with vLLM's
 #   benchmark semantics (TTFT, TPOT, ITL, goodput under Poisson and bursty arrivals).
 
+# %% md notes
+# Presenter: the live batching panel (section 5 onward) is the centrepiece; run the sections before
+# it while the room does the two padding exercises. Ask for a prediction of total and per-user
+# tokens/s at batch 8 before the sweep. In the panel, move batch size 1 → 8 at 8 clients, then drop to
+# 1 client and ask why batching stops helping.
+
 # %% slide
 import urllib.request
 

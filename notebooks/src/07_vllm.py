@@ -22,6 +22,12 @@
 #   compare throughput and each request's latency, and check every answer equals the request run alone.
 # - Know the real vLLM flags (`--dtype`, `--quantization`) and how to run vLLM on a GPU.
 
+# %% md notes
+# Presenter: on CPU laptops vLLM does not run; the block-table exercises and the allocation replay run
+# everywhere and carry the idea. Ask how many requests fit in the KV budget under each policy before
+# the replay cell. On a GPU room, the vLLM cells run; otherwise the reference results show with the
+# line saying where and when they were measured.
+
 # %% slide
 import dataclasses
 

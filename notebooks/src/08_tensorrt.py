@@ -23,6 +23,11 @@
 # - Tell the real TensorRT routes from the one articles invent. Every row carries its quality against
 #   the fp32 reference (greedy agreement, KL).
 
+# %% md notes
+# Presenter: start with the RMSNorm exercise; then ask whether compiling the whole decode step will pay
+# for its build time within one answer, before the compile cell (quick mode reads the compile row
+# from the reference file and says so). TensorRT rows need a GPU; the ONNX Runtime levels run everywhere.
+
 # %% slide
 import dataclasses
 

@@ -18,6 +18,11 @@
 # - Find the highest concurrency that meets a service-level objective (SLO) for the before and the after.
 # - Write a shareable HTML + JSON report, and merge several learners' files into one comparison.
 
+# %% md notes
+# Presenter: the capstone takes a few minutes of machine time; start it first, then talk through the
+# before/after design while it runs. Ask the room which change they expect to matter most under load,
+# and at which concurrency each server will miss the SLO. End with the class merge (docs/instructor.md).
+
 # %% slide
 import pandas as pd
 

@@ -20,6 +20,11 @@
 # - Put llama.cpp beside the lab's best CPU paths on the same prompts, explain the gap with a measured
 #   breakdown, and close part of it with ONNX Runtime's 4-bit blocks.
 
+# %% md notes
+# Presenter: each section is independent; pick two for a short session. Ask before each measurement:
+# how many tokens per forward pass prompt lookup will reach on the copying task and on chat, and how
+# far llama.cpp will be from the lab's best CPU path. The llama.cpp rows need `make llama` beforehand.
+
 # %% slide
 import pandas as pd
 import torch
