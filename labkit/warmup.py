@@ -196,11 +196,9 @@ def compile_cost(module: Any, *example: Any, repeats: int = 5, fresh_cache: bool
         with fresh_compile_cache() if fresh_cache else nullcontext(), timing.track(device) as first:
             compiled(*example)  # traces, generates code, builds it
         comp = timing.measure(lambda: compiled(*example), repeats=repeats, warmup=0, name="compiled", device=device)
-        diff = (compiled(*example) - module(*example)).abs().max()  # same shapes: no new compile
     assert eager.first is not None and first.seconds is not None
     return {"eager_first_s": eager.first, "eager_s": eager.median,
-            "compiled_first_s": first.seconds, "compiled_s": comp.median, "repeats": repeats,
-            "max_abs_diff": float(diff)}
+            "compiled_first_s": first.seconds, "compiled_s": comp.median, "repeats": repeats}
 
 
 def _module_device(module: Any) -> Any:
@@ -246,9 +244,11 @@ def findings(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_tim
             {"finding": "RSS growth of the first request / weight bytes", "value": rss_growth_bytes / weight_bytes}]
     says = [f"The largest phase of this cold start was {largest.removesuffix('_s').replace('_', ' ')} "
             f"({phases[largest]:.2f} s); {before:.2f} s passed before the first request.",
-            f"The first request took {ratio:.1f}× a steady one ({cold.first_request_s * 1e3:.0f} vs {steady_s * 1e3:.0f} ms): "
-            f"{one_time_share:.0%} of it was one-time cost. It grew the RSS by {rss_growth_bytes / 2**20:.0f} MiB, "
-            f"{rss_growth_bytes / weight_bytes:.2f}× the weights."]
+            (f"The first request took {ratio:.1f}× a steady one ({cold.first_request_s * 1e3:.0f} vs "
+             f"{steady_s * 1e3:.0f} ms): {one_time_share:.0%} of it was one-time cost." if one_time_share > 0.05 else
+             f"The first request was no slower than a steady one ({cold.first_request_s * 1e3:.0f} vs "
+             f"{steady_s * 1e3:.0f} ms): no one-time cost showed above this run's noise.")
+            + f" It grew the RSS by {rss_growth_bytes / 2**20:.0f} MiB, {rss_growth_bytes / weight_bytes:.2f}× the weights."]
     if loop_warmup_calls is None:
         says.append(f"The warmup loop written here did not settle within {loop_calls} calls.")
     else:
