@@ -2,25 +2,33 @@
 # # 02 · FP16 and BF16: half the bytes — at what price?
 #
 # Storing weights in 16 bits instead of 32 halves the memory a model needs and the bytes each
-# decode step must read. Two 16-bit formats compete: **fp16** keeps more precision, **bf16**
-# keeps fp32's range. This notebook shows the difference on single numbers, then loads the
-# model in all three precisions and measures footprint, load time, time to first token, decode
-# speed and quality against the fp32 reference — on this machine, whatever it is.
+# decode step must read. Two 16-bit formats compete, and they split their 16 bits differently
+# between range (exponent) and precision (mantissa). This notebook takes the formats apart on single
+# numbers — you round fp32 to bf16 by hand, find a format's largest value from its bits and keep a
+# running sum in 16 bits — then loads the model in all three precisions and measures footprint, load
+# time, time to first token, decode speed and quality against the fp32 reference, on this machine.
 
 # %% md subslide
 # ## Learning objectives
 #
-# - Explain why 70000 overflows in fp16 but not in bf16, and what bf16 pays for that range.
+# - Find which 16-bit format overflows on 70000 and which cannot tell 1 from 1 + 1/1024, and why, from
+#   each format's bits; derive a format's largest finite value (exercise).
+# - Round fp32 to bf16 by hand (round to nearest, ties to even, on the bit pattern) and match `tensor.bfloat16()`.
+# - Keep a running sum in a 16-bit format (exercise) and see why matmuls accumulate in fp32.
 # - Predict weight bytes per precision with `labkit.sizing`, then check them against the loaded model.
-# - Measure TTFT and decode tokens/s per precision and say why half precision can be *slower* on a
-#   CPU without native half-precision matmul instructions.
+# - Measure TTFT and decode tokens/s per precision, and read from this machine's numbers whether half
+#   precision is faster or slower here, and why.
 # - Read three quality columns: perplexity, greedy agreement and KL divergence against fp32.
 
 # %% slide
-import labkit
+import math
+
 import pandas as pd
 import torch
-from labkit import config, env, plots, quality, results, sizing, timing, variants
+
+import labkit
+from labkit import config, env, exercises, plots, quality, results, sizing, timing, variants
+from labkit.exercises import nb02
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -40,13 +48,39 @@ QUESTIONS = config.pick(5, 1)  # questions answered side by side
 ANSWER_TOKENS = config.pick(24, 12)  # tokens per answer
 MATMUL_TOKENS = 64  # rows (tokens) of the prefill-like matmul in section 4
 MATMUL_REPEATS = config.pick(10, 2)  # timed repeats per matmul
+ROUND_SAMPLES = 100_000  # random fp32 values rounded to bf16 by hand and by torch
+ACCUM_START, ACCUM_STEP, ACCUM_STEPS = 1.0, 1e-4, 10_000  # the running sum of section 2: start + step, ACCUM_STEPS times
 
 # %% md slide
 # ## 1 · Three formats, one number at a time
 #
-# A float is sign × mantissa × 2^exponent. More **exponent** bits = wider range; more
-# **mantissa** bits = finer steps. Predict before running: which format turns 70000 into `inf`?
-# Which one cannot tell 1 from 1 + 1/1024?
+# A float is sign × significand × 2^exponent. More **exponent** bits = wider range; more
+# **mantissa** bits = finer steps. fp32 has 8 exponent and 23 mantissa bits; fp16 and bf16 spend their
+# 16 bits differently. Predict before running: which format turns 70000 into `inf`? Which one cannot
+# tell 1 from 1 + 1/1024?
+
+# %% fragment
+PREDICT_OVERFLOW = None  # your prediction: which turns 70000 into inf: "fp16", "bf16", "both" or "neither"
+PREDICT_BLIND = None  # your prediction: which rounds 1 + 1/1024 to 1: "fp16", "bf16", "both" or "neither"
+
+# %% fragment
+samples = torch.tensor([70000.0, 1e-6, 3.14159265, 1 + 2**-10, 300.5], device="cpu")  # number formats: any device shows them
+demo = pd.DataFrame({"fp32": samples.tolist(), "fp16": samples.half().float().tolist(),
+                     "bf16": samples.bfloat16().float().tolist()})
+choices = ["fp16", "bf16", "both", "neither"]
+
+
+def which(hit: dict) -> str:
+    """'fp16', 'bf16', 'both' or 'neither', from {format: bool}."""
+    found = [f for f in ("fp16", "bf16") if hit[f]]
+    return "both" if len(found) == 2 else found[0] if found else "neither"
+
+
+overflows = which({f: math.isinf(demo[f][0]) for f in ("fp16", "bf16")})
+blind = which({f: demo[f][3] == 1.0 for f in ("fp16", "bf16")})
+exercises.reveal_choice("70000 becomes inf in", PREDICT_OVERFLOW, overflows, choices)
+exercises.reveal_choice("1 + 1/1024 rounds to 1 in", PREDICT_BLIND, blind, choices)
+demo
 
 # %% fragment
 def layout(dtype: torch.dtype) -> dict:
@@ -55,18 +89,99 @@ def layout(dtype: torch.dtype) -> dict:
     return {"dtype": str(dtype).replace("torch.", ""), "bits": fi.bits, "exponent_bits": fi.bits - 1 - mantissa,
             "mantissa_bits": mantissa, "max": fi.max, "smallest_normal": fi.tiny, "eps": fi.eps}
 
-pd.DataFrame([layout(d) for d in (torch.float32, torch.float16, torch.bfloat16)])
 
-# %% fragment
-samples = torch.tensor([70000.0, 1e-6, 3.14159265, 1 + 2**-10, 300.5], device="cpu")  # number formats: any device shows them
-demo = pd.DataFrame({"fp32": samples.tolist(), "fp16": samples.half().float().tolist(),
-                     "bf16": samples.bfloat16().float().tolist()})
-demo
-
-# %% fragment
-print(f"70000 → fp16: {demo.fp16[0]}, bf16: {demo.bf16[0]:g} (bf16 has fp32's {layout(torch.bfloat16)['exponent_bits']} exponent bits)")
+formats = pd.DataFrame([layout(d) for d in (torch.float32, torch.float16, torch.bfloat16)]).set_index("dtype")
+print(f"70000 → fp16: {demo.fp16[0]}, bf16: {demo.bf16[0]:g} (exponent bits: fp16 {formats.exponent_bits['float16']}, "
+      f"bf16 {formats.exponent_bits['bfloat16']}, fp32 {formats.exponent_bits['float32']})")
 print(f"1 + 1/1024 → fp16: {demo.fp16[3]:.6f}, bf16: {demo.bf16[3]:.6f} "
-      f"(bf16 keeps {layout(torch.bfloat16)['mantissa_bits']} mantissa bits, fp16 {layout(torch.float16)['mantissa_bits']})")
+      f"(mantissa bits: fp16 {formats.mantissa_bits['float16']}, bf16 {formats.mantissa_bits['bfloat16']})")
+formats
+
+# %% md subslide
+# ### Where does a format's largest value come from?
+#
+# An IEEE-754-style format with *e* exponent bits stores the exponent plus a bias of 2^(e−1) − 1, keeps
+# the all-ones exponent pattern for `inf` and NaN, and puts an implicit leading 1 before its *m*
+# mantissa bits (1.m in binary). Write its largest finite value from *e* and *m*.
+
+# %% exercise 02.float_max
+def float_max(exponent_bits, mantissa_bits):
+    """Largest finite value of an IEEE-754-style binary format with these many exponent and mantissa bits."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("02.float_max", float_max)
+
+# %% md subslide
+# ### Rounding fp32 to bf16, by hand
+#
+# bf16 is the top half of an fp32: the same sign and 8 exponent bits, the first 7 of the 23 mantissa bits.
+# Converting drops the low 16 bits, rounding to the nearest bf16 and, on an exact tie, to the one whose last
+# kept bit is 0 (*round to nearest, ties to even*). Here it is on the bit patterns, as integers:
+
+# %% mechanism
+def bf16_bits(x: torch.Tensor) -> torch.Tensor:
+    """fp32 (N,) → (N,) int32 holding each value's bf16 bit pattern in its low 16 bits."""
+    bits = x.view(torch.int32)  # (N,) the same 32 bits as integers: sign | 8 exponent | 23 mantissa
+    last_kept = (bits >> 16) & 1  # (N,) the lowest bit bf16 keeps
+    rounded = bits + 0x7FFF + last_kept  # a dropped half above 0x8000 carries into the kept bits; exactly
+                                         # 0x8000 (a tie) carries only when the last kept bit is 1: ties to even
+    return (rounded >> 16) & 0xFFFF  # (N,) the top 16 bits: sign, exponent, 7 mantissa bits
+
+# %% fragment
+gen = torch.Generator(device="cpu").manual_seed(0)
+x = torch.randn(ROUND_SAMPLES, generator=gen, device="cpu")  # number formats: any device rounds the same way
+x = torch.cat([x * 2.0 ** torch.randint(-120, 120, (ROUND_SAMPLES,), generator=gen, device="cpu"),
+               torch.tensor([0.0, -0.0, 70000.0, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), float("inf")], device="cpu")])
+mine = bf16_bits(x).to(torch.int16).view(torch.bfloat16)  # the low 16 bits, read as bf16
+theirs = x.bfloat16()
+truncated = (x.view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)  # dropping the bits, no rounding
+print(f"bf16 by hand vs tensor.bfloat16() on {x.numel():,} values: "
+      f"{'the same bytes' if torch.equal(mine.view(torch.int16), theirs.view(torch.int16)) else 'DIFFERENT bytes'}; "
+      f"plain truncation differs in {(truncated.view(torch.int16) != theirs.view(torch.int16)).float().mean():.1%} of them")
+pd.DataFrame({"fp32": x[-7:].tolist(), "bits by hand": [f"{b:04x}" for b in bf16_bits(x[-7:]).tolist()],
+              "bfloat16()": theirs[-7:].float().tolist(), "truncated": truncated[-7:].float().tolist()})
+
+# %% md slide
+# ## 2 · Adding small numbers: a running total in 16 bits
+#
+# A matmul adds up one product per input feature for every output. If the running total lives in a 16-bit
+# format, every addition rounds it to that format's spacing. Predict: starting from `ACCUM_START`, after
+# adding `ACCUM_STEP` `ACCUM_STEPS` times, what does the fp16 total end at?
+
+# %% fragment
+PREDICT_FP16_TOTAL = None  # your prediction: the fp16 running total at the end
+
+# %% exercise 02.accumulate
+import torch
+
+
+def accumulate(start, step, n, dtype):
+    """``start`` plus ``step``, ``n`` times, with the running total kept in ``dtype`` (a torch dtype):
+    rounded to that format after every addition. Returns the final total as a Python float."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("02.accumulate", accumulate)
+
+# %% fragment
+running = exercises.use("02.accumulate", accumulate, nb02.running_sum)
+totals = pd.DataFrame([{"dtype": name, "running total in dtype": running(ACCUM_START, ACCUM_STEP, ACCUM_STEPS, d),
+                        "torch.sum in dtype": ACCUM_START + torch.full((ACCUM_STEPS,), ACCUM_STEP, dtype=d,
+                                                                       device="cpu").sum().item(),  # number formats
+                        "exact": ACCUM_START + ACCUM_STEP * ACCUM_STEPS}
+                       for name, d in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16))])
+totals = totals.set_index("dtype")
+exercises.reveal("fp16 running total", PREDICT_FP16_TOTAL, totals.loc["fp16", "running total in dtype"])
+stalled = [d for d in totals.index if totals.loc[d, "running total in dtype"] < ACCUM_START + 0.5 * ACCUM_STEP * ACCUM_STEPS]
+err = (totals.drop(columns="exact").sub(totals.exact, axis=0)).abs()  # distance from the exact total
+wider = [d for d in ("fp16", "bf16") if err.loc[d, "torch.sum in dtype"] < err.loc[d, "running total in dtype"]]
+print(f"the running total stalled (ended below halfway) in: {', '.join(stalled) or 'none'}; torch.sum of the same "
+      f"numbers landed closer to the exact total in: {', '.join(wider) or 'none'}"
+      + (" — it accumulates in a wider type inside, as matmul kernels accumulate fp16/bf16 products in fp32" if wider else ""))
+totals
 
 # %% md slide
 # ## 2 · Predict the footprint
@@ -82,7 +197,12 @@ pd.DataFrame({"dtype": VARIANTS, "predicted_MiB": [predicted[d] / 2**20 for d in
 #
 # Each variant is loaded, timed (one warmup, then `REPEATS` runs of `NEW_TOKENS` greedy tokens),
 # scored on `data/eval/labkit_eval.txt` (English and Chinese) and teacher-forced on the fp32
-# model's own continuations of the prompts in `data/prompts.json`, then released.
+# model's own continuations of the prompts in `data/prompts.json`, then released. Predict: how many
+# times as fast as fp32 do fp16 and bf16 decode on this machine?
+
+# %% fragment
+PREDICT_FP16_DECODE_RATIO = None  # your prediction: fp16 decode tokens/s ÷ fp32's
+PREDICT_BF16_DECODE_RATIO = None  # your prediction: bf16 decode tokens/s ÷ fp32's
 
 # %% fragment
 settings = variants.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_tokens=ANSWER_TOKENS, n_questions=QUESTIONS,
@@ -101,13 +221,20 @@ plots.predicted_vs_measured(list(ok.index), list(ok.predicted_weight_bytes / 2**
 speed = ok.reset_index().melt(id_vars="variant", value_vars=["ttft_s", "tpot_s"], var_name="metric", value_name="seconds")
 plots.bar(speed, x="variant", y="seconds", color="metric", title="Time to first token and time per output token",
           y_title="seconds (lower is better)").show()
+speedup = {v: ok.decode_tokens_per_s[v] / ok.decode_tokens_per_s["fp32"] for v in ok.index if v != "fp32"}
+for v, guess in (("fp16", PREDICT_FP16_DECODE_RATIO), ("bf16", PREDICT_BF16_DECODE_RATIO)):
+    if v in speedup:
+        exercises.reveal(f"{v} decode speed ÷ fp32's", guess, speedup[v], "×")
+    else:
+        print(f"{v}: not run here — {table.status[v]}")
 
 # %% md slide
 # ## 4 · Is half precision faster here?
 #
-# Prefill multiplies whole matrices (compute-bound); decode multiplies one vector per step by every
-# weight (memory-bound). A CPU without fp16/bf16 matmul instructions converts half-precision
-# weights back to fp32 as it computes: it saves bytes, not arithmetic. We time both shapes directly.
+# Prefill multiplies whole matrices (many FLOPs per weight byte); decode multiplies one vector per step
+# by every weight (few: notebook 01's roofline placed both on this machine). A device without fp16/bf16
+# matmul instructions converts half-precision weights back to fp32 as it computes: it saves bytes, not
+# arithmetic. Below, both shapes timed directly, on this run's device.
 
 # %% fragment
 shape = sizing.shape("default")  # the lm_head's matrix: vocabulary × hidden size, the largest in the model
@@ -129,7 +256,7 @@ for v, r in ratio.items():
     print(f"{v}: TTFT {r['ttft']:.2f}× fp32's ({'slower' if r['ttft'] > 1 else 'faster'}), "
           f"decode speed {r['decode']:.2f}× fp32's ({'faster' if r['decode'] > 1 else 'slower'})")
 reason = variants.fast_half_matmul_reason()
-print("why:", reason or "this machine has native half-precision matmul instructions (or a GPU), so both can speed up")
+print("half-precision matmul hardware:", reason or f"{device} reports native fp16/bf16 matmul support")
 
 # %% md slide
 # ## 5 · Quality: did halving the bytes change the answers?
@@ -146,7 +273,7 @@ qs = quality.prompts("questions")[:QUESTIONS]
 quality.side_by_side(qs, {v: table.answers[v] for v in ok.index})
 
 # %% md slide
-# ## Takeaways
+# ## Takeaways, from this run's numbers
 
 # %% fragment
 res = results.Results("02_fp16_bf16")
@@ -154,23 +281,48 @@ res.notes.update(settings=settings.to_dict(), cpu_features=variants.cpu_features
                  half_precision=variants.half_precision_features())
 res.replace("variants", [{k: v for k, v in r.items() if k != "options"} for r in rows])
 res.replace("matmul", shapes.to_dict("records"))
+res.replace("accumulation", totals.reset_index().to_dict("records"))
+mm = shapes.set_index("dtype").rename(index={"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"})
+formats_found = [(f"70000 became {demo.fp16[0]:g} in fp16 and {demo.bf16[0]:g} in bf16; 1 + 1/1024 became "
+                  f"{demo.fp16[3]:.6f} in fp16 and {demo.bf16[3]:.6f} in bf16.", None),
+                 (f"Adding {ACCUM_STEP:g} to {ACCUM_START:g} {ACCUM_STEPS:,} times ended at "
+                  + ", ".join(f"{totals.loc[d, 'running total in dtype']:.4f} in {d}" for d in totals.index)
+                  + f" (exact: {ACCUM_START + ACCUM_STEP * ACCUM_STEPS:g}).", None)]
+speed_found = []
+for v, s in speedup.items():
+    r, t = ok.loc[v], ok.ttft_s[v] / ok.ttft_s["fp32"]
+    pre = mm.loc[v, "prefill-like (s)"] / mm.loc["fp32", "prefill-like (s)"]
+    step = mm.loc[v, "decode-like (s)"] / mm.loc["fp32", "decode-like (s)"]
+    speed_found.append((
+        f"{v}: weights {r.weight_bytes / ok.weight_bytes['fp32']:.2f}× fp32's bytes; decode {s:.2f}× as fast as fp32 "
+        f"({'faster' if s > 1 else 'slower'}), TTFT {t:.2f}× fp32's ({'shorter' if t < 1 else 'longer'}); the "
+        f"decode-like matmul took {step:.2f}× fp32's time, the prefill-like one {pre:.2f}×. "
+        + ("Reading half the bytes paid off in decode here." if s > 1 and step < 1 else
+           "Half the bytes did not make decode faster here." + (f" ({reason})" if reason else "")
+           if s <= 1 else "Decode got faster though the lone decode-like matmul did not.")
+        + f" Quality: agreement {r.agreement:.3f}, KL {r.kl:.2g} nats against fp32.", s))
+if {"fp16", "bf16"} <= set(speedup):
+    closer = "fp16" if ok.kl["fp16"] < ok.kl["bf16"] else "bf16"
+    speed_found.append((f"{closer} stayed closer to fp32 (KL fp16 {ok.kl['fp16']:.2g}, bf16 {ok.kl['bf16']:.2g} nats); "
+                        f"bf16 keeps {formats.mantissa_bits['bfloat16']} mantissa bits to fp16's "
+                        f"{formats.mantissa_bits['float16']}.", None))
+res.replace("summary", [{"finding": f, "value": v} for f, v in speed_found + formats_found])  # headline: decode speed
 print("saved", res.save())
+print("\n".join("- " + f for f, _ in formats_found + speed_found))
 res.frame("variants")[["variant", "weight_bytes", "load_s", "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"]]
 
 # %% subslide
 # the same measurements from a GPU, where one ships (data/reference/02_fp16_bf16.<gpu>.json, each with its provenance)
 results.show_gpu_references("02_fp16_bf16", ["variants", "matmul"])
 
-# %% md fragment
-# - fp16 and bf16 halve the weight bytes exactly as predicted (compare the two bars above).
-# - bf16 keeps fp32's exponent range, so large activations do not overflow; it pays with a coarser
-#   mantissa (see the layout table): compare its KL and agreement with fp16's in the table above.
-# - Whether half precision is *faster* depends on the hardware: memory-bound decode gains from
-#   reading fewer bytes, compute-bound prefill loses wherever there are no native half-precision
-#   matmul instructions (section 4 measured both on this machine).
-#
+# %% md slide
 # ## Exercises
-# 1. Add 0.0001 to 1.0 ten thousand times in fp32, fp16 and bf16. What does each end at, and why
-#    do GPUs accumulate half-precision matmuls in fp32?
+#
+# The two exercises sit where their mechanism is taught: `02.float_max` in section 1 and `02.accumulate`
+# in section 2 (the totals table uses your function once it is correct). Change an answer, run its check
+# cell again, then the cells after it. To go further:
+#
+# 1. Change `bf16_bits` to round half away from zero instead of ties to even: on how many of the values do
+#    you now differ from `tensor.bfloat16()`?
 # 2. On a GPU (set `LABKIT_DEVICE=cuda`), re-run section 3: which of TTFT and decode speed improves
 #    with fp16, and by how much against the 2× that bytes alone would predict?
