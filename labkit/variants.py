@@ -1086,7 +1086,8 @@ def library_agreement(w: Any, x: Any, int8_hand: tuple[Any, Any, Any], nf4_hand:
 
         w16 = w.half()  # bitsandbytes' loader quantises the fp16 copy of each weight
         cb, scb, _ = bnbf.int8_vectorwise_quant(w16)  # (out, in) int8, (out,) row absmax
-        q16, s16 = round_trip(w16.float(), scale_of(w16.float()))
+        s16 = scale_of(w16.float())  # (out, 1), the notebook's scales of the same fp16 weight
+        q16, _ = round_trip(w16.float(), s16)
         row("bitsandbytes int8_vectorwise_quant (fp16 copy)", "int8 per row", q16, cb,
             q16.numel() + s16.numel() * 4, cb.numel() * cb.element_size() + scb.numel() * scb.element_size(),
             _rel(x @ (q16.float() * s16).T, y), _rel(x @ (cb.float() * scb[:, None] / 127).T, y))

@@ -122,7 +122,9 @@ def _nf4_quantize(fn: Any) -> None:
     if tuple(amax.shape) != (3, 1) and amax.numel() == 1:
         raise Wrong("one absmax for all blocks: NF4 keeps one absmax per block of 64, blocks.abs().amax(dim=1, "
                     "keepdim=True)")
-    amax = amax.reshape(3, 1)
+    if tuple(amax.shape) != (3, 1):
+        raise Wrong(f"absmax has shape {tuple(amax.shape)}: return one per block as (n, 1) (keepdim=True), so "
+                    "code[indices] * absmax scales each block by its own")
     if torch.allclose(amax, blocks.amax(dim=1, keepdim=True)) and not torch.allclose(amax, absmax):
         raise Wrong("block 1's largest magnitude is negative: use the absolute value, blocks.abs().amax(dim=1)")
     close(amax, absmax, "absmax", rtol=1e-5)
