@@ -1,26 +1,33 @@
 # %% md slide
 # # 04 · Warmup: what the first request pays, and why
 #
-# A server that has just started answers its first request slower than its hundredth. Part of
-# the cost is obvious (start Python, import torch, load the weights), part is hidden inside the
-# first `generate`: memory the allocator has not asked the OS for yet, weights not yet paged in,
+# A server that has just started must start Python, import torch, load the weights — and then answer its
+# first request. Is that first request as fast as the hundredth? Part of what it may pay is hidden inside
+# the first `generate`: memory the allocator has not asked the OS for yet, weights not yet paged in,
 # lazily initialised libraries — on a GPU also the CUDA context and kernel selection, and with
-# `torch.compile` the compilation itself. This notebook times each phase of a truly cold start
-# and measures how many warmup calls it takes until latency settles.
+# `torch.compile` the compilation itself. This notebook times each phase of a truly cold start, writes
+# the warmup loop a server runs, and measures how many calls it takes until latency settles.
 
 # %% md subslide
 # ## Learning objectives
 #
 # - Split a cold start into phases — process start, imports, model load, first and second
 #   request — measured in a fresh process.
-# - See the first requests' latencies cold and after a warmup, side by side.
-# - Use a warmup helper the way a server does at start, and read when latency has *settled*
-#   (spread of the last few calls under 10 %).
+# - Write the stopping rule of a warmup (exercise) and the share of the first call that is one-time cost
+#   (exercise), then run a warmup loop written in the notebook on a real model.
+# - See the first requests' latencies cold and after a warmup, side by side, each with its greedy
+#   agreement against the cold process's answer.
 # - Measure what `torch.compile` adds to the first call, and when it pays back.
+
+# %% md notes
+# Presenter: ask the room which cold-start phase is largest, and how much slower the first request is,
+# before the first fresh process runs. The stopping rule (exercise 04.calls_until_settled) drives the
+# warmup loop of section 4; give five minutes for it. On a busy laptop the loop may not settle: that is a
+# result too (the spread says why).
 
 # %% slide
 import labkit
-from labkit import config, env, memory, models, plots, results, sizing, warmup
+from labkit import config, env, exercises, generation, memory, models, plots, results, sizing, timing, warmup
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -28,20 +35,24 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 env.capabilities_frame().query("name in ['cuda', 'torch.compile']")
 
 # %% subslide parameters
-REQUESTS = config.pick(20, 10)  # timed requests per fresh process
+REQUESTS = config.pick(20, 8)  # timed requests per fresh process
 REQUEST_TOKENS = 8  # new tokens per request (short: the start-up costs are the subject)
 UNTIL_SPREAD = 0.10  # settled when (p90 - p10) / median of the last WINDOW calls is under this fraction
 WINDOW = 5  # calls per settle window
-MAX_CALLS = config.pick(30, 15)  # warmup gives up after this many calls, settled or not
+MAX_CALLS = config.pick(30, 12)  # warmup gives up after this many calls, settled or not
 COMPILE_TOKENS = (1, 16)  # (batch, tokens) of the input for the one-layer compile demo
 COMPILE_MODEL = not config.quick()  # compile the whole model in a fresh process (too slow for quick mode on a CPU)
 
 # %% md slide
 # ## 1 · Predict: where does a cold start spend its time?
 #
-# A fresh process must start the interpreter, import torch and transformers, read the weights,
-# then run the first request. Before running the cell below, write down which phase you expect
-# to be largest, and how much slower the first request is than the second.
+# A fresh process must start the interpreter, import torch and transformers, read the weights, then run
+# the first request. Which phase is the largest? How many times longer than a steady request (the median
+# of the last `WINDOW` requests) is the first one?
+
+# %% fragment
+PREDICT_LARGEST_PHASE = None  # your prediction: "process_start", "import", "load" or "first_request" (GPU: "cuda_init" too)
+PREDICT_FIRST_OVER_STEADY = None  # your prediction: first request latency / steady latency (×)
 
 # %% md slide
 # ## 2 · Measure: one truly cold process
@@ -57,18 +68,43 @@ plots.bar(phases.dropna(subset=["seconds"]), x="phase", y="seconds", title="Cold
 phases
 
 # %% fragment
-ratio = cold.first_request_s / cold.second_request_s
+steady_s = timing.Measurement.from_values("steady", cold.requests_s[-WINDOW:]).median
 start_up = cold.process_start_s + cold.import_s + cold.load_s + (cold.cuda_init_s or 0)
-print(f"before the first request: {start_up:.2f} s (imports {cold.import_s:.2f} s, load {cold.load_s:.2f} s)")
-print(f"first request {cold.first_request_s * 1e3:.0f} ms vs second {cold.second_request_s * 1e3:.0f} ms: {ratio:.2f}×")
+timed = phases.dropna(subset=["seconds"]).query("phase != 'second_request'").set_index("phase").seconds
+exercises.reveal_choice("largest phase", PREDICT_LARGEST_PHASE, timed.idxmax(), list(timed.index))
+exercises.reveal("first request / steady", PREDICT_FIRST_OVER_STEADY, cold.first_request_s / steady_s, "×")
+print(f"before the first request: {start_up:.2f} s (imports {cold.import_s:.2f} s, load {cold.load_s:.2f} s); "
+      f"first request {cold.first_request_s * 1e3:.0f} ms, steady {steady_s * 1e3:.0f} ms")
+
+# %% md subslide
+# ### How much of the first call is one-time cost?
+#
+# The steady latency is what every call pays; whatever the first call pays on top happens once. Write the
+# share of the first call that is one-time cost, from a list of latencies in call order.
+
+# %% exercise 04.one_time_share
+def one_time_share(latencies_s: list[float], window: int) -> float:
+    """(first − steady) / first, where steady is the median of the last ``window`` latencies: 0 when the first
+    call is as fast as the rest, near 1 when it is almost all one-time cost."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("04.one_time_share", one_time_share)
+
+# %% fragment
+share = exercises.use("04.one_time_share", one_time_share, warmup.one_time_share)(cold.requests_s, WINDOW)
+extra_ms = (cold.first_request_s - steady_s) * 1e3
+print(f"one-time cost: {share:.0%} of the first request ({extra_ms:.0f} ms of {cold.first_request_s * 1e3:.0f} ms)"
+      if share > 0 else f"the first request was {-extra_ms:.0f} ms faster than the steady median: no one-time cost "
+      "shows above this run's noise")
 
 # %% md slide
 # ## 3 · Where did the first request's extra memory come from?
 #
-# Resident memory (RSS) before and after the first request. On CPU, transformers maps the
-# safetensors file into memory: the weights count as "loaded" but the OS reads each page only
-# when a request first touches it. Compare the growth with the parameter bytes the sizing model
-# predicts.
+# Resident memory (RSS) before and after the first request. On CPU, transformers maps the safetensors
+# file into memory: the weights can count as "loaded" before the OS has read them. Does the first request
+# grow the RSS, and by how much compared with the parameter bytes the sizing model predicts?
 
 # %% fragment
 rss = cold.rss_bytes
@@ -80,46 +116,102 @@ print(f"first request grew RSS by {grew / 2**20:.0f} MiB = {grew / weights_b:.2f
 print("CUDA context:", f"{cold.cuda_init_s:.2f} s" if cold.cuda_init_s is not None else cold.notes["cuda_init_s"])
 
 # %% md slide
-# ## 4 · The first requests, cold vs after a warmup
+# ## 4 · The warmup loop, written out
 #
-# A second fresh process runs the warmup helper first — `warmup.warmup(model, tokenizer,
-# until_spread=0.10, max_calls=…, window=5)`, the call a server makes before it opens its port —
-# then the same timed requests.
+# A server calls its model before it opens its port, until latency has *settled*: the last `WINDOW` calls
+# spread less than `UNTIL_SPREAD` — spread as `labkit.timing.Measurement` defines it everywhere,
+# (p90 − p10) / median, given to you as `window_spread`. Write the stopping rule on a list of latencies.
+
+# %% exercise 04.calls_until_settled
+from labkit.warmup import window_spread
+
+
+def calls_until_settled(latencies_s: list[float], until_spread: float, window: int) -> int | None:
+    """The number of calls before the first ``window`` calls in a row whose ``window_spread`` is under
+    ``until_spread`` (those earlier calls are the warmup); None when no such window exists yet."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("04.calls_until_settled", calls_until_settled)
+
+# %% md subslide
+# ### Predict, then run the loop on the model
+#
+# The loop below loads the model in this notebook's process (it has imported torch but run no model) and
+# calls it until your rule says settled, or `MAX_CALLS`. Predict: how many calls before the steady window?
+
+# %% fragment
+PREDICT_CALLS_TO_SETTLE = None  # your prediction: warmup calls before the first steady window
+
+# %% fragment mechanism
+settled_after = exercises.use("04.calls_until_settled", calls_until_settled, warmup.settle_point)
+lm = models.load()
+
+
+def request():  # one short greedy request, as the cold processes make
+    return generation.generate(lm.model, lm.tokenizer, warmup.DEFAULT_PROMPT, max_new_tokens=REQUEST_TOKENS,
+                               fixed_length=True).text
+
+
+latencies, answers = [], []
+while len(latencies) < MAX_CALLS:
+    t0 = timing.now(lm.device)  # synchronises a GPU before reading the clock
+    answers.append(request())
+    latencies.append(timing.now(lm.device) - t0)
+    if settled_after(latencies, UNTIL_SPREAD, WINDOW) is not None:
+        break  # the last WINDOW calls are steady: open the port
+n_warm = settled_after(latencies, UNTIL_SPREAD, WINDOW)
+print(f"{len(latencies)} calls: " + " ".join(f"{t * 1e3:.0f}" for t in latencies) + " ms")
+
+# %% fragment
+if n_warm is not None:
+    exercises.reveal("warmup calls before settling", PREDICT_CALLS_TO_SETTLE, n_warm, "calls")
+else:
+    print(f"no steady window within MAX_CALLS={MAX_CALLS} calls (this machine is noisy): nothing to compare with "
+          f"your prediction of {PREDICT_CALLS_TO_SETTLE}")
+print(f"the same rule in labkit (warmup.settle_point): {warmup.settle_point(latencies, UNTIL_SPREAD, WINDOW)}; "
+      f"answers identical across the calls: {len(set(answers)) == 1}")
+
+# %% md slide
+# ## 5 · The first requests, cold vs after a warmup
+#
+# A second fresh process runs labkit's warmup first — `warmup.warmup(model, tokenizer,
+# until_spread=UNTIL_SPREAD, max_calls=MAX_CALLS, window=WINDOW)`, the same rule as your loop — then
+# the same timed requests. Every request's answer is compared with the cold process's first answer
+# (greedy agreement: the share of identical tokens). Does the warmup change the latency of request 1?
+# Does it change the answers?
 
 # %% fragment
 warmed = warmup.cold_start(requests=REQUESTS, max_new_tokens=REQUEST_TOKENS, warm=True, until_spread=UNTIL_SPREAD,
                            max_calls=MAX_CALLS, window=WINDOW)
 reqs = warmup.requests_frame(cold=cold, warmed=warmed)
+reference_answer = cold.texts[0]  # the cold process's first greedy answer: the baseline
+reqs["agreement"] = [warmup.token_agreement(lm.tokenizer, t, reference_answer) for t in cold.texts + warmed.texts]
 plots.line(reqs, x="request", y="latency_s", color="series", title=f"First {REQUESTS} requests of a fresh process",
            x_title="request number", y_title="end-to-end latency (s)").show()
-by = reqs.groupby("series")["latency_s"]
-print(f"request 1: cold {by.first()['cold'] * 1e3:.0f} ms, after warmup {by.first()['warmed'] * 1e3:.0f} ms · "
-      f"median of all: cold {by.median()['cold'] * 1e3:.0f} ms, after warmup {by.median()['warmed'] * 1e3:.0f} ms")
-
-# %% md slide
-# ## 5 · How many warmup calls until latency settles?
-#
-# The helper stops as soon as the last `WINDOW` calls have a spread — (p90 − p10) / median, the
-# definition `labkit.timing.Measurement` uses everywhere — under `UNTIL_SPREAD`, and gives up
-# after `MAX_CALLS` calls either way.
+by = reqs.groupby("series")
+summary = by.agg(first_s=("latency_s", "first"), median_s=("latency_s", "median"), agreement=("agreement", "min"))
+summary
 
 # %% fragment
 rep = warmed.warmup
 warmup.settle_figure(rep).show()
 cold_point = warmup.settle_point(cold.requests_s, UNTIL_SPREAD, WINDOW)
 if rep.settled:
-    print(f"settled after {rep.warmup_calls} warmup call(s) + a steady window of {rep.window} "
+    print(f"labkit's warmup settled after {rep.warmup_calls} warmup call(s) + a steady window of {rep.window} "
           f"(spread {rep.final_spread:.1%}, steady latency {rep.steady_s * 1e3:.0f} ms)")
 else:
-    print(f"did not settle within {rep.calls} calls (last spread {rep.final_spread:.1%}): the machine is noisy")
+    print(f"labkit's warmup did not settle within {rep.calls} calls (last spread {rep.final_spread:.1%}): the machine is noisy")
 print("the cold series above settles after", cold_point, "request(s)" if cold_point is not None else "(never)")
 
 # %% md slide
-# ## 6 · torch.compile: the most expensive first call
+# ## 6 · torch.compile: what does its first call cost?
 #
-# `torch.compile` traces a module and generates and builds code for it on the first call; later
-# calls with the same shapes reuse it. First one decoder layer's MLP (small and quick), then — in full
-# mode — the whole model's decode step in a fresh process.
+# `torch.compile` traces a module and generates and builds code for it on the first call; later calls
+# with the same shapes reuse it. First one decoder layer's MLP (small and quick), with the largest
+# difference between its compiled and eager outputs; then — in full mode — the whole model's decode step
+# in a fresh process, whose answers are compared with the cold eager process's.
 
 # %% fragment
 cap = env.capability("torch.compile")
@@ -127,12 +219,15 @@ res = results.Results("04_warmup")
 if cap.available:
     import torch
 
-    lm = models.load()
     x = torch.randn(*COMPILE_TOKENS, lm.model.config.hidden_size, device=lm.device)  # inputs follow the model
-    mlp_cost = warmup.compile_cost(lm.model.model.layers[0].mlp, x, repeats=5)
+    mlp = lm.model.model.layers[0].mlp
+    mlp_cost = warmup.compile_cost(mlp, x, repeats=5)
+    with torch.inference_mode():  # the same module and shapes: dynamo reuses the code compiled above
+        mlp_cost["max_abs_diff"] = (torch.compile(mlp)(x) - mlp(x)).abs().max().item()
     res.add("compile", target="one MLP layer", where="this run", **mlp_cost)
     print(f"one MLP: eager first {mlp_cost['eager_first_s'] * 1e3:.1f} ms · compiled first {mlp_cost['compiled_first_s']:.2f} s "
-          f"· then {mlp_cost['compiled_s'] * 1e3:.2f} ms compiled vs {mlp_cost['eager_s'] * 1e3:.2f} ms eager")
+          f"· then {mlp_cost['compiled_s'] * 1e3:.2f} ms compiled vs {mlp_cost['eager_s'] * 1e3:.2f} ms eager; "
+          f"outputs differ by at most {mlp_cost['max_abs_diff']:.2g}")
 else:
     print("torch.compile is not available here:", cap.reason)
 
@@ -140,44 +235,48 @@ else:
 if cap.available and COMPILE_MODEL:
     comp = warmup.cold_start(requests=3, max_new_tokens=REQUEST_TOKENS, compile=True)
     res.add("compile", target="whole model (static cache)", where="this run", compiled_first_s=comp.first_request_s,
-            compiled_s=comp.requests_s[-1], eager_first_s=cold.first_request_s, eager_s=cold.requests_s[-1])
+            compiled_s=comp.requests_s[-1], eager_first_s=cold.first_request_s, eager_s=cold.requests_s[-1],
+            agreement=min(warmup.token_agreement(lm.tokenizer, t, reference_answer) for t in comp.texts))
     print(f"compiled model, fresh process: first request {comp.first_request_s:.1f} s, then {comp.requests_s[-1]:.2f} s")
 else:
     ref = results.reference("05_kv_cache_compile")
     rows = {r["variant"]: r for r in ref.section("cache_variants")}
     res.add("compile", target=f"whole model (static cache, {rows['dynamic']['new_tokens']} tokens)", where="reference",
             compiled_first_s=rows["static+compile"]["first_call_s"], compiled_s=rows["static+compile"]["e2e_s"],
-            eager_first_s=rows["dynamic"]["first_call_s"], eager_s=rows["dynamic"]["e2e_s"])
+            eager_first_s=rows["dynamic"]["first_call_s"], eager_s=rows["dynamic"]["e2e_s"],
+            agreement=rows["static+compile"].get("agreement"))
     print("Whole-model compile runs in full mode only (too slow for quick mode on a CPU); reference:", results.provenance(ref))
 comp_df = res.frame("compile")
 comp_df["break_even_calls"] = [warmup.break_even_calls(r.compiled_first_s, r.compiled_s, r.eager_first_s, r.eager_s)
                                for r in comp_df.itertuples()]
-comp_df[["target", "where", "eager_first_s", "compiled_first_s", "eager_s", "compiled_s", "break_even_calls"]]
+comp_df[[c for c in ["target", "where", "eager_first_s", "compiled_first_s", "eager_s", "compiled_s", "break_even_calls",
+                     "max_abs_diff", "agreement"] if c in comp_df]]
 
 # %% md slide
-# ## Takeaways
+# ## Takeaways, from this run's numbers
 
 # %% fragment
 res.replace("phases", [{"phase": p, "seconds": s} for p, s in cold.phases().items()])
 res.replace("requests", reqs.to_dict("records"))
+res.replace("notebook_warmup", [{"call": i, "latency_s": t} for i, t in enumerate(latencies, start=1)])
 res.add("warmup", calls=rep.calls, settled=rep.settled, warmup_calls=rep.warmup_calls,
-        final_spread=rep.final_spread, steady_s=rep.steady_s, cold_settle_point=cold_point)
+        final_spread=rep.final_spread, steady_s=rep.steady_s, cold_settle_point=cold_point,
+        notebook_loop_calls=len(latencies), notebook_loop_warmup_calls=n_warm)
 res.notes["rss_bytes"] = cold.rss_bytes
+found = warmup.findings(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, rss_growth_bytes=grew,
+                        weight_bytes=weights_b, loop_warmup_calls=n_warm, loop_calls=len(latencies),
+                        summary=summary, compile_rows=comp_df)
+res.replace("summary", found.rows)
 print("saved", res.save())
-res.frame("phases").assign(ms=lambda d: d.seconds * 1e3).drop(columns="seconds").round(1)
+print("\n".join("- " + s for s in found.sentences))
 
-# %% md fragment
-# - A cold start is mostly imports and loading. The first request then does the work left lazy:
-#   on CPU it pages the memory-mapped weights in (the RSS growth above; cheap while the file sits
-#   in the OS page cache, slow after a reboot); on a GPU, the CUDA context and kernel selection.
-# - Warm up before taking traffic: call the model until the spread of the last few calls is
-#   small, with a cap on the calls. The table above says how many calls that took here.
-# - `torch.compile` moves work into the first call: compile at start-up, never on a user's request,
-#   and check the break-even column — a compile that never pays back is not worth its start-up.
-#
+# %% md slide
 # ## Exercises
-# 1. Raise `REQUEST_TOKENS` to 64: does the first request's penalty grow with the answer length,
-#    or is it a fixed cost?
+#
+# The two exercises sit where their mechanism is taught: `04.one_time_share` in section 2 and
+# `04.calls_until_settled` in section 4 (the warmup loop there stops by your rule once it is correct).
+# Change an answer, run its check cell again, then the cells after it. To go further:
+# 1. Raise `REQUEST_TOKENS` to 64: predict whether the first request's one-time share grows or shrinks.
 # 2. Tighten `UNTIL_SPREAD` to 0.05: how many warmup calls does it take now? Does it settle at all?
 # 3. A server takes prompts of many lengths. Why should its warmup use several prompt lengths
 #    (hint: compiled shapes, allocator sizes)?
