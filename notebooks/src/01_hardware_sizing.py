@@ -48,6 +48,7 @@ DECODE_BATCHES = config.pick([1, 2, 4, 8], [1, 4])  # batch sizes for the ceilin
 REPEATS = config.pick(3, 2)  # timed repeats per point
 MATMUL_N = 2048  # the FLOP/s probe multiplies two n × n fp32 matrices (2n³ FLOPs)
 PREFILL_TOKENS = config.pick(256, 128)  # prompt tokens of the prefill placed on the roofline
+PREFILL_REPEATS = config.pick(3, 1)  # timed prefills (after one warmup)
 
 # %% md slide
 # ## 1 · Weights per precision
@@ -188,9 +189,9 @@ print(f"batch 1: measured {one.measured_tokens_per_s:.1f} tokens/s = {one.ratio:
 # %% md slide
 # ## 6 · The second roof: matmul FLOP/s
 #
-# A matrix product of two `MATMUL_N` × `MATMUL_N` fp32 matrices does 2n³ FLOPs on n² × 3 values: plenty
-# of arithmetic per byte, so it runs as fast as the matrix units compute. Predict: how many GFLOP/s does
-# this run's device reach?
+# The probe multiplies two `MATMUL_N` × `MATMUL_N` fp32 matrices: 2n³ FLOPs over 3n² values read or
+# written, hundreds of FLOPs per byte, so what it measures is how fast the matrix units compute.
+# Predict: how many GFLOP/s does this run's device reach?
 
 # %% fragment
 PREDICT_GFLOPS = None  # your prediction, GFLOP/s (fp32)
@@ -253,7 +254,7 @@ PREDICT_PREFILL_BOUND = None  # your prediction for the prefill: "memory-bound" 
 # %% fragment
 prompt = kv.prompt_of_length(lm.tokenizer, PREFILL_TOKENS, device=lm.device)["input_ids"]  # (1, T) on the model's device
 with torch.inference_mode():
-    pre = timing.measure(lambda: decode.prefill(lm.model, prompt), repeats=REPEATS, warmup=1, name="prefill",
+    pre = timing.measure(lambda: decode.prefill(lm.model, prompt), repeats=PREFILL_REPEATS, warmup=1, name="prefill",
                          device=lm.device)
 points = [("prefill", PREFILL_TOKENS, *model_cost(lm.model, PREFILL_TOKENS, 1), pre.median)]
 points += [(f"decode, batch {r.batch}", r.batch, *model_cost(lm.model, r.batch, r.batch), r.tpot_s) for r in dec.itertuples()]
