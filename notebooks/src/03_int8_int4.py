@@ -9,18 +9,27 @@
 # %% md subslide
 # ## Learning objectives
 #
+# - Write absmax int8 quantisation (one scale per tensor, one per output row) and apply it to a real
+#   layer of the model: its error against fp32 and its bytes, scales included.
+# - Quantise a block of 64 weights to the nearest of NF4's 16 values, and measure the error.
+# - Show that bitsandbytes and ONNX Runtime store what your quantiser computes (same int8 values, same bytes).
 # - Load the same model as bitsandbytes LLM.int8 and NF4, and as ONNX Runtime fp32 and dynamic int8,
-#   through one loader (`labkit.variants`).
-# - Predict weight bytes per format, then measure them honestly (quantisation scales included).
-# - Put speed and quality side by side, and recognise a fast variant that answers wrong.
-# - Explain per-tensor vs per-channel scales, and why one CPU instruction can wreck an int8 model.
-# - Test published claims against your own table.
+#   through one loader (`labkit.variants`); put speed and quality side by side.
+# - Read which kernel bitsandbytes ran on this machine, and why.
+# - Tell the real ONNX Runtime quantisation API from the one articles invent, and test published claims.
+
+# %% md notes
+# Presenter: the three exercises (per-channel scale, int8 round trip, nearest NF4 code) take ten minutes
+# together; the layer table uses them once they pass. Collect predictions of the per-tensor / per-channel
+# error ratio and of the bytes before the layer cell, and of the int8 speedup before the variants run,
+# which takes several minutes on a laptop CPU: talk through the kernel question (integers or floats?)
+# while it runs, then read the answer off the profiled operators.
 
 # %% slide
 import labkit
 import pandas as pd
 import torch
-from labkit import config, env, models, plots, quality, results, variants
+from labkit import config, env, exercises, models, plots, quality, results, variants
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -35,27 +44,202 @@ NEW_TOKENS = config.pick(32, 8)  # decode tokens per timed run
 REPEATS = config.pick(3, 1)  # timed runs per variant (after one warmup)
 PPL_WINDOW = 512  # tokens per perplexity window
 PPL_MAX_TOKENS = config.pick(None, 256)  # tokens of data/eval text scored (None: all of it)
-REF_PROMPTS = config.pick(12, 3)  # prompts from data/prompts.json for agreement and KL
+REF_PROMPTS = config.pick(12, 2)  # prompts from data/prompts.json for agreement and KL
 REF_NEW_TOKENS = config.pick(32, 12)  # reference continuation tokens per prompt
 QUESTIONS = config.pick(5, 1)  # questions answered side by side
-ANSWER_TOKENS = config.pick(24, 12)  # tokens per answer
-LAYER_STEP = config.pick(1, 3)  # section 5 probes every LAYER_STEP-th decoder layer
+ANSWER_TOKENS = config.pick(24, 10)  # tokens per answer
+LAYER_STEP = config.pick(1, 3)  # section 7 probes every LAYER_STEP-th decoder layer
+PROBE_LAYER = "model.layers.0.mlp.down_proj"  # the Linear quantised by hand in sections 1-3
+NF4_BLOCK = 64  # weights per NF4 block (one absmax each), as bitsandbytes stores them
+
+# %% fragment
+lm = models.load(dtype="fp32")  # the fp32 reference, whose layers are quantised by hand below
+qs = quality.prompts("questions")[:QUESTIONS]
+probe = [f"model.layers.{i}.mlp.down_proj" for i in range(0, lm.model.config.num_hidden_layers, LAYER_STEP)]
+acts, mods = {}, dict(lm.model.named_modules())
+hooks = [mods[n].register_forward_pre_hook(lambda m, a, n=n: acts.__setitem__(n, a[0].detach()))
+         for n in {*probe, PROBE_LAYER}]
+with torch.inference_mode():
+    lm.model(**models.chat_inputs(lm.tokenizer, qs[0], device=lm.device))  # one real input per probed layer
+for h in hooks:
+    h.remove()
+w, x = mods[PROBE_LAYER].weight.detach().float(), acts[PROBE_LAYER].float()  # (out, in) weight, (1, T, in) its input
+print(f"{lm.name} on {lm.device}; {PROBE_LAYER}: weight {tuple(w.shape)}, input {tuple(x.shape)}")
 
 # %% md slide
-# ## 1 · Predict: bytes per format
+# ## 1 · Absmax int8, by hand
 #
-# bitsandbytes quantises the decoder's linear layers (int8 with one scale per row, or 4-bit NF4 with
-# one absmax per 64 weights) and keeps embeddings, norms and the lm_head in fp16. ONNX Runtime's
-# dynamic quantisation turns every weight into int8, embeddings included, and gives the tied
-# lm_head its own int8 copy.
+# int8 stores each weight as an integer code in [-127, 127] and one floating-point *scale*: the weight is
+# about `code × scale`. Absmax picks the scale that maps the largest magnitude to 127. One scale for the
+# whole matrix (*per tensor*), or one per output row (*per channel*): a row is one output feature, and
+# rows of a trained layer differ in range. Write the per-channel scale.
+
+# %% exercise 03.per_channel_scale
+import torch
+
+
+def per_channel_scale(w: torch.Tensor) -> torch.Tensor:
+    """(out, in) fp32 weight → (out, 1) absmax int8 scales, one per output row."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("03.per_channel_scale", per_channel_scale)
+
+# %% md subslide
+# ### The round trip: quantise, then dequantise
+#
+# Quantising divides by the scale and rounds to the nearest integer code, kept inside [-127, 127] and
+# stored in one byte; dequantising multiplies the code by its scale again. Write both.
+
+# %% exercise 03.int8_round_trip
+import torch
+
+
+def int8_round_trip(w: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, in) weight and its scale, (1, 1) or (out, 1) → (q, w_hat): the int8 codes (torch.int8, in
+    [-127, 127]) and the dequantised weight (fp32, q × scale)."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("03.int8_round_trip", int8_round_trip)
+
+# %% md subslide
+# ### Predict, then measure on a real layer
+#
+# Both forms on `PROBE_LAYER`'s real weight and its real input from one prompt. Predict: how many times
+# larger is the layer's output error with one scale per tensor than with one scale per row? And what
+# fraction of the fp32 layer's bytes does the int8 layer take, scales included?
+
+# %% fragment
+PREDICT_TENSOR_OVER_CHANNEL = None  # your prediction: output error per-tensor / per-channel (×)
+PREDICT_LAYER_INT8_FRACTION = None  # your prediction: int8 layer bytes (codes + scales) / fp32 bytes
+
+# %% fragment mechanism
+scale_of = exercises.use("03.per_channel_scale", per_channel_scale, lambda w: variants.absmax_scale(w, per_channel=True))
+round_trip = exercises.use("03.int8_round_trip", int8_round_trip, variants.int8_round_trip)
+y = x @ w.T  # (1, T, out): the fp32 output, the reference
+rows, quantised = [{"form": "fp32", "bytes": w.numel() * w.element_size(), "weight_error": 0.0, "output_error": 0.0}], {}
+for form, scale in {"per-tensor": w.abs().max().reshape(1, 1) / 127, "per-channel": scale_of(w)}.items():
+    q, w_hat = round_trip(w, scale)  # (out, in) int8 codes, (out, in) fp32 dequantised
+    quantised[form] = q, scale, w_hat
+    rows.append({"form": form, "bytes": q.numel() * q.element_size() + scale.numel() * scale.element_size(),
+                 "weight_error": ((w_hat - w).norm() / w.norm()).item(),  # ‖Ŵ − W‖ / ‖W‖
+                 "output_error": ((x @ w_hat.T - y).norm() / y.norm()).item()})  # ‖x Ŵᵀ − x Wᵀ‖ / ‖x Wᵀ‖
+hand = pd.DataFrame(rows).set_index("form")
+hand["fraction_of_fp32"] = hand.bytes / hand.bytes["fp32"]
+hand
+
+# %% fragment
+ratio_tc = hand.output_error["per-tensor"] / hand.output_error["per-channel"]
+exercises.reveal("output error, per-tensor / per-channel", PREDICT_TENSOR_OVER_CHANNEL, ratio_tc, "×")
+exercises.reveal("int8 layer bytes / fp32", PREDICT_LAYER_INT8_FRACTION, hand.fraction_of_fp32["per-channel"])
+row_range = w.abs().amax(dim=1)  # (out,) each row's absmax
+print(f"row absmax runs from {row_range.min():.3g} to {row_range.max():.3g}: with one scale for all rows, the median "
+      f"row's largest weight lands on code {127 * row_range.median() / row_range.max():.0f} of 127")
+
+# %% md slide
+# ## 2 · NF4: 16 values, one absmax per block
+#
+# 4 bits give 16 codes. NF4 does not space them evenly: its 16 values are quantiles of a normal distribution
+# scaled to [-1, 1], denser near zero where most weights are. Each block of 64 weights is divided by its own
+# absmax, and each value is stored as the index of the nearest code. Below: the 16 values, read from the
+# installed bitsandbytes. Write the quantiser.
+
+# %% fragment
+BNB = env.capability("bitsandbytes")
+if BNB.available:
+    from bitsandbytes.functional import get_4bit_type
+
+    code = get_4bit_type("nf4", device=lm.device)  # (16,) the NF4 values bitsandbytes stores indices into
+    print("NF4 code:", [round(v, 4) for v in code.tolist()])
+else:
+    print("bitsandbytes is not available here:", BNB.reason, "— sections 2-3 use labkit's copy of the NF4 values")
+    code = torch.tensor(variants.NF4_CODE, device=lm.device)
+
+# %% exercise 03.nf4_quantize
+import torch
+
+
+def nf4_quantize(blocks: torch.Tensor, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, 64) values and the (16,) NF4 code values → (indices, absmax): for each value the index (0…15) of
+    the nearest code value after dividing its block by the block's absmax, (n, 64); each block's absmax, (n, 1)."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("03.nf4_quantize", nf4_quantize)
+
+# %% md subslide
+# ### One block, then the whole layer
+#
+# Predict: on the same layer, how many times larger is NF4's output error than per-channel int8's?
+
+# %% fragment
+PREDICT_NF4_OVER_INT8 = None  # your prediction: NF4 output error / per-channel int8 output error (×)
+
+# %% fragment mechanism
+nf4 = exercises.use("03.nf4_quantize", nf4_quantize, variants.nf4_quantize)
+block = w.flatten()[:NF4_BLOCK]  # the layer's first 64 weights
+idx, amax = nf4(block[None], code)  # (1, 64) code indices, (1, 1) absmax
+pd.DataFrame({"weight": block.tolist(), "÷ absmax": (block / amax[0]).tolist(), "index": idx[0].tolist(),
+              "code": code[idx[0]].tolist(), "dequantised": (code[idx[0]] * amax[0]).tolist()}).head(8).T.round(4)
+
+# %% fragment
+idx, amax = nf4(w.reshape(-1, NF4_BLOCK), code)  # every block of the layer
+w_nf4 = (code[idx] * amax).reshape(w.shape)  # dequantised (out, in)
+print(f"first block: absmax {block.abs().max():.4g}, error {(code[idx[0]] * amax[0] - block).norm() / block.norm():.3%}")
+hand.loc["nf4"] = {"bytes": w.numel() // 2 + amax.numel() * amax.element_size(),  # two 4-bit codes per byte + absmax
+                   "weight_error": ((w_nf4 - w).norm() / w.norm()).item(),
+                   "output_error": ((x @ w_nf4.T - y).norm() / y.norm()).item(),
+                   "fraction_of_fp32": (w.numel() // 2 + amax.numel() * amax.element_size()) / hand.bytes["fp32"]}
+exercises.reveal("output error, NF4 / per-channel int8", PREDICT_NF4_OVER_INT8,
+                 hand.output_error["nf4"] / hand.output_error["per-channel"], "×")
+hand
+
+# %% md slide
+# ## 3 · The libraries compute the same thing
+#
+# bitsandbytes' loader casts each weight to fp16 and quantises it per row (`int8_vectorwise_quant`); its NF4
+# uses `quantize_4bit` with blocks of 64. ONNX Runtime's `quantize_dynamic` (what `labkit.variants` runs)
+# stores int8 weights with symmetric absmax scales. Each is given the same weight as your quantiser: are
+# the int8 values, the errors and the bytes the same?
+
+# %% fragment
+agree = variants.library_agreement(w, x, quantised["per-channel"], w_nf4, hand, round_trip, scale_of)
+for r in agree.dropna(subset=["values"]).itertuples():
+    same = "identical" if r.equal_values == r.values else \
+        f"{r.values - r.equal_values:,} of {r.values:,} differ, by at most {r.max_value_diff:g} step"
+    print(f"{r.library}: values {same}; bytes {'equal' if r.our_bytes == r.their_bytes else 'differ'} "
+          f"({r.our_bytes:,} vs {r.their_bytes:,})")
+agree
+
+# %% md fragment
+# Where a few int8 values differ by one step, look at how each side divides: bitsandbytes computes
+# `w × (127 / absmax)`, the quantiser above `w / (absmax / 127)`. For a value within a rounding error of a
+# half step the two land on different sides of it.
+
+# %% md slide
+# ## 4 · Predict: the whole model, every variant
+#
+# bitsandbytes quantises the decoder's linear layers and keeps embeddings, norms and the lm_head in fp16.
+# ONNX Runtime's dynamic quantisation turns every weight into int8, embeddings included, and gives the
+# tied lm_head its own int8 copy. Predict each variant's weight bytes as a fraction of fp32's, and how
+# much faster than fp32 the fastest int8 variant decodes on this machine.
+
+# %% fragment
+PREDICT_INT8_FRACTION = None  # your prediction: bnb-int8 weight bytes / fp32 weight bytes
+PREDICT_NF4_FRACTION = None  # your prediction: bnb-nf4 weight bytes / fp32 weight bytes
+PREDICT_INT8_SPEEDUP = None  # your prediction: fastest int8 variant's decode tokens/s / fp32's (×)
 
 # %% fragment
 pred = pd.DataFrame({"variant": VARIANTS, "predicted_MiB": [variants.predicted_weight_bytes(v) / 2**20 for v in VARIANTS]})
 pred["fraction_of_fp32"] = pred.predicted_MiB / pred.predicted_MiB[pred.variant == "fp32"].item()
-pred
+pred  # labkit.sizing's prediction, from the config alone
 
 # %% md slide
-# ## 2 · Export to ONNX (once; cached)
+# ## 5 · Export to ONNX (once; cached)
 #
 # optimum-onnx traces the model into an ONNX graph with a KV cache. The files land in
 # `labkit.config.cache_dir()` and are reused; int8 versions are made from them on first use.
@@ -66,7 +250,7 @@ print(f"{folder}: {variants.onnx_bytes(folder) / 2**20:.0f} MiB",
       f"exported in {export_s:.1f} s" if export_s is not None else "(reused from the cache)")
 
 # %% md slide
-# ## 3 · Measure every variant, one after another
+# ## 6 · Measure every variant, one after another
 #
 # Same prompts, same token counts. Memory: on a CPU the growth of this process's resident set from
 # before the load to after the timed runs; on a GPU PyTorch's allocator peak. A variant this
@@ -98,43 +282,63 @@ fig = plots.scatter(ok, x="kl", y="decode_tokens_per_s", text="variant", color="
                     x_title="KL divergence from fp32 (nats/token)", y_title="decode tokens/s")
 fig.show()
 base = table.loc["fp32"]
-print(f"fastest: {ok.loc[ok.decode_tokens_per_s.idxmax(), 'variant']} at "
-      f"{ok.decode_tokens_per_s.max() / base.decode_tokens_per_s:.2f}× fp32's decode speed")
+fraction = table.weight_bytes / base.weight_bytes  # measured weight bytes / fp32's
+for v, predicted in (("bnb-int8", PREDICT_INT8_FRACTION), ("bnb-nf4", PREDICT_NF4_FRACTION)):
+    if table.status[v] == "ok":
+        exercises.reveal(f"{v} weight bytes / fp32", predicted, fraction[v])
+    else:
+        print(f"{v}: not measured here ({table.status[v]})")
+int8_ok = ok[ok.variant.isin(["bnb-int8", "ort-int8-tensor", "ort-int8-channel"])]
+if len(int8_ok):
+    fastest = int8_ok.loc[int8_ok.decode_tokens_per_s.idxmax()]
+    exercises.reveal(f"fastest int8 ({fastest.variant}) decode / fp32", PREDICT_INT8_SPEEDUP,
+                     fastest.decode_tokens_per_s / base.decode_tokens_per_s, "×")
+    print(f"{fastest.variant}: greedy agreement with fp32 {fastest.agreement:.0%}, KL {fastest.kl:.3g} nats/token")
+
+# %% md subslide
+# ### Which kernel did bitsandbytes run?
+#
+# A quantised weight can be multiplied as integers, or converted back to floating point first. The
+# installed bitsandbytes chooses per machine (its `backends/cpu/ops.py`): on a CPU, int8 goes through
+# `torch._int_mm` only where torch ≥ 2.6 reports AVX-512, and NF4 uses a fused kernel only where the CPU
+# has AVX512-BF16; elsewhere each falls back. Below: the conditions as this machine answers them, and the
+# operators one decode-sized call of each layer really dispatched (profiled on `PROBE_LAYER`'s weight).
+
+# %% fragment
+routes = {}
+if BNB.available:
+    if not lm.device.startswith("cuda"):
+        print("what bitsandbytes reads here:", variants.bnb_cpu_conditions())
+    token = x[:, -1:]  # (1, 1, in): one decode step's input, on the model's device
+    for kind in ("int8", "nf4"):
+        ops = variants.ops_called(variants.bnb_layer(w, kind), token)
+        routes[kind] = variants.bnb_route(kind, ops, lm.device)
+        print(f"{kind} on {lm.device}: {routes[kind]}\n    bitsandbytes/int ops: {[o for o in ops if 'bitsandbytes' in o or 'int_mm' in o]}")
+else:
+    print("bitsandbytes is not available here:", BNB.reason)
 
 # %% md slide
-# ## 4 · Same question, every variant
+# ## 7 · Same question, every variant
 #
 # A '≠' marks an answer that differs from fp32's. Agreement and KL above say how often and how far
 # the variants drift on many prompts; one answer is only an anecdote.
 
 # %% fragment
-qs = quality.prompts("questions")[:QUESTIONS]
 quality.side_by_side(qs, {v: table.answers[v] for v in ok.variant})
 
 # %% md slide
-# ## 5 · Per-tensor vs per-channel scales — and a CPU instruction
+# ## 8 · Per-tensor vs per-channel in ONNX Runtime — and a CPU instruction
 #
-# Per-tensor: one scale for a whole weight matrix, so a single large weight squeezes all the others
-# into a few int8 steps. Per-channel: one scale per output column, so each column uses the full
-# range. On x86 CPUs without VNNI, ONNX Runtime's int8 kernel adds pairs of uint8×int8 products into
-# **16-bit** sums, which saturate when weights use the full int8 range — per-channel scales make that
-# far more likely. `reduce_range` (7-bit weights) avoids it; `labkit.variants` turns it on where
-# `int8_saturation_risk()` says so. Below: the real ONNX Runtime kernel on each probed layer's real
-# weights and activations, error against fp32.
+# The same two forms as in section 1, now in ONNX Runtime's int8 kernel, which also quantises the
+# activations (uint8, one scale per call). On x86 CPUs without VNNI, that kernel adds pairs of uint8×int8
+# products into **16-bit** sums, which can saturate when weights use the full int8 range. `reduce_range`
+# (7-bit weights) avoids it; `labkit.variants` turns it on where `int8_saturation_risk()` says so. Below:
+# the real ONNX Runtime kernel on each probed layer's real weights and activations, error against fp32.
+# Which form keeps the error lower, layer by layer?
 
 # %% fragment
 print("this CPU is at risk of int8 saturation:", variants.int8_saturation_risk(),
       "| reduce_range used above:", {v: table.options[v].get("reduce_range") for v in ok.variant if v.startswith("ort-int8")})
-lm = models.load(dtype="fp32")
-probe = [f"model.layers.{i}.mlp.down_proj" for i in range(0, lm.model.config.num_hidden_layers, LAYER_STEP)]
-acts, mods = {}, dict(lm.model.named_modules())
-hooks = [mods[n].register_forward_pre_hook(lambda m, a, n=n: acts.__setitem__(n, a[0].detach())) for n in probe]
-with torch.inference_mode():
-    lm.model(**models.chat_inputs(lm.tokenizer, qs[0], device=lm.device))
-for h in hooks:
-    h.remove()
-
-# %% fragment
 forms = {"per-tensor": (False, False), "per-channel, 8-bit": (True, False), "per-channel, 7-bit": (True, True)}
 err = pd.DataFrame([{"layer": n.split(".")[2], "form": f, "relative_error": variants.ort_matmul_error(mods[n].weight, acts[n], *pr)}
                     for n in probe for f, pr in forms.items()])
@@ -144,7 +348,19 @@ worst = err.groupby("form").relative_error.max()
 print("worst layer error by form:", worst.round(3).to_dict())
 
 # %% md slide
-# ## 6 · Do the published claims hold here?
+# ## 9 · "ONNX Runtime: `use_quantized=True`" — an API that does not exist
+#
+# Articles write `use_quantized=True` to run a model in int8 with ONNX Runtime. Each call below runs here,
+# next to the API that does the job: what does each one do?
+
+# %% fragment
+int8_folder, _ = variants.quantize_onnx(per_channel=True)  # the cached file the ort-int8-channel row ran
+claims_ort = variants.audit_ort_claims(folder, int8_folder)
+for c in claims_ort:
+    print(f"[{c['source']}] {c['call']}\n    here: {c['what it does here']}")
+
+# %% md slide
+# ## 10 · Do the published claims hold here?
 #
 # Claims: **FP16: −50 % memory, < 0.5 % accuracy loss; INT8: −75 % memory, ~2 % accuracy loss.**
 # Memory: weight bytes against fp32's (within 5 points of the claim counts as holding). Accuracy:
@@ -178,35 +394,37 @@ for v in verdict.itertuples():
               f"{'holds' if v.memory_holds else 'does not hold'}; perplexity {v.perplexity_rise:+.1%} vs ≤{v.loss_claim:.1%} → "
               f"{'holds' if v.accuracy_holds else 'does not hold'} on this machine")
 
-# %% md slide
-# ## Takeaways
-
-# %% fragment
-res = results.Results("03_int8_int4")
-res.notes.update(settings=settings.to_dict(), cpu_features=variants.cpu_features(),
-                 int8_saturation_risk=variants.int8_saturation_risk(), export_s=export_s)
-res.replace("variants", [{k: v for k, v in r.items()} for r in rows])
-res.replace("layer_error", err.to_dict("records"))
-res.replace("claims", verdict.to_dict("records"))
-print("saved", res.save())
-res.frame("variants")[["variant", "weight_bytes", "peak_memory_bytes", "ttft_s", "decode_tokens_per_s",
-                       "perplexity", "agreement", "kl"]]
-
 # %% subslide
 # the same measurements from a GPU, where one ships (data/reference/03_int8_int4.<gpu>.json, each with its provenance)
 results.show_gpu_references("03_int8_int4", "variants", ["variant", "status", "device", "weight_bytes", "peak_memory_bytes",
                                                         "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"])
 
-# %% md fragment
-# - Bytes follow the prediction; whether speed follows depends on the kernels: bitsandbytes on a CPU
-#   dequantises weights on every call, ONNX Runtime's int8 path computes in integers.
-# - The int8 that keeps quality (LLM.int8 handles outlier activations in fp16) and the int8 that is
-#   fast (dynamic int8 with one activation scale per tensor) are different int8s: read the KL column.
-# - "−75 % memory, ~2 % loss" is a property of a method on a model on a machine, not of a bit width.
-#
+# %% md slide
+# ## Takeaways, from this run's numbers
+
+# %% fragment
+res = results.Results("03_int8_int4")
+res.notes.update(settings=settings.to_dict(), cpu_features=variants.cpu_features(),
+                 int8_saturation_risk=variants.int8_saturation_risk(), export_s=export_s, bnb_routes=routes)
+res.replace("variants", [{k: v for k, v in r.items()} for r in rows])
+res.replace("hand_quantised", hand.reset_index().to_dict("records"))
+res.replace("library_agreement", agree.to_dict("records"))
+res.replace("layer_error", err.to_dict("records"))
+res.replace("ort_api", claims_ort)
+res.replace("claims", verdict.to_dict("records"))
+found = variants.findings(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), verdict=verdict)
+res.replace("summary", found.rows)
+print("saved", res.save())
+print("\n".join("- " + s for s in found.sentences))
+
+# %% md slide
 # ## Exercises
-# 1. **Per-channel vs per-tensor.** Emulate ONNX Runtime's dynamic int8 in PyTorch on every linear
-#    layer (`variants.fake_dynamic_int8`) with per-tensor and with per-channel weight scales. Which
-#    keeps closer to fp32? Does the emulation agree with the two ONNX rows in the table?
-# 2. **Which layers hurt most?** Quantise one kind of layer at a time (q, k, v, o, gate, up, down,
-#    lm_head) and rank them by KL. What is special about the inputs of the worst one?
+#
+# The three exercises sit where their mechanism is taught: `03.per_channel_scale` and `03.int8_round_trip`
+# in section 1 (the layer table uses them), `03.nf4_quantize` in section 2. Change an answer, run its check
+# cell again, then the cells after it. To go further:
+# 1. **Which layers hurt most?** Quantise one kind of layer at a time (q, k, v, o, gate, up, down,
+#    lm_head) with `variants.layer_sensitivity` and rank them by KL. What is special about the inputs of
+#    the worst one?
+# 2. **Block size.** Re-run section 2 with `NF4_BLOCK = 32` and `256`: predict the error and the bytes of
+#    the absmax values first.
