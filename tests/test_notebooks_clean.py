@@ -47,3 +47,19 @@ def test_run_all_runs_no_solution(path):
         tags = cell["metadata"].get("tags", [])
         assert "solution" not in tags, f"{path.name} cell {i} is a solution: move it to notebooks/solutions/"
         assert not cell["metadata"].get("jupyter", {}).get("source_hidden"), f"{path.name} cell {i} hides its code"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_presenter_prose_is_speaker_notes(path):
+    """Each notebook has presenter guidance as speaker notes (slide type 'notes'), and the deck keeps it."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import nbformat
+    import slides
+
+    nb = nbformat.read(path, as_version=4)
+    notes = [c for c in nb.cells if c.metadata.get("slideshow", {}).get("slide_type") == "notes"]
+    assert notes, f"{path.name}: no speaker notes; add a '# %% md notes' cell for the presenter"
+    assert all(c.cell_type == "markdown" for c in notes), f"{path.name}: a notes cell must be markdown"
+    deck = slides.prepare(nb)
+    kept = [c for c in deck.cells if c.metadata.get("slideshow", {}).get("slide_type") == "notes"]
+    assert len(kept) == len(notes), f"{path.name}: the deck dropped speaker notes"

@@ -19,6 +19,12 @@
 # - Measure matmul FLOP/s, compute a matmul's arithmetic intensity (FLOPs per byte), and place prefill
 #   and decode on the roofline: which of the two roofs limits each.
 
+# %% md notes
+# Presenter: ask the room for three numbers before the probes run and write them on the board: this
+# laptop's memory bandwidth in GB/s, its decode tokens/s at batch 1, and its matmul GFLOP/s. The two
+# exercises (weight bytes, decode ceiling) feed the tables after them; give five minutes each. The
+# roofline chart is the slide to stay on: ask which roof each point sits under before revealing.
+
 # %% slide
 import collections
 

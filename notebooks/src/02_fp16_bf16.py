@@ -20,6 +20,12 @@
 #   precision is faster or slower here, and why.
 # - Read three quality columns: perplexity, greedy agreement and KL divergence against fp32.
 
+# %% md notes
+# Presenter: take a show of hands for each prediction in section 1 (which format overflows, which cannot
+# tell 1 from 1 + 1/1024) before running it. The bf16 rounding cell is short enough to read aloud line by
+# line. Before section 3, ask whether fp16 will decode faster or slower than fp32 on this machine; the
+# answer differs between laptops in the room, which is the point of the class table at the end.
+
 # %% slide
 import math
 
