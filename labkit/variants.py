@@ -773,17 +773,16 @@ def best_of(rows: Sequence[dict[str, Any]], candidates: Sequence[str]) -> dict[s
 # ---------------------------------------------------------------- looking inside int8: one layer at a time
 
 
-def ort_matmul_error(weight: Any, x: Any, per_channel: bool, reduce_range: bool) -> float:
-    """Relative error ‖Y_int8 − Y_fp32‖ / ‖Y_fp32‖ of one ``x @ weight.T`` run by ONNX Runtime after
-    ``quantize_dynamic``: the real CPU kernel on real weights and activations, in milliseconds."""
+@contextlib.contextmanager
+def _quantized_matmul(weight: Any, per_channel: bool, reduce_range: bool):
+    """A one-MatMul ONNX graph of ``x @ weight.T`` and its ``quantize_dynamic`` int8 copy, in a temporary
+    folder: yields (fp32 path, int8 path, the weight as ONNX stores it: (in, out))."""
     import numpy as np
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     w = np.ascontiguousarray(weight.detach().float().cpu().numpy().T)  # ONNX MatMul wants B as (in, out)
-    xs = np.ascontiguousarray(x.detach().float().cpu().numpy().reshape(-1, w.shape[0]))
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "one_matmul",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", w.shape[0]])],
@@ -794,6 +793,17 @@ def ort_matmul_error(weight: Any, x: Any, per_channel: bool, reduce_range: bool)
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, src)
         quantize_dynamic(src, dst, per_channel=per_channel, reduce_range=reduce_range, weight_type=QuantType.QInt8)
+        yield src, dst, w
+
+
+def ort_matmul_error(weight: Any, x: Any, per_channel: bool, reduce_range: bool) -> float:
+    """Relative error ‖Y_int8 − Y_fp32‖ / ‖Y_fp32‖ of one ``x @ weight.T`` run by ONNX Runtime after
+    ``quantize_dynamic``: the real CPU kernel on real weights and activations, in milliseconds."""
+    import numpy as np
+    import onnxruntime as ort
+
+    with _quantized_matmul(weight, per_channel, reduce_range) as (src, dst, w):
+        xs = np.ascontiguousarray(x.detach().float().cpu().numpy().reshape(-1, w.shape[0]))
         run = {p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": xs})[0]
                for p in (src, dst)}
     return float(np.linalg.norm(run[dst] - run[src]) / np.linalg.norm(run[src]))
@@ -894,20 +904,9 @@ def ort_quantized_weight(weight: Any, per_channel: bool, reduce_range: bool) -> 
     import numpy as np
     import onnx
     import torch
-    from onnx import TensorProto, helper, numpy_helper
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnx import numpy_helper
 
-    w = np.ascontiguousarray(weight.detach().float().cpu().numpy().T)  # ONNX MatMul wants B as (in, out)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "one_matmul",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", w.shape[0]])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", w.shape[1]])],
-        [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    with tempfile.TemporaryDirectory() as tmp, _quiet():
-        src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-        onnx.save(model, src)
-        quantize_dynamic(src, dst, per_channel=per_channel, reduce_range=reduce_range, weight_type=QuantType.QInt8)
+    with _quantized_matmul(weight, per_channel, reduce_range) as (_, dst, _w):
         inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(dst).graph.initializer}
     q = torch.from_numpy(inits["w_quantized"].T.copy()).to(weight.device)  # (out, in) int8
     scale = torch.from_numpy(np.asarray(inits["w_scale"], dtype=np.float32).reshape(-1, 1)).to(weight.device)
