@@ -316,9 +316,15 @@ def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: st
                             on_cell_start=on_cell_start, kernel_manager_class=QuietKernelManager)
     status, failed = "ok", None
     started_epoch_s = time.time()
+    # the kernel process's own stderr (C++ libraries writing to fd 2: the profiler's USDT lines, oneDNN
+    # notes) goes to a log beside the executed notebook instead of every `make run`'s terminal; what a
+    # cell prints, warnings included, stays in the notebook as before
+    executed_dir.mkdir(parents=True, exist_ok=True)
+    kernel_log = executed_dir / f"{path.stem}.kernel.log"
     t0 = time.perf_counter()
     try:
-        client.execute()
+        with kernel_log.open("wb") as log:
+            client.execute(stderr=log)
     except CellExecutionError as exc:
         status = "failed"
         failed = _failed_cell(nb, current["index"], str(exc).strip().splitlines()[-1] if str(exc).strip() else "error")
@@ -328,7 +334,8 @@ def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: st
                                                     "(raise NB_TIMEOUT, or use LABKIT_QUICK=1)")
     except DeadKernelError as exc:
         status = "kernel died"
-        failed = _failed_cell(nb, current["index"], f"DeadKernelError: {exc} (out of memory?)")
+        failed = _failed_cell(nb, current["index"], f"DeadKernelError: {exc} (out of memory? the kernel's own "
+                                                    f"output is in {kernel_log})")
     except NoSuchKernel as exc:
         status = "kernel error"
         failed = _failed_cell(nb, -1, f"NoSuchKernel: {exc}; installed kernels: {sorted(find_kernel_specs())} "

@@ -265,13 +265,19 @@ def test_kernels_start_without_the_plain_tcp_warning(tmp_path: Path, capfd: pyte
     from jupyter_client.manager import AsyncKernelManager
 
     nb = _notebook(tmp_path / "13_quiet.ipynb", ["print(6 * 7)"])
+    log = tmp_path / "executed" / "13_quiet.kernel.log"  # the kernel process's own stderr
+
+    def said() -> str:  # what the kernel process wrote, wherever it went
+        return capfd.readouterr().err + (log.read_text(errors="replace") if log.is_file() else "")
+
     run = run_notebooks.run_notebook(nb, tmp_path / "executed", timeout_s=60)
     assert run.status == "ok"
-    assert TCP_WARNING not in capfd.readouterr().err, "CurveZMQ (or IPC) kernels do not warn"
+    assert log.is_file(), "the kernel's stderr goes to a log beside the executed notebook"
+    assert TCP_WARNING not in said(), "CurveZMQ (or IPC) kernels do not warn"
 
     monkeypatch.setattr(run_notebooks.QuietKernelManager, "_curve", lambda self: False)  # no CurveZMQ: IPC
     assert run_notebooks.run_notebook(nb, tmp_path / "executed", timeout_s=60).status == "ok"
-    assert TCP_WARNING not in capfd.readouterr().err
+    assert TCP_WARNING not in said()
 
     # the test can fail: with a plain kernel manager (plain TCP) an ipykernel that has the warning warns
     import inspect
@@ -281,7 +287,20 @@ def test_kernels_start_without_the_plain_tcp_warning(tmp_path: Path, capfd: pyte
     monkeypatch.setattr(run_notebooks, "QuietKernelManager", AsyncKernelManager)
     assert run_notebooks.run_notebook(nb, tmp_path / "executed", timeout_s=60).status == "ok"
     if TCP_WARNING in inspect.getsource(ipykernel.kernelapp):
-        assert TCP_WARNING in capfd.readouterr().err
+        assert TCP_WARNING in said()
+
+
+def test_the_kernels_own_stderr_goes_to_its_log(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """A library writing to the kernel's fd 2 (the profiler's USDT lines) fills a log, not `make run`'s terminal;
+    what a cell prints to sys.stderr stays in the notebook."""
+    nb = _notebook(tmp_path / "14_stderr.ipynb", ["import os, sys\nos.write(2, b'native line from fd 2\\n')\n"
+                                                  "print('cell stderr', file=sys.stderr)"])
+    run = run_notebooks.run_notebook(nb, tmp_path / "executed", timeout_s=60)
+    assert run.status == "ok"
+    assert "native line from fd 2" not in capfd.readouterr().err
+    assert "native line from fd 2" in (tmp_path / "executed" / "14_stderr.kernel.log").read_text()
+    executed = nbformat.read(tmp_path / "executed" / "14_stderr.ipynb", as_version=4)
+    assert any("cell stderr" in o.get("text", "") for o in executed.cells[0].outputs)
 
 
 def test_headline_is_the_summary_sections_first_row_else_a_result_column() -> None:
