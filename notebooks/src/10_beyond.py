@@ -505,7 +505,7 @@ lines = [
     f"CPU engines: the lab's fastest path with agreement ≥ {QUALITY_FLOOR:.0%} is {head['lab_best_engine']} at {head['lab_best_decode_tokens_per_s']:.1f} "
     "tokens/s" + (f"; llama.cpp Q4_1 decodes {1 / head['lab_best_over_llamacpp_decode']:.2f}× as fast (agreement "
                   f"{head['llamacpp_agreement']:.1%} vs {head['lab_best_agreement']:.1%})" if "lab_best_over_llamacpp_decode"
-                  in head else f"; llama.cpp: {head['llamacpp_reason']}") + ".",
+                  in head else f"; llama.cpp: {head['llamacpp_reason'].split(' (')[0]}") + ".",  # the reason's gist
 ]
 print("\n".join(f"- {line}" for line in lines))
 
@@ -516,7 +516,8 @@ print("\n".join(f"- {line}" for line in lines))
 #   prompt's own time to first token.
 # - A quantised KV cache and a quantised engine are judged by bytes, speed and quality together: the
 #   tables above carry all three.
-#
+
+# %% md subslide
 # ## Exercises (open-ended)
 # 1. Set `LOOKUP_DRAFT_TOKENS` to 3 and to 30. Which task gains, which loses?
 # 2. Set `PREFILL_CHUNK_TOKENS` to 32 and 512: plot the streams' ITL p99 against the long prompt's TTFT.
