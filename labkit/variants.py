@@ -956,7 +956,9 @@ def bnb_route(kind: str, ops: Sequence[str], device: str) -> str:
         if "aten::_int_mm" in ops:
             return "int8 × int8 → int32 matrix multiply (torch._int_mm): the weights stay int8"
         if device.startswith("cuda"):
-            return "bitsandbytes' own CUDA int8 matmul (bitsandbytes::int8_linear_matmul): the weights stay int8"
+            if "bitsandbytes::int8_linear_matmul" in ops:
+                return "bitsandbytes' own CUDA int8 matmul (bitsandbytes::int8_linear_matmul): the weights stay int8"
+            return "no bitsandbytes int8 operator seen: " + ", ".join(o for o in ops if "::" in o)[:200]
         return ("the int8 weights and activations converted to fp32 and multiplied in floating point "
                 "(bitsandbytes' default int8_linear_matmul): integers stored, float arithmetic")
     if kind == "nf4":

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from exercise_cells import SOLUTIONS, exercise_cells, run_cell
 from labkit import exercises
 
 
@@ -67,3 +68,26 @@ def test_use_takes_the_answer_only_when_correct(capsys):
 def test_tiny_llama_is_deterministic():
     a, b = exercises.tiny_llama(), exercises.tiny_llama()
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_checks_take_numpy_scalars_as_numbers():
+    """A learner's numpy arithmetic returns np.int64 / np.float16: the checks judge the value, not its type."""
+    import numpy as np
+
+    from labkit import exercises
+
+    solutions = {}
+    for stem in ("01_hardware_sizing", "02_fp16_bf16", "04_warmup"):
+        for ex_id, src in exercise_cells(SOLUTIONS / f"{stem}.py"):
+            ns = run_cell(src, ex_id)
+            solutions[ex_id] = ns[exercises.get(ex_id).name]
+    as_numpy = {
+        "01.weight_bytes": lambda f: lambda *a: np.int64(f(*a)),
+        "01.decode_ceiling": lambda f: lambda *a: np.float64(f(*a)),
+        "02.float_max": lambda f: lambda *a: np.float64(f(*a)),
+        "04.calls_until_settled": lambda f: lambda *a: None if f(*a) is None else np.int64(f(*a)),
+        "04.one_time_share": lambda f: lambda *a: np.float64(f(*a)),
+    }
+    for ex_id, wrap in as_numpy.items():
+        verdict = exercises.evaluate(ex_id, wrap(solutions[ex_id]))
+        assert verdict.status == "correct", verdict.line

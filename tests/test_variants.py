@@ -242,6 +242,8 @@ def test_bnb_route_reads_the_operators_that_ran():
     assert "_int_mm" in variants.bnb_route("int8", ["bitsandbytes::int8_linear_matmul", "aten::_int_mm"], "cpu")
     assert "fp32" in variants.bnb_route("int8", ["bitsandbytes::int8_linear_matmul", "aten::mm"], "cpu")
     assert "CUDA" in variants.bnb_route("int8", ["bitsandbytes::int8_linear_matmul"], "cuda:0")
+    cuda_other = variants.bnb_route("int8", ["aten::mm", "aten::matmul"], "cuda:0")  # the label follows what ran
+    assert "CUDA" not in cuda_other and cuda_other.startswith("no bitsandbytes int8 operator seen")
     assert "dequantised" in variants.bnb_route("nf4", ["bitsandbytes::dequantize_4bit", "aten::mm"], "cpu")
     assert "fused" in variants.bnb_route("nf4", ["bitsandbytes::gemv_4bit"], "cpu")
     with pytest.raises(ValueError, match="int8"):

@@ -1,13 +1,14 @@
 """Checks for notebook 01 (hardware sizing): a Llama's weight bytes from its config, and the decode ceiling."""
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from . import Wrong, call, close, exercise
 
 
 def _number(got: Any, what: str) -> float:
-    if isinstance(got, bool) or not isinstance(got, (int, float)):
+    if isinstance(got, bool) or not isinstance(got, numbers.Real):  # numpy scalars count
         raise Wrong(f"return {what} as a number, got {type(got).__name__}")
     return got
 

@@ -3,6 +3,7 @@ in a 16-bit format. ``running_sum`` is labkit's version, which the notebook uses
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from . import Wrong, call, exercise
@@ -24,7 +25,7 @@ def _as_float(got: Any, what: str) -> float:
 
     if isinstance(got, torch.Tensor) and got.numel() == 1:
         return got.item()
-    if isinstance(got, bool) or not isinstance(got, (int, float)):
+    if isinstance(got, bool) or not isinstance(got, numbers.Real):  # numpy scalars (np.float16…) count
         raise Wrong(f"return {what} as a number, got {type(got).__name__}")
     return float(got)
 

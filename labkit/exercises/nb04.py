@@ -1,6 +1,7 @@
 """Notebook 04's checks: when a run of latencies has settled, and the share of the first call that is one-time cost."""
 from __future__ import annotations
 
+import numbers
 import statistics
 from typing import Any
 
@@ -39,7 +40,7 @@ def _calls_until_settled(fn: Any) -> None:
         assert want is not None
         got = call(fn, list(lat), until, window)
         where = f"for latencies {lat} with until_spread={until}, window={window}"
-        if isinstance(got, bool) or not isinstance(got, int):
+        if isinstance(got, bool) or not isinstance(got, numbers.Integral):  # numpy integers count
             raise Wrong(f"{where}: return a whole number of calls (or None when it never settles), got {got!r}")
         if got == want:
             continue
@@ -75,7 +76,7 @@ def _one_time_share(fn: Any) -> None:
         want = (lat[0] - steady) / lat[0]
         got = call(fn, list(lat), window)
         where = f"for latencies {lat} (window {window})"
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
             raise Wrong(f"{where}: return one number, a fraction between 0 and 1; got {type(got).__name__}")
         slips = {
             lat[0] / steady - 1: "that is (first - steady) / steady, a slowdown; the share of the first call is "

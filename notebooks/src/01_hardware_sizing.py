@@ -162,7 +162,7 @@ exercises.check("01.decode_ceiling", decode_ceiling)
 ceiling_of = exercises.use("01.decode_ceiling", decode_ceiling, sizing.decode_ceiling)
 lm = models.load(dtype="fp32")
 weight_b = memory.param_bytes(lm.model).bytes
-kv_tok = sizing.kv_bytes_per_token(sizing.shape("default"), "fp32")
+kv_tok = sizing.kv_bytes_per_token(sizing.shape(lm.model.config), "fp32")  # the model that runs (LABKIT_MODEL too)
 ctx = 32 + DECODE_TOKENS // 2  # mean context while decoding
 ceiling_1 = ceiling_of(weight_b, kv_tok, ctx, 1, bw.gbs * 1e9)
 print(f"{lm.name} on {lm.device}: weights {weight_b / 2**20:.0f} MiB, KV {kv_tok:,} bytes per token "
@@ -237,7 +237,7 @@ def model_cost(model, rows, head_rows):
     return flops, moved
 
 # %% fragment
-shape = sizing.shape("default")
+shape = sizing.shape(lm.model.config)
 rows = [dict(zip(("tokens", "flops", "bytes"), (t, *matmul_cost(t, shape.vocab_size, shape.hidden_size, 4))))
         for t in (1, 8, 64, 512, 4096)]
 grid = pd.DataFrame(rows).assign(flops_per_byte=lambda d: d.flops / d.bytes)
@@ -304,7 +304,8 @@ res.add("ops", total=len(ops), linear=n_linear, attention=n_attention, other=len
 # `nn.Linear` keeps it (out × in) and transposed. Do they reach the probe's bandwidth?
 
 # %% fragment
-probe = hardware.linear_layout_probe(repeats=REPEATS * 5, device=lm.device)
+probe = hardware.linear_layout_probe(out_features=shape.vocab_size, in_features=shape.hidden_size,
+                                     repeats=REPEATS * 5, device=lm.device)  # this model's lm_head size
 res.add("layout", device=probe["device"], linear_gbs=probe["linear_gbs"], transposed_gbs=probe["transposed_gbs"],
         weight_bytes=probe["weight_bytes"])
 print(f"lm_head-sized matvec on {probe['device']}: nn.Linear layout {probe['linear_gbs']:.1f} GB/s, "

@@ -23,7 +23,7 @@
 # %% md notes
 # Presenter: take a show of hands for each prediction in section 1 (which format overflows, which cannot
 # tell 1 from 1 + 1/1024) before running it. The bf16 rounding cell is short enough to read aloud line by
-# line. Before section 3, ask whether fp16 will decode faster or slower than fp32 on this machine; the
+# line. Before section 4, ask whether fp16 will decode faster or slower than fp32 on this machine; the
 # answer differs between laptops in the room, which is the point of the class table at the end.
 
 # %% slide
@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit import config, env, exercises, plots, quality, results, sizing, timing, variants
+from labkit import config, env, exercises, models, plots, quality, results, sizing, timing, variants
 from labkit.exercises import nb02
 
 plots.setup_offline()
@@ -52,7 +52,7 @@ REF_PROMPTS = config.pick(12, 3)  # prompts from data/prompts.json for agreement
 REF_NEW_TOKENS = config.pick(32, 12)  # reference continuation tokens per prompt
 QUESTIONS = config.pick(5, 1)  # questions answered side by side
 ANSWER_TOKENS = config.pick(24, 12)  # tokens per answer
-MATMUL_TOKENS = 64  # rows (tokens) of the prefill-like matmul in section 4
+MATMUL_TOKENS = 64  # rows (tokens) of the prefill-like matmul in section 5
 MATMUL_REPEATS = config.pick(10, 2)  # timed repeats per matmul
 ROUND_SAMPLES = 100_000  # random fp32 values rounded to bf16 by hand and by torch
 ACCUM_START, ACCUM_STEP, ACCUM_STEPS = 1.0, 1e-4, 10_000  # the running sum of section 2: start + step, ACCUM_STEPS times
@@ -93,7 +93,7 @@ def layout(dtype: torch.dtype) -> dict:
     fi = torch.finfo(dtype)
     mantissa = round(-torch.log2(torch.tensor(fi.eps)).item())
     return {"dtype": str(dtype).replace("torch.", ""), "bits": fi.bits, "exponent_bits": fi.bits - 1 - mantissa,
-            "mantissa_bits": mantissa, "max": fi.max, "smallest_normal": fi.tiny, "eps": fi.eps}
+            "mantissa_bits": mantissa, "smallest_normal": fi.tiny, "eps": fi.eps}  # no max: exercise 02.float_max
 
 
 formats = pd.DataFrame([layout(d) for d in (torch.float32, torch.float16, torch.bfloat16)]).set_index("dtype")
@@ -190,16 +190,17 @@ print(f"the running total stalled (ended below halfway) in: {', '.join(stalled) 
 totals
 
 # %% md slide
-# ## 2 · Predict the footprint
+# ## 3 · Predict the footprint
 #
 # `labkit.sizing` counts parameters on a meta-device model and multiplies by bytes per parameter.
 
 # %% fragment
-predicted = {d: sizing.estimate("default", dtype=d, context=1).weight_bytes for d in VARIANTS}
+MODEL = models.resolve()  # the model the variants load: LABKIT_MODEL, else the default
+predicted = {d: sizing.estimate(MODEL, dtype=d, context=1).weight_bytes for d in VARIANTS}
 pd.DataFrame({"dtype": VARIANTS, "predicted_MiB": [predicted[d] / 2**20 for d in VARIANTS]})
 
 # %% md slide
-# ## 3 · Measure: load, TTFT, decode, quality
+# ## 4 · Measure: load, TTFT, decode, quality
 #
 # Each variant is loaded, timed (one warmup, then `REPEATS` runs of `NEW_TOKENS` greedy tokens),
 # scored on `data/eval/labkit_eval.txt` (English and Chinese) and teacher-forced on the fp32
@@ -235,7 +236,7 @@ for v, guess in (("fp16", PREDICT_FP16_DECODE_RATIO), ("bf16", PREDICT_BF16_DECO
         print(f"{v}: not run here — {table.status[v]}")
 
 # %% md slide
-# ## 4 · Is half precision faster here?
+# ## 5 · Is half precision faster here?
 #
 # Prefill multiplies whole matrices (many FLOPs per weight byte); decode multiplies one vector per step
 # by every weight (few: notebook 01's roofline placed both on this machine). A device without fp16/bf16
@@ -243,7 +244,7 @@ for v, guess in (("fp16", PREDICT_FP16_DECODE_RATIO), ("bf16", PREDICT_BF16_DECO
 # arithmetic. Below, both shapes timed directly, on this run's device.
 
 # %% fragment
-shape = sizing.shape("default")  # the lm_head's matrix: vocabulary × hidden size, the largest in the model
+shape = sizing.shape(MODEL)  # the lm_head's matrix: vocabulary × hidden size, the largest in the model
 device = env.device()  # timed where the model ran: the GPU when there is one
 def matmul_s(dtype: torch.dtype, rows: int) -> float:
     x = torch.randn(rows, shape.hidden_size, dtype=dtype, device=device)
@@ -265,7 +266,7 @@ reason = variants.fast_half_matmul_reason()
 print("half-precision matmul hardware:", reason or f"{device} reports native fp16/bf16 matmul support")
 
 # %% md slide
-# ## 5 · Quality: did halving the bytes change the answers?
+# ## 6 · Quality: did halving the bytes change the answers?
 #
 # **Perplexity** on the evaluation text (lower is better), **agreement**: the share of positions where
 # the variant's top token is fp32's greedy token, **KL**: how far its next-token distribution is
@@ -309,9 +310,10 @@ for v, s in speedup.items():
         + f" Quality: agreement {r.agreement:.3f}, KL {r.kl:.2g} nats against fp32.", s))
 if {"fp16", "bf16"} <= set(speedup):
     closer = "fp16" if ok.kl["fp16"] < ok.kl["bf16"] else "bf16"
+    why = (f"bf16 keeps {formats.mantissa_bits['bfloat16']} mantissa bits to fp16's {formats.mantissa_bits['float16']}"
+           if closer == "fp16" else "fp16's three extra mantissa bits did not make it the closer one in this run")
     speed_found.append((f"{closer} stayed closer to fp32 (KL fp16 {ok.kl['fp16']:.2g}, bf16 {ok.kl['bf16']:.2g} nats); "
-                        f"bf16 keeps {formats.mantissa_bits['bfloat16']} mantissa bits to fp16's "
-                        f"{formats.mantissa_bits['float16']}.", None))
+                        f"{why}.", None))
 res.replace("summary", [{"finding": f, "value": v} for f, v in speed_found + formats_found])  # headline: decode speed
 print("saved", res.save())
 print("\n".join("- " + f for f, _ in formats_found + speed_found))
@@ -330,5 +332,5 @@ results.show_gpu_references("02_fp16_bf16", ["variants", "matmul"])
 #
 # 1. Change `bf16_bits` to round half away from zero instead of ties to even: on how many of the values do
 #    you now differ from `tensor.bfloat16()`?
-# 2. On a GPU (set `LABKIT_DEVICE=cuda`), re-run section 3: which of TTFT and decode speed improves
+# 2. On a GPU (set `LABKIT_DEVICE=cuda`), re-run section 4: which of TTFT and decode speed improves
 #    with fp16, and by how much against the 2× that bytes alone would predict?

@@ -208,9 +208,10 @@ hand
 
 # %% fragment
 agree = variants.library_agreement(w, x, quantised["per-channel"], w_nf4, hand, round_trip, scale_of)
-for r in agree.dropna(subset=["values"]).itertuples():
+for r in (agree.dropna(subset=["values"]) if "values" in agree else agree.iloc[:0]).itertuples():  # libraries that ran
+    unit = " step" if "int8" in str(r.form) else ""  # NF4 rows compare dequantised values (see the form)
     same = "identical" if r.equal_values == r.values else \
-        f"{r.values - r.equal_values:,} of {r.values:,} differ, by at most {r.max_value_diff:g} step"
+        f"{r.values - r.equal_values:,} of {r.values:,} differ, by at most {r.max_value_diff:g}{unit}"
     print(f"{r.library}: values {same}; bytes {'equal' if r.our_bytes == r.their_bytes else 'differ'} "
           f"({r.our_bytes:,} vs {r.their_bytes:,})")
 agree

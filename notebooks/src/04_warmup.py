@@ -96,8 +96,8 @@ exercises.check("04.one_time_share", one_time_share)
 share = exercises.use("04.one_time_share", one_time_share, warmup.one_time_share)(cold.requests_s, WINDOW)
 extra_ms = (cold.first_request_s - steady_s) * 1e3
 print(f"one-time cost: {share:.0%} of the first request ({extra_ms:.0f} ms of {cold.first_request_s * 1e3:.0f} ms)"
-      if share > 0 else f"the first request was {-extra_ms:.0f} ms faster than the steady median: no one-time cost "
-      "shows above this run's noise")
+      if share > warmup.NOISE_SHARE else f"the first request was {extra_ms:+.0f} ms against the steady median "
+      f"({share:.0%} of it): no one-time cost shows above this run's noise")
 
 # %% md slide
 # ## 3 · Where did the first request's extra memory come from?
@@ -109,7 +109,7 @@ print(f"one-time cost: {share:.0%} of the first request ({extra_ms:.0f} ms of {c
 # %% fragment
 rss = cold.rss_bytes
 grew = rss["after_request_1"] - rss["after_load"]
-weights_b = sizing.weight_bytes(sizing.shape("default"), "fp32")
+weights_b = sizing.weight_bytes(sizing.shape(models.resolve()), "fp32")  # the model the cold process loaded
 print(f"RSS: after import {rss['after_import'] / 2**20:.0f} MiB · after load {rss['after_load'] / 2**20:.0f} MiB · "
       f"after 1st request {rss['after_request_1'] / 2**20:.0f} MiB · after 2nd {rss['after_request_2'] / 2**20:.0f} MiB")
 print(f"first request grew RSS by {grew / 2**20:.0f} MiB = {grew / weights_b:.2f}× the weights ({weights_b / 2**20:.0f} MiB)")
