@@ -61,7 +61,9 @@ def roofline(bandwidth_gbs: float, peak_gflops: float, points: Any, title: str):
     import numpy as np
     import plotly.graph_objects as go
 
-    ridge = peak_gflops / bandwidth_gbs
+    from .hardware import ridge_intensity
+
+    ridge = ridge_intensity(bandwidth_gbs, peak_gflops)
     lo = min([ridge, *points["intensity"]]) / 4
     hi = max([ridge, *points["intensity"]]) * 4
     xs = np.geomspace(lo, hi, 64)

@@ -985,17 +985,6 @@ def bnb_cpu_conditions() -> dict[str, Any]:
             "torch CPU capability": capability, "avx512bf16 (bitsandbytes' probe)": bool(has_avx512bf16())}
 
 
-def onnx_op_counts(folder: Path) -> dict[str, int]:
-    """Operator types in ``folder``'s model.onnx and how often each occurs (graph only, no weights read)."""
-    import onnx
-
-    graph = onnx.load(str(Path(folder) / "model.onnx"), load_external_data=False).graph
-    counts: dict[str, int] = {}
-    for node in graph.node:
-        counts[node.op_type] = counts.get(node.op_type, 0) + 1
-    return counts
-
-
 INT8_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QLinearMatMul", "MatMulIntegerToFloat")
 
 
@@ -1014,8 +1003,10 @@ def audit_ort_claims(fp32_folder: Path, int8_folder: Path) -> list[dict[str, Any
     import onnxruntime as ort
     from onnxruntime.quantization import quantize_dynamic
 
+    from .engines import graph_ops
+
     def int8_ops(folder: Path) -> int:
-        return sum(n for op, n in onnx_op_counts(folder).items() if op in INT8_OPS)
+        return sum(n for op, n in graph_ops(folder / "model.onnx").items() if op in INT8_OPS)
 
     rows = []
     with _quiet():

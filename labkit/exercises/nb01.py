@@ -67,13 +67,15 @@ def check_weight_bytes(fn: Any) -> None:
 
 @exercise("01.decode_ceiling", "decode ceiling: bandwidth ÷ bytes per step")
 def check_decode_ceiling(fn: Any) -> None:
+    from ..sizing import decode_ceiling
+
     cases = [  # (weight bytes, KV bytes per token, context, batch, bandwidth bytes/s)
         (270_000_000, 36_864, 100, 1, 10e9),
         (1_000_000_000, 100_000, 1_000, 8, 300e9),
         (3_000_000_000, 131_072, 4_096, 4, 2e12),
     ]
     for w, kv, ctx, batch, bw in cases:
-        want = batch * bw / (w + kv * ctx * batch)
+        want = decode_ceiling(w, kv, ctx, batch, bw)
         got = _number(call(fn, w, kv, ctx, batch, bw), "the tokens/s")
         setting = (f"{w:,} weight bytes, {kv:,} KV bytes per token, context {ctx}, batch {batch}, "
                    f"{bw / 1e9:g} GB/s")

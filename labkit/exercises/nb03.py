@@ -20,8 +20,10 @@ def _weight(seed: int = 3) -> Any:
 def _per_channel_scale(fn: Any) -> None:
     import torch
 
+    from ..variants import absmax_scale
+
     w = _weight()
-    want = w.abs().amax(dim=1, keepdim=True) / 127
+    want = absmax_scale(w, per_channel=True)
     got = call(fn, w.clone())
     if not isinstance(got, torch.Tensor):
         raise Wrong(f"return a tensor of scales, got {type(got).__name__}")
@@ -56,10 +58,12 @@ def _per_channel_scale(fn: Any) -> None:
 def _int8_round_trip(fn: Any) -> None:
     import torch
 
+    from ..variants import int8_round_trip
+
     w = _weight(4)
     scale = w.abs().amax(dim=1, keepdim=True) / 127
     scale[5] = scale[5] / 2  # row 5's scale is too small on purpose: its large weights must be clamped
-    q_want = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+    q_want = int8_round_trip(w, scale)[0]
     got = call(fn, w.clone(), scale.clone())
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise Wrong(f"return two tensors, (q, w_hat): the int8 codes and the dequantised weight; got {type(got).__name__}")
@@ -103,16 +107,17 @@ def _nf4_code() -> Any:
 def _nf4_quantize(fn: Any) -> None:
     import torch
 
+    from ..variants import NF4_CODE, nf4_quantize
+
     try:
         code = _nf4_code()
-    except ImportError:  # the check needs only the 16 values; where bitsandbytes is missing, build them from its table
-        code = torch.tensor([-1.0, -0.6961928, -0.5250731, -0.3949175, -0.2844414, -0.1847734, -0.0910500, 0.0,
-                             0.0795803, 0.1609302, 0.2461123, 0.3379152, 0.4407098, 0.5626170, 0.7229568, 1.0])
+    except ImportError:  # the check needs only the 16 values; where bitsandbytes is missing, use its table
+        code = torch.tensor(NF4_CODE)
     gen = torch.Generator().manual_seed(5)
     blocks = torch.randn(3, 64, generator=gen) * torch.tensor([[0.02], [0.5], [3.0]])
     blocks[1, 7] = -2.5  # block 1's absmax is a negative value
     absmax = blocks.abs().amax(dim=1, keepdim=True)
-    want = ((blocks / absmax).unsqueeze(-1) - code).abs().argmin(-1)
+    want = nf4_quantize(blocks, code)[0]
     got = call(fn, blocks.clone(), code.clone())
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise Wrong("return two tensors, (indices, absmax): the code index of every value and each block's absmax")
