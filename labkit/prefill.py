@@ -185,9 +185,8 @@ def chunked_prefill_run(lm: Any, stream_prompts: Sequence[str], stream_tokens: i
     during = itl_stats(raw["stamps"], (raw["long_sent_s"], long_first)) if long_first is not None else itl_stats([])
     return {"prefill_chunk_tokens": prefill_chunk_tokens, "streams": len(stream_prompts), "stream_tokens": stream_tokens,
             "itl_p50_s": itl["p50_s"], "itl_p99_s": itl["p99_s"], "itl_max_s": itl["max_s"], "itl_n": itl["n"],
-            # the tail this run can speak of: p99 from 100 gaps on, the worst gap below that
+            # the tail this run can speak of (itl_<tail>_s): p99 from 100 gaps on, the worst gap below that
             "itl_tail": "p99" if itl["p99_s"] is not None else "max",
-            "itl_tail_s": itl["p99_s"] if itl["p99_s"] is not None else itl["max_s"],
             "itl_during_long_prefill_max_s": during["max_s"], "gaps_during_long_prefill": during["n"],
             "long_ttft_s": long_first - raw["long_sent_s"] if long_first is not None else None,
             "stamps": raw["stamps"], "long_sent_s": raw["long_sent_s"], "long_first_token_s": long_first,
