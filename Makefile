@@ -108,7 +108,7 @@ reference: $(ENV_SETUP) env-check
 
 # the GPU preflight: one line per CUDA path (PASS / FAIL / SKIP and why), JSON last; without CUDA one line, exit 0
 gpu-check: $(ENV_SETUP) env-check
-	$(ENV_PY) -m labkit.gpu_check --json build/gpu-check.json $(if $(CHECKS),--only $(CHECKS))
+	$(ENV_PY) -m labkit gpu-check --json build/gpu-check.json $(if $(CHECKS),--only $(CHECKS))
 
 notebooks:
 	$(PY) tools/nbbuild.py

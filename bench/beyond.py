@@ -18,16 +18,21 @@ import argparse
 import json
 import sys
 
-from labkit import (beyond, config, cpu_engines, env, kvquant, llamacpp, models, prefill, quality, speculative,
-                    variants)
-from labkit.results import _jsonable
+from labkit.core import config, env
+from labkit.core.results import jsonable
+from labkit.decoding import quality, speculative
+from labkit.engines import cpu, llamacpp
+from labkit.lessons import beyond
+from labkit.model import models, onnx, prompts
+from labkit.precision import kvquant, variants
+from labkit.serve import prefill
 
 DROP = ("tokens", "lookup_tokens", "texts", "stamps", "ttft_s", "answer")
 
 
 def _emit(section: str, rows: list[dict]) -> None:
     for r in rows:
-        print(json.dumps(_jsonable({"section": section, **{k: v for k, v in r.items() if k not in DROP}})), flush=True)
+        print(json.dumps(jsonable({"section": section, **{k: v for k, v in r.items() if k not in DROP}})), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     _emit("lookup", lookup)
 
     doc = prefill.document_text(tok, pick(768, 256))
-    prompts = prefill.shared_prefix_prompts(doc, beyond.QUESTIONS[:pick(8, 4)])
-    prefix = [prefill.prefix_cache_run(lm, prompts, pick(16, 2), 2, n) for n in (0, 4096)]
+    shared = prefill.shared_prefix_prompts(doc, beyond.QUESTIONS[:pick(8, 4)])
+    prefix = [prefill.prefix_cache_run(lm, shared, pick(16, 2), 2, n) for n in (0, 4096)]
     _emit("prefix_cache", prefix)
 
     long_prompt = prefill.document_text(tok, pick(1536, 512))
@@ -63,35 +68,35 @@ def main(argv: list[str] | None = None) -> int:
     kv = kvquant.compare(lm.model, kvquant.context_ids(tok, pick(2048, 384), device), pick(32, 6), caches)
     _emit("kv_cache", kv)
 
-    prompt = quality.prompts("prompts")[0]
-    ref = quality.reference(lm.model, tok, quality.prompts("prompts")[:pick(4, 2)], new_tokens=pick(24, 12))
+    prompt = prompts.load_prompts("prompts")[0]
+    ref = quality.reference(lm.model, tok, prompts.load_prompts("prompts")[:pick(4, 2)], new_tokens=pick(24, 12))
     n, reps = pick(32, 8), args.repeats
-    engines = [cpu_engines.measure_hf("PyTorch", "fp32", lm.model, tok, prompt, n, reps, ref,
+    engines = [cpu.measure_hf("PyTorch", "fp32", lm.model, tok, prompt, n, reps, ref,
                                       weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()))]
     fp32_answer = engines[0]["answer"]
     if env.device() == "cpu":
         half = models.load(dtype="fp16")
-        engines.append(cpu_engines.measure_hf("PyTorch", "fp16", half.model, tok, prompt, n, reps, ref, fp32_answer,
+        engines.append(cpu.measure_hf("PyTorch", "fp16", half.model, tok, prompt, n, reps, ref, fp32_answer,
                                               sum(p.numel() * p.element_size() for p in half.model.parameters())))
         del half
     v = variants.load_variant("ort-int8-channel")
-    engines.append(cpu_engines.measure_hf("ONNX Runtime", "int8 per channel", v.model, tok, prompt, n, reps, ref,
+    engines.append(cpu.measure_hf("ONNX Runtime", "int8 per channel", v.model, tok, prompt, n, reps, ref,
                                           fp32_answer, v.weight_bytes) if v.ok
-                   else cpu_engines.failed_row("ONNX Runtime", "int8 per channel", v.status))
+                   else cpu.failed_row("ONNX Runtime", "int8 per channel", v.status))
     v.release()
-    reason = cpu_engines.nbits_reason()
+    reason = onnx.nbits_reason()
     for bits in (4, 8):
         fmt = f"MatMulNBits {bits}-bit b32"
         if reason:
-            engines.append(cpu_engines.failed_row("ONNX Runtime", fmt, reason))
+            engines.append(cpu.failed_row("ONNX Runtime", fmt, reason))
             continue
-        folder, made_s = cpu_engines.quantize_nbits(bits=bits, block_size=32, symmetric=True, accuracy_level=4)
-        engines.append(cpu_engines.measure_hf("ONNX Runtime", fmt, cpu_engines.load_ort(folder, tok, env.device()), tok,
-                                              prompt, n, reps, ref, fp32_answer, variants.onnx_bytes(folder), made_s))
+        folder, made_s = onnx.quantize_nbits(bits=bits, block_size=32, symmetric=True, accuracy_level=4)
+        engines.append(cpu.measure_hf("ONNX Runtime", fmt, onnx.load_ort(folder, tok, env.device()), tok,
+                                              prompt, n, reps, ref, fp32_answer, onnx.onnx_bytes(folder), made_s))
     cap = llamacpp.capability()
-    engines.append(cpu_engines.measure_llamacpp("llama.cpp", "Q4_1", models.default_gguf(), tok, prompt, n, reps, ref,
+    engines.append(cpu.measure_llamacpp("llama.cpp", "Q4_1", models.default_gguf(), tok, prompt, n, reps, ref,
                                                 fp32_answer) if cap.available
-                   else cpu_engines.failed_row("llama.cpp", "Q4_1", cap.reason))
+                   else cpu.failed_row("llama.cpp", "Q4_1", cap.reason))
     _emit("cpu_engines", engines)
 
     head = beyond.headline(lookup, prefix, chunked, kv, engines, kv_name=kv_name)
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                "hardware": env.hardware(),
                "versions": env.versions(("torch", "transformers", "onnxruntime", "optimum-quanto", "onnx-ir",
                                          "llama-cpp-python"))}
-    print(json.dumps(_jsonable(summary), allow_nan=False), flush=True)
+    print(json.dumps(jsonable(summary), allow_nan=False), flush=True)
     return 0
 
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from labkit import config, engines, env, generation, hardware, memory, models, sizing
+from labkit.core import config, env, memory
+from labkit.decoding import generation
+from labkit.engines import compiled
+from labkit.model import dtypes, hardware, models, sizing
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", default="fp32", choices=models.TORCH_DTYPES)
+    ap.add_argument("--dtype", default="fp32", choices=dtypes.TORCH_DTYPES)
     ap.add_argument("--new-tokens", type=int, default=config.pick(128, 32))
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=config.pick(3, 2))
@@ -28,7 +31,7 @@ def main() -> None:
     lm = models.load(dtype=args.dtype)
     weight_b = memory.param_bytes(lm.model).bytes
     s = sizing.shape("default")
-    kv_tok = sizing.kv_bytes_per_token(s, sizing.kv_dtype_for(args.dtype))
+    kv_tok = sizing.kv_bytes_per_token(s, dtypes.kv_dtype_for(args.dtype))
     context = 32 + args.new_tokens // 2  # prompt + half the answer: the mean context while decoding
     ceiling = sizing.decode_ceiling(weight_b, kv_tok, context, args.batch, bw.gbs * 1e9)
     print(f"# ceiling: {bw.gbs:.1f} GB/s ÷ {weight_b / 2**20:.0f} MiB per step → {ceiling:.1f} tokens/s")
@@ -40,7 +43,7 @@ def main() -> None:
           f"(achieved {achieved_gbs:.1f} GB/s)")
     ids = models.chat_inputs(lm.tokenizer, "Write a short story about a lighthouse keeper.", device=lm.device)["input_ids"]
     gap = hardware.decode_gap(dec["tpot_s"], sizing.decode_bytes_per_step(weight_b, kv_tok, context, args.batch), bw.gbs,
-                              engines.count_eager_ops(lm.model, ids), lm.device)
+                              compiled.count_eager_ops(lm.model, ids), lm.device)
     print(f"# why: {gap['explanation']}")
     print(json.dumps({
         "model": lm.name, "dtype": args.dtype, "batch": args.batch, "device": lm.device,

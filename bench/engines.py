@@ -19,18 +19,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from labkit import batching, config, engines, env, models, scheduler  # noqa: E402
-from labkit.results import _jsonable  # noqa: E402
+from labkit.core import config, env
+from labkit.core.results import jsonable
+from labkit.engines import compiled
+from labkit.model import models
+from labkit.serve import decoder, scheduler
 
 
 def emit(row: dict) -> dict:
-    print(json.dumps(_jsonable(row)), flush=True)
+    print(json.dumps(jsonable(row)), flush=True)
     return row
 
 
 def batching_rows(lm: models.Loaded, n_requests: int, batch: int, short_tokens: int, long_tokens: int) -> list[dict]:
     work = scheduler.mixed_workload(lm.tokenizer, n_requests, 4, short_tokens, long_tokens)
-    eos, pad = batching.eos_ids(lm.model, lm.tokenizer), lm.tokenizer.pad_token_id
+    eos, pad = decoder.eos_ids(lm.model, lm.tokenizer), lm.tokenizer.pad_token_id
     scheduler.run_static(lm.model, work[:2], eos, pad, 2)  # warmup
     runs = [scheduler.run_static(lm.model, work, eos, pad, 1), scheduler.run_static(lm.model, work, eos, pad, batch),
             scheduler.run_continuous(lm.model, work, eos, pad, batch)]
@@ -42,11 +45,11 @@ def batching_rows(lm: models.Loaded, n_requests: int, batch: int, short_tokens: 
 
 
 def compile_rows(lm: models.Loaded, new_tokens: int, repeats: int, max_cache_len: int) -> list[dict]:
-    ids = models.chat_inputs(lm.tokenizer, engines.DEFAULT_PROMPT, device=lm.device)["input_ids"]
+    ids = models.chat_inputs(lm.tokenizer, compiled.DEFAULT_PROMPT, device=lm.device)["input_ids"]
     rows = []
-    for label, compiled in (("eager, static cache", False), ("torch.compile, static cache", True)):
-        dec = engines.StaticDecoder(lm.model, max_cache_len, compile=compiled)
-        m = engines.measure_decoder(dec, ids, new_tokens, repeats)
+    for label, use_compile in (("eager, static cache", False), ("torch.compile, static cache", True)):
+        dec = compiled.StaticDecoder(lm.model, max_cache_len, compile=use_compile)
+        m = compiled.measure_decoder(dec, ids, new_tokens, repeats)
         rows.append(emit({"bench": "compile", "engine": label, "compile_s": m["build_s"], "ttft_s": m["ttft_s"],
                           "decode_tokens_per_s": m["decode_tokens_per_s"], "tpot_spread": m["tpot_spread"],
                           "new_tokens": new_tokens, "repeats": repeats, "tokens": m["tokens"],
@@ -62,7 +65,7 @@ def main() -> int:
     ap.add_argument("--long-tokens", type=int, default=config.pick(128, 48), help="answer limit of long requests")
     ap.add_argument("--new-tokens", type=int, default=config.pick(64, 16), help="decode tokens per timed run")
     ap.add_argument("--repeats", type=int, default=config.pick(3, 1), help="timed decode runs per engine")
-    ap.add_argument("--max-cache-len", type=int, default=engines.DEFAULT_MAX_CACHE_LEN)
+    ap.add_argument("--max-cache-len", type=int, default=compiled.DEFAULT_MAX_CACHE_LEN)
     ap.add_argument("--skip-compile", action="store_true", help="only the batching comparison")
     args = ap.parse_args()
     lm = models.load()
@@ -74,12 +77,12 @@ def main() -> int:
                    "short_latency_ratio": static["mean_latency_short_s"] / cont["mean_latency_short_s"],
                    "outputs_match_alone": cont["outputs_match_alone"]},
                "batching": batch}
-    if not args.skip_compile and engines.capability("torch.compile").available:
+    if not args.skip_compile and env.capability("torch.compile").available:
         eager, comp = compile_rows(lm, args.new_tokens, args.repeats, args.max_cache_len)
         summary["compile_vs_eager"] = {"speedup": comp["decode_tokens_per_s"] / eager["decode_tokens_per_s"],
                                        "compile_s": comp["compile_s"], "same_tokens": comp["tokens"] == eager["tokens"]}
         summary["compile"] = [eager, comp]
-    print(json.dumps(_jsonable(summary)))
+    print(json.dumps(jsonable(summary)))
     return 0
 
 

@@ -16,7 +16,9 @@ import time
 
 import torch
 
-from labkit import env, kv, models
+from labkit.core import env
+from labkit.decoding import kv
+from labkit.model import models
 
 TARGET_SPEEDUP = 3.0
 TARGET_KV_REL = 0.05

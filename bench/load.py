@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from labkit import loadgen, paged, serving  # noqa: E402
-from labkit.results import _jsonable  # noqa: E402
+from labkit.core.results import jsonable
+from labkit.serve import launch, loadgen, paged, protocol
 
 KEYS = ("requests", "completed", "failed", "lost", "duration_s", "request_throughput", "output_tokens_per_s",
         "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "e2e_p50_s",
@@ -57,27 +57,27 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--soak", type=float, default=0.0, help="seconds of load instead of --requests (0: off)")
-    ap.add_argument("--batching", choices=serving.BATCHING, default="continuous")
+    ap.add_argument("--batching", choices=protocol.BATCHING, default="continuous")
     ap.add_argument("--max-batch-size", type=int, default=16)
     ap.add_argument("--model", default=None, help="default: LABKIT_MODEL or the default model")
     args = ap.parse_args()
-    with serving.run_server(args.model, subprocess=True, port=0, batching=args.batching,
+    with launch.run_server(args.model, subprocess=True, port=0, batching=args.batching,
                             max_batch_size=args.max_batch_size, max_queue=4 * args.clients) as srv:
         warm = phase(srv.url, args.clients * 2, args.clients, seed=1)  # every batch shape once, allocator settled
         rss_before = rss_bytes(srv.proc.pid)
-        print(json.dumps(_jsonable({"phase": "warm-up", **warm, "rss_bytes": rss_before})), flush=True)
+        print(json.dumps(jsonable({"phase": "warm-up", **warm, "rss_bytes": rss_before})), flush=True)
         rows, rss_samples, t0, i = [], [], time.monotonic(), 0
         while True:
             n = args.requests if not args.soak else args.clients * 4
             rows.append(phase(srv.url, n, args.clients, seed=100 + i))
             rss_samples.append(rss_bytes(srv.proc.pid))
             i += 1
-            print(json.dumps(_jsonable({"phase": f"load {i}", **rows[-1], "rss_bytes": rss_samples[-1]})), flush=True)
+            print(json.dumps(jsonable({"phase": f"load {i}", **rows[-1], "rss_bytes": rss_samples[-1]})), flush=True)
             if not args.soak or time.monotonic() - t0 >= args.soak:
                 break
     total = {k: sum(r[k] for r in rows) for k in ("requests", "completed", "failed", "lost")}
     growth = rss_samples[-1] / rss_before - 1
-    print(json.dumps(_jsonable({
+    print(json.dumps(jsonable({
         "bench": "load", "batching": args.batching, "max_batch_size": args.max_batch_size, "clients": args.clients,
         "soak_s": args.soak or None, "duration_s": time.monotonic() - t0, **total,
         "percentiles_of_last_phase": {k: v for k, v in rows[-1].items() if "_p" in k and k.endswith("_s")},

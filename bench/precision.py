@@ -19,7 +19,9 @@ import json
 import sys
 from typing import Any
 
-from labkit import config, env, models, timing, variants
+from labkit.core import config, env, timing
+from labkit.model import hardware, models
+from labkit.precision import variants
 
 TARGET_ORT_INT8_SPEEDUP = 1.4
 TARGET_NF4_FRACTION = 0.30
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "not_ok": {r["variant"]: r["status"] for r in rows if r.get("status") != "ok"},
         "meets_target": (speedup is not None and speedup >= TARGET_ORT_INT8_SPEEDUP
                          and nf4_fraction is not None and nf4_fraction <= TARGET_NF4_FRACTION),
-        "cpu_features": variants.cpu_features(),
+        "cpu_features": hardware.cpu_features(),
         "hardware": env.hardware(),
         "versions": {k: v for k, v in env.versions().items()
                      if k in ("python", "torch", "transformers", "optimum-onnx", "onnxruntime", "bitsandbytes")},

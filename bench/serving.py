@@ -1,7 +1,7 @@
 """Dynamic batching on the serving path: the same load against max_batch_size=1 and max_batch_size=8.
 
 Starts ``python -m labkit serve`` itself (a child process per configuration, so the client's work does
-not share the server's interpreter), sends streaming requests from ``labkit.loadgen`` at a fixed
+not share the server's interpreter), sends streaming requests from ``labkit.serve.loadgen`` at a fixed
 concurrency, prints one JSON line per configuration, then one JSON document comparing them (last line).
 
     flock /tmp/labkit-heavy.lock .venv/bin/python bench/serving.py [--requests 64] [--max-tokens 32]
@@ -15,8 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from labkit import config, loadgen, serving  # noqa: E402
-from labkit.results import _jsonable  # noqa: E402
+from labkit.core import config
+from labkit.core.results import jsonable
+from labkit.serve import launch, loadgen
 
 KEYS = ("max_batch_size", "concurrency", "requests", "completed", "failed", "duration_s", "output_tokens",
         "output_tokens_per_s", "request_throughput", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "itl_p50_s",
@@ -24,7 +25,7 @@ KEYS = ("max_batch_size", "concurrency", "requests", "completed", "failed", "dur
 
 
 def measure(max_batch_size: int, concurrency: int, requests: int, max_tokens: int, model: str | None) -> dict:
-    with serving.run_server(model, subprocess=True, port=0, max_batch_size=max_batch_size) as srv:
+    with launch.run_server(model, subprocess=True, port=0, max_batch_size=max_batch_size) as srv:
         # warmup at full concurrency: every batch shape the run will see has been through the model once
         loadgen.run(srv.url, num_requests=concurrency, max_concurrency=concurrency, max_tokens=4, warmup=1)
         before = _batch_totals(srv.url)
@@ -59,10 +60,10 @@ def main() -> int:
     for b in args.batch_sizes:
         row = measure(b, args.concurrency, args.requests, args.max_tokens, args.model)
         rows.append(row)
-        print(json.dumps(_jsonable(row)), flush=True)
+        print(json.dumps(jsonable(row)), flush=True)
     base = rows[0]["output_tokens_per_s"]
     speedups = {str(r["max_batch_size"]): r["output_tokens_per_s"] / base for r in rows} if base else {}
-    print(json.dumps(_jsonable({"bench": "serving", "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+    print(json.dumps(jsonable({"bench": "serving", "concurrency": args.concurrency, "max_tokens": args.max_tokens,
                                 "requests": args.requests, "speedup_vs_first": speedups,
                                 "failed": sum(r["failed"] for r in rows), "configs": rows})))
     return 0

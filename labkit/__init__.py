@@ -1,7 +1,18 @@
 """labkit: measure LLM inference optimisations on your own machine.
 
-Submodules are imported lazily so that ``import labkit`` is fast and works on a
-machine without torch backends such as bitsandbytes, onnxruntime, vllm or tensorrt.
+Seven packages, each importing only from those below it (``pyproject.toml``'s import-linter contracts
+check this in ``make test-unit``)::
+
+    __main__, gpu_check   the command line and the GPU preflight
+    lessons               what the notebooks show: exercises, takeaways, plots, widgets, reports
+    precision | engines | serve
+                          quantisation; compiled and exported engines; the server, batching and vLLM
+    decoding              the decode core, generation metrics, quality, the KV cache
+    model                 dtypes, sizing, hardware probes, the default model, prompts, ONNX export
+    core                  configuration, environment and capabilities, timing, memory, results
+
+Packages are imported lazily, so ``import labkit`` is fast and works on a machine without torch
+backends such as bitsandbytes, onnxruntime, vllm or tensorrt.
 """
 from __future__ import annotations
 
@@ -10,20 +21,14 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SUBMODULES = (
-    "config", "env", "timing", "memory", "generation", "sizing", "hardware",
-    "results", "plots", "models", "widgets", "quality", "variants", "batching",
-    "serving", "loadgen", "batch_widget", "kv", "warmup", "paged", "scheduler", "report", "engines",
-    "profiling", "decode", "exercises", "sampling", "gpu_check", "speculative", "prefill", "kvquant", "llamacpp",
-    "cpu_engines", "beyond",
-)
+PACKAGES = ("core", "model", "decoding", "precision", "engines", "serve", "lessons")
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
+    if name in PACKAGES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'labkit' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_SUBMODULES))
+    return sorted(list(globals()) + list(PACKAGES))

@@ -5,10 +5,23 @@ Bad input exits 2 with one line naming the fix, never a traceback.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
+import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from dataclasses import fields
+
+from . import gpu_check
+from .core import env
+from .decoding import kv
+from .engines import warmup
+from .model import models, sizing
+from .serve import loadgen, scheduler
+from .serve.launch import LISTENING
+from .serve.protocol import BATCHING, DEFAULT_HOST, TINY_RANDOM, ServerConfig, server_config
+from .serve.server import Server, load_model
 
 EXIT_USAGE = 2
 
@@ -28,8 +41,6 @@ def _fmt_bytes(n: float | None) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from . import env
-
     data = {"device": env.device(), "hardware": env.hardware(), "versions": env.versions(),
             "capabilities": [c.__dict__ for c in env.capabilities()]}
     if args.json:
@@ -45,31 +56,20 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+def _positive(name: str, convert: Callable[[str], float] = int, what: str = "a whole number") -> Callable[[str], float]:
+    """An argparse ``type``: ``convert`` the text, and refuse what is not a positive number, naming ``name``."""
+    def parse(text: str) -> float:
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {text!r}") from None
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{name} must be positive, got {value}")
         return value
     return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bandwidth must be a number of GB/s, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"bandwidth must be positive, got {value}")
-    return value
-
-
 def cmd_size(args: argparse.Namespace) -> int:
-    from . import sizing
-
     try:
         est = sizing.estimate(args.model, dtype=args.dtype, context=args.context, batch=args.batch,
                               gpu=args.gpu, bandwidth_gbs=args.bandwidth_gbs)
@@ -96,8 +96,6 @@ def cmd_size(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from . import models
-
     try:
         path = models.prepare_default(force=args.force)
     except models.ModelNotFound as exc:
@@ -111,19 +109,6 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see --help)")
 
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None]]] = {}
-
-
-def command(name: str, help_text: str):
-    """Register a sub-command: ``@command(name, help)(run)`` with ``run.configure(parser)``."""
-    def wrap(run: Callable[[argparse.Namespace], int]):
-        def configure(p: argparse.ArgumentParser) -> None:
-            getattr(run, "configure", lambda _p: None)(p)
-        COMMANDS[name] = (help_text, run, configure)
-        return run
-    return wrap
-
-
 def _configure_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object")
 
@@ -131,11 +116,11 @@ def _configure_info(p: argparse.ArgumentParser) -> None:
 def _configure_size(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="'default', a hub id (owner/name) or a directory holding config.json")
     p.add_argument("--dtype", default="fp16", help="fp32, fp16, bf16, int8, int4 or nf4 (default fp16)")
-    p.add_argument("--context", type=_positive_int("context"), default=2048, help="tokens per sequence (default 2048)")
-    p.add_argument("--batch", type=_positive_int("batch"), default=1, help="sequences (default 1)")
+    p.add_argument("--context", type=_positive("context"), default=2048, help="tokens per sequence (default 2048)")
+    p.add_argument("--batch", type=_positive("batch"), default=1, help="sequences (default 1)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--gpu", help="a GPU from data/gpus.json, e.g. T4, L4, A100-80GB, H100-SXM, H200")
-    group.add_argument("--bandwidth-gbs", type=_positive_float, help="memory bandwidth in GB/s")
+    group.add_argument("--bandwidth-gbs", type=_positive("bandwidth", float, "a number of GB/s"), help="memory bandwidth in GB/s")
     p.add_argument("--json", action="store_true", help="one JSON object")
 
 
@@ -143,39 +128,100 @@ def _configure_prepare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="convert again even if the cache is complete")
 
 
-cmd_info.configure = _configure_info  # type: ignore[attr-defined]
-cmd_size.configure = _configure_size  # type: ignore[attr-defined]
-cmd_prepare.configure = _configure_prepare  # type: ignore[attr-defined]
-command("info", "device, versions and what this machine can run")(cmd_info)
-command("size", "weights, KV cache, fit and decode ceiling of a model")(cmd_size)
-command("prepare", "convert the default model into the cache (done by make setup)")(cmd_prepare)
+# ----------------------------------------------------------------------------------------------- CLI
 
 
-def _load_plugins() -> None:
-    """Sub-commands defined next to their modules (e.g. serving's ``serve``)."""
-    import importlib
+async def _serve_forever(server: Server) -> None:
+    url = await server.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not on Windows / not main thread
+            loop.add_signal_handler(sig, server.request_stop)
+    print(f"{LISTENING}{url}", flush=True)
+    print(f"model {server.lm.name} · {server.cfg.batching} batching · max_batch_size {server.cfg.max_batch_size} · "
+          f"max_wait_ms {server.cfg.max_wait_ms:g} · queue {server.cfg.max_queue} · Ctrl-C stops", flush=True)
+    await server.serve_until_stopped()
+    print("labkit serve: stopped", flush=True)
 
-    for module in ("labkit.serving",):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    options = {f.name: getattr(args, f.name) for f in fields(ServerConfig) if hasattr(args, f.name)}
+    try:
+        cfg = server_config(**options)
+        if cfg.host not in (DEFAULT_HOST, "localhost", "::1"):
+            print(f"warning: listening on {cfg.host}: anyone who can reach this machine can use the server",
+                  file=sys.stderr)
+        lm = load_model(cfg.model, cfg.dtype)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    asyncio.run(_serve_forever(Server(lm, cfg)))
+    return 0
+
+
+def _configure_serve(p: argparse.ArgumentParser) -> None:
+    d = ServerConfig()
+    p.add_argument("--model", default=None, help=f"'default', a directory, a hub id or '{TINY_RANDOM}'")
+    p.add_argument("--dtype", default=d.dtype, help="fp32, fp16 or bf16 (default fp32)")
+    p.add_argument("--host", default=d.host, help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=d.port, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size, help="sequences per batch (default 8)")
+    p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms,
+                   help="how long the oldest request waits for others to join (default 20)")
+    p.add_argument("--max-queue", type=int, default=d.max_queue, help="queued requests before 503 (default 256)")
+    p.add_argument("--max-tokens-limit", type=int, default=d.max_tokens_limit, help="largest max_tokens accepted")
+    p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens, help="max_tokens when unset")
+    p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens, help="longest prompt accepted")
+    p.add_argument("--drain-s", type=float, default=d.drain_s, help="on shutdown, seconds running requests get")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 beyond)")
+    p.add_argument("--batching", default=d.batching, choices=BATCHING,
+                   help="dynamic (default): batches wait up to max-wait-ms; continuous: requests join at every step")
+    p.add_argument("--prefix-cache-tokens", type=int, default=d.prefix_cache_tokens,
+                   help="continuous batching: KV positions of shared prompt prefixes kept for reuse (0: off)")
+    p.add_argument("--prefill-chunk-tokens", type=int, default=d.prefill_chunk_tokens,
+                   help="continuous batching: prompt tokens prefilled per step (0: a whole prompt at once)")
+    p.add_argument("--no-drop-finished", dest="drop_finished", action="store_false",
+                   help="keep finished sequences in the batch until the longest ends (static batching's cost)")
+
+
+# ------------------------------------------------------------------------------------------- commands
+
+Command = tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None]]
+# every command of ``python -m labkit``, declared here: (help, run, configure)
+COMMANDS: dict[str, Command] = {
+    "info": ("device, versions and what this machine can run", cmd_info, _configure_info),
+    "size": ("weights, KV cache, fit and decode ceiling of a model", cmd_size, _configure_size),
+    "prepare": ("convert the default model into the cache (done by make setup)", cmd_prepare, _configure_prepare),
+    "serve": ("OpenAI-compatible server with dynamic or continuous batching (binds 127.0.0.1)", cmd_serve,
+              _configure_serve),
+}
+# commands that parse their own arguments (``python -m labkit NAME --help`` shows them): (help, main(argv))
+OWN_ARGUMENTS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
+    "loadgen": ("drive an OpenAI-compatible server with a request mix; JSON summary", loadgen.main),
+    "gpu-check": ("GPU preflight: every CUDA path once, PASS / FAIL / SKIP with the reason", gpu_check.command),
+    "kv": ("KV-cache reference measurements (kv reference)", kv.main),
+    "requests": ("measure data/requests.json's request mix against the default model", scheduler.main),
+    "cold-start": ("time a cold start in this fresh process, print JSON (what warmup.cold_start spawns)",
+                   warmup.cold_start_child),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    _load_plugins()
     parser = _Parser(prog="python -m labkit", description="labkit: measure LLM inference on this machine")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (help_text, run, configure) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         configure(p)
         p.set_defaults(run=run)
+    for name, (help_text, _run) in OWN_ARGUMENTS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv and argv[0] in OWN_ARGUMENTS:
+            return int(OWN_ARGUMENTS[argv[0]][1](argv[1:]) or 0)
         args = build_parser().parse_args(argv)
         return int(args.run(args) or 0)
     except UsageError as exc:

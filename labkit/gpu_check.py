@@ -14,7 +14,7 @@ then one JSON document as the last line (also written to ``--json``, default bui
 exit status is 1 when a check failed, 0 otherwise. On a machine without CUDA it says so in one line and
 exits 0; when nvidia-smi sees a GPU that torch cannot use, that is a failure (exit 1).
 
-    python -m labkit.gpu_check [--json build/gpu-check.json] [--only fp16 server] [--budget-s 420] [--deadline-s 570]
+    python -m labkit gpu-check [--json build/gpu-check.json] [--only fp16 server] [--budget-s 420] [--deadline-s 570]
 """
 from __future__ import annotations
 
@@ -29,7 +29,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import config, timing
+from .core import config, env, memory, results, timing
+from .decoding import cache_variants, generation, kv, profiling
+from .engines import tensorrt
+from .model import models, prompts
+from .precision import variants
+from .serve import launch, loadgen, vllm
 
 STATUSES = ("PASS", "FAIL", "SKIP")
 DEFAULT_BUDGET_S = 420.0  # checks not started by then are skipped
@@ -61,7 +66,7 @@ class CheckResult:
 @dataclass(frozen=True)
 class Check:
     """One preflight check: ``run(ctx)`` returns a one-line detail (PASS), raises ``Skip`` (SKIP) or anything
-    else (FAIL). ``needs``: capability names (``labkit.env`` / ``labkit.engines``) that must be available,
+    else (FAIL). ``needs``: capability names (``labkit.core.env`` / ``labkit.engines``) that must be available,
     else the check is skipped with that capability's reason."""
 
     name: str
@@ -81,27 +86,21 @@ class Context:
     def fp16(self) -> Any:
         """The model in fp16 on the device (``models.Loaded``), loaded on first use."""
         if self._fp16 is None:
-            from . import models
-
             self._fp16 = models.load(self.model_name, dtype="fp16", device=self.device)
         return self._fp16
 
     def release(self) -> None:
         """Drop the shared model and hand its GPU memory back (before vLLM or TensorRT take the GPU)."""
-        from . import memory
-
         self._fp16 = None
         memory.free()
 
 
 def capability_lookup(name: str) -> Any:
-    """A capability by name from ``labkit.env`` or, failing that, ``labkit.engines``."""
-    from . import engines, env
-
+    """A capability by name from ``labkit.core.env`` or, failing that, ``labkit.engines``."""
     try:
         return env.capability(name)
     except ValueError:
-        return engines.capability(name)
+        return env.capability(name)
 
 
 def _run_one(check: Check, ctx: Context, limit_s: float) -> tuple[str, str] | None:
@@ -176,8 +175,6 @@ def summary(results: Sequence[CheckResult], **extra: Any) -> dict[str, Any]:
 
 
 def _decode(lm: Any, prompt: str = PROMPT, tokens: int = TOKENS) -> str:
-    from . import generation
-
     r = generation.generate(lm.model, lm.tokenizer, prompt, max_new_tokens=tokens, fixed_length=True)
     if r.n_out != tokens:
         raise AssertionError(f"asked for {tokens} tokens, got {r.n_out}")
@@ -187,8 +184,6 @@ def _decode(lm: Any, prompt: str = PROMPT, tokens: int = TOKENS) -> str:
 
 def check_cuda(ctx: Context) -> str:
     import torch
-
-    from . import env
 
     index = env.cuda_index(ctx.device)
     major, minor = torch.cuda.get_device_capability(index)
@@ -201,8 +196,6 @@ def check_cuda(ctx: Context) -> str:
 
 def check_nvml(ctx: Context) -> str:
     import torch
-
-    from . import env, memory
 
     reading = memory.nvml_used(ctx.device)
     if reading.bytes is None:
@@ -220,8 +213,6 @@ def check_fp16(ctx: Context) -> str:
 
 
 def check_bf16(ctx: Context) -> str:
-    from . import env, memory, models
-
     cap = env.bf16(ctx.device)
     if not cap.available:
         raise Skip(cap.reason)
@@ -235,8 +226,6 @@ def check_bf16(ctx: Context) -> str:
 
 def _variant_check(name: str) -> Callable[[Context], str]:
     def run(ctx: Context) -> str:
-        from . import memory, variants
-
         v = variants.load_variant(name, ctx.model_name, ctx.device)
         try:
             if not v.ok:
@@ -251,8 +240,6 @@ def _variant_check(name: str) -> Callable[[Context], str]:
 
 
 def check_ort_int8_label(ctx: Context) -> str:
-    from . import variants
-
     v = variants.load_variant("ort-int8-channel", ctx.model_name, ctx.device)
     try:
         if not v.ok:
@@ -266,9 +253,7 @@ def check_ort_int8_label(ctx: Context) -> str:
 
 
 def check_ort_tensorrt(ctx: Context) -> str:
-    from . import engines
-
-    row = engines.ort_tensorrt_row(ctx.model_name, new_tokens=TOKENS, repeats=1)
+    row = tensorrt.ort_tensorrt_row(ctx.model_name, new_tokens=TOKENS, repeats=1)
     if row["status"] != "ok":
         raise RuntimeError(row["status"])
     return (f"providers {row['providers']}, session built in {row['build_s']:.1f} s (engine cached for next time), "
@@ -277,8 +262,6 @@ def check_ort_tensorrt(ctx: Context) -> str:
 
 def _attention_check(impl: str) -> Callable[[Context], str]:
     def run(ctx: Context) -> str:
-        from . import kv
-
         lm = ctx.fp16()
         row = kv.compare_attention(lm.model, lm.tokenizer, [impl], prompt_tokens=128, new_tokens=4, repeats=1)[0]
         return f"TTFT {row['ttft_s'] * 1e3:.1f} ms on 128 prompt tokens, TPOT {row['tpot_s'] * 1e3:.2f} ms"
@@ -287,23 +270,19 @@ def _attention_check(impl: str) -> Callable[[Context], str]:
 
 
 def check_compile(ctx: Context) -> str:
-    from . import generation, kv
-
     lm = ctx.fp16()
     eager = generation.generate(lm.model, lm.tokenizer, PROMPT, max_new_tokens=TOKENS, fixed_length=True)
     with timing.track(lm.device) as t:
         first = generation.generate(lm.model, lm.tokenizer, PROMPT, max_new_tokens=TOKENS, fixed_length=True,
-                                    **kv.cache_variant_kwargs("static+compile"))
+                                    **cache_variants.cache_variant_kwargs("static+compile"))
     first_s = t.seconds
     again = generation.generate(lm.model, lm.tokenizer, PROMPT, max_new_tokens=TOKENS, fixed_length=True,
-                                **kv.cache_variant_kwargs("static+compile"))
+                                **cache_variants.cache_variant_kwargs("static+compile"))
     same = "same greedy text as eager" if again.text == eager.text else "greedy text differs from eager (fp16 rounding)"
     return f"first call (compiles) {first_s:.1f} s, then TPOT {again.tpot_s * 1e3:.2f} ms; {same} [{first.n_out} tokens]"
 
 
 def check_profiler(ctx: Context) -> str:
-    from . import profiling
-
     lm = ctx.fp16()
     prefill, decode = profiling.profile_prefill_decode(lm.model, lm.tokenizer, prompt_tokens=32)
     if decode.device_kind != "cuda" or decode.total_us <= 0:
@@ -315,11 +294,9 @@ def check_profiler(ctx: Context) -> str:
 
 def _server_check(max_batch_size: int) -> Callable[[Context], str]:
     def run(ctx: Context) -> str:
-        from . import loadgen, serving
-
         lm = ctx.fp16()
         n = 2 * max(max_batch_size, 4)
-        with serving.start_server(lm, max_batch_size=max_batch_size) as srv:
+        with launch.start_server(lm, max_batch_size=max_batch_size) as srv:
             res = loadgen.run(srv.url, ctx.prompts or [PROMPT], num_requests=n, max_concurrency=max(max_batch_size, 4),
                               max_tokens=TOKENS, endpoint="chat")
             stats = srv.stats()
@@ -333,20 +310,16 @@ def _server_check(max_batch_size: int) -> Callable[[Context], str]:
 
 
 def check_vllm(ctx: Context) -> str:
-    from . import engines, models, scheduler
-
     ctx.release()  # vLLM reserves its share of the GPU: nothing else of ours may hold memory there
     tok = models.load_tokenizer(ctx.model_name)
-    ids = [scheduler.chat_ids(tok, p) for p in (ctx.prompts or [PROMPT])[:4]]
-    row = engines.vllm_offline(models.resolve(ctx.model_name), ids, max_tokens=TOKENS, gpu_memory_utilization=0.3)
+    ids = [models.chat_ids(tok, p) for p in (ctx.prompts or [PROMPT])[:4]]
+    row = vllm.vllm_offline(models.resolve(ctx.model_name), ids, max_tokens=TOKENS, gpu_memory_utilization=0.3)
     return f"{row['output_tokens']} tokens in {row['wall_s']:.2f} s after a {row['load_s']:.0f} s start; engine shut down"
 
 
 def check_torch_tensorrt(ctx: Context) -> str:
-    from . import engines
-
     ctx.release()
-    row = engines.torch_tensorrt_row(ctx.model_name, new_tokens=TOKENS, repeats=1)
+    row = tensorrt.torch_tensorrt_row(ctx.model_name, new_tokens=TOKENS, repeats=1)
     if row["status"] != "ok":
         raise RuntimeError(row["status"])
     return (f"{row['trt_engines']} TensorRT engine(s), {row['torch_ops']} operator(s) left to PyTorch, "
@@ -387,10 +360,11 @@ def select(all_checks: Sequence[Check], only: Sequence[str] | None) -> list[Chec
     return picked
 
 
-def main(argv: list[str] | None = None, all_checks: Sequence[Check] | None = None, out: TextIO | None = None) -> int:
-    from . import env, results
-
-    ap = argparse.ArgumentParser(prog="python -m labkit.gpu_check", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, all_checks: Sequence[Check] | None = None, out: TextIO | None = None,
+         exit_on_hang: bool = False) -> int:
+    """The preflight; ``exit_on_hang`` (the command line's) ends the process at once when a check hung, once
+    its report is written, rather than waiting at exit for the hung check's thread."""
+    ap = argparse.ArgumentParser(prog="python -m labkit gpu-check", description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where the JSON report goes (default {DEFAULT_JSON})")
     ap.add_argument("--only", nargs="*", default=None, help="run the checks whose name contains one of these words")
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="skip checks not started by then")
@@ -430,18 +404,19 @@ def main(argv: list[str] | None = None, all_checks: Sequence[Check] | None = Non
         ctx.release()
     report = summary(done, cuda=True, device=device, wall_s=time.monotonic() - t0, environment=env.environment())
     results.write_json_atomic(args.json, report)
-    print(json.dumps(results._jsonable(report)), file=out, flush=True)
+    print(json.dumps(results.jsonable(report)), file=out, flush=True)
     code = 0 if report["ok"] else 1
-    if hung and out is sys.stdout and __name__ == "__main__":
+    if hung and exit_on_hang:
+        out.flush()
         os._exit(code)  # the report is written; do not wait at exit for the hung check's thread
     return code
 
 
+def command(argv: list[str]) -> int:
+    """``python -m labkit gpu-check``."""
+    return main(argv, exit_on_hang=True)
+
+
 def _prompts() -> list[str]:
-    from . import quality
+    return list(prompts.load_prompts("questions"))
 
-    return list(quality.prompts("questions"))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ def tiny_llama():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from labkit import models
+    from labkit.model import models
 
     torch.manual_seed(0)
     tok = models.load_tokenizer()
@@ -24,6 +24,17 @@ def tiny_llama():
 
 @pytest.fixture(scope="session")
 def default_lm():
-    from labkit import models
+    from labkit.model import models
 
     return models.load(dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The tiny random model's server on a free port, one per test module that asks for it (a module that
+    defines its own ``server`` fixture uses that one instead)."""
+    from labkit.serve import launch, protocol
+
+    with launch.run_server(protocol.TINY_RANDOM, port=0, max_batch_size=8, max_prompt_tokens=512,
+                            max_body_bytes=200_000) as srv:
+        yield srv

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from labkit import batch_widget, loadgen, serving
+from labkit.serve import launch, loadgen, protocol
+from labkit.lessons import widgets
 
 WAIT_S = 30
 
@@ -33,7 +34,7 @@ class Rounds:
         self.started.append(values)
         for _ in range(self.rounds):
             if superseded():
-                raise batch_widget.Superseded(str(values))
+                raise widgets.Superseded(str(values))
             self.in_round.set()
             assert self.gate.acquire(timeout=WAIT_S), "the test never released the round"
         return _point(values)
@@ -54,7 +55,7 @@ def _recorder():
 
 def test_a_newer_request_supersedes_the_running_point() -> None:
     measure, (events, on_event) = Rounds(), _recorder()
-    m = batch_widget.Measurer(measure, on_event)
+    m = widgets.Measurer(measure, on_event)
     try:
         m.request(_values(2))
         assert measure.in_round.wait(WAIT_S)  # point 2 is in its first round
@@ -70,7 +71,7 @@ def test_a_newer_request_supersedes_the_running_point() -> None:
 
 def test_the_newest_of_many_quick_requests_is_measured_and_none_after_it_is_lost() -> None:
     measure, (events, on_event) = Rounds(rounds=1), _recorder()
-    m = batch_widget.Measurer(measure, on_event)
+    m = widgets.Measurer(measure, on_event)
     try:
         m.request(_values(1))
         assert measure.in_round.wait(WAIT_S)
@@ -98,7 +99,7 @@ def test_a_failure_is_reported_and_the_worker_goes_on() -> None:
             raise RuntimeError("the panel's server has stopped: run the panel cell again")
         return _point(values)
 
-    m = batch_widget.Measurer(measure, on_event)
+    m = widgets.Measurer(measure, on_event)
     try:
         m.request(_values(13))
         assert m.wait(WAIT_S)
@@ -116,7 +117,7 @@ def test_a_failing_display_is_printed_not_swallowed(capsys: pytest.CaptureFixtur
         if kind == "done":
             raise ValueError("cannot draw")
 
-    m = batch_widget.Measurer(lambda values, superseded: _point(values), on_event)
+    m = widgets.Measurer(lambda values, superseded: _point(values), on_event)
     try:
         m.request(_values(2))
         assert m.wait(WAIT_S)
@@ -129,7 +130,7 @@ def test_a_failing_display_is_printed_not_swallowed(capsys: pytest.CaptureFixtur
 
 
 def test_closed_measurer_refuses_requests() -> None:
-    m = batch_widget.Measurer(lambda values, superseded: _point(values), lambda *a: None)
+    m = widgets.Measurer(lambda values, superseded: _point(values), lambda *a: None)
     m.close(WAIT_S)
     with pytest.raises(RuntimeError, match="run its cell again"):
         m.request(_values(1))
@@ -170,7 +171,7 @@ def _fake_loadgen(monkeypatch: pytest.MonkeyPatch, durations: list[float], fail:
 def test_a_steady_point_stops_after_its_minimum_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _fake_loadgen(monkeypatch, [1.0, 1.02, 0.99, 1.0])
     srv = FakeServer()
-    p = batch_widget.measure_point(srv, 4, 20, clients=3, rounds=3, max_rounds=8)
+    p = widgets.measure_point(srv, 4, 20, clients=3, rounds=3, max_rounds=8)
     assert calls == [3, 3, 3] and p["rounds"] == 3 and p["requests"] == 9 and srv.configured == [(4, 20)]
     assert p["output_tokens_per_s"] == pytest.approx(12.0) and not p["noisy"]
     assert p["output_tokens_per_s_p10"] <= p["output_tokens_per_s"] <= p["output_tokens_per_s_p90"]
@@ -179,23 +180,23 @@ def test_a_steady_point_stops_after_its_minimum_rounds(monkeypatch: pytest.Monke
 
 def test_a_noisy_point_takes_more_rounds_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _fake_loadgen(monkeypatch, [1.0, 2.0, 0.5, 1.5, 0.7])
-    p = batch_widget.measure_point(FakeServer(), 4, 20, clients=2, rounds=3, max_rounds=5)
+    p = widgets.measure_point(FakeServer(), 4, 20, clients=2, rounds=3, max_rounds=5)
     assert len(calls) == 5 and p["rounds"] == 5 and p["noisy"] and p["spread"] > 0.1
-    assert "noisy" in batch_widget.describe(p)
+    assert "noisy" in widgets.describe(p)
 
 
 def test_superseded_between_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _fake_loadgen(monkeypatch, [1.0, 2.0, 0.5])
     asked = iter([False, True])
-    with pytest.raises(batch_widget.Superseded):
-        batch_widget.measure_point(FakeServer(), 4, 20, clients=2, rounds=3, superseded=lambda: next(asked))
+    with pytest.raises(widgets.Superseded):
+        widgets.measure_point(FakeServer(), 4, 20, clients=2, rounds=3, superseded=lambda: next(asked))
     assert len(calls) == 1, "the point stops at the first round boundary after a newer request"
 
 
 def test_every_request_failing_is_an_error_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_loadgen(monkeypatch, [1.0], fail=True)
     with pytest.raises(RuntimeError, match="every request failed.*503: queue full"):
-        batch_widget.measure_point(FakeServer(), 4, 20, clients=2, rounds=1)
+        widgets.measure_point(FakeServer(), 4, 20, clients=2, rounds=1)
 
 
 # ------------------------------------------------------------------------------------------------ the panel
@@ -208,16 +209,16 @@ def test_the_panel_returns_at_once_and_follows_two_quick_moves(monkeypatch: pyte
         started.append(values["max_batch_size"])
         for _ in range(500):  # a 10 s point, in rounds of 20 ms, unless the test lets it finish
             if superseded():
-                raise batch_widget.Superseded("newer")
+                raise widgets.Superseded("newer")
             if release.is_set():
                 break
             time.sleep(0.02)
         return _point(values)
 
-    monkeypatch.setattr(batch_widget, "measure_point", slow_point)
-    batch_widget.make_figure()  # imports ipywidgets and plotly outside the timed part
+    monkeypatch.setattr(widgets, "measure_point", slow_point)
+    widgets.make_figure()  # imports ipywidgets and plotly outside the timed part
     t0 = time.perf_counter()
-    box = batch_widget.panel(server=FakeServer(), batch_size=8, clients=4)
+    box = widgets.panel(server=FakeServer(), batch_size=8, clients=4)
     assert time.perf_counter() - t0 < 3, "the panel cell must not wait for its 10 s measurement"
     try:
         slider = box.controls["batch"]
@@ -239,8 +240,8 @@ def test_the_panel_shows_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(server, **kwargs):
         raise RuntimeError("the panel's server has stopped: run the panel cell again")
 
-    monkeypatch.setattr(batch_widget, "measure_point", broken)
-    box = batch_widget.panel(server=FakeServer())
+    monkeypatch.setattr(widgets, "measure_point", broken)
+    box = widgets.panel(server=FakeServer())
     try:
         assert box.measurer.wait(WAIT_S)
     finally:
@@ -251,8 +252,8 @@ def test_the_panel_shows_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_panel_against_a_live_server() -> None:
-    with serving.run_server(serving.TINY_RANDOM, port=0, max_batch_size=4) as srv:
-        box = batch_widget.panel(srv, batch_size=2, clients=3, max_tokens=3, min_rounds=2, max_rounds=3)
+    with launch.run_server(protocol.TINY_RANDOM, port=0, max_batch_size=4) as srv:
+        box = widgets.panel(srv, batch_size=2, clients=3, max_tokens=3, min_rounds=2, max_rounds=3)
         try:
             assert box.measurer.wait(120)
             box.controls["batch"].value = 3

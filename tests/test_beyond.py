@@ -9,7 +9,12 @@ import random
 import pytest
 import torch
 
-from labkit import beyond, cpu_engines, decode, kvquant, llamacpp, prefill, scheduler, serving, speculative
+from labkit.model import onnx
+from labkit.decoding import decode, speculative
+from labkit.precision import kvquant, quantisers
+from labkit.engines import cpu, llamacpp
+from labkit.serve import continuous, prefill, server
+from labkit.lessons import beyond
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 
@@ -56,7 +61,7 @@ def _repetitive(seed=1):
 
 
 def test_lookup_decode_gives_plain_greedy_tokens_in_fewer_passes():
-    from labkit import exercises
+    from labkit.lessons import exercises
 
     model = exercises.tiny_llama()
     ids = _repetitive()
@@ -70,7 +75,7 @@ def test_lookup_decode_gives_plain_greedy_tokens_in_fewer_passes():
 
 
 def test_timed_generate_counts_one_pass_per_token_without_lookup_and_keeps_exactly_n():
-    from labkit import exercises
+    from labkit.lessons import exercises
 
     model = exercises.tiny_llama()
     ids = _repetitive(2)
@@ -84,7 +89,7 @@ def test_timed_generate_counts_one_pass_per_token_without_lookup_and_keeps_exact
 
 
 def test_draft_model_pair_check_and_run():
-    from labkit import exercises
+    from labkit.lessons import exercises
 
     target, draft = exercises.tiny_llama(layers=2, seed=0), exercises.tiny_llama(layers=1, seed=0)
 
@@ -115,7 +120,7 @@ def test_reusable_prefix_is_the_prefix_caches_rule():
         cached = [rng.randrange(2) for _ in range(rng.randrange(1, 40))]
         prompt = cached[:rng.randrange(0, len(cached) + 1)] + [rng.randrange(2) for _ in range(rng.randrange(1, 10))]
         block = rng.choice([1, 4, 8])
-        pc = scheduler.PrefixCache(10_000, block)
+        pc = continuous.PrefixCache(10_000, block)
         cache = DynamicCache()
         cache.update(torch.zeros(1, 1, len(cached), 2), torch.zeros(1, 1, len(cached), 2), 0)
         pc.store(cached, cache)
@@ -136,7 +141,7 @@ def test_itl_stats_window_counts_a_stall_that_overlaps_it():
 
 
 def test_prefix_cache_run_hits_and_answers_the_same():
-    lm = serving.tiny_random_model()
+    lm = server.tiny_random_model()
     doc = prefill.document_text(lm.tokenizer, 120)
     prompts = prefill.shared_prefix_prompts(doc, beyond.QUESTIONS[:4])
     off = prefill.prefix_cache_run(lm, prompts, max_tokens=3, concurrency=2, prefix_cache_tokens=0)
@@ -149,7 +154,7 @@ def test_prefix_cache_run_hits_and_answers_the_same():
 
 
 def test_chunked_prefill_run_streams_through_the_long_prefill():
-    lm = serving.tiny_random_model()
+    lm = server.tiny_random_model()
     long_prompt = prefill.document_text(lm.tokenizer, 600)
     prompts = list(beyond.STREAM_PROMPTS[:2])
     off = prefill.chunked_prefill_run(lm, prompts, 20, long_prompt, 0, long_after=3)
@@ -168,15 +173,15 @@ def test_chunked_prefill_run_streams_through_the_long_prefill():
 def test_quantize_kv_per_channel_round_trip():
     x = torch.randn(1, 2, 50, 8)
     x[..., 3] *= 40
-    q, scale = kvquant.quantize_kv(x)
+    q, scale = quantisers.quantize_kv(x)
     assert q.dtype == torch.int8 and scale.shape == (1, 2, 1, 8)
-    assert torch.all((kvquant.dequantize_kv(q, scale) - x).abs() <= scale / 2 + 1e-6)
+    assert torch.all((quantisers.dequantize_kv(q, scale) - x).abs() <= scale / 2 + 1e-6)
 
 
 def test_cache_bytes_of_dynamic_lab_and_fp16_caches(tiny_llama):
     from transformers import DynamicCache
 
-    from labkit import kv
+    from labkit.decoding import kv
 
     model, _ = tiny_llama
     ids = torch.randint(3, 1000, (1, 300))
@@ -253,13 +258,14 @@ def test_llamacpp_capability_says_how_to_install(monkeypatch):
 
 @pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python not installed (pip install 'labkit[llamacpp]')")
 def test_llamacpp_runs_the_default_gguf_and_agrees_with_the_reference(default_lm):
-    from labkit import models, quality
+    from labkit.model import models
+    from labkit.decoding import quality
 
     cap = llamacpp.capability()
     assert cap.available, cap.reason
     tok = default_lm.tokenizer
     ref = quality.reference(default_lm.model, tok, ["What is the capital of France?"], new_tokens=6)
-    row = cpu_engines.measure_llamacpp("llama.cpp", "Q4_1", models.default_gguf(), tok,
+    row = cpu.measure_llamacpp("llama.cpp", "Q4_1", models.default_gguf(), tok,
                                        "What is the capital of France?", 6, 1, ref)
     assert row["status"] == "ok" and row["decode_tokens_per_s"] > 0 and row["llamacpp_eval_tokens"] > 0
     assert row["agreement"] >= 0.5, "the GGUF's Q4_1 weights are the reference's weights"
@@ -272,8 +278,8 @@ def test_best_lab_row_and_headline():
                {"engine": "ONNX Runtime", "format": "4-bit", "status": "ok", "decode_tokens_per_s": 30.0, "agreement": 0.8},
                {"engine": "llama.cpp", "format": "Q4_1", "status": "ok", "decode_tokens_per_s": 40.0, "agreement": 0.95},
                {"engine": "llama.cpp", "format": "Q8_0", "status": "cannot", "decode_tokens_per_s": 99.0}]
-    assert cpu_engines.best_lab_row(engines)["format"] == "4-bit"
-    assert cpu_engines.best_lab_row(engines, min_agreement=0.9)["format"] == "fp32"
+    assert cpu.best_lab_row(engines)["format"] == "4-bit"
+    assert cpu.best_lab_row(engines, min_agreement=0.9)["format"] == "fp32"
     lookup = [{"task": "copy", "decode_speedup": 2.5, "tokens_per_forward": 4.0, "identical": True},
               {"task": "chat", "decode_speedup": 0.9, "tokens_per_forward": 1.0, "identical": True}]
     prefix = [{"ttft_p50_s": 0.4, "texts": ["a"], "hit_rate": None}, {"ttft_p50_s": 0.1, "texts": ["a"], "hit_rate": 0.75}]
@@ -297,11 +303,11 @@ def test_best_lab_row_and_headline():
 
 
 def test_nbits_reason_and_bad_settings():
-    reason = cpu_engines.nbits_reason()
+    reason = onnx.nbits_reason()
     assert reason == "" or "pip install" in reason
     with pytest.raises(ValueError, match="bits"):
-        cpu_engines.quantize_nbits(bits=3)
+        onnx.quantize_nbits(bits=3)
     with pytest.raises(ValueError, match="block_size"):
-        cpu_engines.quantize_nbits(block_size=33)
+        onnx.quantize_nbits(block_size=33)
     with pytest.raises(ValueError, match="accuracy_level"):
-        cpu_engines.quantize_nbits(accuracy_level=9)
+        onnx.quantize_nbits(accuracy_level=9)

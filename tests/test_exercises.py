@@ -8,7 +8,7 @@ import re
 import pytest
 
 from exercise_cells import MISTAKES, SOLUTIONS, SOURCES, all_cells, notebook_exercises, run_cell
-from labkit import exercises
+from labkit.lessons import exercises
 
 EXERCISES = notebook_exercises()
 IDS = [ex_id for _, ex_id, _ in EXERCISES]
@@ -70,5 +70,5 @@ def test_at_least_two_exercises_per_notebook():
 
 def test_every_registered_check_is_used():
     unused = sorted(e.id for e in exercises.all_exercises()
-                    if e.check.__module__.startswith("labkit.exercises.nb") and e.id not in IDS)
+                    if e.check.__module__.startswith("labkit.lessons.exercises.nb") and e.id not in IDS)
     assert not unused, f"checks no notebook uses: {unused}"

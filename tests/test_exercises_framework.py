@@ -1,9 +1,9 @@
-"""labkit.exercises itself: verdicts, the helpers checks use, and predictions."""
+"""labkit.lessons.exercises itself: verdicts, the helpers checks use, and predictions."""
 import pytest
 import torch
 
 from exercise_cells import SOLUTIONS, exercise_cells, run_cell
-from labkit import exercises
+from labkit.lessons import exercises
 
 
 @exercises.exercise("98.double", "double a tensor")
@@ -74,7 +74,7 @@ def test_checks_take_numpy_scalars_as_numbers():
     """A learner's numpy arithmetic returns np.int64 / np.float16: the checks judge the value, not its type."""
     import numpy as np
 
-    from labkit import exercises
+    from labkit.lessons import exercises
 
     solutions = {}
     for stem in ("01_hardware_sizing", "02_fp16_bf16", "04_warmup"):

@@ -15,8 +15,9 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from labkit import results, serving  # noqa: E402
-from labkit.__main__ import main as cli  # noqa: E402
+from labkit.core import results
+from labkit.serve import protocol
+from labkit.__main__ import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -29,13 +30,13 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
 FIELDS = ["prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options", "n", "temperature",
           "top_p", "seed", "stop", "ignore_eos", "model", "presence_penalty", "logprobs", "user", "role", "content"]
 bodies = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=10), json_values, max_size=6)
-CFG = serving.ServerConfig()
+CFG = protocol.ServerConfig()
 
 
 def _parse(raw: bytes, chat: bool) -> None:
     try:
-        p = serving.parse_body(raw, chat, CFG)
-    except serving.ApiError as exc:
+        p = protocol.parse_body(raw, chat, CFG)
+    except protocol.ApiError as exc:
         assert 400 <= exc.status < 500 and exc.message
         return
     assert 1 <= p.max_tokens <= CFG.max_tokens_limit

@@ -10,7 +10,7 @@ import pytest
 from test_devices import mock_gpu
 
 from labkit import gpu_check
-from labkit.env import Capability
+from labkit.core.env import Capability
 from labkit.gpu_check import Check, CheckResult, Context, Skip
 
 
@@ -96,7 +96,7 @@ def test_without_cuda_one_line_and_exit_0(tmp_path):
 
 
 def test_a_gpu_torch_cannot_use_is_a_failure(tmp_path, monkeypatch):
-    from labkit import env
+    from labkit.core import env
 
     monkeypatch.setattr(env, "torch_gpu_problem", lambda: "nvidia-smi lists 1 GPU(s), but torch is a CPU build")
     out = io.StringIO()
@@ -106,7 +106,7 @@ def test_a_gpu_torch_cannot_use_is_a_failure(tmp_path, monkeypatch):
 
 def test_on_a_gpu_lines_then_one_json_document(tmp_path, monkeypatch):
     mock_gpu(monkeypatch, "NVIDIA L4", (8, 9))
-    from labkit import env
+    from labkit.core import env
 
     monkeypatch.setattr(env, "torch_gpu_problem", lambda: "")
     monkeypatch.setattr(gpu_check, "_prompts", lambda: ["Hi"])
@@ -124,6 +124,41 @@ def test_on_a_gpu_lines_then_one_json_document(tmp_path, monkeypatch):
     assert len(out.getvalue().splitlines()) == 2
     with pytest.raises(SystemExit):
         gpu_check.main(["--only", "warp-drive"], all_checks=checks, out=io.StringIO())
+
+
+def test_the_command_line_ends_the_process_when_a_check_hung(tmp_path, monkeypatch):
+    """``python -m labkit gpu-check`` goes through ``labkit.__main__``, so gpu_check is never ``__main__``
+    there: the hard exit after a hung check must not depend on that."""
+    import threading
+
+    from labkit import __main__ as cli
+    from labkit.core import env
+
+    mock_gpu(monkeypatch, "NVIDIA L4", (8, 9))
+    monkeypatch.setattr(env, "torch_gpu_problem", lambda: "")
+    monkeypatch.setattr(gpu_check, "_prompts", lambda: ["Hi"])
+    release = threading.Event()
+    monkeypatch.setattr(gpu_check, "checks", lambda: [Check("hangs", lambda ctx: release.wait(60) and "late")])
+
+    class Exited(Exception):
+        pass
+
+    def fake_exit(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(gpu_check.os, "_exit", fake_exit)
+    report = tmp_path / "r.json"
+    try:
+        with pytest.raises(Exited) as exited:
+            cli.main(["gpu-check", "--json", str(report), "--deadline-s", "0.5"])
+    finally:
+        release.set()
+    assert exited.value.args == (1,)
+    assert json.loads(report.read_text())["checks"][0]["status"] == "FAIL"  # written before the exit
+    release.clear()
+    # a caller inside Python (a notebook, a test) gets the exit code back instead
+    assert gpu_check.main(["--json", str(report), "--deadline-s", "0.5"], out=io.StringIO()) == 1
+    release.set()
 
 
 def test_the_check_table_is_well_formed():
@@ -145,7 +180,7 @@ def tiny_dir(tmp_path_factory):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from labkit import models
+    from labkit.model import models
 
     tok = models.load_tokenizer()
     torch.manual_seed(0)
@@ -174,4 +209,4 @@ def test_the_checks_themselves_run_on_a_cpu(tiny_dir, tmp_path, monkeypatch):
 
 def test_make_gpu_check_target_exists():
     text = (Path(__file__).resolve().parent.parent / "Makefile").read_text(encoding="utf-8")
-    assert "gpu-check:" in text and "labkit.gpu_check" in text
+    assert "gpu-check:" in text and "-m labkit gpu-check" in text  # the one command line: python -m labkit <command>

@@ -12,8 +12,12 @@ from pathlib import Path
 import pytest
 from test_devices import mock_gpu
 
-from labkit import engines, hardware, results, variants
-from labkit.env import Capability
+from labkit.core import env, results
+from labkit.model import hardware, onnx
+from labkit.precision import variants
+from labkit.engines import onnxruntime, tensorrt
+from labkit.serve import vllm
+from labkit.core.env import Capability
 
 # -------------------------------------------------------------------------------- ONNX Runtime providers
 
@@ -57,8 +61,8 @@ def fake_ort(monkeypatch, tmp_path):
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
     monkeypatch.setattr(ORTModelForCausalLM, "from_pretrained", staticmethod(from_pretrained))
-    monkeypatch.setattr(variants, "export_onnx", lambda model_name=None, force=False: (folder, None))
-    monkeypatch.setattr(variants, "quantize_onnx", lambda per_channel, reduce_range=None, model_name=None, force=False:
+    monkeypatch.setattr(onnx, "export_onnx", lambda model_name=None, force=False: (folder, None))
+    monkeypatch.setattr(onnx, "quantize_onnx", lambda per_channel, reduce_range=None, model_name=None, force=False:
                         (folder, None))
     return state
 
@@ -88,10 +92,10 @@ def test_dynamic_int8_runs_on_the_cpu_provider_on_a_gpu_and_says_so(fake_ort):
 def test_load_ort_refuses_numbers_from_another_provider(fake_ort, monkeypatch):
     monkeypatch.setenv("LABKIT_DEVICE", "cuda")
     fake_ort["got"] = ["CPUExecutionProvider"]
-    with pytest.raises(variants.ProviderFallback, match="session got"):
-        engines.load_ort("basic")
+    with pytest.raises(onnx.ProviderFallback, match="session got"):
+        onnxruntime.load_ort("basic")
     fake_ort["got"] = None
-    built = engines.load_ort("basic")
+    built = onnxruntime.load_ort("basic")
     assert built["providers"][0] == "CUDAExecutionProvider" == built["provider"]
 
 
@@ -102,13 +106,13 @@ def test_tensorrt_provider_counts_only_when_tensorrt_loads(monkeypatch):
 
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
-    probe = getattr(engines, "tensorrt_provider_problem", None)  # cached per process: start and end clean
+    probe = env.tensorrt_provider_problem  # cached per process: start and end clean
     if probe is not None:
         probe.cache_clear()
     try:
-        cap = engines.capability("ort-tensorrt")  # this onnxruntime cannot give a TensorRT session
+        cap = env.capability("ort-tensorrt")  # this onnxruntime cannot give a TensorRT session
         assert not cap.available and "TensorRT" in cap.reason
-        assert engines.tensorrt_rows()[0]["status"] == cap.reason
+        assert tensorrt.tensorrt_rows()[0]["status"] == cap.reason
     finally:
         if probe is not None:
             probe.cache_clear()
@@ -132,18 +136,18 @@ def _decoder_onnx(path: Path) -> Path:
 
 def test_tensorrt_profiles_cover_every_input_and_length(tmp_path):
     model = _decoder_onnx(tmp_path / "model.onnx")
-    p = engines.tensorrt_shape_profiles(model, max_batch=2, max_len=256)
+    p = onnxruntime.tensorrt_shape_profiles(model, max_batch=2, max_len=256)
     assert p["trt_profile_min_shapes"] == ("input_ids:1x1,attention_mask:1x1,position_ids:1x1,"
                                            "past_key_values.0.key:1x3x0x64")
     assert p["trt_profile_opt_shapes"] == ("input_ids:1x1,attention_mask:1x1,position_ids:1x1,"
                                            "past_key_values.0.key:1x3x128x64")
     assert p["trt_profile_max_shapes"] == ("input_ids:2x256,attention_mask:2x256,position_ids:2x256,"
                                            "past_key_values.0.key:2x3x255x64")
-    opts = engines.tensorrt_provider_options(model, cache_dir=tmp_path / "engines")
+    opts = onnxruntime.tensorrt_provider_options(model, cache_dir=tmp_path / "engines")
     assert opts["trt_engine_cache_enable"] == "True" and Path(opts["trt_engine_cache_path"]).is_dir()
     assert opts["trt_timing_cache_enable"] == "True" and opts["trt_fp16_enable"] == "True"
     with pytest.raises(ValueError, match="max_len"):
-        engines.tensorrt_shape_profiles(model, max_len=1)
+        onnxruntime.tensorrt_shape_profiles(model, max_len=1)
 
 
 # ---------------------------------------------------------------------------------------- torch-tensorrt
@@ -162,13 +166,13 @@ def test_torch_tensorrt_options_follow_the_installed_version(monkeypatch):
         monkeypatch.setitem(sys.modules, "torch_tensorrt.dynamo", dynamo)
 
     install({"enabled_precisions": frozenset(), "min_block_size": 5, "pass_through_build_failures": False})
-    assert engines.torch_tensorrt_options(torch.float16) == {
+    assert tensorrt.torch_tensorrt_options(torch.float16) == {
         "enabled_precisions": {torch.float16}, "min_block_size": 1, "pass_through_build_failures": False}
     install({"min_block_size": 5, "pass_through_build_failures": False})  # strongly typed: precision is the model's
-    assert engines.torch_tensorrt_options(torch.float16, min_block_size=3) == {
+    assert tensorrt.torch_tensorrt_options(torch.float16, min_block_size=3) == {
         "min_block_size": 3, "pass_through_build_failures": False}
     with pytest.raises(ValueError, match="min_block_size"):
-        engines.torch_tensorrt_options(torch.float16, min_block_size=0)
+        tensorrt.torch_tensorrt_options(torch.float16, min_block_size=0)
 
 
 def test_partition_stats_count_engines_and_what_stayed_in_pytorch():
@@ -194,8 +198,8 @@ def test_partition_stats_count_engines_and_what_stayed_in_pytorch():
 
     root = Partitioned()
     gm = fx.GraphModule(root, Leaves().trace(root))
-    assert engines.partition_stats(gm) == {"trt_engines": 1, "torch_ops": 3}  # relu + sin + add
-    assert engines.partition_stats(fx.symbolic_trace(Fallback())) == {"trt_engines": 0, "torch_ops": 2}
+    assert tensorrt.partition_stats(gm) == {"trt_engines": 1, "torch_ops": 3}  # relu + sin + add
+    assert tensorrt.partition_stats(fx.symbolic_trace(Fallback())) == {"trt_engines": 0, "torch_ops": 2}
 
 
 # ------------------------------------------------------------------------------------------------ vLLM
@@ -223,33 +227,33 @@ def fake_vllm(monkeypatch):
         def __init__(self, **kw):
             self.__dict__.update(kw)
 
-    vllm = types.ModuleType("vllm")
-    vllm.LLM, vllm.SamplingParams = LLM, SamplingParams
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    real = engines.capability
-    monkeypatch.setattr(engines, "capability",
+    fake = types.ModuleType("vllm")
+    fake.LLM, fake.SamplingParams = LLM, SamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    real = env.capability
+    monkeypatch.setattr(env, "capability",
                         lambda name: Capability(name, True, "test", "") if name == "vllm" else real(name))
-    monkeypatch.setattr(engines, "gpu_count", lambda: 2)
+    monkeypatch.setattr(vllm, "gpu_count", lambda: 2)
     return events
 
 
 def test_vllm_offline_passes_the_memory_share_and_shuts_down(fake_vllm):
-    row = engines.vllm_offline("some/model", [[1, 2], [3, 4, 5]], max_tokens=3, gpu_memory_utilization=0.4)
+    row = vllm.vllm_offline("some/model", [[1, 2], [3, 4, 5]], max_tokens=3, gpu_memory_utilization=0.4)
     assert fake_vllm == [("start", 1, 0.4), ("shutdown",)]
     assert row["output_tokens"] == 6 and row["gpu_memory_utilization"] == 0.4
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
-        engines.vllm_offline("some/model", [[1]], gpu_memory_utilization=0.95 + 0.1)
+        vllm.vllm_offline("some/model", [[1]], gpu_memory_utilization=0.95 + 0.1)
 
 
 def test_vllm_rows_run_one_engine_at_a_time(fake_vllm, monkeypatch):
-    from labkit import loadgen
+    from labkit.serve import loadgen
 
     model = types.SimpleNamespace(to=lambda device: fake_vllm.append(("hf model to", device)))
-    from labkit import models
+    from labkit.model import models
 
     lm = types.SimpleNamespace(model=model, device="cuda", name="some/model", tokenizer=models.load_tokenizer(),
                                dtype="fp16")
-    monkeypatch.setattr(engines, "hf_offline", lambda lm, prompts, max_tokens: fake_vllm.append(("hf",)) or
+    monkeypatch.setattr(vllm, "hf_offline", lambda lm, prompts, max_tokens: fake_vllm.append(("hf",)) or
                         {"engine": "transformers generate (fp16)", "output_tokens_per_s": 1.0})
 
     @contextlib.contextmanager
@@ -258,10 +262,10 @@ def test_vllm_rows_run_one_engine_at_a_time(fake_vllm, monkeypatch):
         yield "http://127.0.0.1:1"
         fake_vllm.append(("serve stopped",))
 
-    monkeypatch.setattr(engines, "vllm_server", server)
-    monkeypatch.setattr(engines, "models_path", lambda lm: "some/model")
+    monkeypatch.setattr(vllm, "vllm_server", server)
+    monkeypatch.setattr(vllm, "models_path", lambda lm: "some/model")
     monkeypatch.setattr(loadgen, "run", lambda url, prompts, **kw: types.SimpleNamespace(summary=lambda: {"completed": 2}))
-    rows = engines.vllm_rows(lm, ["a", "b"], max_tokens=2, gpu_memory_utilization=0.4)
+    rows = vllm.vllm_rows(lm, ["a", "b"], max_tokens=2, gpu_memory_utilization=0.4)
     assert fake_vllm == [("hf",), ("hf model to", "cpu"), ("start", 1, 0.4), ("shutdown",), ("start", 2, 0.4),
                          ("shutdown",), ("serve", 0.4), ("serve stopped",)]
     assert lm.device == "cpu" and len(rows) == 4 and all("texts" not in r for r in rows)
@@ -291,7 +295,7 @@ def test_decode_gap_explains_a_launch_bound_gpu():
 
 @pytest.fixture
 def reference_dir(tmp_path, monkeypatch):
-    from labkit import config
+    from labkit.core import config
 
     monkeypatch.setattr(config, "DATA_DIR", tmp_path)
     (tmp_path / "reference").mkdir()
@@ -314,12 +318,14 @@ def test_show_gpu_references_with_provenance(reference_dir, capsys):
 
 
 def test_kv_reference_on_a_gpu_keeps_the_cpu_file(reference_dir, monkeypatch):
-    from labkit import env, kv, models
+    from labkit.core import env
+    from labkit.model import models
+    from labkit.decoding import kv
 
     monkeypatch.setattr(models, "load", lambda *a, **k: types.SimpleNamespace(model=None, tokenizer=None))
     monkeypatch.setattr(kv, "compare_cache_variants", lambda *a, **k: [{"variant": "dynamic", "tpot_s": 0.01}])
     gpu_env = {"device": "cuda", "hardware": {"gpu": "NVIDIA H100 80GB HBM3"}, "date": "2030", "versions": {},
-               "command": "python -m labkit.kv reference"}
+               "command": "python -m labkit.decoding.kv reference"}
     monkeypatch.setattr(env, "environment", lambda: dict(gpu_env))
     path = kv.write_compile_reference()
     assert path.name == "05_kv_cache_compile.nvidia-h100-80gb-hbm3.json"
@@ -336,11 +342,12 @@ def test_a_stopped_server_lets_its_model_go():
     import gc
     import weakref
 
-    from labkit import loadgen, memory, serving
+    from labkit.core import memory
+    from labkit.serve import launch, loadgen, server
 
-    lm = serving.tiny_random_model()
+    lm = server.tiny_random_model()
     model = weakref.ref(lm.model)
-    with serving.start_server(lm, max_batch_size=2) as srv:
+    with launch.start_server(lm, max_batch_size=2) as srv:
         loadgen.run(srv.url, ["hi", "there"], num_requests=2, max_concurrency=2, max_tokens=3, endpoint="chat")
     del lm, srv
     gc.collect()

@@ -1,8 +1,10 @@
 import pytest
 import torch
 
-from labkit import kv, profiling, sizing
-from labkit.generation import GenerationResult
+from labkit.model import prompts, sizing
+from labkit.decoding import cache_variants, kv, profiling, quality
+from labkit.lessons import findings
+from labkit.decoding.generation import GenerationResult
 
 
 def test_cache_bytes_match_the_formula_on_a_tiny_model(tiny_llama):
@@ -45,10 +47,10 @@ def test_default_model_cache_matches_sizing(default_lm):
 def test_prompt_of_length_is_exact(tiny_llama):
     _, tok = tiny_llama
     for n in (1, 37, 700):
-        inputs = kv.prompt_of_length(tok, n, batch=2)
+        inputs = prompts.prompt_of_length(tok, n, batch=2)
         assert inputs["input_ids"].shape == (2, n) and int(inputs["attention_mask"].sum()) == 2 * n
     with pytest.raises(ValueError, match="n_tokens"):
-        kv.prompt_of_length(tok, 0)
+        prompts.prompt_of_length(tok, 0)
 
 
 def test_cache_off_gives_the_same_tokens(tiny_llama):
@@ -61,7 +63,7 @@ def test_cache_off_gives_the_same_tokens(tiny_llama):
 def test_static_cache_holds_the_same_positions(tiny_llama):
     model, tok = tiny_llama
     dyn = kv.measure_cache(model, tok, "Hi", new_tokens=4)
-    static = kv.measure_cache(model, tok, "Hi", new_tokens=4, **kv.cache_variant_kwargs("static"))
+    static = kv.measure_cache(model, tok, "Hi", new_tokens=4, **cache_variants.cache_variant_kwargs("static"))
     assert static.cache_class == "StaticCache" and static.measured_bytes == dyn.measured_bytes
 
 
@@ -78,7 +80,7 @@ def test_per_token_rows_and_elapsed_at():
 
 def test_bad_choices_are_named():
     with pytest.raises(ValueError, match="dynamic"):
-        kv.cache_variant_kwargs("paged")
+        cache_variants.cache_variant_kwargs("paged")
     with pytest.raises(ValueError, match="sdpa"):
         kv.compare_attention(None, None, ["flash"])
 
@@ -142,24 +144,24 @@ def test_bytes_per_position_is_what_a_prefill_stores(tiny_llama):
 
 def test_token_recorder_sees_the_tokens_generate_returns(tiny_llama):
     model, tok = tiny_llama
-    from labkit.models import chat_inputs
+    from labkit.model.models import chat_inputs
 
     inputs = chat_inputs(tok, ["Hello there", "Hi"], device="cpu")  # left padded: rows of different lengths
-    recorder = kv.TokenRecorder()
+    recorder = quality.TokenRecorder()
     with torch.inference_mode():
         out = model.generate(**inputs, max_new_tokens=5, min_new_tokens=5, do_sample=False,
                              pad_token_id=tok.pad_token_id, **recorder.kwargs())
     assert torch.equal(recorder.tokens, out[:, inputs["input_ids"].shape[1]:])
     with pytest.raises(ValueError, match="no tokens recorded"):
-        kv.TokenRecorder().tokens
+        quality.TokenRecorder().tokens
 
 
 def test_agreement_counts_equal_positions():
     base = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
-    assert kv.agreement(base.clone(), base) == 1.0
-    assert kv.agreement(torch.tensor([[1, 2, 0, 0], [5, 6, 7, 8]]), base) == 0.75
+    assert quality.agreement(base.clone(), base) == 1.0
+    assert quality.agreement(torch.tensor([[1, 2, 0, 0], [5, 6, 7, 8]]), base) == 0.75
     with pytest.raises(ValueError, match="same, non-empty shape"):
-        kv.agreement(base[:, :3], base)
+        quality.agreement(base[:, :3], base)
 
 
 def test_time_steps_stamps_each_yielded_token():
@@ -223,7 +225,7 @@ def _findings(**over):
         attention=pd.DataFrame({"ttft_s": [1.0, 0.8], "agreement": [1.0, 0.9]}, index=["eager", "sdpa"]),
         decode_shares={"matmul": 0.7, "attention": 0.1, "other": 0.2})
     args.update(over)
-    return kv.findings(**args)
+    return findings.kv_cache(**args)
 
 
 def test_findings_choose_their_words_by_the_numbers():

@@ -1,4 +1,4 @@
-"""labkit.loadgen: arrivals, SLO/goodput and percentile arithmetic, the streaming client, Locust."""
+"""labkit.serve.loadgen: arrivals, SLO/goodput and percentile arithmetic, the streaming client, Locust."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from labkit import loadgen, serving
+from labkit.serve import launch, loadgen, protocol
 
 
 def test_arrival_gaps_follow_the_rate_and_burstiness():
@@ -85,7 +85,7 @@ def test_read_locust_csv(tmp_path):
 
 @pytest.fixture(scope="module")
 def server():
-    with serving.run_server(serving.TINY_RANDOM, port=0, max_batch_size=8) as srv:
+    with launch.run_server(protocol.TINY_RANDOM, port=0, max_batch_size=8) as srv:
         yield srv
 
 
@@ -95,7 +95,7 @@ def test_streaming_client_measures_each_token(server, endpoint):
     res = loadgen.run(server.url, num_requests=6, max_concurrency=3, max_tokens=5, endpoint=endpoint,
                       request_rate=50.0, progress=lambda done, total: seen.append((done, total)))
     s = res.summary()
-    assert s["completed"] == 6 and s["failed"] == 0 and s["model"] == serving.TINY_RANDOM
+    assert s["completed"] == 6 and s["failed"] == 0 and s["model"] == protocol.TINY_RANDOM
     assert seen[-1] == (6, 6)
     for o in res.outputs:
         assert o.output_tokens == 5 and len(o.itl_s) == 4  # one SSE chunk per token

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from labkit import memory
+from labkit.core import memory
 
 
 def test_param_bytes_counts_tied_weights_once():

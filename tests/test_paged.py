@@ -1,9 +1,9 @@
-"""labkit.paged: block arithmetic, the allocator, footprints and the step-by-step replay on hand-checked cases."""
+"""labkit.serve.paged: block arithmetic, the allocator, footprints and the step-by-step replay on hand-checked cases."""
 from __future__ import annotations
 
 import pytest
 
-from labkit import paged
+from labkit.serve import paged
 
 
 def req(i: int, prompt: int, answer: int, max_tokens: int) -> paged.Request:

@@ -1,6 +1,6 @@
 import pandas as pd
 
-from labkit import plots
+from labkit.lessons import plots
 
 
 def test_roofline_draws_both_roofs_and_every_point():

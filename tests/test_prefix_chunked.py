@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from labkit import batching, scheduler, serving
+from labkit.model import models
+from labkit.serve import continuous, decoder, launch, protocol, scheduler
 from test_scheduler import _alone
-from test_serving import request
+from test_server import request
 
 SYSTEM = ("You are a careful assistant for a workshop on inference. Answer in one short sentence, "
           "plainly, and never invent numbers you did not measure.")
@@ -17,12 +18,12 @@ QUESTIONS = ["What is a KV cache?", "Why batch requests?", "What does a GPU do b
 
 
 def _shared_prefix_requests(tok, limits=(5, 3, 6, 2, 4)):
-    return [scheduler.Request(id=f"s{i}", prompt_ids=scheduler.chat_ids(tok, f"{SYSTEM}\n\n{q}"), max_new_tokens=n)
+    return [scheduler.Request(id=f"s{i}", prompt_ids=models.chat_ids(tok, f"{SYSTEM}\n\n{q}"), max_new_tokens=n)
             for i, (q, n) in enumerate(zip(QUESTIONS, limits))]
 
 
 def test_prefix_cache_lookup_store_and_eviction():
-    pc = scheduler.PrefixCache(capacity_tokens=64, block_tokens=8)
+    pc = continuous.PrefixCache(capacity_tokens=64, block_tokens=8)
     cache = _fake_cache(40)
     pc.store(list(range(40)), cache)  # keeps the first 40 positions (5 blocks)
     reused, got = pc.lookup(list(range(20)) + [99, 98, 97])
@@ -35,7 +36,7 @@ def test_prefix_cache_lookup_store_and_eviction():
     s = pc.stats()
     assert (s["queries"], s["hits"]) == (4, 2)
     with pytest.raises(ValueError, match="capacity_tokens"):
-        scheduler.PrefixCache(0)
+        continuous.PrefixCache(0)
 
 
 def _fake_cache(n):
@@ -50,10 +51,10 @@ def _fake_cache(n):
 def test_prefix_cache_and_chunked_prefill_keep_every_token(tiny_llama):
     model, tok = tiny_llama
     reqs = _shared_prefix_requests(tok)
-    eos = batching.eos_ids(model, tok)
+    eos = decoder.eos_ids(model, tok)
     alone = _alone(model, tok, reqs, eos)
     plain = scheduler.run_continuous(model, reqs, eos, tok.pad_token_id, max_batch_size=2)
-    pc = scheduler.PrefixCache(capacity_tokens=512, block_tokens=8)
+    pc = continuous.PrefixCache(capacity_tokens=512, block_tokens=8)
     cached = scheduler.run_continuous(model, reqs, eos, tok.pad_token_id, max_batch_size=2, prefix_cache=pc)
     chunked = scheduler.run_continuous(model, reqs, eos, tok.pad_token_id, max_batch_size=2, prefill_chunk_tokens=7)
     assert plain.outputs() == cached.outputs() == chunked.outputs() == alone
@@ -67,9 +68,9 @@ def test_prefix_cache_and_chunked_prefill_keep_every_token(tiny_llama):
 def test_chunked_prefill_runs_decode_steps_between_chunks(tiny_llama):
     model, tok = tiny_llama
     eos = set()
-    engine = scheduler.ContinuousEngine(model, eos, tok.pad_token_id, prefill_chunk_tokens=8)
-    short = batching.Sequence(prompt_ids=[5, 6, 7], max_new_tokens=50)
-    long_ = batching.Sequence(prompt_ids=list(range(10, 50)), max_new_tokens=3)
+    engine = continuous.ContinuousEngine(model, eos, tok.pad_token_id, prefill_chunk_tokens=8)
+    short = decoder.Sequence(prompt_ids=[5, 6, 7], max_new_tokens=50)
+    long_ = decoder.Sequence(prompt_ids=list(range(10, 50)), max_new_tokens=3)
     engine.admit(short)
     engine.step()  # the short prompt fits one chunk: it runs from here on
     engine.admit(long_)
@@ -84,9 +85,9 @@ def test_chunked_prefill_runs_decode_steps_between_chunks(tiny_llama):
 
 def test_prefix_options_need_continuous_batching():
     with pytest.raises(ValueError, match="batching='continuous'"):
-        serving.ServerConfig(prefix_cache_tokens=256).check()
+        protocol.ServerConfig(prefix_cache_tokens=256).check()
     with pytest.raises(ValueError, match="prefill_chunk_tokens"):
-        serving.ServerConfig(batching="continuous", prefill_chunk_tokens=-1).check()
+        protocol.ServerConfig(batching="continuous", prefill_chunk_tokens=-1).check()
 
 
 def test_server_with_prefix_cache_answers_the_same_and_reports_hits():
@@ -94,7 +95,7 @@ def test_server_with_prefix_cache_answers_the_same_and_reports_hits():
                       "max_tokens": 5, "ignore_eos": True}
     answers = {}
     for options in ({}, {"prefix_cache_tokens": 1024}, {"prefill_chunk_tokens": 16}):
-        with serving.run_server(serving.TINY_RANDOM, port=0, batching="continuous", **options) as srv:
+        with launch.run_server(protocol.TINY_RANDOM, port=0, batching="continuous", **options) as srv:
             got = [json.loads(request(srv.url + "/v1/chat/completions", body(q))[2])["choices"][0]["message"]["content"]
                    for q in QUESTIONS[:3]]
             answers[tuple(options)] = got

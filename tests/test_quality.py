@@ -1,4 +1,4 @@
-"""labkit.quality on inputs whose answers can be checked by hand, plus tiny random Llama models."""
+"""labkit.decoding.quality on inputs whose answers can be checked by hand, plus tiny random Llama models."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from labkit import quality
+from labkit.model import prompts
+from labkit.decoding import quality
 
 V = 50  # vocabulary of the hand-made logits functions
 
@@ -142,18 +143,18 @@ def test_reference_from_ids_rejects_empty_continuations():
 
 
 def test_prompt_sets_and_eval_text():
-    assert len(quality.prompts("questions")) >= 2
+    assert len(prompts.load_prompts("questions")) >= 2
     with pytest.raises(ValueError, match="questions"):
-        quality.prompts("nope")
-    text = quality.eval_text()
+        prompts.load_prompts("nope")
+    text = prompts.eval_text()
     assert any("\u4e00" <= c <= "\u9fff" for c in text), "the evaluation text needs Chinese paragraphs"
     assert len(text.split()) > 2000
     with pytest.raises(ValueError, match="labkit_eval.txt"):
-        quality.eval_text(quality.EVAL_DIR / "missing.txt")
+        prompts.eval_text(prompts.EVAL_DIR / "missing.txt")
 
 
 @pytest.mark.slow
 def test_eval_text_is_at_least_3000_tokens_with_the_default_tokenizer():
-    from labkit import models
+    from labkit.model import models
 
-    assert len(quality.eval_tokens(models.load_tokenizer())) >= 3000
+    assert len(prompts.eval_tokens(models.load_tokenizer())) >= 3000

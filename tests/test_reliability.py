@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from labkit import decode, scheduler, serving
-from test_serving import request, sse_events
+from labkit.decoding import decode
+from labkit.serve import continuous, launch, protocol, scheduler, server
+from test_server import request
 
-SERVERS = {"dynamic": serving.Server, "continuous": scheduler.ContinuousServer}
 
 
 def in_thread(fn, timeout_s: float):
@@ -55,7 +55,7 @@ def concurrent(url: str, bodies: list[dict], gap_s: float = 0.05, timeout_s: flo
 def test_continuous_admission_failure_answers_every_request_taken(monkeypatch):
     """A request whose admission raises gets a 500; the ones taken from the queue with it, and the one
     running, are still served."""
-    admit = scheduler.ContinuousEngine.admit
+    admit = continuous.ContinuousEngine.admit
     boom_ids: list[list[int]] = []
 
     def failing_admit(self, seq):
@@ -63,8 +63,8 @@ def test_continuous_admission_failure_answers_every_request_taken(monkeypatch):
             raise RuntimeError("injected admission failure")
         return admit(self, seq)
 
-    monkeypatch.setattr(scheduler.ContinuousEngine, "admit", failing_admit)
-    with scheduler.start_server(serving.TINY_RANDOM, port=0, max_batch_size=8) as srv:
+    monkeypatch.setattr(continuous.ContinuousEngine, "admit", failing_admit)
+    with launch.start_server(protocol.TINY_RANDOM, batching="continuous", port=0, max_batch_size=8) as srv:
         boom_ids.append(srv.server.lm.tokenizer("boom")["input_ids"])
         bodies = [{"prompt": "a long one", "max_tokens": 300, "ignore_eos": True},
                   {"prompt": "boom", "max_tokens": 3}, {"prompt": "after", "max_tokens": 3, "ignore_eos": True},
@@ -74,7 +74,7 @@ def test_continuous_admission_failure_answers_every_request_taken(monkeypatch):
         assert "injected admission failure" in results[1][1]["error"]["message"]
 
 
-@pytest.mark.parametrize("kind", sorted(SERVERS))
+@pytest.mark.parametrize("kind", protocol.BATCHING)
 def test_model_failure_mid_batch_fails_that_batch_and_serves_the_next(kind, monkeypatch):
     step = decode.decode_one_token
     armed = threading.Event()
@@ -86,7 +86,7 @@ def test_model_failure_mid_batch_fails_that_batch_and_serves_the_next(kind, monk
         return step(*args, **kwargs)
 
     monkeypatch.setattr(decode, "decode_one_token", failing_step)
-    with serving.run_server(serving.TINY_RANDOM, port=0, server_class=SERVERS[kind], max_batch_size=4,
+    with launch.run_server(protocol.TINY_RANDOM, port=0, batching=kind, max_batch_size=4,
                             max_wait_ms=200, max_tokens_limit=400) as srv:
         def arm_when_three_run() -> None:
             while srv.server.batcher.running < 3:
@@ -106,9 +106,9 @@ def test_any_start_up_failure_reaches_the_caller(monkeypatch):
     async def broken_start(self):
         raise RuntimeError("injected start-up failure")
 
-    monkeypatch.setattr(serving.Server, "start", broken_start)
+    monkeypatch.setattr(server.Server, "start", broken_start)
     with pytest.raises(RuntimeError, match="injected start-up failure"):
-        in_thread(lambda: serving.start_server(serving.TINY_RANDOM, port=0), timeout_s=30)
+        in_thread(lambda: launch.start_server(protocol.TINY_RANDOM, port=0), timeout_s=30)
 
 
 def test_a_start_that_never_finishes_times_out(monkeypatch):
@@ -117,9 +117,9 @@ def test_a_start_that_never_finishes_times_out(monkeypatch):
 
         await asyncio.sleep(3600)
 
-    monkeypatch.setattr(serving.Server, "start", stuck_start)
+    monkeypatch.setattr(server.Server, "start", stuck_start)
     with pytest.raises(RuntimeError, match="did not start within 1 s"):
-        in_thread(lambda: serving.start_server(serving.TINY_RANDOM, port=0, startup_timeout_s=1), timeout_s=30)
+        in_thread(lambda: launch.start_server(protocol.TINY_RANDOM, port=0, startup_timeout_s=1), timeout_s=30)
 
 
 def test_transformers_continuous_batching_check_has_a_deadline(monkeypatch):
@@ -146,9 +146,9 @@ def test_transformers_continuous_batching_check_has_a_deadline(monkeypatch):
     assert out["available"] is False and "no result within 1 s" in out["reason"]
 
 
-@pytest.mark.parametrize("kind", sorted(SERVERS))
+@pytest.mark.parametrize("kind", protocol.BATCHING)
 def test_client_that_disconnects_mid_stream_frees_its_slot(kind):
-    with serving.run_server(serving.TINY_RANDOM, port=0, server_class=SERVERS[kind], max_batch_size=1,
+    with launch.run_server(protocol.TINY_RANDOM, port=0, batching=kind, max_batch_size=1,
                             max_tokens_limit=4000) as srv:
         host, port = srv.url.removeprefix("http://").rsplit(":", 1)
         body = json.dumps({"prompt": "go on", "max_tokens": 4000, "ignore_eos": True, "stream": True}).encode()

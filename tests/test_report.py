@@ -1,11 +1,12 @@
-"""labkit.report: SLO checks, the before/after table, HTML + JSON writing, and merging class results."""
+"""labkit.lessons.report: SLO checks, the before/after table, HTML + JSON writing, and merging class results."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from labkit import report, results
+from labkit.core import results
+from labkit.lessons import report
 
 
 def _row(concurrency, completed, good, failed=0, **kw):

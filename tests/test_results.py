@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from labkit import results
+from labkit.core import results
 
 
 def test_round_trip_with_environment(tmp_path):
@@ -50,10 +50,10 @@ def test_bad_name_and_missing_files(tmp_path):
 def test_jsonable_handles_dataclasses_and_tensors():
     import torch
 
-    from labkit.timing import Measurement
+    from labkit.core.timing import Measurement
 
     m = Measurement.from_values("t", [1.0, 2.0])
-    out = results._jsonable({"m": m, "t": torch.tensor(3.5), "inf": math.inf})
+    out = results.jsonable({"m": m, "t": torch.tensor(3.5), "inf": math.inf})
     assert out["m"]["median"] == 1.5 and out["t"] == 3.5 and out["inf"] is None
 
 
@@ -66,7 +66,7 @@ def test_reference_files_have_provenance():
 
 
 def test_reference_names_keep_gpu_and_cpu_runs_apart(tmp_path, monkeypatch):
-    from labkit import config
+    from labkit.core import config
 
     assert results.reference_name("07_vllm", {"device": "cpu", "hardware": {"gpu": None}}) == "07_vllm"
     gpu_env = {"device": "cuda", "hardware": {"gpu": "NVIDIA H200"}}

@@ -1,4 +1,4 @@
-"""Sampling and stop strings, in labkit.sampling and through the server's OpenAI API (official client too)."""
+"""Sampling and stop strings, in labkit.decoding.sampling and through the server's OpenAI API (official client too)."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
-from labkit import sampling, serving
-from test_serving import request, sse_events
+from labkit.decoding import sampling
+from labkit.serve import launch, protocol
+from test_server import request, sse_events
 
 
 def test_greedy_rows_and_sampled_rows():
@@ -43,16 +44,16 @@ def test_stop_text_holds_back_a_possible_stop_and_cuts_before_it(tiny_llama):
     _, tok = tiny_llama
     ids = tok("The cat sat on the mat. Then it slept.", add_special_tokens=False)["input_ids"]
     text = tok.decode(ids, skip_special_tokens=True)
-    st = serving.StopText(tok, ["mat.", "zzz"])
+    st = protocol.StopText(tok, ["mat.", "zzz"])
     out = "".join(st.add(i) for i in ids)
     assert st.stopped and out == text[:text.index("mat.")]
-    st = serving.StopText(tok, ["zzz"])
+    st = protocol.StopText(tok, ["zzz"])
     assert "".join(st.add(i) for i in ids) + st.finish() == text and not st.stopped
 
 
 @pytest.fixture(scope="module")
 def server():
-    with serving.run_server(serving.TINY_RANDOM, port=0, max_batch_size=8) as srv:
+    with launch.run_server(protocol.TINY_RANDOM, port=0, max_batch_size=8) as srv:
         yield srv
 
 
@@ -106,14 +107,14 @@ def test_parameters_at_their_defaults_are_fine(server):
 def test_official_openai_client(server):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    chat = client.chat.completions.create(model=serving.TINY_RANDOM, max_tokens=5,
+    chat = client.chat.completions.create(model=protocol.TINY_RANDOM, max_tokens=5,
                                           messages=[{"role": "user", "content": "Hi"}])
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 5
     pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model=serving.TINY_RANDOM, max_tokens=5, stream=True, messages=[{"role": "user", "content": "Hi"}]) if c.choices]
+        model=protocol.TINY_RANDOM, max_tokens=5, stream=True, messages=[{"role": "user", "content": "Hi"}]) if c.choices]
     assert "".join(pieces) == chat.choices[0].message.content
-    comp = client.completions.create(model=serving.TINY_RANDOM, prompt="Hello", max_tokens=4, temperature=0.8, seed=1)
-    again = client.completions.create(model=serving.TINY_RANDOM, prompt="Hello", max_tokens=4, temperature=0.8, seed=1)
+    comp = client.completions.create(model=protocol.TINY_RANDOM, prompt="Hello", max_tokens=4, temperature=0.8, seed=1)
+    again = client.completions.create(model=protocol.TINY_RANDOM, prompt="Hello", max_tokens=4, temperature=0.8, seed=1)
     assert comp.choices[0].text == again.choices[0].text
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model=serving.TINY_RANDOM, prompt="Hello", max_tokens=4, presence_penalty=1.0)
+        client.completions.create(model=protocol.TINY_RANDOM, prompt="Hello", max_tokens=4, presence_penalty=1.0)

@@ -1,9 +1,10 @@
-"""labkit.scheduler: static and continuous batching complete every request with the tokens it gets alone."""
+"""labkit.serve.scheduler: static and continuous batching complete every request with the tokens it gets alone."""
 from __future__ import annotations
 
 import pytest
 
-from labkit import batching, loadgen, scheduler, serving
+from labkit.model import models, prompts
+from labkit.serve import continuous, decoder, launch, loadgen, scheduler
 
 TEXTS = ["Hi", "Explain in two sentences why the sky is blue, please, in detail.", "What is 12 times 12?",
          "Name a colour.", "Write a haiku about a cup of coffee.", "Count to three."]
@@ -11,7 +12,7 @@ LIMITS = [3, 11, 2, 7, 9, 1]  # mixed answer lengths: requests finish at differe
 
 
 def _requests(tok, texts=TEXTS, limits=LIMITS):
-    return [scheduler.Request(id=f"q{i}", prompt_ids=scheduler.chat_ids(tok, t), max_new_tokens=n,
+    return [scheduler.Request(id=f"q{i}", prompt_ids=models.chat_ids(tok, t), max_new_tokens=n,
                               kind="long" if n > 5 else "short") for i, (t, n) in enumerate(zip(texts, limits))]
 
 
@@ -33,14 +34,14 @@ def _alone(model, tok, reqs, eos):
 @pytest.fixture(scope="module")
 def alone(tiny_llama):
     model, tok = tiny_llama
-    return _alone(model, tok, _requests(tok), batching.eos_ids(model, tok))
+    return _alone(model, tok, _requests(tok), decoder.eos_ids(model, tok))
 
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_static_and_continuous_match_each_request_alone(tiny_llama, alone, batch):
     model, tok = tiny_llama
     reqs = _requests(tok)
-    eos = batching.eos_ids(model, tok)
+    eos = decoder.eos_ids(model, tok)
     for mode in scheduler.MODES:
         run = scheduler.run(model, reqs, eos, tok.pad_token_id, mode, batch)
         assert run.outputs() == alone, mode
@@ -83,12 +84,12 @@ def test_join_and_trim_caches():
     a, b = DynamicCache(), DynamicCache()
     a.update(torch.ones(2, 1, 3, 4), torch.ones(2, 1, 3, 4), 0)
     b.update(torch.full((1, 1, 5, 4), 2.0), torch.full((1, 1, 5, 4), 2.0), 0)
-    mask = scheduler.join_caches(a, torch.ones(2, 3, dtype=torch.long), b, torch.ones(1, 5, dtype=torch.long))
+    mask = continuous.join_caches(a, torch.ones(2, 3, dtype=torch.long), b, torch.ones(1, 5, dtype=torch.long))
     assert mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
     keys = a.layers[0].keys
     assert keys.shape == (3, 1, 5, 4) and keys[0, 0, :2].abs().sum() == 0 and keys[2].eq(2).all()
     a.batch_select_indices(torch.tensor([0, 1]))  # the long row leaves: two all-padding columns remain
-    trimmed = scheduler.trim_left(a, mask[:2])
+    trimmed = continuous.trim_left(a, mask[:2])
     assert trimmed.tolist() == [[1, 1, 1], [1, 1, 1]] and a.layers[0].keys.shape == (2, 1, 3, 4)
 
 
@@ -120,7 +121,7 @@ def test_mixed_workload_from_the_requests_file(tiny_llama):
 
 
 def test_continuous_server_answers_every_request():
-    with serving.run_server("tiny-random", server_class=scheduler.ContinuousServer, port=0, max_batch_size=3) as srv:
+    with launch.run_server("tiny-random", batching="continuous", port=0, max_batch_size=3) as srv:
         res = loadgen.run(srv.url, num_requests=12, max_concurrency=5, max_tokens=6, warmup=1)
         bad = loadgen.run(srv.url, num_requests=1, max_tokens=10**6, warmup=0).outputs[0]
         stats = srv.stats()
@@ -139,8 +140,8 @@ def test_transformers_continuous_batching_check():
 @pytest.mark.slow
 def test_default_model_continuous_matches_alone(default_lm):
     model, tok = default_lm.model, default_lm.tokenizer
-    texts = batching.load_prompts("questions")[:2] + batching.load_prompts("prompts")[:2]
+    texts = prompts.load_prompts("questions")[:2] + prompts.load_prompts("prompts")[:2]
     reqs = _requests(tok, texts, [12, 4, 16, 6])
-    eos = batching.eos_ids(model, tok)
+    eos = decoder.eos_ids(model, tok)
     run = scheduler.run_continuous(model, reqs, eos, tok.pad_token_id, max_batch_size=3)
     assert run.outputs() == _alone(model, tok, reqs, eos)

@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from labkit import config, sizing
+from labkit.core import config
+from labkit.model import sizing
 
 CONFIGS = config.DATA_DIR / "configs"
 # name: (published parameter count, hand-computed fp16 KV bytes per token = 2 × layers × kv_heads × head_dim × 2)

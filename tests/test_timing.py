@@ -2,8 +2,8 @@ import time
 
 import pytest
 
-from labkit import timing
-from labkit.timing import Measurement, measure, percentile
+from labkit.core import timing
+from labkit.core.timing import Measurement, measure, percentile
 
 
 def test_percentile_hand_checked():
@@ -73,7 +73,9 @@ def test_track_context_manager():
 
 def test_one_percentile_rule_everywhere():
     """p99 only from at least timing.P99_MIN_SAMPLES values: Measurement, generation.aggregate and loadgen agree."""
-    from labkit import generation, loadgen, timing
+    from labkit.core import timing
+    from labkit.decoding import generation
+    from labkit.serve import loadgen
 
     few, many = [float(i) for i in range(1, 33)], [float(i) for i in range(1, 201)]
     assert timing.p99(few) is None and Measurement.from_values("x", few).p99 is None
@@ -94,7 +96,7 @@ def test_every_interval_goes_through_the_timing_primitive():
     root = Path(__file__).resolve().parent.parent
     files = [p for d in ("labkit", "bench", "notebooks/src", "notebooks/solutions") for p in (root / d).rglob("*.py")]
     assert len(files) > 20, "the lint must see the sources"
-    offenders = [f"{p.relative_to(root)}:{i}" for p in files if p.name != "timing.py" or p.parent.name != "labkit"
+    offenders = [f"{p.relative_to(root)}:{i}" for p in files if p.name != "timing.py" or p.parent.name != "core"
                  for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
                  if re.search(r"\bperf_counter\b", line.split("#", 1)[0])]
-    assert not offenders, f"time these through labkit.timing (clock() for host work): {offenders}"
+    assert not offenders, f"time these through labkit.core.timing (clock() for host work): {offenders}"

@@ -1,4 +1,4 @@
-"""labkit.variants: names and errors, the ONNX cache, int8 helpers, and every backend on a tiny model."""
+"""labkit.precision.variants: names and errors, backend failures as statuses, the ONNX cache, and every backend on a tiny model."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit import env, variants
+from labkit.core import env
+from labkit.precision import variants
 
 
 def test_names_and_unknown_variant():
@@ -65,79 +66,12 @@ def test_labkit_bugs_surface_instead_of_becoming_a_capability_gap(monkeypatch, r
         variants.load_variant("fp16", "default", device="cpu")
 
 
-def test_what_counts_as_a_backend_failure():
-    class Fail(Exception):  # how onnxruntime's pybind errors look: their module is onnxruntime's
-        pass
-
-    Fail.__module__ = "onnxruntime.capi.onnxruntime_pybind11_state"
-    assert env.backend_failure(Fail("ep failed")) and env.backend_failure(ImportError("no bitsandbytes"))
-    assert env.backend_failure(env.Unavailable("no GPU")) and env.backend_failure(variants.ProviderFallback("cpu"))
-    assert env.backend_failure(RuntimeError("raised by a library, no labkit frame"))
-    assert not env.backend_failure(TypeError("wrong call")) and not env.backend_failure(AssertionError("invariant"))
-    try:
-        variants.check_name("nope")
-    except ValueError as exc:
-        assert not env.backend_failure(exc), "a ValueError from labkit's own code is a bug or bad input"
-
-
-def test_atomic_dir_renames_on_success_and_leaves_nothing_on_failure(tmp_path):
-    target = tmp_path / "out"
-    with pytest.raises(KeyError):
-        with variants._atomic_dir(target) as tmp:
-            (tmp / "model.onnx").write_text("half")
-            raise KeyError("interrupted")
-    assert not target.exists() and list(tmp_path.iterdir()) == []
-    with variants._atomic_dir(target) as tmp:
-        (tmp / "model.onnx").write_text("x")
-        (tmp / "config.json").write_text("{}")
-    assert variants._complete(target) and [p.name for p in tmp_path.iterdir()] == ["out"]
-
-
-def test_fold_constant_transposes_keeps_the_result():
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])], [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    x = np.ones((2, 4), np.float32)
-    before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    assert variants.fold_constant_transposes(model) == 1
-    assert [n.op_type for n in model.graph.node] == ["MatMul"]
-    onnx.checker.check_model(model)
-    after = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(after, before, rtol=1e-6)
-
-
-def test_per_channel_scales_keep_small_rows_that_per_tensor_scales_erase():
-    w = torch.tensor([[0.001, -0.002, 0.003], [100.0, -50.0, 25.0]])
-    per_tensor = variants._fake_quant_weight(w, per_channel=False, reduce_range=False)
-    per_channel = variants._fake_quant_weight(w, per_channel=True, reduce_range=False)
-    assert torch.equal(per_tensor[0], torch.zeros(3))  # the small row rounds to 0 with the big row's scale
-    assert torch.allclose(per_channel[0], w[0], rtol=0.01)
-    x = torch.linspace(-3, 5, 200)
-    xq = variants._fake_quant_activation(x)
-    assert (xq - x).abs().max() <= (8 / 255) / 2 + 1e-6  # half a uint8 step of the range
-
-
-def test_ort_matmul_error_is_small_for_plain_weights():
-    g = torch.Generator().manual_seed(0)
-    w, x = torch.randn(32, 64, generator=g) * 0.05, torch.randn(16, 64, generator=g)
-    assert variants.ort_matmul_error(w, x, per_channel=False, reduce_range=True) < 0.05
-    assert variants.ort_matmul_error(w, x, per_channel=True, reduce_range=True) < 0.05
-
-
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     """A 2-layer random Llama with the default tokenizer, saved like any HF model directory."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from labkit import models
+    from labkit.model import models
 
     tok = models.load_tokenizer()
     torch.manual_seed(0)
@@ -189,7 +123,7 @@ def test_onnx_files_are_cached_and_reused(tiny_model_dir, tmp_path, monkeypatch)
 
 
 def test_a_missing_model_is_an_error_not_a_status(tmp_path):
-    from labkit import models
+    from labkit.model import models
 
     with pytest.raises(ValueError):
         variants.load_variant("fp32", str(tmp_path / "no-such-model"))
@@ -199,64 +133,3 @@ def test_a_missing_model_is_an_error_not_a_status(tmp_path):
 def test_an_unavailable_provider_names_the_available_ones():
     with pytest.raises(ValueError, match="CPUExecutionProvider"):
         variants.load_variant("ort-fp32", "default", device="cpu", provider="NoSuchExecutionProvider")
-
-
-# ------------------------------------------------------------------ the quantisers written out, against the libraries
-
-
-def _weight() -> torch.Tensor:
-    gen = torch.Generator().manual_seed(0)
-    return torch.randn(64, 128, generator=gen) * torch.linspace(0.01, 1.0, 64)[:, None]  # rows: a multiple of 32, as NF4 repacking needs
-
-
-def test_hand_written_int8_is_onnx_runtimes_int8():
-    w = _weight()
-    for per_channel in (False, True):
-        for reduce_range in (False, True):
-            qmax = 64 if reduce_range else 127
-            q, w_hat = variants.int8_round_trip(w, variants.absmax_scale(w, per_channel, qmax), qmax)
-            oq, oscale = variants.ort_quantized_weight(w, per_channel, reduce_range)
-            assert oq.dtype == torch.int8 and torch.equal(q, oq)
-            assert torch.allclose(oscale, variants.absmax_scale(w, per_channel, qmax))
-            assert w_hat.dtype == torch.float32 and (w_hat - w).abs().max() <= oscale.max() / 2 + 1e-7
-
-
-def test_hand_written_int8_and_nf4_are_bitsandbytes_own():
-    if not env.capability("bitsandbytes").available:
-        pytest.skip(env.capability("bitsandbytes").reason)
-    import bitsandbytes.functional as F
-
-    w = _weight()
-    cb, scb, _ = F.int8_vectorwise_quant(w.half())
-    w16 = w.half().float()
-    q, _ = variants.int8_round_trip(w16, variants.absmax_scale(w16, per_channel=True))
-    assert (q != cb).float().mean() < 1e-3  # equal but for values on a rounding tie (w/s vs w·(127/absmax))
-    code = F.get_4bit_type("nf4", device="cpu")
-    assert torch.allclose(code, torch.tensor(variants.NF4_CODE))
-    idx, amax = variants.nf4_quantize(w.reshape(-1, 64), code)
-    packed, state = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
-    assert torch.equal((code[idx] * amax).reshape(w.shape), F.dequantize_4bit(packed, state))
-
-
-def test_bnb_route_reads_the_operators_that_ran():
-    assert "_int_mm" in variants.bnb_route("int8", ["bitsandbytes::int8_linear_matmul", "aten::_int_mm"], "cpu")
-    assert "fp32" in variants.bnb_route("int8", ["bitsandbytes::int8_linear_matmul", "aten::mm"], "cpu")
-    assert "CUDA" in variants.bnb_route("int8", ["bitsandbytes::int8_linear_matmul"], "cuda:0")
-    cuda_other = variants.bnb_route("int8", ["aten::mm", "aten::matmul"], "cuda:0")  # the label follows what ran
-    assert "CUDA" not in cuda_other and cuda_other.startswith("no bitsandbytes int8 operator seen")
-    assert "dequantised" in variants.bnb_route("nf4", ["bitsandbytes::dequantize_4bit", "aten::mm"], "cpu")
-    assert "fused" in variants.bnb_route("nf4", ["bitsandbytes::gemv_4bit"], "cpu")
-    with pytest.raises(ValueError, match="int8"):
-        variants.bnb_route("fp8", [], "cpu")
-
-
-def test_bnb_layer_reports_the_kernel_this_machine_runs():
-    if not env.capability("bitsandbytes").available:
-        pytest.skip(env.capability("bitsandbytes").reason)
-    w = _weight()
-    for kind in ("int8", "nf4"):
-        ops = variants.ops_called(variants.bnb_layer(w, kind), torch.randn(1, 1, 128))
-        assert any(o.startswith("bitsandbytes::") for o in ops), ops
-    cond = variants.bnb_cpu_conditions()
-    int8_ops = variants.ops_called(variants.bnb_layer(w, "int8"), torch.randn(1, 1, 128))
-    assert ("aten::_int_mm" in int8_ops) == (cond["torch >= 2.6"] and cond["torch CPU capability"] == "AVX512")

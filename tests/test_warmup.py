@@ -1,7 +1,8 @@
 import pytest
 
-from labkit import warmup
-from labkit.warmup import ColdStart, WarmupReport
+from labkit.decoding import cache_variants, quality
+from labkit.engines import warmup
+from labkit.engines.warmup import ColdStart, WarmupReport
 
 
 class FakeService:
@@ -112,7 +113,7 @@ def test_fresh_compile_cache_is_empty_and_removed_after():
     import os
 
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    with warmup.fresh_compile_cache() as path:
+    with cache_variants.fresh_compile_cache() as path:
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
         assert os.path.isdir(path) and not os.listdir(path)
     assert not os.path.exists(path)
@@ -138,9 +139,9 @@ def test_one_time_share_and_token_agreement():
         def __call__(self, text, add_special_tokens=False):
             return {"input_ids": text.split()}
 
-    assert warmup.token_agreement(Tok(), "Paris is the capital", "Paris is the capital") == 1.0
-    assert warmup.token_agreement(Tok(), "Paris is a city", "Paris is the capital") == 0.5
-    assert warmup.token_agreement(Tok(), "Paris", "Paris is") == 0.5
+    assert quality.token_agreement(Tok(), "Paris is the capital", "Paris is the capital") == 1.0
+    assert quality.token_agreement(Tok(), "Paris is a city", "Paris is the capital") == 0.5
+    assert quality.token_agreement(Tok(), "Paris", "Paris is") == 0.5
 
 
 def test_cold_start_texts_round_trip():

@@ -5,7 +5,7 @@
 
 ``merge`` takes zip files and/or folders (a folder of zips, or one learner's results folder);
 the learner's name comes from the zip name (labkit-results-NAME.zip) or the folder name. Each
-file must be a labkit results file (labkit.results format, with its environment); anything
+file must be a labkit results file (labkit.core.results format, with its environment); anything
 else is listed as skipped, never silently dropped.
 
 build/class/index.html opens with the plots that answer the room's questions, from the sections
@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from labkit import config, results  # noqa: E402
+from labkit.core import config, results
 
 PACK_PREFIX = "labkit-results-"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")

@@ -10,7 +10,7 @@ Cell markers (one per cell):
                                                       the slides show its source; other code cells show
                                                       only their output
 Solutions never live in a notebook: they are in notebooks/solutions/NN_name.py, with the same
-``# %% exercise NN.name`` markers (``labkit.exercises``).
+``# %% exercise NN.name`` markers (``labkit.lessons.exercises``).
 Outputs are always empty: committed notebooks carry none. ``--check`` exits 1 when an
 .ipynb differs from what its source builds.
 """

@@ -12,7 +12,7 @@ the others still run; the exit status is 1 when any notebook failed.
     python tools/run_notebooks.py --only 07 09 --reference   # full mode; results become data/reference/*.json
     python tools/run_notebooks.py --solutions     # exercise cells replaced by notebooks/solutions/: all "correct"
 
-Exercises: every check cell prints one verdict line (``labkit.exercises``). As shipped, each must say
+Exercises: every check cell prints one verdict line (``labkit.lessons.exercises``). As shipped, each must say
 "not attempted" (a notebook that says "correct" ships a solution); with ``--solutions`` each must say
 "correct". Anything else fails that notebook.
 """
@@ -43,7 +43,8 @@ from traitlets import default
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from labkit import config, env, exercises, results  # noqa: E402  (after the path fix for a bare checkout)
+from labkit.core import config, env, results
+from labkit.lessons import exercises
 
 sys.path.insert(0, str(ROOT / "tools"))
 import nbbuild  # noqa: E402
@@ -229,7 +230,7 @@ def exercise_ids(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
 
 
 def exercise_verdicts(nb: nbformat.NotebookNode) -> dict[str, str]:
-    """Exercise id -> the status its check cell printed (``labkit.exercises`` verdict lines)."""
+    """Exercise id -> the status its check cell printed (``labkit.lessons.exercises`` verdict lines)."""
     found: dict[str, str] = {}
     for cell in nb.cells:
         for out in cell.get("outputs", []):

@@ -4,7 +4,7 @@ The decks are made from build/executed/*.ipynb (``make run``; a missing executed
 run first) with nbconvert's slides exporter and a template (tools/slides_template/) whose
 assets are all local: reveal.js and MathJax 3 come from node_modules (``npm ci``, see
 package.json) and are copied next to the decks; plotly.js is already embedded in the
-executed notebooks by labkit.plots.setup_offline(). Before export, ``prepare`` turns the
+executed notebooks by labkit.lessons.plots.setup_offline(). Before export, ``prepare`` turns the
 notebook into what a presenter shows (the deck rules below: outputs, not set-up code; trimmed
 text and tables; slides that fit 1280 × 720), and live widgets become a note (a deck has no
 kernel to drive them). A deck that still references a remote script or stylesheet fails the build.

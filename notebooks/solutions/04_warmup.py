@@ -1,7 +1,7 @@
 # Solutions to notebook 04's exercises (run with `python tools/run_notebooks.py --only 04 --solutions`).
 
 # %% exercise 04.calls_until_settled
-from labkit.warmup import window_spread
+from labkit.engines.warmup import window_spread
 
 
 def calls_until_settled(latencies_s, until_spread, window):

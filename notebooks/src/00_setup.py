@@ -22,10 +22,13 @@
 
 # %% slide
 import labkit
-from labkit import config, env, generation, memory, models, results, sizing
+from labkit.core import config, env, memory, results
+from labkit.model import models, sizing
+from labkit.decoding import generation
+from labkit.lessons import plots
 
 env.require_usable_gpu()  # stops here when nvidia-smi sees a GPU that torch cannot use (a CPU run by mistake)
-labkit.plots.setup_offline()
+plots.setup_offline()
 print("labkit", labkit.__version__, "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if v})
 env.capabilities_frame()

@@ -32,8 +32,11 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit import (config, decode, engines, env, exercises, generation, hardware, kv, memory, models, plots,
-                    profiling, results, sizing, timing, widgets)
+from labkit.core import config, env, memory, results, timing
+from labkit.model import gpus, hardware, models, prompts, roofline, sizing
+from labkit.decoding import decode, generation, profiling
+from labkit.engines import fusion
+from labkit.lessons import exercises, plots, widgets
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -120,9 +123,9 @@ print(f"{big.model} at {big.context:,} tokens × batch {big.batch}: KV {big.kv_g
 # CUDA context and activations). Figures from the vendors' datasheets, `data/gpus.json`.
 
 # %% fragment
-gpus = [g.name for g in hardware.catalog()]
-fit = sizing.fit_table([cfg[m] for m in PUBLIC_MODELS], gpus, ["fp16", "nf4"], context=FIT_CONTEXT)
-fit.pivot_table(index=["model", "dtype"], columns="gpu", values="fits", aggfunc="first")[gpus]
+gpu_names = [g.name for g in gpus.catalog()]
+fit = sizing.fit_table([cfg[m] for m in PUBLIC_MODELS], gpu_names, ["fp16", "nf4"], context=FIT_CONTEXT)
+fit.pivot_table(index=["model", "dtype"], columns="gpu", values="fits", aggfunc="first")[gpu_names]
 
 # %% md slide
 # ## 4 · The first roof: memory bandwidth
@@ -207,7 +210,7 @@ mm = hardware.matmul_flops(device=str(lm.device), n=MATMUL_N, dtype="fp32", repe
 peak_gflops = mm.tflops * 1e3
 exercises.reveal(f"fp32 matmul on {mm.device}", PREDICT_GFLOPS, peak_gflops, "GFLOP/s")
 res.add("flops", **mm.to_dict())
-ridge = hardware.ridge_intensity(bw.gbs, peak_gflops)
+ridge = roofline.ridge_intensity(bw.gbs, peak_gflops)
 print(f"the two roofs meet at {ridge:.1f} FLOPs per byte: a kernel doing fewer waits for memory, more for arithmetic")
 
 # %% md subslide
@@ -241,10 +244,10 @@ shape = sizing.shape(lm.model.config)
 rows = [dict(zip(("tokens", "flops", "bytes"), (t, *matmul_cost(t, shape.vocab_size, shape.hidden_size, 4))))
         for t in (1, 8, 64, 512, 4096)]
 grid = pd.DataFrame(rows).assign(flops_per_byte=lambda d: d.flops / d.bytes)
-same = all(matmul_cost(t, o, i, b) == hardware.matmul_cost(t, o, i, b) for t, o, i, b in [(1, 49152, 576, 4), (96, 1536, 576, 2)])
-same &= model_cost(lm.model, 7, 1) == hardware.linear_traffic(lm.model, 7, 1)
+same = all(matmul_cost(t, o, i, b) == roofline.matmul_cost(t, o, i, b) for t, o, i, b in [(1, 49152, 576, 4), (96, 1536, 576, 2)])
+same &= model_cost(lm.model, 7, 1) == roofline.linear_traffic(lm.model, 7, 1)
 print(f"the lm_head's ({shape.vocab_size} × {shape.hidden_size}) fp32 matmul, by token rows; "
-      f"labkit's hardware.matmul_cost and linear_traffic {'agree' if same else 'DISAGREE'}")
+      f"labkit's roofline.matmul_cost and linear_traffic {'agree' if same else 'DISAGREE'}")
 grid
 
 # %% md slide
@@ -258,7 +261,7 @@ PREDICT_DECODE_BOUND = None  # your prediction for decode at batch 1: "memory-bo
 PREDICT_PREFILL_BOUND = None  # your prediction for the prefill: "memory-bound" or "compute-bound"
 
 # %% fragment
-prompt = kv.prompt_of_length(lm.tokenizer, PREFILL_TOKENS, device=lm.device)["input_ids"]  # (1, T) on the model's device
+prompt = prompts.prompt_of_length(lm.tokenizer, PREFILL_TOKENS, device=lm.device)["input_ids"]  # (1, T) on the model's device
 with torch.inference_mode():
     pre = timing.measure(lambda: decode.prefill(lm.model, prompt), repeats=PREFILL_REPEATS, warmup=1, name="prefill",
                          device=lm.device)
@@ -267,7 +270,7 @@ points += [(f"decode, batch {r.batch}", r.batch, *model_cost(lm.model, r.batch, 
 roof = pd.DataFrame(points, columns=["label", "rows", "flops", "bytes", "seconds"])
 roof["intensity"] = roof.flops / roof.bytes
 roof["gflops"] = roof.flops / roof.seconds / 1e9
-roof["roof_gflops"] = [hardware.roof_gflops(i, bw.gbs, peak_gflops) for i in roof.intensity]
+roof["roof_gflops"] = [roofline.roof_gflops(i, bw.gbs, peak_gflops) for i in roof.intensity]
 roof["bound"] = ["compute-bound" if i > ridge else "memory-bound" for i in roof.intensity]
 roof["of_roof"] = roof.gflops / roof.roof_gflops
 plots.roofline(bw.gbs, peak_gflops, roof, f"Roofline on {lm.device}: this run's probes and steps").show()
@@ -289,7 +292,7 @@ ids = models.chat_inputs(lm.tokenizer, "Write a short story about a lighthouse k
 with torch.inference_mode():
     logits, cache = decode.prefill(lm.model, ids)
 token = logits.argmax(-1)  # (1,)
-ops = engines.eager_ops(decode.decode_one_token, lm.model, token, cache, torch.full_like(token, ids.shape[1]))
+ops = fusion.eager_ops(decode.decode_one_token, lm.model, token, cache, torch.full_like(token, ids.shape[1]))
 n_linear = ops.count("linear")  # one per weight matrix: each a matrix-vector product at batch 1
 n_attention = sum(profiling.op_group("aten::" + o) == "attention" for o in ops)
 print(f"one decode step ran {len(ops)} operators: {n_linear} matrix-vector products against a weight, "

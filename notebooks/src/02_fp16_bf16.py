@@ -15,7 +15,7 @@
 #   each format's bits; derive a format's largest finite value (exercise).
 # - Round fp32 to bf16 by hand (round to nearest, ties to even, on the bit pattern) and match `tensor.bfloat16()`.
 # - Keep a running sum in a 16-bit format (exercise) and see why matmuls accumulate in fp32.
-# - Predict weight bytes per precision with `labkit.sizing`, then check them against the loaded model.
+# - Predict weight bytes per precision with `labkit.model.sizing`, then check them against the loaded model.
 # - Measure TTFT and decode tokens/s per precision, and read from this machine's numbers whether half
 #   precision is faster or slower here, and why.
 # - Read three quality columns: perplexity, greedy agreement and KL divergence against fp32.
@@ -33,14 +33,18 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit import config, env, exercises, models, plots, quality, results, sizing, timing, variants
-from labkit.exercises import nb02
+from labkit.core import config, env, results, timing
+from labkit.model import hardware, models, prompts, sizing
+from labkit.decoding import quality
+from labkit.precision import variants
+from labkit.lessons import exercises, plots
+from labkit.lessons.exercises import nb02
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 print("CPU:", env.hardware()["cpu"], "| GPU:", env.hardware()["gpu"])
-print("half precision on this run's device:", variants.half_precision_features())
+print("half precision on this run's device:", hardware.half_precision_features())
 
 # %% subslide parameters
 VARIANTS = ["fp32", "fp16", "bf16"]  # fp32 first: it is the reference
@@ -192,7 +196,7 @@ totals
 # %% md slide
 # ## 3 · Predict the footprint
 #
-# `labkit.sizing` counts parameters on a meta-device model and multiplies by bytes per parameter.
+# `labkit.model.sizing` counts parameters on a meta-device model and multiplies by bytes per parameter.
 
 # %% fragment
 MODEL = models.resolve()  # the model the variants load: LABKIT_MODEL, else the default
@@ -262,7 +266,7 @@ ratio = {v: {"ttft": ok.ttft_s[v] / ok.ttft_s["fp32"], "decode": ok.decode_token
 for v, r in ratio.items():
     print(f"{v}: TTFT {r['ttft']:.2f}× fp32's ({'slower' if r['ttft'] > 1 else 'faster'}), "
           f"decode speed {r['decode']:.2f}× fp32's ({'faster' if r['decode'] > 1 else 'slower'})")
-reason = variants.fast_half_matmul_reason()
+reason = hardware.fast_half_matmul_reason()
 print("half-precision matmul hardware:", reason or f"{device} reports native fp16/bf16 matmul support")
 
 # %% md slide
@@ -276,7 +280,7 @@ print("half-precision matmul hardware:", reason or f"{device} reports native fp1
 table[["perplexity", "agreement", "kl", "kl_max"]]
 
 # %% fragment
-qs = quality.prompts("questions")[:QUESTIONS]
+qs = prompts.load_prompts("questions")[:QUESTIONS]
 quality.side_by_side(qs, {v: table.answers[v] for v in ok.index})
 
 # %% md slide
@@ -284,8 +288,8 @@ quality.side_by_side(qs, {v: table.answers[v] for v in ok.index})
 
 # %% fragment
 res = results.Results("02_fp16_bf16")
-res.notes.update(settings=settings.to_dict(), cpu_features=variants.cpu_features(), half_matmul_reason=reason,
-                 half_precision=variants.half_precision_features())
+res.notes.update(settings=settings.to_dict(), cpu_features=hardware.cpu_features(), half_matmul_reason=reason,
+                 half_precision=hardware.half_precision_features())
 res.replace("variants", [{k: v for k, v in r.items() if k != "options"} for r in rows])
 res.replace("matmul", shapes.to_dict("records"))
 res.replace("accumulation", totals.reset_index().to_dict("records"))

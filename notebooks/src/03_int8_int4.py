@@ -14,7 +14,7 @@
 # - Quantise a block of 64 weights to the nearest of NF4's 16 values, and measure the error.
 # - Show that bitsandbytes and ONNX Runtime store what your quantiser computes (same int8 values, same bytes).
 # - Load the same model as bitsandbytes LLM.int8 and NF4, and as ONNX Runtime fp32 and dynamic int8,
-#   through one loader (`labkit.variants`); put speed and quality side by side.
+#   through one loader (`labkit.precision.variants`); put speed and quality side by side.
 # - Read which kernel bitsandbytes ran on this machine, and why.
 # - Tell the real ONNX Runtime quantisation API from the one articles invent, and test published claims.
 
@@ -29,12 +29,16 @@
 import labkit
 import pandas as pd
 import torch
-from labkit import config, env, exercises, models, plots, quality, results, variants
+from labkit.core import config, env, results
+from labkit.model import hardware, models, onnx, prompts
+from labkit.decoding import quality
+from labkit.precision import libraries, quantisers, variants
+from labkit.lessons import exercises, findings, plots
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("torch", "transformers", "bitsandbytes", "onnxruntime", "optimum-onnx")})
-print("int8-relevant CPU flags:", {k: v for k, v in variants.cpu_features().items()
+print("int8-relevant CPU flags:", {k: v for k, v in hardware.cpu_features().items()
                                    if "vnni" in k or k in ("avx2", "amx_int8", "asimddp", "i8mm")})
 env.capabilities_frame().query("name in ['cuda', 'bitsandbytes', 'onnxruntime', 'optimum-onnx']")
 
@@ -54,7 +58,7 @@ NF4_BLOCK = 64  # weights per NF4 block (one absmax each), as bitsandbytes store
 
 # %% fragment
 lm = models.load(dtype="fp32")  # the fp32 reference, whose layers are quantised by hand below
-qs = quality.prompts("questions")[:QUESTIONS]
+qs = prompts.load_prompts("questions")[:QUESTIONS]
 probe = [f"model.layers.{i}.mlp.down_proj" for i in range(0, lm.model.config.num_hidden_layers, LAYER_STEP)]
 acts, mods = {}, dict(lm.model.named_modules())
 hooks = [mods[n].register_forward_pre_hook(lambda m, a, n=n: acts.__setitem__(n, a[0].detach()))
@@ -117,8 +121,8 @@ PREDICT_TENSOR_OVER_CHANNEL = None  # your prediction: output error per-tensor /
 PREDICT_LAYER_INT8_FRACTION = None  # your prediction: int8 layer bytes (codes + scales) / fp32 bytes
 
 # %% fragment mechanism
-scale_of = exercises.use("03.per_channel_scale", per_channel_scale, lambda w: variants.absmax_scale(w, per_channel=True))
-round_trip = exercises.use("03.int8_round_trip", int8_round_trip, variants.int8_round_trip)
+scale_of = exercises.use("03.per_channel_scale", per_channel_scale, lambda w: quantisers.absmax_scale(w, per_channel=True))
+round_trip = exercises.use("03.int8_round_trip", int8_round_trip, quantisers.int8_round_trip)
 y = x @ w.T  # (1, T, out): the fp32 output, the reference
 rows, quantised = [{"form": "fp32", "bytes": w.numel() * w.element_size(), "weight_error": 0.0, "output_error": 0.0}], {}
 for form, scale in {"per-tensor": w.abs().max().reshape(1, 1) / 127, "per-channel": scale_of(w)}.items():
@@ -156,7 +160,7 @@ if BNB.available:
     print("NF4 code:", [round(v, 4) for v in code.tolist()])
 else:
     print("bitsandbytes is not available here:", BNB.reason, "— sections 2-3 use labkit's copy of the NF4 values")
-    code = torch.tensor(variants.NF4_CODE, device=lm.device)
+    code = torch.tensor(quantisers.NF4_CODE, device=lm.device)
 
 # %% exercise 03.nf4_quantize
 import torch
@@ -180,7 +184,7 @@ exercises.check("03.nf4_quantize", nf4_quantize)
 PREDICT_NF4_OVER_INT8 = None  # your prediction: NF4 output error / per-channel int8 output error (×)
 
 # %% fragment mechanism
-nf4 = exercises.use("03.nf4_quantize", nf4_quantize, variants.nf4_quantize)
+nf4 = exercises.use("03.nf4_quantize", nf4_quantize, quantisers.nf4_quantize)
 block = w.flatten()[:NF4_BLOCK]  # the layer's first 64 weights
 idx, amax = nf4(block[None], code)  # (1, 64) code indices, (1, 1) absmax
 pd.DataFrame({"weight": block.tolist(), "÷ absmax": (block / amax[0]).tolist(), "index": idx[0].tolist(),
@@ -202,12 +206,12 @@ hand
 # ## 3 · The libraries compute the same thing
 #
 # bitsandbytes' loader casts each weight to fp16 and quantises it per row (`int8_vectorwise_quant`); its NF4
-# uses `quantize_4bit` with blocks of 64. ONNX Runtime's `quantize_dynamic` (what `labkit.variants` runs)
+# uses `quantize_4bit` with blocks of 64. ONNX Runtime's `quantize_dynamic` (what `labkit.precision.variants` runs)
 # stores int8 weights with symmetric absmax scales. Each is given the same weight as your quantiser: are
 # the int8 values, the errors and the bytes the same?
 
 # %% fragment
-agree = variants.library_agreement(w, x, quantised["per-channel"], w_nf4, hand, round_trip, scale_of)
+agree = libraries.library_agreement(w, x, quantised["per-channel"], w_nf4, hand, round_trip, scale_of)
 for r in (agree.dropna(subset=["values"]) if "values" in agree else agree.iloc[:0]).itertuples():  # libraries that ran
     unit = " step" if "int8" in str(r.form) else ""  # NF4 rows compare dequantised values (see the form)
     same = "identical" if r.equal_values == r.values else \
@@ -237,17 +241,17 @@ PREDICT_INT8_SPEEDUP = None  # your prediction: fastest int8 variant's decode to
 # %% fragment
 pred = pd.DataFrame({"variant": VARIANTS, "predicted_MiB": [variants.predicted_weight_bytes(v) / 2**20 for v in VARIANTS]})
 pred["fraction_of_fp32"] = pred.predicted_MiB / pred.predicted_MiB[pred.variant == "fp32"].item()
-pred  # labkit.sizing's prediction, from the config alone
+pred  # labkit.model.sizing's prediction, from the config alone
 
 # %% md slide
 # ## 5 · Export to ONNX (once; cached)
 #
 # optimum-onnx traces the model into an ONNX graph with a KV cache. The files land in
-# `labkit.config.cache_dir()` and are reused; int8 versions are made from them on first use.
+# `labkit.core.config.cache_dir()` and are reused; int8 versions are made from them on first use.
 
 # %% fragment
-folder, export_s = variants.export_onnx()
-print(f"{folder}: {variants.onnx_bytes(folder) / 2**20:.0f} MiB",
+folder, export_s = onnx.export_onnx()
+print(f"{folder}: {onnx.onnx_bytes(folder) / 2**20:.0f} MiB",
       f"exported in {export_s:.1f} s" if export_s is not None else "(reused from the cache)")
 
 # %% md slide
@@ -309,11 +313,11 @@ if len(int8_ok):
 routes = {}
 if BNB.available:
     if not lm.device.startswith("cuda"):
-        print("what bitsandbytes reads here:", variants.bnb_cpu_conditions())
+        print("what bitsandbytes reads here:", libraries.bnb_cpu_conditions())
     token = x[:, -1:]  # (1, 1, in): one decode step's input, on the model's device
     for kind in ("int8", "nf4"):
-        ops = variants.ops_called(variants.bnb_layer(w, kind), token)
-        routes[kind] = variants.bnb_route(kind, ops, lm.device)
+        ops = libraries.ops_called(libraries.bnb_layer(w, kind), token)
+        routes[kind] = libraries.bnb_route(kind, ops, lm.device)
         print(f"{kind} on {lm.device}: {routes[kind]}\n    bitsandbytes/int ops: {[o for o in ops if 'bitsandbytes' in o or 'int_mm' in o]}")
 else:
     print("bitsandbytes is not available here:", BNB.reason)
@@ -333,15 +337,15 @@ quality.side_by_side(qs, {v: table.answers[v] for v in ok.variant})
 # The same two forms as in section 1, now in ONNX Runtime's int8 kernel, which also quantises the
 # activations (uint8, one scale per call). On x86 CPUs without VNNI, that kernel adds pairs of uint8×int8
 # products into **16-bit** sums, which can saturate when weights use the full int8 range. `reduce_range`
-# (7-bit weights) avoids it; `labkit.variants` turns it on where `int8_saturation_risk()` says so. Below:
+# (7-bit weights) avoids it; `labkit.precision.variants` turns it on where `int8_saturation_risk()` says so. Below:
 # the real ONNX Runtime kernel on each probed layer's real weights and activations, error against fp32.
 # Which form keeps the error lower, layer by layer?
 
 # %% fragment
-print("this CPU is at risk of int8 saturation:", variants.int8_saturation_risk(),
+print("this CPU is at risk of int8 saturation:", hardware.int8_saturation_risk(),
       "| reduce_range used above:", {v: table.options[v].get("reduce_range") for v in ok.variant if v.startswith("ort-int8")})
 forms = {"per-tensor": (False, False), "per-channel, 8-bit": (True, False), "per-channel, 7-bit": (True, True)}
-err = pd.DataFrame([{"layer": n.split(".")[2], "form": f, "relative_error": variants.ort_matmul_error(mods[n].weight, acts[n], *pr)}
+err = pd.DataFrame([{"layer": n.split(".")[2], "form": f, "relative_error": libraries.ort_matmul_error(mods[n].weight, acts[n], *pr)}
                     for n in probe for f, pr in forms.items()])
 plots.bar(err, x="layer", y="relative_error", color="form", title="ONNX Runtime int8 error per MLP down_proj layer",
           y_title="‖Y_int8 − Y_fp32‖ / ‖Y_fp32‖", text_auto=False).show()
@@ -355,8 +359,8 @@ print("worst layer error by form:", worst.round(3).to_dict())
 # next to the API that does the job: what does each one do?
 
 # %% fragment
-int8_folder, _ = variants.quantize_onnx(per_channel=True)  # the cached file the ort-int8-channel row ran
-claims_ort = variants.audit_ort_claims(folder, int8_folder)
+int8_folder, _ = onnx.quantize_onnx(per_channel=True)  # the cached file the ort-int8-channel row ran
+claims_ort = libraries.audit_ort_claims(folder, int8_folder)
 for c in claims_ort:
     print(f"[{c['source']}] {c['call']}\n    here: {c['what it does here']}")
 
@@ -405,15 +409,15 @@ results.show_gpu_references("03_int8_int4", "variants", ["variant", "status", "d
 
 # %% fragment
 res = results.Results("03_int8_int4")
-res.notes.update(settings=settings.to_dict(), cpu_features=variants.cpu_features(),
-                 int8_saturation_risk=variants.int8_saturation_risk(), export_s=export_s, bnb_routes=routes)
+res.notes.update(settings=settings.to_dict(), cpu_features=hardware.cpu_features(),
+                 int8_saturation_risk=hardware.int8_saturation_risk(), export_s=export_s, bnb_routes=routes)
 res.replace("variants", [{k: v for k, v in r.items()} for r in rows])
 res.replace("hand_quantised", hand.reset_index().to_dict("records"))
 res.replace("library_agreement", agree.to_dict("records"))
 res.replace("layer_error", err.to_dict("records"))
 res.replace("ort_api", claims_ort)
 res.replace("claims", verdict.to_dict("records"))
-found = variants.findings(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), verdict=verdict)
+found = findings.quantisation(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), verdict=verdict)
 res.replace("summary", found.rows)
 print("saved", res.save())
 print("\n".join("- " + s for s in found.sentences))
@@ -425,7 +429,7 @@ print("\n".join("- " + s for s in found.sentences))
 # in section 1 (the layer table uses them), `03.nf4_quantize` in section 2. Change an answer, run its check
 # cell again, then the cells after it. To go further:
 # 1. **Which layers hurt most?** Quantise one kind of layer at a time (q, k, v, o, gate, up, down,
-#    lm_head) with `variants.layer_sensitivity` and rank them by KL. What is special about the inputs of
+#    lm_head) with `libraries.layer_sensitivity` and rank them by KL. What is special about the inputs of
 #    the worst one?
 # 2. **Block size.** Re-run section 2 with `NF4_BLOCK = 32` and `256`: predict the error and the bytes of
 #    the absmax values first.

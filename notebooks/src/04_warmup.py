@@ -27,7 +27,11 @@
 
 # %% slide
 import labkit
-from labkit import config, env, exercises, generation, memory, models, plots, results, sizing, timing, warmup
+from labkit.core import config, env, results, timing
+from labkit.model import models, sizing
+from labkit.decoding import generation, quality
+from labkit.engines import warmup
+from labkit.lessons import exercises, findings, plots
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -57,7 +61,7 @@ PREDICT_FIRST_OVER_STEADY = None  # your prediction: first request latency / ste
 # %% md slide
 # ## 2 · Measure: one truly cold process
 #
-# `warmup.cold_start` spawns `python -m labkit.warmup`, which times each phase in order and
+# `warmup.cold_start` spawns `python -m labkit cold-start`, which times each phase in order and
 # prints them as JSON. Nothing is cached in that process: its first request is truly cold.
 
 # %% fragment
@@ -119,11 +123,11 @@ print("CUDA context:", f"{cold.cuda_init_s:.2f} s" if cold.cuda_init_s is not No
 # ## 4 · The warmup loop, written out
 #
 # A server calls its model before it opens its port, until latency has *settled*: the last `WINDOW` calls
-# spread less than `UNTIL_SPREAD` — spread as `labkit.timing.Measurement` defines it everywhere,
+# spread less than `UNTIL_SPREAD` — spread as `labkit.core.timing.Measurement` defines it everywhere,
 # (p90 − p10) / median, given to you as `window_spread`. Write the stopping rule on a list of latencies.
 
 # %% exercise 04.calls_until_settled
-from labkit.warmup import window_spread
+from labkit.engines.warmup import window_spread
 
 
 def calls_until_settled(latencies_s: list[float], until_spread: float, window: int) -> int | None:
@@ -187,7 +191,7 @@ warmed = warmup.cold_start(requests=REQUESTS, max_new_tokens=REQUEST_TOKENS, war
                            max_calls=MAX_CALLS, window=WINDOW)
 reqs = warmup.requests_frame(cold=cold, warmed=warmed)
 reference_answer = cold.texts[0]  # the cold process's first greedy answer: the baseline
-reqs["agreement"] = [warmup.token_agreement(lm.tokenizer, t, reference_answer) for t in cold.texts + warmed.texts]
+reqs["agreement"] = [quality.token_agreement(lm.tokenizer, t, reference_answer) for t in cold.texts + warmed.texts]
 plots.line(reqs, x="request", y="latency_s", color="series", title=f"First {REQUESTS} requests of a fresh process",
            x_title="request number", y_title="end-to-end latency (s)").show()
 by = reqs.groupby("series")
@@ -236,7 +240,7 @@ if cap.available and COMPILE_MODEL:
     comp = warmup.cold_start(requests=3, max_new_tokens=REQUEST_TOKENS, compile=True)
     res.add("compile", target="whole model (static cache)", where="this run", compiled_first_s=comp.first_request_s,
             compiled_s=comp.requests_s[-1], eager_first_s=cold.first_request_s, eager_s=cold.requests_s[-1],
-            agreement=min(warmup.token_agreement(lm.tokenizer, t, reference_answer) for t in comp.texts))
+            agreement=min(quality.token_agreement(lm.tokenizer, t, reference_answer) for t in comp.texts))
     print(f"compiled model, fresh process: first request {comp.first_request_s:.1f} s, then {comp.requests_s[-1]:.2f} s")
 else:
     ref = results.reference("05_kv_cache_compile")
@@ -263,7 +267,7 @@ res.add("warmup", calls=rep.calls, settled=rep.settled, warmup_calls=rep.warmup_
         final_spread=rep.final_spread, steady_s=rep.steady_s, cold_settle_point=cold_point,
         notebook_loop_calls=len(latencies), notebook_loop_warmup_calls=n_warm)
 res.notes["rss_bytes"] = cold.rss_bytes
-found = warmup.findings(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, rss_growth_bytes=grew,
+found = findings.warmup(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, rss_growth_bytes=grew,
                         weight_bytes=weights_b, loop_warmup_calls=n_warm, loop_calls=len(latencies),
                         summary=summary, compile_rows=comp_df)
 res.replace("summary", found.rows)

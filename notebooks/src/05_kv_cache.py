@@ -29,7 +29,10 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit import config, decode, env, exercises, kv, models, plots, profiling, results, sizing
+from labkit.core import config, env, results
+from labkit.model import dtypes, models
+from labkit.decoding import cache_variants, decode, kv, profiling, quality
+from labkit.lessons import exercises, findings, plots
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -154,8 +157,8 @@ totals
 core = decode.same_as_generate(lm.model, inputs["input_ids"], inputs["attention_mask"], new_tokens=LOOP_TOKENS)
 n = core["compared_tokens"][0]  # generate stops at end-of-sequence; the loops run on: compare that far
 reference = torch.tensor(core["generate"], device="cpu")  # read back to the host, as the loops' tokens are
-loop_agreement = {"cache on": kv.agreement(on_tokens[:, :n], reference),
-                  "cache off": kv.agreement(off_tokens[:, :n], reference)}
+loop_agreement = {"cache on": quality.agreement(on_tokens[:, :n], reference),
+                  "cache off": quality.agreement(off_tokens[:, :n], reference)}
 for label, share in loop_agreement.items():
     print(f"your loop, {label}: {share:.0%} of {n} tokens equal to generate's")
 print("answer:", repr(lm.tokenizer.decode(reference[0], skip_special_tokens=True)))
@@ -209,9 +212,9 @@ PREDICT_KV_MIB = None  # your prediction: MiB after the longest prompt in KV_CON
 
 # %% fragment
 per_pos = exercises.use("05.kv_bytes_per_token", kv_bytes_per_token, kv.bytes_per_position)(
-    lm.model.config, sizing.DTYPE_BYTES[DTYPE])
+    lm.model.config, dtypes.DTYPE_BYTES[DTYPE])
 sizes = [kv.measure_cache(lm.model, lm.tokenizer, PROMPT, KV_NEW_TOKENS, batch=b) for b in KV_BATCHES]
-sizes.append(kv.measure_cache(lm.model, lm.tokenizer, PROMPT, KV_NEW_TOKENS, batch=1, **kv.cache_variant_kwargs("static")))
+sizes.append(kv.measure_cache(lm.model, lm.tokenizer, PROMPT, KV_NEW_TOKENS, batch=1, **cache_variants.cache_variant_kwargs("static")))
 sizes += kv.prefill_cache_sizes(lm.model, lm.tokenizer, KV_CONTEXTS)
 kvdf = pd.DataFrame([s.to_dict() for s in sizes]).drop(columns=["predicted_bytes", "ratio"])
 kvdf["formula_bytes"] = per_pos * kvdf.context * kvdf.batch  # bytes per position × positions × sequences
@@ -262,7 +265,7 @@ variants = ["dynamic", "static"] + (["static+compile"] if COMPILE_HERE and env.c
 vrows = [dict(r, where="this run") for r in
          kv.compare_cache_variants(lm.model, lm.tokenizer, variants, PROMPT, VARIANT_TOKENS, repeats=REPEATS)]
 if "static+compile" not in variants:
-    ref = results.reference(kv.REFERENCE_COMPILE)
+    ref = results.reference(cache_variants.REFERENCE_COMPILE)
     print("torch.compile of the decode step runs in full mode only (too slow for quick mode on a CPU); "
           "reference rows from", results.provenance(ref))
     vrows += [dict(r, where="reference") for r in ref.frame("cache_variants").to_dict("records")]
@@ -340,7 +343,7 @@ for section, rows in {"cache_on_off": totals.reset_index().to_dict("records"), "
                       "attention": attn.to_dict("records"), "claims": claims,
                       "profile_groups": profiling.groups_frame(profiles).to_dict("records")}.items():
     res.replace(section, rows)
-found = kv.findings(loop_agreement=min(loop_agreement.values()), core_identical=core["identical"],
+found = findings.kv_cache(loop_agreement=min(loop_agreement.values()), core_identical=core["identical"],
                     tokens=int(totals.index[-1]), speedup=totals.speedup.iloc[-1], step_growth=growth.to_dict(),
                     kv_sizes=kvdf, bytes_per_position=per_pos, split=split, variants=here, attention=timed,
                     decode_shares=groups[profiles[1].step].to_dict())

@@ -33,8 +33,12 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit import batching, config, decode, env, exercises, loadgen, models, plots, results, serving, sizing
-from labkit.batch_widget import panel as batch_widget
+from labkit.core import config, env, results
+from labkit.model import models
+from labkit.decoding import decode
+from labkit.serve import batching, launch, loadgen
+from labkit.lessons import exercises, findings, plots
+from labkit.lessons.widgets import panel as batch_widget
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -213,7 +217,7 @@ res.frame("padding")[["case", "batch", "real_tokens", "padded_tokens", "wasted_f
 # %% md slide
 # ## 6 · A server with dynamic batching
 #
-# `python -m labkit serve` (or `serving.start_server(...)` here) speaks the OpenAI API: `POST /v1/completions`
+# `python -m labkit serve` (or `launch.start_server(...)` here) speaks the OpenAI API: `POST /v1/completions`
 # and `/v1/chat/completions`, streaming or not, plus `/health` and `/metrics`. Requests wait in a bounded queue;
 # a model thread takes the oldest, waits up to `max_wait_ms` for up to `max_batch_size` others, and decodes them
 # together (the loop of section 3). A sequence that finishes leaves the batch at once.
@@ -228,7 +232,7 @@ res.frame("padding")[["case", "batch", "real_tokens", "padded_tokens", "wasted_f
 # %% fragment
 print(f"the article writes:    {batching.TGI_ARTICLE_CALL}\nTGI's client really is: {batching.TGI_CLIENT_CALL}")
 try:  # the article's keyword, given to labkit's server: refused before anything loads
-    serving.start_server(lm, port=0, max_batch_size=CLIENTS, waiting_served_ratio=1.2).stop()
+    launch.start_server(lm, port=0, max_batch_size=CLIENTS, waiting_served_ratio=1.2).stop()
 except ValueError as exc:
     print("labkit's server:", exc)
 pd.DataFrame(batching.tgi_batching_options()).style.hide(axis="index")
@@ -243,7 +247,7 @@ pd.DataFrame(batching.tgi_batching_options()).style.hide(axis="index")
 PREDICT_SERVER_GAIN = None  # your prediction: served tokens/s with max_batch_size 8 / with 1
 
 # %% fragment
-server = serving.start_server(lm, port=0, max_batch_size=1, max_wait_ms=MAX_WAIT_MS)
+server = launch.start_server(lm, port=0, max_batch_size=1, max_wait_ms=MAX_WAIT_MS)
 print("serving at", server.url)
 bad = loadgen.run(server.url, num_requests=1, max_tokens=10**6, warmup=0).outputs[0]
 print(f"a request for a million tokens gets HTTP {bad.status}: {bad.error}")
@@ -288,7 +292,7 @@ print(f"Locust, {CLIENTS} users for {LOCUST_SECONDS} s: {agg['requests']} reques
       f"median response {agg['response_p50_s']:.2f} s")
 
 # %% md subslide
-# **labkit.loadgen** measures like `vllm bench serve`: an *open loop* where requests arrive at a rate whether
+# **labkit.serve.loadgen** measures like `vllm bench serve`: an *open loop* where requests arrive at a rate whether
 # or not earlier ones finished (Poisson gaps, or gamma gaps with burstiness < 1 for bursts), streamed so TTFT
 # and inter-token latency are stamped as tokens arrive, and **goodput**: requests per second that meet the
 # SLO. The same call works against `vllm serve` (notebook 07). A burst fills the queue at once (longer waits)
@@ -320,7 +324,7 @@ res.frame("open_loop")[["arrivals", "completed", "failed", "request_throughput",
 # 8 clients, then a max wait of 200 ms with a single client.
 
 # %% fragment
-widget_server = serving.start_server(lm, port=0, max_wait_ms=MAX_WAIT_MS)
+widget_server = launch.start_server(lm, port=0, max_wait_ms=MAX_WAIT_MS)
 batch_widget(widget_server, batch_size=8, clients=CLIENTS)
 
 # %% subslide
@@ -331,7 +335,7 @@ results.show_gpu_references("06_batching", ["static", "serving"])
 # ## Takeaways, from this run's numbers
 
 # %% fragment
-found = batching.findings(sweep=sweep, memory_bound_gain=memory_bound, padding=pad, serving=serve_rows,
+found = findings.batching(sweep=sweep, memory_bound_gain=memory_bound, padding=pad, serving=serve_rows,
                           open_loop=open_rows, clients=CLIENTS, request_rate=REQUEST_RATE)
 res.replace("summary", found.rows)
 print("saved", res.save())

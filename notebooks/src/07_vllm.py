@@ -35,13 +35,17 @@ import pandas as pd
 from IPython.display import display
 
 import labkit
-from labkit import (batching, config, decode, engines, env, exercises, hardware, loadgen, models, paged, plots, results,
-                    scheduler, sizing)
+from labkit.core import config, env, results
+from labkit.model import dtypes, gpus, models, prompts, sizing
+from labkit.decoding import decode
+
+from labkit.serve import decoder, paged, scheduler, vllm
+from labkit.lessons import exercises, plots
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "vllm")})
-engines.capabilities_frame().query("name in ['vllm', 'torch-tensorrt']")
+env.capabilities_frame().query("name in ['vllm', 'torch-tensorrt']")
 
 # %% subslide parameters
 BLOCK_SIZE = 16  # tokens per KV block (vLLM's default on GPUs)
@@ -62,7 +66,7 @@ LONG_TOKENS = config.pick(128, 48)  # answer limit of a long request, tokens
 BATCH = 4  # sequences decoded together: static batch size = continuous max_batch_size
 VLLM_PROMPTS = 64  # prompts for the vLLM offline run (GPU only)
 VLLM_TOKENS = 128  # tokens per prompt (GPU only)
-VLLM_GPU_FRACTION = engines.VLLM_GPU_MEMORY_UTILIZATION  # share of the GPU's memory each vLLM engine may reserve (GPU only)
+VLLM_GPU_FRACTION = vllm.VLLM_GPU_MEMORY_UTILIZATION  # share of the GPU's memory each vLLM engine may reserve (GPU only)
 
 # %% fragment
 res = results.Results("07_vllm")
@@ -92,7 +96,7 @@ exercises.check("07.blocks_needed", blocks_needed)
 count = exercises.use("07.blocks_needed", blocks_needed, paged.blocks_for)
 empty = [count(r.total_tokens, BLOCK_SIZE) * BLOCK_SIZE - r.total_tokens for r in requests]  # empty slots per finished request
 print(f"{BLOCK_SIZE}-token blocks, {len(requests)} requests: {sum(empty) / len(empty):.1f} empty slots per request on average, "
-      f"at most {max(empty)}; labkit.paged agrees: {sum(empty) / len(empty) == paged.mean_blocks_wasted(requests, BLOCK_SIZE)}")
+      f"at most {max(empty)}; labkit.serve.paged agrees: {sum(empty) / len(empty) == paged.mean_blocks_wasted(requests, BLOCK_SIZE)}")
 
 # %% md subslide
 # ## Predict: what does each policy waste?
@@ -108,9 +112,9 @@ PREDICT_WASTE_PAGED = None  # the same for BLOCK_SIZE-token blocks
 
 # %% fragment
 cfg = {"default": "default", BIG_MODEL: str(config.DATA_DIR / "configs" / BIG_MODEL)}
-kv_dtype = {"default": sizing.kv_dtype_for(DTYPE), BIG_MODEL: "fp16"}
+kv_dtype = {"default": dtypes.kv_dtype_for(DTYPE), BIG_MODEL: "fp16"}
 per_token = {m: sizing.kv_bytes_per_token(sizing.shape(c), kv_dtype[m]) for m, c in cfg.items()}
-big_budget = int(hardware.gpu(BIG_MODEL_GPU).memory_bytes * sizing.USABLE_FRACTION
+big_budget = int(gpus.gpu(BIG_MODEL_GPU).memory_bytes * sizing.USABLE_FRACTION
                  - sizing.weight_bytes(sizing.shape(cfg[BIG_MODEL]), "fp16"))
 budget = {"default": int(DEFAULT_KV_BUDGET_GIB * 2**30), BIG_MODEL: big_budget}
 for m in cfg:
@@ -182,7 +186,7 @@ for step in range(max(r.answer_tokens for r in pair) + 1):
     history.append({"step": step, **{k: list(v) for k, v in table.items()}, "free_blocks": len(free)})
 steps = pd.DataFrame(history)
 print({r.id: f"{r.prompt_tokens} prompt + {r.answer_tokens} answer tokens" for r in pair}, "| block size", TABLE_BLOCK_SIZE)
-print("the same tables as labkit.paged.BlockAllocator:", history == paged.replay_tables(pair, TABLE_BLOCKS, TABLE_BLOCK_SIZE))
+print("the same tables as labkit.serve.paged.BlockAllocator:", history == paged.replay_tables(pair, TABLE_BLOCKS, TABLE_BLOCK_SIZE))
 steps[steps.free_blocks.diff() != 0]
 
 # %% md slide
@@ -224,7 +228,7 @@ print("transformers continuous batching here:", "runs" if hf_cb["available"] els
 # %% md subslide
 # ## The decode core the scheduler runs on
 #
-# `labkit.scheduler` is built on these functions of `labkit.decode`: shorter prompts are padded on
+# `labkit.serve.scheduler` is built on these functions of `labkit.decoding.decode`: shorter prompts are padded on
 # the left so every row's next token lands in the same column, the mask hides the pads, and
 # positions count real tokens only. One decode step reads every weight once for the whole batch.
 
@@ -233,7 +237,7 @@ decode.show_source("left_pad", "positions", "prefill", "decode_one_token")
 
 # %% fragment
 lm = models.load(dtype=DTYPE)
-eos = batching.eos_ids(lm.model, lm.tokenizer)
+eos = decoder.eos_ids(lm.model, lm.tokenizer)
 work = scheduler.mixed_workload(lm.tokenizer, N_REQUESTS, LONG_EVERY, SHORT_TOKENS, LONG_TOKENS)
 longest = sorted(work, key=lambda r: -r.max_new_tokens)[:2]  # long answers: no end-of-text token among the first tokens
 prompt_pair = [list(r.prompt_ids) for r in longest]
@@ -282,16 +286,16 @@ print(f"greedy tokens identical to each request run alone: static {same['static'
 # ## 5 · vLLM itself (NVIDIA GPU)
 #
 # On a GPU, `vllm.LLM(model, dtype="float16")` runs offline batches, `vllm serve MODEL --dtype float16`
-# an OpenAI-compatible server that `labkit.loadgen` drives unchanged; with two or more GPUs,
+# an OpenAI-compatible server that `labkit.serve.loadgen` drives unchanged; with two or more GPUs,
 # `--tensor-parallel-size` splits every layer across them. vLLM reserves a share of the GPU's memory
 # up front, so one engine runs at a time: the transformers model leaves the GPU first, and each engine
 # is shut down before the next starts.
 
 # %% fragment
-vllm_cap = engines.capability("vllm")
+vllm_cap = env.capability("vllm")
 if vllm_cap.available:
-    prompts = batching.cycle(batching.load_prompts("prompts"), VLLM_PROMPTS)
-    res.replace("vllm", engines.vllm_rows(lm, prompts, VLLM_TOKENS, gpu_memory_utilization=VLLM_GPU_FRACTION))
+    vllm_prompts = prompts.cycle(prompts.load_prompts("prompts"), VLLM_PROMPTS)
+    res.replace("vllm", vllm.vllm_rows(lm, vllm_prompts, VLLM_TOKENS, gpu_memory_utilization=VLLM_GPU_FRACTION))
     display(res.frame("vllm"))
 else:
     print(f"vLLM not run here: {vllm_cap.reason}.")

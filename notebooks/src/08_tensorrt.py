@@ -35,12 +35,17 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit import config, engines, env, exercises, generation, models, plots, quality, results
+from labkit.core import config, env, results
+from labkit.model import models, onnx, prompts
+from labkit.decoding import generation, quality
+from labkit.precision import calibration
+from labkit.engines import compiled, fusion, onnxruntime, tensorrt
+from labkit.lessons import exercises, plots
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "onnxruntime", "tensorrt")})
-engines.capabilities_frame()
+env.capabilities_frame()
 
 # %% subslide parameters
 PROMPT = "Write a short story about a lighthouse keeper."  # the timed request
@@ -50,7 +55,7 @@ MAX_CACHE_LEN = 256  # static KV cache positions (prompt + new tokens must fit)
 FUSION_ROWS = 256  # rows (tokens) of the activations normalised in the fusion section: a prefill's worth
 FUSION_REPEATS = config.pick(7, 3)  # timed samples per variant in the fusion section
 COMPILE_HERE = not config.quick()  # compiling the whole decode step takes minutes on 2 CPU cores: full mode only
-ORT_LEVELS = config.pick(engines.ORT_LEVELS, ("disable_all", "basic", "all"))  # ONNX Runtime graph optimisation levels compared
+ORT_LEVELS = config.pick(onnxruntime.ORT_LEVELS, ("disable_all", "basic", "all"))  # ONNX Runtime graph optimisation levels compared
 REF_PROMPTS = config.pick(6, 2)  # prompts in the quality reference
 REF_TOKENS = config.pick(24, 8)  # greedy tokens per reference prompt
 CALIBRATION_PROMPTS = config.pick(8, 3)  # prompts whose activations choose the int8 scale
@@ -62,8 +67,8 @@ PERCENTILE = 99.99  # the clipping percentile for calibration
 res = results.Results("08_tensorrt")
 lm = models.load()
 ids = models.chat_inputs(lm.tokenizer, PROMPT, device=lm.device)["input_ids"]
-prompts = quality.prompts("prompts")
-ref = quality.reference(lm.model, lm.tokenizer, prompts[:REF_PROMPTS], new_tokens=REF_TOKENS)
+chat_prompts = prompts.load_prompts("prompts")
+ref = quality.reference(lm.model, lm.tokenizer, chat_prompts[:REF_PROMPTS], new_tokens=REF_TOKENS)
 print(f"{lm.name} ({lm.dtype}) on {lm.device}; quality reference: {ref.n_tokens} greedy tokens of fp32 eager")
 
 # %% md slide
@@ -76,7 +81,7 @@ print(f"{lm.name} ({lm.dtype}) on {lm.device}; quality reference: {ref.n_tokens}
 PREDICT_OPS_PER_TOKEN = None  # your prediction: PyTorch operators in one eager decode step
 
 # %% fragment
-n_ops = engines.count_eager_ops(lm.model, ids, MAX_CACHE_LEN)
+n_ops = compiled.count_eager_ops(lm.model, ids, MAX_CACHE_LEN)
 exercises.reveal("operators per decode step", PREDICT_OPS_PER_TOKEN, n_ops)
 print(f"{n_ops / lm.model.config.num_hidden_layers:.0f} per layer, over {lm.model.config.num_hidden_layers} layers")
 
@@ -108,13 +113,13 @@ exercises.check("08.rms_norm", rms_norm)
 # across a break.
 
 # %% fragment
-norm = exercises.use("08.rms_norm", rms_norm, engines.rms_norm)
+norm = exercises.use("08.rms_norm", rms_norm, fusion.rms_norm)
 final_norm = lm.model.model.norm  # the model's last RMSNorm
 weight, eps = final_norm.weight.detach().float(), final_norm.variance_epsilon  # fp32 here, whatever the model's dtype
 h = torch.randn(FUSION_ROWS, weight.shape[0], device=lm.device)  # fp32 activations, on the model's device
 with torch.inference_mode():
     print("same output as the model's RMSNorm:", torch.allclose(norm(h, weight, eps), final_norm(h), rtol=1e-5, atol=1e-6))
-print("eager kernels, in order:", engines.eager_ops(norm, h, weight, eps))
+print("eager kernels, in order:", fusion.eager_ops(norm, h, weight, eps))
 
 
 def norm_with_host_read(x, weight, eps):
@@ -123,8 +128,8 @@ def norm_with_host_read(x, weight, eps):
     return norm(x, weight, eps)
 
 
-pd.DataFrame({"as written": engines.explain(norm, h, weight, eps),
-              "with a host read": engines.explain(norm_with_host_read, h, weight, eps)}).T
+pd.DataFrame({"as written": fusion.explain(norm, h, weight, eps),
+              "with a host read": fusion.explain(norm_with_host_read, h, weight, eps)}).T
 
 # %% md subslide
 # ## Count the memory traffic
@@ -157,24 +162,24 @@ exercises.check("08.norm_traffic", norm_traffic)
 PREDICT_FUSION_SPEEDUP = None  # your prediction: eager time ÷ fused time on FUSION_ROWS rows (×)
 
 # %% fragment
-traffic = exercises.use("08.norm_traffic", norm_traffic, engines.rms_norm_traffic)
+traffic = exercises.use("08.norm_traffic", norm_traffic, fusion.rms_norm_traffic)
 inputs = {"one decode token": (h[:1].clone(), weight, eps), f"{FUSION_ROWS} tokens": (h, weight, eps)}
-fused = {label: engines.compile_fused(norm, *args) for label, args in inputs.items()}
-fusion = pd.DataFrame(engines.fusion_rows(norm, fused, inputs, repeats=FUSION_REPEATS))
-moved = [traffic(n_rows, hidden, h.element_size()) for n_rows, hidden in fusion["shape"]]  # (eager, fused) bytes
-fusion["eager_gbs"] = [e / t / 1e3 for (e, _), t in zip(moved, fusion.eager_us)]  # achieved bandwidth, GB/s
-fusion["fused_gbs"] = [f / t / 1e3 for (_, f), t in zip(moved, fusion.compiled_us)]
-res.replace("fusion", fusion.to_dict("records"))
+fused = {label: fusion.compile_fused(norm, *args) for label, args in inputs.items()}
+fusion_table = pd.DataFrame(fusion.fusion_rows(norm, fused, inputs, repeats=FUSION_REPEATS))
+moved = [traffic(n_rows, hidden, h.element_size()) for n_rows, hidden in fusion_table["shape"]]  # (eager, fused) bytes
+fusion_table["eager_gbs"] = [e / t / 1e3 for (e, _), t in zip(moved, fusion_table.eager_us)]  # achieved bandwidth, GB/s
+fusion_table["fused_gbs"] = [f / t / 1e3 for (_, f), t in zip(moved, fusion_table.compiled_us)]
+res.replace("fusion", fusion_table.to_dict("records"))
 print("kernels inductor generated:", {label: f.kernels for label, f in fused.items()})
-fusion.round(3)
+fusion_table.round(3)
 
 # %% fragment
-big = fusion.iloc[-1]
+big = fusion_table.iloc[-1]
 exercises.reveal(f"fused RMSNorm speedup, {FUSION_ROWS} rows", PREDICT_FUSION_SPEEDUP, big.speedup, "×")
 eager_b, fused_b = traffic(FUSION_ROWS, weight.shape[0], h.element_size())
 print(f"fusion cut the (rows, hidden) traffic {eager_b / fused_b:.1f}× and ran {big.speedup:.2f}× faster on {FUSION_ROWS} rows, "
-      f"{fusion.iloc[0].speedup:.2f}× on one row; outputs differ by at most {fusion.max_abs_diff.max():.1g}. First call "
-      f"(trace, fuse, generate, build): {fusion.first_call_s.sum():.1f} s for both shapes, with "
+      f"{fusion_table.iloc[0].speedup:.2f}× on one row; outputs differ by at most {fusion_table.max_abs_diff.max():.1g}. First call "
+      f"(trace, fuse, generate, build): {fusion_table.first_call_s.sum():.1f} s for both shapes, with "
       + ("an empty inductor cache: a cold build" if min(f.cache_entries_before for f in fused.values()) == 0 else
          "inductor's on-disk cache from earlier runs (notebook 04 times a truly cold compile)"))
 
@@ -190,9 +195,9 @@ PREDICT_COMPILE_SPEEDUP = None  # your prediction: compiled ÷ eager decode toke
 
 # %% fragment
 rows = []
-eager = engines.StaticDecoder(lm.model, MAX_CACHE_LEN)
-m = engines.measure_decoder(eager, ids, NEW_TOKENS, REPEATS)
-q = engines.decoder_quality(eager, ref)
+eager = compiled.StaticDecoder(lm.model, MAX_CACHE_LEN)
+m = compiled.measure_decoder(eager, ids, NEW_TOKENS, REPEATS)
+q = compiled.decoder_quality(eager, ref)
 rows.append({"engine": "PyTorch eager, static cache", "where": "this run", "build_s": None, "ttft_s": m["ttft_s"],
              "decode_tokens_per_s": m["decode_tokens_per_s"], "agreement": q.agreement, "kl": q.kl})
 dyn = generation.measure_decode(lm.model, lm.tokenizer, new_tokens=NEW_TOKENS, repeats=REPEATS, prompt=PROMPT)
@@ -201,17 +206,17 @@ rows.insert(0, {"engine": "PyTorch eager, dynamic cache", "where": "this run", "
 pd.DataFrame(rows).round(4)
 
 # %% fragment
-if COMPILE_HERE and engines.capability("torch.compile").available:
-    compiled = engines.StaticDecoder(lm.model, MAX_CACHE_LEN, compile=True)  # an empty inductor cache: a cold build
-    m = engines.measure_decoder(compiled, ids, NEW_TOKENS, REPEATS)
-    q = engines.decoder_quality(compiled, ref)
+if COMPILE_HERE and env.capability("torch.compile").available:
+    compiled_dec = compiled.StaticDecoder(lm.model, MAX_CACHE_LEN, compile=True)  # an empty inductor cache: a cold build
+    m = compiled.measure_decoder(compiled_dec, ids, NEW_TOKENS, REPEATS)
+    q = compiled.decoder_quality(compiled_dec, ref)
     rows.append({"engine": "torch.compile (inductor), static cache", "where": "this run", "build_s": m["build_s"],
                  "ttft_s": m["ttft_s"], "decode_tokens_per_s": m["decode_tokens_per_s"], "agreement": q.agreement,
                  "kl": q.kl, "ir_nodes_before_fusion": m["ir_nodes_before_fusion"],
                  "generated_kernels": m["generated_kernels"], "eager_ops_per_step": n_ops})
 else:
-    reference = results.reference(engines.REFERENCE)
-    why = "quick mode" if not COMPILE_HERE else engines.capability("torch.compile").reason
+    reference = results.reference(compiled.REFERENCE)
+    why = "quick mode" if not COMPILE_HERE else env.capability("torch.compile").reason
     print(f"torch.compile not run here ({why}: a cold compile takes minutes on 2 CPU cores); the compiled row and the "
           f"eager row it is compared with both come from {results.provenance(reference)}")
     rows += [dict(r, where="reference") for r in reference.section("engines")
@@ -246,7 +251,7 @@ PREDICT_ORT_SPEEDUP = None  # your prediction: decode tokens/s at the last level
 # %% fragment
 ort_rows, ops = [], {}
 for level in ORT_LEVELS:
-    built = engines.load_ort(level, count_ops=True)
+    built = onnxruntime.load_ort(level, count_ops=True)
     d = generation.measure_decode(built["model"], built["tokenizer"], new_tokens=NEW_TOKENS, repeats=REPEATS, prompt=PROMPT)
     q = quality.compare(built["model"], ref)
     ops[level] = built["ops"]
@@ -265,7 +270,7 @@ first, last = ORT_LEVELS[0], ORT_LEVELS[-1]
 ort_gain = ort_rows[-1]["decode_tokens_per_s"] / ort_rows[0]["decode_tokens_per_s"]
 exercises.reveal(f"ONNX Runtime '{last}' ÷ '{first}' decode", PREDICT_ORT_SPEEDUP, ort_gain, "×")
 print(f"{sum(ops[first].values())} operators at '{first}' → {sum(ops[last].values())} at '{last}'; "
-      f"fused operators that appear: {engines.fused_ops(ops[first], ops[last])}")
+      f"fused operators that appear: {onnx.fused_ops(ops[first], ops[last])}")
 
 # %% md slide
 # ## 5 · Precision calibration
@@ -284,8 +289,8 @@ SCALE_CHOICES = ["static, absmax scale", f"static, p{PERCENTILE:g} scale", "dyna
 PREDICT_BEST_SCALE = None  # your prediction: one of SCALE_CHOICES, the lowest mean KL
 
 # %% fragment
-cal = engines.calibrate_layer(lm.model, lm.tokenizer, prompts[:CALIBRATION_PROMPTS],
-                              quality.prompts("questions")[:HELD_OUT_PROMPTS], layer=CALIBRATED_LAYER, percentile=PERCENTILE)
+cal = calibration.calibrate_layer(lm.model, lm.tokenizer, chat_prompts[:CALIBRATION_PROMPTS],
+                              prompts.load_prompts("questions")[:HELD_OUT_PROMPTS], layer=CALIBRATED_LAYER, percentile=PERCENTILE)
 summary = pd.DataFrame(cal.summary()).T
 res.replace("calibration", [dict(cal.to_dict(), method=k, **v) for k, v in cal.summary().items()])
 print(f"{cal.layer}: absmax {cal.absmax:.2f}, p{PERCENTILE:g} {cal.percentile_value:.2f} over "
@@ -317,7 +322,7 @@ per_prompt.round(5)
 # the exported graph, and torch-tensorrt compiles the decode step as a `torch.compile` backend.
 
 # %% fragment
-trt_rows = engines.tensorrt_rows(new_tokens=NEW_TOKENS, repeats=REPEATS, ref=ref, prompt=PROMPT)
+trt_rows = tensorrt.tensorrt_rows(new_tokens=NEW_TOKENS, repeats=REPEATS, ref=ref, prompt=PROMPT)
 for r in trt_rows:
     print(f"{r['engine']}: {'built' if r['status'] == 'ok' else 'not run — ' + r['status']}")
 trt_rows = [dict(r, where="this run") for r in trt_rows if r["status"] == "ok"]
@@ -343,7 +348,7 @@ print("transformers.TensorRTForCausalLM exists:", hasattr(transformers, "TensorR
 print("torch.compile backends registered now:", torch._dynamo.list_backends(), "| TensorRT's among them:",
       [b for b in ("torch_tensorrt", "tensorrt") if b in torch._dynamo.list_backends()], "(importing torch_tensorrt adds them)")
 print("ONNX Runtime providers here:", ort.get_available_providers())
-pd.DataFrame([c.__dict__ for c in engines.capabilities() if c.name in ("tensorrt-llm", "torch-tensorrt", "ort-tensorrt")])
+pd.DataFrame([c.__dict__ for c in env.capabilities() if c.name in ("tensorrt-llm", "torch-tensorrt", "ort-tensorrt")])
 
 # %% md slide
 # ## The table: build cost, speed and quality
@@ -373,7 +378,7 @@ best = here.loc[here.decode_tokens_per_s.idxmax()]
 base = here[here.engine == "PyTorch eager, dynamic cache"].iloc[0]
 lowest = summary.kl.idxmin()
 print(f"- Fusion: RMSNorm's {int(big.eager_ops)} eager kernels became {int(big.fused_kernels)}; {big.speedup:.2f}× faster on {FUSION_ROWS} rows, "
-      f"{fusion.iloc[0].speedup:.2f}× on one decode row, with outputs equal to {fusion.max_abs_diff.max():.1g}.")
+      f"{fusion_table.iloc[0].speedup:.2f}× on one decode row, with outputs equal to {fusion_table.max_abs_diff.max():.1g}.")
 print(f"- The whole decode step compiled ({tc['where']}): {compile_gain:.2f}× eager after a {tc.build_s:.0f} s build; "
       + (f"it pays back after {break_even:,.0f} tokens there." if break_even else "no gain to pay the build back."))
 print(f"- ONNX Runtime '{last}' decoded {ort_gain:.2f}× as fast as '{first}', agreement {ort_rows[-1]['agreement']:.3f}: "

@@ -13,7 +13,7 @@
 #
 # - Choose the after's precision by measuring speed and answer agreement, not by assumption.
 # - Serve one model three ways (one at a time, dynamic batching, continuous batching) and load-test
-#   each with the same streaming clients (`labkit.serving`, `labkit.scheduler`, `labkit.loadgen`).
+#   each with the same streaming clients (`labkit.serve.launch`, `labkit.serve.scheduler`, `labkit.serve.loadgen`).
 # - Build the before/after table from measurements, not from claims.
 # - Find the highest concurrency that meets a service-level objective (SLO) for the before and the after.
 # - Write a shareable HTML + JSON report, and merge several learners' files into one comparison.
@@ -27,7 +27,10 @@
 import pandas as pd
 
 import labkit
-from labkit import config, env, loadgen, memory, models, paged, plots, report, results, scheduler, serving
+from labkit.core import config, env, memory, results
+from labkit.model import models
+from labkit.serve import launch, loadgen, paged
+from labkit.lessons import plots, report
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -75,9 +78,9 @@ res.frame("precision_choice").round(3)
 
 # %% fragment
 configs = {  # name → (precision, how to start its server on that model); all bind 127.0.0.1 on a free port
-    "before: fp32, one at a time": ("fp32", lambda lm: serving.start_server(lm, max_batch_size=1)),
-    f"dynamic batching {BATCH}, {best_dtype}": (best_dtype, lambda lm: serving.start_server(lm, max_batch_size=BATCH)),
-    f"continuous batching {BATCH}, {best_dtype}": (best_dtype, lambda lm: scheduler.start_server(lm, max_batch_size=BATCH)),
+    "before: fp32, one at a time": ("fp32", lambda lm: launch.start_server(lm, max_batch_size=1)),
+    f"dynamic batching {BATCH}, {best_dtype}": (best_dtype, lambda lm: launch.start_server(lm, max_batch_size=BATCH)),
+    f"continuous batching {BATCH}, {best_dtype}": (best_dtype, lambda lm: launch.start_server(lm, batching="continuous", max_batch_size=BATCH)),
 }
 print(f"configurations: {list(configs)}")
 
@@ -167,7 +170,7 @@ print(f"{best_name}: {tp['after / before']:.1f}× the requests/s of the baseline
 # %% md slide
 # ## 5 · A report to share
 #
-# `labkit.report.write` saves `results/09_capstone.json` (the rows with this machine's hardware,
+# `labkit.lessons.report.write` saves `results/09_capstone.json` (the rows with this machine's hardware,
 # versions, date and command) and `results/09_capstone.html`: tables and plots in one file that
 # opens offline.
 

@@ -31,8 +31,13 @@ import torch
 from IPython.display import display
 
 import labkit
-from labkit import (beyond, config, cpu_engines, decode, env, exercises, kvquant, llamacpp, models, plots, prefill,
-                    quality, results, scheduler, speculative, timing, variants)
+from labkit.core import config, env, results, timing
+from labkit.model import models, onnx, prompts
+from labkit.decoding import decode, quality, speculative
+from labkit.precision import kvquant, quantisers, variants
+from labkit.engines import cpu, llamacpp
+from labkit.serve import continuous, prefill
+from labkit.lessons import beyond, exercises, plots
 
 plots.setup_offline()
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -100,7 +105,7 @@ exercises.check("10.accept", accept)
 # %% md subslide
 # ## The mechanism: draft, verify in one pass, accept
 #
-# On `labkit.decode`'s prefill: one pass over the prompt, then one pass per draft. The cache drops the
+# On `labkit.decoding.decode`'s prefill: one pass over the prompt, then one pass per draft. The cache drops the
 # keys and values of rejected draft tokens (`crop`).
 
 # %% mechanism
@@ -219,8 +224,8 @@ exercises.check("10.reusable_prefix", reusable_prefix)
 reuse_fn = exercises.use("10.reusable_prefix", reusable_prefix, prefill.reusable_prefix)
 document = prefill.document_text(tok, DOC_TOKENS)
 prefix_prompts = prefill.shared_prefix_prompts(document, beyond.QUESTIONS[:PREFIX_REQUESTS])
-ids = [list(scheduler.chat_ids(tok, p)) for p in prefix_prompts[:2]]
-block = scheduler.PrefixCache(1).block_tokens  # the server's block size
+ids = [list(models.chat_ids(tok, p)) for p in prefix_prompts[:2]]
+block = continuous.PrefixCache(1).block_tokens  # the server's block size
 print(f"prompt lengths {len(ids[0])} and {len(ids[1])} tokens; the second reuses {reuse_fn(ids[0], ids[1], block)} "
       f"positions in blocks of {block}")
 
@@ -253,9 +258,9 @@ PREDICT_STALL_MS = None  # your prediction: the worst inter-token gap of a runni
 
 # %% mechanism
 long_prompt = prefill.document_text(tok, LONG_PROMPT_TOKENS)
-n_long = len(scheduler.chat_ids(tok, long_prompt))
+n_long = len(models.chat_ids(tok, long_prompt))
 schedule = [min(PREFILL_CHUNK_TOKENS, n_long - i) for i in range(0, n_long, PREFILL_CHUNK_TOKENS)]
-long_ids = torch.tensor([scheduler.chat_ids(tok, long_prompt)], device=device)
+long_ids = torch.tensor([models.chat_ids(tok, long_prompt)], device=device)
 with torch.inference_mode():
     whole_s = timing.measure(lambda: decode.prefill(lm.model, long_ids), repeats=REPEATS, device=device).median
     chunk_s = timing.measure(lambda: decode.prefill(lm.model, long_ids[:, :PREFILL_CHUNK_TOKENS]), repeats=REPEATS,
@@ -309,9 +314,9 @@ def quantize_kv(x):
 exercises.check("10.quantize_kv", quantize_kv)
 
 # %% mechanism
-quantize_fn = exercises.use("10.quantize_kv", quantize_kv, kvquant.quantize_kv)
+quantize_fn = exercises.use("10.quantize_kv", quantize_kv, quantisers.quantize_kv)
 context = kvquant.context_ids(tok, KV_CONTEXT_TOKENS, device)
-dequantize_fn = lambda stored: kvquant.dequantize_kv(*stored)  # noqa: E731  q * scale
+dequantize_fn = lambda stored: quantisers.dequantize_kv(*stored)  # noqa: E731  q * scale
 kv_caches = {  # name -> a fresh cache; the lab's quantiser plugs into transformers' cache layer
     "int8 per channel (lab)": lambda: kvquant.lab_cache(lm.model.config, quantize_fn, dequantize_fn),
 }
@@ -356,32 +361,32 @@ PREDICT_LLAMACPP_RATIO = None  # your prediction: llama.cpp decode tokens/s / th
 
 # %% fragment
 llama_cap = llamacpp.capability()
-print("llama.cpp here:", f"llama-cpp-python {llama_cap.version}, {llamacpp.threads()} threads" if llama_cap.available
+print("llama.cpp here:", f"llama-cpp-python {llama_cap.detail}, {llamacpp.threads()} threads" if llama_cap.available
       else llama_cap.reason)
-prompt = quality.prompts("prompts")[0]
-ref = quality.reference(lm.model, tok, quality.prompts("prompts")[:REF_PROMPTS], new_tokens=REF_NEW_TOKENS)
-engine_rows = [cpu_engines.measure_hf("PyTorch", DTYPE, lm.model, tok, prompt, ENGINE_NEW_TOKENS, REPEATS, ref,
+prompt = prompts.load_prompts("prompts")[0]
+ref = quality.reference(lm.model, tok, prompts.load_prompts("prompts")[:REF_PROMPTS], new_tokens=REF_NEW_TOKENS)
+engine_rows = [cpu.measure_hf("PyTorch", DTYPE, lm.model, tok, prompt, ENGINE_NEW_TOKENS, REPEATS, ref,
                                       weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()))]
 fp32_answer = engine_rows[0]["answer"]
 
 # %% fragment
 if env.device() == "cpu":
     half = models.load(dtype="fp16")
-    engine_rows.append(cpu_engines.measure_hf("PyTorch", "fp16", half.model, tok, prompt, ENGINE_NEW_TOKENS, REPEATS, ref,
+    engine_rows.append(cpu.measure_hf("PyTorch", "fp16", half.model, tok, prompt, ENGINE_NEW_TOKENS, REPEATS, ref,
                                               fp32_answer, sum(p.numel() * p.element_size() for p in half.model.parameters())))
     del half
 v = variants.load_variant("ort-int8-channel")
-engine_rows.append(cpu_engines.measure_hf("ONNX Runtime", "int8 per channel", v.model, tok, prompt, ENGINE_NEW_TOKENS,
+engine_rows.append(cpu.measure_hf("ONNX Runtime", "int8 per channel", v.model, tok, prompt, ENGINE_NEW_TOKENS,
                                           REPEATS, ref, fp32_answer, v.weight_bytes, v.prepare_s) if v.ok
-                   else cpu_engines.failed_row("ONNX Runtime", "int8 per channel", v.status))
+                   else cpu.failed_row("ONNX Runtime", "int8 per channel", v.status))
 v.release()
 if llama_cap.available:
     for fmt in GGUF_FORMATS:
         path, made_s = (models.default_gguf(), None) if fmt == "Q4_1" else llamacpp.requantize(fmt)
-        engine_rows.append(cpu_engines.measure_llamacpp("llama.cpp", fmt, path, tok, prompt, ENGINE_NEW_TOKENS, REPEATS,
+        engine_rows.append(cpu.measure_llamacpp("llama.cpp", fmt, path, tok, prompt, ENGINE_NEW_TOKENS, REPEATS,
                                                         ref, fp32_answer, made_s))
 else:
-    engine_rows.append(cpu_engines.failed_row("llama.cpp", "Q4_1", llama_cap.reason))
+    engine_rows.append(cpu.failed_row("llama.cpp", "Q4_1", llama_cap.reason))
 
 # %% fragment
 def engine_table(rows):
@@ -395,7 +400,7 @@ def engine_table(rows):
 engine_table(engine_rows)
 
 # %% fragment
-best_lab = cpu_engines.best_lab_row(engine_rows, QUALITY_FLOOR) or engine_rows[0]
+best_lab = cpu.best_lab_row(engine_rows, QUALITY_FLOOR) or engine_rows[0]
 llama_row = next((r for r in engine_rows if r["engine"] == "llama.cpp" and r["status"] == "ok"), None)
 if llama_row:
     llama_ratio = llama_row["decode_tokens_per_s"] / best_lab["decode_tokens_per_s"]
@@ -418,7 +423,7 @@ else:
 # trip through Python and the dispatcher), and llama.cpp's own timer against the time Python sees.
 
 # %% fragment
-bd = cpu_engines.decode_breakdown(lm.model, tok)
+bd = cpu.decode_breakdown(lm.model, tok)
 fp32_row = engine_rows[0]
 pieces = [{"what": f"PyTorch {DTYPE} decode step, profiler self time", "ms": bd["step_self_ms"]},
           {"what": "… in matrix products (reading the weights)", "ms": bd["matmul_ms"]},
@@ -449,17 +454,17 @@ print(f"PyTorch {DTYPE}: matrix products take {bd['matmul_share']:.0%} of the st
 # multiplies integers, as llama.cpp does.
 
 # %% fragment
-nbits_reason = cpu_engines.nbits_reason()
+nbits_reason = onnx.nbits_reason()
 for bits in NBITS:
     fmt = f"MatMulNBits {bits}-bit b32"
     if nbits_reason:
-        engine_rows.append(cpu_engines.failed_row("ONNX Runtime", fmt, nbits_reason))
+        engine_rows.append(cpu.failed_row("ONNX Runtime", fmt, nbits_reason))
         continue
-    folder, made_s = cpu_engines.quantize_nbits(bits=bits, block_size=32, symmetric=True, accuracy_level=4)
-    ort_model = cpu_engines.load_ort(folder, tok, env.device())
-    engine_rows.append(cpu_engines.measure_hf("ONNX Runtime", fmt, ort_model, tok, prompt, ENGINE_NEW_TOKENS, REPEATS,
-                                              ref, fp32_answer, variants.onnx_bytes(folder), made_s))
-    print(f"{fmt}: {cpu_engines.count_ops(folder, 'MatMulNBits')} MatMul nodes now MatMulNBits")
+    folder, made_s = onnx.quantize_nbits(bits=bits, block_size=32, symmetric=True, accuracy_level=4)
+    ort_model = onnx.load_ort(folder, tok, env.device())
+    engine_rows.append(cpu.measure_hf("ONNX Runtime", fmt, ort_model, tok, prompt, ENGINE_NEW_TOKENS, REPEATS,
+                                              ref, fp32_answer, onnx.onnx_bytes(folder), made_s))
+    print(f"{fmt}: {onnx.count_ops(folder, 'MatMulNBits')} MatMul nodes now MatMulNBits")
     del ort_model
 res.replace("cpu_engines", engine_rows)
 engine_table(engine_rows)
@@ -469,8 +474,8 @@ eng_df = engine_table(engine_rows)
 ok_df = eng_df[eng_df.status == "ok"].assign(label=lambda d: d.engine + " " + d.format)
 plots.bar(ok_df, x="label", y="decode_tokens_per_s", title="Decode tokens/s on the same prompt",
           y_title="tokens/s").show()
-best_lab = cpu_engines.best_lab_row(engine_rows, QUALITY_FLOOR) or engine_rows[0]
-fastest = cpu_engines.best_lab_row(engine_rows)
+best_lab = cpu.best_lab_row(engine_rows, QUALITY_FLOOR) or engine_rows[0]
+fastest = cpu.best_lab_row(engine_rows)
 print(f"fastest lab path at any quality: {fastest['engine']} {fastest['format']}, {fastest['decode_tokens_per_s']:.1f} "
       f"tokens/s, agreement {fastest['agreement']:.1%}")
 print(f"fastest lab path with agreement ≥ {QUALITY_FLOOR:.0%}: {best_lab['engine']} {best_lab['format']}, "

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.browser
 sys.path.insert(0, str(ROOT / "tools"))
 
 import merge_results  # noqa: E402
-from labkit import config  # noqa: E402
+from labkit.core import config
 
 NEEDED = ("01_hardware_sizing", "02_fp16_bf16", "03_int8_int4", "06_batching")
 # speeds and bandwidths scaled per learner, as if measured on other laptops

@@ -152,7 +152,7 @@ def test_class_results_pack_and_merge(tmp_path: Path) -> None:
     import csv
 
     import merge_results
-    from labkit import results
+    from labkit.core import results
 
     for learner, tps, machine in (("alice", [10.0, 12.0, 14.0], "cpu A"), ("bob", [30.0], "GPU B")):
         res = results.Results("00_setup", env={"hardware": {"cpu": machine}, "device": "cpu", "quick": True})
@@ -178,7 +178,7 @@ def test_class_merge_skips_each_bad_file_with_its_reason(tmp_path: Path, capsys:
     import zipfile
 
     import merge_results
-    from labkit import results
+    from labkit.core import results
 
     inbox = tmp_path / "inbox"
     good = results.Results("00_setup", env={"hardware": {"cpu": "c"}, "device": "cpu", "quick": True})
@@ -198,7 +198,7 @@ def test_class_merge_skips_each_bad_file_with_its_reason(tmp_path: Path, capsys:
 
 
 def test_reference_copies_results_with_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from labkit import results
+    from labkit.core import results
 
     monkeypatch.setenv("LABKIT_RESULTS", str(tmp_path / "results"))
     res = results.Results("07_demo", env={"command": "ipykernel_launcher -f kernel.json", "quick": False})
@@ -304,7 +304,7 @@ def test_the_kernels_own_stderr_goes_to_its_log(tmp_path: Path, capfd: pytest.Ca
 
 
 def test_headline_is_the_summary_sections_first_row_else_a_result_column() -> None:
-    from labkit import results
+    from labkit.core import results
 
     res = results.Results("05_demo")
     res.add("kv_bytes", layers=30, ratio=1.0)
@@ -348,7 +348,7 @@ def test_summary_page_opens_with_the_short_table(two_notebooks) -> None:
 
 def _learner_results(root: Path, learner: str, scale: float, notebooks: tuple[str, ...]) -> Path:
     """Results files shaped like the notebooks' own (same sections and columns), numbers scaled."""
-    from labkit import results
+    from labkit.core import results
 
     env = {"hardware": {"cpu": f"cpu of {learner}"}, "device": "cpu", "quick": True, "model": "default"}
     folder = root / learner / "results"

@@ -19,13 +19,13 @@ from conftest import ROOT, LabServer, copy_notebook, screenshot_path
 pytestmark = pytest.mark.browser
 
 BATCHING = ROOT / "notebooks" / "06_batching.ipynb"
-WIDGET_CALL = "batch_widget("  # the cell in 06 that shows the widget (labkit.batch_widget.panel)
+WIDGET_CALL = "batch_widget("  # the cell in 06 that shows the widget (labkit.lessons.widgets.panel)
 RUN_TIMEOUT_MS = int(os.environ.get("LABKIT_LAB_RUN_TIMEOUT_MS", 420_000))  # cells above the widget, quick mode, 2 CPU cores
 CHANGE_TIMEOUT_MS = 120_000  # one re-measurement after the slider moves
 # appended to the copy of 06 the browser runs: `_` is the panel, the cell run just before it
 PROBE = 'print("panel measuring while this cell ran:", _.measurer.busy)'
 
-STAND_IN_CELLS = [  # shaped like labkit.batch_widget.panel: a slider redraws a plotly FigureWidget in place
+STAND_IN_CELLS = [  # shaped like labkit.lessons.widgets.panel: a slider redraws a plotly FigureWidget in place
     "import ipywidgets as w\nimport plotly.graph_objects as go",
     "# stand-in widget\n"
     "size = w.IntSlider(value=1, min=1, max=8, description='batch size', continuous_update=False)\n"
@@ -133,7 +133,7 @@ def _with_probe(src: Path, dst: Path) -> tuple[Path, int]:
 
 
 @pytest.mark.skipif(not BATCHING.is_file(), reason="notebooks/06_batching.ipynb does not exist yet "
-                    "(its batching widget, labkit.batch_widget, is being written)")
+                    "(its batching widget, labkit.lessons.widgets, is being written)")
 def test_batching_widget_follows_two_quick_moves(lab_server: LabServer, offline_page, tmp_path: Path) -> None:
     """Two key presses on 'batch size' in a row: the panel drops the first setting's point (or finishes
     it) and draws the second; a cell run right after the moves answers while the panel measures."""

@@ -1,7 +1,7 @@
 # Typical wrong answers to notebook 04's exercises: each check must call them wrong, with a reason.
 
 # %% exercise 04.calls_until_settled
-from labkit.warmup import window_spread
+from labkit.engines.warmup import window_spread
 
 
 def calls_until_settled(latencies_s, until_spread, window):
@@ -26,7 +26,7 @@ def calls_until_settled(latencies_s, until_spread, window):
 
 
 # %% exercise 04.calls_until_settled
-from labkit.warmup import window_spread
+from labkit.engines.warmup import window_spread
 
 
 def calls_until_settled(latencies_s, until_spread, window):

@@ -1,0 +1,13 @@
+"""The ground floor: what every other package stands on, and nothing that knows about models.
+
+``config``   paths and run-mode switches (``LABKIT_QUICK``, ``LABKIT_CACHE`` …), read from the environment
+``env``      this machine and what it can run: the device, the one capability API (``capability(name)`` →
+             available, reason) that ``python -m labkit info``, the notebooks and ``make gpu-check`` read
+``timing``   the one clock: ``track``/``measure``/``now`` for device work, ``clock`` for host work, ``Measurement``
+``memory``   peak memory (RSS sampler, CUDA peak, NVML) around a block of work
+``results``  the JSON a notebook writes, with its environment, and the reference files it is read beside
+``checks``   checks every layer shares: a positive count, the device a model's inputs go to
+
+core knows no model, no tokenizer and no lesson: it imports only the standard library at module level, and
+torch or a backend inside the function that needs it, so ``import labkit.core`` works on any machine.
+"""

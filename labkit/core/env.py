@@ -1,0 +1,470 @@
+"""What this machine is and what it can run, each missing capability with its reason."""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import functools
+import importlib.metadata
+import importlib.util
+import io
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from . import config
+
+_VALID_DEVICES = ("cpu", "cuda", "mps")
+PACKAGES = (
+    "labkit", "torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-gpu",
+    "bitsandbytes", "accelerate", "gguf", "vllm", "tensorrt", "torch-tensorrt", "flash-attn",
+)
+
+
+class Unavailable(RuntimeError):
+    """labkit's own word that something cannot run on this machine (a missing backend, device or provider);
+    its message is the reason."""
+
+
+# what a missing package, library, kernel, device or memory raises
+BACKEND_ERRORS: tuple[type[BaseException], ...] = (ImportError, OSError, MemoryError, NotImplementedError, Unavailable)
+_LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the labkit package
+
+
+def _raised_in_labkit(exc: BaseException) -> bool:
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and os.path.abspath(last.tb_frame.f_code.co_filename).startswith(_LABKIT_DIR + os.sep)
+
+
+def backend_failure(exc: BaseException) -> bool:
+    """Does ``exc`` say that a backend cannot run here (True), or is it a bug to surface (False)?
+
+    A missing package, library, kernel, device or memory, ONNX Runtime's own errors and ``Unavailable``
+    are backend failures; a ``RuntimeError``/``ValueError`` is one when a backend raised it, not labkit's
+    own code. ``TypeError`` and ``AssertionError`` are always bugs (a wrong call, a broken invariant).
+    """
+    if isinstance(exc, (TypeError, AssertionError)):
+        return False
+    if isinstance(exc, BACKEND_ERRORS) or type(exc).__module__.startswith("onnxruntime"):
+        return True
+    return isinstance(exc, (RuntimeError, ValueError)) and not _raised_in_labkit(exc)
+
+
+def device() -> str:
+    """The device notebooks use: ``LABKIT_DEVICE`` if set, else cuda when present, else cpu."""
+    import torch
+
+    wanted = os.environ.get("LABKIT_DEVICE", "").strip().lower()
+    if wanted:
+        if wanted.split(":")[0] not in _VALID_DEVICES:
+            raise ValueError(f"LABKIT_DEVICE={wanted!r} is not one of {_VALID_DEVICES}; unset it or pick one")
+        return wanted
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def cuda_index(dev: Any = None) -> int:
+    """The CUDA device index ``dev`` names ("cuda:1" → 1); plain "cuda" or None → the current device."""
+    import torch
+
+    name = str(dev) if dev is not None else device()
+    if not name.startswith("cuda"):
+        raise ValueError(f"device {name!r} is not a CUDA device; pass 'cuda' or 'cuda:N'")
+    index = torch.device(name).index
+    return torch.cuda.current_device() if index is None else index
+
+
+def version(package: str) -> str | None:
+    """The installed version of ``package`` (a distribution name), ``None`` when it is not installed;
+    read from its metadata, without importing it."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
+    """Installed version of each package (``None`` when not installed), read without importing."""
+    return {"python": platform.python_version(), **{name: version(name) for name in packages}}
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    available: bool
+    detail: str  # what was found (version, providers, device name)
+    reason: str  # why not, when not available; "" otherwise
+
+
+def has(module: str) -> bool:
+    """Whether ``module`` can be imported here, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _cuda() -> Capability:
+    import torch
+
+    problem = torch_gpu_problem()
+    if problem:
+        return Capability("cuda", False, f"torch {torch.__version__}", problem)
+    if torch.version.cuda is None:
+        return Capability("cuda", False, f"torch {torch.__version__}", "torch is a CPU build; install a CUDA build (see README, GPU quick start)")
+    if not torch.cuda.is_available():
+        return Capability("cuda", False, f"torch CUDA {torch.version.cuda}", "no CUDA device visible (driver missing or CUDA_VISIBLE_DEVICES empty)")
+    name = torch.cuda.get_device_name(0)
+    return Capability("cuda", True, f"{torch.cuda.device_count()}× {name}, CUDA {torch.version.cuda}", "")
+
+
+@lru_cache(maxsize=1)
+def driver_gpus(timeout_s: float = 10.0) -> tuple[str, ...]:
+    """GPUs the NVIDIA driver lists (``nvidia-smi -L``), whatever torch can use; () without nvidia-smi."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return ()
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(line.strip() for line in out.stdout.splitlines() if line.strip().startswith("GPU "))
+
+
+def torch_gpu_problem() -> str:
+    """'' unless the driver sees a GPU that torch cannot use; then one line saying why and how to fix it.
+
+    Without this check every notebook silently runs on the CPU of a GPU machine.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return ""
+    gpus = driver_gpus()
+    if not gpus:
+        return ""
+    seen = f"nvidia-smi lists {len(gpus)} GPU(s) ({gpus[0]})"
+    if torch.version.cuda is None:
+        return (f"{seen}, but torch {torch.__version__} is a CPU build: install the CUDA build "
+                "(conda env create -f environment.yml, or pip install torch from PyPI on Linux; see README, GPU quick start)")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
+        return f"{seen}, but CUDA_VISIBLE_DEVICES is empty: unset it or name a GPU"
+    return (f"{seen}, but torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use it: the driver is probably "
+            "older than this CUDA build needs (nvidia-smi shows the driver's CUDA version; update the driver or "
+            "install a torch built for an older CUDA)")
+
+
+class GPUUnusable(RuntimeError):
+    """The machine has an NVIDIA GPU that torch cannot use; the message says why and how to fix it."""
+
+
+def require_usable_gpu() -> None:
+    """Stop (``GPUUnusable``) when nvidia-smi sees a GPU but torch cannot use it, unless LABKIT_DEVICE=cpu
+    says the CPU is meant. Notebook 00 calls it first, so a broken CUDA set-up is not silently a CPU run."""
+    if os.environ.get("LABKIT_DEVICE", "").strip().lower() == "cpu":
+        return
+    problem = torch_gpu_problem()
+    if problem:
+        raise GPUUnusable(problem + ". To run on the CPU on purpose, set LABKIT_DEVICE=cpu.")
+
+
+def _bf16(dev: str | None = None) -> Capability:
+    """Native bf16 on ``dev`` (default: the device notebooks use)."""
+    import torch
+
+    dev = dev or device()
+    if torch.cuda.is_available() and dev.startswith("cuda"):
+        index = cuda_index(dev)
+        name = torch.cuda.get_device_name(index)
+        major, minor = torch.cuda.get_device_capability(index)
+        # torch.cuda.is_bf16_supported() also counts emulation (a T4 or V100 "supports" bf16, slowly)
+        ok = major >= 8
+        return Capability("bf16", ok, f"{name}, compute capability {major}.{minor}",
+                          "" if ok else f"{name} (compute capability {major}.{minor}) has no native bf16: "
+                                        "it needs an Ampere GPU or newer (compute capability 8.0+)")
+    # CPUs run bf16 everywhere, but fast only with native instructions (see labkit.precision.variants)
+    return Capability("bf16", True, "CPU (emulated unless the CPU has native bf16 instructions)", "")
+
+
+def _bitsandbytes() -> Capability:
+    if not has("bitsandbytes"):
+        return Capability("bitsandbytes", False, "", "not installed: pip install bitsandbytes")
+    version = importlib.metadata.version("bitsandbytes")
+    import torch
+
+    where = "CUDA" if torch.cuda.is_available() else "CPU"
+    return Capability("bitsandbytes", True, f"{version} ({where} kernels)", "")
+
+
+def _onnxruntime() -> Capability:
+    if not has("onnxruntime"):
+        return Capability("onnxruntime", False, "", "not installed: pip install onnxruntime (CPU) or onnxruntime-gpu")
+    import onnxruntime as ort
+
+    return Capability("onnxruntime", True, f"{ort.__version__}: {', '.join(ort.get_available_providers())}", "")
+
+
+def _optimum_onnx() -> Capability:
+    if not has("optimum.onnxruntime"):
+        return Capability("optimum-onnx", False, "", "not installed: pip install 'optimum-onnx[onnxruntime]'")
+    return Capability("optimum-onnx", True, importlib.metadata.version("optimum-onnx"), "")
+
+
+def cuda_reason() -> str:
+    """'' when torch sees a CUDA device, otherwise why a GPU-only engine cannot run here."""
+    import torch
+
+    return "" if torch.cuda.is_available() else "needs an NVIDIA GPU with CUDA; this machine has none"
+
+
+def _gpu_only(name: str, module: str, install: str) -> Capability:
+    gpu = cuda_reason()
+    if gpu:
+        return Capability(name, False, "", gpu)
+    if not has(module):
+        return Capability(name, False, "", f"not installed: {install}")
+    try:
+        version = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        version = "installed"
+    return Capability(name, True, version, "")
+
+
+def c_compiler() -> str | None:
+    """The C compiler Triton builds its launchers with: $CC, else gcc, else clang (as triton.runtime.build)."""
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+
+
+@lru_cache(maxsize=8)
+def c_compiler_problem(cc: str) -> str:
+    """'' when ``cc`` builds a shared object that includes Python.h (what Triton compiles on first use);
+    otherwise its error. Cached: one real compile per compiler and process."""
+    include = sysconfig.get_paths()["include"]
+    with tempfile.TemporaryDirectory(prefix="labkit-cc-") as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text("#include <Python.h>\nint labkit_probe(void) { return 0; }\n", encoding="utf-8")
+        cmd = [cc, str(src), "-O1", "-shared", "-fPIC", "-o", str(Path(tmp) / "probe.so"), f"-I{include}"]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{cc} did not run: {exc}"
+    if out.returncode != 0:
+        first = (out.stderr.strip().splitlines() or ["no message"])[0]
+        return f"{cc} cannot build a Python extension: {first[:160]}"
+    return ""
+
+
+def _torch_compile() -> Capability:
+    import torch
+
+    if sys.platform == "win32":
+        return Capability("torch.compile", False, "", "inductor needs Linux or macOS here")
+    if torch.cuda.is_available() and device().startswith("cuda"):
+        # inductor generates Triton kernels on CUDA; Triton compiles a C launcher with the system compiler
+        if not has("triton"):
+            return Capability("torch.compile", False, "", "inductor on CUDA needs Triton: pip install triton "
+                                                          "(it comes with the Linux CUDA build of torch)")
+        cc = c_compiler()
+        if cc is None:
+            return Capability("torch.compile", False, "", "Triton needs a C compiler and Python headers: "
+                                                          "apt-get install gcc python3-dev (or set CC)")
+        problem = c_compiler_problem(cc)
+        if problem:
+            return Capability("torch.compile", False, "", f"Triton needs a working C compiler: {problem} "
+                                                          "(apt-get install python3-dev, or set CC)")
+        return Capability("torch.compile", True, f"torch {torch.__version__}, Triton, {cc}", "")
+    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        return Capability("torch.compile", False, "", "inductor on CPU needs a C++ compiler: apt-get install g++")
+    return Capability("torch.compile", True, f"torch {torch.__version__}, {compiler}", "")
+
+
+def _nvml() -> Capability:
+    if not has("pynvml"):
+        return Capability("nvml", False, "", "not installed: pip install nvidia-ml-py (the [gpu] extra)")
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+    except Exception as exc:  # pynvml raises NVMLError subclasses for every missing-driver case
+        return Capability("nvml", False, "", f"NVML not usable: {exc}")
+    return Capability("nvml", True, f"{count} device(s)", "")
+
+
+# ------------------------------------------------------------- ONNX Runtime's TensorRT provider
+
+
+def ort_tensorrt() -> Capability:
+    """ONNX Runtime's TensorRT provider, counted available only when a session on it really gets it.
+
+    onnxruntime-gpu lists TensorrtExecutionProvider whether or not TensorRT's libraries are installed;
+    a session then falls back to CUDA or the CPU. So the check builds a one-node session and asks it.
+    """
+    name = "ort-tensorrt"
+    if not has("onnxruntime"):
+        return Capability(name, False, "", "onnxruntime is not installed")
+    import onnxruntime as ort
+
+    gpu = cuda_reason()
+    if gpu:
+        return Capability(name, False, "", gpu)
+    if "TensorrtExecutionProvider" not in ort.get_available_providers():
+        return Capability(name, False, "", "this onnxruntime has no TensorrtExecutionProvider: "
+                                           "pip install onnxruntime-gpu (the [gpu] extra) and TensorRT")
+    problem = tensorrt_provider_problem()
+    if problem:
+        return Capability(name, False, "", problem)
+    return Capability(name, True, f"onnxruntime {ort.__version__}", "")
+
+
+@functools.lru_cache(maxsize=1)
+def tensorrt_provider_problem() -> str:
+    """'' when an ONNX Runtime session on TensorrtExecutionProvider really gets it; otherwise why not.
+    Cached: TensorRT's libraries load (or not) once per process."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    preload_tensorrt()
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    so = ort.SessionOptions()
+    so.log_severity_level = 4  # the probe's failure is reported below, not logged
+    quiet = io.StringIO()  # onnxruntime prints its own fallback notice
+    try:
+        with contextlib.redirect_stdout(quiet), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "not in available provider names": the answer is read below
+            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["TensorrtExecutionProvider"])
+    except (RuntimeError, ValueError, OSError) as exc:
+        return f"TensorRT's libraries did not load: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+    got = sess.get_providers()
+    if got[:1] != ["TensorrtExecutionProvider"]:
+        return (f"onnxruntime lists TensorrtExecutionProvider but a session got {got}: TensorRT's libraries "
+                f"({_tensorrt_sonames()}) did not load; install the TensorRT version this onnxruntime was built for")
+    return ""
+
+
+def preload_tensorrt() -> None:
+    """Import TensorRT's Python package where installed: it loads TensorRT's libraries from its wheel, which
+    are not on the loader's path, so ONNX Runtime's TensorRT provider then finds them (when the versions match)."""
+    with contextlib.suppress(ImportError, OSError):
+        import tensorrt  # noqa: F401
+
+
+def _tensorrt_sonames() -> str:
+    """The TensorRT libraries this onnxruntime's TensorRT provider links against (read from its ELF header)."""
+    import onnxruntime as ort
+
+    lib = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_tensorrt.so"
+    try:
+        data = lib.read_bytes()
+    except OSError:
+        return "libnvinfer"
+    found = sorted({m.decode() for m in re.findall(rb"libnv(?:infer|onnxparser)[a-z_]*\.so\.[0-9]+", data)})
+    return ", ".join(found) or "libnvinfer"
+
+
+def capabilities() -> list[Capability]:
+    """One row per optional capability: available or not, and why not."""
+    return [
+        _cuda(),
+        _bf16(),
+        _bitsandbytes(),
+        _onnxruntime(),
+        _optimum_onnx(),
+        _gpu_only("vllm", "vllm", "pip install vllm (in its own environment, see README)"),
+        _gpu_only("tensorrt", "tensorrt", "pip install tensorrt torch-tensorrt"),
+        _gpu_only("torch-tensorrt", "torch_tensorrt", "pip install torch-tensorrt (matching your torch)"),
+        _gpu_only("tensorrt-llm", "tensorrt_llm", "pip install tensorrt-llm (its own environment, see README)"),
+        ort_tensorrt(),
+        _gpu_only("flash-attn", "flash_attn", "pip install flash-attn --no-build-isolation"),
+        _torch_compile(),
+        _nvml(),
+    ]
+
+
+def bf16(dev: str | None = None) -> Capability:
+    """Whether ``dev`` runs bf16 natively (a pre-Ampere GPU only emulates it: not available, with the reason)."""
+    return _bf16(dev)
+
+
+def capability(name: str) -> Capability:
+    """One capability by name (``ValueError`` listing the valid names otherwise)."""
+    table = {c.name: c for c in capabilities()}
+    if name not in table:
+        raise ValueError(f"unknown capability {name!r}; choose one of {sorted(table)}")
+    return table[name]
+
+
+def cpuinfo(*keys: str) -> str | None:
+    """The value of the first line of /proc/cpuinfo whose name starts with one of ``keys``; ``None`` where
+    there is no such file (macOS, Windows) or no such line."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(keys):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+@lru_cache(maxsize=1)
+def _cpu_name() -> str:
+    return cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def hardware() -> dict[str, Any]:
+    import psutil
+    import torch
+
+    info: dict[str, Any] = {
+        "cpu": _cpu_name(),
+        "cpu_cores_logical": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_total_bytes": psutil.virtual_memory().total,
+        "gpu": None,
+        "gpu_memory_bytes": None,
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(cuda_index() if device().startswith("cuda") else 0)
+        info["gpu"] = props.name
+        info["gpu_memory_bytes"] = props.total_memory
+        info["gpu_count"] = torch.cuda.device_count()
+    return info
+
+
+def environment() -> dict[str, Any]:
+    """Everything a result needs for provenance: hardware, versions, date, mode, command."""
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "device": device(),
+        "hardware": hardware(),
+        "versions": versions(),
+        "quick": config.quick(),
+        "model": os.environ.get("LABKIT_MODEL") or "default",
+        "command": " ".join(sys.argv),
+    }
+
+
+def capabilities_frame():
+    import pandas as pd
+
+    return pd.DataFrame([asdict(c) for c in capabilities()])

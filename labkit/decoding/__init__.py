@@ -1,0 +1,14 @@
+"""Running a model one token at a time, and judging what comes out.
+
+``decode``          the decode core: prefill, one batched decode step, greedy loops with and without the cache
+``generation``      TTFT / ITL / TPOT as vLLM defines them, timed through a streamer
+``quality``         perplexity, greedy agreement and KL against a reference
+``kv``              the KV cache measured: bytes, on vs off, dynamic vs static, attention implementations
+``cache_variants``  transformers' cache and compile knobs that ``kv`` and the engines share
+``sampling``        greedy or temperature/top-p choice of the next token, seeded per request
+``speculative``     draft several tokens, check them in one forward pass
+``profiling``       torch.profiler over one prefill and one decode step, grouped by operator kind
+
+decoding knows one model in one process: no quantiser, no exported engine, no request queue or HTTP.
+Batches here are tensors handed in by the caller; who decides what goes in a batch is ``labkit.serve``'s job.
+"""

@@ -1,0 +1,172 @@
+"""Kernel fusion, on one small function: RMSNorm written by hand. ``eager_ops`` lists the kernels eager
+PyTorch launches for it, ``rms_norm_traffic`` the bytes they move against one fused kernel's,
+``compile_fused`` what inductor builds, and ``fusion_rows`` the timings of both, side by side.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.timing import Measurement, now
+
+# ------------------------------------------------------------ fusion: one elementwise chain, eager and compiled
+
+
+def rms_norm(x: Any, weight: Any, eps: float = 1e-6) -> Any:
+    """RMSNorm as a Llama's eager forward runs it, one kernel per operator (pow, mean, add, rsqrt, mul, mul):
+    (..., hidden) activations and a (hidden,) weight → (..., hidden)."""
+    import torch
+
+    variance = x.pow(2).mean(-1, keepdim=True)  # (..., 1): each row's mean square
+    return x * torch.rsqrt(variance + eps) * weight
+
+
+def rms_norm_traffic(rows: int, hidden: int, bytes_per_value: int) -> tuple[int, int]:
+    """Bytes of (rows, hidden)-sized tensors that RMSNorm moves through memory: (eager, fused).
+
+    Eager, one kernel per operator: ``x.pow(2)`` reads x and writes x² (2 trips), ``mean`` reads x² (1),
+    ``x * r`` reads x and writes y (2), ``y * weight`` reads y and writes the output (2): 7 trips. Fused
+    into one kernel: x is read once and the output written once: 2. The (rows, 1) statistics and the
+    (hidden,) weight are small next to these and left out.
+    """
+    for name, value in (("rows", rows), ("hidden", hidden), ("bytes_per_value", bytes_per_value)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}={value!r}: must be a positive integer")
+    full = rows * hidden * bytes_per_value
+    return 7 * full, 2 * full
+
+
+def _op_counter() -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpCounter(TorchDispatchMode):
+        """Records every aten operator dispatched inside the block (each one kernel launch when eager)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops.append(str(func.overloadpacket.__name__))
+            return func(*args, **(kwargs or {}))
+
+    return OpCounter()
+
+
+def eager_ops(fn: Any, *args: Any) -> list[str]:
+    """The aten operators ``fn(*args)`` runs eagerly, in order: one kernel launch each."""
+    import torch
+
+    counter = _op_counter()
+    with torch.inference_mode(), counter:
+        fn(*args)
+    return counter.ops
+
+
+def explain(fn: Any, *args: Any) -> dict[str, Any]:
+    """What torch.compile's front end (dynamo) captures of ``fn(*args)``: how many graphs, how many graph
+    breaks (and why, first line of each reason), and how many operators the graphs hold. It traces only:
+    nothing is compiled. Every break ends one graph and starts another, and nothing fuses across it."""
+    import logging
+
+    import torch
+
+    quiet = logging.getLogger("torch._dynamo")  # each break is also logged as a warning: the reasons are returned
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        out = torch._dynamo.explain(fn)(*args)
+    finally:
+        quiet.setLevel(level)
+    ops = sum(1 for g in out.graphs for n in g.graph.nodes if n.op in ("call_function", "call_method"))
+    return {"graphs": out.graph_count, "graph_breaks": out.graph_break_count, "graph_ops": ops,
+            "break_reasons": [r.reason.strip().splitlines()[0] for r in out.break_reasons]}
+
+
+@dataclass
+class Fused:
+    """``torch.compile`` of one function for one input shape, and what its first call did."""
+
+    fn: Any  # the compiled callable (same arguments as the original)
+    first_call_s: float  # the first call: trace, fuse, generate code, build it (or load the build from disk)
+    kernels: list[str]  # the kernels inductor generated, named after the operators fused into each
+    code: str  # the module inductor wrote (its kernels' source included)
+    cache_entries_before: int  # entries in inductor's on-disk cache folder before the call: 0 means a cold build
+
+
+def _inductor_cache_entries() -> int:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = Path(cache_dir())
+    return sum(1 for _ in root.iterdir()) if root.is_dir() else 0
+
+
+def compile_fused(fn: Any, *args: Any, backend: str = "inductor") -> Fused:
+    """``torch.compile(fn, dynamic=False)`` and its first call on ``args``, timed on their device.
+
+    Inductor's FX-graph cache is off for the call, so the kernels are really generated (and counted from the
+    code it writes); building them may still reuse inductor's on-disk cache of earlier runs (the C++ or
+    Triton build of identical source), which ``cache_entries_before`` reports.
+    """
+    from unittest import mock
+
+    import torch
+    from torch._inductor.graph import GraphLowering
+
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    code: list[str] = []
+    before = _inductor_cache_entries()
+    with mock.patch.object(GraphLowering, "save_output_code", code.append), \
+            torch._inductor.config.patch(fx_graph_cache=False), torch.inference_mode():
+        t0 = now(device)
+        compiled(*args)
+        first = now(device) - t0
+    text = "\n\n".join(code)
+    kernels = re.findall(r"^(\w+) = async_compile\.\w+\(", text, flags=re.M)
+    return Fused(fn=compiled, first_call_s=first, kernels=kernels, code=text, cache_entries_before=before)
+
+
+def time_per_call(fn: Any, *args: Any, repeats: int = 5, min_sample_s: float = 0.01) -> Measurement:
+    """Seconds per call of ``fn(*args)`` (after one untimed call). Each sample averages enough calls to
+    last ``min_sample_s``, so a call of a few microseconds is not lost in the clock's resolution."""
+    import torch
+
+    if repeats <= 0:
+        raise ValueError(f"repeats={repeats}: must be at least 1")
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    with torch.inference_mode():
+        fn(*args)
+        t0 = now(device)
+        fn(*args)
+        once = max(now(device) - t0, 1e-7)
+        inner = max(1, int(min_sample_s / once))
+        samples = []
+        for _ in range(repeats):
+            t0 = now(device)
+            for _ in range(inner):
+                fn(*args)
+            samples.append((now(device) - t0) / inner)
+    return Measurement.from_values("per call", samples, warmup=2, meta={"calls_per_sample": inner})
+
+
+def fusion_rows(fn: Any, fused: dict[str, Fused], inputs: dict[str, tuple[Any, ...]], repeats: int = 5
+                ) -> list[dict[str, Any]]:
+    """One row per input shape: ``fn`` eager against its compiled version (``fused[label]``), with the
+    operators eager runs, the kernels compiled runs, both times, and the largest difference between their
+    outputs (fusion reorders arithmetic: a few ulps, never a different answer)."""
+    import torch
+
+    rows = []
+    for label, args in inputs.items():
+        with torch.inference_mode():
+            diff = float((fused[label].fn(*args) - fn(*args)).abs().max())
+        eager_t = time_per_call(fn, *args, repeats=repeats)
+        fused_t = time_per_call(fused[label].fn, *args, repeats=repeats)
+        rows.append({"input": label, "shape": tuple(args[0].shape), "eager_ops": len(eager_ops(fn, *args)),
+                     "fused_kernels": len(fused[label].kernels), "eager_us": eager_t.median * 1e6,
+                     "compiled_us": fused_t.median * 1e6, "speedup": eager_t.median / fused_t.median,
+                     "max_abs_diff": diff, "first_call_s": fused[label].first_call_s})
+    return rows

@@ -1,0 +1,12 @@
+"""What the notebooks show: everything here is about teaching, nothing about running a model.
+
+``exercises``  the self-checking exercises: ``use`` keeps the learner's function, each check names the mistake
+``findings``   takeaway sentences chosen from a notebook's own measurements
+``plots``      Plotly figures that render offline
+``widgets``    live panels for the notebooks (ipywidgets), each callback a plain function
+``report``     the capstone's precision choice and its report
+``beyond``     notebook 10's workloads and headline figures
+
+lessons reads the packages below it and adds no mechanism of its own: a number a lesson prints was
+measured by ``core`` … ``serve``.
+"""

@@ -1,0 +1,230 @@
+"""Exercises that check themselves, and predictions written before a measurement.
+
+An exercise is two cells in a notebook. The fill-in cell defines one name and runs as shipped (its
+placeholder returns ``None`` or raises ``NotImplementedError``); the check cell hands that name over:
+
+    def per_channel_scale(w):           # fill-in cell (self-contained: it imports what it uses)
+        return None                     # your code: one scale per output row
+
+    exercises.check("03.per_channel_scale", per_channel_scale)
+
+and prints one line: ``Exercise 03.per_channel_scale · <title>: not attempted``, ``…: correct``, or
+``…: wrong, because <what is off>``. Checks build their own inputs (random tensors, a tiny random model),
+so they judge the mechanism, not this run's numbers. Each notebook's checks live in
+``labkit.lessons.exercises.nbNN``; the solutions live outside the learner's path, in ``notebooks/solutions/``.
+
+A prediction is a variable the learner sets before a measurement (``None`` until then); ``reveal`` prints
+the prediction, the measurement and their ratio, or says that no prediction was made, and the notebook
+goes on.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+STATUSES = ("not attempted", "correct", "wrong")
+LINE = re.compile(r"^Exercise (?P<id>\d\d\.\w+) · .*?: (?P<status>not attempted|correct|wrong)")
+
+
+class NotAttempted(Exception):
+    """The answer is still the placeholder."""
+
+
+class Wrong(Exception):
+    """The answer is off; the message says how, in terms the learner can act on."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str  # "NN.name": notebook number and the name the learner fills in
+    title: str
+    check: Callable[[Any], None]  # raises Wrong (or NotAttempted); returns when the answer is right
+
+    @property
+    def name(self) -> str:
+        return self.id.split(".", 1)[1]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    exercise: str
+    title: str
+    status: str  # one of STATUSES
+    because: str = ""
+
+    def __post_init__(self) -> None:
+        assert self.status in STATUSES, f"unknown status {self.status!r}"
+
+    @property
+    def line(self) -> str:
+        tail = f", because {self.because}" if self.status == "wrong" else ""
+        hint = " (fill in the cell above, then run this one again)" if self.status == "not attempted" else ""
+        return f"Exercise {self.exercise} · {self.title}: {self.status}{tail}{hint}"
+
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+def exercise(exercise_id: str, title: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+    """Register a check: ``@exercise("05.decode_step", "one decode step with the cache")``."""
+    if not re.fullmatch(r"\d\d\.[A-Za-z_]\w*", exercise_id):
+        raise ValueError(f"exercise id {exercise_id!r}: use 'NN.name' (notebook number, then the filled-in name)")
+
+    def register(fn: Callable[[Any], None]) -> Callable[[Any], None]:
+        assert exercise_id not in _REGISTRY, f"exercise {exercise_id} registered twice"
+        _REGISTRY[exercise_id] = Exercise(exercise_id, title, fn)
+        return fn
+
+    return register
+
+
+def _load(notebook: str) -> None:
+    try:
+        importlib.import_module(f"{__name__}.nb{notebook}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.nb{notebook}":
+            raise
+
+
+def get(exercise_id: str) -> Exercise:
+    """The registered exercise (its notebook's checks are imported on first use)."""
+    if exercise_id not in _REGISTRY:
+        _load(exercise_id[:2])
+    if exercise_id not in _REGISTRY:
+        nb = sorted(e for e in _REGISTRY if e[:2] == exercise_id[:2])
+        raise ValueError(f"no exercise {exercise_id!r}; notebook {exercise_id[:2]} has {nb or 'none'}")
+    return _REGISTRY[exercise_id]
+
+
+def all_exercises() -> list[Exercise]:
+    """Every registered exercise, in notebook order."""
+    for n in range(100):
+        _load(f"{n:02d}")
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call the learner's function; ``None`` back (the placeholder) means not attempted."""
+    if not callable(fn):
+        raise Wrong(f"expected a function, got {type(fn).__name__}")
+    out = fn(*args, **kwargs)
+    if out is None:
+        raise NotAttempted()
+    return out
+
+
+def evaluate(exercise_id: str, answer: Any) -> Verdict:
+    """Run the check on ``answer``: not attempted, correct, or wrong with the reason."""
+    ex = get(exercise_id)
+
+    def verdict(status: str, because: str = "") -> Verdict:
+        return Verdict(ex.id, ex.title, status, because)
+
+    if answer is None or answer is Ellipsis:
+        return verdict("not attempted")
+    try:
+        ex.check(answer)
+    except (NotAttempted, NotImplementedError):
+        return verdict("not attempted")
+    except Wrong as exc:
+        return verdict("wrong", str(exc))
+    except Exception as exc:  # the learner's code raised: that is the answer being wrong, said plainly
+        return verdict("wrong", f"it raised {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+    return verdict("correct")
+
+
+def check(exercise_id: str, answer: Any) -> None:
+    """Evaluate and print the verdict's one line (the check cell of an exercise; ``evaluate`` returns it)."""
+    print(evaluate(exercise_id, answer).line)
+
+
+def use(exercise_id: str, answer: Any, fallback: Any) -> Any:
+    """The learner's answer where its check says correct, else ``fallback`` (labkit's own version), so
+    the cells after an exercise run either way. Says which one it took."""
+    v = evaluate(exercise_id, answer)
+    if v.status == "correct":
+        print(f"using your {v.title} (exercise {exercise_id})")
+        return answer
+    print(f"using labkit's {v.title}: exercise {exercise_id} is {v.status}")
+    return fallback
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def tiny_llama(vocab_size: int = 96, layers: int = 2, seed: int = 0) -> Any:
+    """A small random Llama built in memory (no files, no hub): checks run a learner's decode code on it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def close(got: Any, want: Any, what: str, rtol: float = 1e-4, atol: float = 1e-6) -> None:
+    """Raise ``Wrong`` unless tensors (or numbers) ``got`` and ``want`` match in shape and value."""
+    import torch
+
+    if isinstance(want, (int, float)) and not isinstance(want, bool):
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise Wrong(f"{what} should be a number, got {type(got).__name__}")
+        if not math.isclose(got, want, rel_tol=rtol, abs_tol=atol):
+            raise Wrong(f"{what} is {got:.6g}, expected {want:.6g}")
+        return
+    if not isinstance(got, torch.Tensor):
+        raise Wrong(f"{what} should be a tensor, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(want.shape):
+        raise Wrong(f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+    if got.device != want.device:
+        raise Wrong(f"{what} is on {got.device}, expected {want.device}")
+    g, w = got.detach().double(), want.detach().double()
+    bad = ~torch.isclose(g, w, rtol=rtol, atol=atol)
+    if bad.any():
+        i = tuple(int(x) for x in bad.nonzero()[0])
+        raise Wrong(f"{what}{list(i)} is {g[i].item():.6g}, expected {w[i].item():.6g} "
+                    f"({int(bad.sum())} of {bad.numel()} entries differ)")
+
+
+# ----------------------------------------------------------------------------------------- predictions
+
+
+def reveal(what: str, predicted: float | None, measured: float, unit: str = "") -> dict[str, Any]:
+    """Print the prediction next to the measurement and their ratio (measured / predicted); with no
+    prediction, say so and go on. Returns the row for the notebook's results."""
+    u = f" {unit}" if unit else ""
+    row: dict[str, Any] = {"quantity": what, "predicted": predicted, "measured": measured, "unit": unit,
+                           "ratio": None}
+    if predicted is None:
+        print(f"{what}: no prediction made (set it in the prediction cell above and run this cell again); "
+              f"measured {measured:.4g}{u}")
+        return row
+    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)) or not math.isfinite(predicted):
+        raise ValueError(f"the prediction for {what!r} must be a number (or None), got {predicted!r}")
+    row["ratio"] = measured / predicted if predicted else None
+    ratio = f"{row['ratio']:.2f}×" if row["ratio"] is not None else "undefined (you predicted 0)"
+    print(f"{what}: predicted {predicted:.4g}{u}, measured {measured:.4g}{u}, measured / predicted = {ratio}")
+    return row
+
+
+def reveal_choice(what: str, predicted: str | None, actual: str, choices: list[str]) -> dict[str, Any]:
+    """The same for a prediction that is one of ``choices`` (which is faster, which overflows…)."""
+    if predicted is not None and predicted not in choices:
+        raise ValueError(f"the prediction for {what!r} must be one of {choices} (or None), got {predicted!r}")
+    row = {"quantity": what, "predicted": predicted, "measured": actual, "unit": "", "ratio": None}
+    if predicted is None:
+        print(f"{what}: no prediction made (choose one of {choices} above and run this cell again); "
+              f"measured: {actual}")
+    else:
+        verdict = "as you predicted" if predicted == actual else f"not {predicted}"
+        print(f"{what}: you predicted {predicted}; measured: {actual} ({verdict})")
+    return row

@@ -1,0 +1,96 @@
+"""Notebook 04's checks: when a run of latencies has settled, and the share of the first call that is one-time cost."""
+from __future__ import annotations
+
+import numbers
+import statistics
+from typing import Any
+
+from ...engines.warmup import one_time_share, settle_point, window_spread
+from . import Wrong, call, close, exercise
+
+# (latencies in seconds, until_spread, window): each settles, and each usual slip gives another answer on one of them
+_SETTLE_CASES = (
+    ([2.4, 0.9, 0.61, 0.52, 0.50, 0.51, 0.50, 0.52, 0.50, 0.51, 0.50], 0.10, 5),
+    ([1.5, 0.30, 0.26, 0.25, 0.25, 0.31, 0.25, 0.25, 0.26, 0.25], 0.10, 4),
+    ([0.8, 0.42, 0.40, 0.41, 0.40, 0.40, 0.40], 0.05, 3),
+    ([1.2, 0.50, 0.50, 0.56, 0.50, 0.50, 0.52, 0.51, 0.50, 0.50], 0.10, 5),  # one slower call inside a steady window
+)
+_NEVER = ([1.0, 0.5, 0.7, 0.5, 0.7, 0.5, 0.7, 0.5], 0.10, 4)
+
+
+def _settle(latencies: list[float], until: float, window: int, spread: Any, end: bool = False) -> int | None:
+    """The first steady window's start (or its end), with another spread or window: what a slip returns."""
+    for stop in range(window, len(latencies) + 1):
+        if spread(latencies[stop - window:stop]) < until:
+            return stop if end else stop - window
+    return None
+
+
+@exercise("04.calls_until_settled", "calls before latency settles")
+def _calls_until_settled(fn: Any) -> None:
+
+    def max_min(xs: list[float]) -> float:
+        return (max(xs) - min(xs)) / statistics.median(xs)
+
+    def stdev(xs: list[float]) -> float:
+        return statistics.pstdev(xs) / statistics.mean(xs)
+
+    for lat, until, window in _SETTLE_CASES:
+        want = settle_point(lat, until, window)
+        assert want is not None
+        got = call(fn, list(lat), until, window)
+        where = f"for latencies {lat} with until_spread={until}, window={window}"
+        if isinstance(got, bool) or not isinstance(got, numbers.Integral):  # numpy integers count
+            raise Wrong(f"{where}: return a whole number of calls (or None when it never settles), got {got!r}")
+        if got == want:
+            continue
+        slips = {
+            _settle(lat, until, window, window_spread, end=True):
+                "that counts the steady window too: return the calls *before* it (the warmup calls)",
+            _settle(lat, until, window, max_min): "use the spread labkit uses, window_spread: (p90 - p10) / median, "
+                                                  "not (max - min) / median",
+            _settle(lat, until, window, stdev): "use window_spread ((p90 - p10) / median), not stdev / mean",
+            _settle(lat, until, window + 1, window_spread): f"the window is {window} calls, not {window + 1}",
+            _settle(lat, until, window - 1, window_spread): f"the window is {window} calls, not {window - 1}",
+        }
+        slips.pop(want, None)
+        if got in slips:
+            raise Wrong(f"{where} you gave {got}, expected {want}: {slips[got]}")
+        raise Wrong(f"{where} you gave {got}, expected {want}: the first {window} calls in a row whose spread is "
+                    f"under {until} start after {want} calls")
+    lat, until, window = _NEVER
+    got = fn(list(lat), until, window)  # the right answer here is None: called directly, not through call()
+    if got is not None:
+        raise Wrong(f"latencies {lat} alternate between 0.5 and 0.7 s and never settle (window {window}, bar {until}); "
+                    f"you gave {got!r}: return None when no window is steady")
+
+
+_SHARE_CASES = ([2.0, 0.6, 0.52, 0.5, 0.5, 0.51, 0.5], [0.9, 0.3, 0.31, 0.3, 0.29, 0.3], [5.0, 4.0, 1.0, 1.1, 1.0, 0.9])
+
+
+@exercise("04.one_time_share", "share of the first call that is one-time cost")
+def _one_time_share(fn: Any) -> None:
+
+    for lat in _SHARE_CASES:
+        window = 3
+        steady = statistics.median(lat[-window:])
+        want = one_time_share(list(lat), window)
+        got = call(fn, list(lat), window)
+        where = f"for latencies {lat} (window {window})"
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            raise Wrong(f"{where}: return one number, a fraction between 0 and 1; got {type(got).__name__}")
+        slips = {
+            lat[0] / steady - 1: "that is (first - steady) / steady, a slowdown; the share of the first call is "
+                                 "(first - steady) / first",
+            steady / lat[0]: "that is the steady part's share: the one-time part is first minus steady, over first",
+            (lat[0] - lat[1]) / lat[0]: "the second call is not steady yet: take the median of the last `window` calls",
+            (lat[0] - statistics.median(lat)) / lat[0]: "the median of all calls includes the cold ones: take the "
+                                                        "median of the last `window` calls",
+            (lat[0] - statistics.mean(lat[-window:])) / lat[0]: "use the median of the last `window` calls, not "
+                                                                "their mean (one slow call would pull it up)",
+            100 * want: "return a fraction (0.75), not a percentage (75)",
+        }
+        for value, why in slips.items():
+            if abs(value - want) > 1e-9 and abs(got - value) < 1e-9:
+                raise Wrong(f"{where} you gave {got:.4g}, expected {want:.4g}: {why}")
+        close(float(got), want, f"one-time share {where}")

@@ -1,0 +1,240 @@
+"""Takeaway sentences chosen from a notebook's own measurements (batching, the KV cache, quantisation, warmup).
+
+Each function takes the numbers a notebook measured and returns a ``Findings``: the sentences to print,
+each worded by what the numbers say, never typed ahead of the run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..engines.warmup import NOISE_SHARE, ColdStart
+
+# ------------------------------------------------------------------------ takeaways from this run's numbers
+
+
+@dataclass
+class Findings:
+    """Notebook 06's takeaways: the numbers (``rows``) and the sentences they choose (``sentences``)."""
+
+    rows: list[dict[str, Any]]
+    sentences: list[str]
+
+
+def batching(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding: list[dict[str, Any]],
+             serving: list[dict[str, Any]], open_loop: list[dict[str, Any]], clients: int,
+             request_rate: float) -> Findings:
+    """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``sweep``: static_sweep rows (batch 1 first); ``memory_bound_gain``: the sizing model's predicted total-tokens/s
+    gain at the largest batch; ``padding``: padding_experiment rows (mixed first, bucketed last); ``serving``: the
+    max_batch_size 1 and 8 rows (loadgen summaries plus max_batch_size); ``open_loop``: Poisson then bursty rows.
+    """
+    ok = [r for r in sweep if r.get("status", "ok") == "ok"]
+    if not ok or not padding or len(serving) != 2 or len(open_loop) != 2:
+        raise ValueError("findings need the sweep's ok rows, the padding rows, two server rows and two open-loop rows")
+    first, last = ok[0], ok[-1]
+    gain = last["total_tokens_per_s"] / first["total_tokens_per_s"]
+    user = last["tokens_per_s_per_user"] / first["tokens_per_s_per_user"]
+    ttft_x = last["ttft_s"] / first["ttft_s"]
+    worst = min(ok, key=lambda r: r["agreement"])
+    mixed, bucketed = padding[0], padding[-1]
+    bucket_x = mixed["ttft_s"] / bucketed["ttft_s"]
+    one, many = serving
+    serve_x = many["output_tokens_per_s"] / one["output_tokens_per_s"]
+    tpot_x = many["tpot_p50_s"] / one["tpot_p50_s"]
+    poisson, bursty = open_loop
+    burst_x = bursty["ttft_p90_s"] / poisson["ttft_p90_s"]
+    sentences = [
+        f"Batch {last['batch_size']} gave {gain:.1f}× the total tokens/s of batch 1 "
+        f"({'more' if gain > memory_bound_gain else 'less'} than the memory-bound model's {memory_bound_gain:.1f}×); "
+        f"each user got {user:.2f}× batch 1's speed and waited {ttft_x:.1f}× as long for the first token.",
+        ("Batching changed no answer: every batch's greedy tokens equal each prompt's tokens decoded alone."
+         if worst["agreement"] == 1 else
+         f"Batching changed some answers: at batch {worst['batch_size']} only {worst['agreement']:.0%} of the tokens "
+         "equal each prompt decoded alone (padded rows and other matrix shapes round differently)."),
+        f"In the mixed batch {mixed['wasted_fraction']:.0%} of the prompt tokens were padding; bucketing by length "
+        f"prefilled {bucket_x:.1f}× {'faster' if bucket_x > 1 else 'slower'}, and the mixed batch's tokens equal "
+        f"the bucketed ones on {mixed['agreement']:.0%}.",
+        f"With {clients} clients, max_batch_size {many['max_batch_size']} served {serve_x:.1f}× the tokens/s of "
+        f"max_batch_size {one['max_batch_size']} (mean batch {many['mean_batch_size']:.1f}), each token coming "
+        f"{tpot_x:.1f}× {'slower' if tpot_x > 1 else 'faster'}; {one['failed'] + many['failed']} requests failed.",
+        f"At {request_rate:g} requests/s, bursty arrivals made the TTFT p90 {burst_x:.1f}× Poisson's "
+        f"({'worse' if burst_x > 1 else 'better'}); goodput {poisson['goodput']:.2f} (Poisson) and "
+        f"{bursty['goodput']:.2f} (bursty) requests/s.",
+    ]
+    rows = [
+        {"finding": f"static batch {last['batch_size']} / batch 1, total tokens/s (×)", "value": gain},
+        {"finding": "memory-bound prediction of that gain (×)", "value": memory_bound_gain},
+        {"finding": f"static batch {last['batch_size']} / batch 1, tokens/s per user (×)", "value": user},
+        {"finding": "lowest greedy agreement with prompts alone (share)", "value": worst["agreement"]},
+        {"finding": "padding share of the mixed batch's prompt tokens", "value": mixed["wasted_fraction"]},
+        {"finding": "prefill mixed / bucketed (×)", "value": bucket_x},
+        {"finding": f"server max_batch_size {many['max_batch_size']} / {one['max_batch_size']}, tokens/s (×)",
+         "value": serve_x},
+        {"finding": "TTFT p90 bursty / Poisson (×)", "value": burst_x},
+    ]
+    return Findings(rows=rows, sentences=sentences)
+
+
+def _than(ratio: float) -> str:
+    """'faster than' when a time ratio (this / baseline) is below 1, 'slower than' above, 'as fast as' within 2 %."""
+    return "as fast as" if abs(ratio - 1) <= 0.02 else ("faster than" if ratio < 1 else "slower than")
+
+
+def kv_cache(*, loop_agreement: float, core_identical: bool, tokens: int, speedup: float,
+             step_growth: dict[str, float], kv_sizes: Any, bytes_per_position: int, split: Any, variants: Any,
+             attention: Any, decode_shares: dict[str, float]) -> Findings:
+    """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``step_growth``: last step's time / first decode step's, per 'cache on' / 'cache off'. ``kv_sizes``: rows with
+    'measured / formula'. ``split``: prefill_decode_split rows, shortest prompt first. ``variants``: rows indexed
+    by cache variant ('dynamic', 'static') with tpot_s and agreement. ``attention``: rows indexed by
+    implementation ('eager', 'sdpa') with ttft_s and agreement. ``decode_shares``: group → share of a decode step.
+    """
+    fit = kv_sizes["measured / formula"]
+    short, long_ = split.iloc[0], split.iloc[-1]
+    prompt_x, ttft_x, tpot_x = (long_.prompt_tokens / short.prompt_tokens, long_.ttft_s / short.ttft_s,
+                                long_.tpot_s / short.tpot_s)
+    static_x = variants.loc["static"].tpot_s / variants.loc["dynamic"].tpot_s
+    sdpa_x = attention.loc["sdpa"].ttft_s / attention.loc["eager"].ttft_s
+    matmul, attn = decode_shares.get("matmul", 0.0), decode_shares.get("attention", 0.0)
+    on_g, off_g = step_growth["cache on"], step_growth["cache off"]
+    sentences = [
+        f"With the cache your loop made {tokens} tokens {speedup:.1f}× {'faster' if speedup > 1 else 'slower'} than "
+        f"without it. From the first decode steps to the last, a step's time changed {on_g:.2f}× with the cache and "
+        f"{off_g:.2f}× without: "
+        + ("without the cache each step grows with the sequence it recomputes." if off_g > max(1.1, on_g * 1.1) else
+           "this run cannot tell the two apart (too few tokens, or a noisy machine: raise LOOP_TOKENS)."),
+        f"Your loop agreed with generate on {loop_agreement:.0%} of its tokens, and labkit's decode core gave "
+        f"{'the same tokens as' if core_identical else 'different tokens from'} generate.",
+        f"The cache holds {bytes_per_position:,} bytes per position and sequence; the tensors measured "
+        f"{fit.min():.3f}–{fit.max():.3f}× the formula"
+        + (" — the formula is the cache." if fit.min() > 0.99 and fit.max() < 1.01 else
+           " — not the formula: look at the positions each cache holds."),
+        f"A {prompt_x:.0f}× longer prompt made TTFT {ttft_x:.1f}× longer and TPOT {tpot_x:.2f}×: prefill "
+        f"{'grows with the prompt' if ttft_x > 1.5 else 'barely grew'}, a decode step "
+        f"{'barely moved' if tpot_x < 1.5 else 'grew too (each step reads the whole, longer cache)'}.",
+        f"Without compiling, the static cache decoded {_than(static_x)} the dynamic one "
+        f"({static_x:.2f}× its time per token), with {variants.loc['static'].agreement:.0%} of its tokens equal.",
+        f"sdpa prefilled the long prompt {_than(sdpa_x)} eager ({sdpa_x:.2f}× its TTFT); "
+        f"{attention.loc['sdpa'].agreement:.0%} of its tokens equal eager's.",
+        f"A decode step spent {matmul:.0%} of its time in matrix multiplication and {attn:.0%} in attention: "
+        + ("reading the weights dominates, so fewer bytes per weight (notebooks 02, 03) help decode more than a "
+           "faster attention kernel." if matmul > attn else
+           "attention dominates here, so a faster attention kernel helps decode more than smaller weights."),
+    ]
+    rows = [
+        {"finding": f"cache on vs off, {tokens} new tokens (speedup ×)", "value": speedup},
+        {"finding": "loop tokens equal to generate (share)", "value": loop_agreement},
+        {"finding": "KV bytes measured / formula (min)", "value": float(fit.min())},
+        {"finding": "KV bytes measured / formula (max)", "value": float(fit.max())},
+        {"finding": f"TTFT, {prompt_x:.0f}× longer prompt (×)", "value": ttft_x},
+        {"finding": f"TPOT, {prompt_x:.0f}× longer prompt (×)", "value": tpot_x},
+        {"finding": "TPOT static / dynamic cache (×)", "value": static_x},
+        {"finding": "static cache tokens equal to dynamic (share)", "value": float(variants.loc["static"].agreement)},
+        {"finding": "TTFT sdpa / eager (×)", "value": sdpa_x},
+        {"finding": "sdpa tokens equal to eager (share)", "value": float(attention.loc["sdpa"].agreement)},
+        {"finding": "decode step spent in matmul (share)", "value": matmul},
+    ]
+    return Findings(rows=rows, sentences=sentences)
+
+
+def quantisation(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], layer_error: dict[str, float],
+             verdict: Any) -> Findings:
+    """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``table``: variant rows indexed by name (status, weight_bytes, decode_tokens_per_s, agreement, kl);
+    ``hand``: the hand-written layer table (bytes, output_error by form); ``agree``: ``library_agreement``;
+    ``routes``: bitsandbytes kernel per kind; ``layer_error``: worst ONNX Runtime layer error by form;
+    ``verdict``: the claims table."""
+    rows: list[dict[str, Any]] = []
+    says: list[str] = []
+    ratio = hand.output_error["per-tensor"] / hand.output_error["per-channel"]
+    rows.append({"finding": "per-tensor / per-channel output error, hand-written", "value": ratio})
+    says.append(f"On one real layer, one scale per tensor gave {ratio:.1f}× the output error of one scale per row "
+                f"({hand.output_error['per-tensor']:.2%} vs {hand.output_error['per-channel']:.2%}); NF4 gave "
+                f"{hand.output_error['nf4']:.2%} in {hand.fraction_of_fp32['nf4']:.1%} of fp32's bytes "
+                f"(int8: {hand.fraction_of_fp32['per-channel']:.1%}).")
+    if "equal_values" in agree:
+        full = agree.dropna(subset=["equal_values"])
+        parts = []
+        for r in full.itertuples():
+            same = "identical" if r.equal_values == r.values else f"{r.equal_values / r.values:.4%} equal"
+            parts.append(f"{r.library}: {same} values, {'the same' if r.our_bytes == r.their_bytes else 'other'} bytes")
+        says.append("The libraries against the hand-written quantiser — " + "; ".join(parts) + ".")
+    base = table.loc["fp32"]
+    ok = table[table.status == "ok"]
+    for v in ("bnb-int8", "bnb-nf4", "ort-int8-channel"):
+        if v in ok.index:
+            frac = ok.weight_bytes[v] / base.weight_bytes
+            rows.append({"finding": f"{v} weight bytes / fp32", "value": frac})
+    int8 = ok[ok.index.isin(["bnb-int8", "ort-int8-tensor", "ort-int8-channel"])]
+    if len(int8):
+        fast = int8.decode_tokens_per_s.idxmax()
+        speed = int8.decode_tokens_per_s[fast] / base.decode_tokens_per_s
+        rows.insert(0, {"finding": f"fastest int8 ({fast}) decode / fp32", "value": speed})
+        word = "faster than" if speed > 1.02 else "slower than" if speed < 0.98 else "as fast as"
+        says.append(f"The fastest int8 variant here, {fast}, decoded {speed:.2f}× fp32's speed ({word} fp32) with "
+                    f"{int8.agreement[fast]:.0%} greedy agreement and KL {int8.kl[fast]:.3g}; the most faithful int8, "
+                    f"{int8.agreement.idxmax()}, agreed on {int8.agreement.max():.0%}.")
+    for kind, route in routes.items():
+        says.append(f"bitsandbytes {kind} on this machine: {route}.")
+    if layer_error:
+        lo = min(layer_error, key=layer_error.get)
+        says.append(f"In ONNX Runtime's kernel the lowest worst-layer error came from {lo} "
+                    f"({layer_error[lo]:.3f}, against {', '.join(f'{k} {v:.3f}' for k, v in layer_error.items() if k != lo)}).")
+    if "memory_holds" in verdict:
+        held = verdict.dropna(subset=["memory_holds"])
+        both = held[held.memory_holds.astype(bool) & held.accuracy_holds.astype(bool)]
+        says.append(f"Of {len(held)} published claims measured here, {len(both)} held on both memory and accuracy"
+                    + (f" ({', '.join(both.variant)})" if len(both) else "") + ".")
+    return Findings(rows=rows, sentences=says)
+
+
+def warmup(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_share: float,
+             rss_growth_bytes: int, weight_bytes: int, loop_warmup_calls: int | None, loop_calls: int,
+             summary: Any, compile_rows: Any) -> Findings:
+    """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``summary``: rows indexed by series ('cold', 'warmed') with first_s, median_s and agreement;
+    ``compile_rows``: the compile table (target, where, break_even_calls, and max_abs_diff / agreement where known)."""
+    phases = {k: v for k, v in cold.phases().items() if v is not None and k != "second_request_s"}
+    largest = max(phases, key=phases.get)
+    before = sum(v for k, v in phases.items() if k != "first_request_s")
+    ratio = cold.first_request_s / steady_s
+    rows = [{"finding": "first request / steady, cold process", "value": ratio},
+            {"finding": "one-time share of the first request", "value": one_time_share},
+            {"finding": f"largest phase ({largest.removesuffix('_s')}), seconds", "value": phases[largest]},
+            {"finding": "RSS growth of the first request / weight bytes", "value": rss_growth_bytes / weight_bytes}]
+    says = [f"The largest phase of this cold start was {largest.removesuffix('_s').replace('_', ' ')} "
+            f"({phases[largest]:.2f} s); {before:.2f} s passed before the first request.",
+            (f"The first request took {ratio:.1f}× a steady one ({cold.first_request_s * 1e3:.0f} vs "
+             f"{steady_s * 1e3:.0f} ms): {one_time_share:.0%} of it was one-time cost." if one_time_share > NOISE_SHARE else
+             f"The first request was no slower than a steady one ({cold.first_request_s * 1e3:.0f} vs "
+             f"{steady_s * 1e3:.0f} ms): no one-time cost showed above this run's noise.")
+            + f" It grew the RSS by {rss_growth_bytes / 2**20:.0f} MiB, {rss_growth_bytes / weight_bytes:.2f}× the weights."]
+    if loop_warmup_calls is None:
+        says.append(f"The warmup loop written here did not settle within {loop_calls} calls.")
+    else:
+        says.append(f"The warmup loop written here settled after {loop_warmup_calls} warmup call(s) "
+                    f"({loop_calls} calls with the steady window).")
+    c, w = summary.loc["cold"], summary.loc["warmed"]
+    gain = c.first_s / w.first_s
+    rows.append({"finding": "request 1, cold / after warmup", "value": gain})
+    word = "faster" if gain > 1.05 else "slower" if gain < 0.95 else "about as fast"
+    same = "identical answers" if min(c.agreement, w.agreement) == 1 else \
+        f"greedy agreement down to {min(c.agreement, w.agreement):.0%}"
+    says.append(f"After a warmup, request 1 was {word} ({w.first_s * 1e3:.0f} ms vs {c.first_s * 1e3:.0f} ms cold), with "
+                f"{same} against the cold process's first answer.")
+    if warmed.warmup is not None:
+        rep = warmed.warmup
+        says.append("labkit's warmup in the second process " + (f"settled after {rep.warmup_calls} call(s)."
+                    if rep.settled else f"did not settle within {rep.calls} calls."))
+    for r in compile_rows.to_dict("records"):
+        be = r.get("break_even_calls")
+        pay = "never pays back (compiled calls were not faster)" if be is None or be != be else \
+            f"pays back after {be:,.0f} calls"
+        says.append(f"torch.compile, {r['target']} ({r['where']}): first call {r['compiled_first_s']:.2f} s vs "
+                    f"{r['eager_first_s']:.3f} s eager; {pay}.")
+    return Findings(rows=rows, sentences=says)

@@ -1,0 +1,14 @@
+"""What a model is before it runs: its numbers, its sizes, the hardware it meets, and the files it loads from.
+
+``dtypes``    the precision vocabulary (``fp32`` … ``nf4``, bytes per value, torch dtypes)
+``gpus``      the GPU catalog (``data/gpus.json``): pure data, no probes
+``sizing``    parameters, weight and KV-cache bytes from a config, the decode ceiling
+``roofline``  a matmul's arithmetic intensity and the two roofs it sits under
+``hardware``  probes of this machine: achieved bandwidth, matmul FLOP/s, CPU features
+``models``    one loader: the default model from its PyPI wheel, or any HF causal LM; chat inputs
+``prompts``   the lab's prompts and evaluation text from ``data/``
+``onnx``      the exported ONNX model and its quantised forms, cached, and the providers a session got
+
+model knows nothing about decoding: no generation loop, no KV-cache policy, no server. It loads and
+describes; ``labkit.decoding`` runs.
+"""

@@ -1,0 +1,252 @@
+"""Hardware probes (achieved memory bandwidth, matmul FLOP/s) and the GPU catalog in data/gpus.json.
+
+The bandwidth probe reads a working set far larger than the last-level cache (1 GiB by
+default): a probe that fits in cache reports the cache's speed, not DRAM's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..core import config, env, timing
+from ..core.timing import Measurement
+from .dtypes import torch_dtype
+
+
+@dataclass
+class BandwidthResult:
+    device: str
+    working_set_bytes: int
+    read: Measurement  # seconds per full read of the working set
+    kernel: str = "sum"
+
+    @property
+    def gbs(self) -> float:
+        """Best observed read bandwidth (GB/s): the roofline wants what the memory can deliver."""
+        return self.working_set_bytes / self.read.min / 1e9
+
+    @property
+    def median_gbs(self) -> float:
+        return self.working_set_bytes / self.read.median / 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "working_set_bytes": self.working_set_bytes, "kernel": self.kernel,
+                "bandwidth_gbs": self.gbs, "median_gbs": self.median_gbs, "read": self.read.to_dict()}
+
+
+def bandwidth(device: str | None = None, size_bytes: int = 2**30, repeats: int | None = None) -> BandwidthResult:
+    """Achieved read bandwidth: reduce a ``size_bytes`` fp32 tensor that has been written once
+    (so its pages exist), timing each full read."""
+    import torch
+
+    device = device or env.device()
+    if size_bytes < 4 * 2**20:
+        raise ValueError(f"size_bytes={size_bytes}: use at least 4 MiB (and far more than the last-level cache)")
+    repeats = repeats or config.pick(10, 5)
+    x = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)  # written once: no page faults while timing
+    m = timing.measure(lambda: x.sum(), repeats=repeats, warmup=1, name="full read", device=device)
+    del x
+    return BandwidthResult(device=device, working_set_bytes=size_bytes, read=m)
+
+
+@dataclass
+class MatmulResult:
+    device: str
+    n: int
+    dtype: str
+    seconds: Measurement
+
+    @property
+    def tflops(self) -> float:
+        return 2 * self.n**3 / self.seconds.min / 1e12
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "n": self.n, "dtype": self.dtype, "tflops": self.tflops,
+                "seconds": self.seconds.to_dict()}
+
+
+def matmul_flops(device: str | None = None, n: int = 2048, dtype: str = "fp32", repeats: int | None = None) -> MatmulResult:
+    """Achieved dense matmul throughput: an n×n by n×n product is 2n³ FLOPs."""
+    import torch
+
+    device = device or env.device()
+    if n <= 0:
+        raise ValueError(f"n={n}: must be positive")
+    td = torch_dtype(dtype)
+    a = torch.randn(n, n, device=device).to(td)
+    b = torch.randn(n, n, device=device).to(td)
+    m = timing.measure(lambda: a @ b, repeats=repeats or config.pick(10, 3), warmup=1, name=f"matmul {n}", device=device)
+    return MatmulResult(device=device, n=n, dtype=dtype, seconds=m)
+
+
+def linear_layout_probe(out_features: int = 49152, in_features: int = 576, repeats: int | None = None,
+                        device: str | None = None) -> dict[str, Any]:
+    """The same matrix-vector product over the same bytes, weight stored (out, in) as nn.Linear
+    keeps it vs (in, out), timed on ``device`` (default: the device notebooks use). On some CPU BLAS
+    builds the first runs far below bandwidth."""
+    import torch
+    import torch.nn.functional as F
+
+    device = device or env.device()
+    if out_features <= 0 or in_features <= 0:
+        raise ValueError(f"out_features={out_features}, in_features={in_features}: both must be positive")
+    w = torch.randn(out_features, in_features, device=device)
+    wt = w.T.clone(memory_format=torch.contiguous_format)  # the same values stored (in, out)
+    v = torch.randn(1, in_features, device=device)
+    reps = repeats or config.pick(30, 10)
+    a = timing.measure(lambda: F.linear(v, w), repeats=reps, warmup=2, name="nn.Linear layout (out, in)", device=device)
+    b = timing.measure(lambda: v @ wt, repeats=reps, warmup=2, name="transposed layout (in, out)", device=device)
+    nbytes = w.numel() * 4
+    return {"device": str(device), "weight_bytes": nbytes, "linear_gbs": nbytes / a.median / 1e9,
+            "transposed_gbs": nbytes / b.median / 1e9, "linear": a, "transposed": b}
+
+
+BIGGER_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # suggested where the default model is launch-bound
+
+
+def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_per_step: int | None,
+               device: str) -> dict[str, Any]:
+    """Why a decode step takes longer than its bytes need: the share of the step the bytes explain, the
+    operators (kernel launches on a GPU) each step runs, and the time left per operator.
+
+    When less than half of a step is the bytes at the probed bandwidth, the per-operator cost sets the speed:
+    ``bound`` is "launch" on a GPU (a kernel launch per operator), "overhead" on a CPU, else "bandwidth". A
+    bigger model (more bytes per operator) then gets closer to the roofline ceiling.
+    """
+    if tpot_s <= 0 or bytes_per_step <= 0 or bandwidth_gbs <= 0:
+        raise ValueError(f"tpot_s={tpot_s}, bytes_per_step={bytes_per_step}, bandwidth_gbs={bandwidth_gbs}: "
+                         "all must be positive")
+    if ops_per_step is not None and ops_per_step <= 0:
+        raise ValueError(f"ops_per_step={ops_per_step}: must be positive (or None when not counted)")
+    bytes_s = bytes_per_step / (bandwidth_gbs * 1e9)
+    rest_s = max(0.0, tpot_s - bytes_s)
+    gpu = str(device).startswith("cuda")
+    bound = "bandwidth" if bytes_s >= 0.5 * tpot_s else "launch" if gpu else "overhead"
+    per_op_us = rest_s / ops_per_step * 1e6 if ops_per_step else None
+    ops = f"{ops_per_step} operators per step" if ops_per_step else "its operators"
+    each = f", about {per_op_us:.1f} µs per operator" if per_op_us is not None else ""
+    share = f"{bytes_s * 1e3:.3f} ms of each {tpot_s * 1e3:.2f} ms step is reading the bytes at {bandwidth_gbs:.0f} GB/s"
+    if bound == "bandwidth":
+        text = f"{share}: decode here is memory-bound, as the roofline assumes; the rest is per-operator overhead."
+    else:
+        kind = ("launch-bound, not memory-bound (each operator is a kernel launch the GPU waits for)" if gpu
+                else "overhead-bound, not memory-bound (each operator pays Python, dispatch and a small kernel)")
+        text = (f"{share}; the rest is {ops}{each}. Decode here is {kind}, so the roofline ceiling is out of "
+                f"reach. A bigger model reads more bytes per operator: try "
+                f"LABKIT_MODEL={BIGGER_MODEL} or larger"
+                + (", where reading the weights takes a larger share of each step." if gpu else "."))
+    return {"device": str(device), "step_s": tpot_s, "bytes_s": bytes_s, "bytes_share": bytes_s / tpot_s,
+            "ops_per_step": ops_per_step, "overhead_us_per_op": per_op_us, "bound": bound, "explanation": text}
+
+
+_HALF_FLAGS = ("f16c", "avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16",
+               "avx512_vnni", "avx_vnni", "amx_int8")
+# Arm: fp16 arithmetic (fphp scalar, asimdhp vector), bf16 instructions, int8 dot products and matrix multiply
+_ARM_FLAGS = ("fphp", "asimdhp", "bf16", "asimddp", "i8mm", "sve", "sme")
+# Apple silicon reports the same features through sysctl, not /proc/cpuinfo
+_APPLE_SYSCTL = {"asimdhp": "hw.optional.arm.FEAT_FP16", "bf16": "hw.optional.arm.FEAT_BF16",
+                 "asimddp": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM"}
+
+
+def cpu_arch(machine: str | None = None) -> str:
+    """'x86', 'arm' or 'other', from ``platform.machine()`` (or ``machine``)."""
+    import platform
+
+    m = (machine or platform.machine()).lower()
+    if m in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return "x86"
+    if m.startswith(("arm", "aarch64")):
+        return "arm"
+    return "other"
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (x86 'flags', Arm 'Features'); on macOS, Apple silicon's
+    features from sysctl under their Linux names. Empty where neither says anything."""
+    line = env.cpuinfo("flags", "Features")
+    return set(line.split()) if line is not None else _apple_flags()
+
+
+def _apple_flags() -> set[str]:
+    import platform
+    import subprocess
+
+    if platform.system() != "Darwin" or cpu_arch() != "arm":
+        return set()
+    found = set()
+    for flag, key in _APPLE_SYSCTL.items():
+        try:
+            out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.stdout.strip() == "1":
+            found.add(flag)
+    if "asimdhp" in found:
+        found.add("fphp")
+    return found
+
+
+def cpu_features() -> dict[str, bool]:
+    """The flags that decide half-precision and int8 speed on this CPU's architecture, each True or False
+    (x86: AVX-512/AMX/VNNI names; Arm: fphp/asimdhp/bf16/i8mm…; {} for other architectures)."""
+    flags = cpu_flags()
+    arch = cpu_arch()
+    names_ = _HALF_FLAGS if arch == "x86" else _ARM_FLAGS if arch == "arm" else ()
+    return {f: f in flags for f in names_}
+
+
+def half_precision_features(device: str | None = None) -> dict[str, Any]:
+    """What decides fp16/bf16 speed on ``device`` (default: the device notebooks use): a GPU's compute
+    capability (fp16 tensor cores from 7.0, native bf16 from 8.0), or the CPU's relevant instruction flags."""
+    device = device or env.device()
+    if device.startswith("cuda"):
+        import torch
+
+        index = env.cuda_index(device)
+        major, minor = torch.cuda.get_device_capability(index)
+        return {"device": torch.cuda.get_device_name(index), "compute_capability": f"{major}.{minor}",
+                "fp16_tensor_cores": major >= 7, "bf16_native": major >= 8}
+    half = {"x86": ("f16c", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"),
+            "arm": ("fphp", "asimdhp", "bf16")}.get(cpu_arch(), ())
+    feats = cpu_features()
+    return {"device": f"CPU ({cpu_arch()})", **{k: feats[k] for k in half}}
+
+
+def fast_half_matmul_reason(device: str | None = None) -> str:
+    """'' when ``device`` (default: the device notebooks use) has native fp16/bf16 matmul hardware; else one
+    line saying why not, in that hardware's own terms (no x86 flags on an Arm CPU or a GPU)."""
+    device = device or env.device()
+    if device.startswith("cuda"):
+        f = half_precision_features(device)
+        if f["bf16_native"]:
+            return ""
+        if f["fp16_tensor_cores"]:
+            return (f"{f['device']} (compute capability {f['compute_capability']}) has fp16 tensor cores but no native "
+                    "bf16 (it needs Ampere, 8.0+): fp16 speeds up, bf16 does not run natively")
+        return (f"{f['device']} (compute capability {f['compute_capability']}) has no tensor cores: "
+                "half precision saves bytes, not arithmetic")
+    arch = cpu_arch()
+    feats = cpu_features()
+    if arch == "x86":
+        if any(feats[f] for f in ("avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")):
+            return ""
+        return ("this CPU has no avx512_bf16, avx512_fp16 or AMX instructions: fp16/bf16 matmuls are "
+                "converted to fp32 piece by piece, so half precision saves bytes but not arithmetic")
+    if arch == "arm":
+        if not any(feats.values()):
+            return ("this Arm CPU reports no fp16/bf16 arithmetic features here (or none could be read): "
+                    "the matmul table above is the evidence")
+        if feats["bf16"] or feats["asimdhp"]:
+            return ""
+        return ("this Arm CPU has no fp16 (asimdhp) or bf16 arithmetic: half-precision matmuls are converted "
+                "to fp32, so half precision saves bytes but not arithmetic")
+    return "no CPU feature information for this architecture: the matmul table above is the evidence"
+
+
+def int8_saturation_risk() -> bool:
+    """True on an x86 CPU without VNNI: its u8×s8 int8 kernel adds pairs of products into int16
+    (``vpmaddubsw``), which saturates when weights use the full int8 range. Never on other architectures."""
+    if cpu_arch() != "x86":
+        return False
+    feats = cpu_features()
+    return bool(cpu_flags()) and feats["avx2"] and not (feats["avx512_vnni"] or feats["avx_vnni"] or feats["amx_int8"])

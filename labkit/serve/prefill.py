@@ -1,0 +1,205 @@
+"""Prefix caching and chunked prefill, measured from the client side against the lab's server.
+
+Both live in the continuous-batching engine (``labkit.serve.scheduler``: ``PrefixCache``, ``prefill_chunk_tokens``;
+``labkit serve --batching continuous --prefix-cache-tokens N --prefill-chunk-tokens N``). Here they are
+switched on and off under the same load and measured as a client sees them:
+
+prefix caching   requests that share a long first part (a system prompt, a document) reuse its KV instead
+                 of prefilling it again: TTFT with and without, the hit counters from ``/metrics``, and the
+                 answers compared.
+chunked prefill  a long prompt arrives while other answers stream. Unchunked, its whole prefill runs
+                 between two decode steps and every running stream stalls for it; chunked, each step
+                 prefills at most N prompt tokens and the streams keep moving. The running streams'
+                 inter-token latency (ITL) with and without, and what the long prompt pays (its TTFT).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..core.checks import positive
+from ..core.timing import clock, p99, percentile
+from ..model.prompts import eval_tokens
+from . import launch, loadgen
+
+
+def metrics(url: str, prefix: str = "labkit_") -> dict[str, float]:
+    """The server's ``/metrics`` (Prometheus text) as {name: value} for unlabelled samples named ``prefix``…"""
+    text = urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=30).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(prefix) and "{" not in line.split(" ", 1)[0]:
+            name, _, value = line.partition(" ")
+            out[name] = float(value.split()[0])
+    return out
+
+
+def document_text(tokenizer: Any, n_tokens: int, offset_tokens: int = 0) -> str:
+    """``n_tokens`` tokens of the evaluation text (data/eval), as text: a long shared document."""
+    positive("n_tokens", n_tokens)
+    ids = eval_tokens(tokenizer)
+    if offset_tokens + n_tokens > len(ids):
+        raise ValueError(f"the evaluation text has {len(ids)} tokens; asked for {offset_tokens} + {n_tokens}")
+    return tokenizer.decode(ids[offset_tokens:offset_tokens + n_tokens])
+
+
+def reusable_prefix(cached: Sequence[int], prompt: Sequence[int], block: int) -> int:
+    """Positions of ``prompt`` a prefix cache holding ``cached`` can serve: their common prefix, aligned down to
+    whole blocks, leaving at least the prompt's last token to prefill (its logits give the first new token).
+    The rule of ``scheduler.PrefixCache.lookup``."""
+    positive("block", block)
+    limit = min(len(cached), len(prompt) - 1)
+    n = 0
+    while n < limit and cached[n] == prompt[n]:
+        n += 1
+    return n // block * block
+
+
+def shared_prefix_prompts(document: str, questions: Sequence[str]) -> list[str]:
+    """One prompt per question, each starting with the same document: the shared prefix."""
+    if not questions:
+        raise ValueError("no questions: pass at least one")
+    return [f"Read this text:\n\n{document}\n\nQuestion: {q}" for q in questions]
+
+
+def prefix_cache_run(lm: Any, prompts: Sequence[str], max_tokens: int, concurrency: int,
+                     prefix_cache_tokens: int) -> dict[str, Any]:
+    """The same requests against the continuous-batching server with the prefix cache off (0) or on
+    (``prefix_cache_tokens``): loadgen's TTFT and E2E, each answer's text, and the cache's counters."""
+    positive("max_tokens", max_tokens)
+    positive("concurrency", concurrency)
+    with launch.run_server(lm, port=0, batching="continuous", max_batch_size=concurrency,
+                            prefix_cache_tokens=prefix_cache_tokens) as srv:
+        res = loadgen.run(srv.url, list(prompts), num_requests=len(prompts), max_concurrency=concurrency,
+                          max_tokens=max_tokens, endpoint="chat", ignore_eos=True, warmup=0)
+        counters = metrics(srv.url, "labkit_prefix_cache")
+    failed = [o.error for o in res.outputs if not o.success]
+    if failed:
+        raise RuntimeError(f"{len(failed)} request(s) failed: {failed[0]}")
+    s = res.summary()
+    queries, hits = counters.get("labkit_prefix_cache_queries_total", 0), counters.get("labkit_prefix_cache_hits_total", 0)
+    qt = counters.get("labkit_prefix_cache_query_tokens_total", 0)
+    return {"prefix_cache_tokens": prefix_cache_tokens, "requests": len(prompts), "concurrency": concurrency,
+            "ttft_p50_s": s["ttft_p50_s"], "ttft_mean_s": s["ttft_mean_s"], "ttft_p90_s": s["ttft_p90_s"],
+            "e2e_p50_s": s["e2e_p50_s"], "duration_s": s["duration_s"],
+            "ttft_s": [o.ttft_s for o in res.outputs], "texts": [o.text for o in res.outputs],
+            "cache_queries": queries, "cache_hits": hits, "hit_rate": hits / queries if queries else None,
+            "hit_tokens": counters.get("labkit_prefix_cache_hit_tokens_total", 0), "query_tokens": qt,
+            "token_hit_rate": counters.get("labkit_prefix_cache_hit_tokens_total", 0) / qt if qt else None}
+
+
+# ------------------------------------------------------------------------------------- chunked prefill
+
+
+async def _stream(session: Any, url: str, prompt: str, max_tokens: int, stamps: list[float], texts: list[str],
+                  t0: float, tokens_seen: asyncio.Event | None = None, after: int = 0) -> None:
+    """POST one streaming chat request; stamp every content chunk (seconds since ``t0``). Sets
+    ``tokens_seen`` once ``after`` chunks have arrived."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            msg = json.loads(line[5:])
+            if "error" in msg:
+                raise RuntimeError(str(msg["error"])[:200])
+            if msg.get("choices"):
+                stamps.append(clock() - t0)
+                texts.append((msg["choices"][0].get("delta") or {}).get("content") or "")
+                if tokens_seen is not None and len(stamps) >= after:
+                    tokens_seen.set()
+
+
+async def _long_prompt_while_streaming(url: str, stream_prompts: Sequence[str], stream_tokens: int, long_prompt: str,
+                                       long_tokens: int, long_after: int) -> dict[str, Any]:
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        t0 = clock()
+        seen = asyncio.Event()
+        stamps: list[list[float]] = [[] for _ in stream_prompts]
+        texts: list[list[str]] = [[] for _ in stream_prompts]
+        streams = [asyncio.create_task(_stream(session, url, p, stream_tokens, stamps[i], texts[i], t0,
+                                               seen if i == 0 else None, long_after))
+                   for i, p in enumerate(stream_prompts)]
+        await asyncio.wait_for(seen.wait(), timeout=300)  # the streams are decoding: now the long prompt comes
+        long_stamps: list[float] = []
+        sent = clock() - t0
+        await _stream(session, url, long_prompt, long_tokens, long_stamps, [], t0)
+        await asyncio.gather(*streams)
+    return {"stamps": stamps, "texts": ["".join(t) for t in texts], "long_sent_s": sent, "long_stamps": long_stamps}
+
+
+def _run_async(coro_fn: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro_fn())
+    with ThreadPoolExecutor(max_workers=1) as pool:  # inside Jupyter: a fresh loop in a thread
+        return pool.submit(lambda: asyncio.run(coro_fn())).result()
+
+
+def itl_stats(stamps: Sequence[Sequence[float]], window: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Inter-token gaps of every stream, pooled: p50, p99 (None below ``timing.P99_MIN_SAMPLES`` gaps, the lab's
+    one percentile rule), max (seconds). ``window`` (start, end): only the gaps that overlap it (a stall that
+    began before the long prompt's first token and ended after it counts)."""
+    gaps = [b - a for s in stamps for a, b in zip(s, s[1:]) if window is None or (b > window[0] and a < window[1])]
+    if not gaps:
+        return {"n": 0, "p50_s": None, "p99_s": None, "max_s": None, "mean_s": None}
+    return {"n": len(gaps), "p50_s": percentile(gaps, 50), "p99_s": p99(gaps), "max_s": max(gaps),
+            "mean_s": statistics.fmean(gaps)}
+
+
+def chunked_prefill_run(lm: Any, stream_prompts: Sequence[str], stream_tokens: int, long_prompt: str,
+                        prefill_chunk_tokens: int, long_tokens: int = 1, long_after: int = 4) -> dict[str, Any]:
+    """Streams decoding, then one long prompt arrives (after the first stream's ``long_after``-th token),
+    against the continuous-batching server with chunked prefill off (0) or on: the streams' ITL, pooled
+    over the whole run, the long prompt's TTFT, and the streams' texts."""
+    positive("stream_tokens", stream_tokens)
+    positive("long_tokens", long_tokens)
+    positive("long_after", long_after)
+    if long_after >= stream_tokens:
+        raise ValueError(f"long_after={long_after} must be below stream_tokens={stream_tokens}: the long prompt "
+                         "must arrive while the streams are still decoding")
+    with launch.run_server(lm, port=0, batching="continuous", max_batch_size=len(stream_prompts) + 1,
+                            prefill_chunk_tokens=prefill_chunk_tokens, max_prompt_tokens=8192) as srv:
+        raw = _run_async(lambda: _long_prompt_while_streaming(srv.url, stream_prompts, stream_tokens, long_prompt,
+                                                               long_tokens, long_after))
+    long_first = raw["long_stamps"][0] if raw["long_stamps"] else None
+    itl = itl_stats(raw["stamps"])
+    during = itl_stats(raw["stamps"], (raw["long_sent_s"], long_first)) if long_first is not None else itl_stats([])
+    return {"prefill_chunk_tokens": prefill_chunk_tokens, "streams": len(stream_prompts), "stream_tokens": stream_tokens,
+            "itl_p50_s": itl["p50_s"], "itl_p99_s": itl["p99_s"], "itl_max_s": itl["max_s"], "itl_n": itl["n"],
+            # the tail this run can speak of (itl_<tail>_s): p99 from 100 gaps on, the worst gap below that
+            "itl_tail": "p99" if itl["p99_s"] is not None else "max",
+            "itl_during_long_prefill_max_s": during["max_s"], "gaps_during_long_prefill": during["n"],
+            "long_ttft_s": long_first - raw["long_sent_s"] if long_first is not None else None,
+            "stamps": raw["stamps"], "long_sent_s": raw["long_sent_s"], "long_first_token_s": long_first,
+            "texts": raw["texts"]}
+
+
+def stamps_figure(runs: Sequence[dict[str, Any]], title: str = "Token arrivals of the running streams"):
+    """Each stream's token arrival times, one row per (run, stream); a band marks the long prompt's prefill."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for r in runs:
+        label = f"chunk {r['prefill_chunk_tokens']}" if r["prefill_chunk_tokens"] else "unchunked"
+        for i, s in enumerate(r["stamps"]):
+            fig.add_scatter(x=s, y=[f"{label} · stream {i}"] * len(s), mode="markers", marker={"size": 5},
+                            name=label, showlegend=i == 0)
+        if r.get("long_first_token_s") is not None:
+            fig.add_scatter(x=[r["long_sent_s"], r["long_first_token_s"]], y=[f"{label} · long prompt"] * 2,
+                            mode="lines+markers", line={"width": 6}, name=f"{label}: long prompt's prefill")
+    fig.update_layout(title=title, xaxis_title="seconds from the start", template="plotly_white",
+                      height=200 + 40 * sum(len(r["stamps"]) + 1 for r in runs), yaxis={"autorange": "reversed"})
+    return fig

@@ -1,0 +1,192 @@
+"""vLLM itself, beside transformers' ``generate`` on the same prompts.
+
+``vllm_offline`` runs vLLM's ``LLM`` on token ids made before the clock starts; ``vllm_server`` starts
+``vllm serve`` for the load generator; ``vllm_rows`` runs transformers and vLLM one engine at a time,
+freeing the GPU between them. Whether vLLM can run here is ``labkit.core.env.capability("vllm")``'s answer.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core import env, memory
+from ..core.timing import clock
+from ..decoding import generation
+from ..model import models
+from ..model.models import chat_ids
+from . import loadgen
+
+# ------------------------------------------------------------------------------------ GPU engines: vLLM
+
+
+def hf_offline(lm: Any, prompts: Sequence[str], max_tokens: int = 64) -> dict[str, Any]:
+    """The baseline for ``vllm_offline``: transformers ``generate`` on all prompts as one left-padded batch,
+    exactly ``max_tokens`` tokens each."""
+    generation.generate(lm.model, lm.tokenizer, list(prompts[:1]), max_new_tokens=2, fixed_length=True)  # warmup
+    out = generation.generate(lm.model, lm.tokenizer, list(prompts), max_new_tokens=max_tokens, fixed_length=True)
+    return {"engine": f"transformers generate ({lm.dtype})", "requests": len(prompts),
+            "output_tokens": out.n_out * out.batch, "wall_s": out.e2e_s, "output_tokens_per_s": out.output_tokens_per_s}
+
+
+VLLM_GPU_MEMORY_UTILIZATION = 0.5  # vLLM's share of the GPU: room for this process's own CUDA context and tensors
+
+
+def _check_fraction(gpu_memory_utilization: float) -> None:
+    if not 0 < gpu_memory_utilization < 1:
+        raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization}: a fraction of the GPU's memory "
+                         "strictly between 0 and 1 (vLLM reserves this share for weights and KV cache)")
+
+
+def shutdown_vllm(llm: Any) -> None:
+    """Stop a ``vllm.LLM``'s engine (its worker processes and their GPU memory) now, not whenever garbage
+    collection gets to it, then tear down vLLM's distributed state so the next engine can start."""
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    with contextlib.suppress(ImportError):
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    gc.collect()
+
+
+def vllm_offline(model_path: str, prompt_ids: Sequence[Sequence[int]], max_tokens: int = 64, dtype: str = "float16",
+                 tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> dict[str, Any]:
+    """Offline throughput of ``vllm.LLM(model, dtype=...)``: every prompt submitted at once, greedy,
+    exactly ``max_tokens`` tokens each (ignore_eos). ``prompt_ids`` are chat-formatted token ids, made
+    before the clock starts, as ``hf_offline``'s are: neither side times tokenisation. vLLM may take
+    ``gpu_memory_utilization`` of each GPU's memory; the engine is shut down before this returns, so the
+    next one starts on a free GPU. Needs a GPU and vllm."""
+    _check_fraction(gpu_memory_utilization)
+    cap = env.capability("vllm")
+    if not cap.available:
+        raise ValueError(f"vLLM cannot run here: {cap.reason}")
+    from vllm import LLM, SamplingParams
+
+    t0 = clock()  # vLLM's engine runs in its own processes and returns finished work: the host clock times it
+    llm = LLM(model=model_path, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+              gpu_memory_utilization=gpu_memory_utilization)
+    try:
+        load_s = clock() - t0
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        tokens_prompts = [{"prompt_token_ids": [int(i) for i in ids]} for ids in prompt_ids]  # vLLM's TokensPrompt
+        llm.generate(tokens_prompts[:1], params, use_tqdm=False)  # warmup
+        t0 = clock()
+        outs = llm.generate(tokens_prompts, params, use_tqdm=False)
+        wall = clock() - t0
+    finally:
+        shutdown_vllm(llm)
+        del llm
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"engine": f"vLLM offline (tp={tensor_parallel_size})", "requests": len(prompt_ids), "output_tokens": n_out,
+            "wall_s": wall, "output_tokens_per_s": n_out / wall, "load_s": load_s,
+            "gpu_memory_utilization": gpu_memory_utilization, "texts": [o.outputs[0].text for o in outs]}
+
+
+def release_gpu(lm: Any) -> None:
+    """Move a loaded model (``models.Loaded``) to the CPU and return its GPU memory, so an engine started next
+    (vLLM) finds the GPU free. The model stays usable on the CPU."""
+    lm.model.to("cpu")
+    lm.device = "cpu"
+    memory.free()
+
+
+def vllm_rows(lm: Any, prompts: Sequence[str], max_tokens: int = 64, max_concurrency: int = 16,
+              gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> list[dict[str, Any]]:
+    """transformers ``generate`` (``hf_offline``) against vLLM on the same prompts, one engine at a time:
+    the HF model is moved off the GPU first (``release_gpu``), each ``vllm.LLM`` is shut down before the next
+    (tp=1, then tp=2 on two or more GPUs), and ``vllm serve`` starts last, driven by ``labkit.serve.loadgen``."""
+    _check_fraction(gpu_memory_utilization)
+    cap = env.capability("vllm")
+    if not cap.available:
+        raise ValueError(f"vLLM cannot run here: {cap.reason}")
+    path = models_path(lm)
+    ids = [chat_ids(lm.tokenizer, p) for p in prompts]  # the same chat-formatted tokens hf_offline feeds generate
+    rows = [hf_offline(lm, prompts, max_tokens)]
+    release_gpu(lm)
+    rows.append(vllm_offline(path, ids, max_tokens, gpu_memory_utilization=gpu_memory_utilization))
+    if gpu_count() >= 2:
+        rows.append(vllm_offline(path, ids, max_tokens, tensor_parallel_size=2,
+                                 gpu_memory_utilization=gpu_memory_utilization))
+    with vllm_server(path, gpu_memory_utilization=gpu_memory_utilization) as url:
+        served = loadgen.run(url, list(prompts), num_requests=len(prompts), max_concurrency=max_concurrency,
+                             max_tokens=max_tokens)
+    rows.append({"engine": "vllm serve + labkit.serve.loadgen", **served.summary()})
+    return [{k: v for k, v in r.items() if k != "texts"} for r in rows]
+
+
+def models_path(lm: Any) -> str:
+    """The local directory or hub id vLLM should load for a ``models.Loaded`` model."""
+    name = getattr(lm, "name", None)
+    return models.resolve(None if name in (None, models.display_name(None)) else name)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_server(model_path: str, dtype: str = "float16", tensor_parallel_size: int = 1,
+                startup_timeout_s: float = 600.0, extra_args: Sequence[str] = (),
+                gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> Iterator[str]:
+    """``vllm serve MODEL --dtype float16 --gpu-memory-utilization F`` in a child process on a free local port;
+    yields its URL once /health answers, and stops it (and its GPU memory) afterwards. Drive it with
+    ``labkit.serve.loadgen.run(url, ...)``."""
+    _check_fraction(gpu_memory_utilization)
+    cap = env.capability("vllm")
+    if not cap.available:
+        raise ValueError(f"vLLM cannot run here: {cap.reason}")
+    port = _free_port()
+    exe = shutil.which("vllm") or str(Path(sys.executable).with_name("vllm"))
+    argv = [exe, "serve", model_path, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
+            "--tensor-parallel-size", str(tensor_parallel_size),
+            "--gpu-memory-utilization", str(gpu_memory_utilization), *extra_args]
+    log = tempfile.NamedTemporaryFile(prefix="labkit-vllm-", suffix=".log", delete=False)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"`{' '.join(argv)}` exited with {proc.returncode}; log: {log.name}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve did not answer /health within {startup_timeout_s:.0f} s; log: {log.name}")
+            time.sleep(2)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,0 +1,81 @@
+"""labkit.core.env: package versions read without importing them, capabilities that give a reason when
+missing (the GPU engines among them), the device override, provenance fields, and what counts as a backend
+failure rather than a bug."""
+from __future__ import annotations
+
+import pytest
+
+from labkit.core import env
+from labkit.engines import tensorrt
+from labkit.model import onnx
+from labkit.precision import variants
+from labkit.serve import vllm
+
+
+def test_versions_read_without_import():
+    v = env.versions()
+    assert v["torch"] and v["transformers"] and v["python"]
+    assert "vllm" in v  # present as a key even when not installed (None)
+
+
+def test_capabilities_have_reasons_when_missing():
+    caps = env.capabilities()
+    names = {c.name for c in caps}
+    assert {"cuda", "bitsandbytes", "onnxruntime", "vllm", "tensorrt", "torch.compile"} <= names
+    for c in caps:
+        assert c.available or c.reason, f"{c.name} unavailable without a reason"
+        assert not (c.available and c.reason), f"{c.name} available but carries a reason"
+
+
+def test_capability_lookup():
+    assert env.capability("cuda").name == "cuda"
+    with pytest.raises(ValueError, match="choose one of"):
+        env.capability("warp-drive")
+
+
+def test_device_override(monkeypatch):
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    assert env.device() == "cpu"
+    monkeypatch.setenv("LABKIT_DEVICE", "tpu")
+    with pytest.raises(ValueError, match="LABKIT_DEVICE"):
+        env.device()
+
+
+def test_environment_has_provenance_fields():
+    e = env.environment()
+    for key in ("date", "hardware", "versions", "device", "quick", "command", "model"):
+        assert key in e
+
+
+def test_what_counts_as_a_backend_failure():
+    class Fail(Exception):  # how onnxruntime's pybind errors look: their module is onnxruntime's
+        pass
+
+    Fail.__module__ = "onnxruntime.capi.onnxruntime_pybind11_state"
+    assert env.backend_failure(Fail("ep failed")) and env.backend_failure(ImportError("no bitsandbytes"))
+    assert env.backend_failure(env.Unavailable("no GPU")) and env.backend_failure(onnx.ProviderFallback("cpu"))
+    assert env.backend_failure(RuntimeError("raised by a library, no labkit frame"))
+    assert not env.backend_failure(TypeError("wrong call")) and not env.backend_failure(AssertionError("invariant"))
+    try:
+        variants.check_name("nope")
+    except ValueError as exc:
+        assert not env.backend_failure(exc), "a ValueError from labkit's own code is a bug or bad input"
+
+
+def test_gpu_engines_say_why_not_here():
+    import torch
+
+    caps = {c.name: c for c in env.capabilities()}
+    assert {"torch.compile", "onnxruntime", "torch-tensorrt", "tensorrt-llm", "vllm", "ort-tensorrt"} <= set(caps)
+    if not torch.cuda.is_available():
+        for name in ("torch-tensorrt", "tensorrt-llm", "vllm", "ort-tensorrt"):
+            assert not caps[name].available and caps[name].reason
+        with pytest.raises(ValueError, match="vLLM cannot run here"):
+            vllm.vllm_offline("some/model", ["hi"])
+        with pytest.raises(ValueError, match="vLLM cannot run here"):
+            with vllm.vllm_server("some/model"):
+                pass
+        rows = tensorrt.tensorrt_rows()
+        assert len(rows) == 2 and all(r["status"] != "ok" for r in rows)
+    with pytest.raises(ValueError, match="choose one of"):
+        env.capability("tvm")

@@ -1,0 +1,41 @@
+"""labkit.precision.libraries: ONNX Runtime's int8 matmul error, and which bitsandbytes kernel a layer runs,
+read from the operators that ran."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_quantisers import _weight
+
+from labkit.core import env
+from labkit.precision import libraries
+
+
+def test_ort_matmul_error_is_small_for_plain_weights():
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(32, 64, generator=g) * 0.05, torch.randn(16, 64, generator=g)
+    assert libraries.ort_matmul_error(w, x, per_channel=False, reduce_range=True) < 0.05
+    assert libraries.ort_matmul_error(w, x, per_channel=True, reduce_range=True) < 0.05
+
+
+def test_bnb_route_reads_the_operators_that_ran():
+    assert "_int_mm" in libraries.bnb_route("int8", ["bitsandbytes::int8_linear_matmul", "aten::_int_mm"], "cpu")
+    assert "fp32" in libraries.bnb_route("int8", ["bitsandbytes::int8_linear_matmul", "aten::mm"], "cpu")
+    assert "CUDA" in libraries.bnb_route("int8", ["bitsandbytes::int8_linear_matmul"], "cuda:0")
+    cuda_other = libraries.bnb_route("int8", ["aten::mm", "aten::matmul"], "cuda:0")  # the label follows what ran
+    assert "CUDA" not in cuda_other and cuda_other.startswith("no bitsandbytes int8 operator seen")
+    assert "dequantised" in libraries.bnb_route("nf4", ["bitsandbytes::dequantize_4bit", "aten::mm"], "cpu")
+    assert "fused" in libraries.bnb_route("nf4", ["bitsandbytes::gemv_4bit"], "cpu")
+    with pytest.raises(ValueError, match="int8"):
+        libraries.bnb_route("fp8", [], "cpu")
+
+
+def test_bnb_layer_reports_the_kernel_this_machine_runs():
+    if not env.capability("bitsandbytes").available:
+        pytest.skip(env.capability("bitsandbytes").reason)
+    w = _weight()
+    for kind in ("int8", "nf4"):
+        ops = libraries.ops_called(libraries.bnb_layer(w, kind), torch.randn(1, 1, 128))
+        assert any(o.startswith("bitsandbytes::") for o in ops), ops
+    cond = libraries.bnb_cpu_conditions()
+    int8_ops = libraries.ops_called(libraries.bnb_layer(w, "int8"), torch.randn(1, 1, 128))
+    assert ("aten::_int_mm" in int8_ops) == (cond["torch >= 2.6"] and cond["torch CPU capability"] == "AVX512")
