@@ -1,0 +1,119 @@
+"""The package's shape, enforced: layers that import downward only (import-linter's contracts in
+pyproject.toml), no labkit import hidden inside a function, no module over 500 lines."""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "labkit"
+MAX_LINES = 500
+
+
+def _modules(package: Path = PACKAGE) -> list[Path]:
+    files = sorted(package.rglob("*.py"))
+    assert len(files) > 40, f"the lint must see the sources (found {len(files)} under {package})"
+    return files
+
+
+def _lint_imports(cwd: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("lint-imports")
+    if not exe.exists():
+        pytest.fail(f"{exe} is missing: install the dev extra (pip install -e '.[dev]'), which brings import-linter")
+    env = {**os.environ, "PYTHONPATH": str(cwd)}  # the copy under test, not the installed package
+    return subprocess.run([str(exe), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_layers_import_downward_only():
+    """core < model < decoding < (precision | engines | serve) < lessons < gpu_check < __main__, no cycles."""
+    run = _lint_imports(ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "2 kept, 0 broken" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("plant", [
+    ("core/checks.py", "from labkit.serve import server\n"),  # upward: core reaches into serve
+    ("precision/quantisers.py", "from labkit.engines import onnxruntime\n"),  # sideways: siblings stay apart
+])
+def test_an_upward_import_breaks_the_contract(tmp_path, plant):
+    """On a copy of the package: one planted import the layers forbid makes lint-imports fail."""
+    shutil.copytree(PACKAGE, tmp_path / "labkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    rel, line = plant
+    target = tmp_path / "labkit" / rel
+    text = target.read_text(encoding="utf-8")
+    anchor = "from __future__ import annotations\n"
+    assert anchor in text, f"{rel} lost its future import: plant the line elsewhere"
+    target.write_text(text.replace(anchor, anchor + line, 1), encoding="utf-8")
+    run = _lint_imports(tmp_path)
+    assert run.returncode != 0, f"lint-imports kept a contract with {line.strip()!r} in {rel}:\n{run.stdout}"
+    assert "BROKEN" in run.stdout, run.stdout
+
+
+def function_level_imports(path: Path, source: str | None = None) -> list[str]:
+    """``path:line`` of every import of a labkit module (absolute or relative) inside a function."""
+    tree = ast.parse(path.read_text(encoding="utf-8") if source is None else source)
+    inside = {node for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for node in ast.walk(fn) if node is not fn}
+    found = []
+    for node in sorted(inside, key=lambda n: getattr(n, "lineno", 0)):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "labkit"):
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Import) and any(a.name.split(".")[0] == "labkit" for a in node.names):
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_labkit_import_inside_a_function():
+    """The graph stays visible to the reader and to lint-imports: labkit modules import each other at the top.
+    Imports inside functions are for optional third-party backends only (torch, onnxruntime, vllm, …)."""
+    bad = [hit for path in _modules() for hit in function_level_imports(path)]
+    assert not bad, "move these to the top of their module:\n" + "\n".join(bad)
+
+
+def test_the_import_lint_catches_what_it_is_for(tmp_path):
+    src = ("import torch\nfrom . import timing\n"
+           "def f():\n    import onnxruntime\n    from ..core import env\n"  # flagged: relative
+           "    async def g():\n        import labkit.model.sizing\n"  # flagged: absolute, nested
+           "    return torch\n")
+    hits = function_level_imports(tmp_path / "m.py", src)
+    assert [h.split(": ", 1)[1] for h in hits] == ["from ..core import env", "import labkit.model.sizing"]
+
+
+def test_no_module_over_500_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _modules()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"split these along their jobs (at most {MAX_LINES} lines): {long}"
+
+
+
+# ------------------------------------------------------------------------ what a move between folders can break
+
+
+def test_the_repository_paths_follow_the_package():
+    """``config.REPO_DIR`` is the checkout (data/, pyproject.toml), wherever ``core/config.py`` sits."""
+    from labkit.core import config
+
+    assert (config.REPO_DIR / "pyproject.toml").is_file() and (config.REPO_DIR / "labkit").is_dir()
+    assert (config.DATA_DIR / "prompts.json").is_file() or "LABKIT_DATA" in os.environ
+
+
+@pytest.mark.parametrize("where", ["serve", "core"])
+def test_an_error_raised_in_any_labkit_package_is_a_bug_not_a_missing_backend(where):
+    """``backend_failure`` tells labkit's own ValueErrors (bugs, bad input) from a backend's: a ValueError raised
+    in any labkit package, not only in ``core`` beside ``env.py``, must surface."""
+    from labkit.core import env
+    from labkit.serve import protocol
+
+    with pytest.raises(ValueError) as raised:
+        if where == "serve":
+            protocol.server_config(no_such_option=1)
+        else:
+            env.capability("no-such-capability")  # raised in labkit/core
+    assert not env.backend_failure(raised.value), raised.value
