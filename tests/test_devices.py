@@ -109,7 +109,7 @@ def test_every_tensor_built_for_a_model_names_its_device():
 
 def test_the_lint_catches_what_it_is_for(tmp_path):
     src = tmp_path / "nb.py"
-    src.write_text("import torch\nfrom labkit import models\n"
+    src.write_text("import torch\nfrom labkit.model import models\n"
                    "x = torch.randn(1, 16)\n"  # flagged
                    "y = torch.randn(1, 16, device=lm.device)\n"
                    "lm.model(**models.chat_inputs(lm.tokenizer, 'hi'))\n"  # flagged

@@ -35,7 +35,7 @@ def two_notebooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path
     nbs.mkdir()
     _notebook(nbs / "10_fails.ipynb", ["x = 1", "y = x + 1\nraise ValueError('boom at ' + str(y))", "print('never')"])
     _notebook(nbs / "11_ok.ipynb", [
-        "from labkit import results\nres = results.Results('11_ok')",
+        "from labkit.core import results\nres = results.Results('11_ok')",
         "res.add('speed', batch=4, tokens_per_s=123.456789)\nres.save()",
     ])
     return nbs, tmp_path / "build"
@@ -218,7 +218,7 @@ def test_reference_copies_results_with_the_command(tmp_path: Path, monkeypatch: 
     assert exc.value.code == 2
 
 
-_REGISTER = ("from labkit import exercises\n"
+_REGISTER = ("from labkit.lessons import exercises\n"
              "def _check(answer):\n"
              "    if answer != 42:\n"
              "        raise exercises.Wrong(f'{answer} is not the answer')\n"
@@ -328,7 +328,7 @@ def test_headline_is_the_summary_sections_first_row_else_a_result_column() -> No
 def test_summary_page_opens_with_the_short_table(two_notebooks) -> None:
     nbs, build = two_notebooks
     _notebook(nbs / "12_sum.ipynb", [
-        "from labkit import results\nres = results.Results('12_sum')\nres.add('sweep', batch=8, tokens_per_s=40.0)",
+        "from labkit.core import results\nres = results.Results('12_sum')\nres.add('sweep', batch=8, tokens_per_s=40.0)",
         "res.replace('summary', [{'finding': 'batch 8 vs 1 (throughput ×)', 'value': 5.4321}])\nres.save()"])
     run_notebooks.main(["--notebooks-dir", str(nbs), "--build-dir", str(build), "--timeout", "120", "--only", "11", "12"])
     page = (build / "summary.html").read_text(encoding="utf-8")
