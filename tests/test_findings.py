@@ -25,16 +25,75 @@ def _batching_findings(**over):
     return findings.batching(**args)
 
 
+def _row(b, total, user, ttft=0.1, agreement=1.0, spread=0.02):
+    """A sweep row whose samples scatter ±spread around its medians (three rounds)."""
+    return {"batch_size": b, "status": "ok", "total_tokens_per_s": total, "tokens_per_s_per_user": user,
+            "ttft_s": ttft, "agreement": agreement,
+            "samples": {"total_tokens_per_s": [total * (1 - spread), total, total * (1 + spread)],
+                        "tokens_per_s_per_user": [user * (1 - spread), user, user * (1 + spread)]}}
+
+
 def test_batching_findings_choose_their_words_by_the_numbers():
-    text = " ".join(_batching_findings().sentences)
-    assert "5.0× the total tokens/s" in text and "less than the memory-bound model's 7.5×" in text
+    sweep = [_row(1, 10.0, 10.0), _row(8, 50.0, 6.25, ttft=0.4)]
+    text = " ".join(_batching_findings(sweep=sweep).sentences)
+    assert "5.0× the total tokens/s" in text and "the memory-bound model allows up to 7.5×" in text
+    assert "0.62× batch 1's speed (slower)" in text
     assert "Batching changed no answer" in text and "prefilled 2.0× faster" in text
     assert "4.0× the tokens/s" in text and "1.6× slower" in text and "3.0× Poisson's (worse)" in text
-    sweep = [{"batch_size": 1, "status": "ok", "total_tokens_per_s": 10.0, "tokens_per_s_per_user": 10.0,
-              "ttft_s": 0.1, "agreement": 1.0},
-             {"batch_size": 4, "status": "ok", "total_tokens_per_s": 90.0, "tokens_per_s_per_user": 22.5,
-              "ttft_s": 0.1, "agreement": 0.75}]
+    sweep = [_row(1, 10.0, 10.0), _row(4, 30.0, 7.5, agreement=0.75)]
     text = " ".join(_batching_findings(sweep=sweep, memory_bound_gain=3.9).sentences)
-    assert "more than the memory-bound model's 3.9×" in text and "at batch 4 only 75% of the tokens" in text
+    assert "3.0× the total tokens/s" in text and "at batch 4 only 75% of the tokens" in text
     with pytest.raises(ValueError, match="two server rows"):
         _batching_findings(serving=[])
+
+
+def test_batching_findings_on_a_busy_machine_say_implausible_not_a_lesson():
+    # recorded on a 2-core machine at load 3-8: "Batch 8 gave 25.4× the total tokens/s of batch 1 (more than the
+    # memory-bound model's 7.8×); each user got 3.18× batch 1's speed"
+    sweep = [_row(1, 0.5, 0.5, spread=0.3), _row(8, 12.7, 1.59, spread=0.3)]
+    text = " ".join(_batching_findings(sweep=sweep, memory_bound_gain=7.8).sentences)
+    assert "implausible — rerun" in text and "beats its bound 7.80×" in text and "gave 25.4×" not in text
+    assert "3.18× batch 1's speed (implausible — rerun" in text
+    # one sample each: within noise, whatever the ratio says
+    single = [{k: v for k, v in r.items() if k != "samples"} for r in (_row(1, 10.0, 10.0), _row(8, 50.0, 6.25))]
+    text = " ".join(_batching_findings(sweep=single).sentences)
+    assert "within noise" in text and "1 sample" in text and "gave 5.0×" not in text
+    # batch 8 below batch 1: a batch cannot lose to one row at a time
+    text = " ".join(_batching_findings(sweep=[_row(1, 10.0, 10.0), _row(8, 4.0, 0.5)]).sentences)
+    assert "falls below its floor 1.00×" in text
+
+
+def _quant_table(int8_speed, int8_samples=None, fp32_samples=(9.8, 10.0, 10.2)):
+    import pandas as pd
+
+    def row(v, bytes_, speed, samples, ppl, agreement=0.9, kl=0.05):
+        return {"variant": v, "status": "ok", "weight_bytes": bytes_, "decode_tokens_per_s": speed, "perplexity": ppl,
+                "agreement": agreement, "kl": kl, "samples": {"decode_tokens_per_s": list(samples)}}
+    rows = [row("fp32", 540e6, 10.0, fp32_samples, 20.0, 1.0, 0.0),
+            row("bnb-int8", 170e6, 4.0, (3.9, 4.0, 4.1), 20.2),
+            row("ort-fp32", 540e6, 10.0, fp32_samples, 20.0),
+            row("ort-int8-tensor", 162e6, int8_speed, int8_samples or [int8_speed * f for f in (0.98, 1, 1.02)], 26.0)]
+    return pd.DataFrame(rows).set_index("variant")
+
+
+def _quant(table):
+    import pandas as pd
+
+    hand = pd.DataFrame({"output_error": {"per-tensor": 0.02, "per-channel": 0.01, "nf4": 0.05},
+                         "fraction_of_fp32": {"per-tensor": 0.25, "per-channel": 0.26, "nf4": 0.14}})
+    layers = pd.DataFrame([{"layer": "0", "form": "per-tensor", "relative_error": 0.08},
+                           {"layer": "27", "form": "per-tensor", "relative_error": 0.31}])
+    return findings.quantisation(table=table, hand=hand, agree=pd.DataFrame(), routes={}, layer_error={},
+                                 claims=pd.DataFrame(), layers=layers)
+
+
+def test_quantisation_speed_sentence_follows_the_verdict():
+    # recorded busy run: "ort-int8-tensor decoded 12.28× fp32's speed" from one 8-token run (bytes cap it near 3.3×)
+    text = " ".join(_quant(_quant_table(122.8, int8_samples=[122.8])).sentences)
+    assert "12.28× fp32's speed: implausible — rerun" in text and "beats its bound 3.33×" in text
+    text = " ".join(_quant(_quant_table(19.0)).sentences)  # quiet: 1.90×, inside the bytes bound
+    assert "decoded 1.90× fp32's speed (faster than fp32)" in text
+    text = " ".join(_quant(_quant_table(10.1, int8_samples=[9.0, 10.1, 11.0])).sentences)
+    assert "within noise of fp32" in text and "faster than fp32" not in text
+    # why ONNX Runtime int8 costs perplexity: read from the per-layer errors
+    assert "raised it +30.0%" in text and "layer 27" in text and "31.0× the" in text and "+1.0%" in text

@@ -100,3 +100,25 @@ def test_every_interval_goes_through_the_timing_primitive():
                  for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
                  if re.search(r"\bperf_counter\b", line.split("#", 1)[0])]
     assert not offenders, f"time these through labkit.core.timing (clock() for host work): {offenders}"
+
+
+def test_interleave_times_variants_in_rounds_with_the_baseline_first_and_last():
+    order = []
+    calls = {name: (lambda name=name: order.append(name)) for name in "ABC"}
+    result = timing.interleave(calls, rounds=3, warmup=1)
+    assert order == list("ABC") + list("ABCABCABC") + ["A"]  # warmups, three rounds, the baseline again
+    assert [result[n].n for n in "ABC"] == [4, 3, 3] and result.baseline == "A"
+    assert "timed first and last" in result.drift_line() and result["B"].meta["interleaved"]
+    with pytest.raises(ValueError, match="rounds=0"):
+        timing.interleave(calls, rounds=0)
+
+
+def test_measure_warns_when_its_samples_disagree():
+    state = {"i": 0}
+
+    def uneven():
+        state["i"] += 1
+        time.sleep(0.001 if state["i"] % 2 else 0.02)
+
+    with pytest.warns(UserWarning, match="spread .* exceeds 10%"):
+        timing.measure(uneven, repeats=4, warmup=0, name="uneven")

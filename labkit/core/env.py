@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from . import config
+from . import config, machine
 
 _VALID_DEVICES = ("cpu", "cuda", "mps")
 PACKAGES = (
@@ -461,6 +461,7 @@ def environment() -> dict[str, Any]:
         "quick": config.quick(),
         "model": os.environ.get("LABKIT_MODEL") or "default",
         "command": " ".join(sys.argv),
+        "machine": machine.readings(),
     }
 
 

@@ -189,7 +189,63 @@ def measure(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1, name: s
         samples.append(now(device) - t0)
     if first is None:
         first = samples[0]
-    return Measurement(name=name, samples=samples, unit="s", first=first, warmup=warmup)
+    result = Measurement(name=name, samples=samples, unit="s", first=first, warmup=warmup)
+    result.warn_if_noisy()
+    return result
+
+
+@dataclass
+class Interleaved:
+    """Variants timed in rounds (A B C A B C … A): drift hits them alike; the baseline ``A`` runs first and last."""
+
+    measurements: dict[str, Measurement]
+    baseline: str
+    drift: float  # the baseline's last sample / its first: 1.0 on a steady machine
+
+    def __getitem__(self, name: str) -> Measurement:
+        return self.measurements[name]
+
+    def drift_line(self) -> str:
+        change = "steady" if abs(self.drift - 1) <= SPREAD_LIMIT else "drifted"
+        return (f"Baseline '{self.baseline}' timed first and last: last / first = {self.drift:.2f} ({change}; "
+                f"{self.measurements[self.baseline].n} samples each variant, interleaved)")
+
+
+def interleave(calls: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 1, device: Any = None,
+               baseline_again: bool = True) -> Interleaved:
+    """Time each of ``calls`` once per round, in order, ``rounds`` times; the first call is the baseline.
+
+    Each variant gets ``warmup`` untimed calls first. With ``baseline_again`` the baseline is timed once more
+    after the last round, so it runs first and last and ``drift`` says how much the machine moved meanwhile.
+    """
+    if not calls:
+        raise ValueError("interleave() needs at least one call to time")
+    if rounds <= 0:
+        raise ValueError(f"rounds={rounds}: must be at least 1")
+    first: dict[str, float] = {}
+    for name, fn in calls.items():
+        for i in range(warmup):
+            t0 = now(device)
+            fn()
+            if i == 0:
+                first[name] = now(device) - t0
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    baseline = next(iter(calls))
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            t0 = now(device)
+            fn()
+            samples[name].append(now(device) - t0)
+    if baseline_again:
+        t0 = now(device)
+        calls[baseline]()
+        samples[baseline].append(now(device) - t0)
+    out = {name: Measurement(name=name, samples=values, first=first.get(name, values[0]), warmup=warmup,
+                             meta={"interleaved": True})
+           for name, values in samples.items()}
+    for m in out.values():
+        m.warn_if_noisy()
+    return Interleaved(out, baseline, samples[baseline][-1] / samples[baseline][0])
 
 
 class _Stopwatch:

@@ -157,25 +157,52 @@ def measure_decode(model: Any, tokenizer: Any, batch: int = 1, new_tokens: int =
     One warmup request runs first; each timed repeat yields a TPOT (decode only, prefill excluded).
     Returns per-sequence and aggregate tokens/s from the median TPOT, plus the raw Measurement.
     """
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
-        raise ValueError(f"batch={batch!r}: must be a positive integer")
+    return decode_rounds(model, tokenizer, [batch], new_tokens=new_tokens, rounds=repeats, prompt=prompt,
+                         drift=False)[0]
+
+
+def decode_rounds(model: Any, tokenizer: Any, batches: list[int], new_tokens: int = 64, rounds: int = 3,
+                  prompt: str = "Write a short story about a lighthouse keeper.", drift: bool = True
+                  ) -> list[dict[str, Any]]:
+    """``measure_decode`` for several batch sizes, interleaved: rounds of 1 4 8 1 4 8 … so drift hits all alike.
+
+    With ``drift`` the first batch runs once more at the end (first and last) and every row carries
+    ``drift`` = its last TPOT / its first. Each row keeps its samples (``samples``: tpot_s, aggregate_tokens_per_s).
+    """
+    for batch in batches:
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
+            raise ValueError(f"batch={batch!r}: must be a positive integer")
     if new_tokens < 2:
         raise ValueError(f"new_tokens={new_tokens}: need at least 2 to time decode")
-    prompts = [prompt] * batch
-    generate(model, tokenizer, prompts, max_new_tokens=min(8, new_tokens), fixed_length=True)  # warmup
-    runs = [generate(model, tokenizer, prompts, max_new_tokens=new_tokens, fixed_length=True) for _ in range(repeats)]
-    tpot = Measurement.from_values("tpot", [r.tpot_s for r in runs if r.tpot_s is not None], unit="s",
-                                   meta={"batch": batch, "new_tokens": new_tokens})
-    return {
-        "batch": batch,
-        "new_tokens": new_tokens,
-        "tpot_s": tpot.median,
-        "decode_tokens_per_s": 1.0 / tpot.median,
-        "aggregate_tokens_per_s": batch / tpot.median,
-        "ttft_s": statistics.median(r.ttft_s for r in runs),
-        "spread": tpot.spread,
-        "tpot": tpot,
-    }
+    if rounds <= 0:
+        raise ValueError(f"rounds={rounds}: must be at least 1")
+    runs: dict[int, list[Any]] = {b: [] for b in batches}
+    for b in batches:
+        generate(model, tokenizer, [prompt] * b, max_new_tokens=min(8, new_tokens), fixed_length=True)  # warmup
+    order = [b for _ in range(rounds) for b in batches] + ([batches[0]] if drift else [])
+    for b in order:
+        runs[b].append(generate(model, tokenizer, [prompt] * b, max_new_tokens=new_tokens, fixed_length=True))
+    first_tpots = [r.tpot_s for r in runs[batches[0]] if r.tpot_s is not None]
+    moved = first_tpots[-1] / first_tpots[0] if drift and len(first_tpots) > 1 else None
+    rows = []
+    for b in batches:
+        tpots = [r.tpot_s for r in runs[b] if r.tpot_s is not None]
+        tpot = Measurement.from_values("tpot", tpots, unit="s", meta={"batch": b, "new_tokens": new_tokens})
+        tpot.warn_if_noisy()
+        rows.append({
+            "batch": b,
+            "new_tokens": new_tokens,
+            "tpot_s": tpot.median,
+            "decode_tokens_per_s": 1.0 / tpot.median,
+            "aggregate_tokens_per_s": b / tpot.median,
+            "ttft_s": statistics.median(r.ttft_s for r in runs[b]),
+            "spread": tpot.spread,
+            "tpot": tpot,
+            "n": tpot.n,
+            "drift": moved,
+            "samples": {"tpot_s": tpots, "aggregate_tokens_per_s": [b / t for t in tpots]},
+        })
+    return rows
 
 
 # ------------------------------------------------------------------------------- transformers' generate

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..core import machine, verdict
+from ..core.verdict import IMPLAUSIBLE, NOISE, Verdict
 from ..engines.warmup import NOISE_SHARE, ColdStart
 
 # ------------------------------------------------------------------------ takeaways from this run's numbers
@@ -34,8 +36,8 @@ def batching(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding: 
     if not ok or not padding or len(serving) != 2 or len(open_loop) != 2:
         raise ValueError("findings need the sweep's ok rows, the padding rows, two server rows and two open-loop rows")
     first, last = ok[0], ok[-1]
-    gain = last["total_tokens_per_s"] / first["total_tokens_per_s"]
-    user = last["tokens_per_s_per_user"] / first["tokens_per_s_per_user"]
+    total_v, user_v = batch_verdicts(first, last, memory_bound_gain)
+    gain, user = total_v.gain, user_v.ratio
     ttft_x = last["ttft_s"] / first["ttft_s"]
     worst = min(ok, key=lambda r: r["agreement"])
     mixed, bucketed = padding[0], padding[-1]
@@ -46,9 +48,9 @@ def batching(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding: 
     poisson, bursty = open_loop
     burst_x = bursty["ttft_p90_s"] / poisson["ttft_p90_s"]
     sentences = [
-        f"Batch {last['batch_size']} gave {gain:.1f}× the total tokens/s of batch 1 "
-        f"({'more' if gain > memory_bound_gain else 'less'} than the memory-bound model's {memory_bound_gain:.1f}×); "
-        f"each user got {user:.2f}× batch 1's speed and waited {ttft_x:.1f}× as long for the first token.",
+        throughput_sentence(last["batch_size"], total_v, memory_bound_gain)
+        + f" Each user got {user:.2f}× batch 1's speed ({user_v.word('faster', 'slower')}"
+        + (f": {user_v.reason}" if not user_v.real else "") + f") and waited {ttft_x:.1f}× as long for the first token.",
         ("Batching changed no answer: every batch's greedy tokens equal each prompt's tokens decoded alone."
          if worst["agreement"] == 1 else
          f"Batching changed some answers: at batch {worst['batch_size']} only {worst['agreement']:.0%} of the tokens "
@@ -75,6 +77,34 @@ def batching(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding: 
         {"finding": "TTFT p90 bursty / Poisson (×)", "value": burst_x},
     ]
     return Findings(rows=rows, sentences=sentences)
+
+
+def batch_verdicts(first: dict[str, Any], last: dict[str, Any], memory_bound_gain: float) -> tuple[Verdict, Verdict]:
+    """Total and per-user tokens/s of the largest batch against batch 1, each against its physical limits.
+
+    Total: at most the memory-bound model's gain, at least batch 1's (one weight read serves every row).
+    Per user: never faster than alone (each step does a batch's work)."""
+    total = verdict.compare(verdict.samples(last, "total_tokens_per_s"), verdict.samples(first, "total_tokens_per_s"),
+                            bound=memory_bound_gain, bound_why="the memory-bound model of this batch",
+                            floor=1.0, floor_why="one weight read serves every row, so a batch cannot lose to batch 1")
+    user = verdict.compare(verdict.samples(last, "tokens_per_s_per_user"),
+                           verdict.samples(first, "tokens_per_s_per_user"), bound=1.0,
+                           bound_why="each step does the whole batch's work, so no user can get faster than alone")
+    return total, user
+
+
+def throughput_sentence(batch: int, v: Verdict, model_gain: float) -> str:
+    """The sentence a batch's total-throughput verdict chooses (never 'gave more' on noise)."""
+    if v.kind == IMPLAUSIBLE:
+        return (f"Batch {batch}'s total tokens/s came out {v.gain:.2f}× batch 1's: implausible — rerun ({v.reason}); "
+                f"the machine, not batching, moved this number. {machine.last_line()}.")
+    if v.kind == NOISE:
+        return (f"Batch {batch} and batch 1 gave total tokens/s within noise ({v.gain:.2f}×, {v.reason}): "
+                "raise SWEEP_REPEATS or close other programs.")
+    if v.kind == verdict.WORSE:
+        return f"Batch {batch} gave less total throughput than batch 1 ({v.gain:.2f}×)."
+    return (f"Batch {batch} gave {v.gain:.1f}× the total tokens/s of batch 1 "
+            f"(the memory-bound model allows up to {model_gain:.1f}×).")
 
 
 def _than(ratio: float) -> str:
@@ -141,13 +171,15 @@ def kv_cache(*, loop_agreement: float, core_identical: bool, tokens: int, speedu
 
 
 def quantisation(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], layer_error: dict[str, float],
-             verdict: Any) -> Findings:
+                 claims: Any, layers: Any = None) -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
 
     ``table``: variant rows indexed by name (status, weight_bytes, decode_tokens_per_s, agreement, kl);
     ``hand``: the hand-written layer table (bytes, output_error by form); ``agree``: ``library_agreement``;
     ``routes``: bitsandbytes kernel per kind; ``layer_error``: worst ONNX Runtime layer error by form;
-    ``verdict``: the claims table."""
+    ``claims``: the claims table; ``layers``: ONNX Runtime's error per probed layer (layer, form, relative_error).
+    Speeds are judged by ``verdict.compare``: int8 decode gains at most fp32's bytes over its own (memory-bound),
+    times what ONNX Runtime's fp32 engine gains over PyTorch's for the ``ort-`` rows."""
     rows: list[dict[str, Any]] = []
     says: list[str] = []
     ratio = hand.output_error["per-tensor"] / hand.output_error["per-channel"]
@@ -172,24 +204,66 @@ def quantisation(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], l
     int8 = ok[ok.index.isin(["bnb-int8", "ort-int8-tensor", "ort-int8-channel"])]
     if len(int8):
         fast = int8.decode_tokens_per_s.idxmax()
-        speed = int8.decode_tokens_per_s[fast] / base.decode_tokens_per_s
-        rows.insert(0, {"finding": f"fastest int8 ({fast}) decode / fp32", "value": speed})
-        word = "faster than" if speed > 1.02 else "slower than" if speed < 0.98 else "as fast as"
-        says.append(f"The fastest int8 variant here, {fast}, decoded {speed:.2f}× fp32's speed ({word} fp32) with "
-                    f"{int8.agreement[fast]:.0%} greedy agreement and KL {int8.kl[fast]:.3g}; the most faithful int8, "
-                    f"{int8.agreement.idxmax()}, agreed on {int8.agreement.max():.0%}.")
+        v = int8_verdict(table, fast)
+        rows.insert(0, {"finding": f"fastest int8 ({fast}) decode / fp32", "value": v.gain, "verdict": v.kind})
+        if v.kind == IMPLAUSIBLE:
+            said = (f"decoded {v.gain:.2f}× fp32's speed: implausible — rerun ({v.reason}; {machine.last_line()})")
+        elif v.kind == NOISE:
+            said = f"decoded {v.gain:.2f}× fp32's speed, within noise of fp32 ({v.reason})"
+        else:
+            said = f"decoded {v.gain:.2f}× fp32's speed ({v.word()} than fp32)"
+        says.append(f"The fastest int8 variant here, {fast}, {said}, with {int8.agreement[fast]:.0%} greedy "
+                    f"agreement and KL {int8.kl[fast]:.3g}; the most faithful int8, {int8.agreement.idxmax()}, agreed "
+                    f"on {int8.agreement.max():.0%}.")
+    loses = _where_int8_loses(table, hand, layers)
+    if loses:
+        says.append(loses)
     for kind, route in routes.items():
         says.append(f"bitsandbytes {kind} on this machine: {route}.")
     if layer_error:
         lo = min(layer_error, key=layer_error.get)
         says.append(f"In ONNX Runtime's kernel the lowest worst-layer error came from {lo} "
                     f"({layer_error[lo]:.3f}, against {', '.join(f'{k} {v:.3f}' for k, v in layer_error.items() if k != lo)}).")
-    if "memory_holds" in verdict:
-        held = verdict.dropna(subset=["memory_holds"])
+    if "memory_holds" in claims:
+        held = claims.dropna(subset=["memory_holds"])
         both = held[held.memory_holds.astype(bool) & held.accuracy_holds.astype(bool)]
         says.append(f"Of {len(held)} published claims measured here, {len(both)} held on both memory and accuracy"
                     + (f" ({', '.join(both.variant)})" if len(both) else "") + ".")
     return Findings(rows=rows, sentences=says)
+
+
+def int8_verdict(table: Any, variant: str) -> Verdict:
+    """``variant``'s decode speed against fp32's, bounded by the bytes it no longer reads (and ONNX Runtime's
+    own fp32 gain for an ``ort-`` row: the engine, not int8, may be the faster part)."""
+    base, row = table.loc["fp32"], table.loc[variant]
+    byte_x = base.weight_bytes / row.weight_bytes
+    engine = 1.0
+    if variant.startswith("ort-") and "ort-fp32" in table.index and table.status["ort-fp32"] == "ok":
+        engine = max(1.0, table.decode_tokens_per_s["ort-fp32"] / base.decode_tokens_per_s)
+    return verdict.compare(verdict.samples(row, "decode_tokens_per_s"), verdict.samples(base, "decode_tokens_per_s"),
+                           bound=byte_x * engine,
+                           bound_why=f"fp32 reads {byte_x:.2f}× its weight bytes"
+                                     + (f", ONNX Runtime fp32 ran {engine:.2f}× PyTorch" if engine > 1 else ""))
+
+
+def _where_int8_loses(table: Any, hand: Any, layers: Any) -> str:
+    """Why ONNX Runtime's int8 costs more perplexity than weight-only int8, read from the per-layer errors."""
+    ok = table[table.status == "ok"]
+    ort = [v for v in ("ort-int8-channel", "ort-int8-tensor") if v in ok.index]
+    if layers is None or not len(layers) or not ort or "fp32" not in ok.index:
+        return ""
+    v = ort[0]
+    rise = ok.perplexity[v] / ok.perplexity["fp32"] - 1
+    worst = layers.loc[layers.relative_error.idxmax()]
+    weight_only = hand.output_error["per-channel"]
+    compare = ""
+    if "bnb-int8" in ok.index:
+        compare = f" (bitsandbytes int8, weights only with fp16 outliers: {ok.perplexity['bnb-int8'] / ok.perplexity['fp32'] - 1:+.1%})"
+    return (f"Why ONNX Runtime int8 costs perplexity: {v} raised it {rise:+.1%}{compare}. Its kernel also quantises "
+            f"each layer's activations to uint8 with one scale per call; on the probed layers its output error reached "
+            f"{worst.relative_error:.3f} (layer {worst.layer}, {worst.form}), {worst.relative_error / weight_only:.1f}× the "
+            f"{weight_only:.3f} of weights-only per-channel int8 on layer 0 by hand, and every layer adds its error to the "
+            "next one's input.")
 
 
 def warmup(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_share: float,

@@ -142,7 +142,10 @@ def sweep_row(batch_size: int, runs: list[Any], lengths: list[int]) -> dict[str,
     return {"batch_size": batch_size, "status": "ok", "n_out": n_out, "ttft_s": ttft, "tpot_s": tpot,
             "latency_s": e2e, "tokens_per_s_per_user": n_out / e2e, "total_tokens_per_s": batch_size * n_out / e2e,
             "decode_tokens_per_s_per_user": 1 / tpot if tpot else None, "pad_tokens": pad["pad_tokens"],
-            "wasted_fraction": pad["wasted_fraction"], "repeats": len(runs)}
+            "wasted_fraction": pad["wasted_fraction"], "repeats": len(runs),
+            "samples": {"total_tokens_per_s": [batch_size * n_out / r.e2e_s for r in runs],
+                        "tokens_per_s_per_user": [n_out / r.e2e_s for r in runs],
+                        "ttft_s": [r.ttft_s for r in runs], "latency_s": [r.e2e_s for r in runs]}}
 
 
 def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None = None, new_tokens: int = 32,
@@ -152,7 +155,8 @@ def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None =
 
     Each batch holds ``batch_size`` prompts (round-robin from ``prompts``, mixed lengths, left padded) and
     generates exactly ``new_tokens`` tokens per sequence. One untimed warmup per size, then ``repeats``
-    timed runs (medians reported). ``agreement``: the fraction of the batch's greedy tokens equal to each
+    rounds over the sizes, interleaved (1 2 4 8 1 2 4 8 …) and batch 1 once more at the end: medians reported,
+    every sample kept in ``samples``, ``drift`` = batch 1's last run time / its first. ``agreement``: the fraction of the batch's greedy tokens equal to each
     prompt's tokens decoded alone (each distinct prompt is decoded alone once, untimed; batch 1 is its own
     baseline). An out-of-memory becomes a row with status 'oom' and the sweep goes on; on a GPU with the
     default sizes, the sweep stops growing after the first 'oom' row.
@@ -170,32 +174,55 @@ def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None =
     for b in sizes:
         positive("batch size", b)
     prompts = list(prompts) if prompts is not None else load_prompts("prompts")
-    rows: list[dict[str, Any]] = []
+    rows: dict[int, dict[str, Any]] = {}
+    runs: dict[int, list[Any]] = {}
+    recorders: dict[int, TokenRecorder] = {}
     alone: dict[str, Any] = {}  # prompt -> its (1, new_tokens) greedy tokens decoded without company
-    for b in tqdm(sizes, desc="batch sizes", disable=not progress):
-        batch_prompts = cycle(prompts, b)
-        recorder = TokenRecorder()
+
+    def run(b: int) -> bool:
+        """One timed run of batch ``b`` (the first also records its tokens); False once it ran out of memory."""
+        if b in rows:
+            return False
+        first = b not in runs
         try:
-            generation.generate(model, tokenizer, batch_prompts, max_new_tokens=2, fixed_length=True)  # warmup
-            runs = [generation.generate(model, tokenizer, batch_prompts, max_new_tokens=new_tokens, fixed_length=True,
-                             **(recorder.kwargs() if i == 0 else {})) for i in range(repeats)]
+            if first:
+                generation.generate(model, tokenizer, cycle(prompts, b), max_new_tokens=2, fixed_length=True)  # warmup
+                recorders[b] = TokenRecorder()
+            result = generation.generate(model, tokenizer, cycle(prompts, b), max_new_tokens=new_tokens,
+                                         fixed_length=True, **(recorders[b].kwargs() if first else {}))
         except (RuntimeError, MemoryError) as exc:
             if not isinstance(exc, MemoryError) and not _is_oom(exc):
                 raise
             _free_memory()
-            rows.append({"batch_size": b, "status": "oom", "error": str(exc).splitlines()[0][:200]})
-            if auto:
-                break
+            rows[b] = {"batch_size": b, "status": "oom", "error": str(exc).splitlines()[0][:200]}
+            return False
+        runs.setdefault(b, []).append(result)
+        return True
+
+    # rounds: 1 2 4 8 1 2 4 8 … then batch 1 once more, so drift hits every size alike and shows in batch 1
+    for i in tqdm(range(repeats), desc="sweep rounds", disable=not progress):
+        for b in sizes:
+            if i == 0 and auto and any(r["status"] == "oom" for r in rows.values()):
+                break  # on a GPU the default sizes stop growing after the first out-of-memory
+            if i == 0 or b in runs:
+                run(b)
+    drift = None
+    if sizes[0] in runs and run(sizes[0]):
+        e2e = [r.e2e_s for r in runs[sizes[0]]]
+        drift = e2e[-1] / e2e[0]
+    for b in sizes:
+        if b not in runs:
             continue
+        batch_prompts = cycle(prompts, b)
         if b == 1:
-            alone.setdefault(batch_prompts[0], recorder.tokens)
+            alone.setdefault(batch_prompts[0], recorders[b].tokens)
         for p in dict.fromkeys(batch_prompts):
             if p not in alone:
                 alone[p] = alone_tokens(model, tokenizer, p, new_tokens)
         baseline = torch.cat([alone[p] for p in batch_prompts])
-        rows.append({**sweep_row(b, runs, prompt_lengths(tokenizer, batch_prompts)),
-                     "agreement": agreement(recorder.tokens, baseline)})
-    return rows
+        rows[b] = {**sweep_row(b, runs[b], prompt_lengths(tokenizer, batch_prompts)),
+                   "agreement": agreement(recorders[b].tokens, baseline), "drift": drift}
+    return [rows[b] for b in sizes if b in rows]
 
 
 def alone_tokens(model: Any, tokenizer: Any, prompt: str, new_tokens: int) -> Any:

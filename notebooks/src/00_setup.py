@@ -22,13 +22,14 @@
 
 # %% slide
 import labkit
-from labkit.core import config, env, memory, results
+from labkit.core import config, env, machine, memory, results
 from labkit.model import models, sizing
 from labkit.decoding import generation
 from labkit.lessons import plots
 
 env.require_usable_gpu()  # stops here when nvidia-smi sees a GPU that torch cannot use (a CPU run by mistake)
 plots.setup_offline()
+machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if v})
 env.capabilities_frame()

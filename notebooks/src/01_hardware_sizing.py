@@ -32,13 +32,14 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit.core import config, env, memory, results, timing
+from labkit.core import config, env, machine, memory, results, timing, verdict
 from labkit.model import gpus, hardware, models, prompts, roofline, sizing
 from labkit.decoding import decode, generation, profiling
 from labkit.engines import fusion
 from labkit.lessons import exercises, plots, widgets
 
 plots.setup_offline()
+machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 print(env.hardware())
@@ -52,12 +53,12 @@ CONTEXTS = [512, 2048, 8192, 32768]  # tokens per sequence
 BATCHES = [1, 4, 16]  # sequences
 FIT_CONTEXT = 4096  # tokens per sequence for the fit table
 PROBE_BYTES = 2**30  # bandwidth probe working set, bytes (far above the last-level cache)
-DECODE_TOKENS = config.pick(64, 16)  # new tokens per timed decode
+DECODE_TOKENS = config.pick(64, 12)  # new tokens per timed decode
 DECODE_BATCHES = config.pick([1, 2, 4, 8], [1, 4])  # batch sizes for the ceiling-vs-measured sweep
-REPEATS = config.pick(3, 2)  # timed repeats per point
+REPEATS = config.pick(5, 3)  # timed repeats per point (decode: rounds over the batch sizes, interleaved)
 MATMUL_N = 2048  # the FLOP/s probe multiplies two n × n fp32 matrices (2n³ FLOPs)
 PREFILL_TOKENS = config.pick(256, 128)  # prompt tokens of the prefill placed on the roofline
-PREFILL_REPEATS = config.pick(3, 1)  # timed prefills (after one warmup)
+PREFILL_REPEATS = config.pick(5, 3)  # timed prefills (after one warmup)
 
 # %% md slide
 # ## 1 · Weights per precision
@@ -183,11 +184,16 @@ PREDICT_DECODE_TPS = None  # your prediction, tokens/s at batch 1
 # %% fragment
 res = results.Results("01_hardware_sizing")
 res.add("bandwidth", **bw.to_dict())
-for b in DECODE_BATCHES:
-    d = generation.measure_decode(lm.model, lm.tokenizer, batch=b, new_tokens=DECODE_TOKENS, repeats=REPEATS)
+machine.check("decode sweep")
+decoded = generation.decode_rounds(lm.model, lm.tokenizer, DECODE_BATCHES, new_tokens=DECODE_TOKENS, rounds=REPEATS)
+for d in decoded:  # batch sizes interleaved: 1 4 1 4 1 4 … 1, so drift hits every size alike
+    b = d["batch"]
     ceiling = ceiling_of(weight_b, kv_tok, ctx, b, bw.gbs * 1e9)
     res.add("decode", batch=b, ceiling_tokens_per_s=ceiling, measured_tokens_per_s=d["aggregate_tokens_per_s"],
-            ratio=d["aggregate_tokens_per_s"] / ceiling, tpot_s=d["tpot_s"], spread=d["spread"])
+            ratio=d["aggregate_tokens_per_s"] / ceiling, tpot_s=d["tpot_s"], spread=d["spread"], n=d["n"],
+            samples=d["samples"])
+print(f"{decoded[0]['n']} timed runs per batch size; batch {decoded[0]['batch']} first and last: "
+      f"last / first TPOT = {decoded[0]['drift']:.2f}")
 dec = res.frame("decode")
 plots.predicted_vs_measured([f"batch {b}" for b in dec.batch], list(dec.ceiling_tokens_per_s),
                             list(dec.measured_tokens_per_s), "Decode: roofline ceiling vs measured", "tokens/s").show()
@@ -325,6 +331,9 @@ dec["overhead_ms_per_token"] = (dec.tpot_s * 1e3 - dec.ideal_step_ms) / dec.batc
 plots.bar(dec, x="batch", y="overhead_ms_per_token", title="Time per generated token beyond the bandwidth bound",
           y_title="ms per token").show()
 first, last = dec.iloc[0], dec.iloc[-1]
+batch_v = verdict.compare(last.samples["aggregate_tokens_per_s"], first.samples["aggregate_tokens_per_s"],
+                          bound=last.batch / first.batch, bound_why="B sequences share one weight read: at most B×",
+                          floor=1.0, floor_why="a batch reads the weights once for all its rows")
 print(f"overhead per token: {first.overhead_ms_per_token:.1f} ms at batch {int(first.batch)} → "
       f"{last.overhead_ms_per_token:.1f} ms at batch {int(last.batch)}; ratio to ceiling {first.ratio:.2f} → {last.ratio:.2f}")
 gap = hardware.decode_gap(first.tpot_s, sizing.decode_bytes_per_step(weight_b, kv_tok, ctx, 1), bw.gbs, len(ops),
@@ -360,10 +369,15 @@ findings = [
      f"{one.ceiling_tokens_per_s:.1f} tokens/s ceiling; one step ran {len(ops)} operators, {n_linear} of them "
      f"matrix-vector products; the bytes explain {gap['bytes_share']:.0%} of a step ({gap['bound']}-bound).",
      one.ratio),
-    (f"Batching from {int(first.batch)} to {int(last.batch)}: the ratio to the ceiling went from {first.ratio:.2f} to "
-     f"{last.ratio:.2f} ({'up' if last.ratio > first.ratio else 'down'}), the overhead per token from "
-     f"{first.overhead_ms_per_token:.1f} to {last.overhead_ms_per_token:.1f} ms "
-     f"({'shared by more sequences' if last.overhead_ms_per_token < 0.9 * first.overhead_ms_per_token else 'hardly shrinking here'}).",
+    (f"Batching from {int(first.batch)} to {int(last.batch)}: aggregate tokens/s "
+     + {verdict.BETTER: f"rose {batch_v.gain:.2f}× (at most {int(last.batch / first.batch)}×)",
+        verdict.WORSE: f"fell to {batch_v.gain:.2f}×",
+        verdict.NOISE: f"moved {batch_v.gain:.2f}×, within noise ({batch_v.reason})",
+        verdict.IMPLAUSIBLE: f"came out {batch_v.gain:.2f}×: implausible — rerun ({batch_v.reason}; "
+                             f"{machine.last_line()})"}[batch_v.kind]
+     + f"; the overhead per token went {first.overhead_ms_per_token:.1f} → {last.overhead_ms_per_token:.1f} ms "
+     + ({verdict.BETTER: "(shared by more sequences)", verdict.WORSE: "(it grew: each row added more than it shared)"}
+        .get(batch_v.kind, "(no lesson from it until the throughput verdict is real)")) + ".",
      last.ratio),
 ]
 res.replace("summary", [{"finding": f, "value": v} for f, v in findings])

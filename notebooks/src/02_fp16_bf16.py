@@ -33,14 +33,15 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit.core import config, env, results, timing
+from labkit.core import config, env, machine, results, timing, verdict
 from labkit.model import hardware, models, prompts, sizing
 from labkit.decoding import quality
-from labkit.precision import variants
+from labkit.precision import rounds, variants
 from labkit.lessons import exercises, plots
 from labkit.lessons.exercises import nb02
 
 plots.setup_offline()
+machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 print("CPU:", env.hardware()["cpu"], "| GPU:", env.hardware()["gpu"])
@@ -49,7 +50,7 @@ print("half precision on this run's device:", hardware.half_precision_features()
 # %% subslide parameters
 VARIANTS = ["fp32", "fp16", "bf16"]  # fp32 first: it is the reference
 NEW_TOKENS = config.pick(32, 8)  # decode tokens per timed run
-REPEATS = config.pick(3, 1)  # timed runs per variant (after one warmup)
+REPEATS = config.pick(5, 3)  # timed rounds over the variants, interleaved (after one warmup each)
 PPL_WINDOW = 512  # tokens per perplexity window
 PPL_MAX_TOKENS = config.pick(None, 256)  # tokens of data/eval text scored (None: all of it)
 REF_PROMPTS = config.pick(12, 3)  # prompts from data/prompts.json for agreement and KL
@@ -57,7 +58,7 @@ REF_NEW_TOKENS = config.pick(32, 12)  # reference continuation tokens per prompt
 QUESTIONS = config.pick(5, 1)  # questions answered side by side
 ANSWER_TOKENS = config.pick(24, 12)  # tokens per answer
 MATMUL_TOKENS = 64  # rows (tokens) of the prefill-like matmul in section 5
-MATMUL_REPEATS = config.pick(10, 2)  # timed repeats per matmul
+MATMUL_REPEATS = config.pick(10, 5)  # timed repeats per matmul
 ROUND_SAMPLES = 100_000  # random fp32 values rounded to bf16 by hand and by torch
 ACCUM_START, ACCUM_STEP, ACCUM_STEPS = 1.0, 1e-4, 10_000  # the running sum of section 2: start + step, ACCUM_STEPS times
 
@@ -206,9 +207,11 @@ pd.DataFrame({"dtype": VARIANTS, "predicted_MiB": [predicted[d] / 2**20 for d in
 # %% md slide
 # ## 4 · Measure: load, TTFT, decode, quality
 #
-# Each variant is loaded, timed (one warmup, then `REPEATS` runs of `NEW_TOKENS` greedy tokens),
-# scored on `data/eval/labkit_eval.txt` (English and Chinese) and teacher-forced on the fp32
-# model's own continuations of the prompts in `data/prompts.json`, then released. Predict: how many
+# Each variant is loaded, scored on `data/eval/labkit_eval.txt` (English and Chinese) and
+# teacher-forced on the fp32
+# model's own continuations of the prompts in `data/prompts.json`, then released; then all are loaded
+# together and their decode timed in `REPEATS` interleaved rounds of `NEW_TOKENS` greedy tokens (fp32
+# fp16 bf16 fp32 fp16 bf16 …), so a busy minute slows all of them alike. Predict: how many
 # times as fast as fp32 do fp16 and bf16 decode on this machine?
 
 # %% fragment
@@ -220,7 +223,10 @@ settings = variants.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_toke
                              ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
                              ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)
 inputs = variants.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
-rows = list(variants.run(VARIANTS, inputs=inputs))
+machine.check("variants")
+rows, drift = rounds.run(VARIANTS, inputs)  # each alone for memory and quality, then decode timed in rounds
+print(f"decode timed in {REPEATS} interleaved rounds (fp32 fp16 bf16 …), fp32 first and last: "
+      f"last / first = {drift:.2f}" if drift else "decode timed in interleaved rounds")
 table = pd.DataFrame(rows).set_index("variant")
 table[["status", "load_s", "weight_bytes", "predicted_weight_bytes", "ttft_s", "decode_tokens_per_s",
        "perplexity", "agreement", "kl"]]
@@ -261,11 +267,14 @@ shapes = pd.DataFrame([{"device": device, "dtype": str(d).replace("torch.", ""),
 shapes
 
 # %% fragment
-ratio = {v: {"ttft": ok.ttft_s[v] / ok.ttft_s["fp32"], "decode": ok.decode_tokens_per_s[v] / ok.decode_tokens_per_s["fp32"]}
-         for v in ok.index if v != "fp32"}
-for v, r in ratio.items():
-    print(f"{v}: TTFT {r['ttft']:.2f}× fp32's ({'slower' if r['ttft'] > 1 else 'faster'}), "
-          f"decode speed {r['decode']:.2f}× fp32's ({'faster' if r['decode'] > 1 else 'slower'})")
+rows_by = {r["variant"]: r for r in rows}
+for v in (v for v in ok.index if v != "fp32"):
+    ttft_v = verdict.compare(verdict.samples(rows_by[v], "ttft_s"), verdict.samples(rows_by["fp32"], "ttft_s"),
+                             higher_is_better=False)
+    dec_v = verdict.compare(verdict.samples(rows_by[v], "decode_tokens_per_s"),
+                            verdict.samples(rows_by["fp32"], "decode_tokens_per_s"))
+    print(f"{v}: TTFT {ttft_v.ratio:.2f}× fp32's ({ttft_v.word('shorter', 'longer')}), "
+          f"decode speed {dec_v.ratio:.2f}× fp32's ({dec_v.word()})")
 reason = hardware.fast_half_matmul_reason()
 print("half-precision matmul hardware:", reason or f"{device} reports native fp16/bf16 matmul support")
 
@@ -304,14 +313,25 @@ for v, s in speedup.items():
     r, t = ok.loc[v], ok.ttft_s[v] / ok.ttft_s["fp32"]
     pre = mm.loc[v, "prefill-like (s)"] / mm.loc["fp32", "prefill-like (s)"]
     step = mm.loc[v, "decode-like (s)"] / mm.loc["fp32", "decode-like (s)"]
+    byte_x = ok.weight_bytes["fp32"] / r.weight_bytes
+    # memory-bound decode gains at most the bytes it no longer reads, unless its matmul itself got faster
+    bound = max(byte_x, 1 / step)
+    d = verdict.compare(verdict.samples(rows_by[v], "decode_tokens_per_s"), verdict.samples(rows_by["fp32"], "decode_tokens_per_s"),
+                        bound=bound, bound_why=f"{byte_x:.2f}× fewer weight bytes, decode-like matmul {1 / step:.2f}× fp32's speed")
+    said = {verdict.IMPLAUSIBLE: f"decode came out {d.gain:.2f}× fp32's speed: implausible — rerun ({d.reason}; "
+                                 f"{machine.last_line()})",
+            verdict.NOISE: f"decode {d.gain:.2f}× fp32's speed, within noise ({d.reason})"}.get(
+        d.kind, f"decode {d.gain:.2f}× as fast as fp32 ({d.word()})")
+    why = {verdict.BETTER: ("Reading half the bytes paid off in decode here" + (
+               f", and the decode-like matmul itself ran {1 / step:.2f}× fp32's speed." if step < 1 else ".")),
+           verdict.WORSE: ("Half the bytes did not make decode faster here: " + (
+               f"{reason}." if reason and step >= 1 else
+               f"the decode-like matmul ran {1 / step:.2f}× fp32's speed, so the rest of each step (conversions, "
+               "small operators) lost more than the weights gained."))}.get(d.kind, "")
     speed_found.append((
-        f"{v}: weights {r.weight_bytes / ok.weight_bytes['fp32']:.2f}× fp32's bytes; decode {s:.2f}× as fast as fp32 "
-        f"({'faster' if s > 1 else 'slower'}), TTFT {t:.2f}× fp32's ({'shorter' if t < 1 else 'longer'}); the "
-        f"decode-like matmul took {step:.2f}× fp32's time, the prefill-like one {pre:.2f}×. "
-        + ("Reading half the bytes paid off in decode here." if s > 1 and step < 1 else
-           "Half the bytes did not make decode faster here." + (f" ({reason})" if reason else "")
-           if s <= 1 else "Decode got faster though the lone decode-like matmul did not.")
-        + f" Quality: agreement {r.agreement:.3f}, KL {r.kl:.2g} nats against fp32.", s))
+        f"{v}: weights {1 / byte_x:.2f}× fp32's bytes; {said}, TTFT {t:.2f}× fp32's "
+        f"({'shorter' if t < 1 else 'longer'}); the decode-like matmul took {step:.2f}× fp32's time, the "
+        f"prefill-like one {pre:.2f}×. {why} Quality: agreement {r.agreement:.3f}, KL {r.kl:.2g} nats against fp32.", s))
 if {"fp16", "bf16"} <= set(speedup):
     closer = "fp16" if ok.kl["fp16"] < ok.kl["bf16"] else "bf16"
     why = (f"bf16 keeps {formats.mantissa_bits['bfloat16']} mantissa bits to fp16's {formats.mantissa_bits['float16']}"

@@ -29,13 +29,14 @@
 import labkit
 import pandas as pd
 import torch
-from labkit.core import config, env, results
+from labkit.core import config, env, machine, results
 from labkit.model import hardware, models, onnx, prompts
 from labkit.decoding import quality
-from labkit.precision import libraries, quantisers, variants
+from labkit.precision import libraries, quantisers, rounds, variants
 from labkit.lessons import exercises, findings, plots
 
 plots.setup_offline()
+machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("torch", "transformers", "bitsandbytes", "onnxruntime", "optimum-onnx")})
 print("int8-relevant CPU flags:", {k: v for k, v in hardware.cpu_features().items()
@@ -45,7 +46,7 @@ env.capabilities_frame().query("name in ['cuda', 'bitsandbytes', 'onnxruntime', 
 # %% subslide parameters
 VARIANTS = ["fp32", "fp16", "bnb-int8", "bnb-nf4", "ort-fp32", "ort-int8-tensor", "ort-int8-channel"]  # bf16: notebook 02
 NEW_TOKENS = config.pick(32, 8)  # decode tokens per timed run
-REPEATS = config.pick(3, 1)  # timed runs per variant (after one warmup)
+REPEATS = config.pick(5, 3)  # timed rounds over the variants, interleaved (after one warmup each)
 PPL_WINDOW = 512  # tokens per perplexity window
 PPL_MAX_TOKENS = config.pick(None, 256)  # tokens of data/eval text scored (None: all of it)
 REF_PROMPTS = config.pick(12, 2)  # prompts from data/prompts.json for agreement and KL
@@ -269,7 +270,10 @@ settings = variants.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_toke
                              ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
                              ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)
 inputs = variants.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
-rows = list(variants.run(VARIANTS, inputs=inputs))
+machine.check("variants")
+rows, drift = rounds.run(VARIANTS, inputs)  # each alone for memory and quality, then decode timed in rounds
+print(f"decode timed in {REPEATS} interleaved rounds, fp32 first and last: last / first = {drift:.2f}" if drift else
+      "decode timed in interleaved rounds")
 table = pd.DataFrame(rows).set_index("variant")
 table["weight_MiB"] = table.weight_bytes / 2**20
 table["peak_MiB"] = table.peak_memory_bytes / 2**20
@@ -299,6 +303,8 @@ if len(int8_ok):
     exercises.reveal(f"fastest int8 ({fastest.variant}) decode / fp32", PREDICT_INT8_SPEEDUP,
                      fastest.decode_tokens_per_s / base.decode_tokens_per_s, "×")
     print(f"{fastest.variant}: greedy agreement with fp32 {fastest.agreement:.0%}, KL {fastest.kl:.3g} nats/token")
+    v8 = findings.int8_verdict(table, fastest.variant)
+    print(f"verdict against fp32: {v8.kind} ({v8.reason})")
 
 # %% md subslide
 # ### Which kernel did bitsandbytes run?
@@ -378,22 +384,22 @@ best = variants.best_of(rows, ["ort-int8-tensor", "ort-int8-channel"])
 if best is not None:
     by_variant["ort-int8"] = best
 claims = [("fp16", "FP16", -0.50, 0.005), ("bnb-int8", "INT8", -0.75, 0.03), ("ort-int8", "INT8", -0.75, 0.03)]
-verdict = []
+checked = []
 for variant, label, mem_claim, loss_claim in claims:
     r = by_variant.get(variant, {"status": "not run"})
     if r["status"] != "ok":
-        verdict.append({"variant": variant, "claim": label, "note": f"not measured here: {r['status']}"})
+        checked.append({"variant": variant, "claim": label, "note": f"not measured here: {r['status']}"})
         continue
     mem = r["weight_bytes"] / base.weight_bytes - 1
     loss = r["perplexity"] / base.perplexity - 1
-    verdict.append({"variant": r["variant"], "claim": label, "memory_change": mem, "memory_claim": mem_claim,
+    checked.append({"variant": r["variant"], "claim": label, "memory_change": mem, "memory_claim": mem_claim,
                     "memory_holds": abs(mem - mem_claim) <= 0.05, "perplexity_rise": loss, "loss_claim": loss_claim,
                     "accuracy_holds": loss <= loss_claim, "top1_disagreement": 1 - r["agreement"]})
-verdict = pd.DataFrame(verdict)
-verdict
+checked = pd.DataFrame(checked)
+checked
 
 # %% fragment
-for v in verdict.itertuples():
+for v in checked.itertuples():
     if hasattr(v, "memory_change") and pd.notna(v.memory_change):
         print(f"{v.claim} ({v.variant}): memory {v.memory_change:+.0%} vs claimed {v.memory_claim:+.0%} → "
               f"{'holds' if v.memory_holds else 'does not hold'}; perplexity {v.perplexity_rise:+.1%} vs ≤{v.loss_claim:.1%} → "
@@ -416,8 +422,9 @@ res.replace("hand_quantised", hand.reset_index().to_dict("records"))
 res.replace("library_agreement", agree.to_dict("records"))
 res.replace("layer_error", err.to_dict("records"))
 res.replace("ort_api", claims_ort)
-res.replace("claims", verdict.to_dict("records"))
-found = findings.quantisation(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), verdict=verdict)
+res.replace("claims", checked.to_dict("records"))
+found = findings.quantisation(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), claims=checked,
+                              layers=err)
 res.replace("summary", found.rows)
 print("saved", res.save())
 print("\n".join("- " + s for s in found.sentences))

@@ -27,13 +27,14 @@
 
 # %% slide
 import labkit
-from labkit.core import config, env, results, timing
+from labkit.core import config, env, machine, results, timing
 from labkit.model import models, sizing
 from labkit.decoding import generation, quality
 from labkit.engines import warmup
 from labkit.lessons import exercises, findings, plots
 
 plots.setup_offline()
+machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 env.capabilities_frame().query("name in ['cuda', 'torch.compile']")

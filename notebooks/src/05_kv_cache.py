@@ -29,12 +29,13 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit.core import config, env, results
+from labkit.core import config, env, machine, results
 from labkit.model import dtypes, models
 from labkit.decoding import cache_variants, decode, kv, profiling, quality
 from labkit.lessons import exercises, findings, plots
 
 plots.setup_offline()
+machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "flash-attn")})
 env.capabilities_frame().query("name in ['cuda', 'flash-attn', 'torch.compile']")

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit.core import config, env, results
+from labkit.core import config, env, machine, results
 from labkit.model import models
 from labkit.decoding import decode
 from labkit.serve import batching, launch, loadgen
@@ -41,15 +41,16 @@ from labkit.lessons import exercises, findings, plots
 from labkit.lessons.widgets import panel as batch_widget
 
 plots.setup_offline()
+machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 
 # %% subslide parameters
 STEP_PROMPTS = ["The capital of France is", "Once upon a time, in a village by the sea, there lived", "Water boils at"]
 STEP_TOKENS = config.pick(16, 8)  # new tokens for the decode core's check on the padded batch
-SWEEP_TOKENS = config.pick(32, 12)  # new tokens per sequence in the static sweep
+SWEEP_TOKENS = config.pick(32, 8)  # new tokens per sequence in the static sweep
 BATCH_SIZES = config.pick(None, [1, 2, 4, 8])  # None: 1, 2, 4, 8, 16 on a CPU; on a GPU doubling until out of memory
-SWEEP_REPEATS = config.pick(2, 1)  # timed runs per batch size (after one warmup)
+SWEEP_REPEATS = config.pick(5, 3)  # rounds over the batch sizes, interleaved (after one warmup each)
 PAD_BATCH = config.pick(8, 4)  # sequences in the padding experiment (one long prompt, the rest short)
 PAD_LONG_REPEAT = config.pick(2, 1)  # how many times the long prompt repeats the prompt set
 CLIENTS = 8  # concurrent clients for the server comparison
@@ -175,6 +176,7 @@ print(f"decode core vs generate, {len(core['ours'])} left-padded rows × {STEP_T
 PREDICT_THROUGHPUT_GAIN = None  # your prediction: total tokens/s at the largest batch / at batch 1
 
 # %% fragment
+machine.check("static sweep")
 sweep = batching.static_sweep(lm.model, lm.tokenizer, BATCH_SIZES, new_tokens=SWEEP_TOKENS, repeats=SWEEP_REPEATS)
 res.replace("static", sweep)
 res.frame("static")[["batch_size", "status", "ttft_s", "tpot_s", "latency_s", "tokens_per_s_per_user",
@@ -188,7 +190,10 @@ plots.line(res.frame("static").query("status == 'ok'"), x="batch_size", y=["tota
            title="Static batching: total against per-user output tokens/s", x_title="batch size",
            y_title="output tokens/s", log_x=True).show()
 batching.pareto_figure(sweep).show()
-gain = last_row["total_tokens_per_s"] / first_row["total_tokens_per_s"]
+total_v, user_v = findings.batch_verdicts(first_row, last_row, memory_bound)
+gain = total_v.gain
+print(f"drift: batch 1 timed first and last, last / first = {first_row['drift']:.2f}" if first_row.get("drift") else "")
+print(findings.throughput_sentence(last_row["batch_size"], total_v, memory_bound))
 exercises.reveal(f"throughput gain at batch {last_row['batch_size']}", PREDICT_THROUGHPUT_GAIN, gain, "×")
 print(f"the memory-bound model predicted {memory_bound:.1f}× (weights read once per step, KV per sequence)")
 
@@ -203,6 +208,7 @@ print(f"the memory-bound model predicted {memory_bound:.1f}× (weights read once
 PREDICT_BUCKET_SPEEDUP = None  # your prediction: prefill time of the mixed batch / of the two buckets together
 
 # %% fragment
+machine.check("padding")
 pad = batching.padding_experiment(lm.model, lm.tokenizer, batch=PAD_BATCH, new_tokens=4, long_repeat=PAD_LONG_REPEAT)
 res.replace("padding", pad)
 mixed, bucketed = pad[0], pad[-1]
@@ -253,6 +259,7 @@ bad = loadgen.run(server.url, num_requests=1, max_tokens=10**6, warmup=0).output
 print(f"a request for a million tokens gets HTTP {bad.status}: {bad.error}")
 
 # %% subslide
+machine.check("server")
 serve_rows = []
 for max_batch in (1, 8):
     server.configure(max_batch_size=max_batch)

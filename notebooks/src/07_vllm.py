@@ -35,7 +35,7 @@ import pandas as pd
 from IPython.display import display
 
 import labkit
-from labkit.core import config, env, results
+from labkit.core import config, env, machine, results
 from labkit.model import dtypes, gpus, models, prompts, sizing
 from labkit.decoding import decode
 
@@ -43,6 +43,7 @@ from labkit.serve import decoder, paged, scheduler, vllm
 from labkit.lessons import exercises, plots
 
 plots.setup_offline()
+machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "vllm")})
 env.capabilities_frame().query("name in ['vllm', 'torch-tensorrt']")

@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit.core import config, env, results
+from labkit.core import config, env, machine, results
 from labkit.model import models, onnx, prompts
 from labkit.decoding import generation, quality
 from labkit.precision import calibration
@@ -43,6 +43,7 @@ from labkit.engines import compiled, fusion, onnxruntime, tensorrt
 from labkit.lessons import exercises, plots
 
 plots.setup_offline()
+machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "onnxruntime", "tensorrt")})
 env.capabilities_frame()

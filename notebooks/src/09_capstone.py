@@ -27,12 +27,13 @@
 import pandas as pd
 
 import labkit
-from labkit.core import config, env, memory, results
+from labkit.core import config, env, machine, memory, results
 from labkit.model import models
 from labkit.serve import launch, loadgen, paged
 from labkit.lessons import plots, report
 
 plots.setup_offline()
+machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 

@@ -31,7 +31,7 @@ import torch
 from IPython.display import display
 
 import labkit
-from labkit.core import config, env, results, timing
+from labkit.core import config, env, machine, results, timing
 from labkit.model import models, onnx, prompts
 from labkit.decoding import decode, quality, speculative
 from labkit.precision import kvquant, quantisers, variants
@@ -40,6 +40,7 @@ from labkit.serve import continuous, prefill
 from labkit.lessons import beyond, exercises, plots
 
 plots.setup_offline()
+machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "onnxruntime")})
 

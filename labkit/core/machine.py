@@ -1,0 +1,188 @@
+"""How busy this machine is right now: the load line every notebook prints before it times anything.
+
+A timing is only as good as the machine it ran on. ``read()`` samples the load average per core, the CPU
+time the hypervisor stole (``/proc/stat``'s steal column, on a VM) and the other processes that used CPU
+over a short window; ``check(where)`` prints that as one line, says plainly when timings will be
+unreliable and what to close, and keeps every reading so ``env.environment()`` stores them with the
+results. Linux reads ``/proc``; elsewhere only the load average is known (``os.getloadavg``), and the
+line says so.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .timing import clock
+
+BUSY_SHARE = 0.25  # other processes using more than a quarter of the cores make timings unreliable
+BUSY_STEAL = 0.05  # a hypervisor taking more than 5 % of the CPU time likewise
+WINDOW_S = 0.5  # how long read() watches the other processes
+TOP = 3  # the busiest processes the line names
+
+_READINGS: list[dict[str, Any]] = []
+
+
+@dataclass
+class Reading:
+    """One look at the machine: ``busy`` when other work takes enough CPU to move timings."""
+
+    where: str
+    cores: int
+    load_per_core: float | None
+    steal: float | None  # share of CPU time stolen over the window; None where /proc/stat has no steal
+    others_cores: float | None  # CPU the other processes used over the window, in cores; None without /proc
+    busiest: list[tuple[str, float]] = field(default_factory=list)  # (command, cores)
+    time: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        if self.others_cores is not None:
+            busy = self.others_cores > BUSY_SHARE * self.cores
+        else:  # no per-process view: the load average counts this process too, so allow one core for it
+            busy = self.load_per_core is not None and self.load_per_core * self.cores > 1 + BUSY_SHARE * self.cores
+        return busy or (self.steal is not None and self.steal > BUSY_STEAL)
+
+    def line(self) -> str:
+        parts = [f"load {self.load_per_core:.2f} per core" if self.load_per_core is not None else "load unknown",
+                 f"{self.cores} cores"]
+        if self.steal is not None:
+            parts.append(f"steal {self.steal:.0%}")
+        if self.others_cores is not None:
+            top = ", ".join(f"{name} {cores:.1f}" for name, cores in self.busiest) or "none"
+            parts.append(f"other processes {self.others_cores:.1f} cores (busiest: {top})")
+        else:
+            parts.append("other processes unknown (no /proc)")
+        verdict = "BUSY" if self.busy else "quiet"
+        return f"Machine {verdict} at {self.where}: " + "; ".join(parts)
+
+    def advice(self) -> str:
+        if not self.busy:
+            return ""
+        what = ", ".join(name for name, _ in self.busiest) or "other programs"
+        return (f"Timings will be unreliable: other work is using the CPU ({what}). Close it (a browser tab playing "
+                "video, a build, a second notebook), wait for the load to drop, then rerun; until then read every "
+                "ratio below as 'within noise' unless its verdict says otherwise.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "busy": self.busy, "line": self.line()}
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(total, steal) jiffies from /proc/stat's cpu line, or None without it (steal is column 8)."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    values = [int(v) for v in fields[1:]]
+    steal = values[7] if len(values) > 7 else None
+    return (sum(values[:8]), steal) if steal is not None else None
+
+
+def _own_family() -> set[int]:
+    """This process and its ancestors: a notebook's kernel, its Jupyter server and the runner are the lab."""
+    pids, pid = {os.getpid()}, os.getpid()
+    for _ in range(8):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        if pid <= 1:
+            break
+        pids.add(pid)
+    return pids
+
+
+def _process_ticks() -> dict[int, tuple[str, int]]:
+    """pid → (command name, utime + stime ticks) for every process /proc lets us read."""
+    out: dict[int, tuple[str, int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        out[int(entry)] = (name, int(rest[11]) + int(rest[12]))
+    return out
+
+
+def _cmdline(pid: int, fallback: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+    except OSError:
+        return fallback
+    if not argv:
+        return fallback
+    words = [os.path.basename(argv[0])] + [a for a in argv[1:3] if not a.startswith("-")][:1]
+    return " ".join(words)[:40]
+
+
+def read(where: str = "now", window_s: float = WINDOW_S) -> Reading:
+    """Look at the machine for ``window_s`` seconds: load average, steal and the other processes' CPU."""
+    cores = _cores()
+    try:
+        load: float | None = os.getloadavg()[0] / cores
+    except (AttributeError, OSError):
+        load = None
+    if not os.path.isdir("/proc/self"):
+        return Reading(where, cores, load, None, None, [], time.time())
+    before, stat0, t0 = _process_ticks(), _cpu_times(), clock()
+    time.sleep(window_s)
+    after, stat1, elapsed = _process_ticks(), _cpu_times(), clock() - t0
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    mine = _own_family()
+    used: list[tuple[int, str, float]] = []
+    for pid, (name, ticks) in after.items():
+        if pid in mine or pid not in before:
+            continue
+        cores_used = (ticks - before[pid][1]) / hz / elapsed
+        if cores_used > 0.01:
+            used.append((pid, name, cores_used))
+    used.sort(key=lambda u: -u[2])
+    steal = None
+    if stat0 and stat1 and stat1[0] > stat0[0]:
+        steal = (stat1[1] - stat0[1]) / (stat1[0] - stat0[0])
+    busiest = [(_cmdline(pid, name), round(c, 2)) for pid, name, c in used[:TOP]]
+    return Reading(where, cores, load, steal, sum(u[2] for u in used), busiest, time.time())
+
+
+def check(where: str = "start", *, quiet: bool = False) -> Reading:
+    """Print the load line (and, when busy, what to close); keep the reading for the results' environment."""
+    reading = read(where)
+    _READINGS.append(reading.to_dict())
+    if not quiet:
+        print(reading.line())
+        if reading.busy:
+            print(reading.advice())
+    return reading
+
+
+def readings() -> list[dict[str, Any]]:
+    """Every reading ``check`` took in this process, oldest first (stored in ``env.environment()``)."""
+    return [dict(r) for r in _READINGS]
+
+
+def busy_during() -> bool:
+    """Whether any check in this process found the machine busy."""
+    return any(r["busy"] for r in _READINGS)
+
+
+def last_line() -> str:
+    """The most recent load line, or a fresh one when nothing has been checked yet."""
+    return _READINGS[-1]["line"] if _READINGS else check("now", quiet=True).line()
