@@ -145,3 +145,12 @@ def test_default_model_continuous_matches_alone(default_lm):
     eos = decoder.eos_ids(model, tok)
     run = scheduler.run_continuous(model, reqs, eos, tok.pad_token_id, max_batch_size=3)
     assert run.outputs() == _alone(model, tok, reqs, eos)
+
+
+def test_rounds_interleave_modes_and_run_the_first_again_last():
+    from labkit.serve import scheduler as sched
+
+    order = []
+    done = sched.rounds({m: (lambda m=m: order.append(m) or m) for m in ("alone", "static", "continuous")}, 2)
+    assert order == ["alone", "static", "continuous"] * 2 + ["alone"]
+    assert {m: len(v) for m, v in done.items()} == {"alone": 3, "static": 2, "continuous": 2}

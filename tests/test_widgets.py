@@ -57,10 +57,16 @@ def test_panel_callback_updates_figure_in_place():
 def test_panel_widgets_follow_the_slider(monkeypatch):
     calls = []
 
-    def fake(server, max_tokens, progress=None, superseded=None, rounds=1, max_rounds=None, **values):
+    seen = []
+
+    def fake(server, max_tokens, progress=None, superseded=None, rounds=1, max_rounds=None, on_round=None, **values):
         calls.append(values)
         if progress:
             progress(1, 1)
+        if on_round is not None and "box" in seen:  # the point so far is shown while it is measured
+            on_round({**_fake_measure(**values), "rounds": 2, "requests": 16, "spread": 0.05, "partial": True})
+            status = box.children[1].children[1].value
+            seen.append((status, box.figure.layout.title.text, list(box.figure.data[2].x), list(box.figure.data[0].x)))
         return _fake_measure(**values)
 
     monkeypatch.setattr(widgets, "measure_point", fake)
@@ -70,8 +76,13 @@ def test_panel_widgets_follow_the_slider(monkeypatch):
     assert len(box.state.points) == 1 and list(box.figure.data[0].x) == [8]
     slider = box.controls["batch"]
     assert slider.description == "batch size"
+    seen.append("box")
     slider.value = 2
     assert box.measurer.wait(30)
+    status, title, circled, curve = seen[-1]
+    assert "round 2, 16 requests done" in status and "tokens/s so far, spread 5%" in status, status
+    assert "warm-up burst:" in status and title.endswith("(so far)") and circled == [2] and curve == [8]
+    assert "warm-up burst:" in box.children[1].children[1].value  # the finished point's status keeps it
     box.measurer.close(30)
     assert calls[-1]["max_batch_size"] == 2 and list(box.figure.data[0].x) == [2, 8]
 

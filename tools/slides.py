@@ -604,6 +604,28 @@ def _expand_output(out: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
     return [_highlighted(chunk) for chunk in code_chunks(code)]
 
 
+# the learner's scaffolding: a deck shows what was measured, not which predictions and exercises are still open
+SCAFFOLDING = re.compile(r"no prediction made|^Exercise \d\d\.\w+ · .*: not attempted")
+
+
+def drop_scaffolding(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
+    """The output without "no prediction made …" and "Exercise … not attempted" lines; None when nothing is left
+    (an exercise-status table, a stream of only such lines)."""
+    if out.get("output_type") == "stream":
+        kept = [line for line in _text(out["text"]).splitlines(keepends=True) if not SCAFFOLDING.search(line)]
+        if not "".join(kept).strip():
+            return None
+        out["text"] = "".join(kept)
+        return out
+    html_text = _text((out.get("data") or {}).get("text/html", ""))
+    if html_text and not _is_plotly(html_text) and "not attempted" in html_text and _TABLE.search(html_text):
+        return None  # an exercise-status table
+    plain = _text((out.get("data") or {}).get("text/plain", ""))
+    if plain and len(out.get("data") or {}) == 1 and SCAFFOLDING.search(plain):
+        return None
+    return out
+
+
 def _trim_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Printed text and tables cut to what a slide holds, with a note of the cut."""
     if out.get("output_type") == "stream":
@@ -794,7 +816,8 @@ def prepare(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
             for out in cell.get("outputs", []):
                 if out.get("data") and WIDGET_VIEW in out["data"]:
                     _widget_output(out)
-            cell.outputs = [_trim_output(piece) for o in _merge_streams(cell.get("outputs", []))
+            kept = [k for o in cell.get("outputs", []) if (k := drop_scaffolding(o)) is not None]
+            cell.outputs = [_trim_output(piece) for o in _merge_streams(kept)
                             if o.get("output_type") not in ("display_data", "execute_result") or o.get("data")
                             for piece in _expand_output(o)]
             if not is_mechanism(cell):

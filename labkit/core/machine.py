@@ -158,7 +158,7 @@ def read(where: str = "now", window_s: float = WINDOW_S) -> Reading:
     steal = None
     if stat0 and stat1 and stat1[0] > stat0[0]:
         steal = (stat1[1] - stat0[1]) / (stat1[0] - stat0[0])
-    busiest = [(_cmdline(pid, name), round(c, 2)) for pid, name, c in used[:TOP]]
+    busiest = [(_cmdline(pid, name), round(c, 2)) for pid, name, c in used[:TOP] if c >= 0.05]
     return Reading(where, cores, load, steal, sum(u[2] for u in used), busiest, time.time())
 
 

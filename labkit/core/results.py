@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import config, env
+from . import config, env, machine
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-.")
 
@@ -199,3 +199,22 @@ def provenance(res: Results) -> str:
     return (f"{res.name}: measured {e.get('date', '?')} on {where} ({e.get('device', '?')}), "
             f"torch {v.get('torch', '?')}, transformers {v.get('transformers', '?')}; "
             f"command: {e.get('command', '?')}")
+
+
+OFF_BY = 2.0  # a ratio more than 2× away from the quiet reference's says the machine differs or was busy
+
+
+def beside_reference(what: str, value: float, ref: Results | None, ref_value: float | None, unit: str = "×") -> str:
+    """This run's ``value`` printed beside the shipped reference's, with a warning when they are > OFF_BY apart.
+
+    Ratios (× one's own baseline) are compared across modes: each side is normalised to its own machine and run.
+    """
+    if ref is None or ref_value is None or not ref_value or not value:
+        return f"{what}: {value:.2f}{unit} here (no reference of it ships)"
+    mode = "quick" if ref.env.get("quick") else "full"
+    line = (f"{what}: {value:.2f}{unit} here, {ref_value:.2f}{unit} in the reference ({mode} mode, "
+            f"{(ref.env.get('hardware') or {}).get('cpu') or ref.env.get('device', '?')})")
+    off = max(value / ref_value, ref_value / value)
+    if off > OFF_BY:
+        line += (f". {off:.1f}× off the reference: your machine differs or was busy. {machine.last_line()}")
+    return line

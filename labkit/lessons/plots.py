@@ -10,11 +10,14 @@ _TEMPLATE = "plotly_white"
 
 def setup_offline() -> None:
     """Embed plotly.js in notebook outputs (renderer ``notebook``), so plots work without internet
-    and survive ``nbconvert --to slides``."""
+    and survive ``nbconvert --to slides``; tables show every cell's whole text."""
     import plotly.io as pio
 
     pio.renderers.default = "notebook"
     pio.templates.default = _TEMPLATE
+    import pandas as pd
+
+    pd.set_option("display.max_colwidth", None)  # a capability's reason is read whole, not cut at 50 characters
 
 
 def bar(df: Any, x: str, y: str, title: str, y_title: str, color: str | None = None, text_auto: bool | str = ".3g"):

@@ -82,12 +82,13 @@ class Superseded(Exception):
 def measure_point(server: Any, max_batch_size: int, max_wait_ms: float, clients: int, max_tokens: int = 8,
                   requests_per_client: int = 1, progress: Callable[[int, int], None] | None = None, *,
                   rounds: int = 1, max_rounds: int | None = None,
-                  superseded: Callable[[], bool] | None = None) -> dict[str, Any]:
+                  superseded: Callable[[], bool] | None = None,
+                  on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Reconfigure ``server`` and measure one point: ``rounds`` bursts (up to ``max_rounds`` while the
     rounds' tokens/s spread exceeds ``timing.SPREAD_LIMIT``), each ``clients`` concurrent streams of
     ``requests_per_client`` requests. Total output tokens/s is the median of the rounds, with their
     p10/p90; latency percentiles are over every request. ``superseded()`` is asked between rounds:
-    True raises ``Superseded``."""
+    True raises ``Superseded``. ``on_round(point so far)`` is called after every round (``partial``: True)."""
     positive("clients", clients)
     if rounds < 1 or (max_rounds is not None and max_rounds < rounds):
         raise ValueError(f"rounds={rounds}, max_rounds={max_rounds}: need 1 ≤ rounds ≤ max_rounds")
@@ -114,13 +115,28 @@ def measure_point(server: Any, max_batch_size: int, max_wait_ms: float, clients:
         tokens_per_s = res.summary()["output_tokens_per_s"]
         if tokens_per_s:
             tps.append(tokens_per_s)
+        if on_round is not None:
+            on_round(summarise(max_batch_size, max_wait_ms, clients, tps, outputs, done_rounds, duration_s,
+                               partial=True))
         steady = len(tps) < 2 or timing.Measurement.from_values("t", tps).spread <= timing.SPREAD_LIMIT
         if done_rounds >= max_rounds or (done_rounds >= rounds and steady):
             break
+    point = summarise(max_batch_size, max_wait_ms, clients, tps, outputs, done_rounds, duration_s)
+    ok = [o for o in outputs if o.success]
+    if not ok:
+        errors = sorted({f"{o.status or 'no response'}: {o.error[:120]}" for o in outputs})
+        raise RuntimeError(f"every request failed ({len(outputs)}): {'; '.join(errors)}")
+    return point
+
+
+def summarise(max_batch_size: int, max_wait_ms: float, clients: int, tps: list[float],
+              outputs: list[loadgen.RequestOutput], rounds: int, duration_s: float, partial: bool = False
+              ) -> dict[str, Any]:
+    """One point from the rounds measured so far: median tokens/s with p10/p90, latency percentiles."""
     ok = [o for o in outputs if o.success]
     point: dict[str, Any] = {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms, "clients": clients,
-                             "rounds": done_rounds, "requests": len(outputs),
-                             "failed": len(outputs) - len(ok), "duration_s": duration_s}
+                             "rounds": rounds, "requests": len(outputs),
+                             "failed": len(outputs) - len(ok), "duration_s": duration_s, "partial": partial}
     if tps:
         m = timing.Measurement.from_values("output tokens/s", tps, unit="tokens/s")
         point.update(output_tokens_per_s=m.median, output_tokens_per_s_p10=m.p10, output_tokens_per_s_p90=m.p90,
@@ -133,9 +149,6 @@ def measure_point(server: Any, max_batch_size: int, max_wait_ms: float, clients:
             point[f"{name}_p{q}_s"] = timing.percentile(values, q) if values else None
     tpots = [o.tpot_s for o in ok if o.tpot_s]
     point["tokens_per_s_per_user"] = 1 / timing.percentile(tpots, 50) if tpots else None
-    if not ok:
-        errors = sorted({f"{o.status or 'no response'}: {o.error[:120]}" for o in outputs})
-        raise RuntimeError(f"every request failed ({len(outputs)}): {'; '.join(errors)}")
     return point
 
 
@@ -335,7 +348,23 @@ def panel(server: Any, batch_size: int = 8, max_wait_ms: int = 20, clients: int 
     fig = make_figure()
     state = PanelState()
     ui = threading.Lock()  # widget updates come from the worker and from slider callbacks
-    warm = {"done": not measure_now}
+    warm: dict[str, Any] = {"done": not measure_now, "burst_s": None}
+
+    def burst_note() -> str:  # the measured warm-up burst: what a test's deadline is derived from
+        return f" <small>warm-up burst: {warm['burst_s']:.2f} s</small>" if warm["burst_s"] is not None else ""
+
+    def so_far(values: dict[str, Any], point: dict[str, Any]) -> None:
+        """After each round: requests done, the point so far and its spread, circled on the plot (not yet a curve)."""
+        tps = point.get("output_tokens_per_s")
+        with ui:
+            status.value = (f"<i>measuring {_setting(values)}: round {point['rounds']}, {point['requests']} requests "
+                            "done" + (f"; {tps:.1f} tokens/s so far" if tps is not None else "")
+                            + (f", spread {point['spread']:.0%}" if point["rounds"] > 1 and point["spread"] is not None
+                               else "") + "</i>" + burst_note())
+            if tps is not None:
+                with fig.batch_update():
+                    fig.data[2].x, fig.data[2].y = [values["max_batch_size"]], [tps]
+                    fig.layout.title.text = describe(point) + " (so far)"
 
     def progress(done: int, total: int) -> None:
         with ui:
@@ -347,22 +376,23 @@ def panel(server: Any, batch_size: int = 8, max_wait_ms: int = 20, clients: int 
             # set-up, which would make the first point look slower than any later one
             with ui:
                 bar.description, status.value = "warming up", "<i>one untimed burst first…</i>"
+            t0 = timing.clock()
             measure_point(server, max_tokens=2, superseded=superseded, **values)
-            warm["done"] = True
+            warm["done"], warm["burst_s"] = True, timing.clock() - t0
         return on_change(state, fig, values, lambda **v: measure_point(
             server, max_tokens=max_tokens, progress=progress, rounds=min_rounds, max_rounds=max_rounds,
-            superseded=superseded, **v))
+            superseded=superseded, on_round=lambda point: so_far(values, point), **v))
 
     def on_event(kind: str, values: dict[str, Any], detail: Any) -> None:
         with ui:
             if kind == "start":
                 bar.value, bar.description, bar.bar_style = 0, "measuring", "warning"
-                status.value = f"<i>measuring {_setting(values)}…</i> (the kernel stays free)"
+                status.value = f"<i>measuring {_setting(values)}…</i> (the kernel stays free)" + burst_note()
             elif kind == "done":
                 p = detail
                 bar.description, bar.bar_style = "done", "success"
                 status.value = (f"{p['rounds']} rounds, {p['requests']} requests in {p['duration_s']:.1f} s, "
-                                f"{p['failed']} failed; TTFT p50 {p['ttft_p50_s']:.2f} s")
+                                f"{p['failed']} failed; TTFT p50 {p['ttft_p50_s']:.2f} s" + burst_note())
             elif kind == "superseded":
                 status.value = f"<i>{_setting(values)} dropped: a newer setting is measured instead</i>"
             elif kind == "error":
@@ -385,8 +415,8 @@ def panel(server: Any, batch_size: int = 8, max_wait_ms: int = 20, clients: int 
         control.observe(update, names="value")
     box = w.VBox([w.HBox([batch, wait, users]), w.HBox([bar, status]), fig])
     # for tests and scripts: the points, the figure, the sliders, the worker, errors shown so far
-    box.state, box.figure, box.controls, box.measurer, box.errors = (
-        state, fig, {"batch": batch, "wait": wait, "clients": users}, measurer, [])
+    box.state, box.figure, box.controls, box.measurer, box.errors, box.warm = (
+        state, fig, {"batch": batch, "wait": wait, "clients": users}, measurer, [], warm)
     if measure_now:
         update()
     return box

@@ -32,6 +32,8 @@ def retime(rows: list[dict[str, Any]], inputs: Inputs, *, model_name: str | None
     try:
         for r in ok:
             v = _variants.load_variant(r["variant"], model_name, device, **(options or {}).get(r["variant"], {}))
+            if v.rss_sampler is not None:
+                v.rss_sampler.stop()  # memory was read in the first pass; a sampler thread would cost CPU here
             if v.ok:
                 loaded[r["variant"]] = v
         runs: dict[str, list[Any]] = {name: [] for name in loaded}

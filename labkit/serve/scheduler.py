@@ -19,7 +19,7 @@ import logging
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -207,6 +207,21 @@ def run(model: Any, requests: Sequence[Request], eos: set[int], pad_id: int, mod
         raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
     fn = run_static if mode == "static" else run_continuous
     return fn(model, requests, eos, pad_id, batch_size)
+
+
+def rounds(modes: dict[str, Callable[[], Run]], n: int) -> dict[str, list[Run]]:
+    """Each mode run once per round, in order, ``n`` rounds, and the first mode once more at the end.
+
+    Interleaved (A B C A B C … A) so a machine that slows down mid-way slows every mode alike; the first mode
+    running first and last shows how far it drifted."""
+    positive("rounds", n)
+    done: dict[str, list[Run]] = {mode: [] for mode in modes}
+    for _ in range(n):
+        for mode, fn in modes.items():
+            done[mode].append(fn())
+    first = next(iter(modes))
+    done[first].append(modes[first]())
+    return done
 
 
 def mixed_workload(tokenizer: Any, n_requests: int = 8, long_every: int = 4, short_tokens: int = 16,

@@ -318,6 +318,8 @@ for v, s in speedup.items():
     bound = max(byte_x, 1 / step)
     d = verdict.compare(verdict.samples(rows_by[v], "decode_tokens_per_s"), verdict.samples(rows_by["fp32"], "decode_tokens_per_s"),
                         bound=bound, bound_why=f"{byte_x:.2f}× fewer weight bytes, decode-like matmul {1 / step:.2f}× fp32's speed")
+    ttft_word = verdict.compare(verdict.samples(rows_by[v], "ttft_s"), verdict.samples(rows_by["fp32"], "ttft_s"),
+                                higher_is_better=False).word("shorter", "longer")
     said = {verdict.IMPLAUSIBLE: f"decode came out {d.gain:.2f}× fp32's speed: implausible — rerun ({d.reason}; "
                                  f"{machine.last_line()})",
             verdict.NOISE: f"decode {d.gain:.2f}× fp32's speed, within noise ({d.reason})"}.get(
@@ -330,7 +332,7 @@ for v, s in speedup.items():
                "small operators) lost more than the weights gained."))}.get(d.kind, "")
     speed_found.append((
         f"{v}: weights {1 / byte_x:.2f}× fp32's bytes; {said}, TTFT {t:.2f}× fp32's "
-        f"({'shorter' if t < 1 else 'longer'}); the decode-like matmul took {step:.2f}× fp32's time, the "
+        f"({ttft_word}); the decode-like matmul took {step:.2f}× fp32's time, the "
         f"prefill-like one {pre:.2f}×. {why} Quality: agreement {r.agreement:.3f}, KL {r.kl:.2g} nats against fp32.", s))
 if {"fp16", "bf16"} <= set(speedup):
     closer = "fp16" if ok.kl["fp16"] < ok.kl["bf16"] else "bf16"

@@ -49,11 +49,11 @@ KV_NEW_TOKENS = config.pick(16, 4)  # new tokens for the cache-size check
 KV_BATCHES = [1, 4]  # sequences per cache-size check
 KV_CONTEXTS = config.pick([128, 512, 1024, 2048], [64, 128, 256])  # prompt tokens for the growth line
 SPLIT_PROMPTS = config.pick([32, 256, 1024], [32, 512])  # prompt tokens for prefill vs decode
-SPLIT_TOKENS = config.pick(32, 12)  # new tokens per prefill/decode run
-VARIANT_TOKENS = config.pick(64, 12)  # new tokens per cache-variant run
-REPEATS = config.pick(3, 1)  # timed repeats per point
+SPLIT_TOKENS = config.pick(32, 8)  # new tokens per prefill/decode run
+VARIANT_TOKENS = config.pick(64, 8)  # new tokens per cache-variant run
+REPEATS = config.pick(5, 3)  # timed repeats per point
 ATTN_PROMPT = config.pick(1024, 512)  # prompt tokens for the attention comparison
-ATTN_TOKENS = config.pick(16, 6)  # new tokens per attention run
+ATTN_TOKENS = config.pick(16, 4)  # new tokens per attention run
 PROFILE_PROMPT = 128  # prompt tokens for the profiled prefill
 COMPILE_HERE = not config.quick()  # compile the decode step here (too slow for quick mode on a CPU)
 

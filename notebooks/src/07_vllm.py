@@ -30,12 +30,13 @@
 
 # %% slide
 import dataclasses
+import statistics
 
 import pandas as pd
 from IPython.display import display
 
 import labkit
-from labkit.core import config, env, machine, results
+from labkit.core import config, env, machine, results, verdict
 from labkit.model import dtypes, gpus, models, prompts, sizing
 from labkit.decoding import decode
 
@@ -63,7 +64,8 @@ CORE_TOKENS = config.pick(16, 8)  # tokens compared between the decode core and 
 N_REQUESTS = config.pick(16, 8)  # requests in the mixed workload
 LONG_EVERY = 4  # one request in LONG_EVERY has a long answer, the rest short
 SHORT_TOKENS = 16  # answer limit of a short request, tokens
-LONG_TOKENS = config.pick(128, 48)  # answer limit of a long request, tokens
+LONG_TOKENS = config.pick(128, 32)  # answer limit of a long request, tokens
+ROUNDS = config.pick(5, 3)  # timed rounds over the three modes, interleaved (one at a time first and last)
 BATCH = 4  # sequences decoded together: static batch size = continuous max_batch_size
 VLLM_PROMPTS = 64  # prompts for the vLLM offline run (GPU only)
 VLLM_TOKENS = 128  # tokens per prompt (GPU only)
@@ -263,13 +265,22 @@ PREDICT_SHORT_SOONER = None  # your prediction: static ÷ continuous mean latenc
 # %% fragment
 print(f"{len(work)} requests, answer limits {[r.max_new_tokens for r in work]}")
 scheduler.run_static(lm.model, work[:2], eos, lm.tokenizer.pad_token_id, 2)  # warmup: first calls pay set-up
-runs = {"one at a time": scheduler.run_static(lm.model, work, eos, lm.tokenizer.pad_token_id, batch_size=1),
-        "static": scheduler.run_static(lm.model, work, eos, lm.tokenizer.pad_token_id, batch_size=BATCH),
-        "continuous": scheduler.run_continuous(lm.model, work, eos, lm.tokenizer.pad_token_id, max_batch_size=BATCH)}
+machine.check("scheduler")
+modes = {"one at a time": lambda: scheduler.run_static(lm.model, work, eos, lm.tokenizer.pad_token_id, batch_size=1),
+         "static": lambda: scheduler.run_static(lm.model, work, eos, lm.tokenizer.pad_token_id, batch_size=BATCH),
+         "continuous": lambda: scheduler.run_continuous(lm.model, work, eos, lm.tokenizer.pad_token_id,
+                                                        max_batch_size=BATCH)}
+every = scheduler.rounds(modes, ROUNDS)  # one at a time, static, continuous, … then one at a time again
+runs = {mode: done[0] for mode, done in every.items()}  # the first run of each mode, for tables and timelines
+rate = {mode: [r.tokens_per_s for r in done] for mode, done in every.items()}
+print(f"{ROUNDS} interleaved rounds; 'one at a time' first and last: last / first tokens/s = "
+      f"{rate['one at a time'][-1] / rate['one at a time'][0]:.2f}")
 
 # %% fragment
 same = scheduler.compare_outputs(list(runs.values()), runs["one at a time"])
-res.replace("batching", [{**r.summary(), "same_tokens_as_alone": same[r.mode]} for r in runs.values()])
+res.replace("batching", [{**r.summary(), "tokens_per_s": statistics.median(rate[r.mode]), "rounds": len(rate[r.mode]),
+                          "samples": {"tokens_per_s": rate[r.mode]}, "same_tokens_as_alone": same[r.mode]}
+                         for r in runs.values()])
 res.replace("requests", [row for r in runs.values() for row in r.frame().to_dict("records")])
 batch_df = res.frame("batching")
 batch_df[["mode", "max_batch_size", "tokens_per_s", "mean_latency_short_s", "mean_latency_long_s",
@@ -277,8 +288,13 @@ batch_df[["mode", "max_batch_size", "tokens_per_s", "mean_latency_short_s", "mea
 
 # %% subslide
 scheduler.timeline_figure([runs["static"], runs["continuous"]]).show()
-st, co = runs["static"].summary(), runs["continuous"].summary()
-exercises.reveal("continuous ÷ static throughput", PREDICT_CB_SPEEDUP, co["tokens_per_s"] / st["tokens_per_s"], "×")
+st, co, alone = (batch_df.set_index("mode").loc[m] for m in ("static", "continuous", "one at a time"))
+# continuous batching saves steps and rows: its gain cannot beat the larger of the two savings
+cb_bound = max(st.decode_steps / co.decode_steps, (st.decode_steps * st.mean_batch) / (co.decode_steps * co.mean_batch))
+cb_v = verdict.compare(co["samples"]["tokens_per_s"], st["samples"]["tokens_per_s"], bound=cb_bound,
+                       bound_why="continuous batching's own model: the static run's steps or rows over its own")
+static_v = verdict.compare(st["samples"]["tokens_per_s"], alone["samples"]["tokens_per_s"])
+exercises.reveal("continuous ÷ static throughput", PREDICT_CB_SPEEDUP, cb_v.gain, "×")
 exercises.reveal("short requests answered sooner", PREDICT_SHORT_SOONER,
                  st["mean_latency_short_s"] / co["mean_latency_short_s"], "×")
 print(f"greedy tokens identical to each request run alone: static {same['static']}, continuous {same['continuous']}")
@@ -338,7 +354,7 @@ pd.DataFrame([
      "gain": max_row.waste_fraction - paged_row.waste_fraction, "unit": "of reserved memory no longer wasted",
      "quality": "exact (allocation only)"},
     {"idea": "continuous batching", "measured on": f"{lm.name}, {len(work)} requests, this run",
-     "gain": co["tokens_per_s"] / st["tokens_per_s"], "unit": "× throughput vs static",
+     "gain": cb_v.gain, "unit": "× throughput vs static",
      "quality": f"same tokens as alone: {same['continuous']}"},
     {"idea": "continuous batching", "measured on": f"{lm.name}, {len(work)} requests, this run",
      "gain": st["mean_latency_short_s"] / co["mean_latency_short_s"], "unit": "× sooner for short requests",
@@ -346,14 +362,30 @@ pd.DataFrame([
 ]).round(2)
 
 # %% fragment
-cb_gain, short_gain = co["tokens_per_s"] / st["tokens_per_s"], st["mean_latency_short_s"] / co["mean_latency_short_s"]
+cb_gain, short_gain = cb_v.gain, st["mean_latency_short_s"] / co["mean_latency_short_s"]
+ref = results.reference("07_vllm") if (results.reference_dir() / "07_vllm.json").is_file() else None
+ref_rate = ref.frame("batching").set_index("mode").tokens_per_s if ref is not None else None
 print(f"- Reserving up to the model's limit left {max_row.waste_fraction:.0%} of the KV memory empty; blocks left "
       f"{paged_row.waste_fraction:.1%} (under one block per request), so {paged_row.fit_in_budget / max_row.fit_in_budget:.0f}× "
       f"as many {BIG_MODEL} requests fit on a {BIG_MODEL_GPU}.")
-print(f"- Continuous batching gave {cb_gain:.2f}× the static throughput here ("
-      + ("faster" if cb_gain > 1 else "not faster") + f") and answered short requests {short_gain:.1f}× "
+said = {verdict.IMPLAUSIBLE: f"came out {cb_gain:.2f}× the static throughput: implausible — rerun ({cb_v.reason}; "
+                             f"{machine.last_line()})",
+        verdict.NOISE: f"gave {cb_gain:.2f}× the static throughput, within noise ({cb_v.reason})"}.get(
+    cb_v.kind, f"gave {cb_gain:.2f}× the static throughput ({cb_v.word()}; its own model allows up to {cb_bound:.1f}×)")
+print(f"- Continuous batching {said} and answered short requests {short_gain:.1f}× "
       + ("sooner" if short_gain > 1 else "later") + f": static batches made {st['wasted_row_fraction']:.0%} of their rows "
       f"compute for finished requests, continuous {co['wasted_row_fraction']:.0%}.")
+print("- " + results.beside_reference("continuous ÷ static throughput", cb_gain, ref,
+                                      ref_rate["continuous"] / ref_rate["static"] if ref_rate is not None else None))
+step_x = (st.wall_s / st.decode_steps) / (alone.wall_s / alone.decode_steps)
+print(f"- Static batches of {BATCH} gave {static_v.gain:.2f}× one-at-a-time's throughput ({static_v.word()}"
+      + (f": {static_v.reason}" if not static_v.real else "") + "). "
+      + (f"A static batch waits for its longest answer ({LONG_TOKENS} tokens) while its finished rows keep computing "
+         f"({st['wasted_row_fraction']:.0%} of its rows were waste) and pads every prompt to the longest; a step of "
+         f"{BATCH} rows cost {step_x:.1f}× a one-row step here, so the shared weight reads did not pay for the waste."
+         if static_v.kind == verdict.WORSE else
+         "Sharing each step's weight reads outweighed the rows wasted on finished requests and padding."
+         if static_v.kind == verdict.BETTER else "No lesson from it until the verdict is real."))
 print("- Batching changed no answer: every request got exactly the greedy tokens it gets alone."
       if all(same.values()) else f"- Some answers differ from the request run alone: {same}; look for the cause.")
 

@@ -50,8 +50,8 @@ env.capabilities_frame()
 
 # %% subslide parameters
 PROMPT = "Write a short story about a lighthouse keeper."  # the timed request
-NEW_TOKENS = config.pick(32, 8)  # tokens per timed decode
-REPEATS = config.pick(3, 1)  # timed runs per engine (after one warmup)
+NEW_TOKENS = config.pick(32, 6)  # tokens per timed decode
+REPEATS = config.pick(5, 3)  # timed runs per engine (after one warmup)
 MAX_CACHE_LEN = 256  # static KV cache positions (prompt + new tokens must fit)
 FUSION_ROWS = 256  # rows (tokens) of the activations normalised in the fusion section: a prefill's worth
 FUSION_REPEATS = config.pick(7, 3)  # timed samples per variant in the fusion section

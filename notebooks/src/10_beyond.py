@@ -47,9 +47,9 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 # %% subslide parameters
 DTYPE = "fp32" if env.device() == "cpu" else "fp16"  # the model every section measures
 PASSAGE_TOKENS = config.pick(240, 96)  # tokens of text the copying task hands the model
-LOOKUP_NEW_TOKENS = config.pick(64, 24)  # tokens each speculative run decodes
+LOOKUP_NEW_TOKENS = config.pick(64, 16)  # tokens each speculative run decodes
 LOOKUP_DRAFT_TOKENS = 5  # prompt lookup's draft length, tokens (transformers' prompt_lookup_num_tokens)
-REPEATS = config.pick(3, 1)  # timed runs per measurement (after one warmup)
+REPEATS = config.pick(5, 3)  # timed runs per measurement (after one warmup)
 DRAFT_MODEL = None  # a smaller model sharing the tokenizer (hub id or directory), e.g. with
 #                     LABKIT_MODEL=HuggingFaceTB/SmolLM2-1.7B-Instruct: "HuggingFaceTB/SmolLM2-135M-Instruct"
 DOC_TOKENS = config.pick(768, 256)  # tokens of the document every prefix-cache request starts with
@@ -63,7 +63,7 @@ LONG_PROMPT_TOKENS = config.pick(1536, 512)  # the long prompt that arrives whil
 PREFILL_CHUNK_TOKENS = 128  # chunked prefill: prompt tokens per step
 KV_CONTEXT_TOKENS = config.pick(2048, 384)  # context for the KV-cache comparison
 KV_NEW_TOKENS = config.pick(32, 6)  # tokens decoded (teacher-forced) after it
-ENGINE_NEW_TOKENS = config.pick(32, 8)  # decode tokens per engine run
+ENGINE_NEW_TOKENS = config.pick(32, 6)  # decode tokens per engine run
 REF_PROMPTS = config.pick(4, 2)  # prompts of the fp32 reference for agreement and KL
 REF_NEW_TOKENS = config.pick(24, 12)  # tokens of each reference continuation
 GGUF_FORMATS = config.pick(("Q4_1", "Q8_0", "Q4_0"), ("Q4_1", "Q8_0"))  # llama.cpp: the shipped file, requantised ones

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -21,7 +22,10 @@ pytestmark = pytest.mark.browser
 BATCHING = ROOT / "notebooks" / "06_batching.ipynb"
 WIDGET_CALL = "batch_widget("  # the cell in 06 that shows the widget (labkit.lessons.widgets.panel)
 RUN_TIMEOUT_MS = int(os.environ.get("LABKIT_LAB_RUN_TIMEOUT_MS", 420_000))  # cells above the widget, quick mode, 2 CPU cores
-CHANGE_TIMEOUT_MS = 120_000  # one re-measurement after the slider moves
+CHANGE_TIMEOUT_MS = 120_000  # the least time one re-measurement after the slider moves gets
+# a point is at most MAX_ROUNDS rounds of 8-token requests, each at most ~4x the panel's 2-token warm-up burst;
+# the deadline for a point is SAFETY times that, from the burst the panel measured and shows
+MAX_ROUNDS, ROUND_PER_BURST, SAFETY = 12, 4, 3
 # appended to the copy of 06 the browser runs: `_` is the panel, the cell run just before it
 PROBE = 'print("panel measuring while this cell ran:", _.measurer.busy)'
 
@@ -76,11 +80,12 @@ def _drive(page, lab: LabServer, notebook: str, marker: str, label: str, shot: s
     output = cell.locator(".jp-Cell-outputWrapper")
     box = jlab.slider(output, label)
     output.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=CHANGE_TIMEOUT_MS)
-    # the widget's first measurement is drawn (some trace has points) before the slider moves
+    deadline = deadline_ms(output)
+    # the widget's first finished measurement is drawn (a curve has points; the circled point so far is not one)
     output.locator(".js-plotly-plot").first.evaluate(
         "el => new Promise((ok, fail) => { const t0 = Date.now(); (function poll() {"
-        " if ((el.data || []).some(t => t.x && t.x.length)) return ok(true);"
-        f" if (Date.now() - t0 > {CHANGE_TIMEOUT_MS}) return fail(new Error('plot stays empty'));"
+        " if ((el.data || []).some(t => t.name !== 'just measured' && t.x && t.x.length)) return ok(true);"
+        f" if (Date.now() - t0 > {deadline}) return fail(new Error('plot stays empty after {deadline} ms'));"
         " setTimeout(poll, 250); })(); })")
     before = jlab.plot_data(output)
     value_before = jlab.slider_value(box)
@@ -100,14 +105,29 @@ def _drive(page, lab: LabServer, notebook: str, marker: str, label: str, shot: s
             if (els.length !== 1) return false;
             const now = ({jlab.PLOT_DATA_JS})([...els[0].querySelectorAll('.jp-Cell-outputWrapper .js-plotly-plot')]);
             return now.length > 0 && JSON.stringify(now) !== JSON.stringify(before);
-        }}""", arg=before, timeout=CHANGE_TIMEOUT_MS)
-    jlab.wait_idle(page, CHANGE_TIMEOUT_MS)
+        }}""", arg=before, timeout=deadline)
+    jlab.wait_idle(page, deadline)
     after = jlab.plot_data(output)
     assert value_after != value_before, "the slider did not move"
     page.screenshot(path=str(screenshot_path(f"{shot}-after")))
     return {"before": before, "after": after, "value_before": value_before, "value_after": value_after,
             "probe": probe_text, "status": output.locator(".widget-html").first.inner_text()
             if output.locator(".widget-html").count() else ""}
+
+
+def deadline_ms(output) -> int:
+    """How long one point may take: from the warm-up burst the panel timed and shows, when it shows one."""
+    html = output.locator(".widget-html")
+    if not html.count():
+        return CHANGE_TIMEOUT_MS  # the stand-in: no panel, no burst
+    handle = html.first.element_handle()
+    try:
+        html.first.page.wait_for_function("el => /warm-up burst: [0-9.]+ s/.test(el.innerText)", arg=handle,
+                                          timeout=RUN_TIMEOUT_MS)
+    except Exception:
+        return CHANGE_TIMEOUT_MS
+    burst_s = float(re.search(r"warm-up burst: ([0-9.]+) s", html.first.inner_text()).group(1))
+    return max(CHANGE_TIMEOUT_MS, int(SAFETY * MAX_ROUNDS * ROUND_PER_BURST * burst_s * 1000))
 
 
 def test_harness_sees_a_plot_follow_the_slider(lab_server: LabServer, offline_page, tmp_path: Path) -> None:
@@ -148,10 +168,10 @@ def test_batching_widget_follows_two_quick_moves(lab_server: LabServer, offline_
     assert final == first + 2, f"two steps from {first} should give {first + 2}, the slider says {final}"
     output_cell = jlab.cell_containing(offline_page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first,
                                        WIDGET_CALL).locator(".jp-Cell-outputWrapper")
-    offline_page.wait_for_function(
-        """([el, want]) => (el.data || []).some(t => t.name === 'just measured' && t.x && t.x.length === 1
-                                                      && Number(t.x[0]) === want)""",
-        arg=[output_cell.locator(".js-plotly-plot").first.element_handle(), final], timeout=CHANGE_TIMEOUT_MS)
+    offline_page.wait_for_function(  # the final setting's finished point is on the curve, not just circled so far
+        """([el, want]) => (el.data || []).some(t => t.name && t.name.includes('latency') && t.x
+                                                      && Array.from(t.x).map(Number).includes(want))""",
+        arg=[output_cell.locator(".js-plotly-plot").first.element_handle(), final], timeout=deadline_ms(output_cell))
     traces = {t[1]: t for t in json.loads(jlab.plot_data(output_cell)[0])}
     latency = [t for n, t in traces.items() if n and "latency" in n]
     assert latency, f"no latency curve: {traces}"
