@@ -60,3 +60,30 @@ def test_measure_decode_validates(tiny_llama):
     d = generation.measure_decode(model, tok, batch=2, new_tokens=6, repeats=2)
     assert d["aggregate_tokens_per_s"] == pytest.approx(2 * d["decode_tokens_per_s"])
     assert d["tpot"].n == 2
+
+
+def test_decode_variants_times_models_in_rounds_and_keeps_every_sample(tiny_llama, monkeypatch):
+    model, tok = tiny_llama
+    seen = []
+    real = generation.generate
+
+    def spy(m, t, prompt, max_new_tokens, **kw):
+        seen.append((m.tag, max_new_tokens))
+        return real(m, t, prompt, max_new_tokens=max_new_tokens, **kw)
+
+    class Tagged:  # the same model under two names: which one generate() was handed
+        def __init__(self, tag):
+            self.tag = tag
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+    monkeypatch.setattr(generation, "generate", spy)
+    rows = generation.decode_variants({"a": (Tagged("a"), tok), "b": (Tagged("b"), tok)}, new_tokens=10, rounds=3)
+    assert seen[:2] == [("a", 8), ("b", 8)]  # one short warmup each
+    assert [tag for tag, n in seen[2:]] == ["a", "b"] * 3 + ["a"]  # interleaved, the baseline first and last
+    assert len(rows["a"]["samples"]["decode_tokens_per_s"]) == 4 and rows["b"]["n"] == 3
+    assert rows["a"]["drift"] == rows["b"]["drift"] == pytest.approx(
+        rows["a"]["samples"]["tpot_s"][-1] / rows["a"]["samples"]["tpot_s"][0])
+    with pytest.raises(ValueError, match="rounds"):
+        generation.decode_variants({"a": (model, tok)}, rounds=0)

@@ -122,3 +122,18 @@ def test_measure_warns_when_its_samples_disagree():
 
     with pytest.warns(UserWarning, match="spread .* exceeds 10%"):
         timing.measure(uneven, repeats=4, warmup=0, name="uneven")
+
+
+def test_rounds_interleaves_calls_and_repeats_the_first_at_the_end():
+    order = []
+    done = timing.rounds({m: (lambda m=m: order.append(m) or len(order)) for m in "ABC"}, 2)
+    assert "".join(order) == "ABCABCA"
+    assert done == {"A": [1, 4, 7], "B": [2, 5], "C": [3, 6]}
+    order.clear()
+    timing.rounds({"A": lambda: order.append("A"), "B": lambda: order.append("B")}, 2, again=False)
+    assert order == ["A", "B", "A", "B"]
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="positive integer"):
+            timing.rounds({"A": lambda: None}, bad)
+    with pytest.raises(ValueError, match="at least one call"):
+        timing.rounds({}, 2)

@@ -12,7 +12,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 SPREAD_LIMIT = 0.10  # flag a measurement whose (p90 - p10) / median exceeds 10 %
 
@@ -211,6 +213,27 @@ class Interleaved:
                 f"{self.measurements[self.baseline].n} samples each variant, interleaved)")
 
 
+def rounds(calls: dict[str, Callable[[], T]], n: int, *, again: bool = True) -> dict[str, list[T]]:
+    """Each of ``calls`` once per round, in order, ``n`` rounds (A B C A B C …); what each call returned, by name.
+
+    With ``again`` the first call (the baseline) runs once more after the last round, so it runs first and last
+    and its first and last results show how far the machine drifted meanwhile. Interleaving is the one way to
+    compare variants on a machine whose load moves: a slowdown mid-way hits every variant alike.
+    """
+    if not calls:
+        raise ValueError("rounds() needs at least one call")
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise ValueError(f"rounds n={n!r}: must be a positive integer")
+    done: dict[str, list[T]] = {name: [] for name in calls}
+    for _ in range(n):
+        for name, fn in calls.items():
+            done[name].append(fn())
+    if again:
+        first = next(iter(calls))
+        done[first].append(calls[first]())
+    return done
+
+
 def interleave(calls: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 1, device: Any = None,
                baseline_again: bool = True) -> Interleaved:
     """Time each of ``calls`` once per round, in order, ``rounds`` times; the first call is the baseline.
@@ -229,23 +252,25 @@ def interleave(calls: dict[str, Callable[[], Any]], *, rounds: int, warmup: int 
             fn()
             if i == 0:
                 first[name] = now(device) - t0
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    baseline = next(iter(calls))
-    for _ in range(rounds):
-        for name, fn in calls.items():
+
+    def timed(fn: Callable[[], Any]) -> Callable[[], float]:
+        def once() -> float:
             t0 = now(device)
             fn()
-            samples[name].append(now(device) - t0)
-    if baseline_again:
-        t0 = now(device)
-        calls[baseline]()
-        samples[baseline].append(now(device) - t0)
+            return now(device) - t0
+        return once
+
+    samples = _rounds({name: timed(fn) for name, fn in calls.items()}, rounds, again=baseline_again)
+    baseline = next(iter(calls))
     out = {name: Measurement(name=name, samples=values, first=first.get(name, values[0]), warmup=warmup,
                              meta={"interleaved": True})
            for name, values in samples.items()}
     for m in out.values():
         m.warn_if_noisy()
     return Interleaved(out, baseline, samples[baseline][-1] / samples[baseline][0])
+
+
+_rounds = rounds  # interleave's keyword ``rounds`` shadows the function inside it
 
 
 class _Stopwatch:

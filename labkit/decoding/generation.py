@@ -13,9 +13,12 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..core import timing
 from ..core.checks import positive
 from ..core.timing import Measurement, now, p99, percentile
 from ..model.models import chat_inputs
+
+TIMED_PROMPT = "Write a short story about a lighthouse keeper."  # the request every decode-speed figure times
 
 
 class TimingStreamer:
@@ -151,7 +154,7 @@ def aggregate(results: list[GenerationResult]) -> dict[str, Any]:
 
 
 def measure_decode(model: Any, tokenizer: Any, batch: int = 1, new_tokens: int = 64, repeats: int = 3,
-                   prompt: str = "Write a short story about a lighthouse keeper.") -> dict[str, Any]:
+                   prompt: str = TIMED_PROMPT) -> dict[str, Any]:
     """Steady-state decode rate of ``batch`` identical greedy sequences of ``new_tokens`` tokens.
 
     One warmup request runs first; each timed repeat yields a TPOT (decode only, prefill excluded).
@@ -161,9 +164,41 @@ def measure_decode(model: Any, tokenizer: Any, batch: int = 1, new_tokens: int =
                          drift=False)[0]
 
 
+def _checked_rounds(new_tokens: int, rounds: int) -> None:
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens={new_tokens}: need at least 2 to time decode")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds <= 0:
+        raise ValueError(f"rounds={rounds!r}: must be a positive integer")
+
+
+def _decode_row(runs: list[GenerationResult], batch: int, new_tokens: int, drift: float | None) -> dict[str, Any]:
+    """One row of decode speed from timed runs of one variant: medians, spread, and every sample kept."""
+    tpots = [r.tpot_s for r in runs if r.tpot_s is not None]
+    tpot = Measurement.from_values("tpot", tpots, unit="s", meta={"batch": batch, "new_tokens": new_tokens})
+    tpot.warn_if_noisy()
+    return {
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "tpot_s": tpot.median,
+        "decode_tokens_per_s": 1.0 / tpot.median,
+        "aggregate_tokens_per_s": batch / tpot.median,
+        "ttft_s": statistics.median(r.ttft_s for r in runs),
+        "spread": tpot.spread,
+        "tpot": tpot,
+        "n": tpot.n,
+        "drift": drift,
+        "samples": {"tpot_s": tpots, "decode_tokens_per_s": [1 / t for t in tpots],
+                    "aggregate_tokens_per_s": [batch / t for t in tpots], "ttft_s": [r.ttft_s for r in runs]},
+    }
+
+
+def _drift(runs: list[GenerationResult]) -> float | None:
+    tpots = [r.tpot_s for r in runs if r.tpot_s is not None]
+    return tpots[-1] / tpots[0] if len(tpots) > 1 else None
+
+
 def decode_rounds(model: Any, tokenizer: Any, batches: list[int], new_tokens: int = 64, rounds: int = 3,
-                  prompt: str = "Write a short story about a lighthouse keeper.", drift: bool = True
-                  ) -> list[dict[str, Any]]:
+                  prompt: str = TIMED_PROMPT, drift: bool = True) -> list[dict[str, Any]]:
     """``measure_decode`` for several batch sizes, interleaved: rounds of 1 4 8 1 4 8 … so drift hits all alike.
 
     With ``drift`` the first batch runs once more at the end (first and last) and every row carries
@@ -172,37 +207,33 @@ def decode_rounds(model: Any, tokenizer: Any, batches: list[int], new_tokens: in
     for batch in batches:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
             raise ValueError(f"batch={batch!r}: must be a positive integer")
-    if new_tokens < 2:
-        raise ValueError(f"new_tokens={new_tokens}: need at least 2 to time decode")
-    if rounds <= 0:
-        raise ValueError(f"rounds={rounds}: must be at least 1")
-    runs: dict[int, list[Any]] = {b: [] for b in batches}
+    _checked_rounds(new_tokens, rounds)
     for b in batches:
         generate(model, tokenizer, [prompt] * b, max_new_tokens=min(8, new_tokens), fixed_length=True)  # warmup
-    order = [b for _ in range(rounds) for b in batches] + ([batches[0]] if drift else [])
-    for b in order:
-        runs[b].append(generate(model, tokenizer, [prompt] * b, max_new_tokens=new_tokens, fixed_length=True))
-    first_tpots = [r.tpot_s for r in runs[batches[0]] if r.tpot_s is not None]
-    moved = first_tpots[-1] / first_tpots[0] if drift and len(first_tpots) > 1 else None
-    rows = []
-    for b in batches:
-        tpots = [r.tpot_s for r in runs[b] if r.tpot_s is not None]
-        tpot = Measurement.from_values("tpot", tpots, unit="s", meta={"batch": b, "new_tokens": new_tokens})
-        tpot.warn_if_noisy()
-        rows.append({
-            "batch": b,
-            "new_tokens": new_tokens,
-            "tpot_s": tpot.median,
-            "decode_tokens_per_s": 1.0 / tpot.median,
-            "aggregate_tokens_per_s": b / tpot.median,
-            "ttft_s": statistics.median(r.ttft_s for r in runs[b]),
-            "spread": tpot.spread,
-            "tpot": tpot,
-            "n": tpot.n,
-            "drift": moved,
-            "samples": {"tpot_s": tpots, "aggregate_tokens_per_s": [b / t for t in tpots]},
-        })
-    return rows
+    calls = {str(b): (lambda b=b: generate(model, tokenizer, [prompt] * b, max_new_tokens=new_tokens,
+                                           fixed_length=True)) for b in batches}
+    runs = timing.rounds(calls, rounds, again=drift)
+    moved = _drift(runs[str(batches[0])]) if drift else None
+    return [_decode_row(runs[str(b)], b, new_tokens, moved) for b in batches]
+
+
+def decode_variants(variants: dict[str, tuple[Any, Any]], new_tokens: int = 64, rounds: int = 3,
+                    prompt: str = TIMED_PROMPT) -> dict[str, dict[str, Any]]:
+    """Decode speed of several loaded models (name → (model, tokenizer)), timed in interleaved rounds.
+
+    One warmup request each, then rounds of one greedy request per model (A B C A B C … A: the first, the
+    baseline, runs first and last); each row as ``decode_rounds`` gives it, ``drift`` the baseline's.
+    """
+    if not variants:
+        raise ValueError("decode_variants() needs at least one (model, tokenizer)")
+    _checked_rounds(new_tokens, rounds)
+    for model, tokenizer in variants.values():
+        generate(model, tokenizer, [prompt], max_new_tokens=min(8, new_tokens), fixed_length=True)  # warmup
+    calls = {name: (lambda m=m, t=t: generate(m, t, [prompt], max_new_tokens=new_tokens, fixed_length=True))
+             for name, (m, t) in variants.items()}
+    runs = timing.rounds(calls, rounds)
+    moved = _drift(runs[next(iter(variants))])
+    return {name: _decode_row(runs[name], 1, new_tokens, moved) for name in variants}
 
 
 # ------------------------------------------------------------------------------- transformers' generate

@@ -29,7 +29,7 @@ from . import cache_variants, decode, generation
 from .cache_variants import CACHE_VARIANTS, REFERENCE_COMPILE, cache_variant_kwargs
 from .quality import TokenRecorder, agreement
 
-DEFAULT_PROMPT = "Write a short story about a lighthouse keeper."
+DEFAULT_PROMPT = generation.TIMED_PROMPT
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 
 

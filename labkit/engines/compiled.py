@@ -11,10 +11,10 @@ from typing import Any
 from ..core.checks import model_device
 from ..core.timing import Measurement, now
 from ..decoding import cache_variants, decode, quality
-from ..decoding.generation import GenerationResult
+from ..decoding.generation import TIMED_PROMPT, GenerationResult
 from .fusion import eager_ops
 
-DEFAULT_PROMPT = "Write a short story about a lighthouse keeper."
+DEFAULT_PROMPT = TIMED_PROMPT
 DEFAULT_MAX_CACHE_LEN = 256  # static cache positions: prompt + generated tokens must fit
 REFERENCE = "08_tensorrt"  # data/reference/08_tensorrt.json (CPU, full mode): compile rows for quick mode
 

@@ -9,25 +9,25 @@ keeps every sample (``samples``) and the baseline's drift. ``run`` does both.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from ..core import timing
 from ..decoding import generation
 from . import variants as _variants
 from .variants import Inputs, check_providers, session_providers
 
-PROMPT = "Write a short story about a lighthouse keeper."
-
-
 def retime(rows: list[dict[str, Any]], inputs: Inputs, *, model_name: str | None = None, device: str | None = None,
-           options: dict[str, dict[str, Any]] | None = None, prompt: str = PROMPT) -> float | None:
-    """Re-time the ok rows' decode in interleaved rounds (see the module docstring); returns the baseline's drift."""
+           options: dict[str, dict[str, Any]] | None = None, prompt: str = generation.TIMED_PROMPT) -> float | None:
+    """Re-time the ok rows' decode in interleaved rounds (see the module docstring); returns the baseline's drift.
+
+    A variant that measured alone but fails to load again, or whose ONNX Runtime session ran on another provider,
+    is marked "failed while measuring: …" and keeps no speed: nothing is compared with a figure it did not make.
+    """
     s = inputs.settings
     ok = [r for r in rows if r.get("status") == "ok"]
     if not ok:
         return None
+    by_name = {r["variant"]: r for r in ok}
     loaded: dict[str, Any] = {}
     try:
         for r in ok:
@@ -36,42 +36,32 @@ def retime(rows: list[dict[str, Any]], inputs: Inputs, *, model_name: str | None
                 v.rss_sampler.stop()  # memory was read in the first pass; a sampler thread would cost CPU here
             if v.ok:
                 loaded[r["variant"]] = v
-        runs: dict[str, list[Any]] = {name: [] for name in loaded}
-
-        def one(name: str, new_tokens: int) -> Any:
-            v = loaded[name]
-            return generation.generate(v.model, v.tokenizer, [prompt], max_new_tokens=new_tokens, fixed_length=True)
-
-        for name in loaded:
-            one(name, min(8, s.new_tokens))  # warmup
-        order = [name for _ in range(s.repeats) for name in loaded] + list(loaded)[:1]
-        for name in order:
-            runs[name].append(one(name, s.new_tokens))
+            else:
+                _unmeasured(r, f"failed while measuring: it loaded alone but not again ({v.status})")
+        timed = generation.decode_variants({name: (v.model, v.tokenizer) for name, v in loaded.items()},
+                                           new_tokens=s.new_tokens, rounds=s.repeats, prompt=prompt) if loaded else {}
         for name, v in loaded.items():
             if v.backend == "onnxruntime" and (problem := check_providers(v.options["provider"],
                                                                           session_providers(v.model))):
-                runs[name] = []
-                next(r for r in ok if r["variant"] == name)["status"] = f"failed while measuring: {problem}"
+                timed.pop(name, None)
+                _unmeasured(by_name[name], f"failed while measuring: {problem}")
     finally:
         for v in loaded.values():
             v.release()
-    baseline = next(iter(runs), None)
-    drift = None
-    for r in ok:
-        tpots = [x.tpot_s for x in runs.get(r["variant"], []) if x.tpot_s is not None]
-        if not tpots:
-            continue
-        m = timing.Measurement.from_values(f"{r['variant']} tpot", tpots)
-        m.warn_if_noisy()
-        r.update(tpot_s=m.median, decode_tokens_per_s=1 / m.median, decode_spread=m.spread, decode_n=m.n,
-                 ttft_s=statistics.median(x.ttft_s for x in runs[r["variant"]]), timed="interleaved rounds",
-                 samples={"decode_tokens_per_s": [1 / t for t in tpots], "tpot_s": tpots,
-                          "ttft_s": [x.ttft_s for x in runs[r["variant"]]]})
-        if r["variant"] == baseline and len(tpots) > 1:
-            drift = tpots[-1] / tpots[0]
+    drift = next(iter(timed.values()))["drift"] if timed else None
+    for name, t in timed.items():
+        by_name[name].update(tpot_s=t["tpot_s"], decode_tokens_per_s=t["decode_tokens_per_s"],
+                             decode_spread=t["spread"], decode_n=t["n"], ttft_s=t["ttft_s"], timed="interleaved rounds",
+                             samples={k: t["samples"][k] for k in ("decode_tokens_per_s", "tpot_s", "ttft_s")})
     for r in ok:
         r["drift"] = drift
     return drift
+
+
+def _unmeasured(row: dict[str, Any], status: str) -> None:
+    row["status"] = status
+    for key in ("tpot_s", "decode_tokens_per_s", "ttft_s"):
+        row[key] = None
 
 
 def run(variant_names: Sequence[str], inputs: Inputs, **kw: Any) -> tuple[list[dict[str, Any]], float | None]:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..core import config, env
+from ..core import config, env, timing
 from ..core.checks import positive
 from ..core.results import write_json_atomic
 from ..core.timing import now
@@ -210,18 +210,11 @@ def run(model: Any, requests: Sequence[Request], eos: set[int], pad_id: int, mod
 
 
 def rounds(modes: dict[str, Callable[[], Run]], n: int) -> dict[str, list[Run]]:
-    """Each mode run once per round, in order, ``n`` rounds, and the first mode once more at the end.
-
-    Interleaved (A B C A B C … A) so a machine that slows down mid-way slows every mode alike; the first mode
-    running first and last shows how far it drifted."""
+    """Each mode run once per round, in order, ``n`` rounds, and the first mode once more at the end
+    (``timing.rounds``): a machine that slows down mid-way slows every mode alike, and the first mode running
+    first and last shows how far it drifted."""
     positive("rounds", n)
-    done: dict[str, list[Run]] = {mode: [] for mode in modes}
-    for _ in range(n):
-        for mode, fn in modes.items():
-            done[mode].append(fn())
-    first = next(iter(modes))
-    done[first].append(modes[first]())
-    return done
+    return timing.rounds(modes, n)
 
 
 def mixed_workload(tokenizer: Any, n_requests: int = 8, long_every: int = 4, short_tokens: int = 16,

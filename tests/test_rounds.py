@@ -1,0 +1,28 @@
+"""labkit.precision.rounds: decode speeds re-timed in interleaved rounds; a variant that cannot be loaded again
+keeps no speed and says why."""
+from __future__ import annotations
+
+from labkit.precision import rounds, variants
+from labkit.precision.variants import Inputs, Settings, Variant
+
+
+def test_retime_interleaves_and_marks_a_variant_that_fails_to_reload(tiny_llama, monkeypatch):
+    model, tok = tiny_llama
+
+    def load(name, *a, **kw):
+        if name == "fp16":
+            return Variant(name, status="cannot run here: out of memory")
+        return Variant(name, model=model, tokenizer=tok, backend="torch")
+
+    monkeypatch.setattr(variants, "load_variant", load)
+    rows = [{"variant": "fp32", "status": "ok", "decode_tokens_per_s": 1.0},
+            {"variant": "fp16", "status": "ok", "decode_tokens_per_s": 9.0},
+            {"variant": "bf16", "status": "ok", "decode_tokens_per_s": 2.0}]
+    inputs = Inputs(reference=None, eval_ids=[], questions=[], settings=Settings(new_tokens=10, repeats=3))
+    drift = rounds.retime(rows, inputs)
+    fp32, fp16, bf16 = rows
+    assert fp16["status"].startswith("failed while measuring") and "out of memory" in fp16["status"]
+    assert fp16["decode_tokens_per_s"] is None  # the first pass's figure is not kept beside the others
+    assert len(fp32["samples"]["decode_tokens_per_s"]) == 4 and len(bf16["samples"]["tpot_s"]) == 3
+    assert fp32["timed"] == bf16["timed"] == "interleaved rounds"
+    assert drift == fp32["drift"] == bf16["drift"] and drift > 0
