@@ -213,40 +213,59 @@ def test_audit_claims_runs_the_real_calls_and_shows_the_refusals(tiny_llama):
     assert model.config._attn_implementation == before
 
 
+def _rows(index, key, *samples):
+    """Result rows indexed by ``index`` that kept ``samples`` of ``key`` (as kv's timing functions keep them)."""
+    import statistics
+
+    import pandas as pd
+
+    return pd.DataFrame({key: [statistics.median(x) for x in samples], "agreement": [1.0, 0.9][:len(samples)],
+                         "samples": [{key: list(x)} for x in samples]}, index=index)
+
+
 def _findings(**over):
     import pandas as pd
 
+    split = _rows([0, 1], "tpot_s", [0.050, 0.051, 0.049], [0.060, 0.061, 0.059])
+    split["prompt_tokens"], split["ttft_s"], split["new_tokens"] = [32, 512], [0.1, 1.0], [8, 8]
     args = dict(
         loop_agreement=1.0, core_identical=True, tokens=32, speedup=4.0,
         step_growth={"cache on": 1.0, "cache off": 1.8},
-        kv_sizes=pd.DataFrame({"measured / formula": [1.0, 1.0]}), bytes_per_position=46080,
-        split=pd.DataFrame({"prompt_tokens": [32, 512], "ttft_s": [0.1, 1.0], "tpot_s": [0.05, 0.06]}),
-        variants=pd.DataFrame({"tpot_s": [0.05, 0.06], "agreement": [1.0, 1.0]}, index=["dynamic", "static"]),
-        attention=pd.DataFrame({"ttft_s": [1.0, 0.8], "agreement": [1.0, 0.9]}, index=["eager", "sdpa"]),
-        decode_shares={"matmul": 0.7, "attention": 0.1, "other": 0.2})
+        kv_sizes=pd.DataFrame({"measured / formula": [1.0, 1.0]}), bytes_per_position=46080, split=split,
+        variants=_rows(["dynamic", "static"], "tpot_s", [0.050, 0.051, 0.049], [0.060, 0.061, 0.059]),
+        attention=_rows(["eager", "sdpa"], "ttft_s", [1.0, 1.01, 0.99], [0.80, 0.81, 0.79]),
+        decode_shares={"matmul": [0.70, 0.71, 0.69], "attention": [0.10, 0.11, 0.09], "other": [0.2] * 3},
+        weight_bytes=538_000_000)
     args.update(over)
     return findings.kv_cache(**args)
 
 
-def test_findings_choose_their_words_by_the_numbers():
+def test_findings_choose_their_words_by_the_verdicts():
     import pandas as pd
 
     text = " ".join(_findings().sentences)
     assert "4.0× faster" in text and "each step grows with the sequence" in text
     assert "the formula is the cache" in text and "prefill grows with the prompt" in text
+    assert "a decode step grew" in text and "the bytes a step reads predict 1.04×" in text
     assert "static cache decoded slower than" in text and "sdpa prefilled the long prompt faster than eager" in text
     assert "reading the weights dominates" in text and "90% of its tokens equal eager's" in text
     other = " ".join(_findings(speedup=0.8, step_growth={"cache on": 1.0, "cache off": 1.0},
                                kv_sizes=pd.DataFrame({"measured / formula": [1.0, 1.5]}),
-                               variants=pd.DataFrame({"tpot_s": [0.06, 0.05], "agreement": [1.0, 1.0]},
-                                                     index=["dynamic", "static"]),
-                               decode_shares={"matmul": 0.2, "attention": 0.6}).sentences)
+                               variants=_rows(["dynamic", "static"], "tpot_s", [0.06, 0.061, 0.059], [0.05, 0.051, 0.049]),
+                               decode_shares={"matmul": [0.2, 0.21, 0.19], "attention": [0.6, 0.61, 0.59]}).sentences)
     assert "0.8× slower" in other and "cannot tell the two apart" in other and "not the formula" in other
     assert "static cache decoded faster than" in other and "attention dominates here" in other
     noisy = " ".join(_findings(step_growth={"cache on": 0.6, "cache off": 0.7}).sentences)
     assert "cannot tell the two apart" in noisy  # a step that got faster without the cache is noise, not growth
-    even = " ".join(_findings(variants=pd.DataFrame({"tpot_s": [0.05, 0.0505], "agreement": [1.0, 1.0]},
-                                                    index=["dynamic", "static"])).sentences)
-    assert "static cache decoded as fast as the dynamic one" in even
+    # the busy-laptop cases: one profiled step, overlapping samples, a long prompt that decoded faster
+    one_step = " ".join(_findings(decode_shares={"matmul": 0.3, "attention": 0.62, "other": 0.08}).sentences)
+    assert "cannot say which dominates" in one_step and "attention dominates" not in one_step
+    even = " ".join(_findings(variants=_rows(["dynamic", "static"], "tpot_s", [0.05, 0.06, 0.04],
+                                             [0.0505, 0.055, 0.045])).sentences)
+    assert "static cache decoded within noise of the dynamic one" in even and "ranges overlap" in even
+    split = _rows([0, 1], "tpot_s", [0.06, 0.061, 0.059], [0.03, 0.031, 0.029])
+    split["prompt_tokens"], split["ttft_s"], split["new_tokens"] = [32, 512], [0.1, 1.0], [8, 8]
+    faster = " ".join(_findings(split=split).sentences)
+    assert "got faster, which no cache can do" in faster and "rerun" in faster
     rows = {r["finding"]: r["value"] for r in _findings().rows}
     assert rows["TPOT static / dynamic cache (×)"] == pytest.approx(1.2)

@@ -11,3 +11,21 @@ def test_roofline_draws_both_roofs_and_every_point():
     assert list(ridge.x) == [10.0]
     assert list(measured.x) == [0.5, 40.0] and list(measured.text) == ["decode", "prefill"]
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+
+
+def test_faceted_bars_give_each_machine_its_own_axis():
+    df = pd.DataFrame({"engine": ["a", "b", "a"], "tps": [10.0, 20.0, 300.0], "where": ["this run"] * 2 + ["reference"]})
+    fig = plots.bar(df, x="engine", y="tps", color="where", title="t", y_title="tokens/s", facet="where")
+    axes = [k for k in fig.layout.to_plotly_json() if k.startswith("yaxis")]
+    assert len(axes) == 2 and all(fig.layout[k].matches is None for k in axes)
+    assert {a.text.split("=")[-1] for a in fig.layout.annotations} == {"this run", "reference"}
+
+
+def test_no_notebook_puts_a_reference_bar_beside_a_live_bar_on_one_axis():
+    import re
+    from pathlib import Path
+
+    for src in sorted(Path(__file__).parents[1].joinpath("notebooks", "src").glob("*.py")):
+        for call in re.findall(r"plots\.bar\((?:[^()]|\([^()]*\))*\)", src.read_text()):
+            if '"where"' in call:
+                assert 'facet="where"' in call, f"{src.name}: {call[:80]}… mixes machines on one axis: facet='where'"

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..core import env, results
+from ..core import env, results, timing
 from ..core.checks import model_device, positive
 from ..core.timing import Measurement, now
 from ..model import dtypes, models, sizing
@@ -180,29 +180,42 @@ def elapsed_at(result: generation.GenerationResult, points: Iterable[int]) -> di
     return out
 
 
+def _stats(runs: list[generation.GenerationResult]) -> dict[str, Any]:
+    """Medians of TTFT and TPOT over timed runs, the TPOT spread, and every sample kept (``samples``)."""
+    ttfts = [r.ttft_s for r in runs]
+    tpots = [r.tpot_s for r in runs if r.tpot_s is not None]
+    tpot = Measurement.from_values("tpot", tpots)
+    tpot.warn_if_noisy()
+    return {"ttft_s": Measurement.from_values("ttft", ttfts).median, "tpot_s": tpot.median, "tpot_spread": tpot.spread,
+            "decode_tokens_per_s": 1 / tpot.median, "n": tpot.n,
+            "samples": {"ttft_s": ttfts, "tpot_s": tpots, "decode_tokens_per_s": [1 / t for t in tpots]}}
+
+
 def compare_cache_variants(model: Any, tokenizer: Any, variants: Iterable[str] = CACHE_VARIANTS,
                            prompt: str = DEFAULT_PROMPT, new_tokens: int = 32, repeats: int = 3) -> list[dict[str, Any]]:
     """First call (it pays allocation, and for compile the whole compilation) and steady TPOT per variant, with
-    the greedy agreement of its tokens against the first variant's (the baseline)."""
+    the greedy agreement of its tokens against the first variant's (the baseline).
+
+    Each variant's first call runs alone (it records the tokens); then the variants are timed in ``repeats``
+    interleaved rounds (dynamic static … dynamic static … dynamic), every sample kept."""
     from contextlib import nullcontext
 
-    rows, baseline = [], None
+    positive("repeats", repeats)
+    variants = list(variants)
+    firsts, tokens = {}, {}
     for variant in variants:
-        kwargs = cache_variant_kwargs(variant)
+        recorder = TokenRecorder()
         # an empty inductor cache, so the first call pays the whole compilation (as on a new machine)
         with cache_variants.fresh_compile_cache() if "compile" in variant else nullcontext():
-            first = timed_generate(model, tokenizer, prompt, new_tokens, **kwargs)
-        recorder = TokenRecorder()
-        runs = [timed_generate(model, tokenizer, prompt, new_tokens, **kwargs, **(recorder.kwargs() if i == 0 else {}))
-                for i in range(repeats)]
-        baseline = (variant, recorder.tokens) if baseline is None else baseline
-        tpot = Measurement.from_values(f"tpot {variant}", [r.tpot_s for r in runs if r.tpot_s is not None])
-        rows.append({"variant": variant, "new_tokens": new_tokens, "first_call_s": first.e2e_s,
-                     "ttft_s": min(r.ttft_s for r in runs), "tpot_s": tpot.median, "tpot_spread": tpot.spread,
-                     "decode_tokens_per_s": 1 / tpot.median, "e2e_s": min(r.e2e_s for r in runs),
-                     "agreement": agreement(recorder.tokens, baseline[1]), "baseline": baseline[0],
-                     "repeats": repeats})
-    return rows
+            firsts[variant] = timed_generate(model, tokenizer, prompt, new_tokens, **cache_variant_kwargs(variant),
+                                             **recorder.kwargs())
+        tokens[variant] = recorder.tokens
+    runs = timing.rounds({v: (lambda v=v: timed_generate(model, tokenizer, prompt, new_tokens, **cache_variant_kwargs(v)))
+                          for v in variants}, repeats)
+    base = variants[0]
+    return [{"variant": v, "new_tokens": new_tokens, "first_call_s": firsts[v].e2e_s, **_stats(runs[v]),
+             "e2e_s": min(r.e2e_s for r in runs[v]), "agreement": agreement(tokens[v], tokens[base]), "baseline": base,
+             "repeats": repeats, "timed": "interleaved rounds"} for v in variants]
 
 
 def attention_status(device: str | None = None) -> list[dict[str, Any]]:
@@ -224,45 +237,53 @@ def attention_status(device: str | None = None) -> list[dict[str, Any]]:
 def compare_attention(model: Any, tokenizer: Any, implementations: Iterable[str], prompt_tokens: int = 512,
                       new_tokens: int = 16, repeats: int = 2) -> list[dict[str, Any]]:
     """TTFT on a ``prompt_tokens`` prompt and TPOT, for each attention implementation (switched in place), with
-    the greedy agreement of its tokens against the first implementation's (the baseline)."""
+    the greedy agreement of its tokens against the first implementation's (the baseline). The implementations
+    are timed in interleaved rounds, switched before each call (outside the timed interval)."""
     implementations = list(implementations)
     bad = [i for i in implementations if i not in ATTENTION_IMPLEMENTATIONS]
     if bad:
         raise ValueError(f"unknown attention implementation(s) {bad}; choose from {ATTENTION_IMPLEMENTATIONS}")
+    positive("repeats", repeats)
     inputs = prompt_of_length(tokenizer, prompt_tokens, device=str(model_device(model)))
     before = model.config._attn_implementation
-    rows, baseline = [], None
+    first: dict[str, Any] = {}
+    tokens: dict[str, Any] = {}
+
+    def run(impl: str, n: int = new_tokens, **kw: Any) -> generation.GenerationResult:
+        model.set_attn_implementation(impl)
+        return timed_generate(model, tokenizer, inputs, n, **kw)
+
     try:
         for impl in implementations:
-            model.set_attn_implementation(impl)
-            timed_generate(model, tokenizer, inputs, 2)  # untimed: first call after the switch
+            run(impl, 2)  # untimed: first call after the switch
             recorder = TokenRecorder()
-            runs = [timed_generate(model, tokenizer, inputs, new_tokens, **(recorder.kwargs() if i == 0 else {}))
-                    for i in range(repeats)]
-            baseline = (impl, recorder.tokens) if baseline is None else baseline
-            ttft = Measurement.from_values("ttft", [r.ttft_s for r in runs])
-            tpot = Measurement.from_values("tpot", [r.tpot_s for r in runs if r.tpot_s is not None])
-            rows.append({"attn_implementation": impl, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
-                         "ttft_s": ttft.median, "tpot_s": tpot.median, "repeats": repeats,
-                         "agreement": agreement(recorder.tokens, baseline[1]), "baseline": baseline[0],
-                         "answer_start": runs[0].text[:40]})
+            first[impl] = run(impl, **recorder.kwargs())
+            tokens[impl] = recorder.tokens
+        runs = timing.rounds({impl: (lambda impl=impl: run(impl)) for impl in implementations}, repeats)
     finally:
         model.set_attn_implementation(before)
-    return rows
+    base = implementations[0]
+    return [{"attn_implementation": impl, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, **_stats(runs[impl]),
+             "repeats": repeats, "agreement": agreement(tokens[impl], tokens[base]), "baseline": base,
+             "answer_start": first[impl].text[:40], "timed": "interleaved rounds"} for impl in implementations]
 
 
 def prefill_decode_split(model: Any, tokenizer: Any, prompt_tokens: Iterable[int], new_tokens: int = 16,
                          repeats: int = 2) -> list[dict[str, Any]]:
-    """TTFT (prefill + first token) and TPOT (decode) for prompts of each length, both read off the stamps."""
+    """TTFT (prefill + first token) and TPOT (decode) for prompts of each length, both read off the stamps; the
+    lengths timed in interleaved rounds (short long short long … short), every sample kept."""
+    positive("repeats", repeats)
+    lengths = list(prompt_tokens)
+    inputs = {n: prompt_of_length(tokenizer, n, device=str(model_device(model))) for n in lengths}
+    for n in lengths:
+        timed_generate(model, tokenizer, inputs[n], 2)  # untimed warmup
+    runs = timing.rounds({str(n): (lambda n=n: timed_generate(model, tokenizer, inputs[n], new_tokens)) for n in lengths},
+                         repeats)
     rows = []
-    for n in prompt_tokens:
-        inputs = prompt_of_length(tokenizer, n, device=str(model_device(model)))
-        runs = [timed_generate(model, tokenizer, inputs, new_tokens) for _ in range(repeats)]
-        ttft = Measurement.from_values("ttft", [r.ttft_s for r in runs])
-        tpot = Measurement.from_values("tpot", [r.tpot_s for r in runs if r.tpot_s is not None])
-        rows.append({"prompt_tokens": n, "new_tokens": new_tokens, "ttft_s": ttft.median, "tpot_s": tpot.median,
-                     "prefill_tokens_per_s": n / ttft.median, "decode_tokens_per_s": 1 / tpot.median,
-                     "repeats": repeats})
+    for n in lengths:
+        row = {"prompt_tokens": n, "new_tokens": new_tokens, **_stats(runs[str(n)]), "repeats": repeats}
+        row["prefill_tokens_per_s"] = n / row["ttft_s"]
+        rows.append(row)
     return rows
 
 

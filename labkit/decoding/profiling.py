@@ -39,6 +39,7 @@ class StepProfile:
     step: str
     device_kind: str  # "cpu": self CPU time; "cuda": GPU time of the kernels each operator launched
     ops: list[dict[str, Any]]  # name, group, calls, self_us
+    share_samples: dict[str, list[float]] | None = None  # group → its share in each profiled repeat
 
     @property
     def total_us(self) -> float:
@@ -83,16 +84,22 @@ def _from_profiler(prof: Any, step: str, cuda: bool) -> StepProfile:
     return StepProfile(step=step, device_kind="cuda" if cuda else "cpu", ops=ops)
 
 
-def profile_prefill_decode(model: Any, tokenizer: Any, prompt_tokens: int = 64, warmup: int = 1) -> list[StepProfile]:
+def profile_prefill_decode(model: Any, tokenizer: Any, prompt_tokens: int = 64, warmup: int = 1,
+                           repeats: int = 1) -> list[StepProfile]:
     """Profile one prefill of ``prompt_tokens`` tokens and the decode step that follows it.
 
-    ``warmup`` untimed prefill+decode pairs run first so the profile shows steady work, not lazy set-up.
+    ``warmup`` untimed prefill+decode pairs run first so the profile shows steady work, not lazy set-up. The
+    decode step is profiled ``repeats`` times (each after a fresh prefill): the decode profile returned is the
+    one of median total time, and its ``share_samples`` hold every repeat's share per group, so a takeaway
+    can tell a real split from one noisy step.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r}: must be 0 or a positive integer")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: must be a positive integer")
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -100,18 +107,23 @@ def profile_prefill_decode(model: Any, tokenizer: Any, prompt_tokens: int = 64, 
 
     mask = extend(inputs["attention_mask"])  # the decode step's mask: the prompt plus its first token
     pos = positions(mask)[:, -1]
-
+    decodes = []
     with torch.inference_mode():
         for _ in range(warmup):
             logits, cache = prefill(model, inputs["input_ids"], inputs["attention_mask"])
             decode.decode_one_token(model, logits.argmax(-1), cache, pos, mask)
         with profile(activities=activities) as prof_prefill:
             logits, cache = prefill(model, inputs["input_ids"], inputs["attention_mask"])
-        token = logits.argmax(-1)  # (batch,): greedy next token
-        with profile(activities=activities) as prof_decode:
-            decode.decode_one_token(model, token, cache, pos, mask)
-    return [_from_profiler(prof_prefill, f"prefill ({prompt_tokens} tokens)", cuda),
-            _from_profiler(prof_decode, "decode (1 token)", cuda)]
+        for i in range(repeats):
+            if i:
+                logits, cache = prefill(model, inputs["input_ids"], inputs["attention_mask"])
+            token = logits.argmax(-1)  # (batch,): greedy next token
+            with profile(activities=activities) as prof_decode:
+                decode.decode_one_token(model, token, cache, pos, mask)
+            decodes.append(_from_profiler(prof_decode, "decode (1 token)", cuda))
+    step = sorted(decodes, key=lambda p: p.total_us)[(len(decodes) - 1) // 2]
+    step.share_samples = {g: [float(p.groups().set_index("group").share[g]) for p in decodes] for g in GROUPS}
+    return [_from_profiler(prof_prefill, f"prefill ({prompt_tokens} tokens)", cuda), step]
 
 
 def top_ops_frame(profiles: list[StepProfile], top: int = 8):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core import timing
 from ..core.timing import Measurement, now
 
 # ------------------------------------------------------------ fusion: one elementwise chain, eager and compiled
@@ -129,44 +130,77 @@ def compile_fused(fn: Any, *args: Any, backend: str = "inductor") -> Fused:
     return Fused(fn=compiled, first_call_s=first, kernels=kernels, code=text, cache_entries_before=before)
 
 
+def _sampler(fn: Any, args: tuple[Any, ...], device: Any, min_sample_s: float) -> Any:
+    """A function returning one sample of seconds per call of ``fn(*args)``: each sample averages enough calls
+    to last ``min_sample_s``, so a call of a few microseconds is not lost in the clock's resolution."""
+    fn(*args)
+    t0 = now(device)
+    fn(*args)
+    once = max(now(device) - t0, 1e-7)
+    inner = max(1, int(min_sample_s / once))
+
+    def sample() -> float:
+        t0 = now(device)
+        for _ in range(inner):
+            fn(*args)
+        return (now(device) - t0) / inner
+
+    sample.calls_per_sample = inner  # type: ignore[attr-defined]
+    return sample
+
+
+def _device(args: tuple[Any, ...]) -> Any:
+    import torch
+
+    return next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+
+
 def time_per_call(fn: Any, *args: Any, repeats: int = 5, min_sample_s: float = 0.01) -> Measurement:
-    """Seconds per call of ``fn(*args)`` (after one untimed call). Each sample averages enough calls to
-    last ``min_sample_s``, so a call of a few microseconds is not lost in the clock's resolution."""
+    """Seconds per call of ``fn(*args)`` (after one untimed call), each sample averaging enough calls to last
+    ``min_sample_s``."""
     import torch
 
     if repeats <= 0:
         raise ValueError(f"repeats={repeats}: must be at least 1")
-    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
     with torch.inference_mode():
-        fn(*args)
-        t0 = now(device)
-        fn(*args)
-        once = max(now(device) - t0, 1e-7)
-        inner = max(1, int(min_sample_s / once))
-        samples = []
-        for _ in range(repeats):
-            t0 = now(device)
-            for _ in range(inner):
-                fn(*args)
-            samples.append((now(device) - t0) / inner)
-    return Measurement.from_values("per call", samples, warmup=2, meta={"calls_per_sample": inner})
+        sample = _sampler(fn, args, _device(args), min_sample_s)
+        samples = [sample() for _ in range(repeats)]
+    return Measurement.from_values("per call", samples, warmup=2, meta={"calls_per_sample": sample.calls_per_sample})
 
 
-def fusion_rows(fn: Any, fused: dict[str, Fused], inputs: dict[str, tuple[Any, ...]], repeats: int = 5
-                ) -> list[dict[str, Any]]:
+def plain_copy(x: Any, *_: Any) -> Any:
+    """The floor under any kernel that reads ``x`` once and writes a result of its shape: a copy of it."""
+    return x.clone()
+
+
+def fusion_rows(fn: Any, fused: dict[str, Fused], inputs: dict[str, tuple[Any, ...]], repeats: int = 5,
+                min_sample_s: float = 0.01) -> list[dict[str, Any]]:
     """One row per input shape: ``fn`` eager against its compiled version (``fused[label]``), with the
     operators eager runs, the kernels compiled runs, both times, and the largest difference between their
-    outputs (fusion reorders arithmetic: a few ulps, never a different answer)."""
+    outputs (fusion reorders arithmetic: a few ulps, never a different answer).
+
+    Eager, fused and a plain copy of the input (``copy_us``: one read and one write, the least a fused kernel
+    can do) are timed in interleaved rounds (eager fused copy eager fused copy … eager), every sample kept
+    (``samples``), so a machine that slows mid-way slows all three alike and the copy bounds the fused time.
+    """
     import torch
 
+    if repeats <= 0:
+        raise ValueError(f"repeats={repeats}: must be at least 1")
     rows = []
     for label, args in inputs.items():
+        device = _device(args)
         with torch.inference_mode():
             diff = float((fused[label].fn(*args) - fn(*args)).abs().max())
-        eager_t = time_per_call(fn, *args, repeats=repeats)
-        fused_t = time_per_call(fused[label].fn, *args, repeats=repeats)
+            calls = {name: _sampler(f, args, device, min_sample_s)
+                     for name, f in (("eager_us", fn), ("compiled_us", fused[label].fn), ("copy_us", plain_copy))}
+            done = timing.rounds(calls, repeats)
+        us = {name: [t * 1e6 for t in values] for name, values in done.items()}
+        med = {name: Measurement.from_values(name, values).median for name, values in us.items()}
         rows.append({"input": label, "shape": tuple(args[0].shape), "eager_ops": len(eager_ops(fn, *args)),
-                     "fused_kernels": len(fused[label].kernels), "eager_us": eager_t.median * 1e6,
-                     "compiled_us": fused_t.median * 1e6, "speedup": eager_t.median / fused_t.median,
-                     "max_abs_diff": diff, "first_call_s": fused[label].first_call_s})
+                     "fused_kernels": len(fused[label].kernels), "eager_us": med["eager_us"],
+                     "compiled_us": med["compiled_us"], "copy_us": med["copy_us"],
+                     "speedup": med["eager_us"] / med["compiled_us"], "max_abs_diff": diff,
+                     "first_call_s": fused[label].first_call_s, "samples": us,
+                     "drift": us["eager_us"][-1] / us["eager_us"][0]})
     return rows

@@ -20,11 +20,17 @@ def setup_offline() -> None:
     pd.set_option("display.max_colwidth", None)  # a capability's reason is read whole, not cut at 50 characters
 
 
-def bar(df: Any, x: str, y: str, title: str, y_title: str, color: str | None = None, text_auto: bool | str = ".3g"):
+def bar(df: Any, x: str, y: str, title: str, y_title: str, color: str | None = None, text_auto: bool | str = ".3g",
+        facet: str | None = None):
+    """Grouped bars; ``facet`` splits them into panels with their own y axes (a reference machine's figures and
+    this run's never share one axis)."""
     import plotly.express as px
 
-    fig = px.bar(df, x=x, y=y, color=color, title=title, text_auto=text_auto, barmode="group")
+    fig = px.bar(df, x=x, y=y, color=color, title=title, text_auto=text_auto, barmode="group", facet_col=facet)
     fig.update_layout(yaxis_title=y_title, template=_TEMPLATE)
+    if facet:
+        fig.update_yaxes(matches=None, showticklabels=True)
+        fig.update_xaxes(matches=None)
     return fig
 
 

@@ -31,7 +31,7 @@ import torch
 import labkit
 from labkit.core import config, env, machine, results
 from labkit.model import dtypes, models
-from labkit.decoding import cache_variants, decode, kv, profiling, quality
+from labkit.decoding import cache_variants, decode, generation, kv, profiling, quality
 from labkit.lessons import exercises, findings, plots
 
 plots.setup_offline()
@@ -42,7 +42,7 @@ env.capabilities_frame().query("name in ['cuda', 'flash-attn', 'torch.compile']"
 
 # %% subslide parameters
 DTYPE = "fp16" if env.device() == "cuda" else "fp32"  # weights and KV cache precision
-PROMPT = "Write a short story about a lighthouse keeper."
+PROMPT = generation.TIMED_PROMPT  # the timed request
 LOOP_TOKENS = config.pick(128, 24)  # new tokens from the loop written below, with and without the cache
 POINTS = [8, 16, 32, 64]  # new-token counts at which total time is read off (and LOOP_TOKENS)
 KV_NEW_TOKENS = config.pick(16, 4)  # new tokens for the cache-size check
@@ -248,7 +248,12 @@ plots.bar(melted.astype({"prompt_tokens": str}), x="prompt_tokens", y="seconds",
 short, long_ = split.iloc[0], split.iloc[-1]
 exercises.reveal("TTFT growth", PREDICT_TTFT_GROWTH, long_.ttft_s / short.ttft_s, "×")
 exercises.reveal("TPOT growth", PREDICT_TPOT_GROWTH, long_.tpot_s / short.tpot_s, "×")
-split
+weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())  # what every decode step reads
+step_bytes = [weight_bytes + per_pos * (r.prompt_tokens + SPLIT_TOKENS / 2) for r in (short, long_)]  # + the cache
+print(f"bytes one decode step reads, weights plus the cache: {step_bytes[0] / 1e6:,.0f} MB → {step_bytes[1] / 1e6:,.0f} MB, "
+      f"so a memory-bound step predicts TPOT {step_bytes[1] / step_bytes[0]:.2f}× (measured "
+      f"{long_.tpot_s / short.tpot_s:.2f}×, {long_.n} samples each, interleaved)")
+split.drop(columns="samples")
 
 # %% md slide
 # ## 6 · Dynamic vs static cache
@@ -271,7 +276,8 @@ if "static+compile" not in variants:
           "reference rows from", results.provenance(ref))
     vrows += [dict(r, where="reference") for r in ref.frame("cache_variants").to_dict("records")]
 vdf = pd.DataFrame(vrows)
-plots.bar(vdf, x="variant", y="tpot_s", color="where", title="Decode time per token by cache", y_title="seconds").show()
+plots.bar(vdf, x="variant", y="tpot_s", color="where", title="Decode time per token by cache", y_title="seconds",
+          facet="where").show()
 here = vdf[vdf["where"] == "this run"].set_index("variant")
 exercises.reveal_choice("faster decode", PREDICT_FASTER_CACHE, here.loc[["dynamic", "static"]].tpot_s.idxmin(),
                         ["dynamic", "static"])
@@ -310,7 +316,7 @@ plots.bar(attn, x="attn_implementation", y="ttft_s", title=f"TTFT for a {ATTN_PR
           y_title="seconds").show()
 timed = attn[attn.attn_implementation.isin(["eager", "sdpa"])].set_index("attn_implementation")
 exercises.reveal_choice("shorter TTFT", PREDICT_FASTER_ATTENTION, timed.ttft_s.idxmin(), ["eager", "sdpa"])
-attn.drop(columns="answer_start")
+attn.drop(columns=["answer_start", "samples"])
 
 # %% md slide
 # ## 8 · Profiler view: where does one step spend its time?
@@ -323,7 +329,7 @@ attn.drop(columns="answer_start")
 PREDICT_MATMUL_SHARE = None  # your prediction: share of a decode step's self time in matmul, 0 to 1
 
 # %% fragment
-profiles = profiling.profile_prefill_decode(lm.model, lm.tokenizer, prompt_tokens=PROFILE_PROMPT)
+profiles = profiling.profile_prefill_decode(lm.model, lm.tokenizer, prompt_tokens=PROFILE_PROMPT, repeats=REPEATS)
 profiling.groups_figure(profiles).show()
 groups = profiling.groups_frame(profiles).set_index(["step", "group"]).share
 exercises.reveal("decode step in matmul", PREDICT_MATMUL_SHARE, groups[(profiles[1].step, "matmul")], "share")
@@ -347,7 +353,8 @@ for section, rows in {"cache_on_off": totals.reset_index().to_dict("records"), "
 found = findings.kv_cache(loop_agreement=min(loop_agreement.values()), core_identical=core["identical"],
                     tokens=int(totals.index[-1]), speedup=totals.speedup.iloc[-1], step_growth=growth.to_dict(),
                     kv_sizes=kvdf, bytes_per_position=per_pos, split=split, variants=here, attention=timed,
-                    decode_shares=groups[profiles[1].step].to_dict())
+                    decode_shares=profiles[1].share_samples,
+                    weight_bytes=weight_bytes)
 res.replace("summary", found.rows)
 print("saved", res.save())
 print("\n".join("- " + s for s in found.sentences))

@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit.core import config, env, machine, results
+from labkit.core import config, env, machine, results, verdict
 from labkit.model import models, onnx, prompts
 from labkit.decoding import generation, quality
 from labkit.precision import calibration
@@ -49,7 +49,7 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 env.capabilities_frame()
 
 # %% subslide parameters
-PROMPT = "Write a short story about a lighthouse keeper."  # the timed request
+PROMPT = generation.TIMED_PROMPT  # the timed request
 NEW_TOKENS = config.pick(32, 6)  # tokens per timed decode
 REPEATS = config.pick(5, 3)  # timed runs per engine (after one warmup)
 MAX_CACHE_LEN = 256  # static KV cache positions (prompt + new tokens must fit)
@@ -172,14 +172,27 @@ fusion_table["eager_gbs"] = [e / t / 1e3 for (e, _), t in zip(moved, fusion_tabl
 fusion_table["fused_gbs"] = [f / t / 1e3 for (_, f), t in zip(moved, fusion_table.compiled_us)]
 res.replace("fusion", fusion_table.to_dict("records"))
 print("kernels inductor generated:", {label: f.kernels for label, f in fused.items()})
-fusion_table.round(3)
+fusion_table.drop(columns=["samples"]).round(3)
 
 # %% fragment
 big = fusion_table.iloc[-1]
 exercises.reveal(f"fused RMSNorm speedup, {FUSION_ROWS} rows", PREDICT_FUSION_SPEEDUP, big.speedup, "×")
 eager_b, fused_b = traffic(FUSION_ROWS, weight.shape[0], h.element_size())
-print(f"fusion cut the (rows, hidden) traffic {eager_b / fused_b:.1f}× and ran {big.speedup:.2f}× faster on {FUSION_ROWS} rows, "
-      f"{fusion_table.iloc[0].speedup:.2f}× on one row; outputs differ by at most {fusion_table.max_abs_diff.max():.1g}. First call "
+
+
+def fusion_verdict(row):
+    """Fused against eager on one shape; a fused kernel cannot beat a plain copy of the same rows."""
+    return verdict.compare(verdict.samples(row, "compiled_us"), verdict.samples(row, "eager_us"), higher_is_better=False,
+                           bound=row.eager_us / row.copy_us, bound_why="a fused kernel cannot beat a plain copy of its rows")
+
+
+fusion_said = {r.input: fusion_verdict(r) for r in fusion_table.itertuples()}
+v_big = fusion_said[big.input]
+print(f"Eager, fused and a plain copy timed in interleaved rounds (eager drifted {big.drift:.2f}× first to last). "
+      f"Fusion cut the (rows, hidden) traffic {eager_b / fused_b:.1f}× and on {FUSION_ROWS} rows ran "
+      f"{v_big.word('faster', 'slower')} ({v_big.gain:.2f}×: {v_big.reason}); on one row "
+      f"{fusion_said[fusion_table.iloc[0].input].word('faster', 'slower')} ({fusion_table.iloc[0].speedup:.2f}×). "
+      f"Outputs differ by at most {fusion_table.max_abs_diff.max():.1g}. First call "
       f"(trace, fuse, generate, build): {fusion_table.first_call_s.sum():.1f} s for both shapes, with "
       + ("an empty inductor cache: a cold build" if min(f.cache_entries_before for f in fused.values()) == 0 else
          "inductor's on-disk cache from earlier runs (notebook 04 times a truly cold compile)"))
@@ -250,17 +263,24 @@ print(f"{tc['where']}: inductor fused {tc.ir_nodes_before_fusion:.0f} IR nodes i
 PREDICT_ORT_SPEEDUP = None  # your prediction: decode tokens/s at the last level ÷ at 'disable_all' (×)
 
 # %% fragment
-ort_rows, ops = [], {}
-for level in ORT_LEVELS:
-    built = onnxruntime.load_ort(level, count_ops=True)
-    d = generation.measure_decode(built["model"], built["tokenizer"], new_tokens=NEW_TOKENS, repeats=REPEATS, prompt=PROMPT)
-    q = quality.compare(built["model"], ref)
-    ops[level] = built["ops"]
-    ort_rows.append({"engine": f"ONNX Runtime, {level}", "where": "this run", "build_s": built["build_s"],
-                     "ttft_s": d["ttft_s"], "decode_tokens_per_s": d["decode_tokens_per_s"], "agreement": q.agreement,
-                     "kl": q.kl, "graph_ops": sum(built["ops"].values())})
-    del built
-pd.DataFrame(ort_rows).round(4)
+machine.check("ONNX Runtime levels")
+built = {level: onnxruntime.load_ort(level, count_ops=True) for level in ORT_LEVELS}  # every level open at once
+ops = {level: b["ops"] for level, b in built.items()}
+eager_name = "PyTorch eager, dynamic cache"
+timed = generation.decode_variants({eager_name: (lm.model, lm.tokenizer),
+                                    **{f"ONNX Runtime, {level}": (b["model"], b["tokenizer"]) for level, b in built.items()}},
+                                   new_tokens=NEW_TOKENS, rounds=REPEATS, prompt=PROMPT)  # interleaved, eager first and last
+ort_rows = []
+for level, b in built.items():
+    d, q = timed[f"ONNX Runtime, {level}"], quality.compare(b["model"], ref)
+    ort_rows.append({"engine": f"ONNX Runtime, {level}", "where": "this run", "build_s": b["build_s"], "ttft_s": d["ttft_s"],
+                     "decode_tokens_per_s": d["decode_tokens_per_s"], "agreement": q.agreement, "kl": q.kl,
+                     "graph_ops": sum(b["ops"].values()), "samples": d["samples"]})
+del built
+d = timed[eager_name]  # the eager row, now from the same rounds as the levels it is compared with
+rows[0].update(ttft_s=d["ttft_s"], decode_tokens_per_s=d["decode_tokens_per_s"], samples=d["samples"])
+print(f"eager and every level timed in {REPEATS} interleaved rounds; eager first and last: drift {d['drift']:.2f}×")
+pd.DataFrame(ort_rows).drop(columns=["samples"]).round(4)
 
 # %% subslide
 op_df = pd.DataFrame(ops).fillna(0).astype(int)
@@ -268,8 +288,13 @@ top = op_df.loc[op_df.max(axis=1).sort_values(ascending=False).index[:12]]
 plots.bar(top.T.reset_index(names="level").melt(id_vars="level", var_name="operator", value_name="count"), x="level",
           y="count", color="operator", title="Operators in the optimised graph, by level", y_title="operators").show()
 first, last = ORT_LEVELS[0], ORT_LEVELS[-1]
-ort_gain = ort_rows[-1]["decode_tokens_per_s"] / ort_rows[0]["decode_tokens_per_s"]
+ort_said = verdict.compare(verdict.samples(ort_rows[-1], "decode_tokens_per_s"),
+                           verdict.samples(ort_rows[0], "decode_tokens_per_s"))
+ort_gain = ort_said.ratio
 exercises.reveal(f"ONNX Runtime '{last}' ÷ '{first}' decode", PREDICT_ORT_SPEEDUP, ort_gain, "×")
+ort_ref = {r["engine"]: r["decode_tokens_per_s"] for r in results.reference(compiled.REFERENCE).section("engines")}
+print(results.beside_reference(f"'{last}' ÷ '{first}' decode", ort_gain, results.reference(compiled.REFERENCE),
+                               ort_ref.get(f"ONNX Runtime, {last}", 0) / ort_ref.get(f"ONNX Runtime, {first}", 1)))
 print(f"{sum(ops[first].values())} operators at '{first}' → {sum(ops[last].values())} at '{last}'; "
       f"fused operators that appear: {onnx.fused_ops(ops[first], ops[last])}")
 
@@ -363,7 +388,7 @@ table = pd.DataFrame(rows + ort_rows + trt_rows)
 res.replace("engines", table.drop(columns=["section"], errors="ignore").to_dict("records"))
 res.save()
 plots.bar(table, x="engine", y="decode_tokens_per_s", color="where", title="Decode tokens/s by engine",
-          y_title="tokens/s").show()
+          y_title="tokens/s", facet="where").show()
 table[["engine", "where", "build_s", "ttft_s", "decode_tokens_per_s", "agreement", "kl"]].round(4)
 
 # %% subslide
@@ -374,21 +399,25 @@ results.show_gpu_references("08_tensorrt", "engines", ["engine", "where", "statu
 # ## Takeaways
 
 # %% fragment
-here = table[table["where"] == "this run"]
-best = here.loc[here.decode_tokens_per_s.idxmax()]
-base = here[here.engine == "PyTorch eager, dynamic cache"].iloc[0]
+in_rounds = pd.DataFrame([rows[0]] + ort_rows)  # timed in the same interleaved rounds: comparable with each other
+best = in_rounds.loc[in_rounds.decode_tokens_per_s.idxmax()]
+base = in_rounds.iloc[0]
+best_said = verdict.compare(verdict.samples(best, "decode_tokens_per_s"), verdict.samples(base, "decode_tokens_per_s"))
 lowest = summary.kl.idxmin()
-print(f"- Fusion: RMSNorm's {int(big.eager_ops)} eager kernels became {int(big.fused_kernels)}; {big.speedup:.2f}× faster on {FUSION_ROWS} rows, "
-      f"{fusion_table.iloc[0].speedup:.2f}× on one decode row, with outputs equal to {fusion_table.max_abs_diff.max():.1g}.")
+print(f"- Fusion: RMSNorm's {int(big.eager_ops)} eager kernels became {int(big.fused_kernels)}; on {FUSION_ROWS} rows "
+      f"{v_big.word('faster', 'slower')} ({big.speedup:.2f}×; {v_big.reason}), with outputs equal to "
+      f"{fusion_table.max_abs_diff.max():.1g}.")
 print(f"- The whole decode step compiled ({tc['where']}): {compile_gain:.2f}× eager after a {tc.build_s:.0f} s build; "
       + (f"it pays back after {break_even:,.0f} tokens there." if break_even else "no gain to pay the build back."))
-print(f"- ONNX Runtime '{last}' decoded {ort_gain:.2f}× as fast as '{first}', agreement {ort_rows[-1]['agreement']:.3f}: "
-      + ("its rewrites kept the answers." if ort_rows[-1]["agreement"] == 1 else "its rewrites changed some answers."))
+print(f"- ONNX Runtime '{last}' against '{first}': {ort_said.word()} ({ort_gain:.2f}×; {ort_said.reason}), agreement "
+      f"{ort_rows[-1]['agreement']:.3f}: " + ("its rewrites kept the answers." if ort_rows[-1]["agreement"] == 1
+                                               else "its rewrites changed some answers."))
 print(f"- int8 on {cal.layer}: {lowest} disturbed the outputs least (mean KL {summary.kl.min():.2g} nats); "
       f"clipping at p{PERCENTILE:g} gave {clip:.2f}× absmax's KL.")
-print("- Fastest decode measured in this run: " + ("eager PyTorch itself (dynamic cache): no engine run here beat it."
-      if best.engine == base.engine else f"{best.engine}, {best.decode_tokens_per_s / base.decode_tokens_per_s:.2f}× "
-      f"eager, agreement {best.agreement:.3f}, KL {best.kl:.2g}."))
+print("- Fastest decode in this run's interleaved rounds: " + (
+    "eager PyTorch itself (dynamic cache): no engine timed beside it beat it." if best.engine == base.engine else
+    f"{best.engine}, {best_said.word()} than eager ({best_said.ratio:.2f}×; {best_said.reason}), agreement "
+    f"{best.agreement:.3f}, KL {best.kl:.2g}."))
 
 # %% md subslide
 # ## Exercises
