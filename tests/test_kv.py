@@ -269,3 +269,31 @@ def test_findings_choose_their_words_by_the_verdicts():
     assert "got faster, which no cache can do" in faster and "rerun" in faster
     rows = {r["finding"]: r["value"] for r in _findings().rows}
     assert rows["TPOT static / dynamic cache (×)"] == pytest.approx(1.2)
+
+
+def test_one_compile_story_in_one_unit_for_notebooks_04_05_08():
+    from pathlib import Path
+
+    from labkit.core import results
+    from labkit.decoding import cache_variants
+
+    ref = results.Results("r", rows=[
+        {"section": "cache_variants", "variant": "static", "new_tokens": 64, "first_call_s": 2.0, "decode_tokens_per_s": 10.0},
+        {"section": "cache_variants", "variant": "static+compile", "new_tokens": 64, "first_call_s": 52.0,
+         "decode_tokens_per_s": 12.5, "agreement": 1.0}])
+    story = cache_variants.compile_story(ref)
+    assert story.gain == pytest.approx(1.25) and story.extra_first_s == pytest.approx(50.0)
+    assert story.break_even_tokens == pytest.approx(50.0 / (0.1 - 0.08))  # 2,500 tokens
+    assert "1.25× eager's decode tokens/s" in story.sentence() and "pays back after 2,500 tokens" in story.sentence()
+    slower = cache_variants.compile_story(results.Results("r", rows=[dict(r, decode_tokens_per_s=8.0)
+                                                                      if r["variant"] == "static+compile" else r
+                                                                      for r in ref.rows]))
+    assert slower.break_even_tokens is None and "never pays back" in slower.sentence()
+    with pytest.raises(ValueError, match="static\\+compile"):
+        cache_variants.compile_story(results.Results("r", rows=ref.rows[:1]))
+    shipped = cache_variants.compile_story()  # the reference that ships
+    assert shipped.where == "reference" and shipped.new_tokens > 0 and shipped.gain > 0
+    src = Path(__file__).parents[1] / "notebooks" / "src"
+    for nb in ("04_warmup.py", "05_kv_cache.py", "08_tensorrt.py"):  # one reference, one story
+        text = (src / nb).read_text()
+        assert "compile_story(" in text and '"05_kv_cache_compile"' not in text, nb

@@ -1,6 +1,7 @@
 """transformers' cache and compile knobs, shared by the KV-cache measurements and the engines:
 ``cache_variant_kwargs`` (the ``generate`` arguments of each cache variant), ``compile_config`` and
-``fresh_compile_cache`` (an empty inductor cache, so a compile is measured cold).
+``fresh_compile_cache`` (an empty inductor cache, so a compile is measured cold), and ``compile_story``: the one
+torch.compile reference (``REFERENCE_COMPILE``) notebooks 04, 05 and 08 tell in quick mode, in one unit.
 """
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
+from dataclasses import dataclass
 from typing import Any
+
+from ..core import results
 
 CACHE_VARIANTS = ("dynamic", "static", "static+compile")
 REFERENCE_COMPILE = "05_kv_cache_compile"
@@ -57,3 +61,57 @@ def fresh_compile_cache() -> Iterator[str]:
             yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the one compile reference, in one unit
+
+@dataclass(frozen=True)
+class CompileStory:
+    """torch.compile of the decode step against eager, both with a static cache, from one result file: decode
+    speed in tokens/s, the first call (compilation included) in seconds, the pay-back in tokens."""
+
+    where: str  # "reference" or "this run"
+    provenance: str
+    new_tokens: int
+    eager_tokens_per_s: float  # static cache, eager
+    compiled_tokens_per_s: float  # static cache, compiled
+    eager_first_s: float  # first call of a new_tokens request
+    compiled_first_s: float  # the same, compilation included
+    agreement: float | None = None
+
+    @property
+    def gain(self) -> float:
+        return self.compiled_tokens_per_s / self.eager_tokens_per_s
+
+    @property
+    def extra_first_s(self) -> float:
+        """What compiling added to the first call."""
+        return max(0.0, self.compiled_first_s - self.eager_first_s)
+
+    @property
+    def break_even_tokens(self) -> float | None:
+        """Tokens after which the compiled decode has paid back its first call; None when it is not faster."""
+        saved = 1 / self.eager_tokens_per_s - 1 / self.compiled_tokens_per_s
+        return self.extra_first_s / saved if saved > 0 else None
+
+    def sentence(self) -> str:
+        pay = (f"pays back after {self.break_even_tokens:,.0f} tokens" if self.break_even_tokens is not None
+               else "never pays back (the compiled decode was not faster)")
+        return (f"torch.compile of the decode step ({self.where}: {self.provenance}): {self.gain:.2f}× eager's decode "
+                f"tokens/s, both with a static cache ({self.compiled_tokens_per_s:.1f} vs {self.eager_tokens_per_s:.1f}); "
+                f"its first {self.new_tokens}-token call took {self.compiled_first_s:.1f} s against "
+                f"{self.eager_first_s:.1f} s eager, so it {pay}")
+
+
+def compile_story(ref: Any = None) -> CompileStory:
+    """The compile story of ``REFERENCE_COMPILE`` (or of a Results holding 'cache_variants' rows)."""
+    ref = ref if ref is not None else results.reference(REFERENCE_COMPILE)
+    rows = {r["variant"]: r for r in ref.section("cache_variants")}
+    missing = [v for v in ("static", "static+compile") if v not in rows]
+    if missing:
+        raise ValueError(f"{ref.name}: no cache_variants rows for {missing}; rerun `python -m labkit kv reference`")
+    eager, comp = rows["static"], rows["static+compile"]
+    return CompileStory(where="reference", provenance=results.provenance(ref), new_tokens=int(eager["new_tokens"]),
+                        eager_tokens_per_s=eager["decode_tokens_per_s"], compiled_tokens_per_s=comp["decode_tokens_per_s"],
+                        eager_first_s=eager["first_call_s"], compiled_first_s=comp["first_call_s"],
+                        agreement=comp.get("agreement"))

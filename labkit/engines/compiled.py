@@ -16,7 +16,7 @@ from .fusion import eager_ops
 
 DEFAULT_PROMPT = TIMED_PROMPT
 DEFAULT_MAX_CACHE_LEN = 256  # static cache positions: prompt + generated tokens must fit
-REFERENCE = "08_tensorrt"  # data/reference/08_tensorrt.json (CPU, full mode): compile rows for quick mode
+REFERENCE = "08_tensorrt"  # data/reference/08_tensorrt.json (CPU, full mode): the engines and ONNX Runtime levels
 
 
 # ------------------------------------------------------------------ torch: static cache, prefill, decode

@@ -304,7 +304,8 @@ def warmup(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_
     """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
 
     ``summary``: rows indexed by series ('cold', 'warmed') with first_s, median_s and agreement;
-    ``compile_rows``: the compile table (target, where, break_even_calls, and max_abs_diff / agreement where known)."""
+    ``compile_rows``: the compile table (target, where, break_even_calls, and max_abs_diff / agreement where known);
+    a row with ``tokens_per_call`` (a whole model's requests) pays back in tokens, the unit notebooks 05 and 08 use."""
     phases = {k: v for k, v in cold.phases().items() if v is not None and k != "second_request_s"}
     largest = max(phases, key=phases.get)
     before = sum(v for k, v in phases.items() if k != "first_request_s")
@@ -338,9 +339,10 @@ def warmup(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_
         says.append("labkit's warmup in the second process " + (f"settled after {rep.warmup_calls} call(s)."
                     if rep.settled else f"did not settle within {rep.calls} calls."))
     for r in compile_rows.to_dict("records"):
-        be = r.get("break_even_calls")
-        pay = "never pays back (compiled calls were not faster)" if be is None or be != be else \
-            f"pays back after {be:,.0f} calls"
+        be, per_call = r.get("break_even_calls"), r.get("tokens_per_call")
+        pay = ("never pays back (compiled calls were not faster)" if be is None or be != be else
+               f"pays back after {be * per_call:,.0f} tokens" if per_call and per_call == per_call else
+               f"pays back after {be:,.0f} calls")
         says.append(f"torch.compile, {r['target']} ({r['where']}): first call {r['compiled_first_s']:.2f} s vs "
                     f"{r['eager_first_s']:.3f} s eager; {pay}.")
     return Findings(rows=rows, sentences=says)

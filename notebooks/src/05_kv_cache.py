@@ -275,6 +275,7 @@ if "static+compile" not in variants:
     print("torch.compile of the decode step runs in full mode only (too slow for quick mode on a CPU); "
           "reference rows from", results.provenance(ref))
     vrows += [dict(r, where="reference") for r in ref.frame("cache_variants").to_dict("records")]
+    print(cache_variants.compile_story(ref).sentence())
 vdf = pd.DataFrame(vrows)
 plots.bar(vdf, x="variant", y="tpot_s", color="where", title="Decode time per token by cache", y_title="seconds",
           facet="where").show()
