@@ -138,3 +138,20 @@ def test_a_crash_while_writing_leaves_the_previous_file_intact(rows, crash_after
     text = path.read_text(encoding="utf-8")
     assert text == previous if not wrote else json.loads(text)["rows"] is not None
     assert [p.name for p in folder.iterdir()] == ["x.json"], "a temporary file was left behind"
+
+
+def test_class_page_draws_each_mode_apart():
+    from labkit.core import results
+
+    def sub(name, quick, gain):
+        res = results.Results("06_batching", env={"hardware": {"cpu": "c"}, "device": "cpu", "quick": quick})
+        res.add("static", batch_size=1, total_tokens_per_s=10.0)
+        res.add("static", batch_size=8, total_tokens_per_s=10.0 * gain)
+        return merge_results.Submission(learner=name, file=f"{name}.json", res=res)
+
+    page, drawn = merge_results.plots_html([sub("alice", True, 3.0), sub("bob", False, 6.0)])
+    assert drawn["batching"] == 2 and "<h3>quick mode</h3>" in page and "<h3>full mode</h3>" in page
+    assert page.index("<h3>full mode</h3>") < page.index("bob") < page.index("<h3>quick mode</h3>") < page.rindex("alice")
+    assert "alice" not in page[:page.index("<h3>quick mode</h3>")]  # each learner only in its own mode's plot
+    one, _ = merge_results.plots_html([sub("alice", True, 3.0)])
+    assert "mode</h3>" not in one

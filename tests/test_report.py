@@ -76,6 +76,21 @@ def test_merge_class_results(tmp_path):
         report.merge([])
 
 
+def test_class_chart_never_puts_quick_and_full_runs_on_one_axis(tmp_path):
+    a = _results("09_capstone", 1.0).save(tmp_path / "alice" / "09_capstone.json")
+    full = _results("09_capstone", 2.0)
+    full.env["quick"] = False
+    full.notes["tokens"] = "answers up to 64 tokens"
+    b = full.save(tmp_path / "bob" / "09_capstone.json")
+    df = report.merge([a, b])
+    assert set(df["mode"]) == {"quick", "full, answers up to 64 tokens"}
+    fig = report.merge_figure(df)
+    axes = [k for k in fig.layout.to_plotly_json() if k.startswith("yaxis")]
+    assert len(axes) == 2 and all(fig.layout[k].matches is None for k in axes)
+    same = report.merge_figure(report.merge([a]))
+    assert len([k for k in same.layout.to_plotly_json() if k.startswith("yaxis")]) == 1
+
+
 def test_reference_file_merges():
     path = results.reference_dir() / "09_capstone.json"
     assert path.is_file(), "data/reference/09_capstone.json is missing: `make reference NOTEBOOKS=09` writes it"
@@ -113,3 +128,18 @@ def test_choose_precision_measures_speed_and_answers(tiny_llama) -> None:
     assert choice == "fp32"  # the only one that keeps the answers
     with pytest.raises(ValueError, match="reference precision"):
         report.choose_precision({"noisy": broken}, tok, ["Hi"], batch=1, new_tokens=1)
+
+
+def test_slo_comes_from_one_request_alone_when_the_target_is_out_of_reach():
+    from labkit.serve.loadgen import SLO
+
+    target = SLO(ttft_s=2.0, tpot_s=0.25)
+    quick = {"ttft_p50_s": 0.4, "tpot_p50_s": 0.05, "completed": 3}
+    slo, why = report.slo_from_baseline(target, quick, factor=3)
+    assert slo is target and "reachable here" in why and "TTFT 0.40 s" in why
+    slow = {"ttft_p50_s": 1.5, "tpot_p50_s": 0.4, "completed": 3}  # TPOT alone misses 0.25 s
+    slo, why = report.slo_from_baseline(target, slow, factor=3)
+    assert slo.ttft_s == pytest.approx(4.5) and slo.tpot_s == pytest.approx(1.2)
+    assert "unreachable here" in why and "3× that" in why
+    with pytest.raises(ValueError, match="did its requests complete"):
+        report.slo_from_baseline(target, {"ttft_p50_s": None, "tpot_p50_s": None})

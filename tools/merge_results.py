@@ -303,13 +303,22 @@ PLOTS = [  # (anchor, question, points, figure, the notebook and sections it nee
 
 
 def plots_html(subs: list[Submission]) -> tuple[str, dict[str, int]]:
-    """The plots' sections, and how many points each one drew."""
+    """The plots' sections, and how many points each one drew. Files of different modes (quick or full, other
+    token counts: ``results.mode``) are never drawn together: each mode gets its own copy of each plot."""
     parts, drawn = [], {}
+    modes = sorted({results.mode(s.res) for s in subs})
     for anchor, question, points_of, figure_of, needs in PLOTS:
-        points = points_of(subs)
-        drawn[anchor] = len(points)
-        body = (_figure_html(figure_of(points)) if points else
-                f"<p class='none'>No learner's results have this yet: it needs {html.escape(needs)}.</p>")
+        drawn[anchor] = 0
+        bodies = []
+        for m in modes or [""]:
+            points = points_of([s for s in subs if results.mode(s.res) == m])
+            drawn[anchor] += len(points)
+            if len(modes) > 1 and points:
+                bodies.append(f"<h3>{html.escape(m)} mode</h3>")
+            if points:
+                bodies.append(_figure_html(figure_of(points)))
+        body = "".join(bodies) or (f"<p class='none'>No learner's results have this yet: it needs "
+                                   f"{html.escape(needs)}.</p>")
         parts.append(f"<section class='plot' id='{anchor}'><h2>{html.escape(question)}</h2>{body}</section>")
     return "".join(parts), drawn
 

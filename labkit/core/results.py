@@ -201,6 +201,14 @@ def provenance(res: Results) -> str:
             f"command: {e.get('command', '?')}")
 
 
+def mode(res: Results) -> str:
+    """What a result's numbers may be compared with: 'quick' or 'full', and the token counts its notebook
+    recorded (``notes["tokens"]``). Figures of different modes never share one axis."""
+    label = "quick" if res.env.get("quick") else "full"
+    tokens = res.notes.get("tokens")
+    return f"{label}, {tokens}" if tokens else label
+
+
 OFF_BY = 2.0  # a ratio more than 2× away from the quiet reference's says the machine differs or was busy
 
 

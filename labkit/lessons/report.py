@@ -129,6 +129,23 @@ def load_point(url: str, prompts: Sequence[str], concurrency: int, num_requests:
             "errors": "; ".join(f"{n}× {e}" for e, n in errors.items())}
 
 
+def slo_from_baseline(target: Any, baseline: dict[str, Any], factor: float = 3.0) -> tuple[Any, str]:
+    """The SLO a load test on this machine can use, from one request measured alone (``baseline``: a
+    ``load_point`` row at concurrency 1): ``target`` when one request alone meets it, else ``factor`` × the
+    baseline's median TTFT and TPOT, with a sentence saying which and why."""
+    from ..serve.loadgen import SLO
+
+    ttft, tpot = baseline.get("ttft_p50_s"), baseline.get("tpot_p50_s")
+    if not ttft or not tpot:
+        raise ValueError("the baseline has no TTFT/TPOT medians: did its requests complete? (see its 'errors')")
+    alone = f"one request alone: TTFT {ttft:.2f} s, TPOT {tpot:.3f} s (median of {baseline.get('completed')})"
+    if (target.ttft_s is None or ttft <= target.ttft_s) and (target.tpot_s is None or tpot <= target.tpot_s):
+        return target, f"SLO TTFT ≤ {target.ttft_s} s, TPOT ≤ {target.tpot_s} s: reachable here ({alone})"
+    slo = SLO(ttft_s=factor * ttft, tpot_s=factor * tpot)
+    return slo, (f"The target SLO (TTFT ≤ {target.ttft_s} s, TPOT ≤ {target.tpot_s} s) is unreachable here: {alone}. "
+                 f"This run's SLO is {factor:g}× that: TTFT ≤ {slo.ttft_s:.2f} s, TPOT ≤ {slo.tpot_s:.3f} s")
+
+
 def slo_sweep(url: str, prompts: Sequence[str], levels: Sequence[int], requests_per_client: int, max_tokens: int,
               slo: Any, min_good_fraction: float = 0.9, stop_at_first_miss: bool = True,
               **options: Any) -> list[dict[str, Any]]:
@@ -233,18 +250,24 @@ def merge(paths: Sequence[str | Path], section: str = CONFIG_SECTION):
         df.insert(1, "hardware", _label(res.env))
         df.insert(2, "device", res.env.get("device"))
         df.insert(3, "quick", res.env.get("quick"))
+        df.insert(4, "mode", results.mode(res))
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
 
 
 def merge_figure(df: Any, metric: str = "request_throughput", by: str = "config",
                  title: str = "Class results: the same load on everyone's machine"):
-    """Grouped bars: ``metric`` for each configuration, one colour per learner's file."""
+    """Grouped bars: ``metric`` for each configuration, one colour per learner's file; files of different modes
+    (quick or full, other token counts: ``results.mode``) in separate panels, each with its own axis."""
     import plotly.express as px
 
     if metric not in df.columns:
         raise ValueError(f"no column {metric!r}; choose one of {sorted(c for c in df.columns if df[c].dtype.kind == 'f')}")
     df = df.assign(who=df["learner"] + " · " + df["hardware"])
-    fig = px.bar(df, x=by, y=metric, color="who", barmode="group", title=title, text_auto=".3g")
+    split = "mode" in df.columns and df["mode"].nunique() > 1  # quick and full runs never share an axis
+    fig = px.bar(df, x=by, y=metric, color="who", barmode="group", title=title, text_auto=".3g",
+                 facet_col="mode" if split else None)
     fig.update_layout(yaxis_title=COMPARED.get(metric, (metric,))[0], template="plotly_white", legend_title="")
+    if split:
+        fig.update_yaxes(matches=None, showticklabels=True)
     return fig
