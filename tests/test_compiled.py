@@ -46,7 +46,7 @@ def test_measure_decoder_and_eager_op_count(tiny_llama):
     ids = _prompt(tok)
     m = compiled.measure_decoder(compiled.StaticDecoder(model, max_cache_len=96), ids, new_tokens=6, repeats=2)
     assert m["decode_tokens_per_s"] > 0 and m["repeats"] == 2 and m["build_s"] is None and len(m["tokens"]) == 6
-    n_ops = compiled.count_eager_ops(model, ids, max_cache_len=96)
+    n_ops = compiled.count_eager_ops(model, ids)
     assert n_ops > 20 * model.config.num_hidden_layers  # dozens of operators per layer per token
     with pytest.raises(ValueError, match="at least 2"):
         compiled.measure_decoder(compiled.StaticDecoder(model, max_cache_len=96), ids, new_tokens=1)
@@ -65,3 +65,21 @@ def test_compiled_decoder_gives_eager_tokens(tiny_llama):
     assert dec.build_s is not None and dec.build_s > 0
     _, tokens_b, _ = dec.generate(_prompt(tok, "Name a colour."), 6)  # another prompt: no rebuild needed
     assert tokens_b == compiled.StaticDecoder(model, max_cache_len=64).generate(_prompt(tok, "Name a colour."), 6)[1]
+
+
+def test_one_operator_count_for_one_decode_step_in_01_08_10(tiny_llama):
+    from pathlib import Path
+
+    from labkit.engines import fusion
+
+    model, tok = tiny_llama
+    ids = _prompt(tok)
+    ops = fusion.decode_step_ops(model, ids)
+    assert compiled.count_eager_ops(model, ids) == len(ops)
+    assert ops.count("linear") + ops.count("addmm") + ops.count("mm") >= 7 * model.config.num_hidden_layers
+    assert "dynamic cache" in fusion.STEP_OPS_COUNTED
+    src = Path(__file__).parents[1] / "notebooks" / "src"
+    for nb in ("01_hardware_sizing.py", "08_tensorrt.py", "10_beyond.py"):
+        text = (src / nb).read_text()
+        assert "STEP_OPS_COUNTED" in text and ("decode_step_ops(" in text or "count_eager_ops(" in text), nb
+        assert "eager_ops(decode." not in text, f"{nb} counts a decode step its own way"

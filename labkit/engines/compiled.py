@@ -12,7 +12,7 @@ from ..core.checks import model_device
 from ..core.timing import Measurement, now
 from ..decoding import cache_variants, decode, quality
 from ..decoding.generation import TIMED_PROMPT, GenerationResult
-from .fusion import eager_ops
+from .fusion import decode_step_ops
 
 DEFAULT_PROMPT = TIMED_PROMPT
 DEFAULT_MAX_CACHE_LEN = 256  # static cache positions: prompt + generated tokens must fit
@@ -141,13 +141,7 @@ def decoder_quality(dec: StaticDecoder, ref: Any) -> Any:
     return quality.Agreement(agreement=agree / n, kl=kl_sum / n, kl_max=kl_max, n_tokens=n, per_prompt=rows)
 
 
-def count_eager_ops(model: Any, input_ids: Any, max_cache_len: int = DEFAULT_MAX_CACHE_LEN) -> int:
-    """How many PyTorch (aten) operators one eager decode step calls: each is a kernel launch and a
-    round trip of its inputs and outputs through memory."""
-    import torch
-
-    dec = StaticDecoder(model, max_cache_len=max_cache_len)
-    with torch.inference_mode():
-        logits, _ = decode.prefill(model, input_ids, cache=dec.cache)
-        position = torch.tensor([input_ids.shape[1]], device=input_ids.device)
-        return len(eager_ops(static_step, model, logits.argmax(-1).view(1), position, dec.cache))
+def count_eager_ops(model: Any, input_ids: Any) -> int:
+    """How many PyTorch (aten) operators one eager decode step calls (``fusion.STEP_OPS_COUNTED``: the same count
+    notebooks 01 and 10 quote): each is a kernel launch and a round trip of its inputs and outputs through memory."""
+    return len(decode_step_ops(model, input_ids))

@@ -66,6 +66,23 @@ def eager_ops(fn: Any, *args: Any) -> list[str]:
     return counter.ops
 
 
+STEP_OPS_COUNTED = ("aten operators one eager decode step dispatches (batch 1, one new token, the dynamic cache "
+                    "generate uses), counted below autograd: one kernel launch each")
+
+
+def decode_step_ops(model: Any, input_ids: Any) -> list[str]:
+    """The one operator count of "one decode step" notebooks 01, 08 and 10 quote (``STEP_OPS_COUNTED``): the aten
+    operators of the decode step after a prefill of ``input_ids`` (1, T), in order."""
+    import torch
+
+    from ..decoding import decode
+
+    with torch.inference_mode():
+        logits, cache = decode.prefill(model, input_ids)
+    token = logits.argmax(-1)  # (1,)
+    return eager_ops(decode.decode_one_token, model, token, cache, torch.full_like(token, input_ids.shape[1]))
+
+
 def explain(fn: Any, *args: Any) -> dict[str, Any]:
     """What torch.compile's front end (dynamo) captures of ``fn(*args)``: how many graphs, how many graph
     breaks (and why, first line of each reason), and how many operators the graphs hold. It traces only:

@@ -294,11 +294,9 @@ roof.round(3)
 # Each operator has a fixed cost (on a GPU, a kernel launch). Counted below, on one step of this model.
 
 # %% fragment
-ids = models.chat_inputs(lm.tokenizer, "Write a short story about a lighthouse keeper.", device=lm.device)["input_ids"]
-with torch.inference_mode():
-    logits, cache = decode.prefill(lm.model, ids)
-token = logits.argmax(-1)  # (1,)
-ops = fusion.eager_ops(decode.decode_one_token, lm.model, token, cache, torch.full_like(token, ids.shape[1]))
+ids = models.chat_inputs(lm.tokenizer, generation.TIMED_PROMPT, device=lm.device)["input_ids"]
+ops = fusion.decode_step_ops(lm.model, ids)  # the one count of "one decode step" notebooks 08 and 10 quote too
+print("counted:", fusion.STEP_OPS_COUNTED)
 n_linear = ops.count("linear")  # one per weight matrix: each a matrix-vector product at batch 1
 n_attention = sum(profiling.op_group("aten::" + o) == "attention" for o in ops)
 print(f"one decode step ran {len(ops)} operators: {n_linear} matrix-vector products against a weight, "

@@ -82,7 +82,8 @@ print(f"{lm.name} ({lm.dtype}) on {lm.device}; quality reference: {ref.n_tokens}
 PREDICT_OPS_PER_TOKEN = None  # your prediction: PyTorch operators in one eager decode step
 
 # %% fragment
-n_ops = compiled.count_eager_ops(lm.model, ids, MAX_CACHE_LEN)
+n_ops = compiled.count_eager_ops(lm.model, ids)  # the same count notebooks 01 and 10 quote
+print("counted:", fusion.STEP_OPS_COUNTED)
 exercises.reveal("operators per decode step", PREDICT_OPS_PER_TOKEN, n_ops)
 print(f"{n_ops / lm.model.config.num_hidden_layers:.0f} per layer, over {lm.model.config.num_hidden_layers} layers")
 

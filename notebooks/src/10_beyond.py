@@ -33,9 +33,9 @@ from IPython.display import display
 import labkit
 from labkit.core import config, env, machine, results, timing
 from labkit.model import models, onnx, prompts
-from labkit.decoding import decode, quality, speculative
+from labkit.decoding import decode, generation, quality, speculative
 from labkit.precision import kvquant, quantisers, variants
-from labkit.engines import cpu, llamacpp
+from labkit.engines import cpu, fusion, llamacpp
 from labkit.serve import continuous, prefill
 from labkit.lessons import beyond, exercises, plots
 
@@ -425,6 +425,10 @@ else:
 
 # %% fragment
 bd = cpu.decode_breakdown(lm.model, tok)
+step_ops = fusion.decode_step_ops(lm.model, models.chat_inputs(tok, generation.TIMED_PROMPT, device=lm.device)["input_ids"])
+print(f"one decode step: {len(step_ops)} operators ({fusion.STEP_OPS_COUNTED}; notebooks 01 and 08 count the same). "
+      f"The profiler below records {bd['op_calls']} operator calls: it also counts the composite calls (aten::linear "
+      "around aten::addmm) that dispatch those operators.")
 fp32_row = engine_rows[0]
 pieces = [{"what": f"PyTorch {DTYPE} decode step, profiler self time", "ms": bd["step_self_ms"]},
           {"what": "… in matrix products (reading the weights)", "ms": bd["matmul_ms"]},
