@@ -23,7 +23,10 @@
 # together; the layer table uses them once they pass. Collect predictions of the per-tensor / per-channel
 # error ratio and of the bytes before the layer cell, and of the int8 speedup before the variants run,
 # which takes several minutes on a laptop CPU: talk through the kernel question (integers or floats?)
-# while it runs, then read the answer off the profiled operators.
+# while it runs, then read the answer off the profiled operators. For "faster and wrong", show the
+# per-tensor and per-channel rows' agreement and KL over all the reference prompts (section 7 prints
+# them) and the per-layer errors of section 8, never one answer: one answer that happens to match
+# proves nothing, and one that differs may be a single flipped token.
 
 # %% slide
 import labkit
@@ -335,6 +338,12 @@ else:
 # the variants drift on many prompts; one answer is only an anecdote.
 
 # %% fragment
+pair = [v for v in ("ort-int8-tensor", "ort-int8-channel") if v in set(ok.variant)]
+if len(pair) == 2:  # the demo's evidence: many prompts' agreement and KL, never one answer
+    t, c = table.loc[pair[0]], table.loc[pair[1]]
+    print(f"over {settings.ref_prompts} reference prompts × {settings.ref_new_tokens} greedy tokens: per-tensor agreement "
+          f"{t.agreement:.0%}, KL {t.kl:.3g} nats/token; per-channel {c.agreement:.0%}, KL {c.kl:.3g} "
+          f"({t.kl / c.kl if c.kl else float('inf'):.1f}× per-channel's KL)")
 quality.side_by_side(qs, {v: table.answers[v] for v in ok.variant})
 
 # %% md slide

@@ -250,24 +250,49 @@ print(f"median TTFT {off['ttft_p50_s'] * 1e3:.0f} ms → {on['ttft_p50_s'] * 1e3
 #
 # Without chunking, the server prefills a new prompt whole between two decode steps: every running
 # stream waits for it. With a budget of N prompt tokens per step, the prefill runs in chunks with a
-# decode step after each. The mechanism is the schedule below; the prefill times are measured now.
+# decode step after each. The mechanism is the function below: each chunk attends to the cache the chunks
+# before it left, so the prompt's last logits come out the same; the prefill times are measured now.
 #
 # Predict: the worst gap between two tokens of a running stream, with and without chunking?
 
 # %% fragment
 PREDICT_STALL_MS = None  # your prediction: the worst inter-token gap of a running stream without chunking, ms
 
-# %% mechanism
+# %% fragment
 long_prompt = prefill.document_text(tok, LONG_PROMPT_TOKENS)
-n_long = len(models.chat_ids(tok, long_prompt))
-schedule = [min(PREFILL_CHUNK_TOKENS, n_long - i) for i in range(0, n_long, PREFILL_CHUNK_TOKENS)]
-long_ids = torch.tensor([models.chat_ids(tok, long_prompt)], device=device)
+long_ids = torch.tensor([models.chat_ids(tok, long_prompt)], device=device)  # (1, T) on the model's device
+n_long = long_ids.shape[1]
+
+# %% mechanism
+def chunked_prefill(model, ids, chunk_tokens):
+    """Prefill (1, T) ``ids`` at most ``chunk_tokens`` at a time: each chunk attends to the cache the chunks
+    before it left, so the last chunk's logits are the whole prompt's. Between two chunks a server runs one
+    decode step for every running stream (labkit.serve.continuous does); here: the chunks alone."""
+    cache, logits, sizes = None, None, []
+    for start in range(0, ids.shape[1], chunk_tokens):
+        chunk = ids[:, start:start + chunk_tokens]  # (1, n) the next prompt tokens
+        mask = torch.ones((1, start + chunk.shape[1]), dtype=torch.long, device=ids.device)  # cached part + this chunk
+        logits, cache = decode.prefill(model, chunk, mask, cache)
+        sizes.append(chunk.shape[1])
+    return logits, cache, sizes
+
+
 with torch.inference_mode():
-    whole_s = timing.measure(lambda: decode.prefill(lm.model, long_ids), repeats=REPEATS, device=device).median
-    chunk_s = timing.measure(lambda: decode.prefill(lm.model, long_ids[:, :PREFILL_CHUNK_TOKENS]), repeats=REPEATS,
-                             device=device).median
-print(f"{n_long}-token prompt: one prefill of {whole_s * 1e3:.0f} ms unchunked, or {len(schedule)} chunks "
-      f"{schedule[:3]}… of about {chunk_s * 1e3:.0f} ms each, each followed by a decode step")
+    whole_logits, _ = decode.prefill(lm.model, long_ids)
+    chunk_logits, chunk_cache, schedule = chunked_prefill(lm.model, long_ids, PREFILL_CHUNK_TOKENS)
+print(f"{n_long}-token prompt in {len(schedule)} chunks {schedule[:3]}…: the cache holds "
+      f"{chunk_cache.get_seq_length()} positions; next token the same as one whole prefill: "
+      f"{bool((whole_logits.argmax(-1) == chunk_logits.argmax(-1)).all())} (largest logit difference "
+      f"{(whole_logits - chunk_logits).abs().max().item():.1g})")
+
+# %% fragment
+with torch.inference_mode():  # the whole prompt and one chunk of it, in interleaved rounds
+    timed = timing.interleave({"whole": lambda: decode.prefill(lm.model, long_ids),
+                               "one chunk": lambda: decode.prefill(lm.model, long_ids[:, :PREFILL_CHUNK_TOKENS])},
+                              rounds=REPEATS, device=device)
+whole_s, chunk_s = timed["whole"].median, timed["one chunk"].median
+print(f"one prefill of {whole_s * 1e3:.0f} ms unchunked, or {len(schedule)} chunks of about {chunk_s * 1e3:.0f} ms "
+      f"each, a decode step after each ({timed.drift_line()})")
 
 # %% fragment
 stream_prompts = list(beyond.STREAM_PROMPTS[:STREAMS])
