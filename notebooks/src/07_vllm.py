@@ -290,7 +290,8 @@ batch_df[["mode", "max_batch_size", "tokens_per_s", "mean_latency_short_s", "mea
 scheduler.timeline_figure([runs["static"], runs["continuous"]]).show()
 st, co, alone = (batch_df.set_index("mode").loc[m] for m in ("static", "continuous", "one at a time"))
 # continuous batching saves steps and rows: its gain cannot beat the larger of the two savings
-cb_bound = max(st.decode_steps / co.decode_steps, (st.decode_steps * st.mean_batch) / (co.decode_steps * co.mean_batch))
+cb_bound = max(runs["static"].decode_steps / runs["continuous"].decode_steps,
+               runs["static"].computed_rows / runs["continuous"].computed_rows)
 cb_v = verdict.compare(co["samples"]["tokens_per_s"], st["samples"]["tokens_per_s"], bound=cb_bound,
                        bound_why="continuous batching's own model: the static run's steps or rows over its own")
 static_v = verdict.compare(st["samples"]["tokens_per_s"], alone["samples"]["tokens_per_s"])
