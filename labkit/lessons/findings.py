@@ -43,11 +43,14 @@ def batching(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding: 
     worst = min(ok, key=lambda r: r["agreement"])
     mixed, bucketed = padding[0], padding[-1]
     bucket_x = mixed["ttft_s"] / bucketed["ttft_s"]
+    bucket_v = verdict.compare(verdict.samples(bucketed, "ttft_s"), verdict.samples(mixed, "ttft_s"), higher_is_better=False)
     one, many = serving
     serve_x = many["output_tokens_per_s"] / one["output_tokens_per_s"]
     tpot_x = many["tpot_p50_s"] / one["tpot_p50_s"]
     poisson, bursty = open_loop
     burst_x = bursty["ttft_p90_s"] / poisson["ttft_p90_s"]
+    burst_v = verdict.compare(verdict.samples(bursty, "ttft_s"), verdict.samples(poisson, "ttft_s"),
+                              higher_is_better=False)  # per-request TTFTs: does the whole distribution move?
     sentences = [
         throughput_sentence(last["batch_size"], total_v, memory_bound_gain)
         + f" Each user got {user:.2f}× batch 1's speed ({user_v.word('faster', 'slower')}"
@@ -57,14 +60,14 @@ def batching(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding: 
          f"Batching changed some answers: at batch {worst['batch_size']} only {worst['agreement']:.0%} of the tokens "
          "equal each prompt decoded alone (padded rows and other matrix shapes round differently)."),
         f"In the mixed batch {mixed['wasted_fraction']:.0%} of the prompt tokens were padding; bucketing by length "
-        f"prefilled {bucket_x:.1f}× {'faster' if bucket_x > 1 else 'slower'}, and the mixed batch's tokens equal "
-        f"the bucketed ones on {mixed['agreement']:.0%}.",
+        f"prefilled {_than(bucket_v)} the mixed batch ({bucket_x:.2f}× its speed; {bucket_v.reason}), and the mixed "
+        f"batch's tokens equal the bucketed ones on {mixed['agreement']:.0%}.",
         f"With {clients} clients, max_batch_size {many['max_batch_size']} served {serve_x:.1f}× the tokens/s of "
         f"max_batch_size {one['max_batch_size']} (mean batch {many['mean_batch_size']:.1f}), each token coming "
         f"{tpot_x:.1f}× {'slower' if tpot_x > 1 else 'faster'}; {one['failed'] + many['failed']} requests failed.",
-        f"At {request_rate:g} requests/s, bursty arrivals made the TTFT p90 {burst_x:.1f}× Poisson's "
-        f"({'worse' if burst_x > 1 else 'better'}); goodput {poisson['goodput']:.2f} (Poisson) and "
-        f"{bursty['goodput']:.2f} (bursty) requests/s.",
+        f"At {request_rate:g} requests/s, bursty arrivals made the TTFT p90 {burst_x:.1f}× Poisson's; per request, "
+        f"their TTFTs were {burst_v.word('shorter', 'longer')} ({burst_v.reason}); goodput {poisson['goodput']:.2f} "
+        f"(Poisson) and {bursty['goodput']:.2f} (bursty) requests/s.",
     ]
     rows = [
         {"finding": f"static batch {last['batch_size']} / batch 1, total tokens/s (×)", "value": gain},

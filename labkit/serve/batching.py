@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
+from ..core import timing
 from ..core.checks import positive
 from ..decoding import decode, generation
 from ..decoding.quality import TokenRecorder, agreement
@@ -55,13 +56,16 @@ def prompt_lengths(tokenizer: Any, prompts: SequenceABC[str]) -> list[int]:
 
 
 def padding_experiment(model: Any, tokenizer: Any, batch: int = 8, new_tokens: int = 8, long_repeat: int = 3,
-                       repeats: int = 1) -> list[dict[str, Any]]:
+                       repeats: int = 3) -> list[dict[str, Any]]:
     """Prefill and decode cost of padding: one long prompt among short ones, versus length buckets.
 
     Cases: the mixed batch padded to its longest prompt; the short prompts alone; the long prompt alone.
-    Bucketing (short batch + long alone) is the remedy a server can apply; its cost is the sum of the two.
+    Bucketing (short batch + long alone) is the remedy a server can apply; its cost is the sum of the two. Each
+    case's first timed call records its tokens; then the cases run in ``repeats`` interleaved rounds, every TTFT
+    kept (``samples``; the bucketed row's are the round-by-round sums).
     """
     positive("batch", batch)
+    positive("repeats", repeats)
     if batch < 2:
         raise ValueError("batch must be at least 2: one long prompt plus short ones")
     shorts = cycle(load_prompts("questions"), batch - 1)
@@ -69,17 +73,24 @@ def padding_experiment(model: Any, tokenizer: Any, batch: int = 8, new_tokens: i
     cases = {"mixed (padded to longest)": [long_prompt] + shorts, "short prompts only": shorts,
              "long prompt alone": [long_prompt]}
     rows, tokens = [], {}
+    first: dict[str, Any] = {}
     for case, prompts in cases.items():
-        lengths = prompt_lengths(tokenizer, prompts)
         generation.generate(model, tokenizer, prompts, max_new_tokens=2, fixed_length=True)  # warmup at this shape
         recorder = TokenRecorder()
-        runs = [generation.generate(model, tokenizer, prompts, max_new_tokens=new_tokens, fixed_length=True,
-                         **(recorder.kwargs() if i == 0 else {})) for i in range(repeats)]
+        first[case] = generation.generate(model, tokenizer, prompts, max_new_tokens=new_tokens, fixed_length=True,
+                                          **recorder.kwargs())
         tokens[case] = recorder.tokens
-        rows.append({"case": case, **padding_stats(lengths),
-                     "ttft_s": statistics.median(r.ttft_s for r in runs),
-                     "tpot_s": statistics.median(r.tpot_s for r in runs if r.tpot_s is not None),
-                     "e2e_s": statistics.median(r.e2e_s for r in runs), "agreement": None})
+    # then the cases in interleaved rounds (mixed short long mixed short long … mixed): drift hits all alike
+    runs = timing.rounds({case: (lambda prompts=prompts: generation.generate(
+        model, tokenizer, prompts, max_new_tokens=new_tokens, fixed_length=True)) for case, prompts in cases.items()},
+        repeats)
+    for case, prompts in cases.items():
+        done = runs[case]
+        rows.append({"case": case, **padding_stats(prompt_lengths(tokenizer, prompts)),
+                     "ttft_s": statistics.median(r.ttft_s for r in done),
+                     "tpot_s": statistics.median(r.tpot_s for r in done if r.tpot_s is not None),
+                     "e2e_s": statistics.median(r.e2e_s for r in done), "agreement": None,
+                     "samples": {"ttft_s": [r.ttft_s for r in done]}})
     # quality: the mixed batch's answers against the same prompts decoded in their buckets (long first)
     import torch
 
@@ -94,7 +105,8 @@ def padding_experiment(model: Any, tokenizer: Any, batch: int = 8, new_tokens: i
                  (short["padded_tokens"] + alone["padded_tokens"]),
                  "longest": alone["longest"], "shortest": short["shortest"],
                  "ttft_s": short["ttft_s"] + alone["ttft_s"], "tpot_s": None,
-                 "e2e_s": short["e2e_s"] + alone["e2e_s"], "agreement": 1.0})  # the baseline itself
+                 "e2e_s": short["e2e_s"] + alone["e2e_s"], "agreement": 1.0,  # the baseline itself
+                 "samples": {"ttft_s": [a + b for a, b in zip(short["samples"]["ttft_s"], alone["samples"]["ttft_s"])]}})
     return rows
 
 

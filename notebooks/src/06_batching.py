@@ -50,7 +50,7 @@ STEP_PROMPTS = ["The capital of France is", "Once upon a time, in a village by t
 STEP_TOKENS = config.pick(16, 8)  # new tokens for the decode core's check on the padded batch
 SWEEP_TOKENS = config.pick(32, 8)  # new tokens per sequence in the static sweep
 BATCH_SIZES = config.pick(None, [1, 2, 4, 8])  # None: 1, 2, 4, 8, 16 on a CPU; on a GPU doubling until out of memory
-SWEEP_REPEATS = config.pick(5, 3)  # rounds over the batch sizes, interleaved (after one warmup each)
+SWEEP_REPEATS = config.pick(5, 3)  # rounds over the batch sizes (and the padding cases), interleaved (after one warmup each)
 PAD_BATCH = config.pick(8, 4)  # sequences in the padding experiment (one long prompt, the rest short)
 PAD_LONG_REPEAT = config.pick(2, 1)  # how many times the long prompt repeats the prompt set
 CLIENTS = 8  # concurrent clients for the server comparison
@@ -209,7 +209,8 @@ PREDICT_BUCKET_SPEEDUP = None  # your prediction: prefill time of the mixed batc
 
 # %% fragment
 machine.check("padding")
-pad = batching.padding_experiment(lm.model, lm.tokenizer, batch=PAD_BATCH, new_tokens=4, long_repeat=PAD_LONG_REPEAT)
+pad = batching.padding_experiment(lm.model, lm.tokenizer, batch=PAD_BATCH, new_tokens=4, long_repeat=PAD_LONG_REPEAT,
+                                  repeats=SWEEP_REPEATS)
 res.replace("padding", pad)
 mixed, bucketed = pad[0], pad[-1]
 plots.bar(res.frame("padding"), x="case", y="ttft_s", title="Prefill time (TTFT) with and without padding",
@@ -314,7 +315,8 @@ for label, burstiness in (("Poisson", 1.0), ("bursty", 0.25)):
     run = loadgen.run(server.url, num_requests=OPEN_LOOP_REQUESTS, request_rate=REQUEST_RATE, burstiness=burstiness,
                       max_tokens=SERVE_TOKENS, slo=SLO, seed=1)
     open_rows.append({"arrivals": label, "burstiness": burstiness,
-                      **{k: v for k, v in run.summary().items() if k not in ("errors", "slo")}})
+                      **{k: v for k, v in run.summary().items() if k not in ("errors", "slo")},
+                      "samples": {"ttft_s": [o.ttft_s for o in run.outputs if o.success]}})  # one TTFT per request
 res.replace("open_loop", open_rows)
 poisson, bursty = open_rows
 exercises.reveal_choice("worse TTFT p90", PREDICT_WORSE_TTFT,
