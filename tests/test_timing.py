@@ -137,3 +137,22 @@ def test_rounds_interleaves_calls_and_repeats_the_first_at_the_end():
             timing.rounds({"A": lambda: None}, bad)
     with pytest.raises(ValueError, match="at least one call"):
         timing.rounds({}, 2)
+
+
+def test_sync_never_creates_a_cuda_context_for_a_host_interval(monkeypatch):
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    timing.sync(None)
+    timing.now()
+    assert calls == []  # CUDA present but not initialised: nothing to wait for, and no context created
+    timing.sync("cuda:1")
+    assert calls == [torch.device("cuda:1")]  # a named device is waited for
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    timing.sync(None)
+    assert calls[-1] is None and len(calls) == 2
+    timing.sync("cpu")
+    assert len(calls) == 2

@@ -133,3 +133,27 @@ def test_a_missing_model_is_an_error_not_a_status(tmp_path):
 def test_an_unavailable_provider_names_the_available_ones():
     with pytest.raises(ValueError, match="CPUExecutionProvider"):
         variants.load_variant("ort-fp32", "default", device="cpu", provider="NoSuchExecutionProvider")
+
+
+def test_an_onnxruntime_error_mid_sweep_becomes_a_row_and_a_bug_still_surfaces(monkeypatch):
+    class Fail(Exception):  # ONNX Runtime's pybind errors derive from Exception, not RuntimeError
+        pass
+
+    Fail.__module__ = "onnxruntime.capi.onnxruntime_pybind11_state"
+    monkeypatch.setattr(variants, "load_variant", lambda n, *a, **k: variants.Variant(n, backend="onnxruntime"))
+    inputs = variants.Inputs(reference=None, eval_ids=[], questions=[], settings=TINY)
+
+    def ort_fails(v, inputs):
+        raise Fail("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code")
+
+    monkeypatch.setattr(variants, "measure_variant", ort_fails)
+    rows = list(variants.run(["ort-fp32", "fp16"], inputs=inputs))
+    assert [r["status"].split(":")[0] for r in rows] == ["failed while measuring"] * 2
+    assert "Fail: [ONNXRuntimeError]" in rows[0]["status"]
+
+    def bug(v, inputs):
+        raise TypeError("measure_variant() got an unexpected keyword argument")
+
+    monkeypatch.setattr(variants, "measure_variant", bug)
+    with pytest.raises(TypeError):
+        list(variants.run(["fp16"], inputs=inputs))

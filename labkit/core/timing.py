@@ -23,7 +23,8 @@ def sync(device: Any = None) -> None:
     """Wait for queued GPU work so the clock reads finished work (no-op on CPU).
 
     ``device`` names the device whose queue to wait for ("cuda:1" waits for cuda:1, not the current
-    device); None waits for the current CUDA device when CUDA is in use.
+    device); None waits for the current CUDA device only once CUDA is initialised: a host-only interval
+    never creates a CUDA context (notebook 04 times that creation as its own phase).
     """
     name = str(device) if device is not None else ""
     if name.startswith("cpu") or name == "meta":
@@ -35,8 +36,10 @@ def sync(device: Any = None) -> None:
         return
     if name.startswith("mps"):
         torch.mps.synchronize()
-    elif torch.cuda.is_available() and (not name or name.startswith("cuda")):
-        torch.cuda.synchronize(torch.device(name) if name else None)
+    elif name.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize(torch.device(name))
+    elif not name and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def clock() -> float:

@@ -411,7 +411,9 @@ def run(variant_names: Sequence[str] | None = None, settings: Settings | None = 
         try:
             row = measure_variant(v, inputs)
             row["measure_s"] = timing.clock() - t0  # wall time of this row: load, prepare and all passes
-        except (MemoryError, RuntimeError) as exc:  # an out-of-memory mid-run becomes a row, the sweep goes on
+        except Exception as exc:  # a backend's failure mid-run (out of memory, ONNX Runtime's own errors) becomes a row
+            if not (isinstance(exc, MemoryError) or env.backend_failure(exc)):
+                raise  # labkit's own bug: surface it
             row = {**v.summary(), "status": f"failed while measuring: {type(exc).__name__}: {str(exc)[:200]}"}
         finally:
             v.release()
