@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -297,3 +299,17 @@ def test_one_compile_story_in_one_unit_for_notebooks_04_05_08():
     for nb in ("04_warmup.py", "05_kv_cache.py", "08_tensorrt.py"):  # one reference, one story
         text = (src / nb).read_text()
         assert "compile_story(" in text and '"05_kv_cache_compile"' not in text, nb
+
+
+def test_flash_attention_is_unavailable_for_an_fp32_model_on_a_gpu(monkeypatch):
+    import torch
+
+    from labkit.core import env
+
+    monkeypatch.setattr(env, "capability", lambda name: env.Capability(name, True, "2.x", ""))
+    fa = {d: {r["attn_implementation"]: r for r in kv.attention_status("cuda:0", dtype=d)}["flash_attention_2"]
+          for d in (torch.float32, torch.float16, "bf16")}
+    assert not fa[torch.float32]["available"] and "fp16 or bf16" in fa[torch.float32]["reason"]
+    assert fa[torch.float16]["available"] and fa["bf16"]["available"]
+    src = (Path(__file__).parents[1] / "notebooks" / "src" / "05_kv_cache.py").read_text()
+    assert 'env.device() == "cuda"' not in src  # LABKIT_DEVICE=cuda:0 is a CUDA device too

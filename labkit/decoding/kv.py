@@ -218,14 +218,19 @@ def compare_cache_variants(model: Any, tokenizer: Any, variants: Iterable[str] =
              "repeats": repeats, "timed": "interleaved rounds"} for v in variants]
 
 
-def attention_status(device: str | None = None) -> list[dict[str, Any]]:
-    """Which attention implementations can run here, each unavailable one with its reason."""
+def attention_status(device: str | None = None, dtype: Any = None) -> list[dict[str, Any]]:
+    """Which attention implementations can run here for a model of ``dtype`` (its torch dtype or name), each
+    unavailable one with its reason."""
     device = device or env.device()
     rows = [{"attn_implementation": "eager", "available": True, "reason": ""},
             {"attn_implementation": "sdpa", "available": True, "reason": ""}]
     fa = env.capability("flash-attn")
+    name = str(dtype).removeprefix("torch.") if dtype is not None else None
     if not device.startswith("cuda"):
         reason = "flash_attention_2 needs a CUDA GPU; this run is on " + device
+    elif name not in ("float16", "bfloat16", "fp16", "bf16"):
+        reason = (f"flash_attention_2 runs fp16 or bf16 models only; this model is {name or 'of unknown dtype'} "
+                  "(load it with dtype='fp16' or 'bf16')")
     elif not fa.available:
         reason = fa.reason
     else:

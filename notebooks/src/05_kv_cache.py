@@ -41,7 +41,7 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 env.capabilities_frame().query("name in ['cuda', 'flash-attn', 'torch.compile']")
 
 # %% subslide parameters
-DTYPE = "fp16" if env.device() == "cuda" else "fp32"  # weights and KV cache precision
+DTYPE = "fp16" if env.device().startswith("cuda") else "fp32"  # weights and KV cache precision
 PROMPT = generation.TIMED_PROMPT  # the timed request
 LOOP_TOKENS = config.pick(128, 24)  # new tokens from the loop written below, with and without the cache
 POINTS = [8, 16, 32, 64]  # new-token counts at which total time is read off (and LOOP_TOKENS)
@@ -308,7 +308,7 @@ for c in claims:
 PREDICT_FASTER_ATTENTION = None  # your prediction: "eager" or "sdpa"
 
 # %% fragment
-status = pd.DataFrame(kv.attention_status())
+status = pd.DataFrame(kv.attention_status(lm.device, dtype=lm.model.dtype))
 for r in status[~status.available].itertuples():
     print(f"{r.attn_implementation}: not run here — {r.reason}")
 impls = list(status[status.available].attn_implementation)
