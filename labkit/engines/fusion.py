@@ -11,6 +11,7 @@ from typing import Any
 
 from ..core import timing
 from ..core.timing import Measurement, now
+from ..decoding import decode
 
 # ------------------------------------------------------------ fusion: one elementwise chain, eager and compiled
 
@@ -74,8 +75,6 @@ def decode_step_ops(model: Any, input_ids: Any) -> list[str]:
     """The one operator count of "one decode step" notebooks 01, 08 and 10 quote (``STEP_OPS_COUNTED``): the aten
     operators of the decode step after a prefill of ``input_ids`` (1, T), in order."""
     import torch
-
-    from ..decoding import decode
 
     with torch.inference_mode():
         logits, cache = decode.prefill(model, input_ids)
