@@ -187,7 +187,7 @@ def fusion_verdict(row):
                            bound=row.eager_us / row.copy_us, bound_why="a fused kernel cannot beat a plain copy of its rows")
 
 
-fusion_said = {r.input: fusion_verdict(r) for r in fusion_table.itertuples()}
+fusion_said = {r["input"]: fusion_verdict(r) for _, r in fusion_table.iterrows()}  # rows as Series: they keep samples
 v_big = fusion_said[big.input]
 print(f"Eager, fused and a plain copy timed in interleaved rounds (eager drifted {big.drift:.2f}× first to last). "
       f"Fusion cut the (rows, hidden) traffic {eager_b / fused_b:.1f}× and on {FUSION_ROWS} rows ran "
