@@ -12,6 +12,7 @@ from typing import Any
 from ..core import machine, verdict
 from ..core.verdict import IMPLAUSIBLE, NOISE, Verdict
 from ..engines.warmup import NOISE_SHARE, ColdStart
+from ..model import sizing
 
 # ------------------------------------------------------------------------ takeaways from this run's numbers
 
@@ -142,8 +143,8 @@ def kv_cache(*, loop_agreement: float, core_identical: bool, tokens: int, speedu
     tpot_said = _times(long_, short, "tpot_s", bound=1.0, bound_why="a longer cache cannot make a step faster")
     predicted = None
     if weight_bytes:
-        step_bytes = [weight_bytes + bytes_per_position * (r.prompt_tokens + r.get("new_tokens", 1) / 2)
-                      for r in (short, long_)]
+        step_bytes = [sizing.decode_bytes_per_step(weight_bytes, bytes_per_position,
+                                                   r.prompt_tokens + r.get("new_tokens", 1) / 2, 1) for r in (short, long_)]
         predicted = step_bytes[1] / step_bytes[0]  # weights plus the cache one step reads, long ÷ short prompt
     static_x = variants.loc["static"].tpot_s / variants.loc["dynamic"].tpot_s
     static_said = _times(variants.loc["static"], variants.loc["dynamic"], "tpot_s")

@@ -30,7 +30,7 @@ import torch
 
 import labkit
 from labkit.core import config, env, machine, results
-from labkit.model import dtypes, models
+from labkit.model import dtypes, models, sizing
 from labkit.decoding import cache_variants, decode, generation, kv, profiling, quality
 from labkit.lessons import exercises, findings, plots
 
@@ -249,7 +249,8 @@ short, long_ = split.iloc[0], split.iloc[-1]
 exercises.reveal("TTFT growth", PREDICT_TTFT_GROWTH, long_.ttft_s / short.ttft_s, "×")
 exercises.reveal("TPOT growth", PREDICT_TPOT_GROWTH, long_.tpot_s / short.tpot_s, "×")
 weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())  # what every decode step reads
-step_bytes = [weight_bytes + per_pos * (r.prompt_tokens + SPLIT_TOKENS / 2) for r in (short, long_)]  # + the cache
+step_bytes = [sizing.decode_bytes_per_step(weight_bytes, per_pos, r.prompt_tokens + SPLIT_TOKENS / 2, 1)
+              for r in (short, long_)]  # weights + the cache a mid-answer step reads
 print(f"bytes one decode step reads, weights plus the cache: {step_bytes[0] / 1e6:,.0f} MB → {step_bytes[1] / 1e6:,.0f} MB, "
       f"so a memory-bound step predicts TPOT {step_bytes[1] / step_bytes[0]:.2f}× (measured "
       f"{long_.tpot_s / short.tpot_s:.2f}×, {long_.n} samples each, interleaved)")
