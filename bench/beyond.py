@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                                               sum(p.numel() * p.element_size() for p in half.model.parameters())))
         del half
     v = variants.load_variant("ort-int8-channel")
-    engines.append(cpu.measure_hf("ONNX Runtime", "int8 per channel", v.model, tok, prompt, n, reps, ref,
-                                          fp32_answer, v.weight_bytes) if v.ok
+    engines.append(cpu.measure_ort("int8 per channel", v.model, v.options["provider"], tok, prompt, n, reps, ref,
+                                   fp32_answer, v.weight_bytes) if v.ok
                    else cpu.failed_row("ONNX Runtime", "int8 per channel", v.status))
     v.release()
     reason = onnx.nbits_reason()
@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             engines.append(cpu.failed_row("ONNX Runtime", fmt, reason))
             continue
         folder, made_s = onnx.quantize_nbits(bits=bits, block_size=32, symmetric=True, accuracy_level=4)
-        engines.append(cpu.measure_hf("ONNX Runtime", fmt, onnx.load_ort(folder, tok, env.device()), tok,
-                                              prompt, n, reps, ref, fp32_answer, onnx.onnx_bytes(folder), made_s))
+        engines.append(cpu.ort_row(fmt, folder, tok, env.device(), prompt, n, reps, ref, fp32_answer, made_s))
     cap = llamacpp.capability()
     engines.append(cpu.measure_llamacpp("llama.cpp", "Q4_1", models.default_gguf(), tok, prompt, n, reps, ref,
                                                 fp32_answer) if cap.available

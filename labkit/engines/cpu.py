@@ -17,6 +17,7 @@ from typing import Any
 
 from ..core.checks import positive
 from ..decoding import generation, profiling, quality
+from ..model import onnx
 from ..model.models import chat_inputs
 from . import llamacpp
 
@@ -46,6 +47,37 @@ def measure_hf(engine: str, fmt: str, model: Any, tokenizer: Any, prompt: str, n
             for _ in range(repeats)]
     timings = [{"ttft_s": r.ttft_s, "tpot_s": r.tpot_s} for r in runs]
     return _row(engine, fmt, weight_bytes, timings, runs[0].text, ref_text, quality.compare(model, ref), prepare_s)
+
+
+def measure_ort(fmt: str, model: Any, provider: str, tokenizer: Any, prompt: str, new_tokens: int, repeats: int,
+                ref: Any, ref_text: str | None = None, weight_bytes: int | None = None,
+                prepare_s: float | None = None) -> dict[str, Any]:
+    """An ONNX Runtime model's row (``measure_hf``) labelled with the providers its session really got
+    (``providers``). A session that no longer runs on ``provider`` after the timed runs is a failed row with
+    the reason (``onnx.check_providers``): its numbers would be another provider's."""
+    row = measure_hf("ONNX Runtime", fmt, model, tokenizer, prompt, new_tokens, repeats, ref, ref_text,
+                     weight_bytes, prepare_s)
+    got = onnx.session_providers(model)
+    problem = onnx.check_providers(provider, got)
+    if problem:
+        return failed_row("ONNX Runtime", fmt, f"failed while measuring: {problem}")
+    return {**row, "providers": got}
+
+
+def ort_row(fmt: str, folder: Path, tokenizer: Any, device: str, prompt: str, new_tokens: int, repeats: int,
+            ref: Any, ref_text: str | None = None, prepare_s: float | None = None) -> dict[str, Any]:
+    """ONNX Runtime on the model in ``folder`` with the provider ``device`` calls for (``onnx.ort_provider``),
+    measured by ``measure_ort``; a session that did not get that provider is a failed row with the reason."""
+    provider = onnx.ort_provider(device)
+    try:
+        model, _ = onnx.ort_model(folder, tokenizer, provider, device=device)
+    except onnx.ProviderFallback as why:
+        return failed_row("ONNX Runtime", fmt, str(why))
+    try:
+        return measure_ort(fmt, model, provider, tokenizer, prompt, new_tokens, repeats, ref, ref_text,
+                           onnx.onnx_bytes(folder), prepare_s)
+    finally:
+        del model
 
 
 def measure_llamacpp(engine: str, fmt: str, path: Path, tokenizer: Any, prompt: str, new_tokens: int, repeats: int,

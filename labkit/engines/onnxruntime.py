@@ -63,32 +63,37 @@ def load_ort(level: str, model_name: str | None = None, provider: str | None = N
     """
     ort_level(level)
     folder, export_s = onnx.export_onnx(model_name)
-    provider = onnx.ort_provider(env.device(), provider)
+    device = env.device()
+    provider = onnx.ort_provider(device, provider)
     providers, options = None, None
     if provider == "TensorrtExecutionProvider":
         env.preload_tensorrt()
         providers = ["TensorrtExecutionProvider", "CUDAExecutionProvider"]
         options = [tensorrt_provider_options(folder / "model.onnx"), {}]
     tok = models.load_tokenizer(model_name)
-    with track(env.device()) as t:  # session creation: loading plus graph optimisation (and engine builds)
-        model, got = onnx.ort_model(folder, tok, provider, providers=providers, provider_options=options,
-                                    session_options=session_options(level))
+    with track(device) as t:  # session creation: loading plus graph optimisation (and engine builds)
+        model, got = onnx.ort_model(folder, tok, provider, device=device, providers=providers,
+                                    provider_options=options, session_options=session_options(level))
     build_s = t.seconds
-    ops = optimized_ops(folder / "model.onnx", level, provider) if count_ops else None
+    ops = optimized_ops(folder / "model.onnx", level, provider, device) if count_ops else None
     return {"model": model, "tokenizer": tok, "build_s": build_s, "export_s": export_s, "provider": provider,
             "providers": got, "ops": ops, "level": level}
 
 
-def optimized_ops(onnx_path: str | Path, level: str, provider: str = "CPUExecutionProvider") -> dict[str, int]:
-    """Operator counts of the graph ONNX Runtime builds from ``onnx_path`` at ``level`` on ``provider``
-    (``onnx.ProviderFallback`` when the session did not get it: the counts would be another provider's)."""
+def optimized_ops(onnx_path: str | Path, level: str, provider: str = "CPUExecutionProvider",
+                  device: str | None = None) -> dict[str, int]:
+    """Operator counts of the graph ONNX Runtime builds from ``onnx_path`` at ``level`` on ``provider`` (on
+    ``device``'s GPU for a GPU provider; ``onnx.ProviderFallback`` when the session did not get it: the counts
+    would be another provider's)."""
     import onnxruntime as ort
 
     tmp = Path(tempfile.mkdtemp(prefix="labkit-ort-"))
     try:
         so = session_options(level, tmp / f"{level}.onnx")
         so.log_severity_level = 3  # 'all' warns that its saved graph is tuned to this CPU: known, and only counted
-        sess = ort.InferenceSession(str(onnx_path), so, providers=[provider])
+        args = onnx.session_arguments(provider, device)
+        sess = ort.InferenceSession(str(onnx_path), so, providers=args["providers"],
+                                    provider_options=args["provider_options"])
         problem = onnx.check_providers(provider, sess.get_providers())
         if problem:
             raise onnx.ProviderFallback(problem)

@@ -226,6 +226,21 @@ def check_providers(asked: str, got: Sequence[str]) -> str:
     return f"asked ONNX Runtime for {asked}, the session got {list(got)}{hint}"
 
 
+def cuda_provider_problem() -> str:
+    """'' when this onnxruntime offers CUDAExecutionProvider; otherwise why not and the fix. Without it a session
+    asked for the GPU silently runs on the CPU provider (the CPU build, ``onnxruntime``, installed by the
+    [cpu] extra, beside or instead of ``onnxruntime-gpu``)."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" in available:
+        return ""
+    builds = ", ".join(f"{d} {env.version(d)}" for d in ("onnxruntime", "onnxruntime-gpu") if env.version(d)) or "none"
+    return (f"this onnxruntime {ort.__version__} has no CUDAExecutionProvider (providers {available}; installed: "
+            f"{builds}): pip uninstall -y onnxruntime onnxruntime-gpu && pip install -e '.[gpu]' in this environment "
+            "(both wheels write the same package; never install [cpu] beside [gpu])")
+
+
 def graph_ops(path: str | Path) -> dict[str, int]:
     """Operator counts of an ONNX graph (without loading its weights), most frequent first."""
     import onnx
@@ -290,15 +305,60 @@ def count_ops(folder: Path, op_type: str) -> int:
     return graph_ops(Path(folder) / "model.onnx").get(op_type, 0)
 
 
-def ort_model(folder: Path, tokenizer: Any, provider: str, *, providers: Sequence[str] | None = None,
-              provider_options: Sequence[dict[str, Any]] | None = None, session_options: Any = None) -> tuple[Any, list[str]]:
+GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+def gpu_provider_options(provider: str, device: str) -> dict[str, str]:
+    """What labkit sets on a GPU provider for ``device`` ("cuda" or "cuda:N"): ``device_id``, the GPU it runs
+    on (without it every session runs on GPU 0); on the CUDA provider also ``use_tf32=0``: its default runs
+    fp32 matmuls in TF32, while the exported model's rows are labelled fp32 and PyTorch's fp32 stays IEEE.
+    Other providers get nothing."""
+    if provider not in GPU_PROVIDERS:
+        return {}
+    import torch
+
+    # plain "cuda" is the current device; without CUDA here (a session that will fall back) GPU 0
+    index = env.cuda_index(device) if torch.cuda.is_available() else (torch.device(device).index or 0)
+    options = {"device_id": str(index)}
+    if provider == "CUDAExecutionProvider":
+        options["use_tf32"] = "0"
+    return options
+
+
+def session_arguments(provider: str, device: str | None = None, providers: Sequence[str] | None = None,
+                      provider_options: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The provider arguments of ``ORTModelForCausalLM.from_pretrained`` for a session that runs on
+    ``provider`` first (then ``providers[1:]``): every GPU provider gets ``gpu_provider_options`` for
+    ``device`` (default: the device in use, else "cuda") under the caller's own options, and a GPU session
+    uses IO binding (optimum turns it on only for the CUDA provider: without it the TensorRT provider's decode
+    copies the whole KV cache between host and device at every step)."""
+    providers = list(providers) if providers else [provider]
+    if providers[0] != provider:
+        raise ValueError(f"providers={providers} must start with provider={provider!r}")
+    given = list(provider_options) if provider_options is not None else [{} for _ in providers]
+    if len(given) != len(providers):
+        raise ValueError(f"{len(given)} provider option dict(s) for {len(providers)} providers {providers}")
+    on_gpu = provider in GPU_PROVIDERS
+    if on_gpu and not str(device or "").startswith("cuda"):
+        device = env.device() if env.device().startswith("cuda") else "cuda"
+    options = [{**(gpu_provider_options(p, device) if on_gpu else {}), **dict(o)} for p, o in zip(providers, given)]
+    args: dict[str, Any] = {"providers": providers, "provider_options": options}
+    if on_gpu:
+        args["use_io_binding"] = True
+    return args
+
+
+def ort_model(folder: Path, tokenizer: Any, provider: str, *, device: str | None = None,
+              providers: Sequence[str] | None = None, provider_options: Sequence[dict[str, Any]] | None = None,
+              session_options: Any = None) -> tuple[Any, list[str]]:
     """The one ONNX Runtime model builder: an ``ORTModelForCausalLM`` on ``folder`` whose session must run on
-    ``provider`` (``providers``: it first, then what takes the operators it does not). Returns (the model, the
-    providers its session really got). A session that did not get ``provider`` raises ``ProviderFallback``
-    with the reason: its numbers would be another provider's."""
+    ``provider`` (``providers``: it first, then what takes the operators it does not), on ``device``'s GPU for
+    a GPU provider, with the options ``session_arguments`` sets. Returns (the model, the providers its session
+    really got). A session that did not get ``provider`` raises ``ProviderFallback`` with the reason: its
+    numbers would be another provider's."""
     from optimum.onnxruntime import ORTModelForCausalLM
 
-    chosen = {"providers": list(providers), "provider_options": provider_options} if providers else {"provider": provider}
+    chosen = session_arguments(provider, device, providers, provider_options)
     if session_options is not None:
         chosen["session_options"] = session_options
     model = ORTModelForCausalLM.from_pretrained(folder, use_cache=True, **chosen)
@@ -312,5 +372,5 @@ def ort_model(folder: Path, tokenizer: Any, provider: str, *, providers: Sequenc
 
 
 def load_ort(folder: Path, tokenizer: Any, device: str = "cpu") -> Any:
-    """An ``ORTModelForCausalLM`` on ``folder`` with the provider ``device`` calls for (``ort_model``)."""
-    return ort_model(folder, tokenizer, ort_provider(device))[0]
+    """An ``ORTModelForCausalLM`` on ``folder`` with the provider ``device`` calls for, on that device (``ort_model``)."""
+    return ort_model(folder, tokenizer, ort_provider(device), device=device)[0]

@@ -278,7 +278,7 @@ def _load_ort(v: Variant, model_name: str | None) -> None:
     provider = ort_provider(v.device, v.options.get("provider"))
     v.options["provider"] = provider
     tok = models.load_tokenizer(model_name)
-    model, v.providers = onnx.ort_model(folder, tok, provider)
+    model, v.providers = onnx.ort_model(folder, tok, provider, device=v.device)
     v.model, v.tokenizer, v.backend = model, tok, "onnxruntime"
     v.device = "cpu" if v.providers[0] == "CPUExecutionProvider" else str(model.device)
     v.files = [str(p) for p in onnx_files(folder)]

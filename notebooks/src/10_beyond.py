@@ -402,8 +402,8 @@ if env.device() == "cpu":
                                               fp32_answer, sum(p.numel() * p.element_size() for p in half.model.parameters())))
     del half
 v = variants.load_variant("ort-int8-channel")
-engine_rows.append(cpu.measure_hf("ONNX Runtime", "int8 per channel", v.model, tok, prompt, ENGINE_NEW_TOKENS,
-                                          REPEATS, ref, fp32_answer, v.weight_bytes, v.prepare_s) if v.ok
+engine_rows.append(cpu.measure_ort("int8 per channel", v.model, v.options["provider"], tok, prompt, ENGINE_NEW_TOKENS,
+                                   REPEATS, ref, fp32_answer, v.weight_bytes, v.prepare_s) if v.ok
                    else cpu.failed_row("ONNX Runtime", "int8 per channel", v.status))
 v.release()
 if llama_cap.available:
@@ -491,11 +491,10 @@ for bits in NBITS:
         engine_rows.append(cpu.failed_row("ONNX Runtime", fmt, nbits_reason))
         continue
     folder, made_s = onnx.quantize_nbits(bits=bits, block_size=32, symmetric=True, accuracy_level=4)
-    ort_model = onnx.load_ort(folder, tok, env.device())
-    engine_rows.append(cpu.measure_hf("ONNX Runtime", fmt, ort_model, tok, prompt, ENGINE_NEW_TOKENS, REPEATS,
-                                              ref, fp32_answer, onnx.onnx_bytes(folder), made_s))
+    # labelled from the providers its session really got; a fallback is a failed row, never a number
+    engine_rows.append(cpu.ort_row(fmt, folder, tok, env.device(), prompt, ENGINE_NEW_TOKENS, REPEATS, ref,
+                                   fp32_answer, made_s))
     print(f"{fmt}: {onnx.count_ops(folder, 'MatMulNBits')} MatMul nodes now MatMulNBits")
-    del ort_model
 res.replace("cpu_engines", engine_rows)
 engine_table(engine_rows)
 
