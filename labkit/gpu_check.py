@@ -32,7 +32,7 @@ from typing import Any, TextIO
 from .core import config, env, memory, results, timing
 from .decoding import cache_variants, generation, kv, profiling
 from .engines import tensorrt
-from .model import models, prompts
+from .model import models, onnx, prompts
 from .precision import variants
 from .serve import launch, loadgen, vllm
 
@@ -92,7 +92,7 @@ class Context:
     def release(self) -> None:
         """Drop the shared model and hand its GPU memory back (before vLLM or TensorRT take the GPU)."""
         self._fp16 = None
-        memory.free()
+        memory.free(self.device)
 
 
 def capability_lookup(name: str) -> Any:
@@ -110,6 +110,7 @@ def _run_one(check: Check, ctx: Context, limit_s: float) -> tuple[str, str] | No
 
     def target() -> None:
         try:
+            timing.bind_thread(ctx.device)  # this thread's unnamed synchronise and allocations go to ctx.device
             box.append(("PASS", check.run(ctx)))
         except Skip as why:
             box.append(("SKIP", str(why)))
@@ -221,7 +222,7 @@ def check_bf16(ctx: Context) -> str:
         return _decode(lm)
     finally:
         del lm
-        memory.free()
+        memory.free(ctx.device)
 
 
 def _variant_check(name: str) -> Callable[[Context], str]:
@@ -234,9 +235,25 @@ def _variant_check(name: str) -> Callable[[Context], str]:
             return f"{where}, {v.weight_bytes / 2**20:.0f} MiB; " + _decode(v)
         finally:
             v.release()
-            memory.free()
+            memory.free(ctx.device)
 
     return run
+
+
+def check_ort_cuda(ctx: Context) -> str:
+    problem = onnx.cuda_provider_problem()
+    if problem:
+        raise RuntimeError(problem)
+    v = variants.load_variant("ort-fp32", ctx.model_name, ctx.device, provider="CUDAExecutionProvider")
+    try:
+        if not v.ok:
+            raise RuntimeError(v.status)
+        if v.providers[:1] != ["CUDAExecutionProvider"]:
+            raise AssertionError(f"asked ONNX Runtime for CUDAExecutionProvider, the session got {v.providers}")
+        return f"{v.providers[0]} on {v.device}, {v.weight_bytes / 2**20:.0f} MiB; " + _decode(v)
+    finally:
+        v.release()
+        memory.free(ctx.device)
 
 
 def check_ort_int8_label(ctx: Context) -> str:
@@ -313,7 +330,9 @@ def check_vllm(ctx: Context) -> str:
     ctx.release()  # vLLM reserves its share of the GPU: nothing else of ours may hold memory there
     tok = models.load_tokenizer(ctx.model_name)
     ids = [models.chat_ids(tok, p) for p in (ctx.prompts or [PROMPT])[:4]]
-    row = vllm.vllm_offline(models.resolve(ctx.model_name), ids, max_tokens=TOKENS, gpu_memory_utilization=0.3)
+    # in a process of its own: vLLM installs signal handlers, which only a main thread may do
+    row = launch.run_in_child(vllm.vllm_offline, models.resolve(ctx.model_name), ids, device=ctx.device, max_tokens=TOKENS,
+                       gpu_memory_utilization=0.3)
     return f"{row['output_tokens']} tokens in {row['wall_s']:.2f} s after a {row['load_s']:.0f} s start; engine shut down"
 
 
@@ -335,7 +354,7 @@ def checks() -> list[Check]:
         Check("bf16 load + decode", check_bf16),
         Check("bitsandbytes int8", _variant_check("bnb-int8"), ("bitsandbytes",)),
         Check("bitsandbytes nf4", _variant_check("bnb-nf4"), ("bitsandbytes",)),
-        Check("onnxruntime CUDA provider", _variant_check("ort-fp32"), ("onnxruntime", "optimum-onnx")),
+        Check("onnxruntime CUDA provider", check_ort_cuda, ("onnxruntime", "optimum-onnx")),
         Check("onnxruntime int8 label", check_ort_int8_label, ("onnxruntime", "optimum-onnx")),
         Check("attention sdpa", _attention_check("sdpa")),
         Check("attention flash_attention_2", _attention_check("flash_attention_2"), ("flash-attn",)),

@@ -160,7 +160,7 @@ def reset_cuda_peak(device: Any = None) -> None:
 
 
 def nvml_target(device: Any = None) -> tuple[str, int | str]:
-    """How NVML should find the GPU that CUDA calls ``device``: ("uuid", "GPU-…") or ("index", n).
+    """How NVML should find the GPU that CUDA calls ``device``: ("uuid", "GPU-…" or "MIG-…") or ("index", n).
 
     NVML numbers GPUs in PCI bus order over all GPUs, CUDA only the ones in CUDA_VISIBLE_DEVICES (and,
     unless CUDA_DEVICE_ORDER=PCI_BUS_ID, fastest first), so CUDA's cuda:0 is often not NVML's index 0.
@@ -172,10 +172,15 @@ def nvml_target(device: Any = None) -> tuple[str, int | str]:
     if index is None:
         index = torch.cuda.current_device() if torch.cuda.is_available() else 0
     if torch.cuda.is_available():
-        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        props = torch.cuda.get_device_properties(index)
+        uuid = getattr(props, "uuid", None)
         if uuid:
             text = str(uuid)
-            return "uuid", text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+            if text.startswith(("GPU-", "MIG-")):
+                return "uuid", text
+            # torch prints the bare UUID; NVML wants "MIG-…" for a MIG instance (its name says "MIG 1g.10gb")
+            mig = " MIG " in f" {getattr(props, 'name', '')} "
+            return "uuid", f"{'MIG' if mig else 'GPU'}-{text}"
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     if not visible:
         return "index", index
@@ -211,9 +216,11 @@ def nvml_used(device: Any = None) -> Reading:
     return Reading("nvml", used)
 
 
-def free() -> None:
+def free(device: Any = None) -> None:
     """Hand freed memory back after the caller dropped its last reference to a model: collect garbage,
-    empty PyTorch's CUDA cache and trim glibc's heap (otherwise RSS and NVML readings keep the old model)."""
+    empty PyTorch's CUDA cache and trim glibc's heap (otherwise RSS and NVML readings keep the old model).
+    The GPU waited for is ``device`` ("cuda:1"), else the calling thread's current one once CUDA is in use:
+    never a context created on GPU 0 for a model that ran on another."""
     import ctypes
     import gc
     import importlib.util
@@ -223,8 +230,12 @@ def free() -> None:
         import torch
 
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+            name = str(device) if device is not None else ""
+            if name.startswith("cuda"):
+                torch.cuda.synchronize(_cuda_device(name))
+            elif torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # every device's cached blocks
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

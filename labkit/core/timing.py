@@ -42,6 +42,20 @@ def sync(device: Any = None) -> None:
         torch.cuda.synchronize()
 
 
+def bind_thread(device: Any) -> None:
+    """Make the GPU ``device`` names ("cuda:1") the calling thread's current CUDA device: a new thread starts on
+    cuda:0, where an unnamed ``sync``, allocation or peak reading would land while the model runs on another
+    GPU (server and preflight threads). No-op for other devices and for plain "cuda"."""
+    name = str(device) if device is not None else ""
+    if not name.startswith("cuda"):
+        return
+    import torch
+
+    index = torch.device(name).index
+    if index is not None and torch.cuda.is_available():
+        torch.cuda.set_device(index)
+
+
 def clock() -> float:
     """The host's monotonic clock, for intervals with no device work to wait for: arrivals and responses
     over HTTP, file exports, wall time around whole steps that synchronise themselves."""

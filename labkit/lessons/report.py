@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core import config, memory, results, timing
+from ..core import config, env, memory, results, timing
 from ..decoding import quality
 from ..model import models
 from ..model.prompts import cycle
@@ -116,10 +116,12 @@ def choose_precision(models_by_precision: dict[str, Any], tokenizer: Any, prompt
 
 
 def load_point(url: str, prompts: Sequence[str], concurrency: int, num_requests: int, max_tokens: int,
-               slo: Any = None, endpoint: str = "chat", **loadgen_options: Any) -> dict[str, Any]:
+               slo: Any = None, endpoint: str = "chat", device: Any = None, **loadgen_options: Any) -> dict[str, Any]:
     """One load test (``labkit.serve.loadgen.run``, streaming, answers end at end-of-sequence or ``max_tokens``)
-    at ``concurrency`` clients, with the process's peak RSS (sampled) and the CUDA allocator peak."""
-    with memory.track() as mem, memory.RSSSampler(interval_s=0.05) as rss:
+    at ``concurrency`` clients, with the process's peak RSS (sampled) and the CUDA allocator peak of ``device``,
+    the server's (default: the device notebooks use, ``env.device()``; "cuda:1" reads GPU 1, not the current one)."""
+    device = device if device is not None else env.device()
+    with memory.track(device) as mem, memory.RSSSampler(interval_s=0.05) as rss:
         run = loadgen.run(url, prompts, num_requests=num_requests, max_concurrency=concurrency, max_tokens=max_tokens,
                           endpoint=endpoint, ignore_eos=False, slo=slo, **loadgen_options)
     summary = {k: v for k, v in run.summary().items() if k not in ("errors", "slo")}

@@ -13,7 +13,8 @@ from collections import deque
 from dataclasses import replace
 from typing import Any
 
-from ..core.timing import clock
+from ..core.checks import model_device
+from ..core.timing import bind_thread, clock
 from . import decoder
 from .continuous import ContinuousEngine, PrefixCache
 from .metrics import Metrics
@@ -73,10 +74,15 @@ class Batcher:
         self._closing = False
         self._abort = threading.Event()
         self.running = 0
-        self._thread = threading.Thread(target=self._loop, name="labkit-batcher", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="labkit-batcher", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def _serve(self) -> None:
+        """The model thread: on the model's GPU (its unnamed synchronise and allocations go there), then the loop."""
+        bind_thread(model_device(self.lm.model))
+        self._loop()
 
     @property
     def depth(self) -> int:

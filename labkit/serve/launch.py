@@ -1,11 +1,13 @@
 """Starting and stopping the lab's server: in a thread of this process (``start_server``, a ``ServerHandle``)
 or in its own process (``start_process``, a ``ProcessHandle``), and ``run_server``, a context manager for
-either that always stops what it started and lets the model go.
+either that always stops what it started and lets the model go; ``run_in_child``, one call in a fresh
+process's main thread.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import queue as _queue
 import signal
@@ -13,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any
 
@@ -208,3 +210,71 @@ def run_server(model: Any = None, *, subprocess: bool = False, **options: Any) -
         yield handle
     finally:
         handle.stop()
+
+
+# ------------------------------------------------------------------------- one call in a process of its own
+
+
+def _child_main(results_queue: Any, visible: str | None, fn: Callable[..., Any], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> None:
+    """What ``run_in_child``'s process runs, in its main thread: ``fn(*args, **kwargs)``, its result or error
+    put on ``results_queue``."""
+    if visible is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before anything in this process starts CUDA
+    try:
+        results_queue.put(("ok", fn(*args, **kwargs)))
+    except BaseException as exc:  # noqa: BLE001  (reported to the parent, which raises it as the check's failure)
+        text = str(exc).strip().splitlines()
+        results_queue.put(("error", f"{type(exc).__name__}: {text[0][:300] if text else ''}"))
+
+
+def _visible_devices(device: str) -> str | None:
+    """CUDA_VISIBLE_DEVICES for a child process that must see only the GPU ``device`` names ("cuda:1"), as its
+    cuda:0; None for plain "cuda" (the child sees what this process sees)."""
+    import torch
+
+    index = torch.device(device).index if device.startswith("cuda") else None
+    if index is None:
+        return None
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible:
+        return str(index)
+    if index >= len(visible):
+        raise ValueError(f"{device} does not exist: CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r} "
+                         f"makes {len(visible)} device(s) visible")
+    return visible[index]
+
+
+def run_in_child(fn: Callable[..., Any], *args: Any, device: str = "cuda", timeout_s: float = 570.0,
+                 **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a fresh process (spawned: no CUDA state inherited), in that process's main
+    thread, where vLLM may install its signal handlers (the preflight runs its checks in worker threads). The
+    child sees only ``device``'s GPU. Returns what ``fn`` returned; raises ``RuntimeError`` with the child's
+    error, when it dies without answering, or when it is still running after ``timeout_s`` (then it is killed)."""
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s={timeout_s}: must be positive")
+    mp = multiprocessing.get_context("spawn")
+    results_queue = mp.Queue()
+    name = getattr(fn, "__name__", "call")
+    child = mp.Process(target=_child_main, args=(results_queue, _visible_devices(device), fn, args, kwargs),
+                       name=f"labkit {name}")
+    child.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                status, value = results_queue.get(timeout=0.5)
+                break
+            except _queue.Empty:
+                if not child.is_alive() and results_queue.empty():
+                    raise RuntimeError(f"{name}'s process ended (exit code {child.exitcode}) without an answer") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} still running in its process after {timeout_s:.0f} s") from None
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    if status != "ok":
+        raise RuntimeError(f"in a process of its own: {value}")
+    return value

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core import config, env, timing
-from ..core.checks import positive
+from ..core.checks import model_device, positive
 from ..core.results import write_json_atomic
 from ..core.timing import now
 from ..model import models
@@ -138,11 +138,11 @@ def _completion(r: Request) -> Completion:
 # ---------------------------------------------------------------------------------------------- static
 
 
-def _tracked(c: Completion, r: Request, t0: float, stamp_finish: bool) -> decoder.Sequence:
-    """A decode sequence for request ``r`` that stamps its tokens' times (since ``t0``) into ``c``;
-    ``stamp_finish``: its response is ready at its last token (continuous), not when its batch returns."""
+def _tracked(c: Completion, r: Request, t0: float, stamp_finish: bool, device: Any = None) -> decoder.Sequence:
+    """A decode sequence for request ``r`` that stamps its tokens' times (since ``t0``, on ``device``'s clock)
+    into ``c``; ``stamp_finish``: its response is ready at its last token (continuous), not when its batch returns."""
     def on_token(token: int, reason: str | None) -> None:
-        t = now() - t0
+        t = now(device) - t0
         if c.first_token_s is None:
             c.first_token_s = t
         c.tokens.append(token)
@@ -159,21 +159,22 @@ def run_static(model: Any, requests: Sequence[Request], eos: set[int], pad_id: i
     _check(requests, batch_size, "batch_size")
     comps = {r.id: _completion(r) for r in requests}
     steps = rows = 0
-    t0 = now()
+    device = model_device(model)  # every stamp waits for this model's GPU, not the thread's current one
+    t0 = now(device)
     for start in range(0, len(requests), batch_size):
         chunk = requests[start:start + batch_size]
-        admitted = now() - t0
+        admitted = now(device) - t0
         seqs = []
         for r in chunk:
             comps[r.id].admitted_s = admitted
-            seqs.append(_tracked(comps[r.id], r, t0, stamp_finish=False))
+            seqs.append(_tracked(comps[r.id], r, t0, stamp_finish=False, device=device))
         stats = decoder.decode_batch(model, seqs, eos, pad_id, drop_finished=False)
-        done = now() - t0
+        done = now(device) - t0
         for r in chunk:
             comps[r.id].finished_s = done  # generate() hands the batch back at once
         steps += stats.steps - 1  # decode_batch counts the prefill's token as a step
         rows += stats.computed_rows - len(chunk)
-    wall = now() - t0
+    wall = now(device) - t0
     return Run(mode="static" if batch_size > 1 else "one at a time", max_batch_size=batch_size, wall_s=wall,
                completions=[comps[r.id] for r in requests], decode_steps=steps, computed_rows=rows,
                prefills=-(-len(requests) // batch_size))
@@ -187,15 +188,16 @@ def run_continuous(model: Any, requests: Sequence[Request], eos: set[int], pad_i
     waiting = deque(requests)
     comps = {r.id: _completion(r) for r in requests}
     engine = ContinuousEngine(model, eos, pad_id, prefill_chunk_tokens=prefill_chunk_tokens, prefix_cache=prefix_cache)
-    t0 = now()
+    device = model_device(model)
+    t0 = now(device)
 
     while waiting or engine.busy:
         while waiting and engine.load < max_batch_size:  # admit at this token boundary
             r = waiting.popleft()
-            comps[r.id].admitted_s = now() - t0
-            engine.admit(_tracked(comps[r.id], r, t0, stamp_finish=True))
+            comps[r.id].admitted_s = now(device) - t0
+            engine.admit(_tracked(comps[r.id], r, t0, stamp_finish=True, device=device))
         engine.step()
-    wall = now() - t0
+    wall = now(device) - t0
     return Run(mode="continuous", max_batch_size=max_batch_size, wall_s=wall,
                completions=[comps[r.id] for r in requests], decode_steps=engine.steps, computed_rows=engine.rows,
                prefills=engine.prefills)

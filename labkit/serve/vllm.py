@@ -100,9 +100,10 @@ def vllm_offline(model_path: str, prompt_ids: Sequence[Sequence[int]], max_token
 def release_gpu(lm: Any) -> None:
     """Move a loaded model (``models.Loaded``) to the CPU and return its GPU memory, so an engine started next
     (vLLM) finds the GPU free. The model stays usable on the CPU."""
+    was = lm.device
     lm.model.to("cpu")
     lm.device = "cpu"
-    memory.free()
+    memory.free(was)
 
 
 def vllm_rows(lm: Any, prompts: Sequence[str], max_tokens: int = 64, max_concurrency: int = 16,
