@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit.core import config, env
 from labkit.core.results import jsonable
 from labkit.engines import compiled
-from labkit.model import models
+from labkit.model import hardware, models
 from labkit.serve import decoder, scheduler
 
 
@@ -71,7 +71,7 @@ def main() -> int:
     lm = models.load()
     batch = batching_rows(lm, args.requests, args.batch, args.short_tokens, args.long_tokens)
     static, cont = batch[1], batch[2]
-    summary = {"bench": "engines", "model": lm.name, "device": lm.device, "hardware": env.hardware()["cpu"],
+    summary = {"bench": "engines", "model": lm.name, "device": lm.device, "hardware": hardware.device_name(lm.device),
                "continuous_vs_static": {
                    "throughput_ratio": cont["tokens_per_s"] / static["tokens_per_s"],
                    "short_latency_ratio": static["mean_latency_short_s"] / cont["mean_latency_short_s"],

@@ -1,5 +1,6 @@
 import pytest
 
+from labkit.core import env
 from labkit.decoding import cache_variants, quality
 from labkit.engines import warmup
 from labkit.engines.warmup import ColdStart, WarmupReport
@@ -95,11 +96,35 @@ def test_cold_start_in_a_fresh_process():
     assert cs.import_s > 0 and cs.load_s > 0
     assert all(0 < ttft <= e2e for ttft, e2e in zip(cs.ttft_s, cs.requests_s))
     assert cs.second_request_s == cs.requests_s[1]
-    assert cs.device == "cpu" and cs.cuda_init_s is None and cs.notes["cuda_init_s"]
+    check_cuda_init(cs, env.device())
     # the first request touches every weight: resident memory grows by part of the weights at least
     assert cs.rss_bytes["after_request_1"] >= cs.rss_bytes["after_load"]
     assert ColdStart.from_dict(cs.to_dict()) == cs
     assert list(cs.phases_frame()["phase"]) == [p.removesuffix("_s") for p in warmup.PHASES]
+
+
+def check_cuda_init(cs: ColdStart, device: str) -> None:
+    """The cold start ran on ``device`` (the device this machine gives notebooks: the GPU where there is one),
+    and timed CUDA's context creation exactly when that device is a GPU."""
+    assert cs.device == device
+    if device.startswith("cuda"):
+        assert cs.cuda_init_s is not None and cs.cuda_init_s > 0 and cs.notes["cuda_init_s"]
+    else:
+        assert cs.cuda_init_s is None and cs.notes["cuda_init_s"]
+
+
+def test_the_cold_start_checks_hold_on_a_gpu_and_on_a_cpu():
+    """test_cold_start_in_a_fresh_process runs on whatever this machine is: on a GPU its cold start runs on
+    cuda and times the CUDA context, which the checks must accept (they asserted a CPU device)."""
+    def run_on(device: str, cuda_init_s: float | None, note: str) -> ColdStart:
+        return ColdStart(process_start_s=0.5, import_s=2.0, cuda_init_s=cuda_init_s, load_s=1.0,
+                         requests_s=[0.3, 0.2], ttft_s=[0.1, 0.05], rss_bytes={}, device=device, torch_threads=2,
+                         compile=False, max_new_tokens=2, notes={"cuda_init_s": note})
+
+    check_cuda_init(run_on("cuda", 0.4, "CUDA context creation"), "cuda")
+    check_cuda_init(run_on("cpu", None, "no CUDA context on cpu"), "cpu")
+    with pytest.raises(AssertionError):
+        check_cuda_init(run_on("cpu", None, "no CUDA context on cpu"), "cuda")
 
 
 def test_cold_start_rejects_bad_input():

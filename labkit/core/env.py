@@ -126,8 +126,14 @@ def _cuda() -> Capability:
         return Capability("cuda", False, f"torch {torch.__version__}", "torch is a CPU build; install a CUDA build (see README, GPU quick start)")
     if not torch.cuda.is_available():
         return Capability("cuda", False, f"torch CUDA {torch.version.cuda}", "no CUDA device visible (driver missing or CUDA_VISIBLE_DEVICES empty)")
-    name = torch.cuda.get_device_name(0)
-    return Capability("cuda", True, f"{torch.cuda.device_count()}× {name}, CUDA {torch.version.cuda}", "")
+    count = torch.cuda.device_count()
+    used = device() if device().startswith("cuda") else "cuda:0"
+    index = cuda_index(used)
+    if not 0 <= index < count:
+        return Capability("cuda", False, f"torch CUDA {torch.version.cuda}",
+                          f"{used} does not exist: {count} GPU(s) visible (cuda:0 … cuda:{count - 1})")
+    return Capability("cuda", True, f"cuda:{index} is {torch.cuda.get_device_name(index)} ({count} GPU(s) visible), "
+                                    f"CUDA {torch.version.cuda}", "")
 
 
 @lru_cache(maxsize=1)
@@ -188,6 +194,8 @@ def _bf16(dev: str | None = None) -> Capability:
     dev = dev or device()
     if torch.cuda.is_available() and dev.startswith("cuda"):
         index = cuda_index(dev)
+        if not 0 <= index < torch.cuda.device_count():
+            return Capability("bf16", False, "", f"{dev} does not exist: {torch.cuda.device_count()} GPU(s) visible")
         name = torch.cuda.get_device_name(index)
         major, minor = torch.cuda.get_device_capability(index)
         # torch.cuda.is_bf16_supported() also counts emulation (a T4 or V100 "supports" bf16, slowly)
@@ -205,8 +213,16 @@ def _bitsandbytes() -> Capability:
     version = importlib.metadata.version("bitsandbytes")
     import torch
 
-    where = "CUDA" if torch.cuda.is_available() else "CPU"
-    return Capability("bitsandbytes", True, f"{version} ({where} kernels)", "")
+    if not torch.cuda.is_available() or torch.version.cuda is None:
+        return Capability("bitsandbytes", True, f"{version} (CPU kernels)", "")
+    # on CUDA bitsandbytes loads its CUDA library at import; when none fits it keeps a stand-in that fails on use
+    from bitsandbytes.cextension import lib
+
+    if not getattr(lib, "compiled_with_cuda", False):
+        why = (str(vars(lib).get("error_msg") or "").strip().splitlines() or ["its library has no CUDA kernels"])[0]
+        return Capability("bitsandbytes", False, version, f"bitsandbytes {version} did not load a CUDA library for "
+                          f"torch's CUDA {torch.version.cuda}: {why[:200]}")
+    return Capability("bitsandbytes", True, f"{version} (CUDA kernels)", "")
 
 
 def _onnxruntime() -> Capability:

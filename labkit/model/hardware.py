@@ -195,6 +195,17 @@ def cpu_features() -> dict[str, bool]:
     return {f: f in flags for f in names_}
 
 
+def device_name(device: Any = None) -> str:
+    """The name of the hardware ``device`` (default: the device notebooks use) is: the GPU's for "cuda:N",
+    the CPU's otherwise. A result run on a GPU is labelled with the GPU, never the host's CPU."""
+    device = str(device) if device is not None else env.device()
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(env.cuda_index(device))
+    return str(env.hardware()["cpu"])
+
+
 def half_precision_features(device: str | None = None) -> dict[str, Any]:
     """What decides fp16/bf16 speed on ``device`` (default: the device notebooks use): a GPU's compute
     capability (fp16 tensor cores from 7.0, native bf16 from 8.0), or the CPU's relevant instruction flags."""

@@ -11,6 +11,7 @@ the longest one, burning compute on padding).
 from __future__ import annotations
 
 import statistics
+import traceback
 from collections.abc import Iterable
 from collections.abc import Sequence as SequenceABC
 from typing import Any
@@ -196,6 +197,7 @@ def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None =
         if b in rows:
             return False
         first = b not in runs
+        error = ""
         try:
             if first:
                 generation.generate(model, tokenizer, cycle(prompts, b), max_new_tokens=2, fixed_length=True)  # warmup
@@ -205,8 +207,11 @@ def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None =
         except (RuntimeError, MemoryError) as exc:
             if not isinstance(exc, MemoryError) and not _is_oom(exc):
                 raise
+            error = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            traceback.clear_frames(exc.__traceback__)  # the failed frames' locals hold the batch's tensors
+        if error:  # outside the except block: the exception and its traceback are gone, so their memory can go
             _free_memory()
-            rows[b] = {"batch_size": b, "status": "oom", "error": str(exc).splitlines()[0][:200]}
+            rows[b] = {"batch_size": b, "status": "oom", "error": error}
             return False
         runs.setdefault(b, []).append(result)
         return True
