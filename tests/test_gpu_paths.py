@@ -353,3 +353,40 @@ def test_a_stopped_server_lets_its_model_go():
     gc.collect()
     memory.free()
     assert model() is None, "the stopped server's model is still alive"
+
+
+# ----------------------------------------------------------------------------------- memory on a GPU
+
+
+def _allocator(monkeypatch, resident_bytes: int) -> dict:
+    """torch.cuda's allocator counters as a GPU with ``resident_bytes`` already allocated reports them; a load
+    adds to ``state["allocated"]`` and raises the peak."""
+    import torch
+
+    state = {"allocated": resident_bytes, "peak": resident_bytes}
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: state["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: state.__setitem__("peak", state["allocated"]))
+    return state
+
+
+def test_a_variant_peak_on_a_gpu_leaves_out_what_was_already_resident(monkeypatch):
+    """Notebook 03 keeps its fp32 model on the GPU while the variants load: their allocator peak must be read
+    above what was allocated before each load, and say so."""
+    mock_gpu(monkeypatch)
+    resident, weights, transient = 513 * 2**20, 270 * 2**20, 30 * 2**20
+    state = _allocator(monkeypatch, resident)
+
+    def load(v, model_name):  # a load that allocates its weights and a short-lived buffer on the GPU
+        state["peak"] = max(state["peak"], state["allocated"] + weights + transient)
+        state["allocated"] += weights
+        v.model, v.tokenizer, v.backend = object(), object(), "torch"
+
+    monkeypatch.setattr(variants, "_load_torch", load)
+    v = variants.load_variant("fp16", device="cuda:0")
+    v.rss_sampler.stop()
+    peak, source = variants._peak_memory(v)
+    assert peak == weights + transient, f"peak {peak / 2**20:.0f} MiB counts the {resident / 2**20:.0f} MiB resident"
+    assert "above resident" in source and "513 MiB" in source
+    assert v.ok and v.summary()["cuda_resident_bytes"] == resident  # the row says what was left out

@@ -21,11 +21,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core import env, memory
+from ..core import env
 from ..core.timing import clock
 from ..decoding import generation
 from ..model import models
-from ..model.models import chat_ids
+from ..model.models import chat_ids, release_gpu
 from . import loadgen
 
 # ------------------------------------------------------------------------------------ GPU engines: vLLM
@@ -95,14 +95,6 @@ def vllm_offline(model_path: str, prompt_ids: Sequence[Sequence[int]], max_token
     return {"engine": f"vLLM offline (tp={tensor_parallel_size})", "requests": len(prompt_ids), "output_tokens": n_out,
             "wall_s": wall, "output_tokens_per_s": n_out / wall, "load_s": load_s,
             "gpu_memory_utilization": gpu_memory_utilization, "texts": [o.outputs[0].text for o in outs]}
-
-
-def release_gpu(lm: Any) -> None:
-    """Move a loaded model (``models.Loaded``) to the CPU and return its GPU memory, so an engine started next
-    (vLLM) finds the GPU free. The model stays usable on the CPU."""
-    lm.model.to("cpu")
-    lm.device = "cpu"
-    memory.free()
 
 
 def vllm_rows(lm: Any, prompts: Sequence[str], max_tokens: int = 64, max_concurrency: int = 16,
