@@ -237,18 +237,19 @@ def quantisation(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], l
         if v in ok.index:
             frac = ok.weight_bytes[v] / base.weight_bytes
             rows.append({"finding": f"{v} weight bytes / fp32", "value": frac})
-    int8 = ok[ok.index.isin(["bnb-int8", "ort-int8-tensor", "ort-int8-channel"])]
+    int8 = ok[ok.index.isin(INT8_VARIANTS)]
     if len(int8):
-        fast = int8.decode_tokens_per_s.idxmax()
+        fast, label = fastest_int8(table)
         v = int8_verdict(table, fast)
-        rows.insert(0, {"finding": f"fastest int8 ({fast}) decode / fp32", "value": v.gain, "verdict": v.kind})
+        rows.insert(0, {"finding": label, "value": v.gain, "verdict": v.kind})
         if v.kind == IMPLAUSIBLE:
             said = (f"decoded {v.gain:.2f}× fp32's speed: implausible — rerun ({v.reason}; {machine.last_line()})")
         elif v.kind == NOISE:
             said = f"decoded {v.gain:.2f}× fp32's speed, within noise of fp32 ({v.reason})"
         else:
             said = f"decoded {v.gain:.2f}× fp32's speed ({v.word()} than fp32)"
-        says.append(f"The fastest int8 variant here, {fast}, {said}, with {int8.agreement[fast]:.0%} greedy "
+        where = _devices_said(table, fast)
+        says.append(f"The fastest int8 variant here{where}, {fast}, {said}, with {int8.agreement[fast]:.0%} greedy "
                     f"agreement and KL {int8.kl[fast]:.3g}; the most faithful int8, {int8.agreement.idxmax()}, agreed "
                     f"on {int8.agreement.max():.0%}.")
     loses = _where_int8_loses(table, hand, layers)
@@ -266,6 +267,51 @@ def quantisation(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], l
         says.append(f"Of {len(held)} published claims measured here, {len(both)} held on both memory and accuracy"
                     + (f" ({', '.join(both.variant)})" if len(both) else "") + ".")
     return Findings(rows=rows, sentences=says)
+
+
+INT8_VARIANTS = ("bnb-int8", "ort-int8-tensor", "ort-int8-channel")
+
+
+def _device_kind(device: Any) -> str:
+    """'cuda' for 'cuda', 'cuda:0'; 'cpu' for 'cpu': rows of one run on one GPU compare by kind."""
+    return str(device).split(":")[0]
+
+
+def _devices(table: Any, variant: str) -> tuple[str, str]:
+    """(variant's device, fp32's device); ('', '') where the table records no devices."""
+    if "device" not in table:
+        return "", ""
+    return str(table.device[variant]), str(table.device["fp32"])
+
+
+def fastest_int8(table: Any) -> tuple[str | None, str]:
+    """The fastest int8 row that ran on fp32's device, and a label saying what it is compared with.
+
+    On a GPU, ONNX Runtime's dynamic int8 runs on the CPU provider while fp32 runs on the GPU: a speed ratio
+    across devices is no int8 gain. Only where no int8 row ran on fp32's device is another device's row chosen,
+    and then the label names both devices. (None, '') when no int8 row ran."""
+    ok = table[(table.status == "ok") & table.index.isin(INT8_VARIANTS)]
+    if not len(ok):
+        return None, ""
+    if "device" not in table:
+        return ok.decode_tokens_per_s.idxmax(), f"fastest int8 ({ok.decode_tokens_per_s.idxmax()}) decode / fp32"
+    base = _device_kind(table.device["fp32"])
+    same = ok[ok.device.map(_device_kind) == base]
+    fast = (same if len(same) else ok).decode_tokens_per_s.idxmax()
+    dev, base_dev = _devices(table, fast)
+    if len(same):
+        return fast, f"fastest int8 on {base} ({fast}) decode / fp32 on {base}"
+    return fast, f"fastest int8 ({fast}, on {dev}) decode / fp32 (on {base_dev}): different devices"
+
+
+def _devices_said(table: Any, variant: str) -> str:
+    """' on cuda' when ``variant`` ran where fp32 did; ' (on cpu, fp32 on cuda: different devices)' otherwise."""
+    dev, base_dev = _devices(table, variant)
+    if not dev:
+        return ""
+    if _device_kind(dev) == _device_kind(base_dev):
+        return f" on {_device_kind(dev)}"
+    return f" (on {dev}; fp32 ran on {base_dev}: different devices, so no int8 gain can be read from it)"
 
 
 def int8_verdict(table: Any, variant: str) -> Verdict:
