@@ -390,3 +390,9 @@ def test_a_variant_peak_on_a_gpu_leaves_out_what_was_already_resident(monkeypatc
     assert peak == weights + transient, f"peak {peak / 2**20:.0f} MiB counts the {resident / 2**20:.0f} MiB resident"
     assert "above resident" in source and "513 MiB" in source
     assert v.ok and v.summary()["cuda_resident_bytes"] == resident  # the row says what was left out
+
+
+def test_notebook_03_moves_its_fp32_model_off_the_gpu_before_the_sweep():
+    src = (Path(__file__).parents[1] / "notebooks" / "src" / "03_int8_int4.py").read_text(encoding="utf-8")
+    assert "models.release_gpu(lm)" in src, "sections 1-3's fp32 model must leave the GPU before the variants load"
+    assert src.index("models.release_gpu(lm)") < src.index("rounds.run(")
