@@ -211,6 +211,8 @@ def fake_vllm(monkeypatch):
     events: list[tuple] = []
 
     class LLM:
+        prompts: list = []  # each generate call's token ids
+
         def __init__(self, model, **kw):
             live = [e for e in events if e[0] in ("start", "shutdown")]
             assert not live or live[-1][0] == "shutdown", "an engine started while another was alive"
@@ -220,6 +222,7 @@ def fake_vllm(monkeypatch):
 
         def generate(self, prompts, params, use_tqdm=False):
             assert all(isinstance(p["prompt_token_ids"][0], int) for p in prompts), "token ids, made before the clock"
+            LLM.prompts.append([list(p["prompt_token_ids"]) for p in prompts])
             out = types.SimpleNamespace(token_ids=[1] * params.max_tokens, text="ok")
             return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
 
@@ -264,8 +267,14 @@ def test_vllm_rows_run_one_engine_at_a_time(fake_vllm, monkeypatch):
 
     monkeypatch.setattr(vllm, "vllm_server", server)
     monkeypatch.setattr(vllm, "models_path", lambda lm: "some/model")
-    monkeypatch.setattr(loadgen, "run", lambda url, prompts, **kw: types.SimpleNamespace(summary=lambda: {"completed": 2}))
+    served = {}
+    monkeypatch.setattr(loadgen, "run", lambda url, prompts, **kw: served.update(prompts=prompts, **kw) or
+                        types.SimpleNamespace(summary=lambda: {"completed": 2}))
     rows = vllm.vllm_rows(lm, ["a", "b"], max_tokens=2, gpu_memory_utilization=0.4)
+    offline = sys.modules["vllm"].LLM.prompts  # per engine: a warmup call, then every prompt
+    assert len(offline) == 4 and offline[1] == offline[3] and len(offline[1]) == 2
+    assert [list(p) for p in served["prompts"]] == offline[1], "vllm serve gets the offline rows' chat token ids"
+    assert served["endpoint"] == "completions"
     assert fake_vllm == [("hf",), ("hf model to", "cpu"), ("start", 1, 0.4), ("shutdown",), ("start", 2, 0.4),
                          ("shutdown",), ("serve", 0.4), ("serve stopped",)]
     assert lm.device == "cpu" and len(rows) == 4 and all("texts" not in r for r in rows)

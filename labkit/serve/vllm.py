@@ -115,8 +115,9 @@ def vllm_rows(lm: Any, prompts: Sequence[str], max_tokens: int = 64, max_concurr
         rows.append(vllm_offline(path, ids, max_tokens, tensor_parallel_size=2,
                                  gpu_memory_utilization=gpu_memory_utilization))
     with vllm_server(path, gpu_memory_utilization=gpu_memory_utilization) as url:
-        served = loadgen.run(url, list(prompts), num_requests=len(prompts), max_concurrency=max_concurrency,
-                             max_tokens=max_tokens)
+        # the offline rows' chat-formatted token ids, sent as they are: one prompt set for every engine
+        served = loadgen.run(url, [list(i) for i in ids], num_requests=len(prompts), max_concurrency=max_concurrency,
+                             max_tokens=max_tokens, endpoint="completions")
     rows.append({"engine": "vllm serve + labkit.serve.loadgen", **served.summary()})
     return [{k: v for k, v in r.items() if k != "texts"} for r in rows]
 
