@@ -11,7 +11,7 @@ from typing import Any
 
 from ..core import machine, verdict
 from ..core.verdict import IMPLAUSIBLE, NOISE, Verdict
-from ..engines.warmup import NOISE_SHARE, ColdStart
+from ..engines.warmup import GROWTH_SOURCES, NOISE_SHARE, ColdStart
 from ..model import sizing
 
 # ------------------------------------------------------------------------ takeaways from this run's numbers
@@ -349,9 +349,12 @@ def _where_int8_loses(table: Any, hand: Any, layers: Any) -> str:
 
 
 def warmup(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_share: float,
-             rss_growth_bytes: int, weight_bytes: int, loop_warmup_calls: int | None, loop_calls: int,
+             memory_growth: dict[str, int | None], weight_bytes: int, loop_warmup_calls: int | None, loop_calls: int,
              summary: Any, compile_rows: Any) -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``memory_growth``: what the first request added, by source (``warmup.first_request_growth``: the RSS on a
+    CPU, the CUDA allocator and NVML on a GPU, where the weights live).
 
     ``summary``: rows indexed by series ('cold', 'warmed') with first_s, median_s and agreement;
     ``compile_rows``: the compile table (target, where, break_even_calls, and max_abs_diff / agreement where known);
@@ -362,15 +365,20 @@ def warmup(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_
     ratio = cold.first_request_s / steady_s
     rows = [{"finding": "first request / steady, cold process", "value": ratio},
             {"finding": "one-time share of the first request", "value": one_time_share},
-            {"finding": f"largest phase ({largest.removesuffix('_s')}), seconds", "value": phases[largest]},
-            {"finding": "RSS growth of the first request / weight bytes", "value": rss_growth_bytes / weight_bytes}]
+            {"finding": f"largest phase ({largest.removesuffix('_s')}), seconds", "value": phases[largest]}]
+    measured = {src: b for src, b in memory_growth.items() if b is not None}
+    rows += [{"finding": f"{src} growth of the first request / weight bytes", "value": b / weight_bytes}
+             for src, b in measured.items()]
+    grew = ("; ".join(f"{GROWTH_SOURCES[src]} grew by {b / 2**20:.0f} MiB, {b / weight_bytes:.2f}× the weights"
+                      for src, b in measured.items()) or
+            "no memory source could be read here: " + ", ".join(memory_growth))
     says = [f"The largest phase of this cold start was {largest.removesuffix('_s').replace('_', ' ')} "
             f"({phases[largest]:.2f} s); {before:.2f} s passed before the first request.",
             (f"The first request took {ratio:.1f}× a steady one ({cold.first_request_s * 1e3:.0f} vs "
              f"{steady_s * 1e3:.0f} ms): {one_time_share:.0%} of it was one-time cost." if one_time_share > NOISE_SHARE else
              f"The first request was no slower than a steady one ({cold.first_request_s * 1e3:.0f} vs "
              f"{steady_s * 1e3:.0f} ms): no one-time cost showed above this run's noise.")
-            + f" It grew the RSS by {rss_growth_bytes / 2**20:.0f} MiB, {rss_growth_bytes / weight_bytes:.2f}× the weights."]
+            + f" During it {grew}."]
     if loop_warmup_calls is None:
         says.append(f"The warmup loop written here did not settle within {loop_calls} calls.")
     else:

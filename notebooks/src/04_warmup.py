@@ -111,15 +111,18 @@ print(f"one-time cost: {share:.0%} of the first request ({extra_ms:.0f} ms of {c
 #
 # Resident memory (RSS) before and after the first request. On CPU, transformers maps the safetensors
 # file into memory: the weights can count as "loaded" before the OS has read them. Does the first request
-# grow the RSS, and by how much compared with the parameter bytes the sizing model predicts?
+# grow the RSS, and by how much compared with the parameter bytes the sizing model predicts? On a GPU the
+# weights live in device memory, so the growth is read there: PyTorch's CUDA allocator and NVML.
 
 # %% fragment
 rss = cold.rss_bytes
-grew = rss["after_request_1"] - rss["after_load"]
+grew = warmup.first_request_growth(cold)  # by source: RSS on a CPU; CUDA allocator and NVML on a GPU
 weights_b = sizing.weight_bytes(sizing.shape(models.resolve()), "fp32")  # the model the cold process loaded
 print(f"RSS: after import {rss['after_import'] / 2**20:.0f} MiB · after load {rss['after_load'] / 2**20:.0f} MiB · "
       f"after 1st request {rss['after_request_1'] / 2**20:.0f} MiB · after 2nd {rss['after_request_2'] / 2**20:.0f} MiB")
-print(f"first request grew RSS by {grew / 2**20:.0f} MiB = {grew / weights_b:.2f}× the weights ({weights_b / 2**20:.0f} MiB)")
+for src, b in grew.items():
+    print(f"first request grew {warmup.GROWTH_SOURCES[src]} by " + (f"{b / 2**20:.0f} MiB = {b / weights_b:.2f}× the "
+          f"weights ({weights_b / 2**20:.0f} MiB)" if b is not None else "— (not measurable here)"))
 print("CUDA context:", f"{cold.cuda_init_s:.2f} s" if cold.cuda_init_s is not None else cold.notes["cuda_init_s"])
 
 # %% md slide
@@ -272,8 +275,8 @@ res.replace("notebook_warmup", [{"call": i, "latency_s": t} for i, t in enumerat
 res.add("warmup", calls=rep.calls, settled=rep.settled, warmup_calls=rep.warmup_calls,
         final_spread=rep.final_spread, steady_s=rep.steady_s, cold_settle_point=cold_point,
         notebook_loop_calls=len(latencies), notebook_loop_warmup_calls=n_warm)
-res.notes["rss_bytes"] = cold.rss_bytes
-found = findings.warmup(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, rss_growth_bytes=grew,
+res.notes.update(rss_bytes=cold.rss_bytes, gpu_bytes=cold.gpu_bytes)  # gpu_bytes: allocator and NVML on a GPU
+found = findings.warmup(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, memory_growth=grew,
                         weight_bytes=weights_b, loop_warmup_calls=n_warm, loop_calls=len(latencies),
                         summary=summary, compile_rows=comp_df)
 res.replace("summary", found.rows)
