@@ -405,3 +405,58 @@ def test_notebook_03_moves_its_fp32_model_off_the_gpu_before_the_sweep():
     src = (Path(__file__).parents[1] / "notebooks" / "src" / "03_int8_int4.py").read_text(encoding="utf-8")
     assert "models.release_gpu(lm)" in src, "sections 1-3's fp32 model must leave the GPU before the variants load"
     assert src.index("models.release_gpu(lm)") < src.index("rounds.run(")
+
+
+# ------------------------------------------------------------------------- torch.compile in quick mode
+
+
+def _compile_capable(monkeypatch) -> None:
+    real = env.capability
+    monkeypatch.setattr(env, "capability", lambda name: Capability(name, True, "test", "") if name == "torch.compile"
+                        else real(name))
+
+
+def test_quick_mode_on_a_gpu_compiles_for_real(monkeypatch):
+    """Quick mode skips the whole-model compile only on a CPU (minutes there); on a GPU it takes about a minute and
+    runs, so no CPU reference row ever stands beside the GPU's own rows."""
+    from labkit.decoding import cache_variants
+
+    _compile_capable(monkeypatch)
+    monkeypatch.setenv("LABKIT_QUICK", "1")
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    run, why = cache_variants.compile_here()
+    assert not run and "quick mode on a CPU" in why
+    mock_gpu(monkeypatch)  # LABKIT_DEVICE=cuda
+    assert cache_variants.compile_here() == (True, "")
+    monkeypatch.delenv("LABKIT_QUICK")
+    assert cache_variants.compile_here("cpu") == (True, "")  # full mode compiles everywhere
+
+
+def test_a_gpu_never_reads_the_cpu_compile_reference(monkeypatch, reference_dir):
+    from labkit.core import results
+    from labkit.decoding import cache_variants
+
+    rows = [{"section": "cache_variants", "variant": "static", "new_tokens": 64, "first_call_s": 0.5,
+             "decode_tokens_per_s": 40.0},
+            {"section": "cache_variants", "variant": "static+compile", "new_tokens": 64, "first_call_s": 50.0,
+             "decode_tokens_per_s": 120.0, "agreement": 1.0}]
+    cpu = results.Results("05_kv_cache_compile", rows=rows)
+    cpu.env = {"device": "cpu", "hardware": {"cpu": "Some CPU", "gpu": None}}
+    cpu.save(reference_dir / "05_kv_cache_compile.json")
+    mock_gpu(monkeypatch)
+    assert cache_variants.compile_reference() is None and cache_variants.compile_story() is None
+    gpu = results.Results("05_kv_cache_compile", rows=rows)
+    gpu.env = {"device": "cuda", "hardware": {"gpu": "Tesla T4"}}
+    gpu.save(reference_dir / f"{results.reference_name('05_kv_cache_compile', gpu.env)}.json")
+    assert cache_variants.compile_story().gain == pytest.approx(3.0)
+    assert "Tesla T4" in cache_variants.compile_story().provenance
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    assert "Some CPU" in cache_variants.compile_story().provenance
+
+
+def test_notebooks_decide_the_compile_with_compile_here():
+    src = Path(__file__).parents[1] / "notebooks" / "src"
+    for nb in ("04_warmup.py", "05_kv_cache.py", "08_tensorrt.py"):
+        text = (src / nb).read_text(encoding="utf-8")
+        assert "compile_here()" in text, f"{nb}: quick mode on a GPU must compile for real"
+        assert "= not config.quick()" not in text and "too slow for quick mode on a CPU)" not in text, nb
