@@ -230,6 +230,60 @@ def test_compare_caches_reference_row_and_quality(tiny_llama):
         kvquant.context_ids(tok, 10**6, "cpu")
 
 
+def test_compare_turns_a_failing_cache_into_a_row_and_runs_the_others(tiny_llama):
+    """A backend that cannot run on this device (no kernel for the GPU, say) fails that cache's row only."""
+    model, tok = tiny_llama
+    ctx = kvquant.context_ids(tok, 40, model.device)
+
+    def no_kernel(x):
+        raise RuntimeError("quantize: no kernel image is available for execution on the device")
+
+    rows = kvquant.compare(model, ctx, 4, {"broken int4": lambda: kvquant.lab_cache(model.config, no_kernel, residual_length=4),
+                                           "int8": lambda: kvquant.lab_cache(model.config, residual_length=4)})
+    by = {r["cache"]: r for r in rows}
+    assert by["broken int4"]["status"].startswith("failed here: RuntimeError: quantize: no kernel")
+    assert by["broken int4"]["kv_bytes"] is None and by["broken int4"]["bytes_ratio"] is None
+    assert by["int8"]["status"] == "ok" and by["int8"]["bytes_ratio"] > 1 and rows[0]["status"] == "ok"
+    head = beyond.headline([], [], [], rows, [])
+    assert head["kv_quant_cache"] == "int8", "a failed cache is never the headline"
+
+    def bug(x):
+        raise AssertionError("a broken invariant")  # labkit's own bug: surfaced, never a row
+
+    with pytest.raises(AssertionError, match="broken invariant"):
+        kvquant.compare(model, ctx, 4, {"bug": lambda: kvquant.lab_cache(model.config, bug, residual_length=4)})
+
+
+def test_backend_reason_probes_on_the_device_and_dtype_asked(monkeypatch):
+    """Notebook 10 runs its quantised caches on the model's device: the probe must run there too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    seen = []
+
+    def record(model, ids, cache=None):
+        seen.append((str(ids.device), str(next(model.parameters()).device), next(model.parameters()).dtype))
+        return None, cache
+
+    def fake_to(module, *args, device=None, dtype=None, **kw):  # Module.to cannot swap fake tensors across devices
+        for sub in module.modules():
+            for name, p in list(sub._parameters.items()):
+                if p is not None:
+                    sub._parameters[name] = torch.nn.Parameter(
+                        torch.empty(p.shape, dtype=dtype or p.dtype, device=device or p.device), requires_grad=False)
+        return module
+
+    if importlib.util.find_spec("optimum.quanto") is None:
+        pytest.skip("optimum-quanto is not installed: the probe stops before building its model")
+    from transformers import LlamaForCausalLM
+
+    monkeypatch.setattr(kvquant, "prefill", record)
+    monkeypatch.setattr(LlamaForCausalLM, "to", fake_to)
+    with FakeTensorMode(allow_non_fake_inputs=True):  # fake CUDA tensors: the probe's model and ids, on a CPU
+        reason = kvquant.backend_reason("quanto", "cuda:0", "fp16")
+    assert seen and all(s == ("cuda:0", "cuda:0", torch.float16) for s in seen), (seen, reason)
+    assert reason == ""
+
+
 def test_backend_reason():
     with pytest.raises(ValueError, match="backend"):
         kvquant.backend_reason("nope")

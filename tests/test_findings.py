@@ -99,6 +99,23 @@ def _quant(table):
                                  claims=pd.DataFrame(), layers=layers)
 
 
+def test_fastest_int8_is_compared_within_fp32s_device():
+    """On a GPU, ONNX Runtime's int8 rows run on the CPU provider beside fp32 on the GPU: the "fastest int8 / fp32"
+    takeaway compares rows of one device, or names both devices."""
+    table = _quant_table(19.0)
+    table["device"] = {"fp32": "cuda", "bnb-int8": "cuda", "ort-fp32": "cuda:0", "ort-int8-tensor": "cpu"}
+    found = _quant(table)
+    label = found.rows[0]["finding"]
+    assert "bnb-int8" in label and "ort-int8" not in label and "cuda" in label, label
+    assert found.rows[0]["value"] == pytest.approx(0.4)
+    text = " ".join(found.sentences)
+    assert "The fastest int8 variant here on cuda, bnb-int8," in text
+    only_cpu = table.drop(index="bnb-int8")  # no int8 row on the GPU: the other device's, with both devices named
+    fast, label = findings.fastest_int8(only_cpu)
+    assert fast == "ort-int8-tensor" and "on cpu" in label and "on cuda" in label and "different devices" in label
+    assert "fp32 ran on cuda" in " ".join(_quant(only_cpu).sentences)
+
+
 def test_quantisation_speed_sentence_follows_the_verdict():
     # recorded busy run: "ort-int8-tensor decoded 12.28× fp32's speed" from one 8-token run (bytes cap it near 3.3×)
     text = " ".join(_quant(_quant_table(122.8, int8_samples=[122.8])).sentences)

@@ -211,6 +211,8 @@ def fake_vllm(monkeypatch):
     events: list[tuple] = []
 
     class LLM:
+        prompts: list = []  # each generate call's token ids
+
         def __init__(self, model, **kw):
             live = [e for e in events if e[0] in ("start", "shutdown")]
             assert not live or live[-1][0] == "shutdown", "an engine started while another was alive"
@@ -220,6 +222,7 @@ def fake_vllm(monkeypatch):
 
         def generate(self, prompts, params, use_tqdm=False):
             assert all(isinstance(p["prompt_token_ids"][0], int) for p in prompts), "token ids, made before the clock"
+            LLM.prompts.append([list(p["prompt_token_ids"]) for p in prompts])
             out = types.SimpleNamespace(token_ids=[1] * params.max_tokens, text="ok")
             return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
 
@@ -264,8 +267,14 @@ def test_vllm_rows_run_one_engine_at_a_time(fake_vllm, monkeypatch):
 
     monkeypatch.setattr(vllm, "vllm_server", server)
     monkeypatch.setattr(vllm, "models_path", lambda lm: "some/model")
-    monkeypatch.setattr(loadgen, "run", lambda url, prompts, **kw: types.SimpleNamespace(summary=lambda: {"completed": 2}))
+    served = {}
+    monkeypatch.setattr(loadgen, "run", lambda url, prompts, **kw: served.update(prompts=prompts, **kw) or
+                        types.SimpleNamespace(summary=lambda: {"completed": 2}))
     rows = vllm.vllm_rows(lm, ["a", "b"], max_tokens=2, gpu_memory_utilization=0.4)
+    offline = sys.modules["vllm"].LLM.prompts  # per engine: a warmup call, then every prompt
+    assert len(offline) == 4 and offline[1] == offline[3] and len(offline[1]) == 2
+    assert [list(p) for p in served["prompts"]] == offline[1], "vllm serve gets the offline rows' chat token ids"
+    assert served["endpoint"] == "completions"
     assert fake_vllm == [("hf",), ("hf model to", "cpu"), ("start", 1, 0.4), ("shutdown",), ("start", 2, 0.4),
                          ("shutdown",), ("serve", 0.4), ("serve stopped",)]
     assert lm.device == "cpu" and len(rows) == 4 and all("texts" not in r for r in rows)
@@ -353,3 +362,101 @@ def test_a_stopped_server_lets_its_model_go():
     gc.collect()
     memory.free()
     assert model() is None, "the stopped server's model is still alive"
+
+
+# ----------------------------------------------------------------------------------- memory on a GPU
+
+
+def _allocator(monkeypatch, resident_bytes: int) -> dict:
+    """torch.cuda's allocator counters as a GPU with ``resident_bytes`` already allocated reports them; a load
+    adds to ``state["allocated"]`` and raises the peak."""
+    import torch
+
+    state = {"allocated": resident_bytes, "peak": resident_bytes}
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: state["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: state.__setitem__("peak", state["allocated"]))
+    return state
+
+
+def test_a_variant_peak_on_a_gpu_leaves_out_what_was_already_resident(monkeypatch):
+    """Notebook 03 keeps its fp32 model on the GPU while the variants load: their allocator peak must be read
+    above what was allocated before each load, and say so."""
+    mock_gpu(monkeypatch)
+    resident, weights, transient = 513 * 2**20, 270 * 2**20, 30 * 2**20
+    state = _allocator(monkeypatch, resident)
+
+    def load(v, model_name):  # a load that allocates its weights and a short-lived buffer on the GPU
+        state["peak"] = max(state["peak"], state["allocated"] + weights + transient)
+        state["allocated"] += weights
+        v.model, v.tokenizer, v.backend = object(), object(), "torch"
+
+    monkeypatch.setattr(variants, "_load_torch", load)
+    v = variants.load_variant("fp16", device="cuda:0")
+    v.rss_sampler.stop()
+    peak, source = variants._peak_memory(v)
+    assert peak == weights + transient, f"peak {peak / 2**20:.0f} MiB counts the {resident / 2**20:.0f} MiB resident"
+    assert "above resident" in source and "513 MiB" in source
+    assert v.ok and v.summary()["cuda_resident_bytes"] == resident  # the row says what was left out
+
+
+def test_notebook_03_moves_its_fp32_model_off_the_gpu_before_the_sweep():
+    src = (Path(__file__).parents[1] / "notebooks" / "src" / "03_int8_int4.py").read_text(encoding="utf-8")
+    assert "models.release_gpu(lm)" in src, "sections 1-3's fp32 model must leave the GPU before the variants load"
+    assert src.index("models.release_gpu(lm)") < src.index("rounds.run(")
+
+
+# ------------------------------------------------------------------------- torch.compile in quick mode
+
+
+def _compile_capable(monkeypatch) -> None:
+    real = env.capability
+    monkeypatch.setattr(env, "capability", lambda name: Capability(name, True, "test", "") if name == "torch.compile"
+                        else real(name))
+
+
+def test_quick_mode_on_a_gpu_compiles_for_real(monkeypatch):
+    """Quick mode skips the whole-model compile only on a CPU (minutes there); on a GPU it takes about a minute and
+    runs, so no CPU reference row ever stands beside the GPU's own rows."""
+    from labkit.decoding import cache_variants
+
+    _compile_capable(monkeypatch)
+    monkeypatch.setenv("LABKIT_QUICK", "1")
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    run, why = cache_variants.compile_here()
+    assert not run and "quick mode on a CPU" in why
+    mock_gpu(monkeypatch)  # LABKIT_DEVICE=cuda
+    assert cache_variants.compile_here() == (True, "")
+    monkeypatch.delenv("LABKIT_QUICK")
+    assert cache_variants.compile_here("cpu") == (True, "")  # full mode compiles everywhere
+
+
+def test_a_gpu_never_reads_the_cpu_compile_reference(monkeypatch, reference_dir):
+    from labkit.core import results
+    from labkit.decoding import cache_variants
+
+    rows = [{"section": "cache_variants", "variant": "static", "new_tokens": 64, "first_call_s": 0.5,
+             "decode_tokens_per_s": 40.0},
+            {"section": "cache_variants", "variant": "static+compile", "new_tokens": 64, "first_call_s": 50.0,
+             "decode_tokens_per_s": 120.0, "agreement": 1.0}]
+    cpu = results.Results("05_kv_cache_compile", rows=rows)
+    cpu.env = {"device": "cpu", "hardware": {"cpu": "Some CPU", "gpu": None}}
+    cpu.save(reference_dir / "05_kv_cache_compile.json")
+    mock_gpu(monkeypatch)
+    assert cache_variants.compile_reference() is None and cache_variants.compile_story() is None
+    gpu = results.Results("05_kv_cache_compile", rows=rows)
+    gpu.env = {"device": "cuda", "hardware": {"gpu": "Tesla T4"}}
+    gpu.save(reference_dir / f"{results.reference_name('05_kv_cache_compile', gpu.env)}.json")
+    assert cache_variants.compile_story().gain == pytest.approx(3.0)
+    assert "Tesla T4" in cache_variants.compile_story().provenance
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    assert "Some CPU" in cache_variants.compile_story().provenance
+
+
+def test_notebooks_decide_the_compile_with_compile_here():
+    src = Path(__file__).parents[1] / "notebooks" / "src"
+    for nb in ("04_warmup.py", "05_kv_cache.py", "08_tensorrt.py"):
+        text = (src / nb).read_text(encoding="utf-8")
+        assert "compile_here()" in text, f"{nb}: quick mode on a GPU must compile for real"
+        assert "= not config.quick()" not in text and "too slow for quick mode on a CPU)" not in text, nb

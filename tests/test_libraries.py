@@ -29,6 +29,37 @@ def test_bnb_route_reads_the_operators_that_ran():
         libraries.bnb_route("fp8", [], "cpu")
 
 
+def test_bnb_route_names_both_routes_of_cuda_gemm_4bit():
+    """bitsandbytes 0.50 on CUDA dispatches bitsandbytes::gemm_4bit for every 4-bit matmul; inside it either runs its
+    fused kernel (a ctypes call: no float matmul operator) or dequantises and calls F.linear."""
+    fused_ops = ["aten::to", "aten::view", "bitsandbytes::gemm_4bit", "aten::empty"]  # a decode step: M = 1
+    fused = libraries.bnb_route("nf4", fused_ops, "cuda:0")
+    assert "gemm_4bit" in fused and "fused" in fused and "no bitsandbytes 4-bit operator" not in fused
+    unfused = libraries.bnb_route("nf4", [*fused_ops, "aten::linear", "aten::t", "aten::addmm"], "cuda:0")
+    assert "gemm_4bit" in unfused and "dequantise" in unfused and "fused route" not in unfused
+    # the CPU's default gemm_4bit dequantises through the registered op: named as before
+    cpu = libraries.bnb_route("nf4", ["bitsandbytes::gemm_4bit", "bitsandbytes::dequantize_4bit", "aten::linear"], "cpu")
+    assert "bitsandbytes::dequantize_4bit" in cpu
+
+
+def test_the_installed_bitsandbytes_dispatches_gemm_4bit_on_cuda():
+    """The operator names bnb_route reads are those the installed bitsandbytes registers for CUDA (read from its
+    source: its CUDA backend does not import without a GPU)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("bitsandbytes")
+    if spec is None or spec.origin is None:
+        pytest.skip("bitsandbytes is not installed")
+    root = Path(spec.origin).parent
+    cuda_ops = (root / "backends" / "cuda" / "ops.py").read_text(encoding="utf-8")
+    assert '@register_kernel("bitsandbytes::gemm_4bit", "cuda")' in cuda_ops
+    assert "_GEMM_4BIT_CUSTOM_FLOOR_M = 4" in cuda_ops  # the fused kernel always runs for M <= 4
+    assert "torch.nn.functional.linear(A, B_dq, bias)" in cuda_ops  # the other route: dequantise, then F.linear
+    autograd = (root / "autograd" / "_functions.py").read_text(encoding="utf-8")
+    assert "torch.ops.bitsandbytes.gemm_4bit.default(" in autograd.split("def matmul_4bit")[1]
+
+
 def test_bnb_layer_reports_the_kernel_this_machine_runs():
     if not env.capability("bitsandbytes").available:
         pytest.skip(env.capability("bitsandbytes").reason)

@@ -117,3 +117,11 @@ def test_locust_headless_against_the_server(server):
     assert agg["requests"] > 0 and agg["failures"] == 0, stats
     assert stats["endpoints"]["/v1/completions"]["requests"] == agg["requests"]
     assert agg["output_tokens_per_s"] == pytest.approx(agg["requests_per_s"] * 3)
+
+
+def test_token_id_prompts_go_to_the_completions_endpoint_as_they_are():
+    body = loadgen._payload("completions", (1, 2, 3), "m", 4, True)
+    assert body["prompt"] == [1, 2, 3] and body["max_tokens"] == 4 and "messages" not in body
+    assert loadgen._payload("completions", "Hi", "m", 4, True)["prompt"] == "Hi"
+    with pytest.raises(ValueError, match="completions"):
+        loadgen._payload("chat", [1, 2, 3], "m", 4, True)

@@ -177,3 +177,53 @@ def test_cold_start_texts_round_trip():
     old = cs.to_dict()
     del old["texts"]
     assert ColdStart.from_dict(old).texts == []  # results written before answers were recorded still load
+
+
+def _cold(device: str, gpu_bytes: dict | None = None) -> ColdStart:
+    mib = 2**20
+    return ColdStart(process_start_s=0.1, import_s=1.0, cuda_init_s=0.8 if device != "cpu" else None, load_s=2.0,
+                     requests_s=[0.5, 0.2, 0.2, 0.2, 0.2, 0.2], ttft_s=[0.1] * 6,
+                     rss_bytes={"after_import": 900 * mib, "after_load": 1000 * mib, "after_request_1": 1001 * mib,
+                                "after_request_2": 1001 * mib},
+                     device=device, torch_threads=2, compile=False, max_new_tokens=8, gpu_bytes=gpu_bytes or {})
+
+
+def test_the_first_requests_memory_growth_is_read_where_the_weights_live():
+    """On a GPU the weights sit in device memory: the first request's growth comes from the CUDA allocator and
+    NVML, never from the host RSS (which a GPU run barely moves)."""
+    import pandas as pd
+
+    from labkit.lessons import findings
+
+    mib = 2**20
+    gpu = _cold("cuda:0", {"after_load": {"cuda_allocated": 520 * mib, "nvml": 900 * mib},
+                           "after_request_1": {"cuda_allocated": 540 * mib, "nvml": 960 * mib}})
+    assert warmup.first_request_growth(gpu) == {"cuda_allocated": 20 * mib, "nvml": 60 * mib}
+    assert warmup.first_request_growth(_cold("cpu")) == {"rss": 1 * mib}
+    no_nvml = _cold("cuda:0", {"after_load": {"cuda_allocated": 520 * mib, "nvml": None},
+                               "after_request_1": {"cuda_allocated": 540 * mib, "nvml": None}})
+    assert warmup.first_request_growth(no_nvml) == {"cuda_allocated": 20 * mib, "nvml": None}
+    summary = pd.DataFrame({"first_s": [0.5, 0.3], "median_s": [0.2, 0.2], "agreement": [1.0, 1.0]},
+                           index=["cold", "warmed"])
+    found = findings.warmup(cold=gpu, warmed=gpu, steady_s=0.2, one_time_share=0.6,
+                            memory_growth=warmup.first_request_growth(gpu), weight_bytes=513 * mib,
+                            loop_warmup_calls=2, loop_calls=7, summary=summary, compile_rows=pd.DataFrame())
+    text = " ".join(found.sentences)
+    assert "PyTorch's CUDA allocator grew by 20 MiB" in text and "NVML" in text and "RSS" not in text
+    assert {r["finding"] for r in found.rows} >= {"cuda_allocated growth of the first request / weight bytes",
+                                                  "nvml growth of the first request / weight bytes"}
+
+
+def test_cold_start_records_device_memory_beside_the_rss(monkeypatch):
+    """gpu_point reads the allocator and NVML of the device asked; a result round-trips with them."""
+    import torch
+
+    from test_devices import mock_gpu
+
+    mock_gpu(monkeypatch)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: asked.append(str(device)) or 42)
+    point = warmup.gpu_point("cuda:0")
+    assert point["cuda_allocated"] == 42 and asked == ["cuda:0"] and "nvml" in point
+    cs = _cold("cuda:0", {"after_load": point})
+    assert ColdStart.from_dict(cs.to_dict()).gpu_bytes == {"after_load": point}

@@ -1,7 +1,8 @@
 """Memory readings, each labelled with its source; ``None`` with a reason when not measurable.
 
 Sources: ``params`` / ``buffers`` (bytes of the tensors a model holds), ``cuda_peak``
-(PyTorch's CUDA allocator peak since ``reset_peak_memory_stats``), ``nvml`` (device memory
+(PyTorch's CUDA allocator peak since ``reset_peak_memory_stats``), ``cuda_allocated`` (what PyTorch's CUDA
+allocator holds for live tensors now), ``nvml`` (device memory
 in use as the driver sees it, every process included), ``rss`` (this process's resident set).
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from .checks import model_device
 
-SOURCES = ("params", "buffers", "cuda_peak", "nvml", "rss", "rss_peak")
+SOURCES = ("params", "buffers", "cuda_peak", "cuda_allocated", "nvml", "rss", "rss_peak")
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,16 @@ def cuda_peak(device: Any = None) -> Reading:
     return Reading("cuda_peak", int(torch.cuda.max_memory_allocated(_cuda_device(device))))
 
 
+def cuda_allocated(device: Any = None) -> Reading:
+    """Bytes PyTorch's CUDA allocator holds for live tensors on ``device`` now (default: the current CUDA device):
+    the baseline a peak is read above."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return Reading("cuda_allocated", None, "no CUDA device")
+    return Reading("cuda_allocated", int(torch.cuda.memory_allocated(_cuda_device(device))))
+
+
 def reset_cuda_peak(device: Any = None) -> None:
     import torch
 
@@ -258,8 +269,17 @@ def snapshot(model: Any = None, device: Any = None) -> dict[str, Reading]:
 class _Peak:
     def __init__(self) -> None:
         self.cuda_peak: Reading = Reading("cuda_peak", None, "not measured yet")
+        self.cuda_before: Reading = Reading("cuda_allocated", None, "not measured yet")  # resident when the block began
         self.rss_before: Reading = rss()
         self.rss_after: Reading = self.rss_before
+
+    @property
+    def cuda_peak_above_before_bytes(self) -> int | None:
+        """The allocator peak over the block minus what was already allocated when it began (another model's
+        weights, say): what the block itself added at its highest. None where either reading is missing."""
+        if self.cuda_peak.bytes is None or self.cuda_before.bytes is None:
+            return None
+        return self.cuda_peak.bytes - self.cuda_before.bytes
 
     @property
     def rss_growth_bytes(self) -> int:
@@ -267,18 +287,22 @@ class _Peak:
         return self.rss_after.bytes - self.rss_before.bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cuda_peak": self.cuda_peak.to_dict(), "rss_before": self.rss_before.to_dict(),
+        return {"cuda_peak": self.cuda_peak.to_dict(), "cuda_before": self.cuda_before.to_dict(),
+                "cuda_peak_above_before_bytes": self.cuda_peak_above_before_bytes, "rss_before": self.rss_before.to_dict(),
                 "rss_after": self.rss_after.to_dict(), "rss_growth_bytes": self.rss_growth_bytes}
 
 
 @contextmanager
 def track(device: Any = None) -> Iterator[_Peak]:
     """``with memory.track("cuda:1") as m: ...``: CUDA allocator peak of ``device`` (default: the current
-    CUDA device) over the block, RSS before/after. A CPU ``device`` reads no allocator."""
+    CUDA device) over the block and what was allocated when it began (``cuda_before``; the peak counts it too:
+    ``cuda_peak_above_before_bytes`` is the block's own), RSS before/after. A CPU ``device`` reads no allocator."""
     gpu = None if device is not None and not str(device).startswith("cuda") else device
     if device is None or gpu is not None:
         reset_cuda_peak(gpu)
     peak = _Peak()
+    peak.cuda_before = cuda_allocated(gpu) if device is None or gpu is not None else Reading(
+        "cuda_allocated", None, f"not a CUDA device: {device}")
     yield peak
     peak.cuda_peak = cuda_peak(gpu) if device is None or gpu is not None else Reading(
         "cuda_peak", None, f"not a CUDA device: {device}")

@@ -12,7 +12,7 @@ from contextlib import contextmanager  # noqa: E402
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import results
+from ..core import config, env, results
 
 CACHE_VARIANTS = ("dynamic", "static", "static+compile")
 REFERENCE_COMPILE = "05_kv_cache_compile"
@@ -103,9 +103,38 @@ class CompileStory:
                 f"{self.eager_first_s:.1f} s eager, so it {pay}")
 
 
-def compile_story(ref: Any = None) -> CompileStory:
-    """The compile story of ``REFERENCE_COMPILE`` (or of a Results holding 'cache_variants' rows)."""
-    ref = ref if ref is not None else results.reference(REFERENCE_COMPILE)
+def compile_here(device: str | None = None) -> tuple[bool, str]:
+    """Does a notebook compile the whole decode step in this run on ``device`` (default: ``env.device()``), and
+    if not, why: in full mode yes; in quick mode on a GPU yes too (a cold compile takes about a minute there, and
+    no CPU reference may stand in for a GPU's numbers); in quick mode on a CPU no (minutes on 2 cores: the CPU
+    reference is shown instead). Never where torch.compile cannot run."""
+    cap = env.capability("torch.compile")
+    if not cap.available:
+        return False, f"torch.compile cannot run here: {cap.reason}"
+    device = device or env.device()
+    if config.quick() and not str(device).startswith("cuda"):
+        return False, "quick mode on a CPU: a cold compile of the whole decode step takes minutes here"
+    return True, ""
+
+
+def compile_reference(device: str | None = None) -> Any:
+    """The compile reference measured on this kind of machine, or None where none ships: on a CPU
+    ``data/reference/05_kv_cache_compile.json``; on a GPU only that GPU's own file (``….<gpu>.json``, as
+    ``kv.write_compile_reference`` names it), so a CPU's figures are never shown beside this GPU's."""
+    device = device or env.device()
+    if not str(device).startswith("cuda"):
+        return results.reference(REFERENCE_COMPILE)
+    name = results.reference_name(REFERENCE_COMPILE, {"device": str(device), "hardware": env.hardware()})
+    path = results.reference_dir() / f"{name}.json"
+    return results.load(path) if name != REFERENCE_COMPILE and path.is_file() else None
+
+
+def compile_story(ref: Any = None, device: str | None = None) -> CompileStory | None:
+    """The compile story of a Results holding 'cache_variants' rows, by default ``compile_reference(device)``'s:
+    None when no reference of this kind of machine ships (a GPU without its own file)."""
+    ref = ref if ref is not None else compile_reference(device)
+    if ref is None:
+        return None
     rows = {r["variant"]: r for r in ref.section("cache_variants")}
     missing = [v for v in ("static", "static+compile") if v not in rows]
     if missing:

@@ -225,6 +225,9 @@ class ColdStart:
     warmup: WarmupReport | None = None
     notes: dict[str, str] = field(default_factory=dict)
     texts: list[str] = field(default_factory=list)  # each timed request's greedy answer, in order
+    # on a GPU, where the weights live: bytes by source ("cuda_allocated", "nvml"; None: not measurable) at the
+    # points rss_bytes names
+    gpu_bytes: dict[str, dict[str, int | None]] = field(default_factory=dict)
 
     @property
     def first_request_s(self) -> float:
@@ -257,7 +260,27 @@ class ColdStart:
                 "torch_threads", "compile", "max_new_tokens", "notes")
         w = data.get("warmup")
         return cls(**{k: data[k] for k in keys}, warmup=WarmupReport.from_dict(w) if w else None,
-                   texts=list(data.get("texts", [])))
+                   texts=list(data.get("texts", [])), gpu_bytes=dict(data.get("gpu_bytes", {})))
+
+
+GROWTH_SOURCES = {"rss": "the process's resident set (RSS)", "cuda_allocated": "PyTorch's CUDA allocator",
+                  "nvml": "the GPU's memory in use as NVML sees it (every process)"}
+
+
+def gpu_point(device: str) -> dict[str, int | None]:
+    """Device memory now, by source, on a CUDA ``device``: what ``cold_start_child`` records beside the RSS."""
+    return {"cuda_allocated": memory.cuda_allocated(device).bytes, "nvml": memory.nvml_used(device).bytes}
+
+
+def first_request_growth(cold: ColdStart) -> dict[str, int | None]:
+    """What the first request added, by source, from after the load to after request 1: the RSS on a CPU; on a
+    GPU the CUDA allocator and NVML (the weights live in device memory there: the RSS says nothing about them).
+    None where a source could not be read. Keys name ``GROWTH_SOURCES``."""
+    if cold.device.startswith("cuda"):
+        before, after = cold.gpu_bytes.get("after_load", {}), cold.gpu_bytes.get("after_request_1", {})
+        return {src: (after[src] - before[src] if before.get(src) is not None and after.get(src) is not None else None)
+                for src in ("cuda_allocated", "nvml")}
+    return {"rss": cold.rss_bytes["after_request_1"] - cold.rss_bytes["after_load"]}
 
 
 def cold_start(name: str | None = None, *, dtype: str = "fp32", device: str | None = None, requests: int = 2,
@@ -342,8 +365,11 @@ def cold_start_child(argv: list[str] | None = None) -> int:
     else:
         notes["cuda_init_s"] = f"no CUDA context on {device}"
     rss = {"after_import": memory.rss().bytes}
+    gpu: dict[str, dict[str, int | None]] = {}
     lm = models.load(args.model, dtype=args.dtype, device=device)
     rss["after_load"] = memory.rss().bytes
+    if device.startswith("cuda"):
+        gpu["after_load"] = gpu_point(device)
     kwargs: dict[str, Any] = {}
     if args.compile:
         kwargs = cache_variant_kwargs("static+compile")
@@ -363,11 +389,13 @@ def cold_start_child(argv: list[str] | None = None) -> int:
         texts.append(r.text)
         if i < 2:
             rss[f"after_request_{i + 1}"] = memory.rss().bytes
+            if device.startswith("cuda"):
+                gpu[f"after_request_{i + 1}"] = gpu_point(device)
     result = ColdStart(process_start_s=process_start,
                        import_s=t_import.seconds or 0.0, cuda_init_s=cuda_init, load_s=lm.load_seconds,
                        requests_s=latencies, ttft_s=ttfts, rss_bytes=rss, device=device,
                        torch_threads=torch.get_num_threads(), compile=args.compile,
-                       max_new_tokens=args.max_new_tokens, warmup=report, notes=notes, texts=texts)
+                       max_new_tokens=args.max_new_tokens, warmup=report, notes=notes, texts=texts, gpu_bytes=gpu)
     print(json.dumps(result.to_dict()))
     return 0
 

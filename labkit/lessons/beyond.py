@@ -58,7 +58,7 @@ def headline(lookup: list[dict[str, Any]], prefix: list[dict[str, Any]], chunked
                    chunked_prefill_long_ttft_ratio=_ratio(on["long_ttft_s"], off["long_ttft_s"]),
                    chunked_prefill_outputs_identical=off["texts"] == on["texts"])
     if kv:
-        quant = [r for r in kv[1:] if kv_name is None or r["cache"] == kv_name]
+        quant = [r for r in kv[1:] if r.get("status", "ok") == "ok" and (kv_name is None or r["cache"] == kv_name)]
         if quant:
             best = max(quant, key=lambda r: r["bytes_ratio"] or 0)
             out.update(kv_quant_cache=best["cache"], kv_quant_bytes_ratio=best["bytes_ratio"],

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..core import machine, verdict
 from ..core.verdict import IMPLAUSIBLE, NOISE, Verdict
-from ..engines.warmup import NOISE_SHARE, ColdStart
+from ..engines.warmup import GROWTH_SOURCES, NOISE_SHARE, ColdStart
 from ..model import sizing
 
 # ------------------------------------------------------------------------ takeaways from this run's numbers
@@ -237,18 +237,19 @@ def quantisation(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], l
         if v in ok.index:
             frac = ok.weight_bytes[v] / base.weight_bytes
             rows.append({"finding": f"{v} weight bytes / fp32", "value": frac})
-    int8 = ok[ok.index.isin(["bnb-int8", "ort-int8-tensor", "ort-int8-channel"])]
+    int8 = ok[ok.index.isin(INT8_VARIANTS)]
     if len(int8):
-        fast = int8.decode_tokens_per_s.idxmax()
+        fast, label = fastest_int8(table)
         v = int8_verdict(table, fast)
-        rows.insert(0, {"finding": f"fastest int8 ({fast}) decode / fp32", "value": v.gain, "verdict": v.kind})
+        rows.insert(0, {"finding": label, "value": v.gain, "verdict": v.kind})
         if v.kind == IMPLAUSIBLE:
             said = (f"decoded {v.gain:.2f}× fp32's speed: implausible — rerun ({v.reason}; {machine.last_line()})")
         elif v.kind == NOISE:
             said = f"decoded {v.gain:.2f}× fp32's speed, within noise of fp32 ({v.reason})"
         else:
             said = f"decoded {v.gain:.2f}× fp32's speed ({v.word()} than fp32)"
-        says.append(f"The fastest int8 variant here, {fast}, {said}, with {int8.agreement[fast]:.0%} greedy "
+        where = _devices_said(table, fast)
+        says.append(f"The fastest int8 variant here{where}, {fast}, {said}, with {int8.agreement[fast]:.0%} greedy "
                     f"agreement and KL {int8.kl[fast]:.3g}; the most faithful int8, {int8.agreement.idxmax()}, agreed "
                     f"on {int8.agreement.max():.0%}.")
     loses = _where_int8_loses(table, hand, layers)
@@ -266,6 +267,51 @@ def quantisation(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], l
         says.append(f"Of {len(held)} published claims measured here, {len(both)} held on both memory and accuracy"
                     + (f" ({', '.join(both.variant)})" if len(both) else "") + ".")
     return Findings(rows=rows, sentences=says)
+
+
+INT8_VARIANTS = ("bnb-int8", "ort-int8-tensor", "ort-int8-channel")
+
+
+def _device_kind(device: Any) -> str:
+    """'cuda' for 'cuda', 'cuda:0'; 'cpu' for 'cpu': rows of one run on one GPU compare by kind."""
+    return str(device).split(":")[0]
+
+
+def _devices(table: Any, variant: str) -> tuple[str, str]:
+    """(variant's device, fp32's device); ('', '') where the table records no devices."""
+    if "device" not in table:
+        return "", ""
+    return str(table.device[variant]), str(table.device["fp32"])
+
+
+def fastest_int8(table: Any) -> tuple[str | None, str]:
+    """The fastest int8 row that ran on fp32's device, and a label saying what it is compared with.
+
+    On a GPU, ONNX Runtime's dynamic int8 runs on the CPU provider while fp32 runs on the GPU: a speed ratio
+    across devices is no int8 gain. Only where no int8 row ran on fp32's device is another device's row chosen,
+    and then the label names both devices. (None, '') when no int8 row ran."""
+    ok = table[(table.status == "ok") & table.index.isin(INT8_VARIANTS)]
+    if not len(ok):
+        return None, ""
+    if "device" not in table:
+        return ok.decode_tokens_per_s.idxmax(), f"fastest int8 ({ok.decode_tokens_per_s.idxmax()}) decode / fp32"
+    base = _device_kind(table.device["fp32"])
+    same = ok[ok.device.map(_device_kind) == base]
+    fast = (same if len(same) else ok).decode_tokens_per_s.idxmax()
+    dev, base_dev = _devices(table, fast)
+    if len(same):
+        return fast, f"fastest int8 on {base} ({fast}) decode / fp32 on {base}"
+    return fast, f"fastest int8 ({fast}, on {dev}) decode / fp32 (on {base_dev}): different devices"
+
+
+def _devices_said(table: Any, variant: str) -> str:
+    """' on cuda' when ``variant`` ran where fp32 did; ' (on cpu, fp32 on cuda: different devices)' otherwise."""
+    dev, base_dev = _devices(table, variant)
+    if not dev:
+        return ""
+    if _device_kind(dev) == _device_kind(base_dev):
+        return f" on {_device_kind(dev)}"
+    return f" (on {dev}; fp32 ran on {base_dev}: different devices, so no int8 gain can be read from it)"
 
 
 def int8_verdict(table: Any, variant: str) -> Verdict:
@@ -303,9 +349,12 @@ def _where_int8_loses(table: Any, hand: Any, layers: Any) -> str:
 
 
 def warmup(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_share: float,
-             rss_growth_bytes: int, weight_bytes: int, loop_warmup_calls: int | None, loop_calls: int,
+             memory_growth: dict[str, int | None], weight_bytes: int, loop_warmup_calls: int | None, loop_calls: int,
              summary: Any, compile_rows: Any) -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``memory_growth``: what the first request added, by source (``warmup.first_request_growth``: the RSS on a
+    CPU, the CUDA allocator and NVML on a GPU, where the weights live).
 
     ``summary``: rows indexed by series ('cold', 'warmed') with first_s, median_s and agreement;
     ``compile_rows``: the compile table (target, where, break_even_calls, and max_abs_diff / agreement where known);
@@ -316,15 +365,20 @@ def warmup(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_
     ratio = cold.first_request_s / steady_s
     rows = [{"finding": "first request / steady, cold process", "value": ratio},
             {"finding": "one-time share of the first request", "value": one_time_share},
-            {"finding": f"largest phase ({largest.removesuffix('_s')}), seconds", "value": phases[largest]},
-            {"finding": "RSS growth of the first request / weight bytes", "value": rss_growth_bytes / weight_bytes}]
+            {"finding": f"largest phase ({largest.removesuffix('_s')}), seconds", "value": phases[largest]}]
+    measured = {src: b for src, b in memory_growth.items() if b is not None}
+    rows += [{"finding": f"{src} growth of the first request / weight bytes", "value": b / weight_bytes}
+             for src, b in measured.items()]
+    grew = ("; ".join(f"{GROWTH_SOURCES[src]} grew by {b / 2**20:.0f} MiB, {b / weight_bytes:.2f}× the weights"
+                      for src, b in measured.items()) or
+            "no memory source could be read here: " + ", ".join(memory_growth))
     says = [f"The largest phase of this cold start was {largest.removesuffix('_s').replace('_', ' ')} "
             f"({phases[largest]:.2f} s); {before:.2f} s passed before the first request.",
             (f"The first request took {ratio:.1f}× a steady one ({cold.first_request_s * 1e3:.0f} vs "
              f"{steady_s * 1e3:.0f} ms): {one_time_share:.0%} of it was one-time cost." if one_time_share > NOISE_SHARE else
              f"The first request was no slower than a steady one ({cold.first_request_s * 1e3:.0f} vs "
              f"{steady_s * 1e3:.0f} ms): no one-time cost showed above this run's noise.")
-            + f" It grew the RSS by {rss_growth_bytes / 2**20:.0f} MiB, {rss_growth_bytes / weight_bytes:.2f}× the weights."]
+            + f" During it {grew}."]
     if loop_warmup_calls is None:
         says.append(f"The warmup loop written here did not settle within {loop_calls} calls.")
     else:

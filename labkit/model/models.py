@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core import config, env
+from ..core import config, env, memory
 from ..core.config import DEFAULT_MODEL_NAME
 from ..core.timing import track
 from .dtypes import normalize_dtype, torch_dtype
@@ -115,6 +115,15 @@ class Loaded:
 
     def __iter__(self):  # ``model, tok = load()`` works
         return iter((self.model, self.tokenizer))
+
+
+def release_gpu(lm: Loaded) -> None:
+    """Move a loaded model to the CPU and hand its GPU memory back, so what runs next on the GPU (another
+    variant, vLLM) finds it free and its memory readings are its own. The model stays usable on the CPU."""
+    was = lm.device
+    lm.model.to("cpu")
+    lm.device = "cpu"
+    memory.free(was)  # waits on the GPU the model was on, not GPU 0
 
 
 def load_tokenizer(name: str | None = None):

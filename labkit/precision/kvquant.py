@@ -26,6 +26,7 @@ from ..core.timing import now
 from ..decoding import decode
 from ..decoding.decode import greedy, prefill
 from ..decoding.quality import kl_divergence
+from ..model.dtypes import torch_dtype
 from ..model.prompts import eval_tokens
 from .quantisers import dequantize_kv, quantize_kv
 
@@ -33,8 +34,9 @@ BACKENDS = {"quanto": ("optimum-quanto", "optimum.quanto"), "hqq": ("hqq", "hqq"
 INSTALL = {"quanto": "pip install 'labkit[kvquant]'", "hqq": "pip install hqq"}  # pure Python wheels both
 
 
-def backend_reason(backend: str) -> str:
-    """'' when transformers' quantised cache can use ``backend`` here; else one line saying why not."""
+def backend_reason(backend: str, device: Any = "cpu", dtype: str = "fp32") -> str:
+    """'' when transformers' quantised cache can use ``backend`` on ``device`` (the model's: a backend that runs
+    on the CPU may lack kernels on the GPU) with ``dtype`` activations; else one line saying why not."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown KV-cache quantisation backend {backend!r}; choose one of {sorted(BACKENDS)}")
     dist, module = BACKENDS[backend]
@@ -50,13 +52,14 @@ def backend_reason(backend: str) -> str:
 
         cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1)
-        with torch.random.fork_rng():
+        with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             model = LlamaForCausalLM(cfg).eval()
+        model = model.to(device=device, dtype=torch_dtype(dtype))  # where, and in what, the real cache will run
         cache = QuantizedCache(backend=backend, config=cfg, nbits=4, q_group_size=16, residual_length=4)
         with torch.inference_mode():
-            prefill(model, torch.arange(8, device="cpu")[None], cache=cache)  # the probe model is on the CPU
-            prefill(model, torch.arange(1, device="cpu")[None], cache=cache)
+            prefill(model, torch.arange(8, device=device).unsqueeze(0), cache=cache)  # (1, 8): fills the quantised part
+            prefill(model, torch.arange(1, device=device).unsqueeze(0), cache=cache)  # (1, 1): reads it back
     except Exception as exc:  # noqa: BLE001  (narrowed below)
         if not env.backend_failure(exc):
             raise  # labkit's own bug (a TypeError, a broken invariant): surface it, never a capability gap
@@ -176,8 +179,9 @@ def teacher_forced(model: Any, context: Any, continuation: list[int], cache: Any
 
 def compare(model: Any, context: Any, new_tokens: int, caches: dict[str, Callable[[], Any]]) -> list[dict[str, Any]]:
     """The greedy continuation of ``context`` with the model's own ``DynamicCache`` is the reference; each cache in ``caches``
-    (name → factory) is prefilled with the same context and teacher-forced on it. One row per cache: KV bytes
-    held, median decode step, agreement and mean KL against the reference."""
+    (name → factory) is prefilled with the same context and teacher-forced on it. One row per cache: status, KV
+    bytes held, median decode step, agreement and mean KL against the reference. A cache whose backend fails here
+    (no kernel on this device, say) becomes a row whose status says why, and the others still run."""
     import torch
     from transformers import DynamicCache
 
@@ -189,10 +193,19 @@ def compare(model: Any, context: Any, new_tokens: int, caches: dict[str, Callabl
     rows = []
     base = f"{str(model.dtype).replace('torch.', '')} (DynamicCache)"  # the model's own cache: the reference
     for name, make in {base: DynamicCache, **caches}.items():
-        run = ref if name == base else teacher_forced(model, context, continuation, make())
+        try:
+            run = ref if name == base else teacher_forced(model, context, continuation, make())
+        except Exception as exc:  # noqa: BLE001  (narrowed below)
+            if not env.backend_failure(exc):
+                raise  # labkit's own bug: surface it
+            rows.append({"cache": name, "status": f"failed here: {type(exc).__name__}: {str(exc)[:200]}",
+                         "context_tokens": int(context.shape[1]), "new_tokens": new_tokens, "kv_bytes": None,
+                         "prefill_s": None, "step_s": None, "decode_tokens_per_s": None, "agreement": None,
+                         "kl": None, "kl_max": None})
+            continue
         kl = kl_divergence(ref_lp, run["logits"])
         step = statistics.median(run["step_s"]) if run["step_s"] else None
-        rows.append({"cache": name, "context_tokens": int(context.shape[1]), "new_tokens": new_tokens,
+        rows.append({"cache": name, "status": "ok", "context_tokens": int(context.shape[1]), "new_tokens": new_tokens,
                      "kv_bytes": cache_storage_bytes(run["cache"]), "prefill_s": run["prefill_s"],
                      "step_s": step, "decode_tokens_per_s": 1 / step if step else None,
                      "agreement": float((run["logits"].argmax(-1) == target).float().mean()),

@@ -153,6 +153,10 @@ def ops_called(module: Any, x: Any) -> list[str]:
     return list(seen)
 
 
+# the float matrix products a dequantise-then-multiply route dispatches (F.linear and what it calls)
+FLOAT_MATMUL_OPS = ("aten::linear", "aten::matmul", "aten::mm", "aten::addmm", "aten::bmm")
+
+
 def bnb_route(kind: str, ops: Sequence[str], device: str) -> str:
     """What a bitsandbytes layer's call did, read from the operators it dispatched (``ops_called``)."""
     if kind == "int8":
@@ -171,6 +175,14 @@ def bnb_route(kind: str, ops: Sequence[str], device: str) -> str:
         if "bitsandbytes::gemv_4bit" in ops:
             return ("one fused kernel (bitsandbytes::gemv_4bit) decodes the 4-bit codes inside the matrix product: "
                     "no full-precision copy of the weight is built")
+        if "bitsandbytes::gemm_4bit" in ops:
+            # CUDA's gemm_4bit (backends/cuda/ops.py) picks a route per call: its fused kernel for a few input rows
+            # (always at most 4, up to a per-GPU limit beyond), else a dequantised copy and a float matmul (F.linear)
+            if any(o in ops for o in FLOAT_MATMUL_OPS):
+                return ("bitsandbytes::gemm_4bit took its dequantise + matmul route: the weight is dequantised to a "
+                        "full-precision copy, then multiplied by a float matmul (F.linear) — every call rebuilds it")
+            return ("bitsandbytes::gemm_4bit took its fused route: one kernel decodes the 4-bit codes inside the "
+                    "matrix product (as for a decode step's few rows); no full-precision copy of the weight is built")
         return "no bitsandbytes 4-bit operator seen: " + ", ".join(o for o in ops if "::" in o)[:200]
     raise ValueError(f"kind={kind!r}: choose 'int8' or 'nf4'")
 

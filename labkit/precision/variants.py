@@ -99,6 +99,7 @@ class Variant:
     prepare_s: float | None = None  # seconds spent exporting/quantising now (None: reused from the cache)
     rss_before_bytes: int | None = None
     load_peak_cuda_bytes: int | None = None
+    cuda_resident_bytes: int | None = None  # CUDA allocator bytes already in use when the load began (other models)
     rss_sampler: Any = field(default=None, repr=False)  # memory.RSSSampler from the load to the end of the timed runs
     providers: list[str] = field(default_factory=list)  # ONNX Runtime: the providers the session really got
     note: str = ""  # where and why a variant runs somewhere other than the device asked for
@@ -130,7 +131,8 @@ class Variant:
                 "load_s": self.load_s, "weight_bytes": self.weight_bytes,
                 "weight_bytes_source": self.weight_bytes_source,
                 "predicted_weight_bytes": self.predicted_weight_bytes, "prepare_s": self.prepare_s,
-                "options": dict(self.options), "providers": list(self.providers), "note": self.note}
+                "options": dict(self.options), "providers": list(self.providers), "note": self.note,
+                "cuda_resident_bytes": self.cuda_resident_bytes}
 
 
 def _validate_options(name: str, options: dict[str, Any]) -> None:
@@ -194,6 +196,7 @@ def load_variant(name: str, model_name: str | None = None, device: str | None = 
     v.load_s = t.seconds - (v.prepare_s or 0.0)
     v.rss_before_bytes = mem.rss_before.bytes
     v.load_peak_cuda_bytes = mem.cuda_peak.bytes
+    v.cuda_resident_bytes = mem.cuda_before.bytes
     return v
 
 
@@ -341,7 +344,13 @@ def _peak_memory(v: Variant) -> tuple[int | None, str]:
         if v.backend == "onnxruntime":
             return None, "ONNX Runtime allocates outside PyTorch's CUDA allocator: no allocator peak"
         peak = memory.cuda_peak(v.device)
-        return peak.bytes, "cuda_peak: PyTorch allocator peak over load and runs"
+        if peak.bytes is None:
+            return None, peak.reason
+        if v.cuda_resident_bytes is None:
+            return None, "no allocator reading from before the load: the peak would count other tensors on the GPU"
+        return (peak.bytes - v.cuda_resident_bytes,
+                f"cuda_peak above resident: PyTorch allocator peak over load and runs, minus the "
+                f"{v.cuda_resident_bytes / 2**20:.0f} MiB already allocated before the load (other tensors on the GPU)")
     if v.rss_sampler is None or v.rss_before_bytes is None:
         return None, "RSS not sampled for this variant"
     v.rss_sampler.stop()

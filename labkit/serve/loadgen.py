@@ -154,11 +154,19 @@ class BenchmarkResult:
         return pd.DataFrame([{**asdict(o), "tpot_s": o.tpot_s, "itl_s": None} for o in self.outputs])
 
 
-def _payload(endpoint: str, prompt: str, model: str | None, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
+Prompt = str | Sequence[int]  # text, or token ids (already chat-formatted: sent as they are)
+
+
+def _payload(endpoint: str, prompt: Prompt, model: str | None, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
     body: dict[str, Any] = {"temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
-    if endpoint == "chat":
+    if not isinstance(prompt, str):  # token ids: the completions endpoint takes them as the prompt, untokenised
+        if endpoint != "completions":
+            raise ValueError(f"token-id prompts go to endpoint 'completions', not {endpoint!r}: the chat endpoint "
+                             "takes messages")
+        body.update(prompt=[int(i) for i in prompt], max_tokens=max_tokens)
+    elif endpoint == "chat":
         body.update(messages=[{"role": "user", "content": prompt}], max_completion_tokens=max_tokens)
     else:
         body.update(prompt=prompt, max_tokens=max_tokens)
@@ -260,7 +268,7 @@ def arrival_gaps(n: int, request_rate: float, burstiness: float = 1.0, seed: int
     return [rng.gammavariate(burstiness, theta) for _ in range(n)]
 
 
-async def run_async(base_url: str, prompts: Sequence[str] | None = None, *, num_requests: int = 32,
+async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, num_requests: int = 32,
                     request_rate: float = math.inf, burstiness: float = 1.0, max_concurrency: int | None = None,
                     max_tokens: int | Sequence[int] = 32, endpoint: str = "completions", model: str | None = None,
                     ignore_eos: bool = True, slo: SLO | None = None, seed: int = 0, timeout_s: float = 600.0,
@@ -268,14 +276,15 @@ async def run_async(base_url: str, prompts: Sequence[str] | None = None, *, num_
     """Send ``num_requests`` streaming requests and measure them (see the module docstring).
 
     ``prompts`` and ``max_tokens`` (an int, or a list) are taken round-robin, request ``i`` getting entry
-    ``i`` modulo their length: a mixed workload is two lists."""
+    ``i`` modulo their length: a mixed workload is two lists. A prompt is text, or token ids (the completions
+    endpoint only): ids already chat-formatted reach the model exactly as an offline engine is fed them."""
     import aiohttp
 
     _check(num_requests, request_rate, burstiness, max_concurrency, max_tokens, endpoint)
     if prompts is None:
         prompts = load_prompts("prompts")
     if not prompts:
-        raise ValueError("no prompts: pass at least one string")
+        raise ValueError("no prompts: pass at least one string (or one list of token ids)")
     limits = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens]
     url = base_url.rstrip("/") + ENDPOINTS[endpoint]
     chat = endpoint == "chat"
@@ -318,7 +327,7 @@ async def run_async(base_url: str, prompts: Sequence[str] | None = None, *, num_
     return BenchmarkResult(outputs=list(outputs), duration_s=duration, settings=settings, slo=slo)
 
 
-def run(base_url: str, prompts: Sequence[str] | None = None, **kwargs: Any) -> BenchmarkResult:
+def run(base_url: str, prompts: Sequence[Prompt] | None = None, **kwargs: Any) -> BenchmarkResult:
     """``run_async`` from synchronous code, also inside Jupyter (whose event loop is already running)."""
     try:
         asyncio.get_running_loop()

@@ -21,11 +21,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core import env, memory
+from ..core import env
 from ..core.timing import clock
 from ..decoding import generation
 from ..model import models
-from ..model.models import chat_ids
+from ..model.models import chat_ids, release_gpu
 from . import loadgen
 
 # ------------------------------------------------------------------------------------ GPU engines: vLLM
@@ -97,15 +97,6 @@ def vllm_offline(model_path: str, prompt_ids: Sequence[Sequence[int]], max_token
             "gpu_memory_utilization": gpu_memory_utilization, "texts": [o.outputs[0].text for o in outs]}
 
 
-def release_gpu(lm: Any) -> None:
-    """Move a loaded model (``models.Loaded``) to the CPU and return its GPU memory, so an engine started next
-    (vLLM) finds the GPU free. The model stays usable on the CPU."""
-    was = lm.device
-    lm.model.to("cpu")
-    lm.device = "cpu"
-    memory.free(was)
-
-
 def vllm_rows(lm: Any, prompts: Sequence[str], max_tokens: int = 64, max_concurrency: int = 16,
               gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> list[dict[str, Any]]:
     """transformers ``generate`` (``hf_offline``) against vLLM on the same prompts, one engine at a time:
@@ -124,8 +115,9 @@ def vllm_rows(lm: Any, prompts: Sequence[str], max_tokens: int = 64, max_concurr
         rows.append(vllm_offline(path, ids, max_tokens, tensor_parallel_size=2,
                                  gpu_memory_utilization=gpu_memory_utilization))
     with vllm_server(path, gpu_memory_utilization=gpu_memory_utilization) as url:
-        served = loadgen.run(url, list(prompts), num_requests=len(prompts), max_concurrency=max_concurrency,
-                             max_tokens=max_tokens)
+        # the offline rows' chat-formatted token ids, sent as they are: one prompt set for every engine
+        served = loadgen.run(url, [list(i) for i in ids], num_requests=len(prompts), max_concurrency=max_concurrency,
+                             max_tokens=max_tokens, endpoint="completions")
     rows.append({"engine": "vllm serve + labkit.serve.loadgen", **served.summary()})
     return [{k: v for k, v in r.items() if k != "texts"} for r in rows]
 

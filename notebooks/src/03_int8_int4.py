@@ -235,7 +235,7 @@ agree
 # bitsandbytes quantises the decoder's linear layers and keeps embeddings, norms and the lm_head in fp16.
 # ONNX Runtime's dynamic quantisation turns every weight into int8, embeddings included, and gives the
 # tied lm_head its own int8 copy. Predict each variant's weight bytes as a fraction of fp32's, and how
-# much faster than fp32 the fastest int8 variant decodes on this machine.
+# much faster than fp32 the fastest int8 variant decodes on this machine (on the device fp32 runs on).
 
 # %% fragment
 PREDICT_INT8_FRACTION = None  # your prediction: bnb-int8 weight bytes / fp32 weight bytes
@@ -262,7 +262,8 @@ print(f"{folder}: {onnx.onnx_bytes(folder) / 2**20:.0f} MiB",
 # ## 6 · Measure every variant, one after another
 #
 # Same prompts, same token counts. Memory: on a CPU the growth of this process's resident set from
-# before the load to after the timed runs; on a GPU PyTorch's allocator peak. A variant this
+# before the load to after the timed runs; on a GPU PyTorch's allocator peak above what was already
+# allocated before the load (the fp32 model of sections 1–3 moves to the CPU first). A variant this
 # machine cannot run becomes a row whose `status` says why. On a GPU, ONNX Runtime's dynamic int8
 # rows run on the CPU provider (their `device` column says so): its int8 operators have no CUDA
 # kernels. What runs int8 *on* a GPU is bitsandbytes LLM.int8 (the `bnb-int8` row), or static (QDQ)
@@ -272,6 +273,8 @@ print(f"{folder}: {onnx.onnx_bytes(folder) / 2**20:.0f} MiB",
 settings = variants.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_tokens=ANSWER_TOKENS, n_questions=QUESTIONS,
                              ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
                              ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)
+if lm.device.startswith("cuda"):
+    models.release_gpu(lm)  # sections 1-3's fp32 model leaves the GPU: each variant's peak is its own
 inputs = variants.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
 machine.check("variants")
 rows, drift = rounds.run(VARIANTS, inputs)  # each alone for memory and quality, then decode timed in rounds
@@ -300,13 +303,11 @@ for v, predicted in (("bnb-int8", PREDICT_INT8_FRACTION), ("bnb-nf4", PREDICT_NF
         exercises.reveal(f"{v} weight bytes / fp32", predicted, fraction[v])
     else:
         print(f"{v}: not measured here ({table.status[v]})")
-int8_ok = ok[ok.variant.isin(["bnb-int8", "ort-int8-tensor", "ort-int8-channel"])]
-if len(int8_ok):
-    fastest = int8_ok.loc[int8_ok.decode_tokens_per_s.idxmax()]
-    exercises.reveal(f"fastest int8 ({fastest.variant}) decode / fp32", PREDICT_INT8_SPEEDUP,
-                     fastest.decode_tokens_per_s / base.decode_tokens_per_s, "×")
-    print(f"{fastest.variant}: greedy agreement with fp32 {fastest.agreement:.0%}, KL {fastest.kl:.3g} nats/token")
-    v8 = findings.int8_verdict(table, fastest.variant)
+fast, label = findings.fastest_int8(table)  # an int8 row on fp32's device; else both devices are named
+if fast is not None:
+    exercises.reveal(label, PREDICT_INT8_SPEEDUP, table.decode_tokens_per_s[fast] / base.decode_tokens_per_s, "×")
+    print(f"{fast}: greedy agreement with fp32 {table.agreement[fast]:.0%}, KL {table.kl[fast]:.3g} nats/token")
+    v8 = findings.int8_verdict(table, fast)
     print(f"verdict against fp32: {v8.kind} ({v8.reason})")
 
 # %% md subslide
@@ -315,19 +316,23 @@ if len(int8_ok):
 # A quantised weight can be multiplied as integers, or converted back to floating point first. The
 # installed bitsandbytes chooses per machine (its `backends/cpu/ops.py`): on a CPU, int8 goes through
 # `torch._int_mm` only where torch ≥ 2.6 reports AVX-512, and NF4 uses a fused kernel only where the CPU
-# has AVX512-BF16; elsewhere each falls back. Below: the conditions as this machine answers them, and the
-# operators one decode-sized call of each layer really dispatched (profiled on `PROBE_LAYER`'s weight).
+# has AVX512-BF16; elsewhere each falls back. On a GPU (`backends/cuda/ops.py`) int8 runs bitsandbytes' own
+# int8 matmul, and every 4-bit call goes through `bitsandbytes::gemm_4bit`: a fused kernel for a few input
+# rows (a decode step), a dequantised copy and a float matmul for many. Below: the conditions as this machine
+# answers them, and the operators one decode-sized call of each layer really dispatched (profiled on
+# `PROBE_LAYER`'s weight, on the device the variants ran on).
 
 # %% fragment
 routes = {}
 if BNB.available:
-    if not lm.device.startswith("cuda"):
+    token = x[:, -1:]  # (1, 1, in): one decode step's input, where section 1 recorded it (the variants' device)
+    dev = str(token.device)  # bnb_layer quantises onto w's device, the same one
+    if not dev.startswith("cuda"):
         print("what bitsandbytes reads here:", libraries.bnb_cpu_conditions())
-    token = x[:, -1:]  # (1, 1, in): one decode step's input, on the model's device
     for kind in ("int8", "nf4"):
         ops = libraries.ops_called(libraries.bnb_layer(w, kind), token)
-        routes[kind] = libraries.bnb_route(kind, ops, lm.device)
-        print(f"{kind} on {lm.device}: {routes[kind]}\n    bitsandbytes/int ops: {[o for o in ops if 'bitsandbytes' in o or 'int_mm' in o]}")
+        routes[kind] = libraries.bnb_route(kind, ops, dev)
+        print(f"{kind} on {dev}: {routes[kind]}\n    bitsandbytes/int ops: {[o for o in ops if 'bitsandbytes' in o or 'int_mm' in o]}")
 else:
     print("bitsandbytes is not available here:", BNB.reason)
 

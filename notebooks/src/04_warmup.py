@@ -48,7 +48,7 @@ UNTIL_SPREAD = 0.10  # settled when (p90 - p10) / median of the last WINDOW call
 WINDOW = 5  # calls per settle window
 MAX_CALLS = config.pick(30, 12)  # warmup gives up after this many calls, settled or not
 COMPILE_TOKENS = (1, 16)  # (batch, tokens) of the input for the one-layer compile demo
-COMPILE_MODEL = not config.quick()  # compile the whole model in a fresh process (too slow for quick mode on a CPU)
+COMPILE_MODEL = cache_variants.compile_here()[0]  # whole-model compile, fresh process: full mode, or on a GPU
 
 # %% md slide
 # ## 1 · Predict: where does a cold start spend its time?
@@ -111,15 +111,18 @@ print(f"one-time cost: {share:.0%} of the first request ({extra_ms:.0f} ms of {c
 #
 # Resident memory (RSS) before and after the first request. On CPU, transformers maps the safetensors
 # file into memory: the weights can count as "loaded" before the OS has read them. Does the first request
-# grow the RSS, and by how much compared with the parameter bytes the sizing model predicts?
+# grow the RSS, and by how much compared with the parameter bytes the sizing model predicts? On a GPU the
+# weights live in device memory, so the growth is read there: PyTorch's CUDA allocator and NVML.
 
 # %% fragment
 rss = cold.rss_bytes
-grew = rss["after_request_1"] - rss["after_load"]
+grew = warmup.first_request_growth(cold)  # by source: RSS on a CPU; CUDA allocator and NVML on a GPU
 weights_b = sizing.weight_bytes(sizing.shape(models.resolve()), "fp32")  # the model the cold process loaded
 print(f"RSS: after import {rss['after_import'] / 2**20:.0f} MiB · after load {rss['after_load'] / 2**20:.0f} MiB · "
       f"after 1st request {rss['after_request_1'] / 2**20:.0f} MiB · after 2nd {rss['after_request_2'] / 2**20:.0f} MiB")
-print(f"first request grew RSS by {grew / 2**20:.0f} MiB = {grew / weights_b:.2f}× the weights ({weights_b / 2**20:.0f} MiB)")
+for src, b in grew.items():
+    print(f"first request grew {warmup.GROWTH_SOURCES[src]} by " + (f"{b / 2**20:.0f} MiB = {b / weights_b:.2f}× the "
+          f"weights ({weights_b / 2**20:.0f} MiB)" if b is not None else "— (not measurable here)"))
 print("CUDA context:", f"{cold.cuda_init_s:.2f} s" if cold.cuda_init_s is not None else cold.notes["cuda_init_s"])
 
 # %% md slide
@@ -247,12 +250,17 @@ if cap.available and COMPILE_MODEL:
             agreement=min(quality.token_agreement(lm.tokenizer, t, reference_answer) for t in comp.texts))
     print(f"compiled model, fresh process: first request {comp.first_request_s:.1f} s, then {comp.requests_s[-1]:.2f} s")
 else:
-    story = cache_variants.compile_story()  # the one compile reference notebooks 05 and 08 show too
-    res.add("compile", target=f"whole model (static cache, {story.new_tokens} tokens)", where="reference",
-            compiled_first_s=story.compiled_first_s, eager_first_s=story.eager_first_s,
-            compiled_s=story.new_tokens / story.compiled_tokens_per_s, eager_s=story.new_tokens / story.eager_tokens_per_s,
-            agreement=story.agreement, tokens_per_call=story.new_tokens)
-    print("Whole-model compile runs in full mode only (too slow for quick mode on a CPU). " + story.sentence())
+    why = cache_variants.compile_here()[1] or "COMPILE_MODEL = False"
+    story = cache_variants.compile_story()  # this kind of machine's reference (notebooks 05 and 08 show it too)
+    if story is None:
+        print(f"Whole-model compile not run here ({why}), and no compile reference of this GPU ships.")
+    else:
+        res.add("compile", target=f"whole model (static cache, {story.new_tokens} tokens)", where="reference",
+                compiled_first_s=story.compiled_first_s, eager_first_s=story.eager_first_s,
+                compiled_s=story.new_tokens / story.compiled_tokens_per_s,
+                eager_s=story.new_tokens / story.eager_tokens_per_s, agreement=story.agreement,
+                tokens_per_call=story.new_tokens)
+        print(f"Whole-model compile not run here ({why}). " + story.sentence())
 comp_df = res.frame("compile")
 comp_df["break_even_calls"] = [warmup.break_even_calls(r.compiled_first_s, r.compiled_s, r.eager_first_s, r.eager_s)
                                for r in comp_df.itertuples()]
@@ -272,8 +280,8 @@ res.replace("notebook_warmup", [{"call": i, "latency_s": t} for i, t in enumerat
 res.add("warmup", calls=rep.calls, settled=rep.settled, warmup_calls=rep.warmup_calls,
         final_spread=rep.final_spread, steady_s=rep.steady_s, cold_settle_point=cold_point,
         notebook_loop_calls=len(latencies), notebook_loop_warmup_calls=n_warm)
-res.notes["rss_bytes"] = cold.rss_bytes
-found = findings.warmup(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, rss_growth_bytes=grew,
+res.notes.update(rss_bytes=cold.rss_bytes, gpu_bytes=cold.gpu_bytes)  # gpu_bytes: allocator and NVML on a GPU
+found = findings.warmup(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, memory_growth=grew,
                         weight_bytes=weights_b, loop_warmup_calls=n_warm, loop_calls=len(latencies),
                         summary=summary, compile_rows=comp_df)
 res.replace("summary", found.rows)

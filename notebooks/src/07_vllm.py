@@ -304,7 +304,8 @@ print(f"greedy tokens identical to each request run alone: static {same['static'
 # ## 5 · vLLM itself (NVIDIA GPU)
 #
 # On a GPU, `vllm.LLM(model, dtype="float16")` runs offline batches, `vllm serve MODEL --dtype float16`
-# an OpenAI-compatible server that `labkit.serve.loadgen` drives unchanged; with two or more GPUs,
+# an OpenAI-compatible server that `labkit.serve.loadgen` drives unchanged (every engine gets the same
+# chat-formatted token ids: the server's completions endpoint takes them as they are); with two or more GPUs,
 # `--tensor-parallel-size` splits every layer across them. vLLM reserves a share of the GPU's memory
 # up front, so one engine runs at a time: the transformers model leaves the GPU first, and each engine
 # is shut down before the next starts.

@@ -349,7 +349,7 @@ kv_caches = {  # name -> a fresh cache; the lab's quantiser plugs into transform
 if DTYPE == "fp32":
     kv_caches["fp16 storage"] = lambda: kvquant.fp16_storage_cache(lm.model.config)
 for backend in kvquant.BACKENDS:
-    reason = kvquant.backend_reason(backend)
+    reason = kvquant.backend_reason(backend, device, DTYPE)  # probed on the model's device and dtype
     print(f"transformers QuantizedCache, backend {backend}:", reason or "runs here")
     for bits in ([4, 2] if not reason else []):
         kv_caches[f"{backend} int{bits}"] = lambda b=backend, n=bits: kvquant.library_cache(lm.model.config, b, n)
@@ -359,17 +359,20 @@ kv_rows = kvquant.compare(lm.model, context, KV_NEW_TOKENS, kv_caches)
 res.replace("kv_cache", kv_rows)
 kv_df = res.frame("kv_cache")
 kv_df["kv_mib"] = kv_df.kv_bytes / 2**20
-kv_df[["cache", "context_tokens", "kv_mib", "bytes_ratio", "decode_tokens_per_s", "agreement", "kl"]].round(4)
+for failed in kv_df[kv_df.status != "ok"].itertuples():
+    print(f"{failed.cache}: {failed.status}")
+kv_df[["cache", "status", "context_tokens", "kv_mib", "bytes_ratio", "decode_tokens_per_s", "agreement", "kl"]].round(4)
 
 # %% fragment
-four = kv_df[kv_df.cache.str.endswith("int4")]
-kv_best = (four if len(four) else kv_df.iloc[1:]).sort_values("bytes_ratio").iloc[-1]
+kv_ok = kv_df[kv_df.status == "ok"]  # a cache whose backend failed here has no numbers
+four = kv_ok[kv_ok.cache.str.endswith("int4")]
+kv_best = (four if len(four) else kv_ok.iloc[1:]).sort_values("bytes_ratio").iloc[-1]
 exercises.reveal(f"KV bytes ratio ({kv_best.cache})", PREDICT_KV_BYTES_RATIO, kv_best.bytes_ratio, "×")
-plots.bar(kv_df, x="cache", y="kv_mib", title=f"KV cache at {KV_CONTEXT_TOKENS} + {KV_NEW_TOKENS} tokens",
+plots.bar(kv_ok, x="cache", y="kv_mib", title=f"KV cache at {KV_CONTEXT_TOKENS} + {KV_NEW_TOKENS} tokens",
           y_title="MiB").show()
 base = kv_df.iloc[0]
 print(f"{kv_best.cache}: {kv_best.bytes_ratio:.1f}× smaller than the {DTYPE} cache, agreement {kv_best.agreement:.1%}, KL "
-      f"{kv_best.kl:.2e} nats; decode step {kv_best.decode_tokens_per_s / base.decode_tokens_per_s:.2f}× the fp32 cache's speed")
+      f"{kv_best.kl:.2e} nats; decode step {kv_best.decode_tokens_per_s / base.decode_tokens_per_s:.2f}× the {DTYPE} cache's speed")
 
 # %% md slide
 # ## 5 · The CPU engine a user would pick instead: llama.cpp
