@@ -61,10 +61,10 @@ BIG_MODEL_GPU = "L4"  # its KV budget: this GPU's usable memory minus the fp16 w
 DEFAULT_KV_BUDGET_GIB = 0.25  # KV budget for the default model (fp32 on a CPU), GiB
 SIM_REQUESTS = 480  # requests replayed through each budget (the file's requests, round-robin)
 CORE_TOKENS = config.pick(16, 8)  # tokens compared between the decode core and generate
-N_REQUESTS = config.pick(16, 8)  # requests in the mixed workload
+N_REQUESTS = config.pick(16, 6)  # requests in the mixed workload
 LONG_EVERY = 4  # one request in LONG_EVERY has a long answer, the rest short
-SHORT_TOKENS = 16  # answer limit of a short request, tokens
-LONG_TOKENS = config.pick(128, 32)  # answer limit of a long request, tokens
+SHORT_TOKENS = config.pick(16, 8)  # answer limit of a short request, tokens
+LONG_TOKENS = config.pick(128, 24)  # answer limit of a long request, tokens
 ROUNDS = config.pick(5, 3)  # timed rounds over the three modes, interleaved (one at a time first and last)
 BATCH = 4  # sequences decoded together: static batch size = continuous max_batch_size
 VLLM_PROMPTS = 64  # prompts for the vLLM offline run (GPU only)
