@@ -96,11 +96,8 @@ class Context:
 
 
 def capability_lookup(name: str) -> Any:
-    """A capability by name from ``labkit.core.env`` or, failing that, ``labkit.engines``."""
-    try:
-        return env.capability(name)
-    except ValueError:
-        return env.capability(name)
+    """A capability by name (``labkit.core.env`` lists every one a check needs, the TensorRT paths included)."""
+    return env.capability(name)
 
 
 def _run_one(check: Check, ctx: Context, limit_s: float) -> tuple[str, str] | None:
