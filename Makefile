@@ -129,10 +129,11 @@ gpu-check: $(ENV_SETUP) env-check
 # a borrowed GPU machine with little time: the [gpu] environment in one pip resolve, the model, gpu-check, notebooks
 # 02 05 06 03 in quick mode; each step under a deadline, the run goes on past a failure; logs, JSON and summary.md
 # under $(OUT). STAGES="setup check" then STAGES=nb fit 10-minute commands; STAGES=dry prints the plan.
+# A machine without internet: WHEELS=DIR (the machine's own torch, the wheels carried in DIR, labkit --no-deps).
 OUT ?= build/gpu-smoke
 STAGES ?= setup check nb
 gpu-smoke:
-	$(PYTHON) tools/gpu_smoke.py --stages "$(STAGES)" --out "$(OUT)"
+	$(PYTHON) tools/gpu_smoke.py --stages "$(STAGES)" --out "$(OUT)" $(if $(WHEELS),--wheels "$(WHEELS)")
 
 notebooks:
 	$(PY) tools/nbbuild.py

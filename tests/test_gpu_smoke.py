@@ -87,3 +87,20 @@ def test_gpu_targets_never_build_a_cpu_environment_beside_a_gpu(tmp_path, target
     assert "uninstall -q -y onnxruntime " in plan  # the CPU build leaves before the GPU one comes
     plan = _make_n(tmp_path, target, gpu=False, venv=tmp_path / "venv2")
     assert ".[lab,dev,cpu," in plan and ",gpu," not in plan, plan
+
+
+@needs_make
+def test_offline_smoke_reuses_the_machines_torch_and_installs_only_the_carried_wheels(tmp_path):
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    (wheels / "gguf-0.17.1-py3-none-any.whl").write_bytes(b"")
+    out = subprocess.run(["make", "-s", "gpu-smoke", "STAGES=dry", f"WHEELS={wheels}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "--system-site-packages" in text  # the machine's CUDA torch, never a download
+    assert "--no-index --no-deps" in text and "gguf-0.17.1-py3-none-any.whl" in text
+    assert "torch==2.13.0" not in text, "an offline machine cannot fetch torch"
+    missing = subprocess.run([sys.executable, "tools/gpu_smoke.py", "--stages", "dry", "--wheels", str(tmp_path / "no")],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "not a folder" in missing.stderr

