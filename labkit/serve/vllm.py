@@ -1,22 +1,14 @@
 """vLLM itself, beside transformers' ``generate`` on the same prompts.
 
 ``vllm_offline`` runs vLLM's ``LLM`` on token ids made before the clock starts; ``vllm_server`` starts
-``vllm serve`` for the load generator; ``vllm_rows`` runs transformers and vLLM one engine at a time,
+``vllm serve`` from this environment's vLLM (``labkit.serve.vllm_server`` starts it from ``.venv-vllm``); ``vllm_rows`` runs transformers and vLLM one engine at a time,
 freeing the GPU between them. Whether vLLM can run here is ``labkit.core.env.capability("vllm")``'s answer.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
-import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +19,7 @@ from ..decoding import generation
 from ..model import models
 from ..model.models import chat_ids, release_gpu
 from . import loadgen
+from . import vllm_server as vllm_server_mod
 
 # ------------------------------------------------------------------------------------ GPU engines: vLLM
 
@@ -128,55 +121,22 @@ def models_path(lm: Any) -> str:
     return models.resolve(None if name in (None, models.display_name(None)) else name)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def vllm_server(model_path: str, dtype: str = "float16", tensor_parallel_size: int = 1,
                 startup_timeout_s: float = 600.0, extra_args: Sequence[str] = (),
                 gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> Iterator[str]:
-    """``vllm serve MODEL --dtype float16 --gpu-memory-utilization F`` in a child process on a free local port;
-    yields its URL once /health answers, and stops it (and its GPU memory) afterwards. Drive it with
-    ``labkit.serve.loadgen.run(url, ...)``."""
+    """``vllm serve MODEL --dtype float16 --gpu-memory-utilization F`` from this environment's vLLM (a GPU
+    environment that imports vllm), through ``labkit.serve.vllm_server``; yields its URL once /health answers
+    and stops its process group afterwards. Drive it with ``labkit.serve.loadgen.run(url, ...)``."""
     _check_fraction(gpu_memory_utilization)
     cap = env.capability("vllm")
     if not cap.available:
         raise ValueError(f"vLLM cannot run here: {cap.reason}")
-    port = _free_port()
-    exe = shutil.which("vllm") or str(Path(sys.executable).with_name("vllm"))
-    argv = [exe, "serve", model_path, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
-            "--tensor-parallel-size", str(tensor_parallel_size),
-            "--gpu-memory-utilization", str(gpu_memory_utilization), *extra_args]
-    log = tempfile.NamedTemporaryFile(prefix="labkit-vllm-", suffix=".log", delete=False)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"`{' '.join(argv)}` exited with {proc.returncode}; log: {log.name}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vllm serve did not answer /health within {startup_timeout_s:.0f} s; log: {log.name}")
-            time.sleep(2)
-        yield url
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
+    settings = vllm_server_mod.Settings(model=model_path, dtype=dtype, device="cuda",
+                                        tensor_parallel_size=tensor_parallel_size, extra_args=tuple(extra_args),
+                                        gpu_memory_utilization=gpu_memory_utilization)
+    with vllm_server_mod.serve(settings, python=Path(sys.executable), deadline_s=startup_timeout_s) as server:
+        yield server.url
 
 
 def gpu_count() -> int:
