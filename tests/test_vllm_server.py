@@ -205,3 +205,15 @@ def test_the_log_says_what_vllm_chose():
     assert vs.platform_from_log("(APIServer) INFO Using FLASH_ATTN backend.")["attention_backend"] == "FLASH_ATTN"
     assert vs.last_error_line("INFO ok\nValueError: bad\nINFO shutting down\n") == "ValueError: bad"
     assert vs.last_error_line("") == "(empty log)"
+
+
+def test_answers_are_compared_up_to_eos_and_the_first_difference_is_named():
+    from labkit.serve import loadgen, vllm
+
+    assert vllm.until_eos([5, 6, 2, 7], {2}) == [5, 6] and vllm.until_eos([5, 6], {2}) == [5, 6]
+    assert vllm.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert vllm.first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert vllm.first_difference([1, 2], [1, 2, 3]) == 2, "a shorter answer differs where it ends"
+    body = loadgen._payload("completions", [1, 2], None, 4, False, return_token_ids=True)
+    assert body["return_token_ids"] is True and "ignore_eos" not in body
+    assert "return_token_ids" not in loadgen._payload("completions", [1, 2], None, 4, False), "only when asked"
