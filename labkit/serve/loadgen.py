@@ -53,6 +53,7 @@ class RequestOutput:
     status: int | None = None
     error: str = ""
     text: str = ""
+    token_ids: list[int] = field(default_factory=list)  # the answer's ids, where the server sends them
 
     @property
     def tpot_s(self) -> float | None:
@@ -157,7 +158,8 @@ class BenchmarkResult:
 Prompt = str | Sequence[int]  # text, or token ids (already chat-formatted: sent as they are)
 
 
-def _payload(endpoint: str, prompt: Prompt, model: str | None, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
+def _payload(endpoint: str, prompt: Prompt, model: str | None, max_tokens: int, ignore_eos: bool,
+             return_token_ids: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {"temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
@@ -172,6 +174,8 @@ def _payload(endpoint: str, prompt: Prompt, model: str | None, max_tokens: int, 
         body.update(prompt=prompt, max_tokens=max_tokens)
     if ignore_eos:
         body["ignore_eos"] = True  # a vLLM extension: exactly max_tokens tokens
+    if return_token_ids:
+        body["return_token_ids"] = True  # a vLLM extension: each chunk carries its token ids
     return body
 
 
@@ -213,6 +217,7 @@ async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bo
                     last = stamp
                     chunks += 1
                     parts.append(text or "")
+                    out.token_ids.extend(int(t) for t in choice.get("token_ids") or ())
                 if msg.get("usage"):
                     out.output_tokens = int(msg["usage"].get("completion_tokens") or 0)
         out.e2e_s = last - start
@@ -272,7 +277,8 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
                     request_rate: float = math.inf, burstiness: float = 1.0, max_concurrency: int | None = None,
                     max_tokens: int | Sequence[int] = 32, endpoint: str = "completions", model: str | None = None,
                     ignore_eos: bool = True, slo: SLO | None = None, seed: int = 0, timeout_s: float = 600.0,
-                    warmup: int = 1, progress: Callable[[int, int], None] | None = None) -> BenchmarkResult:
+                    warmup: int = 1, progress: Callable[[int, int], None] | None = None,
+                    return_token_ids: bool = False) -> BenchmarkResult:
     """Send ``num_requests`` streaming requests and measure them (see the module docstring).
 
     ``prompts`` and ``max_tokens`` (an int, or a list) are taken round-robin, request ``i`` getting entry
@@ -301,7 +307,8 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
 
         async def one(i: int, t0: float) -> RequestOutput:
             nonlocal done
-            payload = _payload(endpoint, prompts[i % len(prompts)], model, limits[i % len(limits)], ignore_eos)
+            payload = _payload(endpoint, prompts[i % len(prompts)], model, limits[i % len(limits)], ignore_eos,
+                               return_token_ids)
             if gate is None:
                 out = await send_request(session, url, payload, chat, t0)
             else:

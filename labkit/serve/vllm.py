@@ -1,22 +1,14 @@
 """vLLM itself, beside transformers' ``generate`` on the same prompts.
 
 ``vllm_offline`` runs vLLM's ``LLM`` on token ids made before the clock starts; ``vllm_server`` starts
-``vllm serve`` for the load generator; ``vllm_rows`` runs transformers and vLLM one engine at a time,
+``vllm serve`` from this environment's vLLM (``labkit.serve.vllm_server`` starts it from ``.venv-vllm``); ``vllm_rows`` runs transformers and vLLM one engine at a time,
 freeing the GPU between them. Whether vLLM can run here is ``labkit.core.env.capability("vllm")``'s answer.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
-import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +18,8 @@ from ..core.timing import clock
 from ..decoding import generation
 from ..model import models
 from ..model.models import chat_ids, release_gpu
-from . import loadgen
+from . import decoder, loadgen
+from . import vllm_server as vllm_server_mod
 
 # ------------------------------------------------------------------------------------ GPU engines: vLLM
 
@@ -128,55 +121,93 @@ def models_path(lm: Any) -> str:
     return models.resolve(None if name in (None, models.display_name(None)) else name)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def vllm_server(model_path: str, dtype: str = "float16", tensor_parallel_size: int = 1,
                 startup_timeout_s: float = 600.0, extra_args: Sequence[str] = (),
                 gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> Iterator[str]:
-    """``vllm serve MODEL --dtype float16 --gpu-memory-utilization F`` in a child process on a free local port;
-    yields its URL once /health answers, and stops it (and its GPU memory) afterwards. Drive it with
-    ``labkit.serve.loadgen.run(url, ...)``."""
+    """``vllm serve MODEL --dtype float16 --gpu-memory-utilization F`` from this environment's vLLM (a GPU
+    environment that imports vllm), through ``labkit.serve.vllm_server``; yields its URL once /health answers
+    and stops its process group afterwards. Drive it with ``labkit.serve.loadgen.run(url, ...)``."""
     _check_fraction(gpu_memory_utilization)
     cap = env.capability("vllm")
     if not cap.available:
         raise ValueError(f"vLLM cannot run here: {cap.reason}")
-    port = _free_port()
-    exe = shutil.which("vllm") or str(Path(sys.executable).with_name("vllm"))
-    argv = [exe, "serve", model_path, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
-            "--tensor-parallel-size", str(tensor_parallel_size),
-            "--gpu-memory-utilization", str(gpu_memory_utilization), *extra_args]
-    log = tempfile.NamedTemporaryFile(prefix="labkit-vllm-", suffix=".log", delete=False)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
+    settings = vllm_server_mod.Settings(model=model_path, dtype=dtype, device="cuda",
+                                        tensor_parallel_size=tensor_parallel_size, extra_args=tuple(extra_args),
+                                        gpu_memory_utilization=gpu_memory_utilization)
+    with vllm_server_mod.serve(settings, python=Path(sys.executable), deadline_s=startup_timeout_s) as server:
+        yield server.url
+
+
+# ------------------------------------------------------------------------ vLLM's engine on the lab's workload
+
+VLLM_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # labkit's names -> vLLM's --dtype
+
+
+def until_eos(tokens: Sequence[int], eos: set[int]) -> list[int]:
+    """A greedy answer up to its end-of-sequence token (excluded): what every engine is compared on."""
+    out: list[int] = []
+    for t in tokens:
+        if t in eos:
+            break
+        out.append(int(t))
+    return out
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first token position where two answers differ (a length difference counts); None when identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def hf_greedy(lm: Any, work: Sequence[Any]) -> dict[str, list[int]]:
+    """transformers ``generate``, greedy, each request alone with its own answer limit: ids up to EOS."""
+    import torch
+
+    eos = decoder.eos_ids(lm.model, lm.tokenizer)
+    out = {}
+    with torch.inference_mode():
+        for r in work:
+            ids = torch.tensor([list(r.prompt_ids)], device=lm.device)
+            gen = lm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                    max_new_tokens=r.max_new_tokens, pad_token_id=lm.tokenizer.pad_token_id)
+            out[r.id] = until_eos(gen[0, ids.shape[1]:].tolist(), eos)
+    return out
+
+
+def served_workload(settings: vllm_server_mod.Settings, work: Sequence[Any], references: dict[str, dict[str, list[int]]],
+                    eos: set[int], deadline_s: float = 300.0) -> dict[str, Any]:
+    """The lab's workload through ``vllm serve`` (one start): every request at once, greedy, each with its own
+    answer limit, its token ids streamed back; /metrics read before and after. ``references`` maps a name
+    ("transformers", "continuous") to each request's ids. A start that cannot happen gives status = the reason."""
     try:
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"`{' '.join(argv)}` exited with {proc.returncode}; log: {log.name}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vllm serve did not answer /health within {startup_timeout_s:.0f} s; log: {log.name}")
-            time.sleep(2)
-        yield url
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
+        with vllm_server_mod.serve(settings, deadline_s=deadline_s) as server:
+            prompts = [list(r.prompt_ids) for r in work]
+            loadgen.run(server.url, prompts[:1], num_requests=1, max_tokens=4, warmup=0)  # first call pays set-up
+            before = server.metrics()
+            served = loadgen.run(server.url, prompts, num_requests=len(work), max_concurrency=len(work),
+                                 max_tokens=[r.max_new_tokens for r in work], endpoint="completions",
+                                 ignore_eos=False, return_token_ids=True, warmup=0)
+            delta = vllm_server_mod.metrics_delta(before, server.metrics())
+            chose, blocks, start_s = server.platform(), server.kv_blocks(), server.start_s
+    except (vllm_server_mod.VLLMUnavailable, vllm_server_mod.VLLMStartError) as exc:
+        return {"status": str(exc)}
+    rows = []
+    for r, o in zip(work, served.outputs):
+        got = until_eos(o.token_ids, eos)
+        row = {"id": r.id, "kind": r.kind, "prompt_tokens": len(r.prompt_ids), "max_tokens": r.max_new_tokens,
+               "output_tokens": len(got), "e2e_s": o.e2e_s, "ttft_s": o.ttft_s,
+               "status": "ok" if o.success else (o.error or "failed")}
+        for name, ref in references.items():
+            diff = first_difference(got, ref.get(r.id, []))
+            row[f"same_as_{name}"], row[f"first_difference_{name}"] = diff is None, diff
+        rows.append(row)
+    summary = served.summary()
+    return {"status": "ok" if all(row["status"] == "ok" for row in rows) else "some requests failed",
+            "requests": rows, "summary": summary, "metrics": delta, "platform": chose, "blocks": blocks,
+            "start_s": start_s, "settings": {k: v for k, v in vars(settings).items() if k != "extra_args"}}
 
 
 def gpu_count() -> int:

