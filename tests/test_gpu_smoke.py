@@ -22,7 +22,7 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 @needs_make
 def test_make_gpu_smoke_dry_prints_the_plan_and_exits_0(tmp_path):
-    out = subprocess.run(["make", "-s", "gpu-smoke", "STAGES=dry", f"OUT={tmp_path / 'smoke'}"], cwd=REPO,
+    out = subprocess.run(["make", "-s", "--no-print-directory", "gpu-smoke", "STAGES=dry", f"OUT={tmp_path / 'smoke'}"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     text = out.stdout
@@ -94,7 +94,7 @@ def test_offline_smoke_reuses_the_machines_torch_and_installs_only_the_carried_w
     wheels = tmp_path / "whl"
     wheels.mkdir()
     (wheels / "gguf-0.17.1-py3-none-any.whl").write_bytes(b"")
-    out = subprocess.run(["make", "-s", "gpu-smoke", "STAGES=dry", f"WHEELS={wheels}"], cwd=REPO,
+    out = subprocess.run(["make", "-s", "--no-print-directory", "gpu-smoke", "STAGES=dry", f"WHEELS={wheels}"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     text = out.stdout
