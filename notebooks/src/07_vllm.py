@@ -356,7 +356,8 @@ if engine_ok:
               "first differing position " + ", ".join(f"{i}: token {p:.0f}" for i, p in
                                                       zip(differ.id, differ[f"first_difference_{name}"]))))
     print(f"vLLM {summ['output_tokens_per_s']:.1f} output tokens/s through HTTP streaming, the lab's continuous batching "
-          f"{lab.tokens_per_s:.1f} in process: {summ['output_tokens_per_s'] / lab.tokens_per_s:.2f}×")
+          f"{lab.tokens_per_s:.1f} in process: {summ['output_tokens_per_s'] / lab.tokens_per_s:.2f}× "
+          "(one run of each: a ratio to read, not a verdict; rerun and watch it move)")
 elif (results.reference_dir() / "07_vllm.json").is_file() and results.reference("07_vllm").section("vllm_engine"):
     ref = results.reference("07_vllm")
     print("Reference:", results.provenance(ref))
