@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from . import timing
 from .checks import model_device
 
 SOURCES = ("params", "buffers", "cuda_peak", "cuda_allocated", "nvml", "rss", "rss_peak")
@@ -241,11 +242,7 @@ def free(device: Any = None) -> None:
         import torch
 
         if torch.cuda.is_available():
-            name = str(device) if device is not None else ""
-            if name.startswith("cuda"):
-                torch.cuda.synchronize(_cuda_device(name))
-            elif torch.cuda.is_initialized():
-                torch.cuda.synchronize()
+            timing.sync(device if str(device).startswith("cuda") else None)  # unnamed: only an initialised GPU
             torch.cuda.empty_cache()  # every device's cached blocks
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
