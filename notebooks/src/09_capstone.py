@@ -44,7 +44,7 @@ PROBE_TOKENS = config.pick(16, 8)  # tokens per sequence when timing each precis
 BATCH = 8  # max_batch_size of the batched servers
 CONCURRENCY = 8  # clients for the before/after comparison
 REQUESTS = config.pick(24, 12)  # requests per configuration at that load
-MAX_TOKENS = config.pick(64, 12)  # answer limit per request, tokens (answers end earlier at end-of-sequence)
+MAX_TOKENS = config.pick(64, 8)  # answer limit per request, tokens (answers end earlier at end-of-sequence)
 SWEEP = config.pick((1, 2, 4, 8, 16), (1, 2, 4, 8))  # concurrency levels for the SLO search (rising)
 REQUESTS_PER_CLIENT = 2  # requests per client at each sweep level
 TARGET_SLO = loadgen.SLO(ttft_s=2.0, tpot_s=0.25)  # the product's goal: a request is good when TTFT ≤ 2 s and TPOT ≤ 0.25 s

@@ -47,7 +47,7 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 # %% subslide parameters
 DTYPE = "fp32" if env.device() == "cpu" else "fp16"  # the model every section measures
 PASSAGE_TOKENS = config.pick(240, 96)  # tokens of text the copying task hands the model
-LOOKUP_NEW_TOKENS = config.pick(64, 16)  # tokens each speculative run decodes
+LOOKUP_NEW_TOKENS = config.pick(64, 12)  # tokens each speculative run decodes
 LOOKUP_DRAFT_TOKENS = 5  # prompt lookup's draft length, tokens (transformers' prompt_lookup_num_tokens)
 REPEATS = config.pick(5, 3)  # timed runs per measurement (after one warmup)
 DRAFT_MODEL = None  # a smaller model sharing the tokenizer (hub id or directory), e.g. with
