@@ -67,9 +67,9 @@ def find_knee(offered_rps: Sequence[float], goodput_rps: Sequence[float], follow
     if not following:
         first = points[0]
         return {"knee_rps": None, "index": None, "reached": True, "follow": follow, "dips": [], "points": points,
-                "reason": (f"no knee in this sweep: already at the lowest rate, {first['offered_rps']:g} req/s, goodput "
-                           f"was {first['goodput_rps']:g} req/s, under {pct} of it; sweep lower rates (or relax "
-                           "the SLO)")}
+                "reason": (f"no knee in this sweep: already at the lowest rate, {first['offered_rps']:g} req/s, "
+                           f"goodput was {first['goodput_rps']:g} req/s, under {pct} of it; sweep lower rates (or "
+                           "relax the SLO)")}
     k = following[-1]
     knee = points[k]
     dips = [p["offered_rps"] for p in points[:k] if not p["follows"]]
