@@ -58,6 +58,17 @@ def test_the_meter_sums_the_packages_and_labels_its_source(powercap):
     assert r.seconds > 0 and r.watts == pytest.approx(4.5 / r.seconds)
 
 
+def test_a_meter_entered_twice_reads_each_block(powercap, tmp_path):
+    meter = energy.EnergyMeter("rapl", root=tmp_path / "nowhere")
+    with meter:
+        pass
+    assert meter.reading.joules is None
+    meter.root = powercap
+    with meter:
+        bump(powercap, "intel-rapl:0", 1_000_000 + 250_000)
+    assert meter.reading.joules == pytest.approx(0.25) and not meter.reading.reason
+
+
 def test_a_counter_that_wraps_is_unwrapped_with_max_energy_range(tmp_path):
     root = tmp_path / "powercap"
     zone(root, "intel-rapl:0", "package-0", 999_000, max_uj=1_000_000)

@@ -194,6 +194,9 @@ class EnergyMeter:
             raise ValueError(f"interval_s={interval_s!r}: seconds between power samples, > 0")
         self.source, self.device, self.root, self.interval_s = source, device, Path(root), interval_s
         self.reading: EnergyReading | None = None
+        self._reset()
+
+    def _reset(self) -> None:
         self._kind_used = ""
         self._reason = ""
         self._start: dict[str, int] = {}
@@ -211,6 +214,8 @@ class EnergyMeter:
         return "nvml" if device.startswith("cuda") else "rapl"
 
     def __enter__(self) -> "EnergyMeter":
+        self._reset()  # a meter can be entered again: each block gets its own reading
+        self.reading = None
         self._kind_used = self._kind()
         if self._kind_used == "rapl":
             self._start_rapl()
@@ -235,9 +240,9 @@ class EnergyMeter:
             self._reason = PERMISSION_REASON
 
     def _stop_rapl(self, seconds: float) -> EnergyReading:
-        names = ", ".join(d.name for d in self._domains)
-        method = (f"RAPL energy counters ({names or 'none'}) in {self.root}: the CPU packages only, not DRAM, a GPU "
-                  "or the rest of the machine")
+        names = f" ({', '.join(d.name for d in self._domains)})" if self._domains else ""
+        method = (f"RAPL energy counters{names} in {self.root}: the CPU packages only, not DRAM, a GPU or the rest "
+                  "of the machine")
         if self._reason:
             return EnergyReading("rapl", None, seconds, method, self._reason)
         joules: dict[str, float] = {}
