@@ -91,6 +91,8 @@ def test_unknown_model_paths():
         sizing.load_config("./definitely/not/here")
     with pytest.raises(ValueError, match="config.json"):
         sizing.load_config(str(config.DATA_DIR))
+    with pytest.raises(ValueError, match="no such user's home directory"):  # pathlib raises RuntimeError here
+        sizing.load_config("~no-such-user-labkit")
 
 
 def _cli(*args):

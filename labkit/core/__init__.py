@@ -5,6 +5,7 @@
              available, reason) that ``python -m labkit info``, the notebooks and ``make gpu-check`` read
 ``timing``   the one clock: ``track``/``measure``/``now`` for device work, ``clock`` for host work, ``Measurement``
 ``memory``   peak memory (RSS sampler, CUDA peak, NVML) around a block of work
+``energy``   joules over a block of work: RAPL, NVML energy or sampled power, or the reason it cannot be read
 ``results``  the JSON a notebook writes, with its environment, and the reference files it is read beside
 ``checks``   checks every layer shares: a positive count, the device a model's inputs go to
 

@@ -25,7 +25,11 @@ def load_config(model: str):
 
     if model == "default":
         return AutoConfig.from_pretrained(DEFAULT_CONFIG_DIR)
-    path = Path(model).expanduser()
+    try:
+        path = Path(model).expanduser()
+    except RuntimeError:  # "~name" for a user this machine does not have
+        raise ValueError(f"{model}: no such user's home directory; give a directory holding config.json, "
+                         "or a hub id of the form owner/name") from None
     if path.exists():
         if not (path / "config.json").is_file():
             raise ValueError(f"{model}: no config.json in that directory; point at a HF model directory")

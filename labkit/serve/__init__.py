@@ -12,6 +12,7 @@
 ``paged``      PagedAttention's memory argument, simulated
 ``prefill``    prefix caching and chunked prefill, measured
 ``loadgen``    load against any OpenAI-compatible server (an async client, and Locust)
+``capacity``   the knee of an arrival-rate sweep (goodput under an SLO) and the replicas a load needs
 ``vllm``       vLLM itself, offline and as a server, beside transformers' ``generate``
 ``vllm_server`` ``vllm serve`` from vLLM's own environment (``make vllm``): checks, start, health, metrics, stop
 

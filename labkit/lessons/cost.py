@@ -1,0 +1,139 @@
+"""What a token costs: dollars per million output tokens from a measured throughput and an hourly price.
+
+The prices live in ``data/prices.json`` (public on-demand list prices), one row per instance, each with the page
+it was read from and that page's date: ``load_prices`` refuses a row without them, so no price reaches a
+notebook unsourced. The arithmetic is one line: an instance that produces ``tokens_per_s`` for an hour costs
+``hourly_usd``, so a million tokens cost ``hourly_usd / (tokens_per_s × 3600) × 10⁶``.
+
+This module measures nothing: the throughput comes from a notebook's own run (or a reference file), the price
+from the table or from the learner.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core import config
+
+KINDS = ("gpu", "cpu")
+REQUIRED = ("name", "kind", "hourly_usd", "source", "date")
+SECONDS_PER_HOUR = 3600
+
+
+def prices_path() -> Path:
+    return config.DATA_DIR / "prices.json"
+
+
+def _row_error(path: Path, i: int, row: Any, problem: str) -> ValueError:
+    name = row.get("name") if isinstance(row, dict) else None
+    label = f"row {i} ({name!r})" if name else f"row {i}"
+    return ValueError(f"{path}: {label}: {problem}")
+
+
+def check_row(row: Any, i: int = 0, path: Path | str = "prices") -> dict[str, Any]:
+    """One price row, validated: a name, a kind (gpu|cpu), hourly_usd > 0, the source page's URL and an ISO date."""
+    path = Path(path)
+    if not isinstance(row, dict):
+        raise _row_error(path, i, row, f"expected an object with {REQUIRED}, got {type(row).__name__}")
+    if not isinstance(row.get("name"), str) or not row["name"].strip():
+        raise _row_error(path, i, row, "no name: give each price a name, e.g. \"AWS g5.xlarge\"")
+    if row.get("kind") not in KINDS:
+        raise _row_error(path, i, row, f"kind={row.get('kind')!r}: choose one of {KINDS}")
+    usd = row.get("hourly_usd")
+    if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not math.isfinite(usd) or usd <= 0:
+        raise _row_error(path, i, row, f"hourly_usd={usd!r}: a positive number of US dollars per hour")
+    source = row.get("source")
+    if not isinstance(source, str) or not source.startswith(("https://", "http://")):
+        raise _row_error(path, i, row, f"source={source!r}: every price needs the URL of the page it was read from")
+    date = row.get("date")
+    try:
+        dt.date.fromisoformat(date) if isinstance(date, str) else None
+    except ValueError:
+        date = None
+    if not isinstance(date, str):
+        raise _row_error(path, i, row, f"date={row.get('date')!r}: every price needs the date it was read or "
+                                       "published, as YYYY-MM-DD")
+    gpus = row.get("gpus")
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0):
+        raise _row_error(path, i, row, f"gpus={gpus!r}: the GPUs in the instance, a positive integer")
+    return row
+
+
+def load_prices(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The rows of ``data/prices.json`` (or ``path``), each checked by ``check_row``; names must be unique."""
+    path = Path(path) if path is not None else prices_path()
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no price table (it ships in the repository's data/)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    rows = data.get("prices") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{path}: expected {{\"prices\": [ ... ]}} with at least one row")
+    seen: set[str] = set()
+    for i, row in enumerate(rows):
+        check_row(row, i, path)
+        if row["name"] in seen:
+            raise _row_error(path, i, row, "the same name twice: give each row its own name")
+        seen.add(row["name"])
+    return rows
+
+
+def usd_per_million_tokens(tokens_per_s: float, hourly_usd: float) -> float:
+    """Dollars per million tokens for an instance producing ``tokens_per_s`` while it costs ``hourly_usd``."""
+    for name, value in (("tokens_per_s", tokens_per_s), ("hourly_usd", hourly_usd)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name}={value!r}: must be a positive number")
+    return hourly_usd / (tokens_per_s * SECONDS_PER_HOUR) * 1e6
+
+
+def _throughput(tokens_per_s: float | Mapping[str, float], row: dict[str, Any]) -> float | None:
+    if isinstance(tokens_per_s, Mapping):
+        return tokens_per_s.get(row["name"], tokens_per_s.get(row["kind"]))
+    return tokens_per_s
+
+
+def cost_table(tokens_per_s: float | Mapping[str, float], prices: Sequence[dict[str, Any]] | None = None, *,
+               kind: str | None = None, hourly_usd: float | None = None, label: str = "your price",
+               per_gpu: bool = True):
+    """$ per million output tokens at each price (a pandas DataFrame, cheapest first).
+
+    ``tokens_per_s``: the measured throughput, one number for every row, or a mapping by row name or kind
+    (``{"cpu": 21.0, "gpu": 1800.0}``); rows it gives no throughput get None. ``per_gpu``: the throughput is
+    one GPU's, so a GPU row's instance produces it ``gpus`` times over (one replica per GPU). ``hourly_usd``
+    adds the learner's own price for the machine that measured the throughput, labelled ``label`` (of kind
+    ``kind``, else "cpu"; one unit, never scaled). ``kind`` keeps only "gpu" or "cpu" rows.
+    """
+    import pandas as pd
+
+    rows = list(load_prices() if prices is None else prices)
+    for i, row in enumerate(rows):
+        check_row(row, i)
+    if kind is not None:
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r}: choose one of {KINDS} (or None for both)")
+        rows = [r for r in rows if r["kind"] == kind]
+    if hourly_usd is not None:
+        own = {"name": label, "kind": kind or "cpu", "hourly_usd": hourly_usd, "source": "set in this notebook",
+               "date": dt.date.today().isoformat(), "gpus": None}
+        usd_per_million_tokens(1.0, hourly_usd)  # the same check as every row's price
+        rows.insert(0, own)
+    out = []
+    for row in rows:
+        tps = _throughput(tokens_per_s, row)
+        scale = (row.get("gpus") or 1) if per_gpu and row["kind"] == "gpu" else 1
+        instance_tps = tps * scale if tps is not None else None
+        out.append({"name": row["name"], "kind": row["kind"], "gpus": row.get("gpus"), "hourly_usd": row["hourly_usd"],
+                    "tokens_per_s": instance_tps,
+                    "usd_per_million_tokens": (usd_per_million_tokens(instance_tps, row["hourly_usd"])
+                                               if instance_tps is not None else None),
+                    "date": row["date"], "source": row["source"]})
+    table = pd.DataFrame(out)
+    if not table.empty:
+        table = table.sort_values("usd_per_million_tokens", na_position="last", kind="stable").reset_index(drop=True)
+    return table

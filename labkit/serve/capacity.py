@@ -1,0 +1,152 @@
+"""Capacity against an SLO: where one server stops keeping up, and how many replicas a load needs.
+
+An arrival-rate sweep (``loadgen.run`` with ``request_rate`` = r and an ``SLO``, open loop, Poisson) gives, for
+each offered rate, the goodput: requests per second that met every SLO limit. While the server keeps up,
+goodput follows the offered rate; past its capacity the queue grows, TTFT blows through the SLO and goodput
+falls away. ``find_knee`` reads that point off the measurements; ``replicas_needed`` turns it into a replica
+count for a load given as users × requests per minute, with the arithmetic written out.
+
+The knee rule (robust to one noisy point): a rate *follows* when goodput ≥ ``follow`` × offered. Sorted by
+offered rate, the knee is the highest rate that follows with no higher rate following after it: the last
+following point. A point below the knee that did not follow (a hiccup on a shared machine) is reported as a
+dip, not taken as the knee. Two cases are said plainly instead of being forced into a number: every rate
+followed (the knee lies above the highest rate tried: ``knee_rps`` is that rate, a lower bound), and no rate
+followed (the first rate already failed: ``knee_rps`` is None; sweep lower rates).
+
+This module knows nothing about HTTP or models: it reads numbers (or ``loadgen`` summaries) and does arithmetic.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .loadgen import BenchmarkResult
+
+
+def _number(name: str, value: Any, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r}: must be a finite number")
+    if positive and value <= 0:
+        raise ValueError(f"{name}={value!r}: must be > 0")
+    if value < 0:
+        raise ValueError(f"{name}={value!r}: must be ≥ 0")
+    return float(value)
+
+
+def _points(offered_rps: Sequence[float], goodput_rps: Sequence[float], follow: float) -> list[dict[str, Any]]:
+    if len(offered_rps) != len(goodput_rps):
+        raise ValueError(f"{len(offered_rps)} offered rates but {len(goodput_rps)} goodputs: pass one goodput per "
+                         "offered rate, in the same order")
+    if not offered_rps:
+        raise ValueError("no measurements: sweep at least one offered rate")
+    pairs = [(_number(f"offered_rps[{i}]", o, positive=True), _number(f"goodput_rps[{i}]", g))
+             for i, (o, g) in enumerate(zip(offered_rps, goodput_rps))]
+    pairs.sort(key=lambda p: p[0])  # the sweep may come in any order; the rule reads it by rate
+    for (a, _), (b, _) in zip(pairs, pairs[1:]):
+        if a == b:
+            raise ValueError(f"offered rate {a:g} req/s appears twice: average the repeats into one point "
+                             "(or keep the later run) before looking for the knee")
+    return [{"offered_rps": o, "goodput_rps": g, "ratio": g / o, "follows": g >= follow * o} for o, g in pairs]
+
+
+def find_knee(offered_rps: Sequence[float], goodput_rps: Sequence[float], follow: float = 0.9) -> dict[str, Any]:
+    """The highest offered rate at which goodput still follows it (see the module docstring for the rule).
+
+    Returns ``knee_rps`` (None when the first rate already failed), ``index`` (into ``points``, sorted by
+    offered rate), ``reached`` (True when a higher rate stopped following, so the knee was measured rather
+    than bounded), ``reason`` (one sentence), ``dips`` (rates below the knee that did not follow) and
+    ``points`` (offered, goodput, their ratio and whether it follows, by rising offered rate).
+    """
+    follow = _number("follow", follow, positive=True)
+    if follow > 1:
+        raise ValueError(f"follow={follow!r}: a fraction of the offered rate, in (0, 1] (0.9 = goodput within 10 %)")
+    points = _points(offered_rps, goodput_rps, follow)
+    following = [i for i, p in enumerate(points) if p["follows"]]
+    pct = f"{follow:.0%}"
+    if not following:
+        first = points[0]
+        return {"knee_rps": None, "index": None, "reached": True, "follow": follow, "dips": [], "points": points,
+                "reason": (f"no knee in this sweep: already at the lowest rate, {first['offered_rps']:g} req/s, "
+                           f"goodput was {first['goodput_rps']:g} req/s, under {pct} of it; sweep lower rates (or "
+                           "relax the SLO)")}
+    k = following[-1]
+    knee = points[k]
+    dips = [p["offered_rps"] for p in points[:k] if not p["follows"]]
+    dip_note = (f" ({', '.join(f'{d:g}' for d in dips)} req/s dipped below {pct} but a higher rate held, so "
+                "counted as noise)") if dips else ""
+    if k == len(points) - 1:
+        return {"knee_rps": knee["offered_rps"], "index": k, "reached": False, "follow": follow, "dips": dips,
+                "points": points,
+                "reason": (f"no knee reached: goodput followed the offered rate up to the highest rate tried, "
+                           f"{knee['offered_rps']:g} req/s, so the knee is above it (this is a lower bound; sweep "
+                           f"higher rates to find it){dip_note}")}
+    nxt = points[k + 1]
+    return {"knee_rps": knee["offered_rps"], "index": k, "reached": True, "follow": follow, "dips": dips,
+            "points": points,
+            "reason": (f"knee at {knee['offered_rps']:g} req/s: goodput {knee['goodput_rps']:g} req/s still follows "
+                       f"it; from {nxt['offered_rps']:g} req/s up no rate does (goodput {nxt['goodput_rps']:g} "
+                       f"req/s, {nxt['ratio']:.0%} of offered){dip_note}")}
+
+
+def knee_from_summaries(runs: Sequence[BenchmarkResult | Mapping[str, Any]], follow: float = 0.9) -> dict[str, Any]:
+    """``find_knee`` on a sweep of ``loadgen`` runs (``BenchmarkResult`` or its ``summary()``), each run at one
+    ``request_rate`` with an ``SLO`` (which is what gives a summary its ``goodput``)."""
+    offered, goodput = [], []
+    for i, run in enumerate(runs):
+        s = run.summary() if isinstance(run, BenchmarkResult) else run
+        rate = s.get("request_rate")
+        if rate is None or (isinstance(rate, float) and math.isinf(rate)):
+            raise ValueError(f"run {i}: request_rate={rate!r}; a capacity sweep needs a finite rate per run "
+                             "(loadgen.run(..., request_rate=r))")
+        if s.get("goodput") is None:
+            raise ValueError(f"run {i} (request_rate={rate:g}): no goodput in its summary; run it with an SLO "
+                             "(loadgen.run(..., slo=loadgen.SLO(ttft_s=..., tpot_s=...)))")
+        offered.append(rate)
+        goodput.append(s["goodput"])
+    return find_knee(offered, goodput, follow)
+
+
+def _num(x: float) -> str:
+    """A number as the arithmetic line prints it, without float noise (1.2, not 1.2000000000000002)."""
+    return f"{x:.4g}"
+
+
+def _rate(x: float) -> str:
+    """A rate in req/s: like ``_num`` but always with a decimal point (4.0 req/s, as a rate reads)."""
+    text = _num(x)
+    return text if any(c in text for c in ".e") else f"{text}.0"
+
+
+def replicas_needed(users: int, requests_per_min_per_user: float, knee_rps: float,
+                    headroom: float = 0.8) -> dict[str, Any]:
+    """Replicas that serve ``users`` each sending ``requests_per_min_per_user`` within the SLO.
+
+    One replica is loaded to ``headroom`` × its knee (the knee is where it just keeps up; running at it leaves
+    no room for bursts, which Poisson arrivals have). ``arithmetic`` writes the calculation out.
+    """
+    if isinstance(users, bool) or not isinstance(users, int) or users <= 0:
+        raise ValueError(f"users={users!r}: a positive whole number of users")
+    rpm = _number("requests_per_min_per_user", requests_per_min_per_user)
+    if rpm <= 0:
+        raise ValueError(f"requests_per_min_per_user={requests_per_min_per_user!r}: must be > 0 (requests one user "
+                         "sends per minute)")
+    if knee_rps is None:
+        raise ValueError("knee_rps=None: find_knee found no knee (the first rate already failed); sweep lower rates "
+                         "and pass the knee it finds")
+    knee = _number("knee_rps", knee_rps)
+    if knee <= 0:
+        raise ValueError(f"knee_rps={knee_rps!r}: must be > 0, the request rate one replica holds at the SLO "
+                         "(find_knee(...)['knee_rps'])")
+    room = _number("headroom", headroom)
+    if not 0 < room <= 1:
+        raise ValueError(f"headroom={headroom!r}: the fraction of the knee to load a replica to, in (0, 1]")
+    demand = users * rpm / 60
+    per_replica = room * knee
+    exact = demand / per_replica
+    replicas = max(1, math.ceil(exact - 1e-9))  # 4.0 / 0.8 = 5.000000000000001 is 5 replicas, not 6
+    arithmetic = (f"{users} users × {_num(rpm)} req/min = {_rate(demand)} req/s; one replica holds "
+                  f"{_num(room)} × {_rate(knee)} = {_rate(per_replica)} req/s at the SLO; "
+                  f"⌈{_rate(demand)} / {_rate(per_replica)}⌉ = {replicas} replica{'s' if replicas != 1 else ''}")
+    return {"users": users, "requests_per_min_per_user": rpm, "demand_rps": demand, "knee_rps": knee,
+            "headroom": room, "per_replica_rps": per_replica, "replicas": replicas, "arithmetic": arithmetic}
