@@ -14,6 +14,8 @@
 ``loadgen``    load against any OpenAI-compatible server (an async client, and Locust)
 ``vllm``       vLLM itself, offline and as a server, beside transformers' ``generate``
 ``vllm_server`` ``vllm serve`` from vLLM's own environment (``make vllm``): checks, start, health, metrics, stop
+``vllm_lab``   vLLM's engine on the lab's workload: one at a time and all at once, a squeezed pool, the replay
+``vllm_bench`` ``vllm bench serve`` beside ``loadgen`` on the same server: one definition of each metric
 
 serve knows nothing about quantisers or compiled engines: a model arrives loaded, at whatever precision.
 It never imports ``labkit.precision`` or ``labkit.engines``.
