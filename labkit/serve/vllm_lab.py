@@ -63,6 +63,10 @@ class Served:
     def tokens_per_s(self) -> float:
         return self.result.summary()["output_tokens_per_s"]
 
+    def generated(self) -> dict[str, int]:
+        """Tokens each request generated, its end-of-sequence token included (the server's count)."""
+        return {r.id: o.output_tokens for r, o in zip(self.work, self.result.outputs)}
+
     def answers(self, eos: set[int]) -> dict[str, list[int]]:
         return {r.id: until_eos(o.token_ids, eos) for r, o in zip(self.work, self.result.outputs)}
 
