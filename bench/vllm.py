@@ -11,7 +11,8 @@ Three ``vllm serve`` starts from vLLM's environment (``make vllm``), one after a
    length; both medians of TTFT, TPOT, ITL and E2E and labkit ÷ vLLM, plus labkit's definitions applied to vLLM
    bench's own records; then a shared document before different questions: the prefix-cache hit rate (/metrics).
 3. an n-gram (prompt lookup) speculative-decoding server: the copying task, draft acceptance from /metrics, and
-   its tokens against server 2's answers to the same prompts.
+   its tokens against server 2's answers to the same prompts, and its tokens/s over server 2's (not interleaved:
+   two servers; a ratio to read).
 
 One JSON line per phase; the last line is one JSON document. LABKIT_QUICK=1 shrinks every workload.
 
@@ -201,6 +202,9 @@ def main() -> int:
            "labkit_vs_vllm_bench": {k: v["ratio"] for k, v in m.get("metrics", {}).items()},
            "labkit_vs_vllm_bench_same_records": {k: v["same_records_ratio"] for k, v in m.get("metrics", {}).items()},
            "metrics_agree_within_10pct": m.get("agree"), "definitions_identical": m.get("definitions_identical"),
+           "client_differences_beyond_noise": m.get("beyond_noise"),
+           "spec_decode_tokens_per_s_ratio": (ngram["tokens_per_s"] / metrics["copy_tokens_per_s"]
+                                              if ngram.get("tokens_per_s") and metrics.get("copy_tokens_per_s") else None),
            "status": {"lab": lab.get("status"), "metrics": metrics.get("status"), "ngram": ngram.get("status")}}
     print(json.dumps(jsonable(doc), allow_nan=False))
     return 0 if all(s == "ok" for s in doc["status"].values()) else 1

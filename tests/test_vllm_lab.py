@@ -282,5 +282,12 @@ def test_labkits_definitions_on_vllm_bench_records_and_the_two_clients_ratio():
     assert got["metrics"]["tpot"]["ratio"] == pytest.approx(1.05) and got["agree"]
     far = vllm_bench.compare([_bench_result()], [vllm_bench.as_loadgen(_bench_result(1.2))])
     assert not far["agree"] and far["metrics"]["ttft"]["ratio"] == pytest.approx(1.2)
+    assert far["beyond_noise"] == [], "one run each cannot tell a client's difference from noise"
+    three = vllm_bench.compare([_bench_result(s) for s in (1.0, 1.01, 0.99)],
+                               [vllm_bench.as_loadgen(_bench_result(s)) for s in (1.2, 1.21, 1.19)])
+    assert set(three["beyond_noise"]) == {"ttft", "tpot", "itl", "e2el"}, "3 runs each, 20 % apart: a real difference"
+    noisy = vllm_bench.compare([_bench_result(s) for s in (1.0, 1.3, 0.8)],
+                               [vllm_bench.as_loadgen(_bench_result(s)) for s in (1.2, 0.9, 1.15)])
+    assert noisy["metrics"]["ttft"]["verdict"] == "within noise" and noisy["beyond_noise"] == []
     wrong = dict(_bench_result(), median_tpot_ms=999.0)
     assert not vllm_bench.compare([wrong], [mine])["definitions_identical"], "a different definition is caught"

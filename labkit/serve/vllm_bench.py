@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core import verdict
 from . import loadgen
 from . import vllm_server as vs
 
@@ -138,7 +139,9 @@ def labkit_medians(res: loadgen.BenchmarkResult) -> dict[str, float | None]:
 def compare(bench: Sequence[dict[str, Any]], labkit: Sequence[loadgen.BenchmarkResult]) -> dict[str, Any]:
     """Both clients' medians (the median over each client's runs) and labkit ÷ vLLM; and labkit's definitions on
     vLLM bench's own records (``same_records``: ratio 1 means the same definition). ``agree``: every clients'
-    ratio within ``AGREE`` of 1."""
+    ratio within ``AGREE`` of 1. Each metric's ``verdict`` judges the two clients' per-run medians: "within noise"
+    says a ratio beyond ``AGREE`` is the runs' own spread (run the clients alternately, 3+ times each);
+    ``beyond_noise`` lists the metrics whose clients differ by more than ``AGREE`` and more than their spread."""
     if not bench or not labkit:
         raise ValueError("compare() needs at least one run of each client")
     theirs = [vllm_medians(b) for b in bench]
@@ -147,10 +150,14 @@ def compare(bench: Sequence[dict[str, Any]], labkit: Sequence[loadgen.BenchmarkR
     for m in METRICS:
         v, k = statistics.median(t[m] for t in theirs), statistics.median(o[m] for o in ours)
         same = [labkit_medians(as_loadgen(b))[m] / t[m] for b, t in zip(bench, theirs) if t[m]]
-        rows[m] = {"vllm_bench_s": v, "labkit_s": k, "ratio": k / v if v else None,
-                   "vllm_bench_runs_s": [t[m] for t in theirs], "labkit_runs_s": [o[m] for o in ours],
+        runs = {"vllm_bench_runs_s": [t[m] for t in theirs], "labkit_runs_s": [o[m] for o in ours]}
+        judged = verdict.compare(runs["labkit_runs_s"], runs["vllm_bench_runs_s"], higher_is_better=False)
+        rows[m] = {"vllm_bench_s": v, "labkit_s": k, "ratio": k / v if v else None, **runs,
+                   "verdict": judged.kind, "verdict_reason": judged.reason,
                    "same_records_ratio": statistics.median(same) if same else None}
     agree = all(r["ratio"] is not None and abs(r["ratio"] - 1) <= AGREE for r in rows.values())
-    return {"metrics": rows, "agree_within": AGREE, "agree": agree,
+    beyond = [m for m, r in rows.items() if r["ratio"] is None or (abs(r["ratio"] - 1) > AGREE
+                                                                   and r["verdict"] != verdict.NOISE)]
+    return {"metrics": rows, "agree_within": AGREE, "agree": agree, "beyond_noise": beyond,
             "definitions_identical": all(r["same_records_ratio"] is not None and abs(r["same_records_ratio"] - 1) < 1e-9
                                          for r in rows.values())}
