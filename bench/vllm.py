@@ -182,8 +182,8 @@ def ngram_phase(lm: Any, model_dir: str, without: dict[str, list[int]]) -> dict[
 
 def main() -> int:
     if not vllm_server.vllm_python().exists():
-        print(json.dumps({"status": vllm_server.MISSING}))
-        return 1
+        print(json.dumps({"status": vllm_server.MISSING}))  # make bench goes on: nothing here to measure
+        return 0
     start = machine.check("start", quiet=True)
     lm = models.load(dtype="fp32")
     model_dir = vllm.models_path(lm)
