@@ -291,3 +291,16 @@ def test_labkits_definitions_on_vllm_bench_records_and_the_two_clients_ratio():
     assert noisy["metrics"]["ttft"]["verdict"] == "within noise" and noisy["beyond_noise"] == []
     wrong = dict(_bench_result(), median_tpot_ms=999.0)
     assert not vllm_bench.compare([wrong], [mine])["definitions_identical"], "a different definition is caught"
+
+
+def test_the_request_files_prompt_lengths_are_the_prepared_tokenizers():
+    """data/requests.json records chat-formatted prompt lengths; the prepared tokenizer (the one vLLM reads too)
+    must give them, or the replay and the notebooks' workloads describe other requests. `python -m labkit
+    requests` measures the file again."""
+    from labkit.model import models
+    from labkit.serve import paged
+
+    tok = models.load_tokenizer()
+    wrong = [(r.id, r.prompt_tokens, len(models.chat_ids(tok, r.prompt))) for r in paged.load_requests()
+             if len(models.chat_ids(tok, r.prompt)) != r.prompt_tokens]
+    assert not wrong, f"(id, recorded, now): {wrong}; run `python -m labkit requests`"
