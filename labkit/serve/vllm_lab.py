@@ -144,6 +144,8 @@ def engine_runs(settings: vs.Settings, work: Sequence[Any], references: Mapping[
                                             read_timeout_s=read_timeout_s)
     except (vs.VLLMUnavailable, vs.VLLMStartError, ServerDied) as exc:
         out["status"] = str(exc)
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:  # between runs: /version, /metrics
+        out["status"] = f"vllm serve stopped answering mid-run: {exc}"
     return out
 
 
