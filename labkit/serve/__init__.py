@@ -15,6 +15,8 @@
 ``capacity``   the knee of an arrival-rate sweep (goodput under an SLO) and the replicas a load needs
 ``vllm``       vLLM itself, offline and as a server, beside transformers' ``generate``
 ``vllm_server`` ``vllm serve`` from vLLM's own environment (``make vllm``): checks, start, health, metrics, stop
+``router``     replicas of ``labkit serve`` (or ``vllm serve``) behind smg, a router from PyPI: start, ready, stop
+``routing``    the shared-prefix multi-turn workload, what a routing policy did to each replica's cache, the rule
 
 serve knows nothing about quantisers or compiled engines: a model arrives loaded, at whatever precision.
 It never imports ``labkit.precision`` or ``labkit.engines``.
