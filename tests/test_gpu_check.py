@@ -211,3 +211,27 @@ def test_the_checks_themselves_run_on_a_cpu(tiny_dir, tmp_path, monkeypatch):
 def test_make_gpu_check_target_exists():
     text = (Path(__file__).resolve().parent.parent / "Makefile").read_text(encoding="utf-8")
     assert "gpu-check:" in text and "-m labkit gpu-check" in text  # the one command line: python -m labkit <command>
+
+
+def test_tp_check_says_why_it_cannot_run(monkeypatch, tmp_path):
+    """`tp` starts vllm serve --tensor-parallel-size 2 only with two GPUs, vLLM's environment and a model whose
+    attention heads split in two; otherwise SKIP with the reason (no GPU is needed to check that)."""
+    import torch
+
+    from labkit.gpu_check import Context, Skip
+
+    ctx = Context(device="cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(Skip, match="needs 2 visible; 1 here"):
+        gpu_check.check_tp(ctx)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(tmp_path / "none"))
+    with pytest.raises(Skip, match="make vllm"):
+        gpu_check.check_tp(ctx)
+    fake = tmp_path / "python"
+    fake.write_text("")
+    monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(fake))
+    with pytest.raises(Skip, match=r"9 attention heads do not divide by 2.*LABKIT_MODEL"):
+        gpu_check.check_tp(ctx)  # the default model: SmolLM2-135M has 9 heads
+    assert any(c.name.startswith("tp ") for c in gpu_check.checks())
+    assert gpu_check.select(gpu_check.checks(), ["tp"])[0].run is gpu_check.check_tp

@@ -6,6 +6,7 @@
 ``widgets``    live panels for the notebooks (ipywidgets), each callback a plain function
 ``report``     the capstone's precision choice and its report
 ``beyond``     notebook 10's workloads and headline figures
+``scale_out``  notebook 11's policy rounds, capacity sweep and headline figures
 ``cost``       $ per million tokens from a throughput and the sourced price table (``data/prices.json``)
 
 lessons reads the packages below it and adds no mechanism of its own: a number a lesson prints was

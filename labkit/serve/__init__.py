@@ -17,6 +17,8 @@
 ``vllm_server`` ``vllm serve`` from vLLM's own environment (``make vllm``): checks, start, health, metrics, stop
 ``vllm_lab``   vLLM's engine on the lab's workload: one at a time and all at once, a squeezed pool, the replay
 ``vllm_bench`` ``vllm bench serve`` beside ``loadgen`` on the same server: one definition of each metric
+``router``     replicas of ``labkit serve`` (or ``vllm serve``) behind smg, a router from PyPI: start, ready, stop
+``routing``    the shared-prefix multi-turn workload, what a routing policy did to each replica's cache, the rule
 
 serve knows nothing about quantisers or compiled engines: a model arrives loaded, at whatever precision.
 It never imports ``labkit.precision`` or ``labkit.engines``.

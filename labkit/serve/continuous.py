@@ -7,6 +7,7 @@ the loop on the decode core.
 """
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,7 +70,8 @@ class PrefixCache:
     Entries are the KV of a prompt's first ``block_tokens``-aligned positions. A lookup finds the entry that
     shares the longest aligned prefix with the new prompt; the new prompt then prefills only the rest.
     The KV of a prefix depends on that prefix alone (attention is causal), so the reuse changes no output.
-    At most ``capacity_tokens`` positions are kept; the least recently used entry goes first.
+    At most ``capacity_tokens`` positions are kept; the least recently used entry goes first. ``clear()``
+    (the server's ``POST /flush_cache``) drops every entry from another thread; the counters go on.
     """
 
     def __init__(self, capacity_tokens: int, block_tokens: int = 16) -> None:
@@ -79,15 +81,35 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.entries: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}  # prefix ids -> per layer (K, V), LRU order
         self.queries = self.hits = self.hit_tokens = self.query_tokens = self.evictions = 0
+        self._lock = threading.RLock()  # the model thread looks up and stores; /metrics and a flush come from the event loop
 
     @property
     def tokens(self) -> int:
-        return sum(len(k) for k in self.entries)
+        with self._lock:  # /metrics reads it while the model thread stores
+            return sum(len(k) for k in self.entries)
 
     def _aligned(self, n: int) -> int:
         return n // self.block_tokens * self.block_tokens
 
     def lookup(self, prompt_ids: Sequence[int]) -> tuple[int, Any]:
+        """``_lookup`` under the cache's lock."""
+        with self._lock:
+            return self._lookup(prompt_ids)
+
+    def store(self, prompt_ids: Sequence[int], cache: Any) -> None:
+        """``_store`` under the cache's lock."""
+        with self._lock:
+            self._store(prompt_ids, cache)
+
+    def clear(self) -> int:
+        """Drop every entry (the counters go on); returns how many there were. A running sequence keeps the KV it
+        was already given."""
+        with self._lock:
+            n = len(self.entries)
+            self.entries = {}
+            return n
+
+    def _lookup(self, prompt_ids: Sequence[int]) -> tuple[int, Any]:
         """(positions reused, a DynamicCache holding them) for the longest cached prefix; (0, None) on a
         miss. At least one prompt token is always left to prefill (its logits give the first token)."""
         from transformers import DynamicCache
@@ -115,7 +137,7 @@ class PrefixCache:
         self.hit_tokens += best
         return best, cache
 
-    def store(self, prompt_ids: Sequence[int], cache: Any) -> None:
+    def _store(self, prompt_ids: Sequence[int], cache: Any) -> None:
         """Keep the KV of the prompt's aligned prefix (its cache must hold the whole prompt, batch of one)."""
         n = self._aligned(len(prompt_ids))
         if n == 0 or n > self.capacity_tokens:

@@ -54,6 +54,7 @@ class RequestOutput:
     error: str = ""
     text: str = ""
     token_ids: list[int] = field(default_factory=list)  # the answer's ids, where the server sends them
+    headers: dict[str, str] = field(default_factory=dict)  # response headers asked for (a router's choice of worker)
 
     @property
     def tpot_s(self) -> float | None:
@@ -179,8 +180,10 @@ def _payload(endpoint: str, prompt: Prompt, model: str | None, max_tokens: int, 
     return body
 
 
-async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bool, t0: float) -> RequestOutput:
-    """POST one streaming request; stamp the first chunk (TTFT) and every later one (ITL)."""
+async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bool, t0: float,
+                       headers: dict[str, str] | None = None, keep_headers: Sequence[str] = ()) -> RequestOutput:
+    """POST one streaming request; stamp the first chunk (TTFT) and every later one (ITL). ``headers`` go with
+    the request (a router's routing key); the response headers named in ``keep_headers`` are kept."""
     import aiohttp
 
     out = RequestOutput()
@@ -191,8 +194,9 @@ async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bo
     finished = False  # the server's closing [DONE]: a stream cut off before it is a failed request
     parts: list[str] = []
     try:
-        async with session.post(url, json=payload) as resp:
+        async with session.post(url, json=payload, headers=headers) as resp:
             out.status = resp.status
+            out.headers = {name: resp.headers[name] for name in keep_headers if name in resp.headers}
             if resp.status != 200:
                 out.error = (await resp.text())[:300]
                 return out

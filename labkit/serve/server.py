@@ -1,5 +1,6 @@
 """The lab's OpenAI-compatible server (aiohttp): ``/v1/completions`` and ``/v1/chat/completions``, streamed
-or not, ``/health`` and ``/metrics``. ``Server`` validates each request (``protocol``), hands it to a batcher
+or not, ``/health``, ``/metrics`` and ``POST /flush_cache`` (SGLang's name: drop the prefix cache's entries, as a
+router's ``/flush_cache`` asks every worker to). ``Server`` validates each request (``protocol``), hands it to a batcher
 (dynamic or continuous, as ``ServerConfig.batching`` says) and streams its tokens back as they come.
 ``load_model`` loads the model it serves; ``tiny_random_model`` gives tests one without files.
 """
@@ -93,6 +94,7 @@ class Server:
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_endpoint)
+        app.router.add_post("/flush_cache", self.flush_cache)
         self._stopped = asyncio.Event()
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
                                      shutdown_timeout=self.cfg.drain_s + 5)
@@ -169,6 +171,14 @@ class Server:
         gauges.update(self.batcher.gauges())
         return web.Response(text=self.metrics.render(gauges, self.batcher.counters()), content_type="text/plain",
                             headers={"X-Prometheus-Format": "0.0.4"})
+
+    async def flush_cache(self, request: Any) -> Any:
+        """Drop the prefix cache's entries (its counters go on): between two experiments on one server."""
+        cache = getattr(self.batcher, "prefix_cache", None)
+        if cache is None:
+            return _json({"flushed": 0, "message": "no prefix cache on this server (--batching continuous "
+                                                   "--prefix-cache-tokens N turns one on)"})
+        return _json({"flushed": cache.clear(), "message": "prefix cache flushed"})
 
     async def completions(self, request: Any) -> Any:
         return await self._generate(request, chat=False)
