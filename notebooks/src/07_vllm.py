@@ -519,8 +519,8 @@ print("- Batching changed no answer: every request got exactly the greedy tokens
 if engine_ok:
     print(f"- vLLM's engine chose transformers' tokens in every run: {every['same_tokens_as_transformers']}; all at "
           f"once it gave {vllm_v.gain:.2f}× its one-at-a-time throughput ({vllm_v.word()}). In a pool too small for "
-          f"{BATCH} {squeeze_tokens}-token answers it preempted {squeezed['preemptions_vllm']:.0f} times, the replay "
-          f"predicted {squeezed['preemptions_replay']}.")
+          f"{BATCH} {squeeze_tokens}-token answers it preempted {squeezed['preemptions_vllm']:.0f} "
+          f"time{'s' * (squeezed['preemptions_vllm'] != 1)}, the replay predicted {squeezed['preemptions_replay']}.")
 
 # %% md subslide
 # ## Exercises
