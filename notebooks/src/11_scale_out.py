@@ -107,8 +107,8 @@ PREDICT_HIT_RATE_CA = None  # the same under cache-aware routing
 # %% fragment
 workloads = [routing.workload(tok, GROUPS, PER_GROUP, TURNS, SYSTEM_TOKENS, tag=f"-{r}") for r in range(ROUNDS)]
 n_req = GROUPS * PER_GROUP * TURNS
-print(f"{n_req} requests a round; system prompts of {SYSTEM_TOKENS} tokens; {ROUNDS} rounds, policies interleaved, "
-      "every replica's prefix cache flushed before each run")
+print(f"{n_req} requests a round; system prompts of {SYSTEM_TOKENS} tokens; {ROUNDS} rounds of {', '.join(POLICIES)}, "
+      "interleaved; every replica's prefix cache flushed before each run")
 cmp = scale_out.compare_policies(routers, reps, workloads, MAX_TOKENS, stagger_s=STAGGER_S)
 res.replace("policy_runs", cmp["runs"])
 res.replace("policy_replicas", cmp["replicas"])
