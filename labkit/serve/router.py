@@ -151,7 +151,7 @@ class Child:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGTERM)
         end = time.monotonic() + grace_s
-        while time.monotonic() < end and vllm_server._group_alive(pgid):
+        while time.monotonic() < end and vllm_server.group_alive(pgid):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(0.1)
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -397,7 +397,7 @@ class VLLMServer:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
         end = time.monotonic() + grace_s
-        while time.monotonic() < end and _group_alive(pgid):
+        while time.monotonic() < end and group_alive(pgid):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(0.2)
         with contextlib.suppress(ProcessLookupError):
@@ -406,7 +406,8 @@ class VLLMServer:
             self.proc.wait(10)
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """Whether a process group still has a live member (a zombie leader alone counts as gone)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:

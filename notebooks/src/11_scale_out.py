@@ -64,7 +64,7 @@ ROUTE_THRESHOLD = 4  # your routing rule's load threshold, requests in flight
 VLLM_REPLICAS = config.pick(2, 0)  # vllm serve replicas for the same comparison, where `make vllm` built vLLM (0: none)
 TARGET_SLO = loadgen.SLO(ttft_s=1.0, tpot_s=0.25)  # the latency target a request must meet (seconds)
 SLO_FACTOR = 3  # where one request alone misses the target: the SLO is this many times its own TTFT and TPOT
-RATE_MULTIPLES = config.pick((0.5, 1, 2, 3, 4, 6), (0.5, 1, 2, 4))  # offered rates, × one request's own rate
+RATE_MULTIPLES = config.pick((0.5, 1, 2, 3, 4, 6, 8), (0.5, 1, 2, 4, 8))  # offered rates, × one request's own rate
 SWEEP_REQUESTS = config.pick(24, 8)  # requests per offered rate
 SWEEP_MAX_TOKENS = config.pick(24, 8)  # tokens per answer in the sweep
 FOLLOW = 0.9  # goodput follows the offered rate while it is at least this fraction of it
@@ -107,8 +107,8 @@ PREDICT_HIT_RATE_CA = None  # the same under cache-aware routing
 # %% fragment
 workloads = [routing.workload(tok, GROUPS, PER_GROUP, TURNS, SYSTEM_TOKENS, tag=f"-{r}") for r in range(ROUNDS)]
 n_req = GROUPS * PER_GROUP * TURNS
-print(f"{n_req} requests a round; system prompts of {SYSTEM_TOKENS} tokens; {ROUNDS} rounds, policies interleaved, "
-      "every replica's prefix cache flushed before each run")
+print(f"{n_req} requests a round; system prompts of {SYSTEM_TOKENS} tokens; {ROUNDS} rounds of {', '.join(POLICIES)}, "
+      "interleaved; every replica's prefix cache flushed before each run")
 cmp = scale_out.compare_policies(routers, reps, workloads, MAX_TOKENS, stagger_s=STAGGER_S)
 res.replace("policy_runs", cmp["runs"])
 res.replace("policy_replicas", cmp["replicas"])

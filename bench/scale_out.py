@@ -1,0 +1,96 @@
+"""Notebook 11's headline figures, measured in one run: replicas of `labkit serve` behind smg.
+
+    policies   round-robin against cache-aware routing (and consistent hashing, full mode) on the shared-prefix,
+               multi-turn workload, interleaved in rounds: prefix-cache hit rates (prompts and positions) from
+               every replica's /metrics, TTFT p50/p90, and the TTFT p50 ratio with its verdict over the rounds;
+               answers compared with one server's
+    capacity   one replica under open-loop Poisson arrivals at rising rates against an SLO: goodput, the knee,
+               and the replicas a load needs
+    cost       $ per million output tokens at the knee's throughput and a price from data/prices.json
+
+Prints one JSON line per section, the last line one JSON document with every headline figure.
+LABKIT_QUICK=1 shrinks rounds, prompts and request counts (the same code paths). On a laptop the replicas share
+the cores: the figures are about cache locality and latency, not throughput.
+
+    python bench/scale_out.py [--price "AWS m7g.large"]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from labkit.core import config, env
+from labkit.core.results import jsonable
+from labkit.lessons import cost, report, scale_out
+from labkit.model import models
+from labkit.serve import capacity, loadgen, router, routing
+
+DROP = ("records", "text", "prompt")
+
+
+def _emit(section: str, rows: list[dict]) -> None:
+    for r in rows:
+        print(json.dumps(jsonable({"section": section, **{k: v for k, v in r.items() if k not in DROP}})), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the policy comparison (at least 3 for a verdict)")
+    ap.add_argument("--price", default="AWS m7g.large", help="a row of data/prices.json")
+    args = ap.parse_args(argv)
+    if args.rounds <= 0:
+        ap.error("--rounds must be positive")
+    prices = {p["name"]: p for p in cost.load_prices()}
+    if args.price not in prices:
+        ap.error(f"--price {args.price!r}: choose one of {sorted(prices)}")
+    pick = config.pick
+    policies = pick(("round_robin", "cache_aware", "consistent_hashing"), ("round_robin", "cache_aware"))
+    tok = models.load_tokenizer()
+    with router.replicas(2, prefix_cache_tokens=16384, threads=1) as reps:
+        routers = {p: router.start_router([r.url for r in reps], p) for p in policies}
+        try:
+            works = [routing.workload(tok, 4, 2, pick(4, 3), pick(512, 256), tag=f"-{r}") for r in range(args.rounds)]
+            cmp = scale_out.compare_policies(routers, reps, works, pick(16, 6), stagger_s=0.3)
+            single = routing.run_policy(reps[0].url, "one server", reps[:1], works[0], pick(16, 6), stagger_s=0.3)
+        finally:
+            router.stop_all(list(routers.values()))
+        identical = {"all_identical": all(routing.same_answers(single["records"], recs[0])["all_identical"]
+                                          for recs in cmp["records"].values())}
+        table = scale_out.policy_table(cmp["runs"])
+        _emit("policy_runs", cmp["runs"])
+        _emit("policies", table)
+
+        server = reps[0]
+        prompts = [f"{q} Answer in a few words." for q in routing.QUESTIONS]
+        n_tokens = pick(24, 8)
+        loadgen.run(server.url, prompts, num_requests=2, max_concurrency=1, max_tokens=4, endpoint="chat")
+        alone = loadgen.run(server.url, prompts, num_requests=3, max_concurrency=1, max_tokens=n_tokens,
+                            endpoint="chat", ignore_eos=True, warmup=0).summary()
+        slo, slo_why = report.slo_from_baseline(loadgen.SLO(ttft_s=1.0, tpot_s=0.25), alone, 3)
+        sweep = []
+        for m in pick((0.5, 1, 2, 3, 4, 6, 8), (0.5, 1, 2, 4, 8)):
+            server.flush_cache()
+            sweep.append(scale_out.capacity_point(server.url, prompts, round(m / alone["e2e_p50_s"], 2),
+                                                  pick(24, 8), n_tokens, slo))
+    _emit("capacity", sweep)
+    knee = capacity.find_knee([r["offered_rps"] for r in sweep], [r["goodput_rps"] for r in sweep])
+    at_knee = [r for r in sweep if r["offered_rps"] <= (knee["knee_rps"] or sweep[0]["offered_rps"])][-1]
+    price = prices[args.price]
+    usd = cost.usd_per_million_tokens(at_knee["output_tokens_per_s"], price["hourly_usd"])
+    row = {"name": price["name"], "usd_per_million_tokens": usd, "tokens_per_s": at_knee["output_tokens_per_s"],
+           "hourly_usd": price["hourly_usd"], "source": price["source"], "date": price["date"]}
+    _emit("cost", [row])
+    head = scale_out.headline(table, cmp["runs"], knee, row, identical)
+    need = capacity.replicas_needed(200, 2, knee["knee_rps"]) if knee["knee_rps"] else None
+    summary = {"bench": "scale_out", "quick": config.quick(), **head, "slo": slo_why,
+               "replicas_for_200_users_at_2_rpm": need["replicas"] if need else None,
+               "note": "the replicas share this machine's cores: cache locality and latency, not throughput",
+               "hardware": env.hardware(), "versions": {**env.versions(("torch", "transformers")),
+                                                        **env.versions(("smg",))}}
+    print(json.dumps(jsonable(summary), allow_nan=False), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
