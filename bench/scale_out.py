@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     with router.replicas(2, prefix_cache_tokens=16384, threads=1) as reps:
         routers = {p: router.start_router([r.url for r in reps], p) for p in policies}
         try:
-            works = [routing.workload(tok, 4, 2, pick(4, 3), pick(512, 256), tag=f"-{r}") for r in range(args.rounds)]
+            works = [routing.workload(tok, 4, 2, pick(4, 3), pick(512, 256), tag=f"-{r}", document_tokens=pick(256, 128))
+                     for r in range(args.rounds)]
             cmp = scale_out.compare_policies(routers, reps, works, pick(16, 6), stagger_s=0.3)
             single = routing.run_policy(reps[0].url, "one server", reps[:1], works[0], pick(16, 6), stagger_s=0.3)
         finally:
