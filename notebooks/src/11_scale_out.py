@@ -65,7 +65,7 @@ ROUTE_THRESHOLD = 4  # your routing rule's load threshold, requests in flight
 VLLM_REPLICAS = config.pick(2, 0)  # vllm serve replicas for the same comparison, where `make vllm` built vLLM (0: none)
 TARGET_SLO = loadgen.SLO(ttft_s=1.0, tpot_s=0.25)  # the latency target a request must meet (seconds)
 SLO_FACTOR = 3  # where one request alone misses the target: the SLO is this many times its own TTFT and TPOT
-RATE_MULTIPLES = config.pick((0.5, 1, 2, 3, 4, 6, 8), (0.5, 1, 2, 4, 8))  # offered rates, × one request's own rate
+RATE_MULTIPLES = config.pick((0.5, 1, 2, 3, 4, 6, 8), (1, 2, 4, 8))  # offered rates, × one request's own rate
 SWEEP_REQUESTS = config.pick(24, 8)  # requests per offered rate
 SWEEP_MAX_TOKENS = config.pick(24, 8)  # tokens per answer in the sweep
 FOLLOW = 0.9  # goodput follows the offered rate while it is at least this fraction of it
@@ -126,10 +126,11 @@ rep_df = res.frame("policy_replicas")
 rep_df[rep_df["round"] == ROUNDS - 1][["policy", "replica", "requests", "share", "hit_rate", "token_hit_rate"]].round(3)
 
 # %% fragment
-single = routing.run_policy(reps[0].url, "one server", reps[:1], workloads[0], MAX_TOKENS, stagger_s=STAGGER_S)
+first = workloads[0][:GROUPS]  # round 0's first conversation of every group, all its turns, on one server, no router
+single = routing.run_policy(reps[0].url, "one server", reps[:1], first, MAX_TOKENS, stagger_s=STAGGER_S)
 same = {p: routing.same_answers(single["records"], recs[0]) for p, recs in cmp["records"].items()}
 res.replace("identical", [{"policy": p, **s} for p, s in same.items()])
-print("greedy answers identical to one server's (round 0, every turn): "
+print("greedy answers identical to one server's (round 0, the first conversation of each group, every turn): "
       + ", ".join(f"{p} {s['identical']}/{s['compared']}" for p, s in same.items()))
 
 # %% fragment
