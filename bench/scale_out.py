@@ -50,9 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     with router.replicas(2, prefix_cache_tokens=16384, threads=1) as reps:
         routers = {p: router.start_router([r.url for r in reps], p) for p in policies}
         try:
-            works = [routing.workload(tok, 4, 2, pick(4, 3), pick(512, 256), tag=f"-{r}") for r in range(args.rounds)]
+            works = [routing.workload(tok, 4, 2, pick(4, 3), pick(512, 256), tag=f"-{r}", document_tokens=pick(256, 128))
+                     for r in range(args.rounds)]
             cmp = scale_out.compare_policies(routers, reps, works, pick(16, 6), stagger_s=0.3)
-            single = routing.run_policy(reps[0].url, "one server", reps[:1], works[0], pick(16, 6), stagger_s=0.3)
+            single = routing.run_policy(reps[0].url, "one server", reps[:1], works[0][:4], pick(16, 6), stagger_s=0.3)
         finally:
             router.stop_all(list(routers.values()))
         identical = {"all_identical": all(routing.same_answers(single["records"], recs[0])["all_identical"]
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                             endpoint="chat", ignore_eos=True, warmup=0).summary()
         slo, slo_why = report.slo_from_baseline(loadgen.SLO(ttft_s=1.0, tpot_s=0.25), alone, 3)
         sweep = []
-        for m in pick((0.5, 1, 2, 3, 4, 6, 8), (0.5, 1, 2, 4, 8)):
+        for m in pick((0.5, 1, 2, 3, 4, 6, 8), (1, 2, 4, 8)):
             server.flush_cache()
             sweep.append(scale_out.capacity_point(server.url, prompts, round(m / alone["e2e_p50_s"], 2),
                                                   pick(24, 8), n_tokens, slo))

@@ -32,10 +32,18 @@ def test_workload_groups_share_a_system_prompt_and_nothing_else(tok):
     assert len(set(questions)) == len(questions), "no two conversations of a group ask the same question"
     other = routing.workload(tok, 3, 2, 2, 64, tag="-r1")
     assert all(a.system != b.system for a, b in zip(convs, other)), "another tag: other system prompts"
+    docs = routing.workload(tok, 2, 2, 2, 64, document_tokens=32)
+    firsts = [c.questions[0] for c in docs]
+    assert len(set(firsts)) == 4 and all(f.startswith("My notes:") for f in firsts), "each pastes a document of its own"
+    assert all(not q.startswith("My notes:") for c in docs for q in c.questions[1:]), "only the first turn pastes it"
     with pytest.raises(ValueError, match="at most"):
         routing.workload(tok, 2, 7, 2, 64)
     with pytest.raises(ValueError, match="evaluation text has"):
         routing.workload(tok, 10, 1, 1, 4000)
+    with pytest.raises(ValueError, match="evaluation text has"):
+        routing.workload(tok, 2, 2, 1, 64, document_tokens=2000)
+    with pytest.raises(ValueError, match="document_tokens=-1"):
+        routing.workload(tok, 2, 2, 1, 64, document_tokens=-1)
 
 
 ROUTE_CASES = [  # (prompt, cached, loads, threshold, expected)

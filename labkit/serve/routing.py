@@ -58,26 +58,38 @@ class Conversation:
 
 
 def workload(tokenizer: Any, groups: int, per_group: int, turns: int, system_tokens: int,
-             tag: str = "") -> list[Conversation]:
+             tag: str = "", document_tokens: int = 0) -> list[Conversation]:
     """``groups`` × ``per_group`` conversations of ``turns`` turns; group g's system prompt holds
-    ``system_tokens`` tokens of its own passage of the evaluation text. ``tag`` (e.g. the round) makes the
-    system prompts of two workloads differ from their first word, so one never hits the other's cache."""
+    ``system_tokens`` tokens of its own passage of the evaluation text. With ``document_tokens``, each
+    conversation's first message also carries a document of its own (a user pasting a text), which every
+    later turn of that conversation resends. ``tag`` (e.g. the round) makes the system prompts of two
+    workloads differ from their first word, so one never hits the other's cache."""
     for name, value in (("groups", groups), ("per_group", per_group), ("turns", turns), ("system_tokens", system_tokens)):
         positive(name, value)
+    if isinstance(document_tokens, bool) or not isinstance(document_tokens, int) or document_tokens < 0:
+        raise ValueError(f"document_tokens={document_tokens!r}: 0 (none) or a positive number of tokens")
     if groups > len(GROUP_NAMES):
         raise ValueError(f"groups={groups}: at most {len(GROUP_NAMES)} (one name each)")
     if per_group * turns > len(QUESTIONS):
         raise ValueError(f"per_group × turns = {per_group * turns}: at most {len(QUESTIONS)}, so no two "
                          "conversations of a group ask the same question")
     ids = eval_tokens(tokenizer)
-    if groups * system_tokens > len(ids):
-        raise ValueError(f"groups × system_tokens = {groups * system_tokens}: the evaluation text has {len(ids)} "
-                         "tokens; lower one of them")
+    need = groups * system_tokens + groups * per_group * document_tokens
+    if need > len(ids):
+        raise ValueError(f"groups × system_tokens + conversations × document_tokens = {need}: the evaluation text has "
+                         f"{len(ids)} tokens; lower one of them")
     systems = [f"{GROUP_NAMES[g]}{tag} team assistant. Answer in one short sentence, from this handbook only.\n\n"
                + tokenizer.decode(ids[g * system_tokens:(g + 1) * system_tokens]) for g in range(groups)]
+
+    def questions(g: int, c: int) -> tuple[str, ...]:
+        qs = [QUESTIONS[(c * turns + t) % len(QUESTIONS)] for t in range(turns)]
+        if document_tokens:
+            start = groups * system_tokens + (g * per_group + c) * document_tokens
+            qs[0] = f"My notes:\n\n{tokenizer.decode(ids[start:start + document_tokens])}\n\n{qs[0]}"
+        return tuple(qs)
+
     # in the order users arrive: the first conversation of every group, then the second of every group, …
-    return [Conversation(g, c, systems[g], tuple(QUESTIONS[(c * turns + t) % len(QUESTIONS)] for t in range(turns)))
-            for c in range(per_group) for g in range(groups)]
+    return [Conversation(g, c, systems[g], questions(g, c)) for c in range(per_group) for g in range(groups)]
 
 
 def prompt_text(messages: Sequence[dict[str, str]]) -> str:

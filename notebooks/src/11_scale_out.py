@@ -56,6 +56,7 @@ GROUPS = 4  # groups of conversations, each with its own long system prompt
 PER_GROUP = 2  # conversations per group
 TURNS = config.pick(4, 3)  # turns per conversation; each resends the conversation so far
 SYSTEM_TOKENS = config.pick(512, 256)  # tokens of each group's system prompt
+DOCUMENT_TOKENS = config.pick(256, 128)  # tokens of the document each conversation's first message pastes
 MAX_TOKENS = config.pick(16, 6)  # tokens per answer
 ROUNDS = config.pick(5, 3)  # rounds of the policy comparison (fresh system prompts each round, policies interleaved)
 STAGGER_S = 0.3  # seconds between two conversations' starts (users do not all arrive at once)
@@ -64,7 +65,7 @@ ROUTE_THRESHOLD = 4  # your routing rule's load threshold, requests in flight
 VLLM_REPLICAS = config.pick(2, 0)  # vllm serve replicas for the same comparison, where `make vllm` built vLLM (0: none)
 TARGET_SLO = loadgen.SLO(ttft_s=1.0, tpot_s=0.25)  # the latency target a request must meet (seconds)
 SLO_FACTOR = 3  # where one request alone misses the target: the SLO is this many times its own TTFT and TPOT
-RATE_MULTIPLES = config.pick((0.5, 1, 2, 3, 4, 6, 8), (0.5, 1, 2, 4, 8))  # offered rates, × one request's own rate
+RATE_MULTIPLES = config.pick((0.5, 1, 2, 3, 4, 6, 8), (1, 2, 4, 8))  # offered rates, × one request's own rate
 SWEEP_REQUESTS = config.pick(24, 8)  # requests per offered rate
 SWEEP_MAX_TOKENS = config.pick(24, 8)  # tokens per answer in the sweep
 FOLLOW = 0.9  # goodput follows the offered rate while it is at least this fraction of it
@@ -93,7 +94,7 @@ pd.DataFrame(routers["cache_aware"].workers())
 # ## 1 · Routing policies on a shared-prefix, multi-turn workload
 #
 # `GROUPS` groups of `PER_GROUP` conversations; every group has its own system prompt of `SYSTEM_TOKENS`
-# tokens, every turn resends the conversation so far. Each replica keeps the KV of the prompts it served
+# tokens, each conversation opens by pasting a document of its own, every turn resends the conversation so far. Each replica keeps the KV of the prompts it served
 # (its prefix cache, notebook 10). **Round-robin** alternates replicas; **cache-aware** keeps a tree of the
 # text each replica was sent and picks the longest match, unless that replica is much busier; **consistent
 # hashing** pins each conversation (its routing key) to a replica.
@@ -105,9 +106,11 @@ PREDICT_HIT_RATE_RR = None  # your prediction: share of requests that reuse a ca
 PREDICT_HIT_RATE_CA = None  # the same under cache-aware routing
 
 # %% fragment
-workloads = [routing.workload(tok, GROUPS, PER_GROUP, TURNS, SYSTEM_TOKENS, tag=f"-{r}") for r in range(ROUNDS)]
+workloads = [routing.workload(tok, GROUPS, PER_GROUP, TURNS, SYSTEM_TOKENS, tag=f"-{r}", document_tokens=DOCUMENT_TOKENS)
+             for r in range(ROUNDS)]
 n_req = GROUPS * PER_GROUP * TURNS
-print(f"{n_req} requests a round; system prompts of {SYSTEM_TOKENS} tokens; {ROUNDS} rounds of {', '.join(POLICIES)}, "
+print(f"{n_req} requests a round; system prompts of {SYSTEM_TOKENS} tokens, documents of {DOCUMENT_TOKENS}; {ROUNDS} "
+      f"rounds of {', '.join(POLICIES)}, "
       "interleaved; every replica's prefix cache flushed before each run")
 cmp = scale_out.compare_policies(routers, reps, workloads, MAX_TOKENS, stagger_s=STAGGER_S)
 res.replace("policy_runs", cmp["runs"])
@@ -123,10 +126,11 @@ rep_df = res.frame("policy_replicas")
 rep_df[rep_df["round"] == ROUNDS - 1][["policy", "replica", "requests", "share", "hit_rate", "token_hit_rate"]].round(3)
 
 # %% fragment
-single = routing.run_policy(reps[0].url, "one server", reps[:1], workloads[0], MAX_TOKENS, stagger_s=STAGGER_S)
+first = workloads[0][:GROUPS]  # round 0's first conversation of every group, all its turns, on one server, no router
+single = routing.run_policy(reps[0].url, "one server", reps[:1], first, MAX_TOKENS, stagger_s=STAGGER_S)
 same = {p: routing.same_answers(single["records"], recs[0]) for p, recs in cmp["records"].items()}
 res.replace("identical", [{"policy": p, **s} for p, s in same.items()])
-print("greedy answers identical to one server's (round 0, every turn): "
+print("greedy answers identical to one server's (round 0, the first conversation of each group, every turn): "
       + ", ".join(f"{p} {s['identical']}/{s['compared']}" for p, s in same.items()))
 
 # %% fragment
@@ -167,9 +171,10 @@ if VLLM_REPLICAS and vllm_server.vllm_python().exists():
         vstack.callback(router.stop_all, vreps)
         vrows = []
         for i, p in enumerate(("round_robin", "cache_aware")):
-            vwork = routing.workload(tok, GROUPS, PER_GROUP, TURNS, SYSTEM_TOKENS, tag=f"-vllm{i}")
+            vwork = routing.workload(tok, GROUPS, PER_GROUP, TURNS, SYSTEM_TOKENS, tag=f"-vllm{i}",
+                                     document_tokens=DOCUMENT_TOKENS)
             with router.routed([r.url for r in vreps], p) as vr:
-                vrows.append(routing.run_policy(vr.url, p, vreps, vwork, MAX_TOKENS)["summary"])
+                vrows.append(routing.run_policy(vr.url, p, vreps, vwork, MAX_TOKENS, stagger_s=STAGGER_S)["summary"])
     res.replace("vllm_policies", vrows)
     display(res.frame("vllm_policies")[["policy", "answered", "failed", "token_hit_rate", "ttft_p50_s"]].round(3))
 else:

@@ -14,7 +14,7 @@ def _index(got: Any, n: int, what: str) -> int:
     return got
 
 
-@exercise("11.route", "the cache-aware routing decision")
+@exercise("11.route", "cache-aware routing decision")
 def _route(fn: Any) -> None:
     a, b, c = [1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9], [7, 7, 7]
     cases = [  # (prompt, what each replica holds, loads, threshold, expected, what it tests)
@@ -44,7 +44,7 @@ def _route(fn: Any) -> None:
                     "the prompt with each held prompt position by position, so the rule works on token ids and text")
 
 
-@exercise("11.knee", "the knee of a capacity sweep")
+@exercise("11.knee", "knee of a capacity sweep")
 def _knee(fn: Any) -> None:
     cases = [  # (offered req/s, goodput req/s, expected knee, what it tests)
         ([0.5, 1.0, 2.0, 4.0], [0.5, 0.98, 1.3, 0.6], 1.0, "goodput follows up to 1.0 req/s (0.98 ≥ 0.9 × 1.0), "
