@@ -34,10 +34,15 @@ def test_acceptance_and_hit_rate_from_a_recorded_scrape():
 
 
 def test_chunked_prefill_is_read_from_the_log():
-    log = "INFO [scheduler.py:1] Chunked prefill is enabled with max_num_batched_tokens=128.\n"
-    assert vm.chunked_prefill_logged(log) == 128
-    assert vm.chunked_prefill_logged((DATA / "vllm_startup.log").read_text() + log.replace("128", "2048")) == 2048
-    assert vm.chunked_prefill_logged("INFO nothing about it") is None
+    startup = (DATA / "vllm_startup.log").read_text()
+    assert vm.chunked_prefill_logged(startup)["chunked_prefill"] is True, "the engine's config line says so"
+    budget = "INFO [scheduler.py:307] Chunked prefill is enabled with max_num_batched_tokens=128.\n"
+    assert vm.chunked_prefill_logged(startup + budget) == {"chunked_prefill": True, "budget": 128}
+    given = "INFO [api_utils.py:286] non-default args: {'dtype': 'float32', 'max_num_batched_tokens': 2048}\n"
+    assert vm.chunked_prefill_logged(given)["budget"] == 2048, "the budget it was given when the line is missing"
+    assert vm.chunked_prefill_logged("INFO nothing about it") == {"chunked_prefill": None, "budget": None}
+    off = startup.replace("enable_chunked_prefill=True", "enable_chunked_prefill=False")
+    assert vm.chunked_prefill_logged(off)["chunked_prefill"] is False
 
 
 def test_tokens_check_cuts_at_eos_and_names_the_first_difference():
@@ -76,7 +81,8 @@ class Fake:
     chunks: int = 1
     ngram: bool = False
     counters: dict[str, float] = field(default_factory=lambda: {vm.HITS: 0.0, vm.QUERIES: 0.0, vm.DRAFTS: 0.0,
-                                                                vm.DRAFT_TOKENS: 0.0, vm.ACCEPTED: 0.0})
+                                                                vm.DRAFT_TOKENS: 0.0, vm.ACCEPTED: 0.0,
+                                                                vm.TPOT + "_sum": 0.0, vm.TPOT + "_count": 0.0})
     cached: set = field(default_factory=set)
     stall_until: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -118,7 +124,7 @@ def _handler(fake: Fake):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             time.sleep(0.01 if hit else 0.05)  # prefill: shorter from the cache
-            n, left = 0, req["max_tokens"]
+            n, left, first = 0, req["max_tokens"], None
             chunks_left = fake.chunks - 1 if len(prompt) >= LONG else 0
             while left > 0:
                 wait = fake.stall_until - time.monotonic()
@@ -137,8 +143,12 @@ def _handler(fake: Fake):
                         fake.counters[vm.DRAFT_TOKENS] += 2
                         fake.counters[vm.ACCEPTED] += step - 1
                 self.chunk({"choices": [{"text": "x", "token_ids": list(range(n, n + step))}]})
+                first, last = first or time.monotonic(), time.monotonic()
                 n, left = n + step, left - step
                 time.sleep(fake.tpot_s)
+            with fake.lock:  # the engine's own TPOT: first to last token
+                fake.counters[vm.TPOT + "_sum"] += (last - first) / (n - 1) if n > 1 else 0.0
+                fake.counters[vm.TPOT + "_count"] += 1
             self.chunk({"choices": [], "usage": {"completion_tokens": n}})
             self.chunk("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
@@ -189,7 +199,7 @@ def test_a_long_prompt_stalls_the_streams_and_chunking_spreads_the_stall(servers
     streams, long_prompt = [[1] * 10, [2] * 10], [3] * LONG
     rows = vm.chunked_rounds({"large": large, "small": small}, streams, 20, long_prompt, n_rounds=3)
     big, little = rows["large"], rows["small"]
-    assert big["chunked_prefill_logged"] == 2048 and little["chunked_prefill_logged"] == 128
+    assert big["logged_budget"] == 2048 and little["logged_budget"] == 128
     assert len(big["samples"]["stall_s"]) == 3 and len(big["samples"]["long_ttft_s"]) == 3, "one of each per round"
     assert big["stall_p50_s"] >= 0.25, "unchunked: the streams wait for the whole prefill"
     assert little["stall_p50_s"] < big["stall_p50_s"] / 2, "chunked: a token between chunks"
@@ -221,7 +231,16 @@ def test_speculative_rounds_read_acceptance_from_the_ngram_servers_metrics(serve
     assert row["drafts"] == 3 * 6 and row["acceptance_rate"] == pytest.approx(0.5), "deltas of three runs"
     assert row["decode_speedup"] > 1.3 and row["verdict"] == "better"
     assert len(row["samples"]["ngram_decode_tokens_per_s"]) == 3 and row["failed"] == 0
+    engine, client = row["samples"]["ngram_decode_tokens_per_s"], row["samples"]["client_ngram_decode_tokens_per_s"]
+    assert all(50 < e <= 11 / (5 * 0.02) * 1.01 for e in engine), "the engine's TPOT from /metrics: 11 tokens, 5 gaps"
+    assert len(client) == 3, "the client's kept beside it"
     assert row["plain_answer"] == row["ngram_answer"] == list(range(12))
+
+
+def test_engine_tpot_from_a_recorded_scrape():
+    totals = vs.metric_totals(vs.parse_prometheus((DATA / "vllm_metrics.txt").read_text()))
+    assert vm.engine_tpot(totals) == pytest.approx(totals[vm.TPOT + "_sum"] / 3), "three requests in the scrape"
+    assert vm.engine_tpot({}) is None
 
 
 def test_decode_rate_counts_the_tokens_a_speculative_chunk_carries():
@@ -246,15 +265,16 @@ def test_servers_started_together_are_all_stopped_and_a_failed_start_stops_the_o
     monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(good))
     with vm.started_together(named, deadline_s=30) as servers:
         assert set(servers) == {"a", "b"} and all(s.alive() for s in servers.values())
+        assert servers["a"].port != servers["b"].port
         leaders = [s.proc.pid for s in servers.values()]
     assert all(_gone(pid) for pid in leaders) and not vs._LIVE
 
     started = []
     real_start = vs.start
-    def start(s, *args):  # "b" fails to start; "a" starts
+    def start(s, port, *args):  # "b" fails to start; "a" starts
         if s.max_num_batched_tokens == 128:
-            return real_start(s, None, bad, 30, tmp_path, "b")
-        started.append(real_start(s, None, good, 30, tmp_path, "a"))
+            return real_start(s, port, bad, 30, tmp_path, "b")
+        started.append(real_start(s, port, good, 30, tmp_path, "a"))
         return started[-1]
     monkeypatch.setattr(vs, "start", start)
     with pytest.raises(vs.VLLMStartError, match="no engine"):

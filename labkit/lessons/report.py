@@ -17,6 +17,7 @@ from ..decoding import quality
 from ..model import models
 from ..model.prompts import cycle
 from ..serve import decoder, loadgen
+from ..serve import vllm_server as vs
 
 CONFIG_SECTION = "configs"  # one row per served configuration, all under the same load
 SWEEP_SECTION = "slo_sweep"  # one row per (configuration, concurrency)
@@ -161,6 +162,48 @@ def slo_sweep(url: str, prompts: Sequence[str], levels: Sequence[int], requests_
         if stop_at_first_miss and not row["meets_slo"]:
             break
     return rows
+
+
+# ------------------------------------------------------------------------------------------ vLLM under the same load
+
+
+def group_rss_bytes(pid: int) -> int | None:
+    """Resident memory of a process group (``vllm serve``: front end, engine core, workers), summed; None when
+    none of its processes can be read."""
+    import psutil
+
+    total, read = 0, False
+    for member in vs.group_pids(pid):
+        try:
+            total += psutil.Process(member).memory_info().rss
+            read = True
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total if read else None
+
+
+def vllm_load(settings: Any, prompts: Sequence[str], concurrency: int, num_requests: int, max_tokens: int, slo: Any,
+              levels: Sequence[int] = (), requests_per_client: int = 2, min_good_fraction: float = 0.9,
+              warmup_requests: int = 8, deadline_s: float = 300.0) -> dict[str, Any]:
+    """The capstone's load against ``vllm serve`` on one start: a warm-up, the same ``load_point`` every
+    configuration gets, then the same SLO sweep over ``levels`` while the server is up. Its memory is the RSS of the
+    server's processes summed after the run (vLLM allocates its KV cache at start); the lab's allocator peak does
+    not apply. Returns ``status`` ("ok" or the one line saying why vLLM did not run), ``row``, ``sweep``, ``platform``."""
+    try:
+        with vs.serve(settings, deadline_s=deadline_s, name="vllm-capstone") as srv:
+            loadgen.run(srv.url, prompts, num_requests=warmup_requests, max_concurrency=warmup_requests, max_tokens=4,
+                        endpoint="chat")  # the first requests pay set-up
+            row = load_point(srv.url, prompts, concurrency, num_requests, max_tokens, slo)
+            row.update(peak_rss_bytes=group_rss_bytes(srv.proc.pid), cuda_peak_bytes=None, mean_batch_size=None,
+                       peak_rss_source="RSS of vllm serve's processes, summed after the run",
+                       cuda_peak_note="vLLM runs in its own processes: this process's allocator does not see it")
+            sweep = (slo_sweep(srv.url, prompts, levels, requests_per_client, max_tokens, slo, min_good_fraction)
+                     if levels else [])
+            chose, start_s = srv.platform(), srv.start_s
+    except (vs.VLLMUnavailable, vs.VLLMStartError) as exc:
+        return {"status": str(exc)}
+    return {"status": "ok" if not row["failed"] else f"{row['failed']} request(s) failed: {row['errors']}",
+            "row": row, "sweep": sweep, "platform": chose, "start_s": start_s}
 
 
 # ------------------------------------------------------------------------------------------ writing

@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
+import socket
 import statistics
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,7 +45,7 @@ from . import vllm_server as vs
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"  # prompt tokens, not requests
 DRAFTS, DRAFT_TOKENS, ACCEPTED = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
                                   "vllm:spec_decode_num_accepted_tokens_total")
-CHUNKED_LOG = "Chunked prefill is enabled with max_num_batched_tokens="  # what vLLM logs when it chunks prompts
+TPOT = "vllm:request_time_per_output_token_seconds"  # a histogram: _sum and _count per finished request
 
 
 # ---------------------------------------------------------------------------------------- /metrics figures
@@ -65,13 +67,22 @@ def acceptance(delta: Mapping[str, float]) -> dict[str, float | None]:
             "accepted_per_draft": accepted / drafts if drafts else None}
 
 
-def chunked_prefill_logged(log_text: str) -> int | None:
-    """The per-step token budget vLLM says it chunks prompts with, from its log (None: it did not say so)."""
-    at = log_text.rfind(CHUNKED_LOG)
-    if at < 0:
-        return None
-    digits = log_text[at + len(CHUNKED_LOG):].split(".", 1)[0].strip()
-    return int(digits) if digits.isdigit() else None
+def engine_tpot(delta: Mapping[str, float]) -> float | None:
+    """Mean TPOT of the requests a run finished, as the engine timed them (first to last token over the tokens
+    after the first), from a ``metrics_delta``; None when none finished."""
+    count = delta.get(TPOT + "_count", 0.0)
+    return delta.get(TPOT + "_sum", 0.0) / count if count else None
+
+
+def chunked_prefill_logged(log_text: str) -> dict[str, Any]:
+    """What vLLM's log says about chunked prefill: whether the engine runs with it (``enable_chunked_prefill=`` in
+    its config line) and the per-step token budget (the budget line, else the ``max_num_batched_tokens`` it was
+    given). None where the log does not say (vLLM logs the budget line once per process, not always)."""
+    enabled = re.findall(r"enable_chunked_prefill=(True|False)", log_text)
+    budget = (re.findall(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)", log_text)
+              or re.findall(r"'max_num_batched_tokens': (\d+)", log_text))
+    return {"chunked_prefill": enabled[-1] == "True" if enabled else None,
+            "budget": int(budget[-1]) if budget else None}
 
 
 # ---------------------------------------------------------------------------------------- tokens check
@@ -291,7 +302,7 @@ def chunked_rounds(servers: Mapping[str, vs.VLLMServer], stream_prompts: Sequenc
                 ttfts.append(r["long_first_token_s"] - r["long_sent_s"])
         srv = servers[name]
         out[name] = {"server": name, "max_num_batched_tokens": srv.settings.max_num_batched_tokens,
-                     "chunked_prefill_logged": chunked_prefill_logged(srv.log()), "rounds": n_rounds,
+                     **{f"logged_{k}": v for k, v in chunked_prefill_logged(srv.log()).items()}, "rounds": n_rounds,
                      "streams": len(stream_prompts), "stream_tokens": stream_tokens, "long_prompt_tokens": len(long_prompt),
                      "itl_n": itl["n"], "itl_p50_s": itl["p50_s"], "itl_p99_s": itl["p99_s"], "itl_max_s": itl["max_s"],
                      "itl_tail": "p99" if itl["p99_s"] is not None else "max",
@@ -318,36 +329,49 @@ def decode_rate(out: loadgen.RequestOutput) -> float | None:
 def speculative_rounds(plain: vs.VLLMServer, ngram: vs.VLLMServer, tasks: Mapping[str, Sequence[int]],
                        new_tokens: int, n_rounds: int) -> dict[str, dict[str, Any]]:
     """Each task's prompt, one request at a time, on the plain server then the n-gram one, ``n_rounds`` times
-    (interleaved): decode tokens/s (1 / TPOT) of each, the verdict on their ratio, acceptance from the n-gram
-    server's ``/metrics``, the first round's answers of both."""
+    (interleaved), ``/metrics`` read around every request. Decode tokens/s is 1 / TPOT as the engine timed it
+    (``vllm:request_time_per_output_token_seconds``: its first to last token, whatever the HTTP stream coalesced;
+    a speculative step's tokens may reach the client in one chunk), the client's kept beside it; the verdict on
+    their ratio; acceptance from the n-gram server's counters; the first round's answers of both."""
     positive("n_rounds", n_rounds)
     out = {}
     for task, ids in tasks.items():
-        delta: dict[str, float] = {}
+        def timed(server: vs.VLLMServer, ids: Sequence[int] = ids) -> tuple[loadgen.RequestOutput, dict[str, float]]:
+            before = server.metrics()
+            o = send(server.url, [ids], new_tokens, 1)[0]
+            return o, vs.metrics_delta(before, server.metrics())
 
-        def on_ngram() -> loadgen.RequestOutput:
-            before = ngram.metrics()
-            o = send(ngram.url, [ids], new_tokens, 1)[0]
-            for k, v in vs.metrics_delta(before, ngram.metrics()).items():
-                delta[k] = delta.get(k, 0.0) + v if k.endswith("_total") else v
-            return o
-
-        done = interleaved_rounds({"plain": lambda ids=ids: send(plain.url, [ids], new_tokens, 1)[0],
-                                   "ngram": on_ngram}, n_rounds, again=False)
-        rate = {m: [r for o in outs if (r := decode_rate(o)) is not None] for m, outs in done.items()}
+        done = interleaved_rounds({"plain": lambda: timed(plain), "ngram": lambda: timed(ngram)}, n_rounds, again=False)
+        rate = {m: [1 / t for o, d in runs if o.success and (t := engine_tpot(d))] for m, runs in done.items()}
+        client = {m: [r for o, _d in runs if (r := decode_rate(o)) is not None] for m, runs in done.items()}
+        spec = {k: sum(d.get(k, 0.0) for _o, d in done["ngram"]) for k in (DRAFTS, DRAFT_TOKENS, ACCEPTED)}
         v = verdict.compare(rate["ngram"], rate["plain"]) if all(rate.values()) else None
         out[task] = {"task": task, "prompt_tokens": len(ids), "new_tokens": new_tokens, "rounds": n_rounds,
                      "plain_decode_tokens_per_s": statistics.median(rate["plain"]) if rate["plain"] else None,
                      "ngram_decode_tokens_per_s": statistics.median(rate["ngram"]) if rate["ngram"] else None,
                      "decode_speedup": v.gain if v else None, "verdict": v.kind if v else "not measured",
-                     "verdict_reason": v.reason if v else "a run failed", **acceptance(delta),
-                     "samples": {"plain_decode_tokens_per_s": rate["plain"], "ngram_decode_tokens_per_s": rate["ngram"]},
-                     "plain_answer": done["plain"][0].token_ids, "ngram_answer": done["ngram"][0].token_ids,
-                     "failed": sum(len(_failures(outs)) for outs in done.values())}
+                     "verdict_reason": v.reason if v else "a run failed", **acceptance(spec),
+                     "samples": {"plain_decode_tokens_per_s": rate["plain"], "ngram_decode_tokens_per_s": rate["ngram"],
+                                 "client_plain_decode_tokens_per_s": client["plain"],
+                                 "client_ngram_decode_tokens_per_s": client["ngram"]},
+                     "plain_answer": done["plain"][0][0].token_ids, "ngram_answer": done["ngram"][0][0].token_ids,
+                     "failed": sum(len(_failures([o for o, _d in runs])) for runs in done.values())}
     return out
 
 
 # ---------------------------------------------------------------------------------------- servers
+
+
+def distinct_ports(n: int) -> list[int]:
+    """``n`` free ports on 127.0.0.1, all different: each is held while the next is chosen."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 @contextlib.contextmanager
@@ -357,8 +381,10 @@ def started_together(named: Mapping[str, vs.Settings], deadline_s: float = 300.0
     cpu_kv = sum(s.kv_cache_gib for s in named.values() if s.device == "cpu")
     if cpu_kv:
         vs.check_memory(cpu_kv + vs.RUNTIME_OVERHEAD_GIB * (len(named) - 1))  # check_memory adds one overhead
+    ports = dict(zip(named, distinct_ports(len(named))))  # two free_port() calls at once may get the same port
     pool = ThreadPoolExecutor(max_workers=len(named))
-    futures = {name: pool.submit(vs.start, s, None, None, deadline_s, None, f"vllm-{name}") for name, s in named.items()}
+    futures = {name: pool.submit(vs.start, s, ports[name], None, deadline_s, None, f"vllm-{name}")
+               for name, s in named.items()}
     try:
         pool.shutdown(wait=True)
     except BaseException:  # interrupted while they start: each stops as soon as its start returns
