@@ -281,3 +281,9 @@ def test_servers_started_together_are_all_stopped_and_a_failed_start_stops_the_o
         with vm.started_together(named, deadline_s=30):
             pytest.fail("the block must not run when a server failed to start")
     assert started and _gone(started[0].proc.pid) and not vs._LIVE, "the server that did start is stopped"
+
+
+def test_the_log_is_plain_text_also_when_started_from_a_notebook():
+    # ipykernel sets FORCE_COLOR: vLLM would write ANSI colour codes into the log the parsers above read
+    child = vs.environment(vs.Settings(model="/m"), base={"FORCE_COLOR": "1"})
+    assert child["VLLM_LOGGING_COLOR"] == "0"
