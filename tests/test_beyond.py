@@ -401,3 +401,5 @@ def test_beside_vllm_puts_each_figure_and_tokens_check_in_one_row():
     spec = rows["decode speedup, copy (×)"]
     assert (spec["labkit"], spec["vllm"]) == (2.0, 4.0) and "n-gram identical (1 of 1)" in spec["vllm_tokens"]
     assert rows["draft tokens accepted, copy (share)"]["vllm"] == 1.0
+    assert spec["vllm_verdict"] == "better" and stall["vllm_verdict"] == "better", "4 rounds each, apart"
+    assert ttft["vllm_verdict"] == "better"

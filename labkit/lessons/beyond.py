@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core import verdict
 from ..serve import vllm_mechanisms as vm
 from ..serve.prefill import document_text
 
@@ -86,6 +87,12 @@ def headline(lookup: list[dict[str, Any]], prefix: list[dict[str, Any]], chunked
 # ------------------------------------------------------------------------- the lab's mechanisms beside vLLM's
 
 
+def _verdict(new: list[float | None], base: list[float | None]) -> str | None:
+    """The verdict on a time that should fall (``new`` against ``base``), from the rounds' samples."""
+    a, b = [x for x in new if x], [x for x in base if x]
+    return verdict.compare(a, b, higher_is_better=False).kind if a and b else None
+
+
 def _tail(row: dict[str, Any]) -> tuple[str, float | None]:
     """The ITL tail a chunked-prefill row can speak of: p99 from ``timing.P99_MIN_SAMPLES`` gaps, else the max."""
     return ("p99", row["itl_p99_s"]) if row.get("itl_p99_s") is not None else ("max", row.get("itl_max_s"))
@@ -107,6 +114,7 @@ def beside_vllm(prefix: list[dict[str, Any]], chunked: list[dict[str, Any]], loo
     rows.append({"mechanism": "prefix caching", "figure": "TTFT without / with the cached prefix (median, ×)",
                  "labkit": _ratio(p_off["ttft_p50_s"], p_on["ttft_p50_s"]),
                  "vllm": _ratio(v_off["ttft_p50_s"], v_on["ttft_p50_s"]),
+                 "vllm_verdict": _verdict(v_on["samples"]["ttft_s"], v_off["samples"]["ttft_s"]),
                  "labkit_tokens": lab_prefix_tokens, "vllm_tokens": prefix_tokens,
                  "note": f"labkit {p_on['requests']} requests per run; vLLM {len(v_on['samples']['ttft_s'])} per mode "
                          f"over {v_on['rounds']} interleaved rounds"})
@@ -135,6 +143,7 @@ def beside_vllm(prefix: list[dict[str, Any]], chunked: list[dict[str, Any]], loo
     rows.append({"mechanism": "chunked prefill", "figure": "streams' worst gap while the long prompt prefills, whole / "
                  "chunked (×)", "labkit": _ratio(c_off["itl_during_long_prefill_max_s"], c_on["itl_during_long_prefill_max_s"]),
                  "vllm": _ratio(big["stall_p50_s"], small["stall_p50_s"]), "labkit_tokens": lab_chunk_tokens,
+                 "vllm_verdict": _verdict(small["samples"]["stall_s"], big["samples"]["stall_s"]),
                  "vllm_tokens": f"small budget {chunk_check['small']}",
                  "note": f"labkit one run; vLLM median of {len(small['samples']['stall_s'])} rounds"})
     rows.append({"mechanism": "chunked prefill", "figure": "the long prompt's own TTFT, chunked / whole (×)",
@@ -159,6 +168,7 @@ def beside_vllm(prefix: list[dict[str, Any]], chunked: list[dict[str, Any]], loo
                      "note": f"vLLM: /metrics vllm:spec_decode_num_accepted_tokens / _draft_tokens, {v['rounds']} runs"})
         rows.append({"mechanism": "n-gram speculation", "figure": f"decode speedup, {task} (×)",
                      "labkit": lab["decode_speedup"], "vllm": v["decode_speedup"], "labkit_tokens": lab_tokens,
+                     "vllm_verdict": v["verdict"],
                      "vllm_tokens": vllm_tokens,
                      "note": f"vLLM: 1/TPOT as its engine timed it (/metrics), n-gram server over plain, {v['rounds']} "
                              f"interleaved runs each: {v['verdict']}"})

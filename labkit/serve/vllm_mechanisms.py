@@ -431,7 +431,8 @@ def compare(base: vs.Settings, *, small_tokens: int, large_tokens: int, speculat
     try:
         with started_together(two, deadline_s) as servers:
             large = servers["large"]
-            chosen, start_s = large.platform(), {name: srv.start_s for name, srv in servers.items()}
+            chosen, blocks = large.platform(), large.kv_blocks()
+            start_s = {name: srv.start_s for name, srv in servers.items()}
             chunked = chunked_rounds(servers, stream_prompts, stream_tokens, long_prompt, n_rounds, long_after)
             servers.pop("small").stop()
             prefix = prefix_rounds(large, prefix_prompts, prefix_max_tokens, concurrency, n_rounds)
@@ -444,7 +445,7 @@ def compare(base: vs.Settings, *, small_tokens: int, large_tokens: int, speculat
     failed = sum(r["failed"] for r in lookup.values())
     status = "ok" if not errors and not failed else f"some requests failed: {(errors or ['see the rows'])[0]}"
     return {"status": status, "prefix": prefix, "chunked": chunked, "speculative": lookup, "platform": chosen,
-            "start_s": start_s, "settings": {"base": _settings(base), "small_tokens": small_tokens,
+            "blocks": blocks, "start_s": start_s, "settings": {"base": _settings(base), "small_tokens": small_tokens,
                                              "large_tokens": large_tokens, "speculative": dict(speculative)}}
 
 

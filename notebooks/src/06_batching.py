@@ -31,13 +31,14 @@ import urllib.request
 
 import pandas as pd
 import torch
+from IPython.display import display
 
 import labkit
 from labkit.core import config, env, machine, results
 from labkit.model import models
 from labkit.decoding import decode
-from labkit.serve import batching, launch, loadgen
-from labkit.lessons import exercises, findings, plots
+from labkit.serve import batching, launch, loadgen, vllm, vllm_server
+from labkit.lessons import exercises, findings, plots, report
 from labkit.lessons.widgets import panel as batch_widget
 
 plots.setup_offline()
@@ -61,6 +62,9 @@ LOCUST_SECONDS = config.pick(20, 5)  # Locust run time, s
 OPEN_LOOP_REQUESTS = config.pick(40, 8)  # requests per open-loop (Poisson / bursty) run
 REQUEST_RATE = 2.0  # open-loop arrival rate, requests/s
 SLO = loadgen.SLO(ttft_s=2.0, tpot_s=0.5)  # goodput target: a request is good if it meets both, s
+VLLM_ROUNDS = 3  # interleaved rounds of the same load against labkit serve and vllm serve
+VLLM_KV_CACHE_GIB = 1  # vllm serve's KV cache on a CPU, whole GiB (on a GPU: half its memory)
+VLLM_START_DEADLINE_S = 300  # seconds vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
 
 # %% fragment
 lm = models.load()
@@ -283,6 +287,39 @@ res.frame("serving")[["max_batch_size", "mean_batch_size", "completed", "failed"
 # %% fragment
 metrics_text = urllib.request.urlopen(server.url + "/metrics").read().decode()
 print("\n".join(line for line in metrics_text.splitlines() if line.startswith(("labkit_batch_size", "labkit_queue"))))
+
+# %% md subslide
+# ### The same load against vLLM
+#
+# `vllm serve` (installed by `make vllm` in `.venv-vllm`) with `--max-num-seqs 8`, the same precision and model: the
+# same requests from the same `CLIENTS` clients through the same load generator, in interleaved rounds with the lab's
+# server at `max_batch_size=8`; goodput at this notebook's `SLO`. Predict: how many times the lab's output tokens/s
+# does vLLM serve?
+
+# %% fragment
+PREDICT_VLLM_GAIN = None  # your prediction: vLLM's output tokens/s / the lab's server's, same load
+
+# %% fragment
+server.configure(max_batch_size=8)
+vllm_settings = vllm_server.Settings(model=models.resolve(), dtype=vllm.VLLM_DTYPES[lm.dtype],
+                                     device=vllm_server.default_device(), max_num_seqs=8, kv_cache_gib=VLLM_KV_CACHE_GIB)
+machine.check("vllm serve")
+same = (report.beside_vllm(vllm_settings, {"labkit serve (max_batch_size 8)": server.url}, VLLM_ROUNDS,
+                           VLLM_START_DEADLINE_S, num_requests=SERVE_REQUESTS, max_concurrency=CLIENTS,
+                           max_tokens=SERVE_TOKENS, slo=SLO)
+        if vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
+if "rows" in same:
+    res.replace("vllm_same_load", same["rows"])
+    lab_row, vllm_row = same["rows"]
+    exercises.reveal("vLLM / labkit serve output tokens/s", PREDICT_VLLM_GAIN,
+                     vllm_row["output_tokens_per_s"] / lab_row["output_tokens_per_s"], "×")
+    print(f"vLLM {same['platform']['version']} ({same['platform']['platform']}); status: {same['status']}; medians of "
+          f"{VLLM_ROUNDS} interleaved rounds: vLLM {vllm_row['output_tokens_per_s'] / lab_row['output_tokens_per_s']:.2f}× "
+          "the lab's output tokens/s")
+    display(res.frame("vllm_same_load")[["server", *report.SAME_LOAD_FIGURES]].round(3))
+else:
+    print(same["status"] if same["status"] == vllm_server.MISSING else f"vLLM did not run here: {same['status']}")
+    report.show_reference("06_batching", "vllm_same_load", ["server", *report.SAME_LOAD_FIGURES])
 
 # %% md slide
 # ## 7 · Load testing two ways
