@@ -257,7 +257,8 @@ def show_reference(name: str, section: str, columns: Sequence[str], keep: Any = 
               f"`make reference NOTEBOOKS={name.split('_')[0]}`.")
         return 0
     vllm_version = (ref.notes.get("vllm") or {}).get("platform", {}).get("version")
-    print("Reference, measured elsewhere:", results.provenance(ref) + (f"; vLLM {vllm_version}" if vllm_version else ""))
+    print("Reference, measured elsewhere:", results.section_provenance(ref, section)
+          + (f"; vLLM {vllm_version}" if vllm_version else ""))
     frame = pd.DataFrame(rows)
     display(frame[[c for c in columns if c in frame]].round(3))
     return len(rows)
