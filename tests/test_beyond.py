@@ -380,10 +380,10 @@ def test_beside_vllm_puts_each_figure_and_tokens_check_in_one_row():
         return {"itl_p99_s": p99, "itl_max_s": p99, "itl_n": 120, "stall_p50_s": stall, "long_ttft_p50_s": 1.0,
                 "rounds": 4, "max_num_batched_tokens": budget, "answers": answers,
                 "samples": {"stall_s": [stall] * 4, "long_ttft_s": [1.0] * 4}}
-    served = {"prefix": {"without": {"ttft_p50_s": 0.6, "token_hit_rate": 0.0, "rounds": 4,
-                                     "samples": {"ttft_s": [0.6] * 16}, "answers": {"q0": [5, 6]}},
-                         "with": {"ttft_p50_s": 0.2, "token_hit_rate": 0.6, "rounds": 4,
-                                  "samples": {"ttft_s": [0.2] * 16}, "answers": {"q0": [5, 6]}}},
+    served = {"prefix": {"without": {"ttft_p50_s": 0.6, "token_hit_rate": 0.0, "rounds": 4, "answers": {"q0": [5, 6]},
+                                     "samples": {"ttft_s": [0.6] * 16, "ttft_p50_s": [0.6] * 4}},
+                         "with": {"ttft_p50_s": 0.2, "token_hit_rate": 0.6, "rounds": 4, "answers": {"q0": [5, 6]},
+                                  "samples": {"ttft_s": [0.6, 0.1] * 8, "ttft_p50_s": [0.2] * 4}}},
               "chunked": {"large": chunk(1.4, 1.3, 2048, [[7, 8, 2, 9]]), "small": chunk(0.35, 0.4, 128, [[7, 9]])},
               "speculative": {"copy": {"acceptance_rate": 1.0, "decode_speedup": 4.0, "rounds": 4, "verdict": "better",
                                        "ngram_answer": [1, 2, 3], "plain_answer": [1, 2, 3]}}}

@@ -114,10 +114,10 @@ def beside_vllm(prefix: list[dict[str, Any]], chunked: list[dict[str, Any]], loo
     rows.append({"mechanism": "prefix caching", "figure": "TTFT without / with the cached prefix (median, ×)",
                  "labkit": _ratio(p_off["ttft_p50_s"], p_on["ttft_p50_s"]),
                  "vllm": _ratio(v_off["ttft_p50_s"], v_on["ttft_p50_s"]),
-                 "vllm_verdict": _verdict(v_on["samples"]["ttft_s"], v_off["samples"]["ttft_s"]),
+                 "vllm_verdict": _verdict(v_on["samples"]["ttft_p50_s"], v_off["samples"]["ttft_p50_s"]),
                  "labkit_tokens": lab_prefix_tokens, "vllm_tokens": prefix_tokens,
-                 "note": f"labkit {p_on['requests']} requests per run; vLLM {len(v_on['samples']['ttft_s'])} per mode "
-                         f"over {v_on['rounds']} interleaved rounds"})
+                 "note": f"labkit one run of {p_on['requests']} requests; vLLM the median of {v_on['rounds']} interleaved "
+                         f"rounds' medians ({len(v_on['samples']['ttft_s'])} requests per mode)"})
     rows.append({"mechanism": "prefix caching", "figure": "prompt tokens read from the cache (share)",
                  "labkit": p_on["token_hit_rate"], "vllm": v_on["token_hit_rate"],
                  "labkit_tokens": lab_prefix_tokens, "vllm_tokens": prefix_tokens,
