@@ -19,11 +19,15 @@
 # - Store the KV cache in int8, 4 and 2 bits; measure its bytes, its speed and its quality at long context.
 # - Put llama.cpp beside the lab's best CPU paths on the same prompts, explain the gap with a measured
 #   breakdown, and close part of it with ONNX Runtime's 4-bit blocks.
+# - Run the same prefix-cache, chunked-prefill and prompt-lookup workloads through vLLM itself (`make vllm`) and
+#   read its figures beside the lab's: hit rate and acceptance from `/metrics`, TTFT, ITL and decode speed, tokens.
 
 # %% md notes
 # Presenter: each section is independent; pick two for a short session. Ask before each measurement:
 # how many tokens per forward pass prompt lookup will reach on the copying task and on chat, and how
 # far llama.cpp will be from the lab's best CPU path. The llama.cpp rows need `make llama` beforehand.
+# Section 6 starts `vllm serve` three times (about two and a half minutes on 2 cores); without `make vllm` it shows
+# the reference's rows.
 
 # %% slide
 import pandas as pd
