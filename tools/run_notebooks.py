@@ -58,6 +58,7 @@ RESULT_ROWS_SHOWN = 6
 RESULT_COLUMNS_SHOWN = 8
 SUMMARY_SECTION = "summary"  # rows {"finding": text, "value": number}: the first row is the headline
 # without a summary section: a first-row column whose name says it is a result, in this order
+REFERENCE_ENV = ("LABKIT_MODEL", "LABKIT_DEVICE", "LABKIT_VLLM_LIVE")  # settings a reference's command names when set
 HEADLINE_HINTS = ("speedup", "gain", "ratio", "goodput", "tokens_per_s", "gbs")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -586,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"summary: {args.build_dir / 'summary.html'} · {len(ran) - len(failed)}/{len(ran)} passed "
           f"in {summary['run_wall_s']:.1f} s" + (f" · failed: {', '.join(failed)}" if failed else ""))
     if args.reference:
-        command = "python tools/run_notebooks.py --reference --only " + " ".join(sorted(ran - set(failed)))
+        settings = [f"{k}={os.environ[k]}" for k in REFERENCE_ENV if os.environ.get(k)]  # what changed the measurement
+        command = " ".join([*settings, "python tools/run_notebooks.py --reference --only", *sorted(ran - set(failed))])
         command += " --sections " + " ".join(args.sections) if args.sections else ""
         for name in sorted(ran - set(failed)):
             try:
