@@ -365,3 +365,41 @@ def test_nbits_reason_and_bad_settings():
         onnx.quantize_nbits(block_size=33)
     with pytest.raises(ValueError, match="accuracy_level"):
         onnx.quantize_nbits(accuracy_level=9)
+
+
+def test_beside_vllm_puts_each_figure_and_tokens_check_in_one_row():
+    lab_prefix = [{"ttft_p50_s": 0.8, "requests": 4, "texts": ["a", "b"], "token_hit_rate": None},
+                  {"ttft_p50_s": 0.4, "requests": 4, "texts": ["a", "b"], "token_hit_rate": 0.5}]
+    lab_chunked = [{"itl_p99_s": None, "itl_max_s": 1.2, "itl_n": 30, "itl_during_long_prefill_max_s": 1.2,
+                    "long_ttft_s": 1.0, "prefill_chunk_tokens": 0, "texts": ["x"]},
+                   {"itl_p99_s": None, "itl_max_s": 0.3, "itl_n": 30, "itl_during_long_prefill_max_s": 0.3,
+                    "long_ttft_s": 1.5, "prefill_chunk_tokens": 128, "texts": ["x"]}]
+    lab_lookup = [{"task": "copy", "acceptance_rate": 0.9, "decode_speedup": 2.0, "identical": True,
+                   "mechanism_tokens_match": True}]
+    def chunk(stall, p99, budget, answers):
+        return {"itl_p99_s": p99, "itl_max_s": p99, "itl_n": 120, "stall_p50_s": stall, "long_ttft_p50_s": 1.0,
+                "rounds": 4, "max_num_batched_tokens": budget, "answers": answers,
+                "samples": {"stall_s": [stall] * 4, "long_ttft_s": [1.0] * 4}}
+    served = {"prefix": {"without": {"ttft_p50_s": 0.6, "token_hit_rate": 0.0, "rounds": 4, "answers": {"q0": [5, 6]},
+                                     "samples": {"ttft_s": [0.6] * 16, "ttft_p50_s": [0.6] * 4}},
+                         "with": {"ttft_p50_s": 0.2, "token_hit_rate": 0.6, "rounds": 4, "answers": {"q0": [5, 6]},
+                                  "samples": {"ttft_s": [0.6, 0.1] * 8, "ttft_p50_s": [0.2] * 4}}},
+              "chunked": {"large": chunk(1.4, 1.3, 2048, [[7, 8, 2, 9]]), "small": chunk(0.35, 0.4, 128, [[7, 9]])},
+              "speculative": {"copy": {"acceptance_rate": 1.0, "decode_speedup": 4.0, "rounds": 4, "verdict": "better",
+                                       "ngram_answer": [1, 2, 3], "plain_answer": [1, 2, 3]}}}
+    refs = {"prefix": {"q0": [5, 6]}, "streams": {"stream 0": [7, 8]}, "lookup": {"copy": [1, 2, 3]}}
+    rows = {r["figure"]: r for r in beyond.beside_vllm(lab_prefix, lab_chunked, lab_lookup, served, refs, {2})}
+    ttft = rows["TTFT without / with the cached prefix (median, ×)"]
+    assert (ttft["labkit"], ttft["vllm"]) == (pytest.approx(2.0), pytest.approx(3.0))
+    assert ttft["vllm_tokens"].startswith("with the cache identical (1 of 1)")
+    itl = rows["running streams' ITL tail, whole / chunked prompt (×)"]
+    assert itl["labkit"] == pytest.approx(4.0) and itl["vllm"] == pytest.approx(1.3 / 0.4)
+    assert "labkit: ITL max of 30 gaps" in itl["note"] and "vLLM: ITL p99 of 120 gaps" in itl["note"]
+    assert "small budget differ: stream 0 from token 1" in itl["vllm_tokens"], "the large budget's answer stops at eos"
+    stall = rows["streams' worst gap while the long prompt prefills, whole / chunked (×)"]
+    assert stall["vllm"] == pytest.approx(4.0) and stall["labkit"] == pytest.approx(4.0)
+    spec = rows["decode speedup, copy (×)"]
+    assert (spec["labkit"], spec["vllm"]) == (2.0, 4.0) and "n-gram identical (1 of 1)" in spec["vllm_tokens"]
+    assert rows["draft tokens accepted, copy (share)"]["vllm"] == 1.0
+    assert spec["vllm_verdict"] == "better" and stall["vllm_verdict"] == "better", "4 rounds each, apart"
+    assert ttft["vllm_verdict"] == "better"

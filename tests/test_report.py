@@ -7,6 +7,7 @@ import pytest
 
 from labkit.core import results
 from labkit.lessons import report
+from labkit.serve import loadgen
 
 
 def _row(concurrency, completed, good, failed=0, **kw):
@@ -143,3 +144,30 @@ def test_slo_comes_from_one_request_alone_when_the_target_is_out_of_reach():
     assert "unreachable here" in why and "3× that" in why
     with pytest.raises(ValueError, match="did its requests complete"):
         report.slo_from_baseline(target, {"ttft_p50_s": None, "tpot_p50_s": None})
+
+
+def test_same_load_interleaves_the_servers_and_takes_medians(monkeypatch) -> None:
+    calls = []
+
+    def fake_run(url, **options):
+        calls.append(url)
+        n = calls.count(url)
+        out = [loadgen.RequestOutput(success=True, output_tokens=4, ttft_s=0.1 * n, e2e_s=0.1 * n + 0.3)]
+        return loadgen.BenchmarkResult(outputs=out, duration_s=1.0 if url == "a" else 0.5, slo=options.get("slo"))
+
+    monkeypatch.setattr(report.loadgen, "run", fake_run)
+    rows = report.same_load({"lab": "a", "vllm": "b"}, 3, num_requests=1, slo=loadgen.SLO(ttft_s=0.25))
+    assert calls == ["a", "b"] * 3, "one run of each per round"
+    lab, vllm = rows
+    assert lab["server"] == "lab" and lab["rounds"] == 3 and lab["requests"] == 3 and lab["failed"] == 0
+    assert lab["samples"]["ttft_p50_s"] == pytest.approx([0.1, 0.2, 0.3]) and lab["ttft_p50_s"] == pytest.approx(0.2)
+    assert lab["tpot_p50_s"] == pytest.approx(0.1) and vllm["request_throughput"] == pytest.approx(2.0)
+    assert lab["samples"]["goodput"] == [1.0, 1.0, 0.0], "goodput at the SLO each round: the third misses TTFT"
+
+
+def test_beside_vllm_without_vllm_says_run_make_vllm(tmp_path, monkeypatch) -> None:
+    from labkit.serve import vllm_server
+
+    monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(tmp_path / "none" / "python"))
+    out = report.beside_vllm(vllm_server.Settings(model="/m"), {"lab": "http://127.0.0.1:9"}, 3)
+    assert "rows" not in out and "run `make vllm`" in out["status"]

@@ -58,6 +58,7 @@ RESULT_ROWS_SHOWN = 6
 RESULT_COLUMNS_SHOWN = 8
 SUMMARY_SECTION = "summary"  # rows {"finding": text, "value": number}: the first row is the headline
 # without a summary section: a first-row column whose name says it is a result, in this order
+REFERENCE_ENV = ("LABKIT_MODEL", "LABKIT_DEVICE", "LABKIT_VLLM_LIVE")  # settings a reference's command names when set
 HEADLINE_HINTS = ("speedup", "gain", "ratio", "goodput", "tokens_per_s", "gbs")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -506,12 +507,32 @@ def write_summary(runs: list[NotebookRun], run_wall_s: float, build_dir: Path) -
     return summary
 
 
-def save_reference(name: str, command: str, reference_dir: Path | None = None) -> Path:
+def save_reference(name: str, command: str, reference_dir: Path | None = None, sections: list[str] | None = None) -> Path:
     """Copy ``results/<name>.json`` into data/reference/ (``<name>.<gpu>.json`` for a GPU run), its
-    provenance naming ``command`` (the kernel's own argv says nothing about how the notebook was run)."""
+    provenance naming ``command`` (the kernel's own argv says nothing about how the notebook was run).
+
+    With ``sections``, only those are copied into the reference already there: each name's rows (a results
+    section) and its notes entry, where the run has them, each recorded with this run's provenance under
+    ``notes["section_env"]``; the rest of the reference stays as it was (sections that need software this
+    machine lacks keep the run that had it)."""
     res = results.load(config.results_dir() / f"{name}.json")
     res.env["command"] = command
-    return res.save((reference_dir or results.reference_dir()) / f"{results.reference_name(name, res.env)}.json")
+    path = (reference_dir or results.reference_dir()) / f"{results.reference_name(name, res.env)}.json"
+    if not sections:
+        return res.save(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no reference to copy sections into; run --reference without --sections first")
+    ref = results.load(path)
+    found = [s for s in sections if res.section(s) or s in res.notes]
+    if not found:
+        raise ValueError(f"{name}: this run has none of the sections {sections}; nothing copied")
+    for section in found:
+        if res.section(section):
+            ref.replace(section, [{k: v for k, v in r.items() if k != "section"} for r in res.section(section)])
+        if section in res.notes:
+            ref.notes[section] = res.notes[section]
+        ref.notes.setdefault("section_env", {})[section] = res.env
+    return ref.save(path)
 
 
 def run_all(paths: list[Path], build_dir: Path = BUILD_DIR, timeout_s: int = 900,
@@ -540,7 +561,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="full mode only: copy each passing notebook's results/<name>.json to data/reference/")
     ap.add_argument("--solutions", action="store_true",
                     help="replace exercise cells with notebooks/solutions/: every check must say 'correct'")
+    ap.add_argument("--sections", nargs="+", default=None,
+                    help="with --reference: copy only these sections (rows and notes entries) into the reference "
+                         "already there, each with this run's provenance")
     args = ap.parse_args(argv)
+    if args.sections and not args.reference:
+        ap.error("--sections says which sections --reference copies: add --reference")
     if args.solutions and args.reference:
         ap.error("--solutions and --reference do not mix: reference results come from the notebooks as shipped")
     if args.reference and config.quick():
@@ -561,12 +587,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"summary: {args.build_dir / 'summary.html'} · {len(ran) - len(failed)}/{len(ran)} passed "
           f"in {summary['run_wall_s']:.1f} s" + (f" · failed: {', '.join(failed)}" if failed else ""))
     if args.reference:
-        command = "python tools/run_notebooks.py --reference --only " + " ".join(sorted(ran - set(failed)))
+        settings = [f"{k}={os.environ[k]}" for k in REFERENCE_ENV if os.environ.get(k)]  # what changed the measurement
+        command = " ".join([*settings, "python tools/run_notebooks.py --reference --only", *sorted(ran - set(failed))])
+        command += " --sections " + " ".join(args.sections) if args.sections else ""
         for name in sorted(ran - set(failed)):
             try:
-                print("reference:", save_reference(name, command))
-            except FileNotFoundError:
-                print(f"reference: {name} saved no results/{name}.json; nothing copied")
+                print("reference:", save_reference(name, command, sections=args.sections))
+            except (FileNotFoundError, ValueError) as exc:
+                print(f"reference: {name}: nothing copied ({exc})")
     return 1 if failed else 0
 
 

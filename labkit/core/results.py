@@ -201,6 +201,13 @@ def provenance(res: Results) -> str:
             f"command: {e.get('command', '?')}")
 
 
+def section_provenance(res: Results, section: str) -> str:
+    """``provenance`` of the run a section came from: a reference can hold sections of a later run, each with
+    its own environment under ``notes["section_env"]`` (``tools/run_notebooks.py --reference --sections``)."""
+    own = (res.notes.get("section_env") or {}).get(section)
+    return provenance(Results(res.name, env=own)) if own else provenance(res)
+
+
 def mode(res: Results) -> str:
     """What a result's numbers may be compared with: 'quick' or 'full', and the token counts its notebook
     recorded (``notes["tokens"]``). Figures of different modes never share one axis."""

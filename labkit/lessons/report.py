@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import os
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from ..decoding import quality
 from ..model import models
 from ..model.prompts import cycle
 from ..serve import decoder, loadgen
+from ..serve import vllm_server as vs
 
 CONFIG_SECTION = "configs"  # one row per served configuration, all under the same load
 SWEEP_SECTION = "slo_sweep"  # one row per (configuration, concurrency)
@@ -161,6 +163,105 @@ def slo_sweep(url: str, prompts: Sequence[str], levels: Sequence[int], requests_
         if stop_at_first_miss and not row["meets_slo"]:
             break
     return rows
+
+
+# ------------------------------------------------------------------------------------------ vLLM under the same load
+
+
+def group_rss_bytes(pid: int) -> int | None:
+    """Resident memory of a process group (``vllm serve``: front end, engine core, workers), summed; None when
+    none of its processes can be read."""
+    import psutil
+
+    total, read = 0, False
+    for member in vs.group_pids(pid):
+        try:
+            total += psutil.Process(member).memory_info().rss
+            read = True
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total if read else None
+
+
+def vllm_load(settings: Any, prompts: Sequence[str], concurrency: int, num_requests: int, max_tokens: int, slo: Any,
+              levels: Sequence[int] = (), requests_per_client: int = 2, min_good_fraction: float = 0.9,
+              warmup_requests: int = 8, deadline_s: float = 300.0) -> dict[str, Any]:
+    """The capstone's load against ``vllm serve`` on one start: a warm-up, the same ``load_point`` every
+    configuration gets, then the same SLO sweep over ``levels`` while the server is up. Its memory is the RSS of the
+    server's processes summed after the run (vLLM allocates its KV cache at start); the lab's allocator peak does
+    not apply. Returns ``status`` ("ok" or the one line saying why vLLM did not run), ``row``, ``sweep``, ``platform``."""
+    try:
+        with vs.serve(settings, deadline_s=deadline_s, name="vllm-capstone") as srv:
+            loadgen.run(srv.url, prompts, num_requests=warmup_requests, max_concurrency=warmup_requests, max_tokens=4,
+                        endpoint="chat")  # the first requests pay set-up
+            row = load_point(srv.url, prompts, concurrency, num_requests, max_tokens, slo)
+            row.update(peak_rss_bytes=group_rss_bytes(srv.proc.pid), cuda_peak_bytes=None, mean_batch_size=None,
+                       peak_rss_source="RSS of vllm serve's processes, summed after the run",
+                       cuda_peak_note="vLLM runs in its own processes: this process's allocator does not see it")
+            sweep = (slo_sweep(srv.url, prompts, levels, requests_per_client, max_tokens, slo, min_good_fraction)
+                     if levels else [])
+            chose, start_s = srv.platform(), srv.start_s
+    except (vs.VLLMUnavailable, vs.VLLMStartError) as exc:
+        return {"status": str(exc)}
+    return {"status": "ok" if not row["failed"] else f"{row['failed']} request(s) failed: {row['errors']}",
+            "row": row, "sweep": sweep, "platform": chose, "start_s": start_s}
+
+
+SAME_LOAD_FIGURES = ("request_throughput", "output_tokens_per_s", "ttft_p50_s", "tpot_p50_s", "itl_p50_s", "e2e_p50_s",
+                     "goodput")
+
+
+def same_load(urls: dict[str, str], n_rounds: int, **loadgen_options: Any) -> list[dict[str, Any]]:
+    """The same ``loadgen.run`` against each server in turn, ``n_rounds`` times (interleaved, so a slower
+    stretch of the machine hits each alike): one row per server, each figure the median over the rounds, every
+    round's value kept under ``samples``."""
+    done = timing.rounds({name: (lambda url=url: loadgen.run(url, **loadgen_options).summary())
+                          for name, url in urls.items()}, n_rounds, again=False)
+    rows = []
+    for name, runs in done.items():
+        samples = {f: [r[f] for r in runs if r.get(f) is not None] for f in SAME_LOAD_FIGURES}
+        rows.append({"server": name, "rounds": n_rounds, "requests": sum(r["requests"] for r in runs),
+                     "failed": sum(r["failed"] for r in runs),
+                     **{f: statistics.median(v) if v else None for f, v in samples.items()}, "samples": samples})
+    return rows
+
+
+def beside_vllm(settings: Any, urls: dict[str, str], n_rounds: int, deadline_s: float = 300.0, warmup_requests: int = 8,
+                **loadgen_options: Any) -> dict[str, Any]:
+    """``same_load`` over the lab's servers (``urls``) and ``vllm serve`` (one start, warmed up first). Returns
+    ``status`` ("ok" or the one line saying why vLLM did not run), ``rows`` and ``platform``."""
+    try:
+        with vs.serve(settings, deadline_s=deadline_s, name="vllm-same-load") as srv:
+            loadgen.run(srv.url, num_requests=warmup_requests, max_concurrency=warmup_requests, max_tokens=4)
+            rows = same_load({**urls, f"vllm serve (max_num_seqs {settings.max_num_seqs})": srv.url}, n_rounds,
+                             **loadgen_options)
+            chose = srv.platform()
+    except (vs.VLLMUnavailable, vs.VLLMStartError) as exc:
+        return {"status": str(exc)}
+    failed = sum(r["failed"] for r in rows)
+    return {"status": "ok" if not failed else f"{failed} request(s) failed", "rows": rows, "platform": chose}
+
+
+def show_reference(name: str, section: str, columns: Sequence[str], keep: Any = None) -> int:
+    """For a measurement that could not run here: the rows of ``section`` in data/reference/<name>.json (those
+    ``keep(row)`` accepts), under the line saying where, when and how they were measured, with vLLM's version where
+    the reference recorded it; one line when no reference holds them. Returns how many rows were shown."""
+    from IPython.display import display
+    import pandas as pd
+
+    path = results.reference_dir() / f"{name}.json"
+    ref = results.reference(name) if path.is_file() else None
+    rows = [r for r in (ref.section(section) if ref else []) if keep is None or keep(r)]
+    if not rows:
+        print(f"No reference of it ships yet (data/reference/{name}.json, section {section!r}): `make vllm`, then "
+              f"`make reference NOTEBOOKS={name.split('_')[0]}`.")
+        return 0
+    vllm_version = (ref.notes.get("vllm") or {}).get("platform", {}).get("version")
+    print("Reference, measured elsewhere:", results.section_provenance(ref, section)
+          + (f"; vLLM {vllm_version}" if vllm_version else ""))
+    frame = pd.DataFrame(rows)
+    display(frame[[c for c in columns if c in frame]].round(3))
+    return len(rows)
 
 
 # ------------------------------------------------------------------------------------------ writing

@@ -146,6 +146,7 @@ def environment(s: Settings, base: Mapping[str, str] | None = None) -> dict[str,
     """The child's environment: the KV cache size and the cores its OpenMP threads bind to, on a CPU."""
     child = dict(os.environ if base is None else base)
     child["PYTHONUNBUFFERED"] = "1"  # the log shows each line as it is written
+    child["VLLM_LOGGING_COLOR"] = "0"  # plain text in the log, also from a notebook (ipykernel sets FORCE_COLOR)
     child.pop("PYTHONPATH", None)  # the lab's packages must not shadow vLLM's environment
     if s.device == "cpu":
         child["VLLM_CPU_KVCACHE_SPACE"] = str(s.kv_cache_gib)  # GiB

@@ -17,6 +17,8 @@
 # - Count what left padding wastes when prompt lengths differ, and what bucketing saves.
 # - Run an OpenAI-compatible server with dynamic batching and compare `max_batch_size` 1 and 8 under load;
 #   tell TGI's real batching flags from the client options articles invent.
+# - Put the real vLLM engine (`vllm serve`, with `make vllm`) under the same load as the lab's server: throughput,
+#   TTFT, TPOT, ITL and goodput in one table.
 # - Load-test it two ways: Locust (generic HTTP) and an LLM-aware streaming client with vLLM's
 #   benchmark semantics (TTFT, TPOT, ITL, goodput under Poisson and bursty arrivals).
 
@@ -27,17 +29,19 @@
 # 1 client and ask why batching stops helping.
 
 # %% slide
+import os
 import urllib.request
 
 import pandas as pd
 import torch
+from IPython.display import display
 
 import labkit
 from labkit.core import config, env, machine, results
 from labkit.model import models
 from labkit.decoding import decode
-from labkit.serve import batching, launch, loadgen
-from labkit.lessons import exercises, findings, plots
+from labkit.serve import batching, launch, loadgen, vllm, vllm_server
+from labkit.lessons import exercises, findings, plots, report
 from labkit.lessons.widgets import panel as batch_widget
 
 plots.setup_offline()
@@ -61,6 +65,10 @@ LOCUST_SECONDS = config.pick(20, 5)  # Locust run time, s
 OPEN_LOOP_REQUESTS = config.pick(40, 8)  # requests per open-loop (Poisson / bursty) run
 REQUEST_RATE = 2.0  # open-loop arrival rate, requests/s
 SLO = loadgen.SLO(ttft_s=2.0, tpot_s=0.5)  # goodput target: a request is good if it meets both, s
+VLLM_LIVE = os.environ.get("LABKIT_VLLM_LIVE") == "1"  # True: start vllm serve here (about a minute on 2 cores); else its reference run
+VLLM_ROUNDS = 3  # interleaved rounds of the same load against labkit serve and vllm serve
+VLLM_KV_CACHE_GIB = 1  # vllm serve's KV cache on a CPU, whole GiB (on a GPU: half its memory)
+VLLM_START_DEADLINE_S = 300  # seconds vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
 
 # %% fragment
 lm = models.load()
@@ -283,6 +291,47 @@ res.frame("serving")[["max_batch_size", "mean_batch_size", "completed", "failed"
 # %% fragment
 metrics_text = urllib.request.urlopen(server.url + "/metrics").read().decode()
 print("\n".join(line for line in metrics_text.splitlines() if line.startswith(("labkit_batch_size", "labkit_queue"))))
+
+# %% md subslide
+# ### The same load against vLLM
+#
+# `vllm serve` (installed by `make vllm` in `.venv-vllm`) with `--max-num-seqs 8`, the same precision and model: the
+# same requests from the same `CLIENTS` clients through the same load generator, in interleaved rounds with the lab's
+# server at `max_batch_size=8`; goodput at this notebook's `SLO`. A start costs about a minute on 2 cores, so it runs
+# with `VLLM_LIVE = True`; otherwise the table is the reference's (notebook 09 starts vLLM under its own load).
+# Predict: how many times the lab's output tokens/s does vLLM serve?
+
+# %% fragment
+PREDICT_VLLM_GAIN = None  # your prediction: vLLM's output tokens/s / the lab's server's, same load
+
+# %% fragment
+server.configure(max_batch_size=8)
+vllm_settings = vllm_server.Settings(model=models.resolve(), dtype=vllm.VLLM_DTYPES[lm.dtype],
+                                     device=vllm_server.default_device(), max_num_seqs=8, kv_cache_gib=VLLM_KV_CACHE_GIB)
+machine.check("vllm serve")
+if not vllm_server.vllm_python().exists():
+    same = {"status": vllm_server.MISSING}
+elif not VLLM_LIVE:
+    same = {"status": "vllm serve not started here (VLLM_LIVE = False; set it True to measure this table here)"}
+else:
+    same = report.beside_vllm(vllm_settings, {"labkit serve (max_batch_size 8)": server.url}, VLLM_ROUNDS,
+                              VLLM_START_DEADLINE_S, num_requests=SERVE_REQUESTS, max_concurrency=CLIENTS,
+                              max_tokens=SERVE_TOKENS, slo=SLO)
+if "rows" in same:
+    res.replace("vllm_same_load", same["rows"])
+    res.notes["vllm_same_load"] = {"VLLM_LIVE": VLLM_LIVE, "platform": same["platform"],
+                                    "settings": vars(vllm_settings)}
+    lab_row, vllm_row = same["rows"]
+    exercises.reveal("vLLM / labkit serve output tokens/s", PREDICT_VLLM_GAIN,
+                     vllm_row["output_tokens_per_s"] / lab_row["output_tokens_per_s"], "×")
+    print(f"vLLM {same['platform']['version']} ({same['platform']['platform']}); status: {same['status']}; medians of "
+          f"{VLLM_ROUNDS} interleaved rounds: vLLM {vllm_row['output_tokens_per_s'] / lab_row['output_tokens_per_s']:.2f}× "
+          "the lab's output tokens/s")
+    display(res.frame("vllm_same_load")[["server", *report.SAME_LOAD_FIGURES]].round(3))
+else:
+    print(same["status"] if same["status"].startswith(("vLLM not installed", "vllm serve not started"))
+          else f"vLLM did not run here: {same['status']}")
+    report.show_reference("06_batching", "vllm_same_load", ["server", *report.SAME_LOAD_FIGURES])
 
 # %% md slide
 # ## 7 · Load testing two ways

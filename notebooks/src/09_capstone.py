@@ -14,6 +14,7 @@
 # - Choose the after's precision by measuring speed and answer agreement, not by assumption.
 # - Serve one model three ways (one at a time, dynamic batching, continuous batching) and load-test
 #   each with the same streaming clients (`labkit.serve.launch`, `labkit.serve.scheduler`, `labkit.serve.loadgen`).
+# - Put the real vLLM engine (`vllm serve`) under the same load and the same SLO; it may be the after.
 # - Build the before/after table from measurements, not from claims.
 # - Find the highest concurrency that meets a service-level objective (SLO) for the before and the after.
 # - Write a shareable HTML + JSON report, and merge several learners' files into one comparison.
@@ -29,7 +30,7 @@ import pandas as pd
 import labkit
 from labkit.core import config, env, machine, memory, results
 from labkit.model import models
-from labkit.serve import launch, loadgen, paged
+from labkit.serve import launch, loadgen, paged, vllm, vllm_server
 from labkit.lessons import plots, report
 
 plots.setup_offline()
@@ -50,6 +51,9 @@ REQUESTS_PER_CLIENT = 2  # requests per client at each sweep level
 TARGET_SLO = loadgen.SLO(ttft_s=2.0, tpot_s=0.25)  # the product's goal: a request is good when TTFT ≤ 2 s and TPOT ≤ 0.25 s
 SLO_FACTOR = 3  # where one request alone misses the target: the SLO is this many times its TTFT and TPOT
 MIN_GOOD = 0.9  # a load point meets the SLO when at least this share of its requests is good
+VLLM_KV_CACHE_GIB = 1  # vllm serve's KV cache on a CPU, whole GiB (on a GPU: VLLM_GPU_FRACTION of its memory)
+VLLM_GPU_FRACTION = vllm.VLLM_GPU_MEMORY_UTILIZATION  # share of the GPU's memory vLLM may reserve (GPU only)
+VLLM_START_DEADLINE_S = 300  # seconds vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
 
 # %% fragment
 res = results.Results("09_capstone")
@@ -133,8 +137,40 @@ cfg_df = res.frame(report.CONFIG_SECTION)
 cfg_df[["config", "completed", "failed", "request_throughput", "output_tokens_per_s", "e2e_mean_s", "e2e_p90_s",
         "ttft_p90_s", "good_requests", "peak_rss_bytes", "mean_batch_size"]].round(3)
 
+# %% md subslide
+# ### The same load against vLLM
+#
+# `vllm serve` (installed by `make vllm` in `.venv-vllm`) at the after's precision, `--max-num-seqs` = `BATCH`:
+# the same requests from the same clients through the same OpenAI API and the same load generator, judged by the
+# same SLO. While it is up (one start), it also gets the SLO sweep of section 3. The after may be vLLM.
+
+# %% fragment
+SAME_LOAD_COLUMNS = ["config", "request_throughput", "output_tokens_per_s", "ttft_p50_s", "tpot_p50_s", "itl_p50_s",
+                     "e2e_p90_s", "good_requests", "goodput", "peak_rss_bytes"]
+vllm_name = f"vllm serve, max_num_seqs {BATCH}, {best_dtype}"
+vllm_settings = vllm_server.Settings(model=models.resolve(), dtype=vllm.VLLM_DTYPES[best_dtype],
+                                     device=vllm_server.default_device(), max_num_seqs=BATCH,
+                                     kv_cache_gib=VLLM_KV_CACHE_GIB, gpu_memory_utilization=VLLM_GPU_FRACTION)
+machine.check("vllm serve")
+served = (report.vllm_load(vllm_settings, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO, SWEEP, REQUESTS_PER_CLIENT,
+                           MIN_GOOD, BATCH, VLLM_START_DEADLINE_S)
+          if vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
+if "row" in served:
+    rows.append({"config": vllm_name, **served["row"]})
+    res.replace(report.CONFIG_SECTION, rows)
+    res.notes.update(vllm={"platform": served["platform"], "start_s": served["start_s"]})
+    cfg_df = res.frame(report.CONFIG_SECTION)
+    chose = served["platform"]
+    print(f"vLLM {chose['version']} ({chose['platform']}, {chose['isa'] or chose['kernel_library']} kernels), started in "
+          f"{served['start_s']:.0f} s; status: {served['status']}")
+else:  # the reference's vLLM row, shown apart: another machine's load, not in this run's tables
+    print(served["status"] if served["status"] == vllm_server.MISSING else f"vLLM did not run here: {served['status']}")
+    report.show_reference("09_capstone", report.CONFIG_SECTION, SAME_LOAD_COLUMNS,
+                          keep=lambda r: r["config"].startswith("vllm serve"))
+cfg_df[SAME_LOAD_COLUMNS].round(3)
+
 # %% subslide
-fig_configs = plots.bar(cfg_df, x="config", y="request_throughput", title="Same load, three servers: throughput",
+fig_configs = plots.bar(cfg_df, x="config", y="request_throughput", title="Same load, every server: throughput",
                         y_title="requests/s")
 fig_latency = plots.bar(cfg_df, x="config", y=["e2e_mean_s", "e2e_p90_s"], title="Same load: latency per request",
                         y_title="seconds")
@@ -153,8 +189,10 @@ print(f"best here: {best_name}; {len(cfg_df) - len(done)} configuration(s) lost 
 # A run of tens of requests is too few for a p99 (it would be the worst request): the tail is read at p90.
 
 # %% fragment
-sweep_rows = []
+sweep_rows = [{"config": vllm_name, **row} for row in served.get("sweep", [])]  # swept while it was up
 for name in (before_name, best_name):
+    if name == vllm_name:
+        continue
     dtype, start = configs[name]
     lm = models.load(dtype=dtype)
     with start(lm) as srv:

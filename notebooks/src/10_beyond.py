@@ -19,11 +19,15 @@
 # - Store the KV cache in int8, 4 and 2 bits; measure its bytes, its speed and its quality at long context.
 # - Put llama.cpp beside the lab's best CPU paths on the same prompts, explain the gap with a measured
 #   breakdown, and close part of it with ONNX Runtime's 4-bit blocks.
+# - Run the same prefix-cache, chunked-prefill and prompt-lookup workloads through vLLM itself (`make vllm`) and
+#   read its figures beside the lab's: hit rate and acceptance from `/metrics`, TTFT, ITL and decode speed, tokens.
 
 # %% md notes
 # Presenter: each section is independent; pick two for a short session. Ask before each measurement:
 # how many tokens per forward pass prompt lookup will reach on the copying task and on chat, and how
 # far llama.cpp will be from the lab's best CPU path. The llama.cpp rows need `make llama` beforehand.
+# Section 6 starts `vllm serve` three times (about two and a half minutes on 2 cores); without `make vllm` it shows
+# the reference's rows.
 
 # %% slide
 import pandas as pd
@@ -36,8 +40,9 @@ from labkit.model import models, onnx, prompts
 from labkit.decoding import decode, generation, quality, speculative
 from labkit.precision import kvquant, quantisers, variants
 from labkit.engines import cpu, fusion, llamacpp
-from labkit.serve import continuous, prefill
-from labkit.lessons import beyond, exercises, plots
+from labkit.serve import continuous, prefill, vllm, vllm_server
+from labkit.serve import vllm_mechanisms as vm
+from labkit.lessons import beyond, exercises, plots, report
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -69,6 +74,12 @@ REF_NEW_TOKENS = config.pick(24, 12)  # tokens of each reference continuation
 GGUF_FORMATS = config.pick(("Q4_1", "Q8_0", "Q4_0"), ("Q4_1", "Q8_0"))  # llama.cpp: the shipped file, requantised ones
 NBITS = config.pick((4, 8), (4,))  # ONNX Runtime MatMulNBits widths to build and run
 QUALITY_FLOOR = 0.9  # greedy agreement a path needs to count as "the lab's best" (a fast wrong answer does not)
+VLLM_SMALL_BUDGET = PREFILL_CHUNK_TOKENS  # vLLM's --max-num-batched-tokens that chunks the long prompt, tokens per step
+VLLM_LARGE_BUDGET = 2048  # … one that takes the whole long prompt in one step (vLLM's default on a CPU), tokens per step
+VLLM_ROUNDS = config.pick(5, 4)  # interleaved rounds per vLLM comparison (4 × STREAMS × STREAM_TOKENS gaps: a p99)
+VLLM_KV_CACHE_GIB = 1  # KV cache of each vLLM server on a CPU, whole GiB (two run at once: about 4 GiB of RAM each)
+VLLM_GPU_FRACTION = 0.3  # on a GPU, the share of its memory each of the two vLLM servers running at once may take
+VLLM_START_DEADLINE_S = 300  # seconds each vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
 
 # %% fragment
 res = results.Results("10_beyond")
@@ -516,6 +527,73 @@ print(f"fastest lab path with agreement ≥ {QUALITY_FLOOR:.0%}: {best_lab['engi
       + (f"; {best_lab['decode_tokens_per_s'] / llama_row['decode_tokens_per_s']:.2f}× llama.cpp Q4_1" if llama_row else ""))
 
 # %% md slide
+# ## 6 · The same three mechanisms inside vLLM
+#
+# vLLM ships all three: a prefix cache of whole KV blocks, chunked prefill under a token budget per engine step
+# (`--max-num-batched-tokens`: a longer prompt is prefilled in chunks, with the running streams' decode tokens in the
+# same steps), and n-gram speculation (`--speculative-config '{"method": "ngram", ...}'`, the rule of section 1).
+# `make vllm` installs it in `.venv-vllm`. Three `vllm serve` starts: two servers that differ only in their token
+# budget start together and take the chunked-prefill rounds; the large one then takes the prefix-cache rounds and
+# stays up as the plain server beside one with n-gram speculation. Each runs the workload the lab's version ran
+# above, as chat-formatted token ids, in interleaved rounds, with `/metrics` read before and after every run.
+# Without the cache, each request carries a cache salt of its own (vLLM never shares blocks across salts); with
+# it, a round's requests share one. Every answer comes back as token ids, compared with transformers' greedy
+# tokens or the lab's.
+
+# %% fragment
+prefix_ids = {f"q{i}": list(models.chat_ids(tok, p)) for i, p in enumerate(prefix_prompts)}
+stream_ids = {f"stream {i}": list(models.chat_ids(tok, p)) for i, p in enumerate(stream_prompts)}
+refs = {"prefix": vm.greedy_references(lm, prefix_ids, PREFIX_MAX_TOKENS),  # transformers generate, each alone
+        "streams": vm.greedy_references(lm, stream_ids, STREAM_TOKENS),
+        "lookup": {task: mech_tokens[task] for task in task_ids}}  # section 1's loop: plain greedy decoding's tokens
+settings = vllm_server.Settings(model=vllm.models_path(lm), dtype=vllm.VLLM_DTYPES[DTYPE],
+                                device=vllm_server.default_device(), max_num_seqs=max(STREAMS + 1, CONCURRENCY),
+                                kv_cache_gib=VLLM_KV_CACHE_GIB, gpu_memory_utilization=VLLM_GPU_FRACTION)
+ngram = {"method": "ngram", "num_speculative_tokens": LOOKUP_DRAFT_TOKENS, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+machine.check("vllm serve")
+served = (vm.compare(settings, small_tokens=VLLM_SMALL_BUDGET, large_tokens=VLLM_LARGE_BUDGET, speculative=ngram,
+                     prefix_prompts=prefix_ids, prefix_max_tokens=PREFIX_MAX_TOKENS, concurrency=CONCURRENCY,
+                     stream_prompts=list(stream_ids.values()), stream_tokens=STREAM_TOKENS,
+                     long_prompt=list(models.chat_ids(tok, long_prompt)),
+                     lookup_tasks={task: ids[0].tolist() for task, ids in task_ids.items()},
+                     lookup_tokens=LOOKUP_NEW_TOKENS, n_rounds=VLLM_ROUNDS, deadline_s=VLLM_START_DEADLINE_S)
+          if vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
+vllm_ran = "prefix" in served
+if vllm_ran:
+    chose, starts = served["platform"], ", ".join(f"{k} {v:.0f} s" for k, v in served["start_s"].items())
+    print(f"vLLM {chose['version']} ({chose['isa'] or chose['platform']} kernels); started: {starts}; status: {served['status']}")
+else:
+    print(served["status"] if served["status"] == vllm_server.MISSING else f"vLLM did not run here: {served['status']}")
+
+# %% fragment
+VLLM_TABLE_COLUMNS = ["mechanism", "figure", "labkit", "vllm", "vllm_verdict", "labkit_tokens", "vllm_tokens", "note"]
+if vllm_ran:
+    res.replace("vllm_mechanisms", beyond.beside_vllm(prefix_rows, chunk_rows, lookup_rows, served, refs, set(eos)))
+    for part in ("prefix", "chunked", "speculative"):
+        res.replace(f"vllm_{part}", [{k: v for k, v in row.items() if "answer" not in k} for row in served[part].values()])
+    res.notes["vllm"] = {"platform": served["platform"], "start_s": served["start_s"], "settings": served["settings"]}
+    display(res.frame("vllm_mechanisms")[VLLM_TABLE_COLUMNS].round(3))
+else:
+    report.show_reference("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
+
+# %% fragment
+if vllm_ran:
+    pre, chk, spec = served["prefix"], served["chunked"], served["speculative"]
+    print(f"vLLM's prefix cache shares whole blocks of {served['blocks']['block_size']} tokens (the lab's: {block}): it "
+          f"read {pre['with']['token_hit_rate']:.0%} of the prompt tokens ({pre['without']['token_hit_rate'] or 0:.0%} "
+          f"with a salt per request); median TTFT {pre['without']['ttft_p50_s'] * 1e3:.0f} ms → "
+          f"{pre['with']['ttft_p50_s'] * 1e3:.0f} ms.")
+    print(f"vLLM's log: chunked prefill on in both servers: {chk['small']['logged_chunked_prefill']} and "
+          f"{chk['large']['logged_chunked_prefill']}, with budgets of {chk['small']['logged_budget']} and "
+          f"{chk['large']['logged_budget']} tokens per step. The streams' worst gap while the long prompt "
+          f"prefilled (median of {VLLM_ROUNDS} rounds): {chk['large']['stall_p50_s'] * 1e3:.0f} ms with the large budget, "
+          f"{chk['small']['stall_p50_s'] * 1e3:.0f} ms with the small one.")
+    for task, row in spec.items():
+        print(f"n-gram, {task}: {row['accepted_tokens']:.0f} of {row['draft_tokens']:.0f} draft tokens accepted, decode "
+              f"{row['plain_decode_tokens_per_s']:.1f} → {row['ngram_decode_tokens_per_s']:.1f} tokens/s "
+              f"({row['decode_speedup']:.2f}×, {row['verdict']}: {row['verdict_reason']})")
+
+# %% md slide
 # ## Takeaways
 
 # %% fragment
@@ -545,6 +623,15 @@ lines = [
                   in head else f"; llama.cpp: {head['llamacpp_reason'].split(' (')[0]}") + ".",  # the reason's gist
 ]
 print("\n".join(f"- {line}" for line in lines))
+
+# %% fragment
+if vllm_ran:
+    vt = res.frame("vllm_mechanisms")
+    for mech, grp in vt.groupby("mechanism", sort=False):
+        figs = "; ".join(f"{r.figure}: vLLM {r.vllm:.2f}" + (f" ({r.vllm_verdict})" if isinstance(r.vllm_verdict, str)
+                                                             else "") + f", the lab {r.labkit:.2f}"
+                         for r in grp.itertuples() if pd.notna(r.vllm) and pd.notna(r.labkit))
+        print(f"- vLLM's {mech}: {figs}. vLLM's tokens: {grp.vllm_tokens.iloc[0]}.")
 
 # %% md fragment
 # - Speculative decoding, prefix caching and chunked prefill change how much work produces the answer

@@ -1,0 +1,458 @@
+"""vLLM's own prefix caching, chunked prefill and n-gram speculation, on notebook 10's workloads.
+
+The lab builds each mechanism by hand (``labkit.serve.prefill``, ``labkit.decoding.speculative``); here vLLM does
+the same work and is measured the same way, from the client and from ``/metrics`` deltas around each run:
+
+prefix caching     the same requests sharing a document, in interleaved rounds. *Without*: each request carries
+                   a cache salt of its own (vLLM's ``cache_salt``: blocks hashed under another salt are never
+                   shared), so none can reuse another's prefix. *With*: the round's requests share one salt, fresh
+                   each round, so each round starts from an empty cache as the lab's server does. TTFT of each,
+                   and the prompt tokens read from the cache (``vllm:prefix_cache_hits`` / ``…_queries``).
+chunked prefill    streams decoding, then one long prompt, against two servers that differ only in
+                   ``--max-num-batched-tokens`` (vLLM's token budget per engine step: a longer prompt is prefilled
+                   in chunks, the running streams' decode tokens in the same steps), in interleaved rounds: the
+                   streams' inter-token gaps (``prefill.itl_stats``) and the long prompt's TTFT.
+n-gram speculation one request at a time on a plain server and on one started with ``--speculative-config
+                   {"method": "ngram", ...}``, interleaved: TPOT of each, and acceptance from
+                   ``vllm:spec_decode_num_accepted_tokens`` / ``vllm:spec_decode_num_draft_tokens``.
+
+Prompts go as chat-formatted token ids to the completions endpoint and answers come back as token ids
+(``return_token_ids``), so every answer is compared token by token with the lab's and transformers'.
+This module knows nothing of the lab's own servers: the notebook puts the two side by side.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import socket
+import statistics
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any
+
+from ..core import verdict
+from ..core.checks import positive
+from ..core.timing import clock, percentile, rounds as interleaved_rounds
+from . import loadgen, prefill
+from . import vllm as vllm_engine
+from . import vllm_server as vs
+
+HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"  # prompt tokens, not requests
+DRAFTS, DRAFT_TOKENS, ACCEPTED = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                                  "vllm:spec_decode_num_accepted_tokens_total")
+TPOT = "vllm:request_time_per_output_token_seconds"  # a histogram: _sum and _count per finished request
+
+
+# ---------------------------------------------------------------------------------------- /metrics figures
+
+
+def token_hit_rate(delta: Mapping[str, float]) -> float | None:
+    """Share of the prompt tokens looked up in the prefix cache that it held (a ``metrics_delta``); None when
+    nothing was looked up."""
+    queries = delta.get(QUERIES, 0.0)
+    return delta.get(HITS, 0.0) / queries if queries else None
+
+
+def acceptance(delta: Mapping[str, float]) -> dict[str, float | None]:
+    """Speculation over a run, from a ``metrics_delta``: drafts proposed, draft tokens, accepted tokens, the share
+    of draft tokens accepted, and tokens accepted per draft."""
+    drafts, tokens, accepted = (delta.get(k, 0.0) for k in (DRAFTS, DRAFT_TOKENS, ACCEPTED))
+    return {"drafts": drafts, "draft_tokens": tokens, "accepted_tokens": accepted,
+            "acceptance_rate": accepted / tokens if tokens else None,
+            "accepted_per_draft": accepted / drafts if drafts else None}
+
+
+def engine_tpot(delta: Mapping[str, float]) -> float | None:
+    """Mean TPOT of the requests a run finished, as the engine timed them (first to last token over the tokens
+    after the first), from a ``metrics_delta``; None when none finished."""
+    count = delta.get(TPOT + "_count", 0.0)
+    return delta.get(TPOT + "_sum", 0.0) / count if count else None
+
+
+def chunked_prefill_logged(log_text: str) -> dict[str, Any]:
+    """What vLLM's log says about chunked prefill: whether the engine runs with it (``enable_chunked_prefill=`` in
+    its config line) and the per-step token budget (the budget line, else the ``max_num_batched_tokens`` it was
+    given). None where the log does not say (vLLM logs the budget line once per process, not always)."""
+    enabled = re.findall(r"enable_chunked_prefill=(True|False)", log_text)
+    budget = (re.findall(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)", log_text)
+              or re.findall(r"'max_num_batched_tokens': (\d+)", log_text))
+    return {"chunked_prefill": enabled[-1] == "True" if enabled else None,
+            "budget": int(budget[-1]) if budget else None}
+
+
+# ---------------------------------------------------------------------------------------- tokens check
+
+
+def tokens_check(got: Mapping[str, Sequence[int]], ref: Mapping[str, Sequence[int]], eos: set[int]) -> dict[str, Any]:
+    """Each answer against its reference, both cut at end-of-sequence: identical for all, or where the first
+    difference is (request name and token position)."""
+    diffs = {name: vllm_engine.first_difference(vllm_engine.until_eos(ids, eos), vllm_engine.until_eos(ref[name], eos))
+             for name, ids in got.items() if name in ref}
+    differ = {name: pos for name, pos in diffs.items() if pos is not None}
+    missing = sorted(set(got) ^ set(ref))
+    return {"identical": not differ and not missing and bool(diffs), "compared": len(diffs),
+            "first_differences": differ, "missing": missing}
+
+
+def check_line(check: Mapping[str, Any]) -> str:
+    """One phrase for a ``tokens_check``: "identical (4 of 4)" or "differ: q2 from token 7"."""
+    if check["identical"]:
+        return f"identical ({check['compared']} of {check['compared']})"
+    parts = [f"{name} from token {pos}" for name, pos in check["first_differences"].items()]
+    parts += [f"{name} missing" for name in check["missing"]]
+    return "differ: " + ", ".join(parts) if parts else "nothing compared"
+
+
+def greedy_references(lm: Any, prompts: Mapping[str, Sequence[int]], new_tokens: int) -> dict[str, list[int]]:
+    """transformers ``generate``, greedy, each prompt alone (``vllm.hf_greedy``): the ids up to end-of-sequence."""
+    work = [SimpleNamespace(id=name, prompt_ids=list(ids), max_new_tokens=new_tokens) for name, ids in prompts.items()]
+    return vllm_engine.hf_greedy(lm, work)
+
+
+# ---------------------------------------------------------------------------------------- requests
+
+
+def _body(prompt_ids: Sequence[int], max_tokens: int, model: str | None, salt: str | None) -> dict[str, Any]:
+    body = loadgen._payload("completions", list(prompt_ids), model, max_tokens, ignore_eos=True, return_token_ids=True)
+    if salt is not None:
+        body["cache_salt"] = salt  # a vLLM extension: blocks hashed under another salt are never shared
+    return body
+
+
+async def _model(session: Any, base_url: str) -> str | None:
+    return await loadgen.discover_model(session, base_url)
+
+
+def _run(coro_fn: Any) -> Any:
+    return prefill._run_async(coro_fn)  # also inside Jupyter, whose event loop is already running
+
+
+def send(base_url: str, prompts: Sequence[Sequence[int]], max_tokens: int, concurrency: int,
+         salts: Sequence[str | None] | None = None, timeout_s: float = 600.0) -> list[loadgen.RequestOutput]:
+    """Streaming completions of ``prompts`` (token ids), at most ``concurrency`` in flight, each with its cache
+    salt; loadgen's client measures each (TTFT, ITL, E2E, the answer's token ids)."""
+    import aiohttp
+
+    positive("max_tokens", max_tokens)
+    positive("concurrency", concurrency)
+    salts = list(salts) if salts is not None else [None] * len(prompts)
+    if len(salts) != len(prompts):
+        raise ValueError(f"{len(salts)} salts for {len(prompts)} prompts: give one per prompt (None: no salt)")
+    url = base_url.rstrip("/") + loadgen.ENDPOINTS["completions"]
+
+    async def go() -> list[loadgen.RequestOutput]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            model, gate, t0 = await _model(session, base_url), asyncio.Semaphore(concurrency), clock()
+
+            async def one(ids: Sequence[int], salt: str | None) -> loadgen.RequestOutput:
+                async with gate:
+                    return await loadgen.send_request(session, url, _body(ids, max_tokens, model, salt), False, t0)
+
+            return list(await asyncio.gather(*(one(p, s) for p, s in zip(prompts, salts))))
+
+    return _run(go)
+
+
+def _failures(outs: Sequence[loadgen.RequestOutput]) -> list[str]:
+    return [o.error or "failed" for o in outs if not o.success]
+
+
+# ---------------------------------------------------------------------------------------- prefix caching
+
+
+def prefix_rounds(server: vs.VLLMServer, prompts: Mapping[str, Sequence[int]], max_tokens: int, concurrency: int,
+                  n_rounds: int) -> dict[str, dict[str, Any]]:
+    """``n_rounds`` interleaved rounds of the same requests without and with a shared cache (see the module
+    docstring): per mode each round's median TTFT and their median (every request's TTFT kept too: a round's
+    first requests miss even with the cache), the prompt tokens the cache held, the first round's answers."""
+    positive("n_rounds", n_rounds)
+    names, ids = list(prompts), list(prompts.values())
+    nonce = uuid.uuid4().hex[:8]  # a rerun against the same server starts from an empty cache too
+    salts = {"without": lambda r: [f"{nonce}-r{r}-{n}" for n in names], "with": lambda r: [f"{nonce}-r{r}"] * len(names)}
+    kept: dict[str, dict[str, Any]] = {m: {"ttft_s": [], "round_p50_s": [], "hits": 0.0, "queries": 0.0, "answers": [],
+                                           "errors": []}
+                                       for m in salts}
+
+    def run(mode: str, r: int) -> None:
+        before = server.metrics()
+        outs = send(server.url, ids, max_tokens, concurrency, salts[mode](r))
+        delta = vs.metrics_delta(before, server.metrics())
+        k = kept[mode]
+        ttfts = [o.ttft_s for o in outs if o.success]
+        k["ttft_s"] += ttfts
+        k["round_p50_s"] += [statistics.median(ttfts)] if ttfts else []
+        k["hits"] += delta.get(HITS, 0.0)
+        k["queries"] += delta.get(QUERIES, 0.0)
+        k["answers"].append(dict(zip(names, (o.token_ids for o in outs))))
+        k["errors"] += _failures(outs)
+
+    for r in range(n_rounds):
+        for mode in salts:
+            run(mode, r)
+    return {mode: {"mode": mode, "requests": len(names), "rounds": n_rounds, "concurrency": concurrency,
+                   # each round's median TTFT (the lab's figure for one run), then their median
+                   "ttft_p50_s": statistics.median(k["round_p50_s"]) if k["round_p50_s"] else None,
+                   "ttft_p90_s": percentile(k["ttft_s"], 90) if k["ttft_s"] else None,
+                   "hit_tokens": k["hits"], "query_tokens": k["queries"],
+                   "token_hit_rate": k["hits"] / k["queries"] if k["queries"] else None,
+                   "samples": {"ttft_p50_s": k["round_p50_s"], "ttft_s": k["ttft_s"]}, "answers": k["answers"][0],
+                   "same_answers_every_round": all(a == k["answers"][0] for a in k["answers"]),
+                   "failed": len(k["errors"]), "errors": k["errors"][:3]}
+            for mode, k in kept.items()}
+
+
+# ---------------------------------------------------------------------------------------- chunked prefill
+
+
+@dataclass
+class Stream:
+    """One streamed answer: each chunk's arrival (seconds from the round's start) and the answer's token ids."""
+
+    stamps: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    sent_s: float = 0.0
+    error: str = ""
+
+
+async def _stream(session: Any, url: str, body: dict[str, Any], t0: float, seen: asyncio.Event | None = None,
+                  after: int = 0) -> Stream:
+    """POST one streaming request, stamping every chunk; sets ``seen`` once ``after`` chunks arrived."""
+    import aiohttp
+
+    out = Stream(sent_s=clock() - t0)
+    try:
+        async with session.post(url, json=body) as resp:
+            if resp.status != 200:
+                out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return out
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    continue
+                msg = json.loads(line[5:])
+                if "error" in msg:
+                    out.error = str(msg["error"])[:200]
+                    return out
+                if msg.get("choices"):
+                    out.stamps.append(clock() - t0)
+                    out.token_ids.extend(int(t) for t in msg["choices"][0].get("token_ids") or ())
+                    if seen is not None and len(out.stamps) >= after:
+                        seen.set()
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        if seen is not None:
+            seen.set()  # a stream that ended early must not leave the long prompt waiting
+    return out
+
+
+def long_prompt_while_streaming(base_url: str, stream_prompts: Sequence[Sequence[int]], stream_tokens: int,
+                                long_prompt: Sequence[int], long_after: int = 4, salt: str | None = None,
+                                timeout_s: float = 600.0) -> dict[str, Any]:
+    """Streams decoding ``stream_tokens`` each; after the first stream's ``long_after``-th chunk the long prompt
+    arrives (one token asked). Stamps of every stream, when the long prompt was sent, when its token came."""
+    import aiohttp
+
+    positive("stream_tokens", stream_tokens)
+    if not 0 < long_after < stream_tokens:
+        raise ValueError(f"long_after={long_after} must be between 1 and stream_tokens={stream_tokens} - 1: the long "
+                         "prompt must arrive while the streams are still decoding")
+    url = base_url.rstrip("/") + loadgen.ENDPOINTS["completions"]
+
+    async def go() -> dict[str, Any]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            model = await _model(session, base_url)
+            seen, t0 = asyncio.Event(), clock()
+            streams = [asyncio.create_task(_stream(session, url, _body(p, stream_tokens, model, salt), t0,
+                                                   seen if i == 0 else None, long_after))
+                       for i, p in enumerate(stream_prompts)]
+            await asyncio.wait_for(seen.wait(), timeout=timeout_s)
+            long = await _stream(session, url, _body(long_prompt, 1, model, salt), t0)
+            return {"streams": list(await asyncio.gather(*streams)), "long": long}
+
+    raw = _run(go)
+    long: Stream = raw["long"]
+    return {"stamps": [s.stamps for s in raw["streams"]], "answers": [s.token_ids for s in raw["streams"]],
+            "long_sent_s": long.sent_s, "long_first_token_s": long.stamps[0] if long.stamps else None,
+            "long_answer": long.token_ids,
+            "errors": [s.error for s in [*raw["streams"], long] if s.error]}
+
+
+def chunked_rounds(servers: Mapping[str, vs.VLLMServer], stream_prompts: Sequence[Sequence[int]], stream_tokens: int,
+                   long_prompt: Sequence[int], n_rounds: int, long_after: int = 4) -> dict[str, dict[str, Any]]:
+    """The long-prompt-while-streaming round on each server in turn, ``n_rounds`` times (interleaved). Per server:
+    the streams' gaps pooled over every round (p50, p99 from ``timing.P99_MIN_SAMPLES`` gaps, max), the worst gap
+    overlapping the long prompt's prefill in each round, the long prompt's TTFT in each, the first round's
+    answers. Every round has its own cache salt: no round's prompt is served from an earlier one's cache."""
+    positive("n_rounds", n_rounds)
+    nonce = uuid.uuid4().hex[:8]
+    calls = {name: (lambda srv=srv, name=name: long_prompt_while_streaming(
+        srv.url, stream_prompts, stream_tokens, long_prompt, long_after, f"{nonce}-{name}-{uuid.uuid4().hex[:6]}"))
+        for name, srv in servers.items()}
+    done = interleaved_rounds(calls, n_rounds, again=False)
+    out = {}
+    for name, runs in done.items():
+        stamps = [s for r in runs for s in r["stamps"]]
+        itl = prefill.itl_stats(stamps)
+        stalls, ttfts = [], []
+        for r in runs:
+            if r["long_first_token_s"] is not None:
+                during = prefill.itl_stats(r["stamps"], (r["long_sent_s"], r["long_first_token_s"]))
+                stalls.append(during["max_s"])
+                ttfts.append(r["long_first_token_s"] - r["long_sent_s"])
+        srv = servers[name]
+        out[name] = {"server": name, "max_num_batched_tokens": srv.settings.max_num_batched_tokens,
+                     **{f"logged_{k}": v for k, v in chunked_prefill_logged(srv.log()).items()}, "rounds": n_rounds,
+                     "streams": len(stream_prompts), "stream_tokens": stream_tokens, "long_prompt_tokens": len(long_prompt),
+                     "itl_n": itl["n"], "itl_p50_s": itl["p50_s"], "itl_p99_s": itl["p99_s"], "itl_max_s": itl["max_s"],
+                     "itl_tail": "p99" if itl["p99_s"] is not None else "max",
+                     "stall_p50_s": statistics.median(measured) if (measured := [s for s in stalls if s is not None])
+                     else None,
+                     "long_ttft_p50_s": statistics.median(ttfts) if ttfts else None,
+                     "samples": {"stall_s": stalls, "long_ttft_s": ttfts},
+                     "answers": runs[0]["answers"], "long_answer": runs[0]["long_answer"],
+                     "same_answers_every_round": all(r["answers"] == runs[0]["answers"] for r in runs),
+                     "errors": [e for r in runs for e in r["errors"]][:3]}
+    return out
+
+
+# ---------------------------------------------------------------------------------------- n-gram speculation
+
+
+def decode_rate(out: loadgen.RequestOutput) -> float | None:
+    """Decode tokens/s of one answer, 1 / TPOT: the tokens after the first over the time after it. Tokens are
+    counted from the ids the server sent (a speculative step sends several in one chunk), else its usage count."""
+    n = len(out.token_ids) or out.output_tokens
+    return (n - 1) / (out.e2e_s - out.ttft_s) if out.success and n > 1 and out.e2e_s > out.ttft_s else None
+
+
+def speculative_rounds(plain: vs.VLLMServer, ngram: vs.VLLMServer, tasks: Mapping[str, Sequence[int]],
+                       new_tokens: int, n_rounds: int) -> dict[str, dict[str, Any]]:
+    """Each task's prompt, one request at a time, on the plain server then the n-gram one, ``n_rounds`` times
+    (interleaved), ``/metrics`` read around every request. Decode tokens/s is 1 / TPOT as the engine timed it
+    (``vllm:request_time_per_output_token_seconds``: its first to last token, whatever the HTTP stream coalesced;
+    a speculative step's tokens may reach the client in one chunk), the client's kept beside it; the verdict on
+    their ratio; acceptance from the n-gram server's counters; the first round's answers of both."""
+    positive("n_rounds", n_rounds)
+    out = {}
+    for task, ids in tasks.items():
+        def timed(server: vs.VLLMServer, ids: Sequence[int] = ids) -> tuple[loadgen.RequestOutput, dict[str, float]]:
+            before = server.metrics()
+            o = send(server.url, [ids], new_tokens, 1)[0]
+            return o, vs.metrics_delta(before, server.metrics())
+
+        done = interleaved_rounds({"plain": lambda: timed(plain), "ngram": lambda: timed(ngram)}, n_rounds, again=False)
+        rate = {m: [1 / t for o, d in runs if o.success and (t := engine_tpot(d))] for m, runs in done.items()}
+        client = {m: [r for o, _d in runs if (r := decode_rate(o)) is not None] for m, runs in done.items()}
+        spec = {k: sum(d.get(k, 0.0) for _o, d in done["ngram"]) for k in (DRAFTS, DRAFT_TOKENS, ACCEPTED)}
+        v = verdict.compare(rate["ngram"], rate["plain"]) if all(rate.values()) else None
+        out[task] = {"task": task, "prompt_tokens": len(ids), "new_tokens": new_tokens, "rounds": n_rounds,
+                     "plain_decode_tokens_per_s": statistics.median(rate["plain"]) if rate["plain"] else None,
+                     "ngram_decode_tokens_per_s": statistics.median(rate["ngram"]) if rate["ngram"] else None,
+                     "decode_speedup": v.gain if v else None, "verdict": v.kind if v else "not measured",
+                     "verdict_reason": v.reason if v else "a run failed", **acceptance(spec),
+                     "samples": {"plain_decode_tokens_per_s": rate["plain"], "ngram_decode_tokens_per_s": rate["ngram"],
+                                 "client_plain_decode_tokens_per_s": client["plain"],
+                                 "client_ngram_decode_tokens_per_s": client["ngram"]},
+                     "plain_answer": done["plain"][0][0].token_ids, "ngram_answer": done["ngram"][0][0].token_ids,
+                     "failed": sum(len(_failures([o for o, _d in runs])) for runs in done.values())}
+    return out
+
+
+# ---------------------------------------------------------------------------------------- servers
+
+
+def distinct_ports(n: int) -> list[int]:
+    """``n`` free ports on 127.0.0.1, all different: each is held while the next is chosen."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@contextlib.contextmanager
+def started_together(named: Mapping[str, vs.Settings], deadline_s: float = 300.0) -> Iterator[dict[str, vs.VLLMServer]]:
+    """Start several ``vllm serve`` at once (their start-ups overlap), after one memory check for all of them;
+    every one is stopped at the end of the block, and those that started are stopped when another fails."""
+    cpu_kv = sum(s.kv_cache_gib for s in named.values() if s.device == "cpu")
+    if cpu_kv:
+        vs.check_memory(cpu_kv + vs.RUNTIME_OVERHEAD_GIB * (len(named) - 1))  # check_memory adds one overhead
+    ports = dict(zip(named, distinct_ports(len(named))))  # two free_port() calls at once may get the same port
+    pool = ThreadPoolExecutor(max_workers=len(named))
+    futures = {name: pool.submit(vs.start, s, ports[name], None, deadline_s, None, f"vllm-{name}")
+               for name, s in named.items()}
+    try:
+        pool.shutdown(wait=True)
+    except BaseException:  # interrupted while they start: each stops as soon as its start returns
+        for fut in futures.values():
+            fut.add_done_callback(lambda f: f.exception() is None and f.result().stop(grace_s=5.0))
+        raise
+    servers, errors = {}, []
+    for name, fut in futures.items():
+        try:
+            servers[name] = fut.result()
+        except BaseException as exc:  # noqa: BLE001  stop the others before raising the first failure
+            errors.append(exc)
+    try:
+        if errors:
+            raise errors[0]
+        yield servers
+    finally:
+        for srv in servers.values():
+            srv.stop()
+
+
+def budgets(base: vs.Settings, small_tokens: int, large_tokens: int) -> dict[str, vs.Settings]:
+    """Two servers that differ only in their per-step token budget (``--max-num-batched-tokens``)."""
+    if not 0 < small_tokens < large_tokens:
+        raise ValueError(f"small_tokens={small_tokens}, large_tokens={large_tokens}: need 0 < small < large")
+    if small_tokens < base.max_num_seqs:
+        raise ValueError(f"small_tokens={small_tokens} is below max_num_seqs={base.max_num_seqs}: vLLM refuses a "
+                         "budget that cannot hold one token of every running sequence")
+    return {"large": replace(base, max_num_batched_tokens=large_tokens),
+            "small": replace(base, max_num_batched_tokens=small_tokens)}
+
+
+def compare(base: vs.Settings, *, small_tokens: int, large_tokens: int, speculative: Mapping[str, Any],
+            prefix_prompts: Mapping[str, Sequence[int]], prefix_max_tokens: int, concurrency: int,
+            stream_prompts: Sequence[Sequence[int]], stream_tokens: int, long_prompt: Sequence[int],
+            lookup_tasks: Mapping[str, Sequence[int]], lookup_tokens: int, n_rounds: int,
+            deadline_s: float = 300.0, long_after: int = 4) -> dict[str, Any]:
+    """All three mechanisms on three ``vllm serve`` starts: the large- and small-budget servers start together
+    and take the chunked-prefill rounds; the small one stops; the large one (prefix caching on) takes the
+    prefix rounds, then stays up as the plain server beside the n-gram one for the speculation rounds. Returns
+    ``status`` ("ok", or the one line saying why vLLM did not run) and each mechanism's rows."""
+    two = budgets(base, small_tokens, large_tokens)
+    spec = replace(two["large"], speculative=dict(speculative))
+    try:
+        with started_together(two, deadline_s) as servers:
+            large = servers["large"]
+            chosen, blocks = large.platform(), large.kv_blocks()
+            start_s = {name: srv.start_s for name, srv in servers.items()}
+            chunked = chunked_rounds(servers, stream_prompts, stream_tokens, long_prompt, n_rounds, long_after)
+            servers.pop("small").stop()
+            prefix = prefix_rounds(large, prefix_prompts, prefix_max_tokens, concurrency, n_rounds)
+            with vs.serve(spec, deadline_s=deadline_s, name="vllm-ngram") as ngram:
+                start_s["ngram"] = ngram.start_s
+                lookup = speculative_rounds(large, ngram, lookup_tasks, lookup_tokens, n_rounds)
+    except (vs.VLLMUnavailable, vs.VLLMStartError) as exc:
+        return {"status": str(exc)}
+    errors = [e for rows in (prefix.values(), chunked.values()) for r in rows for e in r["errors"]]
+    failed = sum(r["failed"] for r in lookup.values())
+    status = "ok" if not errors and not failed else f"some requests failed: {(errors or ['see the rows'])[0]}"
+    return {"status": status, "prefix": prefix, "chunked": chunked, "speculative": lookup, "platform": chosen,
+            "blocks": blocks, "start_s": start_s, "settings": {"base": _settings(base), "small_tokens": small_tokens,
+                                             "large_tokens": large_tokens, "speculative": dict(speculative)}}
+
+
+def _settings(s: vs.Settings) -> dict[str, Any]:
+    return {k: v for k, v in vars(s).items() if k != "extra_args"}
