@@ -1,4 +1,5 @@
 import os
+import signal
 
 import pytest
 
@@ -38,3 +39,15 @@ def server():
     with launch.run_server(protocol.TINY_RANDOM, port=0, max_batch_size=8, max_prompt_tokens=512,
                             max_body_bytes=200_000) as srv:
         yield srv
+
+
+@pytest.fixture
+def alarm():
+    """A test that would hang fails instead: SIGALRM raises inside the launcher, which then stops its children."""
+    def ring(signum, frame):
+        raise TimeoutError("the launcher did not return in time")
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(90)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)

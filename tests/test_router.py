@@ -4,39 +4,17 @@ in front of two tiny-random replicas: registration, round-robin shares, the rout
 prefix cache, a replica killed mid-run, and a router that fails to start."""
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from processes import gone
 
 from labkit.serve import protocol, router, routing
 from labkit.serve import vllm_server as vs
-
-
-@pytest.fixture
-def alarm():
-    """A test that would hang fails instead: SIGALRM raises inside the launcher, which then stops its child."""
-    def ring(signum, frame):
-        raise TimeoutError("the launcher did not return in time")
-    old = signal.signal(signal.SIGALRM, ring)
-    signal.alarm(90)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_replica_command_runs_the_lab_server_with_its_prefix_cache_on_one_thread():
@@ -99,7 +77,7 @@ time.sleep(300)
 """
 
 
-def test_a_child_that_never_gets_ready_fails_at_its_deadline_and_its_group_is_gone(tmp_path, alarm):
+def test_a_child_that_never_gets_ready_fails_at_its_deadline_and_its_group_isgone(tmp_path, alarm):
     pids = tmp_path / "pids"
     child = router.spawn("stuck", [sys.executable, "-c", HANGS, str(pids)], "http://127.0.0.1:1", log_dir=tmp_path)
     while not pids.exists():
@@ -109,7 +87,7 @@ def test_a_child_that_never_gets_ready_fails_at_its_deadline_and_its_group_is_go
         router.wait_ready(child, lambda: False, 2, "get ready")
     assert time.monotonic() - t0 < 2 + 2 + 5, "the deadline, then a 2 s grace before SIGKILL"
     leader, helper = map(int, pids.read_text().split())
-    assert _gone(leader) and _gone(helper), "the whole process group is stopped, its helper included"
+    assert gone(leader) and gone(helper), "the whole process group is stopped, its helper included"
     assert child not in router._LIVE
 
 
@@ -133,7 +111,7 @@ def test_a_failing_ready_check_or_an_interrupt_stops_the_child(tmp_path, failure
 
     with pytest.raises(failure):
         router.wait_ready(child, ready, 30, "get ready")
-    assert _gone(child.proc.pid) and child not in router._LIVE
+    assert gone(child.proc.pid) and child not in router._LIVE
 
 
 def test_stop_sends_sigkill_after_the_grace_to_a_child_that_ignores_sigterm(tmp_path, alarm):
@@ -144,7 +122,7 @@ def test_stop_sends_sigkill_after_the_grace_to_a_child_that_ignores_sigterm(tmp_
         time.sleep(0.05)
     t0 = time.monotonic()
     assert child.stop(grace_s=0.5) == -signal.SIGKILL
-    assert time.monotonic() - t0 < 10 and _gone(child.proc.pid)
+    assert time.monotonic() - t0 < 10 and gone(child.proc.pid)
 
 
 # ---------------------------------------------------------------------------------------- the real router

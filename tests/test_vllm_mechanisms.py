@@ -14,7 +14,8 @@ import pytest
 
 from labkit.serve import vllm_mechanisms as vm
 from labkit.serve import vllm_server as vs
-from test_vllm_server import SERVES, _fake_python, _gone, alarm  # noqa: F401  (alarm: a fixture)
+from processes import gone
+from test_vllm_server import SERVES, _fake_python
 
 DATA = Path(__file__).parent / "data"
 LONG = 200  # prompts at least this long are "long": the fake stalls every stream while it prefills one
@@ -268,7 +269,7 @@ def test_servers_started_together_are_all_stopped_and_a_failed_start_stops_the_o
         assert set(servers) == {"a", "b"} and all(s.alive() for s in servers.values())
         assert servers["a"].port != servers["b"].port
         leaders = [s.proc.pid for s in servers.values()]
-    assert all(_gone(pid) for pid in leaders) and not vs._LIVE
+    assert all(gone(pid) for pid in leaders) and not vs._LIVE
 
     started = []
     real_start = vs.start
@@ -281,7 +282,7 @@ def test_servers_started_together_are_all_stopped_and_a_failed_start_stops_the_o
     with pytest.raises(vs.VLLMStartError, match="no engine"):
         with vm.started_together(named, deadline_s=30):
             pytest.fail("the block must not run when a server failed to start")
-    assert started and _gone(started[0].proc.pid) and not vs._LIVE, "the server that did start is stopped"
+    assert started and gone(started[0].proc.pid) and not vs._LIVE, "the server that did start is stopped"
 
 
 def test_the_log_is_plain_text_also_when_started_from_a_notebook():

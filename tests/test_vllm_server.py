@@ -3,8 +3,6 @@ deadline, the stop of the whole process group, and the /metrics parser on a scra
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import stat
 import sys
@@ -13,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import gone
 
 from labkit.serve import vllm_server as vs
 
@@ -85,27 +84,6 @@ def _fake_python(tmp_path: Path, body: str) -> Path:
     return path
 
 
-@pytest.fixture
-def alarm():
-    """A test that would hang fails instead: SIGALRM raises inside the launcher, which then stops its server."""
-    def ring(signum, frame):
-        raise TimeoutError("the launcher did not return in time")
-    old = signal.signal(signal.SIGALRM, ring)
-    signal.alarm(40)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{pid}").exists() else "Z"
-    return state == "Z"
-
-
 HANGS = """
 import os, signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stuck server: only SIGKILL ends it
@@ -127,7 +105,7 @@ def test_a_server_that_never_answers_fails_within_the_deadline_and_leaves_nothin
         vs.start(vs.Settings(model="/m", kv_cache_gib=1), python=fake, deadline_s=DEADLINE_S, log_dir=tmp_path)
     assert time.monotonic() - t0 < DEADLINE_S + 5 + 5, "the deadline, then the grace before SIGKILL"
     leader, child = map(int, pids.read_text().split())
-    assert _gone(leader) and _gone(child), "the whole process group is stopped, the engine core included"
+    assert gone(leader) and gone(child), "the whole process group is stopped, the engine core included"
     assert not vs._LIVE
 
 
@@ -175,7 +153,7 @@ def test_serve_stops_the_group_when_the_block_fails(tmp_path, monkeypatch, failu
             assert server.kv_blocks()["block_size"] is not None
             raise failure("the cell failed")
     leader, child = map(int, pids.read_text().split())
-    assert _gone(leader) and _gone(child)
+    assert gone(leader) and gone(child)
     assert not vs._LIVE
 
 

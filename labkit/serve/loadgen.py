@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -180,6 +180,20 @@ def _payload(endpoint: str, prompt: Prompt, model: str | None, max_tokens: int, 
     return body
 
 
+async def sse_messages(resp: Any) -> AsyncIterator[dict[str, Any] | None]:
+    """The JSON messages of an OpenAI-style event stream (``aiohttp`` response), one per ``data:`` line, then
+    ``None`` for the closing ``[DONE]``: a stream that stops without it was cut off."""
+    async for raw in resp.content:  # one SSE line at a time
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            yield None
+            return
+        yield json.loads(data)
+
+
 async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bool, t0: float,
                        headers: dict[str, str] | None = None, keep_headers: Sequence[str] = ()) -> RequestOutput:
     """POST one streaming request; stamp the first chunk (TTFT) and every later one (ITL). ``headers`` go with
@@ -200,15 +214,10 @@ async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bo
             if resp.status != 200:
                 out.error = (await resp.text())[:300]
                 return out
-            async for raw in resp.content:  # one SSE line at a time
-                line = raw.strip()
-                if not line or not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
+            async for msg in sse_messages(resp):
+                if msg is None:
                     finished = True
                     break
-                msg = json.loads(data)
                 if "error" in msg:
                     out.error = str(msg["error"].get("message", msg["error"]))[:300]
                     return out

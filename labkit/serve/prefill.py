@@ -15,7 +15,6 @@ chunked prefill  a long prompt arrives while other answers stream. Unchunked, it
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import urllib.request
 from collections.abc import Sequence
@@ -105,11 +104,9 @@ async def _stream(session: Any, url: str, prompt: str, max_tokens: int, stamps: 
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                continue
-            msg = json.loads(line[5:])
+        async for msg in loadgen.sse_messages(resp):
+            if msg is None:
+                break
             if "error" in msg:
                 raise RuntimeError(str(msg["error"])[:200])
             if msg.get("choices"):

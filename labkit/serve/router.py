@@ -35,7 +35,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -73,24 +72,10 @@ class PortInUse(StartError):
 
 def check_port(port: int) -> None:
     """``PortInUse`` (one line) when 127.0.0.1:``port`` cannot be bound."""
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise PortInUse(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): pick another port, or leave "
-                            "the port unset for a free one") from None
+    vllm_server.check_port(port, PortInUse)
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports on 127.0.0.1 (held open together while they are chosen, so never the same one)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+free_ports = vllm_server.free_ports
 
 
 def _ports(n: int, ports: Sequence[int] | None) -> list[int]:

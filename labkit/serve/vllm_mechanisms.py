@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import json
 import re
-import socket
 import statistics
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -230,11 +229,9 @@ async def _stream(session: Any, url: str, body: dict[str, Any], t0: float, seen:
             if resp.status != 200:
                 out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return out
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                    continue
-                msg = json.loads(line[5:])
+            async for msg in loadgen.sse_messages(resp):
+                if msg is None:
+                    break
                 if "error" in msg:
                     out.error = str(msg["error"])[:200]
                     return out
@@ -367,18 +364,6 @@ def speculative_rounds(plain: vs.VLLMServer, ngram: vs.VLLMServer, tasks: Mappin
 # ---------------------------------------------------------------------------------------- servers
 
 
-def distinct_ports(n: int) -> list[int]:
-    """``n`` free ports on 127.0.0.1, all different: each is held while the next is chosen."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 @contextlib.contextmanager
 def started_together(named: Mapping[str, vs.Settings], deadline_s: float = 300.0) -> Iterator[dict[str, vs.VLLMServer]]:
     """Start several ``vllm serve`` at once (their start-ups overlap), after one memory check for all of them;
@@ -386,7 +371,7 @@ def started_together(named: Mapping[str, vs.Settings], deadline_s: float = 300.0
     cpu_kv = sum(s.kv_cache_gib for s in named.values() if s.device == "cpu")
     if cpu_kv:
         vs.check_memory(cpu_kv + vs.RUNTIME_OVERHEAD_GIB * (len(named) - 1))  # check_memory adds one overhead
-    ports = dict(zip(named, distinct_ports(len(named))))  # two free_port() calls at once may get the same port
+    ports = dict(zip(named, vs.free_ports(len(named))))  # two free_port() calls at once may get the same port
     pool = ThreadPoolExecutor(max_workers=len(named))
     futures = {name: pool.submit(vs.start, s, ports[name], None, deadline_s, None, f"vllm-{name}")
                for name, s in named.items()}

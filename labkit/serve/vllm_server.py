@@ -190,13 +190,14 @@ def check_memory(kv_cache_gib: float, meminfo_text: str | None = None) -> None:
                               "or stop another engine")
 
 
-def check_port(port: int) -> None:
+def check_port(port: int, error: type[Exception] = VLLMUnavailable) -> None:
+    """``error`` (one line) when 127.0.0.1:``port`` cannot be bound; the router's launcher raises its own."""
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise VLLMUnavailable(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): pick another port, "
-                                  "or leave port=None for a free one") from exc
+            raise error(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): pick another port, "
+                        "or leave the port unset for a free one") from None
 
 
 def preflight(s: Settings, port: int, python: Path | None = None) -> None:
@@ -208,10 +209,20 @@ def preflight(s: Settings, port: int, python: Path | None = None) -> None:
     check_port(port)
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports on 127.0.0.1 (held open together while they are chosen, so never the same one)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 # ---------------------------------------------------------------------------------------- the log
