@@ -184,6 +184,9 @@ def test_the_log_says_what_vllm_chose():
     assert vs.platform_from_log("(APIServer) INFO Using FLASH_ATTN backend.")["attention_backend"] == "FLASH_ATTN"
     assert vs.last_error_line("INFO ok\nValueError: bad\nINFO shutting down\n") == "ValueError: bad"
     assert vs.last_error_line("") == "(empty log)"
+    log = ("ConnectionResetError: [Errno 104] Connection reset by peer\n"
+           "ERROR 12-03 15:00:01 [core.py:1] EngineCore died: worker killed\nINFO 12-03 shutting down\n")
+    assert vs.last_error_line(log).endswith("EngineCore died: worker killed"), "vLLM's own ERROR lines count"
 
 
 def test_answers_are_compared_up_to_eos_and_the_first_difference_is_named():

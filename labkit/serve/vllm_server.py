@@ -227,7 +227,7 @@ def free_port() -> int:
 
 # ---------------------------------------------------------------------------------------- the log
 
-_ERROR = re.compile(r"(Error|Exception|Illegal instruction|Killed|Traceback|error:|CRITICAL|FATAL)")
+_ERROR = re.compile(r"(Error|\bERROR\b|Exception|Illegal instruction|Killed|Traceback|error:|CRITICAL|FATAL)")
 
 
 def last_error_line(log_text: str) -> str:
