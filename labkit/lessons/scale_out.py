@@ -70,7 +70,7 @@ def capacity_point(url: str, prompts: Sequence[str], rate: float, n: int, max_to
     share = s["good_requests"] / n
     return {"offered_rps": rate, "requests": n, "completed": s["completed"], "failed": s["failed"],
             "good_requests": s["good_requests"], "slo_share": share, "goodput_rps": share * rate,
-            "vllm_goodput_rps": s["goodput"], "duration_s": s["duration_s"], "ttft_p50_s": s["ttft_p50_s"],
+            "goodput_over_run_rps": s["goodput"], "duration_s": s["duration_s"], "ttft_p50_s": s["ttft_p50_s"],
             "ttft_p90_s": s["ttft_p90_s"], "tpot_p50_s": s["tpot_p50_s"], "output_tokens": s["output_tokens"],
             "output_tokens_per_s": s["output_tokens_per_s"]}
 

@@ -249,7 +249,7 @@ with energy.EnergyMeter() as meter:
         sweep.append(scale_out.capacity_point(server.url, sweep_prompts, rate, SWEEP_REQUESTS, SWEEP_MAX_TOKENS, SLO))
 res.replace("capacity", sweep)
 cap_df = res.frame("capacity")
-cap_df[["offered_rps", "completed", "good_requests", "slo_share", "goodput_rps", "vllm_goodput_rps", "ttft_p90_s",
+cap_df[["offered_rps", "completed", "good_requests", "slo_share", "goodput_rps", "goodput_over_run_rps", "ttft_p90_s",
         "tpot_p50_s", "output_tokens_per_s"]].round(3)
 
 # %% md subslide
@@ -257,7 +257,8 @@ cap_df[["offered_rps", "completed", "good_requests", "slo_share", "goodput_rps",
 #
 # Sorted by offered rate, the knee is the last rate whose goodput still follows it (goodput ≥ `FOLLOW` ×
 # offered). Goodput here is the offered rate × the share of requests that met the SLO: a run of a few
-# requests ends with a ramp-down that vLLM's good-requests-per-second would count against every rate.
+# requests ends with a ramp-down that vLLM's good-requests-per-second would count against every rate (that
+# figure, good requests ÷ the run's duration as `vllm bench serve` reports it, is the `goodput_over_run_rps` column).
 
 # %% exercise 11.knee
 def knee(offered, goodput, follow):
