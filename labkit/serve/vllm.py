@@ -177,39 +177,6 @@ def hf_greedy(lm: Any, work: Sequence[Any]) -> dict[str, list[int]]:
     return out
 
 
-def served_workload(settings: vllm_server_mod.Settings, work: Sequence[Any], references: dict[str, dict[str, list[int]]],
-                    eos: set[int], deadline_s: float = 300.0) -> dict[str, Any]:
-    """The lab's workload through ``vllm serve`` (one start): every request at once, greedy, each with its own
-    answer limit, its token ids streamed back; /metrics read before and after. ``references`` maps a name
-    ("transformers", "continuous") to each request's ids. A start that cannot happen gives status = the reason."""
-    try:
-        with vllm_server_mod.serve(settings, deadline_s=deadline_s) as server:
-            prompts = [list(r.prompt_ids) for r in work]
-            loadgen.run(server.url, prompts[:1], num_requests=1, max_tokens=4, warmup=0)  # first call pays set-up
-            before = server.metrics()
-            served = loadgen.run(server.url, prompts, num_requests=len(work), max_concurrency=len(work),
-                                 max_tokens=[r.max_new_tokens for r in work], endpoint="completions",
-                                 ignore_eos=False, return_token_ids=True, warmup=0)
-            delta = vllm_server_mod.metrics_delta(before, server.metrics())
-            chose, blocks, start_s = server.platform(), server.kv_blocks(), server.start_s
-    except (vllm_server_mod.VLLMUnavailable, vllm_server_mod.VLLMStartError) as exc:
-        return {"status": str(exc)}
-    rows = []
-    for r, o in zip(work, served.outputs):
-        got = until_eos(o.token_ids, eos)
-        row = {"id": r.id, "kind": r.kind, "prompt_tokens": len(r.prompt_ids), "max_tokens": r.max_new_tokens,
-               "output_tokens": len(got), "e2e_s": o.e2e_s, "ttft_s": o.ttft_s,
-               "status": "ok" if o.success else (o.error or "failed")}
-        for name, ref in references.items():
-            diff = first_difference(got, ref.get(r.id, []))
-            row[f"same_as_{name}"], row[f"first_difference_{name}"] = diff is None, diff
-        rows.append(row)
-    summary = served.summary()
-    return {"status": "ok" if all(row["status"] == "ok" for row in rows) else "some requests failed",
-            "requests": rows, "summary": summary, "metrics": delta, "platform": chose, "blocks": blocks,
-            "start_s": start_s, "settings": {k: v for k, v in vars(settings).items() if k != "extra_args"}}
-
-
 def gpu_count() -> int:
     import torch
 
