@@ -161,9 +161,11 @@ print("smg cache_aware decisions by branch:", branches)
 #
 # `vllm serve` answers the same OpenAI API and counts its prefix-cache hits in `/metrics` (in tokens), so the
 # router and the workload do not change. Where `make vllm` built vLLM's environment, `VLLM_REPLICAS` of them
-# run one round of round-robin and cache-aware routing (each policy on its own system prompts).
+# run one round of round-robin and cache-aware routing (each policy on its own system prompts); otherwise the
+# reference's rows show what they did, under its provenance.
 
 # %% fragment
+VLLM_POLICY_COLUMNS = ["policy", "answered", "failed", "token_hit_rate", "ttft_p50_s", "ttft_p90_s"]
 if VLLM_REPLICAS and vllm_server.vllm_python().exists():
     settings = vllm_server.Settings(model=models.resolve(), device=vllm_server.default_device(), max_num_seqs=8)
     with contextlib.ExitStack() as vstack:
@@ -176,10 +178,11 @@ if VLLM_REPLICAS and vllm_server.vllm_python().exists():
             with router.routed([r.url for r in vreps], p) as vr:
                 vrows.append(routing.run_policy(vr.url, p, vreps, vwork, MAX_TOKENS, stagger_s=STAGGER_S)["summary"])
     res.replace("vllm_policies", vrows)
-    display(res.frame("vllm_policies")[["policy", "answered", "failed", "token_hit_rate", "ttft_p50_s"]].round(3))
+    display(res.frame("vllm_policies")[VLLM_POLICY_COLUMNS].round(3))
 else:
     print("vLLM replicas not started: " + ("VLLM_REPLICAS is 0 (quick mode; set it to 2 to run them)"
                                            if not VLLM_REPLICAS else vllm_server.MISSING))
+    report.show_reference("11_scale_out", "vllm_policies", VLLM_POLICY_COLUMNS)
 
 # %% md slide
 # ## 2 · The decision, written out
