@@ -187,6 +187,8 @@ def test_the_log_says_what_vllm_chose():
     log = ("ConnectionResetError: [Errno 104] Connection reset by peer\n"
            "ERROR 12-03 15:00:01 [core.py:1] EngineCore died: worker killed\nINFO 12-03 shutting down\n")
     assert vs.last_error_line(log).endswith("EngineCore died: worker killed"), "vLLM's own ERROR lines count"
+    coloured = "\x1b[2m2026-12-03\x1b[0m \x1b[31mERROR\x1b[0m \x1b[2msmg::server\x1b[0m: no healthy workers\n"
+    assert vs.last_error_line(coloured) == "2026-12-03 ERROR smg::server: no healthy workers", "colour codes are dropped"
 
 
 def test_answers_are_compared_up_to_eos_and_the_first_difference_is_named():

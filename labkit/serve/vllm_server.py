@@ -230,9 +230,13 @@ def free_port() -> int:
 _ERROR = re.compile(r"(Error|\bERROR\b|Exception|Illegal instruction|Killed|Traceback|error:|CRITICAL|FATAL)")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def last_error_line(log_text: str) -> str:
-    """The log's last line that names an error (else its last line)."""
-    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    """The log's last line that names an error (else its last line), without terminal colour codes (smg colours
+    its log even into a file)."""
+    lines = [ln.strip() for ln in _ANSI.sub("", log_text).splitlines() if ln.strip()]
     errors = [ln for ln in lines if _ERROR.search(ln) and not ln.startswith("Traceback")]
     return (errors or lines or ["(empty log)"])[-1][:400]
 
