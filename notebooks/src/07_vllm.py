@@ -321,8 +321,10 @@ print(f"greedy tokens identical to each request run alone: static {same['static'
 # lab's scheduler counts them (one at a time, a request waits in the client instead of the server's queue).
 
 # %% fragment
-refs = {"transformers": vllm.hf_greedy(lm, work),  # generate, each request alone
-        "continuous": {k: vllm.until_eos(v, eos) for k, v in runs["continuous"].outputs().items()}}
+have_vllm = vllm_server.vllm_python().exists()
+refs = ({"transformers": vllm.hf_greedy(lm, work),  # generate, each request alone: what vLLM's tokens must equal
+         "continuous": {k: vllm.until_eos(v, eos) for k, v in runs["continuous"].outputs().items()}}
+        if have_vllm else {})
 bs = VLLM_BLOCK_SIZE
 longest = max(len(r.prompt_ids) + r.max_new_tokens for r in work)  # tokens: the longest request at its answer limit
 vllm_blocks = BATCH * count(longest, bs) + 1  # BATCH requests at their longest, and the block vLLM keeps back
@@ -334,7 +336,7 @@ settings = vllm_server.Settings(model=vllm.models_path(lm), dtype=vllm.VLLM_DTYP
 machine.check("vllm serve")
 engine = (vllm_lab.engine_runs(settings, work, refs, eos, rounds=ROUNDS, squeeze_tokens=squeeze_tokens,
                                deadline_s=VLLM_START_DEADLINE_S)
-          if vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
+          if have_vllm else {"status": vllm_server.MISSING})
 engine_ok = engine["status"] == "ok"
 print(f"vllm serve with {vllm_blocks} blocks of {bs} tokens, max_num_seqs {BATCH}: "
       + (f"started in {engine['start_s']:.0f} s; {ROUNDS} rounds of one at a time and all at once, then the squeeze run"
