@@ -54,7 +54,6 @@ ROUTED_HEADER = "x-smg-routed-worker-id"  # the response header naming the worke
 ROUTING_KEY_HEADER = "x-smg-routing-key"  # the request header consistent_hashing and manual route on
 LOG_DIR = config.REPO_DIR / "build" / "scale_out"
 MISSING = "the router (smg) is not installed here: run `make setup`, or pip install 'labkit[router]'"
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _LIVE: set["Child"] = set()  # children not yet stopped: stopped at interpreter exit too
 
 
@@ -104,7 +103,7 @@ class Child:
     def log(self) -> str:
         """The log so far, colour codes removed."""
         text = self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
-        return _ANSI.sub("", text)
+        return vllm_server.strip_colour(text)
 
     def error_line(self) -> str:
         return last_error_line(self.log())

@@ -198,7 +198,7 @@ def prefix_rounds(server: vs.VLLMServer, prompts: Mapping[str, Sequence[int]], m
                    "ttft_p50_s": statistics.median(k["round_p50_s"]) if k["round_p50_s"] else None,
                    "ttft_p90_s": percentile(k["ttft_s"], 90) if k["ttft_s"] else None,
                    "hit_tokens": k["hits"], "query_tokens": k["queries"],
-                   "token_hit_rate": k["hits"] / k["queries"] if k["queries"] else None,
+                   "token_hit_rate": token_hit_rate({HITS: k["hits"], QUERIES: k["queries"]}),
                    "samples": {"ttft_p50_s": k["round_p50_s"], "ttft_s": k["ttft_s"]}, "answers": k["answers"][0],
                    "same_answers_every_round": all(a == k["answers"][0] for a in k["answers"]),
                    "failed": len(k["errors"]), "errors": k["errors"][:3]}
@@ -435,9 +435,5 @@ def compare(base: vs.Settings, *, small_tokens: int, large_tokens: int, speculat
     failed = sum(r["failed"] for r in lookup.values())
     status = "ok" if not errors and not failed else f"some requests failed: {(errors or ['see the rows'])[0]}"
     return {"status": status, "prefix": prefix, "chunked": chunked, "speculative": lookup, "platform": chosen,
-            "blocks": blocks, "start_s": start_s, "settings": {"base": _settings(base), "small_tokens": small_tokens,
+            "blocks": blocks, "start_s": start_s, "settings": {"base": vs.recorded(base), "small_tokens": small_tokens,
                                              "large_tokens": large_tokens, "speculative": dict(speculative)}}
-
-
-def _settings(s: vs.Settings) -> dict[str, Any]:
-    return {k: v for k, v in vars(s).items() if k != "extra_args"}

@@ -113,6 +113,11 @@ class Settings:
         return self.device == "cpu" if self.enforce_eager is None else self.enforce_eager
 
 
+def recorded(s: Settings) -> dict[str, Any]:
+    """``s`` as a results file records it (the free-form ``extra_args`` left out)."""
+    return {k: v for k, v in vars(s).items() if k != "extra_args"}
+
+
 def command(s: Settings, port: int, python: Path | None = None) -> list[str]:
     """The command line of ``vllm serve`` for ``s`` on ``127.0.0.1:port``."""
     argv = [str(python or vllm_python()), "-m", ENTRYPOINT, "--model", s.model, "--host", "127.0.0.1",
@@ -233,10 +238,15 @@ _ERROR = re.compile(r"(Error|\bERROR\b|Exception|Illegal instruction|Killed|Trac
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
+def strip_colour(text: str) -> str:
+    """``text`` without terminal colour codes (smg colours its log even into a file)."""
+    return _ANSI.sub("", text)
+
+
 def last_error_line(log_text: str) -> str:
     """The log's last line that names an error (else its last line), without terminal colour codes (smg colours
     its log even into a file)."""
-    lines = [ln.strip() for ln in _ANSI.sub("", log_text).splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in strip_colour(log_text).splitlines() if ln.strip()]
     errors = [ln for ln in lines if _ERROR.search(ln) and not ln.startswith("Traceback")]
     return (errors or lines or ["(empty log)"])[-1][:400]
 
