@@ -3,10 +3,11 @@
 ``compare_policies``  the router's policies on the shared-prefix workload, interleaved in rounds (each round on
                       fresh system prompts, every replica's prefix cache flushed before each run), one row per
                       run and one per replica and run.
-``capacity_sweep``    one server under open-loop Poisson arrivals at rising rates, each run judged against an
-                      SLO: vLLM's goodput (good requests ÷ the run's duration) and the share of requests that
-                      met the SLO, whose product with the offered rate is what the knee is read from (a short
-                      run's ramp-down would otherwise count against every rate).
+``capacity_point``    one server under open-loop Poisson arrivals at one rate, the run judged against an SLO:
+                      goodput as vLLM's bench counts it (good requests ÷ the run's duration) and the share of
+                      requests that met the SLO, whose product with the offered rate is what the knee is read
+                      from (a short run's ramp-down would otherwise count against every rate); the callers flush
+                      the replica's prefix cache before each rate.
 ``headline``          the figures a takeaway quotes and the benchmark prints, each with its sample count.
 """
 from __future__ import annotations
@@ -73,14 +74,6 @@ def capacity_point(url: str, prompts: Sequence[str], rate: float, n: int, max_to
             "goodput_over_run_rps": s["goodput"], "duration_s": s["duration_s"], "ttft_p50_s": s["ttft_p50_s"],
             "ttft_p90_s": s["ttft_p90_s"], "tpot_p50_s": s["tpot_p50_s"], "output_tokens": s["output_tokens"],
             "output_tokens_per_s": s["output_tokens_per_s"]}
-
-
-def capacity_sweep(url: str, prompts: Sequence[str], rates: Sequence[float], n: int, max_tokens: int,
-                   slo: loadgen.SLO) -> list[dict[str, Any]]:
-    """``capacity_point`` at each rate, lowest first (the same arrival draws at every rate, scaled)."""
-    if not rates or any(not r > 0 for r in rates):
-        raise ValueError(f"rates={list(rates)}: give offered rates in requests per second, each > 0")
-    return [capacity_point(url, prompts, r, n, max_tokens, slo) for r in sorted(rates)]
 
 
 def headline(table: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], knee: dict[str, Any] | None,
