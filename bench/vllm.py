@@ -67,7 +67,7 @@ def lab_phase(lm: Any, model_dir: str) -> dict[str, Any]:
     settings = vllm_server.Settings(model=model_dir, max_num_seqs=BATCH, block_size=BLOCK_SIZE, num_blocks=blocks,
                                     max_model_len=(blocks - 1) * BLOCK_SIZE)
     machine.check("vllm against the lab", quiet=True)
-    got = vllm_lab.engine_runs(settings, work, refs, eos, rounds=ROUNDS, squeeze_tokens=squeeze, modes=(vllm_lab.ALL,),
+    got = vllm_lab.engine_runs(settings, work, rounds=ROUNDS, squeeze_tokens=squeeze, modes=(vllm_lab.ALL,),
                                others={"lab": lambda: scheduler.run_continuous(lm.model, work, eos, pad,
                                                                                max_batch_size=BATCH)},
                                deadline_s=DEADLINE_S)

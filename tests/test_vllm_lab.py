@@ -164,7 +164,7 @@ def test_engine_runs_interleaves_the_modes_and_checks_every_runs_tokens(tmp_path
     fake = _fake_vllm(tmp_path, monkeypatch, die_at=0)
     refs = {"transformers": {"a": [7, 8, 9], "b": [7, 8]}, "continuous": {"a": [7, 8, 9], "b": [7, 9]}}
     calls = []
-    got = vllm_lab.engine_runs(vs.Settings(model="/m", kv_cache_gib=1, num_blocks=9), _work(), refs, {2}, rounds=3,
+    got = vllm_lab.engine_runs(vs.Settings(model="/m", kv_cache_gib=1, num_blocks=9), _work(), rounds=3,
                                squeeze_tokens=3, others={"lab": lambda: calls.append(len(calls)) or len(calls)},
                                python=fake, log_dir=tmp_path, deadline_s=30)
     assert got["status"] == "ok" and got["natural_blocks"] == 728 and got["blocks"]["block_size"] is not None
@@ -186,7 +186,7 @@ def test_a_server_that_dies_mid_run_gives_its_error_line_and_the_runs_before(tmp
 
     fake = _fake_vllm(tmp_path, monkeypatch, die_at=1 + 2 + 2 + 1)  # warmup, round 1 (2 + 2), then round 2 dies
     t0 = time.monotonic()
-    got = vllm_lab.engine_runs(vs.Settings(model="/m", kv_cache_gib=1), _work(), {}, {2}, rounds=3,
+    got = vllm_lab.engine_runs(vs.Settings(model="/m", kv_cache_gib=1), _work(), rounds=3,
                                python=fake, log_dir=tmp_path, deadline_s=30)
     assert time.monotonic() - t0 < 30, "nothing hangs"
     assert "mid-run" in got["status"] and "EngineCore died: worker killed" in got["status"], got["status"]
@@ -197,10 +197,10 @@ def test_a_server_that_dies_mid_run_gives_its_error_line_and_the_runs_before(tmp
 def test_a_start_that_fails_is_one_line_and_nothing_runs(tmp_path):
     from labkit.serve import vllm_lab
 
-    got = vllm_lab.engine_runs(vs.Settings(model="/m"), _work(), {}, {2}, python=tmp_path / "nope" / "python")
+    got = vllm_lab.engine_runs(vs.Settings(model="/m"), _work(), python=tmp_path / "nope" / "python")
     assert got["status"].startswith("vLLM not installed here: run `make vllm`") and got["runs"][vllm_lab.ONE] == []
     with pytest.raises(ValueError, match="choose from"):
-        vllm_lab.engine_runs(vs.Settings(model="/m"), _work(), {}, {2}, modes=("both",))
+        vllm_lab.engine_runs(vs.Settings(model="/m"), _work(), modes=("both",))
 
 
 def test_replay_predicts_vllms_pool():

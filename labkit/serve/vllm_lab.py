@@ -110,8 +110,7 @@ def natural_blocks(log_text: str) -> int | None:
     return int(m[-1][0]) if m else None
 
 
-def engine_runs(settings: vs.Settings, work: Sequence[Any], references: Mapping[str, Mapping[str, Sequence[int]]],
-                eos: set[int], *, rounds: int = 3, squeeze_tokens: int | None = None,
+def engine_runs(settings: vs.Settings, work: Sequence[Any], *, rounds: int = 3, squeeze_tokens: int | None = None,
                 others: Mapping[str, Callable[[], Any]] | None = None, modes: Sequence[str] = (ONE, ALL),
                 deadline_s: float = 300.0, read_timeout_s: float = READ_TIMEOUT_S, **start: Any) -> dict[str, Any]:
     """One ``vllm serve`` start (see the module docstring). ``rounds`` rounds of ``modes`` (ONE, ALL), interleaved
@@ -125,7 +124,7 @@ def engine_runs(settings: vs.Settings, work: Sequence[Any], references: Mapping[
     if unknown:
         raise ValueError(f"modes {sorted(unknown)}: choose from {[ONE, ALL]}")
     out: dict[str, Any] = {"status": "ok", "runs": {m: [] for m in modes}, "others": {k: [] for k in others or {}},
-                           "squeeze": None, "settings": {k: v for k, v in vars(settings).items() if k != "extra_args"}}
+                           "squeeze": None, "settings": vs.recorded(settings)}
     concurrency = {ONE: 1, ALL: None}
     try:
         with vs.serve(settings, deadline_s=deadline_s, **start) as server:

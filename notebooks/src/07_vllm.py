@@ -321,10 +321,6 @@ print(f"greedy tokens identical to each request run alone: static {same['static'
 # lab's scheduler counts them (one at a time, a request waits in the client instead of the server's queue).
 
 # %% fragment
-have_vllm = vllm_server.vllm_python().exists()
-refs = ({"transformers": vllm.hf_greedy(lm, work),  # generate, each request alone: what vLLM's tokens must equal
-         "continuous": {k: vllm.until_eos(v, eos) for k, v in runs["continuous"].outputs().items()}}
-        if have_vllm else {})
 bs = VLLM_BLOCK_SIZE
 longest = max(len(r.prompt_ids) + r.max_new_tokens for r in work)  # tokens: the longest request at its answer limit
 vllm_blocks = BATCH * count(longest, bs) + 1  # BATCH requests at their longest, and the block vLLM keeps back
@@ -334,9 +330,9 @@ settings = vllm_server.Settings(model=vllm.models_path(lm), dtype=vllm.VLLM_DTYP
                                 max_num_seqs=BATCH, kv_cache_gib=VLLM_KV_CACHE_GIB, block_size=bs, num_blocks=vllm_blocks,
                                 max_model_len=(vllm_blocks - 1) * bs, gpu_memory_utilization=VLLM_GPU_FRACTION)
 machine.check("vllm serve")
-engine = (vllm_lab.engine_runs(settings, work, refs, eos, rounds=ROUNDS, squeeze_tokens=squeeze_tokens,
+engine = (vllm_lab.engine_runs(settings, work, rounds=ROUNDS, squeeze_tokens=squeeze_tokens,
                                deadline_s=VLLM_START_DEADLINE_S)
-          if have_vllm else {"status": vllm_server.MISSING})
+          if vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
 engine_ok = engine["status"] == "ok"
 print(f"vllm serve with {vllm_blocks} blocks of {bs} tokens, max_num_seqs {BATCH}: "
       + (f"started in {engine['start_s']:.0f} s; {ROUNDS} rounds of one at a time and all at once, then the squeeze run"
@@ -349,6 +345,8 @@ lab_modes = {vllm_lab.ONE: "one at a time", vllm_lab.ALL: "continuous"}  # the l
 columns = ["engine", "mode", "tokens_per_s", "mean_latency_short_s", "mean_latency_long_s", "mean_ttft_s",
            "same_tokens_as_transformers", "same_tokens_as_continuous"]
 if engine_ok:
+    refs = {"transformers": vllm.hf_greedy(lm, work),  # generate, each request alone: what vLLM's tokens must equal
+            "continuous": {k: vllm.until_eos(v, eos) for k, v in runs["continuous"].outputs().items()}}
     chose = engine["platform"]
     res.notes["vllm"] = {**chose, "start_s": engine["start_s"], "settings": engine["settings"]}
     res.replace("vllm_requests", engine["runs"][vllm_lab.ALL][0].rows(eos, refs))

@@ -541,13 +541,8 @@ print(f"fastest lab path with agreement ≥ {QUALITY_FLOOR:.0%}: {best_lab['engi
 # tokens or the lab's.
 
 # %% fragment
-have_vllm = vllm_server.vllm_python().exists()
 prefix_ids = {f"q{i}": list(models.chat_ids(tok, p)) for i, p in enumerate(prefix_prompts)}
 stream_ids = {f"stream {i}": list(models.chat_ids(tok, p)) for i, p in enumerate(stream_prompts)}
-refs = ({"prefix": vm.greedy_references(lm, prefix_ids, PREFIX_MAX_TOKENS),  # transformers generate, each alone
-         "streams": vm.greedy_references(lm, stream_ids, STREAM_TOKENS),
-         "lookup": {task: mech_tokens[task] for task in task_ids}}  # section 1's loop: plain greedy decoding's tokens
-        if have_vllm else {})  # what vLLM's tokens are checked against
 settings = vllm_server.Settings(model=vllm.models_path(lm), dtype=vllm.VLLM_DTYPES[DTYPE],
                                 device=vllm_server.default_device(), max_num_seqs=max(STREAMS + 1, CONCURRENCY),
                                 kv_cache_gib=VLLM_KV_CACHE_GIB, gpu_memory_utilization=VLLM_GPU_FRACTION)
@@ -559,7 +554,7 @@ served = (vm.compare(settings, small_tokens=VLLM_SMALL_BUDGET, large_tokens=VLLM
                      long_prompt=list(models.chat_ids(tok, long_prompt)),
                      lookup_tasks={task: ids[0].tolist() for task, ids in task_ids.items()},
                      lookup_tokens=LOOKUP_NEW_TOKENS, n_rounds=VLLM_ROUNDS, deadline_s=VLLM_START_DEADLINE_S)
-          if have_vllm else {"status": vllm_server.MISSING})
+          if vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
 vllm_ran = "prefix" in served
 if vllm_ran:
     chose, starts = served["platform"], ", ".join(f"{k} {v:.0f} s" for k, v in served["start_s"].items())
@@ -570,6 +565,9 @@ else:
 # %% fragment
 VLLM_TABLE_COLUMNS = ["mechanism", "figure", "labkit", "vllm", "vllm_verdict", "labkit_tokens", "vllm_tokens", "note"]
 if vllm_ran:
+    refs = {"prefix": vm.greedy_references(lm, prefix_ids, PREFIX_MAX_TOKENS),  # transformers generate, each alone
+            "streams": vm.greedy_references(lm, stream_ids, STREAM_TOKENS),
+            "lookup": {task: mech_tokens[task] for task in task_ids}}  # section 1's loop: plain greedy decoding's tokens
     res.replace("vllm_mechanisms", beyond.beside_vllm(prefix_rows, chunk_rows, lookup_rows, served, refs, set(eos)))
     for part in ("prefix", "chunked", "speculative"):
         res.replace(f"vllm_{part}", [{k: v for k, v in row.items() if "answer" not in k} for row in served[part].values()])
