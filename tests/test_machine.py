@@ -1,9 +1,13 @@
 """labkit.core.machine: the load line sees other processes' CPU, says BUSY above its threshold, and is stored."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
+
+import psutil
 
 from labkit.core import env, machine
 
@@ -28,8 +32,41 @@ def test_a_cpu_hog_beside_us_makes_the_machine_busy_and_is_named(monkeypatch):
 def test_steal_or_load_alone_can_make_a_machine_busy():
     assert machine.Reading("t", 2, 0.1, steal=0.2, others_cores=0.0).busy
     no_proc = machine.Reading("t", 2, load_per_core=2.0, steal=None, others_cores=None)
-    assert no_proc.busy and "unknown (no /proc)" in no_proc.line()
+    assert no_proc.busy and "unknown (no process table)" in no_proc.line()
     assert not machine.Reading("t", 2, load_per_core=0.5, steal=None, others_cores=None).busy  # ourselves only
+
+
+class FakeMacPsutil:
+    """psutil as a Mac shows it: no steal in the CPU times, other users' processes denied, this user's readable."""
+
+    Error = AccessDenied = psutil.AccessDenied
+
+    def __init__(self, hog_pid: int) -> None:
+        self.hog_pid, self.calls = hog_pid, 0
+
+    def cpu_times(self):
+        return SimpleNamespace(user=1.0, nice=0.0, system=1.0, idle=10.0)  # macOS: no steal, no iowait
+
+    def process_iter(self, attrs):
+        self.calls += 1
+        hog = SimpleNamespace(pid=self.hog_pid, info={"name": "python3.11", "cpu_times": SimpleNamespace(
+            user=10.0 + 0.45 * self.calls, system=0.0)})  # about 0.9 of a core over the 0.5 s window
+        root = SimpleNamespace(pid=1, info={"name": "launchd", "cpu_times": None})  # another user's: denied
+        return [hog, root]
+
+    def Process(self, pid=None):  # noqa: N802 (psutil's name)
+        if pid is None:
+            return SimpleNamespace(pid=os.getpid(), parents=lambda: [])
+        return SimpleNamespace(pid=pid, cmdline=lambda: ["/usr/local/bin/python3.11", "hog.py"])
+
+
+def test_the_load_line_names_a_busy_process_on_macos_too(monkeypatch):
+    """The per-process view comes from psutil, so a Mac (no /proc) gets the busy line and the process's name."""
+    monkeypatch.setattr(machine, "psutil", FakeMacPsutil(hog_pid=4242))
+    reading = machine.read("mac")
+    assert reading.steal is None and reading.others_cores is not None and reading.others_cores > 0.5
+    assert reading.busy and reading.busiest[0][0] == "python3.11 hog.py", reading.busiest
+    assert "steal" not in reading.line() and "BUSY" in reading.line()
 
 
 def test_a_busy_machine_fits_torch_threads_to_the_free_cores_and_a_quiet_one_restores_them(monkeypatch):

@@ -100,3 +100,15 @@ def test_vllm_reads_the_prepared_tokenizer_as_the_lab_does():
     lab, theirs = _ids(sys.executable, path), _ids(str(py), path)
     assert lab["eos"] == 2 and lab["chat"][0] == 1, lab  # the chat template opens with <|im_start|>
     assert theirs == lab
+
+
+def test_the_default_models_fp32_is_said_to_be_its_gguf_dequantised(monkeypatch):
+    """Its "fp32" weights are the Q4_1 GGUF dequantised: the note reads the storage types from the GGUF itself and
+    names the hub id of the original weights; for any other model there is nothing to say."""
+    monkeypatch.delenv("LABKIT_MODEL", raising=False)
+    types = models.gguf_tensor_types(models.default_gguf())
+    assert next(iter(types)) == "Q4_1" and sum(types.values()) == 272, types
+    note = models.reference_note()
+    assert "stored as Q4_1" in note and "LABKIT_MODEL=HuggingFaceTB/SmolLM2-135M-Instruct" in note
+    monkeypatch.setenv("LABKIT_MODEL", "Qwen/Qwen2.5-1.5B-Instruct")
+    assert models.reference_note() == ""

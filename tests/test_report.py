@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from labkit.core import results
 from labkit.lessons import report
 from labkit.serve import loadgen
+from labkit.serve import vllm_server as vs
 
 
 def _row(concurrency, completed, good, failed=0, **kw):
@@ -171,3 +177,28 @@ def test_beside_vllm_without_vllm_says_run_make_vllm(tmp_path, monkeypatch) -> N
     monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(tmp_path / "none" / "python"))
     out = report.beside_vllm(vllm_server.Settings(model="/m"), {"lab": "http://127.0.0.1:9"}, 3)
     assert "rows" not in out and "run `make vllm`" in out["status"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PSS is a Linux figure")
+def test_a_servers_memory_counts_pages_its_processes_share_once():
+    """vllm serve's front end, engine core and workers share pages (forked, or the same libraries): summing their RSS
+    counts those pages in each process; PSS counts them once. A parent and its forked child sharing 100 MiB."""
+    import psutil
+
+    code = ("import os, time\nblock = b'x' * (100 * 2**20)\nos.fork()\ntime.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while len(vs.group_pids(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        members = vs.group_pids(proc.pid)
+        assert len(members) == 2, members
+        rss = sum(psutil.Process(p).memory_info().rss for p in members)
+        held, source = report.group_memory(proc.pid)
+        assert source.startswith("PSS"), source
+        assert 100 * 2**20 < held < 0.75 * rss, (held, rss)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert report.group_memory(proc.pid) == (None, "no process of vllm serve's group could be read")

@@ -1,11 +1,12 @@
 """How busy this machine is right now: the load line every notebook prints before it times anything.
 
 A timing is only as good as the machine it ran on. ``read()`` samples the load average per core, the CPU
-time the hypervisor stole (``/proc/stat``'s steal column, on a VM) and the other processes that used CPU
+time the hypervisor stole (the steal time, on a Linux VM) and the other processes that used CPU
 over a short window; ``check(where)`` prints that as one line, says plainly when timings will be
 unreliable and what to close, and keeps every reading so ``env.environment()`` stores them with the
-results. Linux reads ``/proc``; elsewhere only the load average is known (``os.getloadavg``), and the
-line says so.
+results. psutil reads the processes and the CPU times, on Linux and macOS alike (steal exists only on Linux;
+macOS shows a user its own processes); where no process table can be read, only the load average is known
+(``os.getloadavg``), and the line says so.
 
 On a busy machine ``check`` also fits torch's intra-op threads to the cores other work leaves free
 (``fit_threads``): a parallel region waits for its slowest thread, and a thread that shares its core with
@@ -20,6 +21,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import psutil
 
 from .timing import clock
 
@@ -39,8 +42,8 @@ class Reading:
     where: str
     cores: int
     load_per_core: float | None
-    steal: float | None  # share of CPU time stolen over the window; None where /proc/stat has no steal
-    others_cores: float | None  # CPU the other processes used over the window, in cores; None without /proc
+    steal: float | None  # share of CPU time stolen over the window; None where the OS reports no steal
+    others_cores: float | None  # CPU the other processes used over the window, in cores; None: no process table
     busiest: list[tuple[str, float]] = field(default_factory=list)  # (command, cores)
     time: float = 0.0
 
@@ -61,7 +64,7 @@ class Reading:
             top = ", ".join(f"{name} {cores:.1f}" for name, cores in self.busiest) or "none"
             parts.append(f"other processes {self.others_cores:.1f} cores (busiest: {top})")
         else:
-            parts.append("other processes unknown (no /proc)")
+            parts.append("other processes unknown (no process table)")
         verdict = "BUSY" if self.busy else "quiet"
         return f"Machine {verdict} at {self.where}: " + "; ".join(parts)
 
@@ -84,56 +87,43 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _cpu_times() -> tuple[int, int] | None:
-    """(total, steal) jiffies from /proc/stat's cpu line, or None without it (steal is column 8)."""
-    try:
-        with open("/proc/stat") as fh:
-            fields = fh.readline().split()
-    except OSError:
+_BUSY_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")  # guest time is inside user
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """(total, steal) CPU seconds of the whole machine, or None where the OS reports no steal (only Linux does)."""
+    times = psutil.cpu_times()
+    steal = getattr(times, "steal", None)
+    if steal is None:
         return None
-    if not fields or fields[0] != "cpu":
-        return None
-    values = [int(v) for v in fields[1:]]
-    steal = values[7] if len(values) > 7 else None
-    return (sum(values[:8]), steal) if steal is not None else None
+    return sum(getattr(times, f, 0.0) for f in _BUSY_FIELDS), steal
 
 
 def _own_family() -> set[int]:
     """This process and its ancestors: a notebook's kernel, its Jupyter server and the runner are the lab."""
-    pids, pid = {os.getpid()}, os.getpid()
-    for _ in range(8):
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
-        if pid <= 1:
-            break
-        pids.add(pid)
-    return pids
+    me = psutil.Process()
+    try:
+        parents = me.parents()[:8]
+    except psutil.Error:
+        parents = []
+    return {me.pid, *(p.pid for p in parents if p.pid > 1)}
 
 
-def _process_ticks() -> dict[int, tuple[str, int]]:
-    """pid → (command name, utime + stime ticks) for every process /proc lets us read."""
-    out: dict[int, tuple[str, int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                text = fh.read()
-        except OSError:
-            continue
-        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
-        out[int(entry)] = (name, int(rest[11]) + int(rest[12]))
+def _process_cpu() -> dict[int, tuple[str, float]]:
+    """pid → (command name, user + system CPU seconds) for every process the OS lets us read (on macOS: this
+    user's own)."""
+    out: dict[int, tuple[str, float]] = {}
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is not None:  # AccessDenied leaves it None
+            out[proc.pid] = (proc.info["name"] or "?", times.user + times.system)
     return out
 
 
 def _cmdline(pid: int, fallback: str) -> str:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
-    except OSError:
+        argv = psutil.Process(pid).cmdline()
+    except psutil.Error:
         return fallback
     if not argv:
         return fallback
@@ -148,18 +138,18 @@ def read(where: str = "now", window_s: float = WINDOW_S) -> Reading:
         load: float | None = os.getloadavg()[0] / cores
     except (AttributeError, OSError):
         load = None
-    if not os.path.isdir("/proc/self"):
+    try:
+        before, stat0, t0 = _process_cpu(), _cpu_times(), clock()
+        time.sleep(window_s)
+        after, stat1, elapsed = _process_cpu(), _cpu_times(), clock() - t0
+        mine = _own_family()
+    except psutil.Error:  # no process table to read here: the load average alone
         return Reading(where, cores, load, None, None, [], time.time())
-    before, stat0, t0 = _process_ticks(), _cpu_times(), clock()
-    time.sleep(window_s)
-    after, stat1, elapsed = _process_ticks(), _cpu_times(), clock() - t0
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    mine = _own_family()
     used: list[tuple[int, str, float]] = []
-    for pid, (name, ticks) in after.items():
+    for pid, (name, seconds) in after.items():
         if pid in mine or pid not in before:
             continue
-        cores_used = (ticks - before[pid][1]) / hz / elapsed
+        cores_used = (seconds - before[pid][1]) / elapsed
         if cores_used > 0.01:
             used.append((pid, name, cores_used))
     used.sort(key=lambda u: -u[2])

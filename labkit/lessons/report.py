@@ -168,35 +168,43 @@ def slo_sweep(url: str, prompts: Sequence[str], levels: Sequence[int], requests_
 # ------------------------------------------------------------------------------------------ vLLM under the same load
 
 
-def group_rss_bytes(pid: int) -> int | None:
-    """Resident memory of a process group (``vllm serve``: front end, engine core, workers), summed; None when
-    none of its processes can be read."""
+def group_memory(pid: int) -> tuple[int | None, str]:
+    """Memory of a process group (``vllm serve``: front end, engine core, workers) and its source: the processes'
+    PSS summed (Linux: a shared page counted once, split among the processes that map it, so the sum is what the
+    group holds), else their USS (macOS: private pages only), else their RSS (shared pages counted in every process:
+    an overcount). ``(None, reason)`` when none of its processes can be read."""
     import psutil
 
-    total, read = 0, False
+    totals: dict[str, int] = {}
     for member in vs.group_pids(pid):
         try:
-            total += psutil.Process(member).memory_info().rss
-            read = True
+            full = psutil.Process(member).memory_full_info()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return total if read else None
+        for kind in ("pss", "uss", "rss"):
+            if getattr(full, kind, None) is not None:
+                totals[kind] = totals.get(kind, 0) + getattr(full, kind)
+    for kind, words in (("pss", "PSS (shared pages counted once)"), ("uss", "USS (private pages only)"),
+                        ("rss", "RSS (shared pages counted in each process)")):
+        if kind in totals:
+            return totals[kind], f"{words} of vllm serve's processes, summed after the run"
+    return None, "no process of vllm serve's group could be read"
 
 
 def vllm_load(settings: Any, prompts: Sequence[str], concurrency: int, num_requests: int, max_tokens: int, slo: Any,
               levels: Sequence[int] = (), requests_per_client: int = 2, min_good_fraction: float = 0.9,
               warmup_requests: int = 8, deadline_s: float = 300.0) -> dict[str, Any]:
     """The capstone's load against ``vllm serve`` on one start: a warm-up, the same ``load_point`` every
-    configuration gets, then the same SLO sweep over ``levels`` while the server is up. Its memory is the RSS of the
-    server's processes summed after the run (vLLM allocates its KV cache at start); the lab's allocator peak does
+    configuration gets, then the same SLO sweep over ``levels`` while the server is up. Its memory is the PSS of the
+    server's processes summed after the run (``group_memory``) (vLLM allocates its KV cache at start); the lab's allocator peak does
     not apply. Returns ``status`` ("ok" or the one line saying why vLLM did not run), ``row``, ``sweep``, ``platform``."""
     try:
         with vs.serve(settings, deadline_s=deadline_s, name="vllm-capstone") as srv:
             loadgen.run(srv.url, prompts, num_requests=warmup_requests, max_concurrency=warmup_requests, max_tokens=4,
                         endpoint="chat")  # the first requests pay set-up
             row = load_point(srv.url, prompts, concurrency, num_requests, max_tokens, slo)
-            row.update(peak_rss_bytes=group_rss_bytes(srv.proc.pid), cuda_peak_bytes=None, mean_batch_size=None,
-                       peak_rss_source="RSS of vllm serve's processes, summed after the run",
+            memory, source = group_memory(srv.proc.pid)
+            row.update(peak_rss_bytes=memory, cuda_peak_bytes=None, mean_batch_size=None, peak_rss_source=source,
                        cuda_peak_note="vLLM runs in its own processes: this process's allocator does not see it")
             sweep = (slo_sweep(srv.url, prompts, levels, requests_per_client, max_tokens, slo, min_good_fraction)
                      if levels else [])

@@ -138,6 +138,32 @@ def resolve(name: str | None = None) -> str:
     return name
 
 
+ORIGINAL_WEIGHTS = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the hub id of the default model's bf16 checkpoint
+
+
+def gguf_tensor_types(path: Path) -> dict[str, int]:
+    """How many tensors of each storage type a GGUF holds (``{"Q4_1": 210, "F32": 61, …}``), most first."""
+    from gguf import GGUFReader
+
+    counts: dict[str, int] = {}
+    for tensor in GGUFReader(str(path)).tensors:
+        counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def reference_note(name: str | None = None) -> str:
+    """What "fp32" means for this model: for the default model, the GGUF's quantised weights dequantised (read from
+    the GGUF itself), and how to get the original weights; "" for any other model."""
+    if (name or os.environ.get("LABKIT_MODEL") or "default") != "default":
+        return ""
+    types = gguf_tensor_types(default_gguf())
+    main = next(iter(types))
+    stored = ", ".join(f"{n} {t}" for t, n in types.items())
+    return (f"fp32 here is the default model's GGUF dequantised: its weights were stored as {main} "
+            f"({stored} tensors), so the fp32 reference carries {main}'s rounding, not the original bf16 "
+            f"checkpoint's. For the original weights: LABKIT_MODEL={ORIGINAL_WEIGHTS} (a hub download).")
+
+
 def display_name(name: str | None = None) -> str:
     name = name or os.environ.get("LABKIT_MODEL") or "default"
     return DEFAULT_MODEL_NAME if name == "default" else name

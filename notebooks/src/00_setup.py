@@ -53,6 +53,7 @@ print(f"{predicted.model}: {predicted.n_params:,} parameters → predicted weigh
 lm = models.load(dtype=DTYPE)
 measured = memory.param_bytes(lm.model)
 print(f"loaded {lm.name} on {lm.device} in {lm.load_seconds:.2f} s from {models.resolve()}")
+print(models.reference_note())  # what "fp32" means for this model (empty for your own LABKIT_MODEL)
 print(f"parameter bytes: measured {measured.mib:.1f} MiB, predicted {predicted.weight_bytes / 2**20:.1f} MiB, "
       f"ratio {measured.bytes / predicted.weight_bytes:.3f}")
 memory.frame(memory.snapshot(lm.model))

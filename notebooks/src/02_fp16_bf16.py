@@ -223,6 +223,7 @@ settings = variants.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_toke
                              ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
                              ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)
 inputs = variants.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
+print(models.reference_note())
 machine.check("variants")
 rows, drift = rounds.run(VARIANTS, inputs)  # each alone for memory and quality, then decode timed in rounds
 print(f"decode timed in {REPEATS} interleaved rounds (fp32 fp16 bf16 …), fp32 first and last: "

@@ -62,6 +62,7 @@ NF4_BLOCK = 64  # weights per NF4 block (one absmax each), as bitsandbytes store
 
 # %% fragment
 lm = models.load(dtype="fp32")  # the fp32 reference, whose layers are quantised by hand below
+print(models.reference_note())
 qs = prompts.load_prompts("questions")[:QUESTIONS]
 probe = [f"model.layers.{i}.mlp.down_proj" for i in range(0, lm.model.config.num_hidden_layers, LAYER_STEP)]
 acts, mods = {}, dict(lm.model.named_modules())
