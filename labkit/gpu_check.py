@@ -239,7 +239,7 @@ def _variant_check(name: str) -> Callable[[Context], str]:
 
 
 def check_ort_cuda(ctx: Context) -> str:
-    problem = onnx.cuda_provider_problem()
+    problem = onnx.cuda_provider_reason()
     if problem:
         raise RuntimeError(problem)
     v = variants.load_variant("ort-fp32", ctx.model_name, ctx.device, provider="CUDAExecutionProvider")
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None, all_checks: Sequence[Check] | None = Non
         ap.error(str(exc))
     import torch
 
-    problem = env.torch_gpu_problem()
+    problem = env.torch_gpu_reason()
     if problem or not torch.cuda.is_available():
         cuda = env.capability("cuda")
         line = (f"gpu-check: FAIL: {problem}" if problem else

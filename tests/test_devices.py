@@ -288,10 +288,10 @@ def test_torch_compile_on_cuda_needs_a_c_compiler(t4, monkeypatch):
     cap = env.capability("torch.compile")
     assert not cap.available and "C compiler" in cap.reason
     monkeypatch.setenv("CC", "/usr/bin/gcc")
-    monkeypatch.setattr(env, "c_compiler_problem", lambda cc: "/usr/bin/gcc cannot build a Python extension: Python.h")
+    monkeypatch.setattr(env, "c_compiler_reason", lambda cc: "/usr/bin/gcc cannot build a Python extension: Python.h")
     cap = env.capability("torch.compile")
     assert not cap.available and "Python.h" in cap.reason
-    monkeypatch.setattr(env, "c_compiler_problem", lambda cc: "")
+    monkeypatch.setattr(env, "c_compiler_reason", lambda cc: "")
     assert env.capability("torch.compile").available
 
 
@@ -306,13 +306,13 @@ def test_torch_compile_on_cuda_needs_triton(t4, monkeypatch):
 def test_c_compiler_probe_really_compiles(tmp_path):
     from labkit.core import env
 
-    assert env.c_compiler_problem("/bin/false")  # exits 1: not a compiler
+    assert env.c_compiler_reason("/bin/false")  # exits 1: not a compiler
     missing = str(tmp_path / "no-such-cc")
-    assert "did not run" in env.c_compiler_problem(missing)
+    assert "did not run" in env.c_compiler_reason(missing)
     cc = env.c_compiler()
     if cc is None:
         pytest.skip("no C compiler on this machine")
-    problem = env.c_compiler_problem(cc)
+    problem = env.c_compiler_reason(cc)
     assert problem == "" or "Python" in problem or "cannot build" in problem
 
 

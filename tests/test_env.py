@@ -3,6 +3,9 @@ missing (the GPU engines among them), the device override, provenance fields, an
 failure rather than a bug."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from labkit.core import env
@@ -79,3 +82,15 @@ def test_gpu_engines_say_why_not_here():
         assert len(rows) == 2 and all(r["status"] != "ok" for r in rows)
     with pytest.raises(ValueError, match="choose one of"):
         env.capability("tvm")
+
+
+def test_asking_one_capability_runs_only_its_probe():
+    """Asking about CUDA imported ONNX Runtime (1.8 s) and, on a GPU, loaded bitsandbytes' CUDA library and started
+    NVML in the process a notebook then measures: each capability now runs its own probe alone."""
+    code = ("import sys\nfrom labkit.core import env\ncap = env.capability('cuda')\n"
+            "print(cap.name, sorted(m for m in ('onnxruntime', 'bitsandbytes', 'pynvml', 'optimum') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["cuda", "[]"], out.stdout + out.stderr
+    assert [c.name for c in env.capabilities()] == list(env.PROBES)
+    with pytest.raises(ValueError, match="choose one of .*'cuda'"):
+        env.capability("cudaa")

@@ -98,7 +98,7 @@ def test_without_cuda_one_line_and_exit_0(tmp_path):
 def test_a_gpu_torch_cannot_use_is_a_failure(tmp_path, monkeypatch):
     from labkit.core import env
 
-    monkeypatch.setattr(env, "torch_gpu_problem", lambda: "nvidia-smi lists 1 GPU(s), but torch is a CPU build")
+    monkeypatch.setattr(env, "torch_gpu_reason", lambda: "nvidia-smi lists 1 GPU(s), but torch is a CPU build")
     out = io.StringIO()
     assert gpu_check.main(["--json", str(tmp_path / "r.json")], out=out) == 1
     assert out.getvalue().startswith("gpu-check: FAIL: nvidia-smi lists 1 GPU")
@@ -108,7 +108,7 @@ def test_on_a_gpu_lines_then_one_json_document(tmp_path, monkeypatch):
     mock_gpu(monkeypatch, "NVIDIA L4", (8, 9))
     from labkit.core import env
 
-    monkeypatch.setattr(env, "torch_gpu_problem", lambda: "")
+    monkeypatch.setattr(env, "torch_gpu_reason", lambda: "")
     monkeypatch.setattr(gpu_check, "_prompts", lambda: ["Hi"])
     out = io.StringIO()
     report = tmp_path / "r.json"
@@ -135,7 +135,7 @@ def test_the_command_line_ends_the_process_when_a_check_hung(tmp_path, monkeypat
     from labkit.core import env
 
     mock_gpu(monkeypatch, "NVIDIA L4", (8, 9))
-    monkeypatch.setattr(env, "torch_gpu_problem", lambda: "")
+    monkeypatch.setattr(env, "torch_gpu_reason", lambda: "")
     monkeypatch.setattr(gpu_check, "_prompts", lambda: ["Hi"])
     release = threading.Event()
     monkeypatch.setattr(gpu_check, "checks", lambda: [Check("hangs", lambda ctx: release.wait(60) and "late")])

@@ -106,7 +106,7 @@ def test_tensorrt_provider_counts_only_when_tensorrt_loads(monkeypatch):
 
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
-    probe = env.tensorrt_provider_problem  # cached per process: start and end clean
+    probe = env.tensorrt_provider_reason  # cached per process: start and end clean
     if probe is not None:
         probe.cache_clear()
     try:

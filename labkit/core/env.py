@@ -19,6 +19,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from . import config, machine
@@ -119,7 +120,7 @@ def has(module: str) -> bool:
 def _cuda() -> Capability:
     import torch
 
-    problem = torch_gpu_problem()
+    problem = torch_gpu_reason()
     if problem:
         return Capability("cuda", False, f"torch {torch.__version__}", problem)
     if torch.version.cuda is None:
@@ -149,7 +150,7 @@ def driver_gpus(timeout_s: float = 10.0) -> tuple[str, ...]:
     return tuple(line.strip() for line in out.stdout.splitlines() if line.strip().startswith("GPU "))
 
 
-def torch_gpu_problem() -> str:
+def torch_gpu_reason() -> str:
     """'' unless the driver sees a GPU that torch cannot use; then one line saying why and how to fix it.
 
     Without this check every notebook silently runs on the CPU of a GPU machine.
@@ -182,7 +183,7 @@ def require_usable_gpu() -> None:
     says the CPU is meant. Notebook 00 calls it first, so a broken CUDA set-up is not silently a CPU run."""
     if os.environ.get("LABKIT_DEVICE", "").strip().lower() == "cpu":
         return
-    problem = torch_gpu_problem()
+    problem = torch_gpu_reason()
     if problem:
         raise GPUUnusable(problem + ". To run on the CPU on purpose, set LABKIT_DEVICE=cpu.")
 
@@ -265,7 +266,7 @@ def c_compiler() -> str | None:
 
 
 @lru_cache(maxsize=8)
-def c_compiler_problem(cc: str) -> str:
+def c_compiler_reason(cc: str) -> str:
     """'' when ``cc`` builds a shared object that includes Python.h (what Triton compiles on first use);
     otherwise its error. Cached: one real compile per compiler and process."""
     include = sysconfig.get_paths()["include"]
@@ -297,7 +298,7 @@ def _torch_compile() -> Capability:
         if cc is None:
             return Capability("torch.compile", False, "", "Triton needs a C compiler and Python headers: "
                                                           "apt-get install gcc python3-dev (or set CC)")
-        problem = c_compiler_problem(cc)
+        problem = c_compiler_reason(cc)
         if problem:
             return Capability("torch.compile", False, "", f"Triton needs a working C compiler: {problem} "
                                                           "(apt-get install python3-dev, or set CC)")
@@ -342,14 +343,14 @@ def ort_tensorrt() -> Capability:
     if "TensorrtExecutionProvider" not in ort.get_available_providers():
         return Capability(name, False, "", "this onnxruntime has no TensorrtExecutionProvider: "
                                            "pip install onnxruntime-gpu (the [gpu] extra) and TensorRT")
-    problem = tensorrt_provider_problem()
+    problem = tensorrt_provider_reason()
     if problem:
         return Capability(name, False, "", problem)
     return Capability(name, True, f"onnxruntime {ort.__version__}", "")
 
 
 @functools.lru_cache(maxsize=1)
-def tensorrt_provider_problem() -> str:
+def tensorrt_provider_reason() -> str:
     """'' when an ONNX Runtime session on TensorrtExecutionProvider really gets it; otherwise why not.
     Cached: TensorRT's libraries load (or not) once per process."""
     import onnxruntime as ort
@@ -396,23 +397,28 @@ def _tensorrt_sonames() -> str:
     return ", ".join(found) or "libnvinfer"
 
 
+# One probe per capability, each run alone: asking about CUDA must not import ONNX Runtime, nor load bitsandbytes'
+# CUDA library or start NVML inside the process a notebook then measures. Order: the table's rows.
+PROBES: dict[str, Callable[[], Capability]] = {
+    "cuda": lambda: _cuda(),
+    "bf16": lambda: _bf16(),
+    "bitsandbytes": lambda: _bitsandbytes(),
+    "onnxruntime": lambda: _onnxruntime(),
+    "optimum-onnx": lambda: _optimum_onnx(),
+    "vllm": lambda: _gpu_only("vllm", "vllm", "pip install vllm (in its own environment, see README)"),
+    "tensorrt": lambda: _gpu_only("tensorrt", "tensorrt", "pip install tensorrt torch-tensorrt"),
+    "torch-tensorrt": lambda: _gpu_only("torch-tensorrt", "torch_tensorrt", "pip install torch-tensorrt (matching your torch)"),
+    "tensorrt-llm": lambda: _gpu_only("tensorrt-llm", "tensorrt_llm", "pip install tensorrt-llm (its own environment, see README)"),
+    "ort-tensorrt": lambda: ort_tensorrt(),
+    "flash-attn": lambda: _gpu_only("flash-attn", "flash_attn", "pip install flash-attn --no-build-isolation"),
+    "torch.compile": lambda: _torch_compile(),
+    "nvml": lambda: _nvml(),
+}
+
+
 def capabilities() -> list[Capability]:
     """One row per optional capability: available or not, and why not."""
-    return [
-        _cuda(),
-        _bf16(),
-        _bitsandbytes(),
-        _onnxruntime(),
-        _optimum_onnx(),
-        _gpu_only("vllm", "vllm", "pip install vllm (in its own environment, see README)"),
-        _gpu_only("tensorrt", "tensorrt", "pip install tensorrt torch-tensorrt"),
-        _gpu_only("torch-tensorrt", "torch_tensorrt", "pip install torch-tensorrt (matching your torch)"),
-        _gpu_only("tensorrt-llm", "tensorrt_llm", "pip install tensorrt-llm (its own environment, see README)"),
-        ort_tensorrt(),
-        _gpu_only("flash-attn", "flash_attn", "pip install flash-attn --no-build-isolation"),
-        _torch_compile(),
-        _nvml(),
-    ]
+    return [probe() for probe in PROBES.values()]
 
 
 def bf16(dev: str | None = None) -> Capability:
@@ -421,11 +427,10 @@ def bf16(dev: str | None = None) -> Capability:
 
 
 def capability(name: str) -> Capability:
-    """One capability by name (``ValueError`` listing the valid names otherwise)."""
-    table = {c.name: c for c in capabilities()}
-    if name not in table:
-        raise ValueError(f"unknown capability {name!r}; choose one of {sorted(table)}")
-    return table[name]
+    """One capability by name, running only its own probe (``ValueError`` listing the valid names otherwise)."""
+    if name not in PROBES:
+        raise ValueError(f"unknown capability {name!r}; choose one of {sorted(PROBES)}")
+    return PROBES[name]()
 
 
 def cpuinfo(*keys: str) -> str | None:

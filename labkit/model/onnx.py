@@ -226,7 +226,7 @@ def check_providers(asked: str, got: Sequence[str]) -> str:
     return f"asked ONNX Runtime for {asked}, the session got {list(got)}{hint}"
 
 
-def cuda_provider_problem() -> str:
+def cuda_provider_reason() -> str:
     """'' when this onnxruntime offers CUDAExecutionProvider; otherwise why not and the fix. Without it a session
     asked for the GPU silently runs on the CPU provider (the CPU build, ``onnxruntime``, installed by the
     [cpu] extra, beside or instead of ``onnxruntime-gpu``)."""
