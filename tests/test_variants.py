@@ -157,3 +157,33 @@ def test_an_onnxruntime_error_mid_sweep_becomes_a_row_and_a_bug_still_surfaces(m
     monkeypatch.setattr(variants, "measure_variant", bug)
     with pytest.raises(TypeError):
         list(variants.run(["fp16"], inputs=inputs))
+
+
+def test_every_variant_is_one_spec_and_every_table_is_derived_from_it():
+    from labkit.model import dtypes
+
+    for name, spec in variants.SPECS.items():
+        assert spec.name == name and callable(getattr(variants, spec.loader)), name
+        sized = dtypes.normalize_dtype(spec.sizing_dtype)
+        if sized in dtypes.QUANTIZED:
+            assert dtypes.layout(sized).bits in (4, 8), name
+        assert variants.VARIANTS[name] == spec.description and variants.SIZING_DTYPE[name] == spec.sizing_dtype
+        assert variants.OPTIONS.get(name, {}) == spec.options
+    assert variants.names() == list(variants.SPECS)
+
+
+def test_a_new_variant_is_one_entry_and_the_traps_are_gone(monkeypatch):
+    """A name starting with "fp" passed the Apple-GPU check as a plain float, and sizing called every quantised dtype
+    but int8 NF4. A new entry now says where it runs, and a quantised dtype without a layout cannot be sized."""
+    from labkit.model import dtypes, sizing
+
+    spec = variants.Spec("fp8-weight-only", "FP8 E4M3 weights, upcast at the matmul", "fp16", "_load_torch",
+                         devices=("cpu", "cuda"))
+    monkeypatch.setitem(variants.SPECS, spec.name, spec)
+    assert "no Apple-GPU kernels" in variants._unavailable_reason(spec.name, "mps")
+    assert variants._unavailable_reason(spec.name, "cpu") == ""
+    with pytest.raises(ValueError, match="no quantised layout"):
+        dtypes.layout("fp16")
+    monkeypatch.setattr(sizing, "QUANTIZED", (*dtypes.QUANTIZED, "fp16"))  # a quantised dtype nobody gave a layout
+    with pytest.raises(ValueError, match="LAYOUTS"):
+        sizing.weight_bytes(sizing.shape("default"), "fp16")

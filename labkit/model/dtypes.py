@@ -1,7 +1,10 @@
 """The precision vocabulary every package shares: names (``fp32`` … ``nf4``), their aliases, bytes per stored
-value, the KV-cache dtype that goes with each, and the torch dtype (torch imported only when asked).
+value, how each quantised format lays out its scales (``LAYOUTS``), the KV-cache dtype that goes with each, and
+the torch dtype (torch imported only when asked).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 # bytes per stored weight element, before quantisation overhead
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "int4": 0.5, "nf4": 0.5}
@@ -9,6 +12,37 @@ DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": 
                  "bfloat16": "bf16", "fp4": "int4", "q4": "int4"}
 QUANTIZED = ("int8", "int4", "nf4")
 NF4_BLOCK = 64  # bitsandbytes 4-bit block size: one fp32 absmax per 64 weights
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a quantised format stores a linear layer's weights: ``bits`` per weight, plus one scale of
+    ``scale_bytes`` per output row (``block`` None) or per ``block`` consecutive weights."""
+
+    bits: int
+    scale_bytes: int
+    block: int | None = None  # None: one scale per row
+
+    def bytes(self, params: int, rows: int) -> int:
+        scales = rows if self.block is None else params // self.block
+        return params * self.bits // 8 + scales * self.scale_bytes
+
+
+# the layout of each QUANTIZED dtype as bitsandbytes stores it; a quantised dtype without one cannot be sized
+LAYOUTS: dict[str, Layout] = {
+    "int8": Layout(bits=8, scale_bytes=4),  # LLM.int8: int8 weights, one fp32 scale per row
+    "int4": Layout(bits=4, scale_bytes=4, block=NF4_BLOCK),  # packed nibbles, one fp32 absmax per block
+    "nf4": Layout(bits=4, scale_bytes=4, block=NF4_BLOCK),
+}
+
+
+def layout(dtype: str) -> Layout:
+    """The storage layout of a quantised ``dtype``; ``ValueError`` naming the known ones for any other."""
+    dtype = normalize_dtype(dtype)
+    if dtype not in LAYOUTS:
+        raise ValueError(f"{dtype!r} has no quantised layout to size it by; known: {sorted(LAYOUTS)} "
+                         "(add its Layout to labkit.model.dtypes.LAYOUTS)")
+    return LAYOUTS[dtype]
 
 
 def normalize_dtype(dtype: str) -> str:

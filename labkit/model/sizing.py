@@ -14,7 +14,7 @@ from typing import Any
 from ..core.checks import positive
 from ..core.config import DEFAULT_CONFIG_DIR, DEFAULT_MODEL_NAME
 from . import gpus
-from .dtypes import DTYPE_BYTES, NF4_BLOCK, QUANTIZED, kv_dtype_for, normalize_dtype
+from .dtypes import DTYPE_BYTES, QUANTIZED, kv_dtype_for, layout, normalize_dtype
 
 USABLE_FRACTION = 0.90  # a GPU's memory left for weights + KV after CUDA context and activations
 
@@ -111,11 +111,7 @@ def weight_bytes(s: ModelShape, dtype: str) -> int:
     if dtype not in QUANTIZED:
         return int(s.n_params * DTYPE_BYTES[dtype])
     rest = (s.n_params - s.quantizable_params) * DTYPE_BYTES["fp16"]
-    if dtype == "int8":
-        quant = s.quantizable_params * 1 + s.quantizable_rows * 4  # int8 weights + fp32 row scales
-    else:
-        quant = s.quantizable_params // 2 + (s.quantizable_params // NF4_BLOCK) * 4  # packed nibbles + fp32 absmax
-    return int(rest + quant)
+    return int(rest + layout(dtype).bytes(s.quantizable_params, s.quantizable_rows))
 
 
 def kv_bytes_per_token(s: ModelShape, kv_dtype: str) -> int:

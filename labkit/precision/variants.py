@@ -8,6 +8,9 @@
     ort-int8-tensor   ONNX Runtime dynamic int8, one scale per weight tensor
     ort-int8-channel  ONNX Runtime dynamic int8, one scale per output channel
 
+Each variant is one ``Spec`` in ``SPECS`` (description, sizing dtype, loader, capabilities, devices, options);
+the name tables are derived from it, so adding a variant is one entry plus its loader.
+
 ``load_variant(name)`` never crashes for a variant this machine cannot run: it returns a
 ``Variant`` whose ``status`` says why. Exported and quantised ONNX files are cached under
 ``labkit.core.config.cache_dir() / "onnx"`` and reused; each is written to a temporary folder
@@ -38,32 +41,50 @@ from ..model.onnx import (
     session_providers,
 )
 
-VARIANTS: dict[str, str] = {
-    "fp32": "PyTorch float32 (the reference)",
-    "fp16": "PyTorch float16 weights and compute",
-    "bf16": "PyTorch bfloat16 weights and compute",
-    "bnb-int8": "bitsandbytes LLM.int8 (int8 weights, fp16 outlier columns)",
-    "bnb-nf4": "bitsandbytes 4-bit NF4, block size 64",
-    "ort-fp32": "ONNX Runtime float32 (optimum-onnx export)",
-    "ort-int8-tensor": "ONNX Runtime dynamic int8, per-tensor scales",
-    "ort-int8-channel": "ONNX Runtime dynamic int8, per-channel scales",
-}
-NAMES: tuple[str, ...] = tuple(VARIANTS)
-# dtypes.DTYPE_BYTES key for each variant's stored weights
-SIZING_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "bnb-int8": "int8", "bnb-nf4": "nf4",
-                "ort-fp32": "fp32", "ort-int8-tensor": "int8", "ort-int8-channel": "int8"}
-# options each variant accepts (anything else is a ValueError naming these)
-OPTIONS: dict[str, dict[str, str]] = {
-    "bnb-int8": {"threshold": "outlier threshold of LLM.int8 (default 6.0)"},
-    "bnb-nf4": {"double_quant": "also quantise the absmax scales (default False)",
-                "compute_dtype": "dtype the 4-bit weights are dequantised to: fp32, fp16 or bf16 "
-                                 "(default fp32 on CPU, fp16 on CUDA)"},
-    "ort-fp32": {"provider": "ONNX Runtime execution provider (default: CUDA when in use, else CPU)"},
-    "ort-int8-tensor": {"provider": "as for ort-fp32",
-                        "reduce_range": "quantise weights to 7 bits; default: True on x86 CPUs without VNNI "
-                                        "(see int8_saturation_risk), else False as in ONNX Runtime"},
-    "ort-int8-channel": {"provider": "as for ort-fp32", "reduce_range": "as for ort-int8-tensor"},
-}
+@dataclass(frozen=True)
+class Spec:
+    """Everything labkit knows about one precision variant; every table below is derived from ``SPECS``. Adding a
+    variant is one entry here plus its loader (``_load_*``, taking the ``Variant`` and the model name)."""
+
+    name: str
+    description: str
+    sizing_dtype: str  # labkit.model.dtypes name of the stored weights (its LAYOUTS entry when quantised)
+    loader: str  # the name of this module's function that loads it
+    capabilities: tuple[str, ...] = ()  # env.capability names that must be available
+    devices: tuple[str, ...] = ("cpu", "cuda", "mps")  # device kinds it has kernels for
+    options: dict[str, str] = field(default_factory=dict)  # the options it accepts, each with its meaning
+    all_weights_quantised: bool = False  # ONNX Runtime's dynamic int8: embeddings too, tied lm_head copied
+    cpu_provider_only: bool = False  # its operators have no CUDA kernels: on a GPU it runs on the CPU, labelled
+
+
+_ORT = ("onnxruntime", "optimum-onnx")
+_PROVIDER = {"provider": "ONNX Runtime execution provider (default: CUDA when in use, else CPU)"}
+_REDUCE_RANGE = {"reduce_range": "quantise weights to 7 bits; default: True on x86 CPUs without VNNI "
+                                 "(see int8_saturation_risk), else False as in ONNX Runtime"}
+SPECS: dict[str, Spec] = {s.name: s for s in (
+    Spec("fp32", "PyTorch float32 (the reference)", "fp32", "_load_torch"),
+    Spec("fp16", "PyTorch float16 weights and compute", "fp16", "_load_torch"),
+    Spec("bf16", "PyTorch bfloat16 weights and compute", "bf16", "_load_torch"),
+    Spec("bnb-int8", "bitsandbytes LLM.int8 (int8 weights, fp16 outlier columns)", "int8", "_load_bnb",
+         ("bitsandbytes",), ("cpu", "cuda"), {"threshold": "outlier threshold of LLM.int8 (default 6.0)"}),
+    Spec("bnb-nf4", "bitsandbytes 4-bit NF4, block size 64", "nf4", "_load_bnb", ("bitsandbytes",), ("cpu", "cuda"),
+         {"double_quant": "also quantise the absmax scales (default False)",
+          "compute_dtype": "dtype the 4-bit weights are dequantised to: fp32, fp16 or bf16 "
+                           "(default fp32 on CPU, fp16 on CUDA)"}),
+    Spec("ort-fp32", "ONNX Runtime float32 (optimum-onnx export)", "fp32", "_load_ort", _ORT, ("cpu", "cuda"),
+         _PROVIDER),
+    Spec("ort-int8-tensor", "ONNX Runtime dynamic int8, per-tensor scales", "int8", "_load_ort", _ORT,
+         ("cpu", "cuda"), {**_PROVIDER, **_REDUCE_RANGE}, all_weights_quantised=True,
+         cpu_provider_only=True),
+    Spec("ort-int8-channel", "ONNX Runtime dynamic int8, per-channel scales", "int8", "_load_ort", _ORT,
+         ("cpu", "cuda"), {**_PROVIDER, **_REDUCE_RANGE}, all_weights_quantised=True,
+         cpu_provider_only=True),
+)}
+# derived views, for readers that want one column
+VARIANTS: dict[str, str] = {n: s.description for n, s in SPECS.items()}
+NAMES: tuple[str, ...] = tuple(SPECS)
+SIZING_DTYPE: dict[str, str] = {n: s.sizing_dtype for n, s in SPECS.items()}  # dtypes.DTYPE_BYTES key
+OPTIONS: dict[str, dict[str, str]] = {n: s.options for n, s in SPECS.items() if s.options}
 
 
 def names() -> list[str]:
@@ -110,7 +131,7 @@ class Variant:
 
     @property
     def description(self) -> str:
-        return VARIANTS[self.name]
+        return SPECS[self.name].description
 
     def release(self) -> None:
         """Drop the model and hand its memory back, so the next variant's memory reading is its own."""
@@ -149,7 +170,7 @@ def predicted_weight_bytes(name: str, model_name: str | None = None) -> int:
     check_name(name)
     model = _sizing_model(model_name)
     s = sizing.shape(model)
-    if name.startswith("ort-int8"):
+    if SPECS[name].all_weights_quantised:
         tied = bool(getattr(sizing.load_config(model), "tie_word_embeddings", False))
         return int((s.n_params + (s.vocab_size * s.hidden_size if tied else 0)) * dtypes.DTYPE_BYTES["int8"])
     return sizing.weight_bytes(s, SIZING_DTYPE[name])
@@ -176,10 +197,9 @@ def load_variant(name: str, model_name: str | None = None, device: str | None = 
         return v
     if options.get("provider") is not None:
         ort_provider(device, options["provider"])  # a provider this machine lacks is the caller's mistake
-        if name.startswith("ort-int8") and options["provider"] != "CPUExecutionProvider":
+        if SPECS[name].cpu_provider_only and options["provider"] != "CPUExecutionProvider":
             raise ValueError(f"{name} runs on provider 'CPUExecutionProvider' only: {INT8_ON_GPU_NOTE}")
-    loader = {"fp32": _load_torch, "fp16": _load_torch, "bf16": _load_torch, "bnb-int8": _load_bnb,
-              "bnb-nf4": _load_bnb}.get(name, _load_ort)
+    loader = globals()[SPECS[name].loader]
     v.rss_sampler = memory.RSSSampler().start()  # read in measure_variant: the peak over load and timed runs
     with memory.track(device) as mem, timing.track(device) as t:
         try:
@@ -201,19 +221,19 @@ def load_variant(name: str, model_name: str | None = None, device: str | None = 
 
 
 def _unavailable_reason(name: str, device: str) -> str:
+    spec = SPECS[name]
     if name == "bf16" and device.startswith("cuda"):
         cap = env.bf16(device)
         return "" if cap.available else cap.reason
-    if name.startswith("bnb-"):
-        cap = env.capability("bitsandbytes")
-        return "" if cap.available else cap.reason
-    if name.startswith("ort-"):
-        for cap_name in ("onnxruntime", "optimum-onnx"):
-            cap = env.capability(cap_name)
-            if not cap.available:
-                return cap.reason
-    if device.startswith("mps") and not name.startswith(("fp", "bf")):
-        return f"{name} has no Apple-GPU kernels here; use device='cpu'"
+    for cap_name in spec.capabilities:
+        cap = env.capability(cap_name)
+        if not cap.available:
+            return cap.reason
+    kind = device.split(":")[0]
+    if kind not in spec.devices:
+        if kind == "mps":
+            return f"{name} has no Apple-GPU kernels here; use device='cpu'"
+        return f"{name} has no kernels for {kind!r} here; it runs on {', '.join(spec.devices)}"
     return ""
 
 
@@ -275,7 +295,7 @@ def _load_ort(v: Variant, model_name: str | None) -> None:
         v.options["reduce_range"] = rr
         folder, prep = onnx.quantize_onnx(per_channel=v.name.endswith("channel"), reduce_range=rr, model_name=model_name)
     v.prepare_s = prep
-    if v.name.startswith("ort-int8") and v.device.startswith("cuda"):
+    if SPECS[v.name].cpu_provider_only and v.device.startswith("cuda"):
         v.device = "cpu"  # labelled: the row says it ran on the CPU, and why
         v.note = INT8_ON_GPU_NOTE
     provider = ort_provider(v.device, v.options.get("provider"))
