@@ -3,13 +3,13 @@
 Seven packages, each importing only from those below it (``pyproject.toml``'s import-linter contracts
 check this in ``make test-unit``)::
 
-    __main__, gpu_check   the command line and the GPU preflight
-    lessons               what the notebooks show: exercises, takeaways, plots, widgets, reports
-    precision | engines | serve
-                          quantisation; compiled and exported engines; the server, batching and vLLM
-    decoding              the decode core, generation metrics, quality, the KV cache
-    model                 dtypes, sizing, hardware probes, the default model, prompts, ONNX export
-    core                  configuration, environment and capabilities, timing, memory, results
+    ``__main__``, ``gpu_check``   the command line and the GPU preflight
+    ``lessons``               what the notebooks show: exercises, takeaways, plots, widgets, reports
+    ``precision`` | ``engines`` | ``serve``
+                              quantisation; compiled and exported engines; the server, batching and vLLM
+    ``decoding``              the decode core, generation metrics, quality, the KV cache
+    ``model``                 dtypes, sizing, hardware probes, the default model, prompts, ONNX export
+    ``core``                  configuration, environment and capabilities, timing, memory, results
 
 Packages are imported lazily, so ``import labkit`` is fast and works on a machine without torch
 backends such as bitsandbytes, onnxruntime, vllm or tensorrt.

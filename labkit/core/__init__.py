@@ -8,6 +8,8 @@
 ``energy``   joules over a block of work: RAPL, NVML energy or sampled power, or the reason it cannot be read
 ``results``  the JSON a notebook writes, with its environment, and the reference files it is read beside
 ``checks``   checks every layer shares: a positive count, the device a model's inputs go to
+``verdict``  the verdict on a ratio of two sample sets: better, worse, within noise, or implausible (beyond its bound)
+``machine``  how busy this machine is (load, steal, other processes through psutil): the load line every notebook prints
 
 core knows no model, no tokenizer and no lesson: it imports only the standard library at module level, and
 torch or a backend inside the function that needs it, so ``import labkit.core`` works on any machine.

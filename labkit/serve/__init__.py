@@ -12,11 +12,13 @@
 ``paged``      PagedAttention's memory argument, simulated
 ``prefill``    prefix caching and chunked prefill, measured
 ``loadgen``    load against any OpenAI-compatible server (an async client, and Locust)
+``locustfile`` the Locust users ``loadgen.run_locust`` runs against the server
 ``capacity``   the knee of an arrival-rate sweep (goodput under an SLO) and the replicas a load needs
 ``vllm``       vLLM itself, offline and as a server, beside transformers' ``generate``
 ``vllm_server`` ``vllm serve`` from vLLM's own environment (``make vllm``): checks, start, health, metrics, stop
 ``vllm_lab``   vLLM's engine on the lab's workload: one at a time and all at once, a squeezed pool, the replay
 ``vllm_bench`` ``vllm bench serve`` beside ``loadgen`` on the same server: one definition of each metric
+``vllm_mechanisms`` prefix caching, chunked prefill and n-gram speculation in ``vllm serve``, beside the lab's
 ``router``     replicas of ``labkit serve`` (or ``vllm serve``) behind smg, a router from PyPI: start, ready, stop
 ``routing``    the shared-prefix multi-turn workload, what a routing policy did to each replica's cache, the rule
 

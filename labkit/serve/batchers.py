@@ -20,7 +20,7 @@ from .continuous import ContinuousEngine, PrefixCache
 from .metrics import Metrics
 from .protocol import ApiError, Params, ServerConfig
 
-log = logging.getLogger("labkit.serving")
+log = logging.getLogger("labkit.serve")
 
 
 # ------------------------------------------------------------------------------------ jobs and batcher
@@ -211,7 +211,7 @@ class Batcher:
 
 
 class ContinuousBatcher(Batcher):
-    """``labkit.serving``'s batcher with continuous batching: queued requests join the running batch at the
+    """``labkit.serve``'s batcher with continuous batching: queued requests join the running batch at the
     next token boundary (up to ``max_batch_size`` running), and each leaves when done. ``max_wait_ms`` is
     not used: nobody waits for company, a new request starts at the next step. The batch-size metric is
     observed once per decode step. ``prefix_cache_tokens`` and ``prefill_chunk_tokens`` (ServerConfig)

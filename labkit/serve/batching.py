@@ -1,12 +1,12 @@
-"""Batching: a static batch-size sweep, the cost of padding, and the batched greedy decoder the server runs.
+"""Batching: a static batch-size sweep and the cost of padding.
 
 Static batching runs B prompts as one left-padded batch through ``generate``: every decode step reads the
 weights once for all B sequences, so total tokens/s grows with B while each user's tokens/s falls a little.
 Every sweep row carries its quality: the greedy agreement of the batch's tokens with each prompt's tokens
 decoded alone (padding and batched kernels change the arithmetic, and so sometimes the answer).
-``decode_batch`` is the server's engine: ``labkit.decoding.decode``'s ``prefill`` then ``decode_one_token`` steps on a shared KV cache,
-dropping each sequence from the batch as soon as it finishes (so a short answer does not ride along with
-the longest one, burning compute on padding).
+The server's engine, ``decode_batch`` (``labkit.serve.decoder``), runs ``labkit.decoding.decode``'s ``prefill``
+then ``decode_one_token`` steps on a shared KV cache, dropping each sequence from the batch as soon as it
+finishes (so a short answer does not ride along with the longest one, burning compute on padding).
 """
 from __future__ import annotations
 

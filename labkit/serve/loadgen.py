@@ -7,7 +7,7 @@ streamed, so TTFT and the gaps between chunks (ITL) are measured on arrival, not
 gives TTFT, TPOT = (E2E − TTFT)/(n_out − 1), ITL and E2E percentiles, requests/s, output tokens/s,
 goodput (requests/s meeting every stated SLO) and failures.
 
-``run_locust``: Locust, headless in a child process, with ``labkit/locustfile.py`` (non-streaming
+``run_locust``: Locust, headless in a child process, with ``labkit/serve/locustfile.py`` (non-streaming
 requests; Locust times the whole response). Its CSV statistics are parsed into a dict.
 
 Command line (works unchanged against ``vllm serve``):

@@ -5,7 +5,7 @@ times the whole response. Settings come from the environment (run_locust sets th
 LABKIT_LOCUST_MAX_TOKENS (tokens per request, default 16), LABKIT_LOCUST_ENDPOINT (completions | chat),
 LABKIT_LOCUST_MODEL (model name to send; default: none, which labkit's server accepts).
 
-By hand:  locust -f labkit/locustfile.py --headless -u 8 -r 8 --run-time 20s --host http://127.0.0.1:8000
+By hand:  locust -f labkit/serve/locustfile.py --headless -u 8 -r 8 --run-time 20s --host http://127.0.0.1:8000
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Prefix caching and chunked prefill, measured from the client side against the lab's server.
 
-Both live in the continuous-batching engine (``labkit.serve.scheduler``: ``PrefixCache``, ``prefill_chunk_tokens``;
+Both live in the continuous-batching engine (``labkit.serve.continuous``: ``PrefixCache``; ``prefill_chunk_tokens``;
 ``labkit serve --batching continuous --prefix-cache-tokens N --prefill-chunk-tokens N``). Here they are
 switched on and off under the same load and measured as a client sees them:
 
@@ -50,7 +50,7 @@ def document_text(tokenizer: Any, n_tokens: int, offset_tokens: int = 0) -> str:
 def reusable_prefix(cached: Sequence[int], prompt: Sequence[int], block: int) -> int:
     """Positions of ``prompt`` a prefix cache holding ``cached`` can serve: their common prefix, aligned down to
     whole blocks, leaving at least the prompt's last token to prefill (its logits give the first new token).
-    The rule of ``scheduler.PrefixCache.lookup``."""
+    The rule of ``continuous.PrefixCache.lookup``."""
     positive("block", block)
     limit = min(len(cached), len(prompt) - 1)
     n = 0
