@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit.core import config
 from labkit.core.results import jsonable
 from labkit.serve import launch, loadgen
+from labkit.serve import metrics as prom
 
 KEYS = ("max_batch_size", "concurrency", "requests", "completed", "failed", "duration_s", "output_tokens",
         "output_tokens_per_s", "request_throughput", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "itl_p50_s",
@@ -40,12 +41,8 @@ def measure(max_batch_size: int, concurrency: int, requests: int, max_tokens: in
 
 def _batch_totals(url: str) -> tuple[float, float]:
     """(sequences, batches) run so far, from the server's Prometheus /metrics."""
-    import urllib.request
-
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("labkit_batch_size_"))
-    return float(values["labkit_batch_size_sum"]), float(values["labkit_batch_size_count"])
+    values = prom.totals(url, timeout_s=10)
+    return values["labkit_batch_size_sum"], values["labkit_batch_size_count"]
 
 
 def main() -> int:

@@ -13,6 +13,7 @@ import time
 import pytest
 from processes import gone
 
+from labkit.serve import processes
 from labkit.serve import protocol, router, routing
 from labkit.serve import vllm_server as vs
 
@@ -88,7 +89,7 @@ def test_a_child_that_never_gets_ready_fails_at_its_deadline_and_its_group_isgon
     assert time.monotonic() - t0 < 2 + 2 + 5, "the deadline, then a 2 s grace before SIGKILL"
     leader, helper = map(int, pids.read_text().split())
     assert gone(leader) and gone(helper), "the whole process group is stopped, its helper included"
-    assert child not in router._LIVE
+    assert child not in processes._LIVE
 
 
 def test_a_child_that_exits_reports_its_logs_error_line_at_once(tmp_path, alarm):
@@ -111,7 +112,7 @@ def test_a_failing_ready_check_or_an_interrupt_stops_the_child(tmp_path, failure
 
     with pytest.raises(failure):
         router.wait_ready(child, ready, 30, "get ready")
-    assert gone(child.proc.pid) and child not in router._LIVE
+    assert gone(child.proc.pid) and child not in processes._LIVE
 
 
 def test_stop_sends_sigkill_after_the_grace_to_a_child_that_ignores_sigterm(tmp_path, alarm):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from labkit.serve import processes
 from labkit.serve import vllm_server as vs
 
 
@@ -176,7 +177,7 @@ def test_engine_runs_interleaves_the_modes_and_checks_every_runs_tokens(tmp_path
     lines = got["runs"][vllm_lab.ONE][0].rows({2}, refs)
     assert [r["first_difference_continuous"] for r in lines] == [None, 1], "the first differing position is named"
     assert all(r["output_tokens"] == 3 for r in got["squeeze"].rows({2})), "the squeeze asks for exactly 3 tokens"
-    assert not vs._LIVE
+    assert not [c for c in processes._LIVE if isinstance(c, vs.VLLMServer)]
 
 
 def test_a_server_that_dies_mid_run_gives_its_error_line_and_the_runs_before(tmp_path, monkeypatch):
@@ -191,7 +192,7 @@ def test_a_server_that_dies_mid_run_gives_its_error_line_and_the_runs_before(tmp
     assert time.monotonic() - t0 < 30, "nothing hangs"
     assert "mid-run" in got["status"] and "EngineCore died: worker killed" in got["status"], got["status"]
     assert len(got["runs"][vllm_lab.ONE]) == 1 and len(got["runs"][vllm_lab.ALL]) == 1, "the runs before it are kept"
-    assert not vs._LIVE
+    assert not [c for c in processes._LIVE if isinstance(c, vs.VLLMServer)]
 
 
 def test_a_start_that_fails_is_one_line_and_nothing_runs(tmp_path):

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from labkit.serve import processes
 from labkit.serve import vllm_mechanisms as vm
+from labkit.serve import metrics as prom
 from labkit.serve import vllm_server as vs
 from processes import gone
 from test_vllm_server import SERVES, _fake_python
@@ -174,7 +176,7 @@ class FakeServer:
         return f"INFO Chunked prefill is enabled with max_num_batched_tokens={self.settings.max_num_batched_tokens}.\n"
 
     def metrics(self) -> dict[str, float]:
-        return vs.metric_totals(vs.parse_prometheus(vs._get(self.url + "/metrics")))
+        return prom.totals(self.url)
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -269,7 +271,7 @@ def test_servers_started_together_are_all_stopped_and_a_failed_start_stops_the_o
         assert set(servers) == {"a", "b"} and all(s.alive() for s in servers.values())
         assert servers["a"].port != servers["b"].port
         leaders = [s.proc.pid for s in servers.values()]
-    assert all(gone(pid) for pid in leaders) and not vs._LIVE
+    assert all(gone(pid) for pid in leaders) and not [c for c in processes._LIVE if isinstance(c, vs.VLLMServer)]
 
     started = []
     real_start = vs.start
@@ -282,7 +284,7 @@ def test_servers_started_together_are_all_stopped_and_a_failed_start_stops_the_o
     with pytest.raises(vs.VLLMStartError, match="no engine"):
         with vm.started_together(named, deadline_s=30):
             pytest.fail("the block must not run when a server failed to start")
-    assert started and gone(started[0].proc.pid) and not vs._LIVE, "the server that did start is stopped"
+    assert started and gone(started[0].proc.pid) and not [c for c in processes._LIVE if isinstance(c, vs.VLLMServer)], "the server that did start is stopped"
 
 
 def test_the_log_is_plain_text_also_when_started_from_a_notebook():

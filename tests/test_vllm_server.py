@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from processes import gone
 
+from labkit.serve import processes
 from labkit.serve import vllm_server as vs
 
 DATA = Path(__file__).parent / "data"
@@ -107,7 +108,7 @@ def test_a_server_that_never_answers_fails_within_the_deadline_and_leaves_nothin
     assert time.monotonic() - t0 < DEADLINE_S + 5 + 5, "the deadline, then the grace before SIGKILL"
     leader, child = map(int, pids.read_text().split())
     assert gone(leader) and gone(child), "the whole process group is stopped, the engine core included"
-    assert not vs._LIVE
+    assert not [c for c in processes._LIVE if isinstance(c, vs.VLLMServer)]
 
 
 def test_a_server_that_exits_reports_the_logs_error_line(tmp_path, alarm):
@@ -155,7 +156,7 @@ def test_serve_stops_the_group_when_the_block_fails(tmp_path, monkeypatch, failu
             raise failure("the cell failed")
     leader, child = map(int, pids.read_text().split())
     assert gone(leader) and gone(child)
-    assert not vs._LIVE
+    assert not [c for c in processes._LIVE if isinstance(c, vs.VLLMServer)]
 
 
 def test_metrics_parser_on_a_recorded_scrape():

@@ -1,11 +1,12 @@
 """Many requests at once: the server, its batching, the load that measures it, and vLLM beside it.
 
 ``protocol``   the server's options and the OpenAI wire format: request validation, detokenising, stop text
-``metrics``    Prometheus histograms and counters
+``metrics``    Prometheus metrics written (the server's histograms and counters) and read (anyone's ``/metrics``)
+``processes``  the one supervisor of long-running children: process group, log, ready-wait, group stop, ports
 ``decoder``    the batched greedy decode the server runs, on the decode core
 ``batchers``   the job queue: dynamic batching and continuous batching of jobs
 ``server``     the aiohttp server (OpenAI-compatible, streaming) that runs a batcher
-``launch``     start a server in a thread or a process, with a handle that stops it
+``launch``     start a server in a thread or a process (under ``processes``), with a handle that stops it
 ``scheduler``  static against continuous batching of the same requests, measured
 ``continuous`` the continuous-batching engine: joining caches, a prefix cache
 ``batching``   the static batch-size sweep and the cost of padding

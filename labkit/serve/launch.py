@@ -10,19 +10,21 @@ import contextlib
 import multiprocessing
 import os
 import queue as _queue
-import signal
-import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any
 
+from ..core import config
+from . import processes
 from .protocol import ServerConfig, server_config
 from .server import Server, load_model
 
 LISTENING = "labkit serve: listening on "  # the line a subprocess prints once its port is bound
+LOG_DIR = config.REPO_DIR / "build" / "serve"  # start_process's logs
 
 
 # ------------------------------------------------------------------------- running it: thread/process
@@ -120,31 +122,23 @@ def start_server(model: Any = None, *, server_class: type[Server] | None = None,
     return ServerHandle(server, loop, thread)
 
 
-class ProcessHandle:
-    """A server in a child process (``python -m labkit serve``): its own interpreter, GIL and threads."""
+class ProcessHandle(processes.Child):
+    """A server in a child process (``python -m labkit serve``): its own interpreter, GIL and threads, in a process
+    group of its own under the one supervisor (``labkit.serve.processes``), its output in ``build/serve/``."""
 
-    def __init__(self, proc: subprocess.Popen, url: str, output: list[str]) -> None:
-        self.proc = proc
-        self.url = url
-        self.output = output
+    stop_grace_s = 60.0  # SIGTERM is graceful: queued requests are answered first, then SIGKILL
 
     def __str__(self) -> str:
         return self.url
 
     @property
     def running(self) -> bool:
-        return self.proc.poll() is None
+        return self.alive()
 
-    def stop(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM (graceful: queued requests answered), then SIGKILL after ``timeout_s``."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+    @property
+    def output(self) -> list[str]:
+        """What the server printed so far (the log without its command line)."""
+        return self.log().splitlines()[1:]
 
     def __enter__(self) -> "ProcessHandle":
         return self
@@ -165,33 +159,20 @@ def start_process(model: str | None = None, startup_timeout_s: float = 120.0, **
             argv.append("--no-drop-finished")
         else:
             argv += [f"--{f.name.replace('_', '-')}", str(value)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines: _queue.Queue[str | None] = _queue.Queue()
-    output: list[str] = []
+    handle = processes.spawn("labkit serve", argv, "", log_dir=LOG_DIR, log_name=f"serve-{uuid.uuid4().hex[:8]}",
+                             child_env={**os.environ, "PYTHONUNBUFFERED": "1"}, kind=ProcessHandle)
 
-    def pump() -> None:  # keep reading so the child never blocks on a full pipe
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            output.append(line.rstrip("\n"))
-            lines.put(line)
-        lines.put(None)
+    def listening() -> bool:  # the line the server prints once its port is bound names its URL
+        line = next((ln for ln in handle.output if ln.startswith(LISTENING)), None)
+        if line is not None:
+            handle.url = line[len(LISTENING):].strip()
+        return line is not None
 
-    threading.Thread(target=pump, name="labkit-serve-output", daemon=True).start()
-    deadline = time.monotonic() + startup_timeout_s
-    while True:
-        try:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-        except _queue.Empty:
-            line = ""
-        if line and line.startswith(LISTENING):
-            return ProcessHandle(proc, line[len(LISTENING):].strip(), output)
-        if line is None or time.monotonic() > deadline:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            tail = "\n".join(output[-20:])
-            raise RuntimeError(f"`{' '.join(argv)}` did not start listening:\n{tail}")
+    try:
+        processes.wait_ready(handle, listening, startup_timeout_s, "start listening", poll_s=0.1)
+    except processes.StartError as exc:
+        raise RuntimeError(f"`{' '.join(argv)}` did not start listening: {exc}\n" + "\n".join(handle.output[-20:])) from None
+    return handle
 
 
 @contextlib.contextmanager

@@ -1,9 +1,15 @@
-"""The server's Prometheus metrics: histograms (batch size, queue wait, TTFT, end-to-end latency), counters
-and gauges, exported in the text format ``/metrics`` serves, updated from the event loop and the model thread.
+"""Prometheus metrics, written and read: the lab's server's histograms (batch size, queue wait, TTFT, end-to-end
+latency), counters and gauges, exported in the text format ``/metrics`` serves, updated from the event loop and
+the model thread; and the one reader of anyone's ``/metrics`` (the lab's, vLLM's, the router's): ``scrape``,
+``parse_prometheus``, ``metric_totals`` (one number per name), ``metric_info`` and ``metrics_delta`` (what a
+measurement added).
 """
 from __future__ import annotations
 
+import re
 import threading
+import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,3 +114,59 @@ class Metrics:
             for hist in (self.batch_size, self.queue_wait, self.ttft, self.e2e):
                 lines += hist.render()
         return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------- reading anyone's /metrics
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text format: one ``(name, labels, value)`` per sample line; comments skipped."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), float(m.group(3))))
+    return out
+
+
+def metric_totals(samples: Sequence[tuple[str, dict[str, str], float]]) -> dict[str, float]:
+    """One number per metric name, summed over label sets (models, engines, finish reasons); histogram
+    buckets left out (their ``_sum`` and ``_count`` stay)."""
+    totals: dict[str, float] = {}
+    for name, _labels, value in samples:
+        if not name.endswith("_bucket"):
+            totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+def metric_info(samples: Sequence[tuple[str, dict[str, str], float]], name: str) -> dict[str, str]:
+    """The labels of an info metric, e.g. ``vllm:cache_config_info`` (block_size, num_gpu_blocks, ...)."""
+    return next((labels for n, labels, _v in samples if n == name), {})
+
+
+_CUMULATIVE = ("_total", "_sum", "_count", "_created")
+
+
+def metrics_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """What a measurement added: counters and histogram sums/counts as after − before, gauges as after."""
+    return {name: value - before.get(name, 0.0) if name.endswith(_CUMULATIVE) else value
+            for name, value in after.items() if not name.endswith("_created")}
+
+
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of the ``/metrics`` a server at ``url`` serves (the lab's, vLLM's, the router's)."""
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as resp:  # 127.0.0.1 only
+        return parse_prometheus(resp.read().decode("utf-8"))
+
+
+def totals(url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """``scrape`` as one number per metric name (``metric_totals``)."""
+    return metric_totals(scrape(url, timeout_s))

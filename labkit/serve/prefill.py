@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,17 +24,13 @@ from ..core.checks import positive
 from ..core.timing import clock, p99, percentile
 from ..model.prompts import eval_tokens
 from . import launch, loadgen
+from . import metrics as prom
 
 
 def metrics(url: str, prefix: str = "labkit_") -> dict[str, float]:
-    """The server's ``/metrics`` (Prometheus text) as {name: value} for unlabelled samples named ``prefix``…"""
-    text = urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=30).read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(prefix) and "{" not in line.split(" ", 1)[0]:
-            name, _, value = line.partition(" ")
-            out[name] = float(value.split()[0])
-    return out
+    """The server's ``/metrics`` as {name: value} for unlabelled samples named ``prefix``…"""
+    return {name: value for name, labels, value in prom.scrape(url, timeout_s=30) if name.startswith(prefix)
+            and not labels}
 
 
 def document_text(tokenizer: Any, n_tokens: int, offset_tokens: int = 0) -> str:

@@ -27,26 +27,22 @@ extra); the replicas run ``python -m labkit serve --batching continuous --prefix
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import importlib.util
 import json
 import os
-import re
-import signal
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core import config, env
-from . import vllm_server
-from .vllm_server import last_error_line, metric_totals, parse_prometheus
+from . import metrics as prom
+from . import processes, vllm_server
+from .processes import Child, StartError, free_ports, stop_all, wait_for, wait_ready  # noqa: F401 (used as router.*)
 
 ROUTER_PACKAGE = "smg"  # pyproject's [router] extra pins the version
 POLICIES = ("round_robin", "cache_aware", "consistent_hashing", "prefix_hash", "power_of_two", "manual", "random")
@@ -54,15 +50,10 @@ ROUTED_HEADER = "x-smg-routed-worker-id"  # the response header naming the worke
 ROUTING_KEY_HEADER = "x-smg-routing-key"  # the request header consistent_hashing and manual route on
 LOG_DIR = config.REPO_DIR / "build" / "scale_out"
 MISSING = "the router (smg) is not installed here: run `make setup`, or pip install 'labkit[router]'"
-_LIVE: set["Child"] = set()  # children not yet stopped: stopped at interpreter exit too
 
 
 class RouterUnavailable(env.Unavailable):
     """The router cannot run here; the message names the fix."""
-
-
-class StartError(RuntimeError):
-    """A child exited, or was not ready within its deadline; the message carries its log's error line."""
 
 
 class PortInUse(StartError):
@@ -71,10 +62,7 @@ class PortInUse(StartError):
 
 def check_port(port: int) -> None:
     """``PortInUse`` (one line) when 127.0.0.1:``port`` cannot be bound."""
-    vllm_server.check_port(port, PortInUse)
-
-
-free_ports = vllm_server.free_ports
+    processes.check_port(port, PortInUse)
 
 
 def _ports(n: int, ports: Sequence[int] | None) -> list[int]:
@@ -88,121 +76,10 @@ def _ports(n: int, ports: Sequence[int] | None) -> list[int]:
     return ports
 
 
-# ---------------------------------------------------------------------------------------- child processes
-
-
-class Child:
-    """A child process in a process group of its own (``start_new_session``), its output in ``log_path``."""
-
-    def __init__(self, name: str, argv: list[str], url: str, log_path: Path, proc: subprocess.Popen) -> None:
-        self.name, self.argv, self.url, self.log_path, self.proc = name, argv, url, log_path, proc
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name} {self.url} {'running' if self.alive() else 'stopped'}>"
-
-    def log(self) -> str:
-        """The log so far, colour codes removed."""
-        text = self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
-        return vllm_server.strip_colour(text)
-
-    def error_line(self) -> str:
-        return last_error_line(self.log())
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def get(self, path: str, timeout_s: float = 5.0) -> str:
-        with urllib.request.urlopen(self.url + path, timeout=timeout_s) as resp:  # 127.0.0.1 only
-            return resp.read().decode("utf-8")
-
-    def post(self, path: str, body: Mapping[str, Any] | None = None, timeout_s: float = 10.0) -> Any:
-        req = urllib.request.Request(self.url + path, data=json.dumps(body or {}).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read().decode("utf-8") or "null")
-
-    def kill(self) -> None:
-        """SIGKILL the whole group now, as a crash would (the fault a router must survive)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-
-    def stop(self, grace_s: float = 10.0) -> int | None:
-        """SIGTERM to the group, SIGKILL after ``grace_s``; the exit status (None if it would not die)."""
-        _LIVE.discard(self)
-        pgid = self.proc.pid  # start_new_session: the group's id is the leader's pid
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGTERM)
-        end = time.monotonic() + grace_s
-        while time.monotonic() < end and vllm_server.group_alive(pgid):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(0.1)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-        return self.proc.returncode
-
-
 def spawn(name: str, argv: list[str], url: str, *, child_env: Mapping[str, str] | None = None,
           log_dir: Path | None = None, kind: type[Child] = Child) -> Child:
-    """Start ``argv`` in a process group of its own, stdout and stderr into ``log_dir/name.log``."""
-    folder = Path(log_dir or LOG_DIR)
-    folder.mkdir(parents=True, exist_ok=True)
-    log_path = folder / f"{name}.log"
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write("$ " + " ".join(argv) + "\n")
-        log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=dict(child_env) if child_env is not None else None, start_new_session=True)
-    child = kind(name, argv, url, log_path, proc)
-    _LIVE.add(child)
-    return child
-
-
-def wait_ready(child: Child, ready: Callable[[], bool], deadline_s: float, what: str, poll_s: float = 0.25) -> float:
-    """Seconds until ``ready()`` held; ``StartError`` with the log's error line when the process exits first or
-    ``deadline_s`` passes. Whatever goes wrong (KeyboardInterrupt included), the child is stopped."""
-    t0 = time.monotonic()
-    try:
-        while True:
-            if not child.alive():
-                raise StartError(f"{child.name} exited with {child.proc.returncode} before {what}: "
-                                 f"{child.error_line()} (log: {child.log_path})")
-            with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
-                if ready():
-                    return time.monotonic() - t0
-            if time.monotonic() - t0 > deadline_s:
-                raise StartError(f"{child.name} did not {what} within {deadline_s:.0f} s: {child.error_line()} "
-                                 f"(log: {child.log_path})")
-            time.sleep(poll_s)
-    except BaseException:
-        child.stop(grace_s=2.0)
-        raise
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.2) -> float | None:
-    """Seconds until ``condition()`` held, or None when ``timeout_s`` passed first (a fault's recovery, timed)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 <= timeout_s:
-        with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
-            if condition():
-                return time.monotonic() - t0
-        time.sleep(poll_s)
-    return None
-
-
-def stop_all(children: Sequence[Any]) -> None:
-    """Stop every child (a ``Child`` or a ``vllm_server.VLLMServer``), each whatever the others do."""
-    for child in children:
-        with contextlib.suppress(Exception):
-            child.stop()
-
-
-@atexit.register
-def _stop_live() -> None:
-    stop_all(list(_LIVE))
+    """``processes.spawn`` with the log under ``build/scale_out/`` unless ``log_dir`` says otherwise."""
+    return processes.spawn(name, argv, url, log_dir=Path(log_dir or LOG_DIR), child_env=child_env, kind=kind)
 
 
 # ---------------------------------------------------------------------------------------- replicas
@@ -213,7 +90,7 @@ class Replica(Child):
 
     def metrics(self) -> dict[str, float]:
         """``/metrics`` as one number per metric name (labels summed)."""
-        return metric_totals(parse_prometheus(self.get("/metrics")))
+        return prom.metric_totals(prom.parse_prometheus(self.get("/metrics")))
 
     def healthy(self) -> bool:
         try:
@@ -308,13 +185,11 @@ class Router(Child):
         return sorted(w["url"] for w in self.workers() if w["healthy"])
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=5) as resp:
-            return metric_totals(parse_prometheus(resp.read().decode("utf-8")))
+        return prom.metric_totals(self.scrape())
 
     def scrape(self) -> list[tuple[str, dict[str, str], float]]:
         """Every metric sample with its labels (per worker, per policy branch)."""
-        with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=5) as resp:
-            return parse_prometheus(resp.read().decode("utf-8"))
+        return prom.scrape(self.metrics_url)
 
 
 def installed() -> bool:

@@ -10,17 +10,12 @@ after a grace), also when the cell fails or the kernel is interrupted. The log s
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
 import platform as _platform
 import re
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,6 +25,10 @@ from typing import Any
 
 from ..core import config, env
 from ..model import hardware
+from . import metrics as prom
+from . import processes
+from .metrics import metric_info, metric_totals, metrics_delta, parse_prometheus  # noqa: F401 (used as vs.*)
+from .processes import free_port, free_ports, group_alive, group_pids, last_error_line, strip_colour  # noqa: F401
 
 VENV_DIR = config.REPO_DIR / ".venv-vllm"  # what `make vllm` builds; LABKIT_VLLM_PYTHON names another python
 LOG_DIR = config.REPO_DIR / "build" / "vllm"
@@ -39,14 +38,13 @@ RUNTIME_OVERHEAD_GIB = 3.0  # front end, engine core and worker beside the KV ca
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEVICES = ("cpu", "cuda")
 SPECULATIVE_METHODS = ("ngram",)
-_LIVE: set["VLLMServer"] = set()  # servers not yet stopped: stopped at interpreter exit too
 
 
 class VLLMUnavailable(env.Unavailable):
     """vLLM cannot start here; the message is one line naming the fix."""
 
 
-class VLLMStartError(RuntimeError):
+class VLLMStartError(processes.StartError):
     """``vllm serve`` exited or did not answer ``/health`` in time; the message carries the log's error line."""
 
 
@@ -192,16 +190,6 @@ def check_memory(kv_cache_gib: float, available_gib: float | None = None) -> Non
                               "or stop another engine")
 
 
-def check_port(port: int, error: type[Exception] = VLLMUnavailable) -> None:
-    """``error`` (one line) when 127.0.0.1:``port`` cannot be bound; the router's launcher raises its own."""
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise error(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): pick another port, "
-                        "or leave the port unset for a free one") from None
-
-
 def preflight(s: Settings, port: int, python: Path | None = None) -> None:
     """Every check that would make the start fail, each raising ``VLLMUnavailable`` with one line."""
     check_environment(python)
@@ -211,42 +199,12 @@ def preflight(s: Settings, port: int, python: Path | None = None) -> None:
     check_port(port)
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports on 127.0.0.1 (held open together while they are chosen, so never the same one)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
+def check_port(port: int, error: type[Exception] = VLLMUnavailable) -> None:
+    """``error`` (one line) when 127.0.0.1:``port`` cannot be bound."""
+    processes.check_port(port, error)
 
 
 # ---------------------------------------------------------------------------------------- the log
-
-_ERROR = re.compile(r"(Error|\bERROR\b|Exception|Illegal instruction|Killed|Traceback|error:|CRITICAL|FATAL)")
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def strip_colour(text: str) -> str:
-    """``text`` without terminal colour codes (smg colours its log even into a file)."""
-    return _ANSI.sub("", text)
-
-
-def last_error_line(log_text: str) -> str:
-    """The log's last line that names an error (else its last line), without terminal colour codes (smg colours
-    its log even into a file)."""
-    lines = [ln.strip() for ln in strip_colour(log_text).splitlines() if ln.strip()]
-    errors = [ln for ln in lines if _ERROR.search(ln) and not ln.startswith("Traceback")]
-    return (errors or lines or ["(empty log)"])[-1][:400]
-
 
 def platform_from_log(log_text: str) -> dict[str, str | None]:
     """What vLLM chose, as its log says: the platform (``device_config``) and the attention backend. vLLM's CPU
@@ -280,18 +238,6 @@ def kernel_library(pids: Sequence[int]) -> str | None:
     return specific[0] if specific else (next(iter(found)) if found else None)
 
 
-def group_pids(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group, through psutil (Linux and macOS)."""
-    import psutil
-
-    pids = []
-    for proc in psutil.process_iter(["status"]):
-        with contextlib.suppress(OSError, psutil.Error):
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                pids.append(proc.pid)
-    return pids
-
-
 def kv_cache_from_log(log_text: str) -> dict[str, int | None]:
     """The KV cache vLLM allocated: its size in tokens (``KV cache size: N tokens``) and the block count."""
     tokens = re.findall(r"KV cache size: ([\d,]+) tokens", log_text)
@@ -300,74 +246,21 @@ def kv_cache_from_log(log_text: str) -> dict[str, int | None]:
             "log_blocks": int(blocks[-1].replace(",", "")) if blocks else None}
 
 
-# ---------------------------------------------------------------------------------------- /metrics
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Prometheus text format: one ``(name, labels, value)`` per sample line; comments skipped."""
-    out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), float(m.group(3))))
-    return out
-
-
-def metric_totals(samples: Sequence[tuple[str, dict[str, str], float]]) -> dict[str, float]:
-    """One number per metric name, summed over label sets (models, engines, finish reasons); histogram
-    buckets left out (their ``_sum`` and ``_count`` stay)."""
-    totals: dict[str, float] = {}
-    for name, _labels, value in samples:
-        if not name.endswith("_bucket"):
-            totals[name] = totals.get(name, 0.0) + value
-    return totals
-
-
-def metric_info(samples: Sequence[tuple[str, dict[str, str], float]], name: str) -> dict[str, str]:
-    """The labels of an info metric, e.g. ``vllm:cache_config_info`` (block_size, num_gpu_blocks, ...)."""
-    return next((labels for n, labels, _v in samples if n == name), {})
-
-
-_CUMULATIVE = ("_total", "_sum", "_count", "_created")
-
-
-def metrics_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
-    """What a measurement added: counters and histogram sums/counts as after − before, gauges as after."""
-    return {name: value - before.get(name, 0.0) if name.endswith(_CUMULATIVE) else value
-            for name, value in after.items() if not name.endswith("_created")}
-
-
 # ---------------------------------------------------------------------------------------- the server
 
 
-def _get(url: str, timeout_s: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # 127.0.0.1 only
-        return resp.read().decode("utf-8")
+class VLLMServer(processes.Child):
+    """A running ``vllm serve``: its URL, log, version, platform and metrics; ``stop()`` ends its process group
+    (front end, engine core, workers)."""
 
-
-class VLLMServer:
-    """A running ``vllm serve``: its URL, log, version, platform and metrics; ``stop()`` ends its process group."""
-
-    def __init__(self, settings: Settings, port: int, proc: subprocess.Popen, log_path: Path, argv: list[str]):
-        self.settings, self.port, self.proc, self.log_path, self.argv = settings, port, proc, log_path, argv
-        self.url = f"http://127.0.0.1:{port}"
-        self.start_s: float | None = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
+    stop_grace_s = 20.0
+    settings: Settings
+    port: int
+    start_s: float | None = None
 
     def version(self) -> str | None:
         try:
-            return json.loads(_get(self.url + "/version")).get("version")
+            return json.loads(self.get("/version")).get("version")
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
@@ -380,7 +273,7 @@ class VLLMServer:
         return {"version": self.version(), **platform_from_log(self.log()), "kernel_library": lib, "isa": isa}
 
     def scrape(self) -> list[tuple[str, dict[str, str], float]]:
-        return parse_prometheus(_get(self.url + "/metrics"))
+        return prom.scrape(self.url)
 
     def metrics(self) -> dict[str, float]:
         return metric_totals(self.scrape())
@@ -395,54 +288,14 @@ class VLLMServer:
         blocks = num("num_gpu_blocks") or log["log_blocks"]
         return {"block_size": num("block_size"), "num_blocks": blocks, "kv_cache_tokens": log["kv_cache_tokens"]}
 
+    def healthy(self) -> bool:
+        with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+            return resp.status == 200
+
     def wait_healthy(self, deadline_s: float, poll_s: float = 1.0) -> float:
         """Seconds until ``/health`` answered 200; ``VLLMStartError`` with the log's error line if the process
-        exits first or ``deadline_s`` passes."""
-        t0 = time.monotonic()
-        while True:
-            if self.proc.poll() is not None:
-                raise VLLMStartError(f"vllm serve exited with {self.proc.returncode} before answering /health: "
-                                     f"{last_error_line(self.log())} (log: {self.log_path})")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return time.monotonic() - t0
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            if time.monotonic() - t0 > deadline_s:
-                raise VLLMStartError(f"vllm serve did not answer /health within {deadline_s:.0f} s: "
-                                     f"{last_error_line(self.log())} (log: {self.log_path})")
-            time.sleep(poll_s)
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM to the whole process group (front end, engine core, workers), SIGKILL after ``grace_s``."""
-        _LIVE.discard(self)
-        pgid = self.proc.pid  # start_new_session: the group's id is the leader's pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        end = time.monotonic() + grace_s
-        while time.monotonic() < end and group_alive(pgid):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(0.2)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a process group still has a live member (a zombie leader alone counts as gone)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _has_live_member(pgid)  # a zombie leader alone counts as gone
-
-
-def _has_live_member(pgid: int) -> bool:
-    return bool(group_pids(pgid))
+        exits first or ``deadline_s`` passes (the server is stopped then)."""
+        return processes.wait_ready(self, self.healthy, deadline_s, "answering /health", poll_s, VLLMStartError)
 
 
 def start(s: Settings, port: int | None = None, python: Path | None = None, deadline_s: float = 300.0,
@@ -452,20 +305,10 @@ def start(s: Settings, port: int | None = None, python: Path | None = None, dead
     preflight(s, port, python)
     argv = command(s, port, python)
     folder = Path(log_dir or LOG_DIR)
-    folder.mkdir(parents=True, exist_ok=True)
-    log_path = folder / f"{name}-{port}.log"
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write("$ " + " ".join(argv) + "\n")
-        log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=environment(s), start_new_session=True, cwd=folder)
-    server = VLLMServer(s, port, proc, log_path, argv)
-    _LIVE.add(server)
-    try:
-        server.start_s = server.wait_healthy(deadline_s)
-    except BaseException:  # a failed or interrupted start leaves no process behind
-        server.stop(grace_s=5.0)
-        raise
+    server = processes.spawn(name, argv, f"http://127.0.0.1:{port}", log_dir=folder, child_env=environment(s),
+                             cwd=folder, log_name=f"{name}-{port}", kind=VLLMServer)
+    server.settings, server.port = s, port
+    server.start_s = server.wait_healthy(deadline_s)  # a failed or interrupted start leaves no process behind
     return server
 
 
@@ -478,12 +321,6 @@ def serve(s: Settings, port: int | None = None, python: Path | None = None, dead
         yield server
     finally:
         server.stop()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for server in list(_LIVE):
-        server.stop(grace_s=5.0)
 
 
 def _main(argv: Sequence[str] | None = None) -> int:  # python -m labkit.serve.vllm_server MODEL: start, print, stop

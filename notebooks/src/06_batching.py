@@ -30,7 +30,6 @@
 
 # %% slide
 import os
-import urllib.request
 
 import pandas as pd
 import torch
@@ -41,6 +40,7 @@ from labkit.core import config, env, machine, results
 from labkit.model import models
 from labkit.decoding import decode
 from labkit.serve import batching, launch, loadgen, vllm, vllm_server
+from labkit.serve import metrics as prom
 from labkit.lessons import exercises, findings, plots, report
 from labkit.lessons.widgets import panel as batch_widget
 
@@ -289,8 +289,9 @@ res.frame("serving")[["max_batch_size", "mean_batch_size", "completed", "failed"
 # The server's own view, from `/metrics` (Prometheus text format): how big the batches really were.
 
 # %% fragment
-metrics_text = urllib.request.urlopen(server.url + "/metrics").read().decode()
-print("\n".join(line for line in metrics_text.splitlines() if line.startswith(("labkit_batch_size", "labkit_queue"))))
+for name, labels, value in prom.scrape(server.url):  # every sample: name, its labels (a histogram's bucket), value
+    if name.startswith(("labkit_batch_size", "labkit_queue")):
+        print(name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""), f"{value:g}")
 
 # %% md subslide
 # ### The same load against vLLM
