@@ -117,3 +117,12 @@ def test_an_error_raised_in_any_labkit_package_is_a_bug_not_a_missing_backend(wh
         else:
             env.capability("no-such-capability")  # raised in labkit/core
     assert not env.backend_failure(raised.value), raised.value
+
+
+def test_one_popen_starts_every_long_running_child():
+    """vLLM, the replicas, the router and the lab's server process all start through labkit.serve.processes: one
+    place owns process groups, logs, ready-waits and stops."""
+    root = Path(__file__).resolve().parent.parent / "labkit"
+    found = [f"{p.relative_to(root)}:{n}" for p in sorted(root.rglob("*.py"))
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "subprocess.Popen(" in line]
+    assert len(found) == 1 and found[0].startswith("serve/processes.py"), found
