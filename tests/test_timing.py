@@ -156,3 +156,19 @@ def test_sync_never_creates_a_cuda_context_for_a_host_interval(monkeypatch):
     assert calls[-1] is None and len(calls) == 2
     timing.sync("cpu")
     assert len(calls) == 2
+
+
+def test_one_latency_summary_for_the_load_generator_the_panel_and_the_router():
+    from labkit.core import timing
+    from labkit.serve import loadgen
+
+    values = [0.1, 0.2, 0.3, 0.4, 1.0]
+    got = timing.latency_summary("ttft", values)
+    assert got["ttft_p50_s"] == 0.3 and abs(got["ttft_mean_s"] - 0.4) < 1e-12 and got["ttft_p99_s"] is None
+    assert got["ttft_p90_s"] == timing.percentile(values, 90)
+    assert timing.latency_summary("e2e", [], ("p10", "p50")) == {"e2e_p10_s": None, "e2e_p50_s": None}
+    with pytest.raises(ValueError, match="choose from"):
+        timing.latency_summary("e2e", values, ("p95",))
+    outs = [loadgen.RequestOutput(success=True, output_tokens=2, ttft_s=v, e2e_s=2 * v) for v in values]
+    summary = loadgen.BenchmarkResult(outs, duration_s=1.0).summary()
+    assert {k: summary[k] for k in got} == got

@@ -9,7 +9,7 @@ import math
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -86,6 +86,23 @@ def percentile(samples: list[float], q: float) -> float:
     pos = (len(ordered) - 1) * q / 100
     lo, hi = math.floor(pos), math.ceil(pos)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+LATENCY_STATS = ("mean", "p50", "p90", "p99")  # what a latency summary reports unless asked otherwise
+
+
+def latency_summary(prefix: str, values: Sequence[float], stats: Sequence[str] = LATENCY_STATS) -> dict[str, Any]:
+    """``{prefix}_{stat}_s`` for each of ``stats`` (mean, p10, p50, p90, p99) from a ``Measurement`` of ``values``:
+    the one latency summary of the load generator, the batching panel and the router's runs. Each is None when
+    there are no values; p99 is None below P99_MIN_SAMPLES (``p99``)."""
+    known = {"mean", "p10", "p50", "p90", "p99"}
+    if not set(stats) <= known:
+        raise ValueError(f"stats={list(stats)}: choose from {sorted(known)}")
+    if not values:
+        return {f"{prefix}_{s}_s": None for s in stats}
+    m = Measurement.from_values(prefix, list(values))
+    pick = {"mean": m.mean, "p10": m.p10, "p50": m.median, "p90": m.p90}
+    return {f"{prefix}_{s}_s": (m.p99 if s == "p99" else pick[s]) for s in stats}
 
 
 @dataclass

@@ -145,8 +145,7 @@ def summarise(max_batch_size: int, max_wait_ms: float, clients: int, tps: list[f
         point.update(output_tokens_per_s=None, output_tokens_per_s_p10=None, output_tokens_per_s_p90=None,
                      spread=None, noisy=False)
     for name, values in (("e2e", [o.e2e_s for o in ok]), ("ttft", [o.ttft_s for o in ok])):
-        for q in (10, 50, 90):
-            point[f"{name}_p{q}_s"] = timing.percentile(values, q) if values else None
+        point.update(timing.latency_summary(name, values, ("p10", "p50", "p90")))
     tpots = [o.tpot_s for o in ok if o.tpot_s]
     point["tokens_per_s_per_user"] = 1 / timing.percentile(tpots, 50) if tpots else None
     return point

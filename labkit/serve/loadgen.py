@@ -22,7 +22,6 @@ import json
 import math
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.results import jsonable
-from ..core.timing import P99_MIN_SAMPLES, clock, p99, percentile
+from ..core.timing import P99_MIN_SAMPLES, clock, latency_summary
 from ..model.prompts import load_prompts
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -55,6 +54,7 @@ class RequestOutput:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)  # the answer's ids, where the server sends them
     headers: dict[str, str] = field(default_factory=dict)  # response headers asked for (a router's choice of worker)
+    chunk_s: list[float] = field(default_factory=list)  # each content chunk's arrival, seconds from the run's start
 
     @property
     def tpot_s(self) -> float | None:
@@ -98,13 +98,6 @@ class SLO:
         return cls(**values)
 
 
-def _stats(prefix: str, values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {f"{prefix}_{k}_s": None for k in ("mean", "p50", "p90", "p99")}
-    return {f"{prefix}_mean_s": statistics.fmean(values), f"{prefix}_p50_s": percentile(values, 50),
-            f"{prefix}_p90_s": percentile(values, 90), f"{prefix}_p99_s": p99(values)}
-
-
 @dataclass
 class BenchmarkResult:
     """Raw per-request outputs plus the settings; every figure in ``summary()`` is derived from them."""
@@ -133,10 +126,10 @@ class BenchmarkResult:
                              "request_throughput": len(ok) / d if d > 0 else None,
                              "output_tokens": out_tokens,
                              "output_tokens_per_s": out_tokens / d if d > 0 else None}
-        s.update(_stats("ttft", [o.ttft_s for o in ok]))
-        s.update(_stats("tpot", [o.tpot_s for o in ok if o.tpot_s is not None]))
-        s.update(_stats("itl", [x for o in ok for x in o.itl_s]))
-        s.update(_stats("e2e", [o.e2e_s for o in ok]))
+        s.update(latency_summary("ttft", [o.ttft_s for o in ok]))
+        s.update(latency_summary("tpot", [o.tpot_s for o in ok if o.tpot_s is not None]))
+        s.update(latency_summary("itl", [x for o in ok for x in o.itl_s]))
+        s.update(latency_summary("e2e", [o.e2e_s for o in ok]))
         if self.slo is not None:
             good = sum(self.slo.met(o) for o in self.outputs)
             s.update(slo={k: v for k, v in asdict(self.slo).items() if v is not None}, good_requests=good,
@@ -153,7 +146,7 @@ class BenchmarkResult:
         """One row per request (pandas)."""
         import pandas as pd
 
-        return pd.DataFrame([{**asdict(o), "tpot_s": o.tpot_s, "itl_s": None} for o in self.outputs])
+        return pd.DataFrame([{**asdict(o), "tpot_s": o.tpot_s, "itl_s": None, "chunk_s": None} for o in self.outputs])
 
 
 Prompt = str | Sequence[int]  # text, or token ids (already chat-formatted: sent as they are)
@@ -195,9 +188,11 @@ async def sse_messages(resp: Any) -> AsyncIterator[dict[str, Any] | None]:
 
 
 async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bool, t0: float,
-                       headers: dict[str, str] | None = None, keep_headers: Sequence[str] = ()) -> RequestOutput:
-    """POST one streaming request; stamp the first chunk (TTFT) and every later one (ITL). ``headers`` go with
-    the request (a router's routing key); the response headers named in ``keep_headers`` are kept."""
+                       headers: dict[str, str] | None = None, keep_headers: Sequence[str] = (),
+                       on_chunk: Callable[[int], None] | None = None) -> RequestOutput:
+    """POST one streaming request: the one streaming client. It stamps every chunk (``chunk_s``, from ``t0``; TTFT
+    and ITL from them) and keeps its text and token ids. ``headers`` go with the request (a router's routing key);
+    the response headers named in ``keep_headers`` are kept; ``on_chunk(n)`` is called after the n-th chunk."""
     import aiohttp
 
     out = RequestOutput()
@@ -231,8 +226,11 @@ async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bo
                         out.itl_s.append(stamp - last)
                     last = stamp
                     chunks += 1
+                    out.chunk_s.append(stamp - t0)
                     parts.append(text or "")
                     out.token_ids.extend(int(t) for t in choice.get("token_ids") or ())
+                    if on_chunk is not None:
+                        on_chunk(chunks)
                 if msg.get("usage"):
                     out.output_tokens = int(msg["usage"].get("completion_tokens") or 0)
         out.e2e_s = last - start
@@ -246,6 +244,31 @@ async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bo
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"[:300]
     return out
+
+
+async def long_prompt_while_streaming(session: Any, url: str, stream_payloads: Sequence[dict[str, Any]],
+                                      long_payload: dict[str, Any], *, chat: bool, long_after: int,
+                                      timeout_s: float) -> tuple[list[RequestOutput], RequestOutput]:
+    """The experiment of chunked prefill, for any server: the streams start together; once the first has
+    received ``long_after`` chunks (or ended early) the long prompt is sent. (streams, long), every chunk stamped
+    from one clock (``chunk_s``, ``start_s``)."""
+    t0, seen = clock(), asyncio.Event()
+
+    def first(n: int) -> None:
+        if n >= long_after:
+            seen.set()
+
+    async def stream(i: int, payload: dict[str, Any]) -> RequestOutput:
+        try:
+            return await send_request(session, url, payload, chat, t0, on_chunk=first if i == 0 else None)
+        finally:
+            if i == 0:
+                seen.set()  # a stream that ended early must not leave the long prompt waiting
+
+    streams = [asyncio.create_task(stream(i, p)) for i, p in enumerate(stream_payloads)]
+    await asyncio.wait_for(seen.wait(), timeout=timeout_s)  # the streams are decoding: now the long prompt comes
+    long = await send_request(session, url, long_payload, chat, t0)
+    return list(await asyncio.gather(*streams)), long
 
 
 async def discover_model(session: Any, base_url: str) -> str | None:

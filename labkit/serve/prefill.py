@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..core.checks import positive
-from ..core.timing import clock, p99, percentile
+from ..core.timing import p99, percentile
 from ..model.prompts import eval_tokens
 from . import launch, loadgen
 from . import metrics as prom
@@ -90,45 +90,23 @@ def prefix_cache_run(lm: Any, prompts: Sequence[str], max_tokens: int, concurren
 # ------------------------------------------------------------------------------------- chunked prefill
 
 
-async def _stream(session: Any, url: str, prompt: str, max_tokens: int, stamps: list[float], texts: list[str],
-                  t0: float, tokens_seen: asyncio.Event | None = None, after: int = 0) -> None:
-    """POST one streaming chat request; stamp every content chunk (seconds since ``t0``). Sets
-    ``tokens_seen`` once ``after`` chunks have arrived."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": True}
-    async with session.post(url + "/v1/chat/completions", json=body) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
-        async for msg in loadgen.sse_messages(resp):
-            if msg is None:
-                break
-            if "error" in msg:
-                raise RuntimeError(str(msg["error"])[:200])
-            if msg.get("choices"):
-                stamps.append(clock() - t0)
-                texts.append((msg["choices"][0].get("delta") or {}).get("content") or "")
-                if tokens_seen is not None and len(stamps) >= after:
-                    tokens_seen.set()
-
-
 async def _long_prompt_while_streaming(url: str, stream_prompts: Sequence[str], stream_tokens: int, long_prompt: str,
                                        long_tokens: int, long_after: int) -> dict[str, Any]:
     import aiohttp
 
+    def body(prompt: str, max_tokens: int) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "stream": True,
+                "ignore_eos": True}
+
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        t0 = clock()
-        seen = asyncio.Event()
-        stamps: list[list[float]] = [[] for _ in stream_prompts]
-        texts: list[list[str]] = [[] for _ in stream_prompts]
-        streams = [asyncio.create_task(_stream(session, url, p, stream_tokens, stamps[i], texts[i], t0,
-                                               seen if i == 0 else None, long_after))
-                   for i, p in enumerate(stream_prompts)]
-        await asyncio.wait_for(seen.wait(), timeout=300)  # the streams are decoding: now the long prompt comes
-        long_stamps: list[float] = []
-        sent = clock() - t0
-        await _stream(session, url, long_prompt, long_tokens, long_stamps, [], t0)
-        await asyncio.gather(*streams)
-    return {"stamps": stamps, "texts": ["".join(t) for t in texts], "long_sent_s": sent, "long_stamps": long_stamps}
+        streams, long = await loadgen.long_prompt_while_streaming(
+            session, url + loadgen.ENDPOINTS["chat"], [body(p, stream_tokens) for p in stream_prompts],
+            body(long_prompt, long_tokens), chat=True, long_after=long_after, timeout_s=300)
+    failed = [o.error for o in [*streams, long] if not o.success]
+    if failed:
+        raise RuntimeError(f"a request of the chunked-prefill run failed: {failed[0]}")
+    return {"stamps": [o.chunk_s for o in streams], "texts": [o.text for o in streams], "long_sent_s": long.start_s,
+            "long_stamps": long.chunk_s}
 
 
 def _run_async(coro_fn: Any) -> Any:

@@ -22,14 +22,13 @@ It starts no process: the replicas and the router come from ``labkit.serve.route
 from __future__ import annotations
 
 import asyncio
-import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.checks import positive
-from ..core.timing import clock, percentile
+from ..core.timing import clock, latency_summary
 from ..model.prompts import eval_tokens
 from . import loadgen
 from .router import ROUTED_HEADER, ROUTING_KEY_HEADER
@@ -193,8 +192,7 @@ def summarize(policy: str, records: Sequence[dict[str, Any]], replica_urls: Sequ
         per.append({"policy": policy, "replica": url, "requests": n, "share": n / len(ok) if ok else None, **d})
     total = {k: sum(p[k] or 0 for p in per) for k in ("cache_hits", "cache_queries", "hit_tokens", "query_tokens")}
     row = {"policy": policy, "requests": len(records), "answered": len(ok), "failed": len(records) - len(ok),
-           "ttft_p50_s": percentile(ttft, 50) if ttft else None, "ttft_p90_s": percentile(ttft, 90) if ttft else None,
-           "e2e_p50_s": statistics.median(r["e2e_s"] for r in ok) if ok else None,
+           **latency_summary("ttft", ttft, ("p50", "p90")), **latency_summary("e2e", [r["e2e_s"] for r in ok], ("p50",)),
            "hit_rate": total["cache_hits"] / total["cache_queries"] if total["cache_queries"] else None,
            "token_hit_rate": total["hit_tokens"] / total["query_tokens"] if total["query_tokens"] else None,
            "max_share": max((p["share"] or 0) for p in per) if per else None,

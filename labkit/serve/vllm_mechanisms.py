@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import statistics
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -208,46 +207,6 @@ def prefix_rounds(server: vs.VLLMServer, prompts: Mapping[str, Sequence[int]], m
 # ---------------------------------------------------------------------------------------- chunked prefill
 
 
-@dataclass
-class Stream:
-    """One streamed answer: each chunk's arrival (seconds from the round's start) and the answer's token ids."""
-
-    stamps: list[float] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    sent_s: float = 0.0
-    error: str = ""
-
-
-async def _stream(session: Any, url: str, body: dict[str, Any], t0: float, seen: asyncio.Event | None = None,
-                  after: int = 0) -> Stream:
-    """POST one streaming request, stamping every chunk; sets ``seen`` once ``after`` chunks arrived."""
-    import aiohttp
-
-    out = Stream(sent_s=clock() - t0)
-    try:
-        async with session.post(url, json=body) as resp:
-            if resp.status != 200:
-                out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
-                return out
-            async for msg in loadgen.sse_messages(resp):
-                if msg is None:
-                    break
-                if "error" in msg:
-                    out.error = str(msg["error"])[:200]
-                    return out
-                if msg.get("choices"):
-                    out.stamps.append(clock() - t0)
-                    out.token_ids.extend(int(t) for t in msg["choices"][0].get("token_ids") or ())
-                    if seen is not None and len(out.stamps) >= after:
-                        seen.set()
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        out.error = f"{type(exc).__name__}: {exc}"[:200]
-    finally:
-        if seen is not None:
-            seen.set()  # a stream that ended early must not leave the long prompt waiting
-    return out
-
-
 def long_prompt_while_streaming(base_url: str, stream_prompts: Sequence[Sequence[int]], stream_tokens: int,
                                 long_prompt: Sequence[int], long_after: int = 4, salt: str | None = None,
                                 timeout_s: float = 600.0) -> dict[str, Any]:
@@ -261,23 +220,18 @@ def long_prompt_while_streaming(base_url: str, stream_prompts: Sequence[Sequence
                          "prompt must arrive while the streams are still decoding")
     url = base_url.rstrip("/") + loadgen.ENDPOINTS["completions"]
 
-    async def go() -> dict[str, Any]:
+    async def go() -> tuple[list[loadgen.RequestOutput], loadgen.RequestOutput]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
             model = await _model(session, base_url)
-            seen, t0 = asyncio.Event(), clock()
-            streams = [asyncio.create_task(_stream(session, url, _body(p, stream_tokens, model, salt), t0,
-                                                   seen if i == 0 else None, long_after))
-                       for i, p in enumerate(stream_prompts)]
-            await asyncio.wait_for(seen.wait(), timeout=timeout_s)
-            long = await _stream(session, url, _body(long_prompt, 1, model, salt), t0)
-            return {"streams": list(await asyncio.gather(*streams)), "long": long}
+            return await loadgen.long_prompt_while_streaming(
+                session, url, [_body(p, stream_tokens, model, salt) for p in stream_prompts],
+                _body(long_prompt, 1, model, salt), chat=False, long_after=long_after, timeout_s=timeout_s)
 
-    raw = _run(go)
-    long: Stream = raw["long"]
-    return {"stamps": [s.stamps for s in raw["streams"]], "answers": [s.token_ids for s in raw["streams"]],
-            "long_sent_s": long.sent_s, "long_first_token_s": long.stamps[0] if long.stamps else None,
+    streams, long = _run(go)
+    return {"stamps": [s.chunk_s for s in streams], "answers": [s.token_ids for s in streams],
+            "long_sent_s": long.start_s, "long_first_token_s": long.chunk_s[0] if long.chunk_s else None,
             "long_answer": long.token_ids,
-            "errors": [s.error for s in [*raw["streams"], long] if s.error]}
+            "errors": [s.error for s in [*streams, long] if s.error]}
 
 
 def chunked_rounds(servers: Mapping[str, vs.VLLMServer], stream_prompts: Sequence[Sequence[int]], stream_tokens: int,
