@@ -24,7 +24,10 @@ from labkit.core import config, env
 from labkit.core.results import jsonable
 from labkit.lessons import cost, report, scale_out
 from labkit.model import models
-from labkit.serve import capacity, loadgen, router, routing
+from labkit.serve import loadgen
+from labkit.serve.fleet import capacity
+from labkit.serve.fleet import router
+from labkit.serve.fleet import routing
 
 DROP = ("records", "text", "prompt")
 

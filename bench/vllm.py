@@ -6,7 +6,7 @@ Three ``vllm serve`` starts from vLLM's environment (``make vllm``), one after a
    mixed workload all at once, in rounds interleaved with the lab's continuous batching in this process: vLLM's
    throughput over the lab's (verdict), greedy tokens identical to the lab's and to transformers' (bool and count);
    then answers one block longer than a request's share of the pool: preemptions from /metrics beside the replay's.
-2. a server with a 1 GiB KV cache: ``vllm bench serve`` (vLLM's own client, through ``labkit.serve.vllm_bench``)
+2. a server with a 1 GiB KV cache: ``vllm bench serve`` (vLLM's own client, through ``labkit.serve.vllm.bench``)
    and ``labkit.serve.loadgen`` alternately on the same chat-formatted prompts (data/requests.json) and answer
    length; both medians of TTFT, TPOT, ITL and E2E and labkit ÷ vLLM, plus labkit's definitions applied to vLLM
    bench's own records; then a shared document before different questions: the prefix-cache hit rate (/metrics).
@@ -34,7 +34,11 @@ from labkit.core import config, machine, verdict
 from labkit.core.results import jsonable
 from labkit.lessons.beyond import QUESTIONS, copy_prompt
 from labkit.model import models
-from labkit.serve import decoder, loadgen, paged, prefill, scheduler, vllm, vllm_bench, vllm_lab, vllm_server
+from labkit.serve import decoder, loadgen, paged, prefill, scheduler
+from labkit.serve.vllm import offline as vllm
+from labkit.serve.vllm import bench as vllm_bench
+from labkit.serve.vllm import lab as vllm_lab
+from labkit.serve.vllm import server as vllm_server
 
 BATCH = 4  # vLLM's --max-num-seqs = the lab's max_batch_size
 ROUNDS = 3  # interleaved rounds of each side

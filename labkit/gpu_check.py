@@ -35,7 +35,9 @@ from .decoding import cache_variants, generation, kv, profiling
 from .engines import tensorrt
 from .model import models, onnx, parallel, prompts
 from .precision import variants
-from .serve import launch, loadgen, vllm, vllm_server
+from .serve import launch, loadgen
+from .serve.vllm import offline as vllm
+from .serve.vllm import server as vllm_server
 
 STATUSES = ("PASS", "FAIL", "SKIP")
 DEFAULT_BUDGET_S = 420.0  # checks not started by then are skipped

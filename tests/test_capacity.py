@@ -1,4 +1,4 @@
-"""The knee detector on synthetic curves, and the replica arithmetic (labkit.serve.capacity)."""
+"""The knee detector on synthetic curves, and the replica arithmetic (labkit.serve.fleet.capacity)."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from labkit.serve import capacity, loadgen
+from labkit.serve import loadgen
+from labkit.serve.fleet import capacity
 
 
 def saturating(rates, capacity_rps):

@@ -12,7 +12,7 @@ from labkit.core import env
 from labkit.engines import tensorrt
 from labkit.model import onnx
 from labkit.precision import variants
-from labkit.serve import vllm
+from labkit.serve.vllm import offline as vllm
 
 
 def test_versions_read_without_import():

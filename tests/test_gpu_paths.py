@@ -16,7 +16,7 @@ from labkit.core import env, results
 from labkit.model import hardware, onnx
 from labkit.precision import variants
 from labkit.engines import onnxruntime, tensorrt
-from labkit.serve import vllm
+from labkit.serve.vllm import offline as vllm
 from labkit.core.env import Capability
 
 # -------------------------------------------------------------------------------- ONNX Runtime providers

@@ -34,12 +34,13 @@ def test_layers_import_downward_only():
     """core < model < decoding < (precision | engines | serve) < lessons < gpu_check < __main__, no cycles."""
     run = _lint_imports(ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "2 kept, 0 broken" in run.stdout, run.stdout
+    assert "3 kept, 0 broken" in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize("plant", [
     ("core/checks.py", "from labkit.serve import server\n"),  # upward: core reaches into serve
     ("precision/quantisers.py", "from labkit.engines import onnxruntime\n"),  # sideways: siblings stay apart
+    ("serve/server.py", "from labkit.serve.vllm import server as vs\n"),  # inside serve: the spine reaches a room
 ])
 def test_an_upward_import_breaks_the_contract(tmp_path, plant):
     """On a copy of the package: one planted import the layers forbid makes lint-imports fail."""
@@ -126,3 +127,11 @@ def test_one_popen_starts_every_long_running_child():
     found = [f"{p.relative_to(root)}:{n}" for p in sorted(root.rglob("*.py"))
              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "subprocess.Popen(" in line]
     assert len(found) == 1 and found[0].startswith("serve/processes.py"), found
+
+
+def test_no_package_directory_holds_more_than_15_modules():
+    """A room of 21 modules is where the next engineer gets lost: serve/ is split into its rooms (vllm/, fleet/)."""
+    root = Path(__file__).resolve().parent.parent / "labkit"
+    crowded = {str(d.relative_to(root.parent)): n for d in [root, *[p for p in root.rglob("*") if p.is_dir()]]
+               if (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > 15}
+    assert not crowded, crowded

@@ -91,7 +91,7 @@ def test_vllm_reads_the_prepared_tokenizer_as_the_lab_does():
     """The same chat, tokenised by the lab's transformers (4.x) and by vLLM's (5.x): the same ids."""
     import sys
 
-    from labkit.serve import vllm_server
+    from labkit.serve.vllm import server as vllm_server
 
     py = vllm_server.vllm_python()
     if not py.exists():

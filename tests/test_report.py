@@ -13,7 +13,7 @@ import pytest
 from labkit.core import results
 from labkit.lessons import report
 from labkit.serve import loadgen
-from labkit.serve import vllm_server as vs
+from labkit.serve.vllm import server as vs
 
 
 def _row(concurrency, completed, good, failed=0, **kw):
@@ -172,7 +172,7 @@ def test_same_load_interleaves_the_servers_and_takes_medians(monkeypatch) -> Non
 
 
 def test_beside_vllm_without_vllm_says_run_make_vllm(tmp_path, monkeypatch) -> None:
-    from labkit.serve import vllm_server
+    from labkit.serve.vllm import server as vllm_server
 
     monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(tmp_path / "none" / "python"))
     out = report.beside_vllm(vllm_server.Settings(model="/m"), {"lab": "http://127.0.0.1:9"}, 3)

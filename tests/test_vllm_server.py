@@ -14,7 +14,7 @@ import pytest
 from processes import gone
 
 from labkit.serve import processes
-from labkit.serve import vllm_server as vs
+from labkit.serve.vllm import server as vs
 
 DATA = Path(__file__).parent / "data"
 
@@ -194,7 +194,8 @@ def test_the_log_says_what_vllm_chose():
 
 
 def test_answers_are_compared_up_to_eos_and_the_first_difference_is_named():
-    from labkit.serve import loadgen, vllm
+    from labkit.serve import loadgen
+    from labkit.serve.vllm import offline as vllm
 
     assert vllm.until_eos([5, 6, 2, 7], {2}) == [5, 6] and vllm.until_eos([5, 6], {2}) == [5, 6]
     assert vllm.first_difference([1, 2, 3], [1, 2, 3]) is None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core import verdict
-from ..serve import vllm_mechanisms as vm
+from ..serve.vllm import mechanisms as vm
 from ..serve.prefill import document_text
 
 COPY_INSTRUCTION = "Correct any spelling mistakes in the following text and return the whole text."

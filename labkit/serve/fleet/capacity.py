@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .loadgen import BenchmarkResult
+from ..loadgen import BenchmarkResult
 
 
 def _number(name: str, value: Any, *, positive: bool = False) -> float:

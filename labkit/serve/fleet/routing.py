@@ -17,7 +17,7 @@ to each replica's prefix cache, and the cache-aware decision written out and rep
 ``replay``     a routing rule on the requests in the order the router received them, given what each replica
                held and its requests in flight at that moment, beside the router's real choice.
 
-It starts no process: the replicas and the router come from ``labkit.serve.router``.
+It starts no process: the replicas and the router come from ``labkit.serve.fleet.router``.
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.checks import positive
-from ..core.timing import clock, latency_summary
-from ..model.prompts import eval_tokens
-from . import loadgen
+from ...core.checks import positive
+from ...core.timing import clock, latency_summary
+from ...model.prompts import eval_tokens
+from .. import loadgen
 from .router import ROUTED_HEADER, ROUTING_KEY_HEADER
 
 # each group's name starts with its own letter, so two groups' prompts share no first character

@@ -39,10 +39,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core import config, env
-from . import metrics as prom
-from . import processes, vllm_server
-from .processes import Child, StartError, free_ports, stop_all, wait_for, wait_ready  # noqa: F401 (used as router.*)
+from ...core import config, env
+from .. import metrics as prom
+from .. import processes
+from ..vllm import server as vllm_server
+from ..processes import Child, StartError, free_ports, stop_all, wait_for, wait_ready  # noqa: F401 (used as router.*)
 
 ROUTER_PACKAGE = "smg"  # pyproject's [router] extra pins the version
 POLICIES = ("round_robin", "cache_aware", "consistent_hashing", "prefix_hash", "power_of_two", "manual", "random")

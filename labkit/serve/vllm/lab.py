@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import loadgen, paged
-from . import vllm_server as vs
-from .vllm import first_difference, until_eos
+from .. import loadgen, paged
+from . import server as vs
+from .offline import first_difference, until_eos
 
 READ_TIMEOUT_S = 300.0  # a stream silent this long fails its request (a queued request waits for its first token)
 ONE, ALL = "one at a time", "all at once"

@@ -33,12 +33,12 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
-from ..core import verdict
-from ..core.checks import positive
-from ..core.timing import clock, percentile, rounds as interleaved_rounds
-from . import loadgen, prefill
-from . import vllm as vllm_engine
-from . import vllm_server as vs
+from ...core import verdict
+from ...core.checks import positive
+from ...core.timing import clock, percentile, rounds as interleaved_rounds
+from .. import loadgen, prefill
+from . import offline as vllm_engine
+from . import server as vs
 
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"  # prompt tokens, not requests
 DRAFTS, DRAFT_TOKENS, ACCEPTED = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",

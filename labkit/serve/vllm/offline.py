@@ -1,7 +1,7 @@
 """vLLM itself, beside transformers' ``generate`` on the same prompts.
 
 ``vllm_offline`` runs vLLM's ``LLM`` on token ids made before the clock starts; ``vllm_server`` starts
-``vllm serve`` from this environment's vLLM (``labkit.serve.vllm_server`` starts it from ``.venv-vllm``); ``vllm_rows`` runs transformers and vLLM one engine at a time,
+``vllm serve`` from this environment's vLLM (``labkit.serve.vllm.server`` starts it from ``.venv-vllm``); ``vllm_rows`` runs transformers and vLLM one engine at a time,
 freeing the GPU between them. Whether vLLM can run here is ``labkit.core.env.capability("vllm")``'s answer.
 """
 from __future__ import annotations
@@ -13,13 +13,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core import env
-from ..core.timing import clock
-from ..decoding import generation
-from ..model import models
-from ..model.models import chat_ids, release_gpu
-from . import decoder, loadgen
-from . import vllm_server as vllm_server_mod
+from ...core import env
+from ...core.timing import clock
+from ...decoding import generation
+from ...model import models
+from ...model.models import chat_ids, release_gpu
+from .. import decoder, loadgen
+from . import server as vllm_server_mod
 
 # ------------------------------------------------------------------------------------ GPU engines: vLLM
 
@@ -126,7 +126,7 @@ def vllm_server(model_path: str, dtype: str = "float16", tensor_parallel_size: i
                 startup_timeout_s: float = 600.0, extra_args: Sequence[str] = (),
                 gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> Iterator[str]:
     """``vllm serve MODEL --dtype float16 --gpu-memory-utilization F`` from this environment's vLLM (a GPU
-    environment that imports vllm), through ``labkit.serve.vllm_server``; yields its URL once /health answers
+    environment that imports vllm), through ``labkit.serve.vllm.server``; yields its URL once /health answers
     and stops its process group afterwards. Drive it with ``labkit.serve.loadgen.run(url, ...)``."""
     _check_fraction(gpu_memory_utilization)
     cap = env.capability("vllm")

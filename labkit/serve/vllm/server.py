@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core import config, env
-from ..model import hardware
-from . import metrics as prom
-from . import processes
-from .metrics import metric_info, metric_totals, metrics_delta, parse_prometheus  # noqa: F401 (used as vs.*)
-from .processes import free_port, free_ports, group_alive, group_pids, last_error_line, strip_colour  # noqa: F401
+from ...core import config, env
+from ...model import hardware
+from .. import metrics as prom
+from .. import processes
+from ..metrics import metric_info, metric_totals, metrics_delta, parse_prometheus  # noqa: F401 (used as vs.*)
+from ..processes import free_port, free_ports, group_alive, group_pids, last_error_line, strip_colour  # noqa: F401
 
 VENV_DIR = config.REPO_DIR / ".venv-vllm"  # what `make vllm` builds; LABKIT_VLLM_PYTHON names another python
 LOG_DIR = config.REPO_DIR / "build" / "vllm"
@@ -323,7 +323,7 @@ def serve(s: Settings, port: int | None = None, python: Path | None = None, dead
         server.stop()
 
 
-def _main(argv: Sequence[str] | None = None) -> int:  # python -m labkit.serve.vllm_server MODEL: start, print, stop
+def _main(argv: Sequence[str] | None = None) -> int:  # python -m labkit.serve.vllm.server MODEL: start, print, stop
     model = (list(argv) if argv is not None else sys.argv[1:])[0]
     with serve(Settings(model=model)) as server:
         print(json.dumps({"url": server.url, "start_s": server.start_s, **server.platform(), **server.kv_blocks()}))

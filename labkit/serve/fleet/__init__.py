@@ -1,0 +1,6 @@
+"""Many servers: replicas behind a router, the policy's effect on their caches, and how many a load needs.
+
+``router``    replicas of ``labkit serve`` (or ``vllm serve``) behind smg, a router from PyPI: start, ready, stop
+``routing``   the shared-prefix multi-turn workload, what a routing policy did to each replica's cache, the rule
+``capacity``  the knee of an arrival-rate sweep (goodput under an SLO) and the replicas a load needs
+"""

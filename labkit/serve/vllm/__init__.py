@@ -1,0 +1,11 @@
+"""vLLM beside the lab's mechanisms: the real engine, started from its own environment and measured the lab's way.
+
+``server``      ``vllm serve`` from vLLM's own environment (``make vllm``): checks, start, health, metrics, stop
+``offline``     vLLM itself, offline and as a server, beside transformers' ``generate``
+``lab``         vLLM's engine on the lab's workload: one at a time and all at once, a squeezed pool, the replay
+``bench``       ``vllm bench serve`` beside ``loadgen`` on the same server: one definition of each metric
+``mechanisms``  prefix caching, chunked prefill and n-gram speculation in ``vllm serve``, beside the lab's
+
+Nothing here imports vLLM into the lab's process except ``offline`` on a GPU machine whose environment has it:
+``vllm serve`` runs as a child (``labkit.serve.processes``) and is read through its HTTP API and ``/metrics``.
+"""
