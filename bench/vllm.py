@@ -39,6 +39,7 @@ from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import bench as vllm_bench
 from labkit.serve.vllm import lab as vllm_lab
 from labkit.serve.vllm import server as vllm_server
+from labkit.serve.metrics import metrics_delta
 
 BATCH = 4  # vLLM's --max-num-seqs = the lab's max_batch_size
 ROUNDS = 3  # interleaved rounds of each side
@@ -150,7 +151,7 @@ def prefix_cache(server: vllm_server.VLLMServer, tokenizer: Any) -> dict[str, An
     before = vllm_lab.scrape(server)
     first = loadgen.run(server.url, prompts[:1], num_requests=1, max_tokens=PREFIX_TOKENS, warmup=0)
     rest = loadgen.run(server.url, prompts[1:], num_requests=len(prompts) - 1, max_tokens=PREFIX_TOKENS, warmup=0)
-    d = vllm_server.metrics_delta(before, vllm_lab.scrape(server))
+    d = metrics_delta(before, vllm_lab.scrape(server))
     hits, queries = d.get("vllm:prefix_cache_hits_total", 0.0), d.get("vllm:prefix_cache_queries_total", 0.0)
     return {"requests": len(prompts), "prompt_tokens": sum(map(len, prompts)), "shared_document_tokens": DOCUMENT_TOKENS,
             "hits_tokens": hits, "queries_tokens": queries, "hit_rate": hits / queries if queries else None,

@@ -13,7 +13,7 @@ import pytest
 from labkit.core import results
 from labkit.lessons import report
 from labkit.serve import loadgen
-from labkit.serve.vllm import server as vs
+from labkit.serve import processes
 
 
 def _row(concurrency, completed, good, failed=0, **kw):
@@ -189,10 +189,10 @@ def test_a_servers_memory_counts_pages_its_processes_share_once():
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     try:
         deadline = time.monotonic() + 20
-        while len(vs.group_pids(proc.pid)) < 2 and time.monotonic() < deadline:
+        while len(processes.group_pids(proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(0.5)
-        members = vs.group_pids(proc.pid)
+        members = processes.group_pids(proc.pid)
         assert len(members) == 2, members
         rss = sum(psutil.Process(p).memory_info().rss for p in members)
         held, source = report.group_memory(proc.pid)

@@ -57,7 +57,7 @@ def streaming_server(tmp_path):
     import subprocess
     import sys
 
-    port = vs.free_port()
+    port = processes.free_port()
     script = tmp_path / "streams.py"
     script.write_text(STREAMS, encoding="utf-8")
     proc = subprocess.Popen([sys.executable, str(script), str(port)], stdout=subprocess.PIPE, text=True)

@@ -24,7 +24,7 @@ LONG = 200  # prompts at least this long are "long": the fake stalls every strea
 
 
 def test_acceptance_and_hit_rate_from_a_recorded_scrape():
-    totals = vs.metric_totals(vs.parse_prometheus((DATA / "vllm_metrics.txt").read_text()))
+    totals = prom.metric_totals(prom.parse_prometheus((DATA / "vllm_metrics.txt").read_text()))
     acc = vm.acceptance(totals)  # a scrape is a delta from a fresh server
     assert (acc["drafts"], acc["draft_tokens"], acc["accepted_tokens"]) == (5, 20, 13)
     assert acc["acceptance_rate"] == pytest.approx(13 / 20) and acc["accepted_per_draft"] == pytest.approx(13 / 5)
@@ -32,7 +32,7 @@ def test_acceptance_and_hit_rate_from_a_recorded_scrape():
     assert rate == pytest.approx(totals[vm.HITS] / totals[vm.QUERIES])
     later = dict(totals, **{vm.DRAFT_TOKENS: totals[vm.DRAFT_TOKENS] + 10, vm.ACCEPTED: totals[vm.ACCEPTED] + 10,
                             vm.DRAFTS: totals[vm.DRAFTS] + 2})
-    assert vm.acceptance(vs.metrics_delta(totals, later))["acceptance_rate"] == 1.0, "only what the run added"
+    assert vm.acceptance(prom.metrics_delta(totals, later))["acceptance_rate"] == 1.0, "only what the run added"
     assert vm.acceptance({})["acceptance_rate"] is None and vm.token_hit_rate({}) is None, "nothing drafted: no rate"
 
 
@@ -242,7 +242,7 @@ def test_speculative_rounds_read_acceptance_from_the_ngram_servers_metrics(serve
 
 
 def test_engine_tpot_from_a_recorded_scrape():
-    totals = vs.metric_totals(vs.parse_prometheus((DATA / "vllm_metrics.txt").read_text()))
+    totals = prom.metric_totals(prom.parse_prometheus((DATA / "vllm_metrics.txt").read_text()))
     assert vm.engine_tpot(totals) == pytest.approx(totals[vm.TPOT + "_sum"] / 3), "three requests in the scrape"
     assert vm.engine_tpot({}) is None
 

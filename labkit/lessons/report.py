@@ -18,6 +18,7 @@ from ..decoding import quality
 from ..model import models
 from ..model.prompts import cycle
 from ..serve import decoder, loadgen
+from ..serve import processes
 from ..serve.vllm import server as vs
 
 CONFIG_SECTION = "configs"  # one row per served configuration, all under the same load
@@ -176,7 +177,7 @@ def group_memory(pid: int) -> tuple[int | None, str]:
     import psutil
 
     totals: dict[str, int] = {}
-    for member in vs.group_pids(pid):
+    for member in processes.group_pids(pid):
         try:
             full = psutil.Process(member).memory_full_info()
         except (psutil.NoSuchProcess, psutil.AccessDenied):

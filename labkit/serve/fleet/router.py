@@ -91,7 +91,7 @@ class Replica(Child):
 
     def metrics(self) -> dict[str, float]:
         """``/metrics`` as one number per metric name (labels summed)."""
-        return prom.metric_totals(prom.parse_prometheus(self.get("/metrics")))
+        return prom.totals(self.url)
 
     def healthy(self) -> bool:
         try:

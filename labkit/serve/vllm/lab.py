@@ -26,6 +26,8 @@ from typing import Any
 
 from .. import loadgen, paged
 from . import server as vs
+from ..metrics import metrics_delta
+from ..processes import last_error_line
 from .offline import first_difference, until_eos
 
 READ_TIMEOUT_S = 300.0  # a stream silent this long fails its request (a queued request waits for its first token)
@@ -39,7 +41,7 @@ class ServerDied(RuntimeError):
 def died(server: vs.VLLMServer) -> str:
     code = server.proc.poll()
     how = f"exited with {code}" if code is not None else "stopped answering"
-    return f"vllm serve {how} mid-run: {vs.last_error_line(server.log())} (log: {server.log_path})"
+    return f"vllm serve {how} mid-run: {last_error_line(server.log())} (log: {server.log_path})"
 
 
 def scrape(server: vs.VLLMServer) -> dict[str, float]:
@@ -98,7 +100,7 @@ def served_run(server: vs.VLLMServer, name: str, work: Sequence[Any], *, concurr
                       read_timeout_s=read_timeout_s)
     if res.failed and not server.alive():
         raise ServerDied(died(server))
-    return Served(name, list(work), res, vs.metrics_delta(before, scrape(server)))
+    return Served(name, list(work), res, metrics_delta(before, scrape(server)))
 
 
 _OVERRIDE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")

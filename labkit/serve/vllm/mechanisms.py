@@ -39,6 +39,8 @@ from ...core.timing import clock, percentile, rounds as interleaved_rounds
 from .. import loadgen, prefill
 from . import offline as vllm_engine
 from . import server as vs
+from ..metrics import metrics_delta
+from ..processes import free_ports
 
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"  # prompt tokens, not requests
 DRAFTS, DRAFT_TOKENS, ACCEPTED = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
@@ -179,7 +181,7 @@ def prefix_rounds(server: vs.VLLMServer, prompts: Mapping[str, Sequence[int]], m
     def run(mode: str, r: int) -> None:
         before = server.metrics()
         outs = send(server.url, ids, max_tokens, concurrency, salts[mode](r))
-        delta = vs.metrics_delta(before, server.metrics())
+        delta = metrics_delta(before, server.metrics())
         k = kept[mode]
         ttfts = [o.ttft_s for o in outs if o.success]
         k["ttft_s"] += ttfts
@@ -295,7 +297,7 @@ def speculative_rounds(plain: vs.VLLMServer, ngram: vs.VLLMServer, tasks: Mappin
         def timed(server: vs.VLLMServer, ids: Sequence[int] = ids) -> tuple[loadgen.RequestOutput, dict[str, float]]:
             before = server.metrics()
             o = send(server.url, [ids], new_tokens, 1)[0]
-            return o, vs.metrics_delta(before, server.metrics())
+            return o, metrics_delta(before, server.metrics())
 
         done = interleaved_rounds({"plain": lambda: timed(plain), "ngram": lambda: timed(ngram)}, n_rounds, again=False)
         rate = {m: [1 / t for o, d in runs if o.success and (t := engine_tpot(d))] for m, runs in done.items()}
@@ -325,7 +327,7 @@ def started_together(named: Mapping[str, vs.Settings], deadline_s: float = 300.0
     cpu_kv = sum(s.kv_cache_gib for s in named.values() if s.device == "cpu")
     if cpu_kv:
         vs.check_memory(cpu_kv + vs.RUNTIME_OVERHEAD_GIB * (len(named) - 1))  # check_memory adds one overhead
-    ports = dict(zip(named, vs.free_ports(len(named))))  # two free_port() calls at once may get the same port
+    ports = dict(zip(named, free_ports(len(named))))  # two free_port() calls at once may get the same port
     pool = ThreadPoolExecutor(max_workers=len(named))
     futures = {name: pool.submit(vs.start, s, ports[name], None, deadline_s, None, f"vllm-{name}")
                for name, s in named.items()}

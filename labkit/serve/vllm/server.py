@@ -6,7 +6,7 @@ the port), starts ``python -m vllm.entrypoints.openai.api_server`` in a process 
 127.0.0.1, waits for ``/health`` within a deadline, and always stops the whole group (SIGTERM, then SIGKILL
 after a grace), also when the cell fails or the kernel is interrupted. The log stays under ``build/vllm/``;
 ``platform()`` reads the ISA and attention backend vLLM chose from it, ``metrics()`` scrapes ``/metrics`` and
-``metrics_delta`` takes the difference of two scrapes. Drive it with ``labkit.serve.loadgen.run(server.url, ...)``.
+``labkit.serve.metrics.metrics_delta`` takes the difference of two scrapes. Drive it with ``labkit.serve.loadgen.run(server.url, ...)``.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from ...core import config, env
 from ...model import hardware
 from .. import metrics as prom
 from .. import processes
-from ..metrics import metric_info, metric_totals, metrics_delta, parse_prometheus  # noqa: F401 (used as vs.*)
-from ..processes import free_port, free_ports, group_alive, group_pids, last_error_line, strip_colour  # noqa: F401
+from ..metrics import metric_info, metric_totals
+from ..processes import free_port, group_pids
 
 VENV_DIR = config.REPO_DIR / ".venv-vllm"  # what `make vllm` builds; LABKIT_VLLM_PYTHON names another python
 LOG_DIR = config.REPO_DIR / "build" / "vllm"
