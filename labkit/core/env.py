@@ -400,19 +400,19 @@ def _tensorrt_sonames() -> str:
 # One probe per capability, each run alone: asking about CUDA must not import ONNX Runtime, nor load bitsandbytes'
 # CUDA library or start NVML inside the process a notebook then measures. Order: the table's rows.
 PROBES: dict[str, Callable[[], Capability]] = {
-    "cuda": lambda: _cuda(),
-    "bf16": lambda: _bf16(),
-    "bitsandbytes": lambda: _bitsandbytes(),
-    "onnxruntime": lambda: _onnxruntime(),
-    "optimum-onnx": lambda: _optimum_onnx(),
+    "cuda": _cuda,
+    "bf16": _bf16,
+    "bitsandbytes": _bitsandbytes,
+    "onnxruntime": _onnxruntime,
+    "optimum-onnx": _optimum_onnx,
     "vllm": lambda: _gpu_only("vllm", "vllm", "pip install vllm (in its own environment, see README)"),
     "tensorrt": lambda: _gpu_only("tensorrt", "tensorrt", "pip install tensorrt torch-tensorrt"),
     "torch-tensorrt": lambda: _gpu_only("torch-tensorrt", "torch_tensorrt", "pip install torch-tensorrt (matching your torch)"),
     "tensorrt-llm": lambda: _gpu_only("tensorrt-llm", "tensorrt_llm", "pip install tensorrt-llm (its own environment, see README)"),
-    "ort-tensorrt": lambda: ort_tensorrt(),
+    "ort-tensorrt": ort_tensorrt,
     "flash-attn": lambda: _gpu_only("flash-attn", "flash_attn", "pip install flash-attn --no-build-isolation"),
-    "torch.compile": lambda: _torch_compile(),
-    "nvml": lambda: _nvml(),
+    "torch.compile": _torch_compile,
+    "nvml": _nvml,
 }
 
 
