@@ -65,7 +65,7 @@ class Step:
         return (head + " " if head else "") + shlex.join(self.argv) + tail
 
 
-def plan(stages: list[str], venv: Path, out: Path, python: str, nb_timeout_s: float,  # noqa: PLR0913
+def plan(stages: list[str], venv: Path, out: Path, python: str, nb_timeout_s: float,
          wheels: Path | None = None, ref_timeout_s: float = 240.0, site_dir: Path | None = None,
          check_budget_s: float = 300.0) -> list[Step]:
     """Every step of ``stages``, in run order; ``wheels``: the offline set-up from that folder of wheels."""
