@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.lessons import findings
+from labkit.lessons.findings import nb03, nb06
 
 
 def _batching_findings(**over):
@@ -24,7 +24,7 @@ def _batching_findings(**over):
     args = dict(sweep=sweep, memory_bound_gain=7.5, padding=padding, serving=serving_rows, open_loop=open_loop,
                 clients=8, request_rate=2.0)
     args.update(over)
-    return findings.batching(**args)
+    return nb06.takeaways(**args)
 
 
 def _row(b, total, user, ttft=0.1, agreement=1.0, spread=0.02):
@@ -95,7 +95,7 @@ def _quant(table):
                          "fraction_of_fp32": {"per-tensor": 0.25, "per-channel": 0.26, "nf4": 0.14}})
     layers = pd.DataFrame([{"layer": "0", "form": "per-tensor", "relative_error": 0.08},
                            {"layer": "27", "form": "per-tensor", "relative_error": 0.31}])
-    return findings.quantisation(table=table, hand=hand, agree=pd.DataFrame(), routes={}, layer_error={},
+    return nb03.takeaways(table=table, hand=hand, agree=pd.DataFrame(), routes={}, layer_error={},
                                  claims=pd.DataFrame(), layers=layers)
 
 
@@ -111,7 +111,7 @@ def test_fastest_int8_is_compared_within_fp32s_device():
     text = " ".join(found.sentences)
     assert "The fastest int8 variant here on cuda, bnb-int8," in text
     only_cpu = table.drop(index="bnb-int8")  # no int8 row on the GPU: the other device's, with both devices named
-    fast, label = findings.fastest_int8(only_cpu)
+    fast, label = nb03.fastest_int8(only_cpu)
     assert fast == "ort-int8-tensor" and "on cpu" in label and "on cuda" in label and "different devices" in label
     assert "fp32 ran on cuda" in " ".join(_quant(only_cpu).sentences)
 
@@ -123,6 +123,6 @@ def test_quantisation_speed_sentence_follows_the_verdict():
     text = " ".join(_quant(_quant_table(19.0)).sentences)  # quiet: 1.90×, inside the bytes bound
     assert "decoded 1.90× fp32's speed (faster than fp32)" in text
     text = " ".join(_quant(_quant_table(10.1, int8_samples=[9.0, 10.1, 11.0])).sentences)
-    assert "within noise of fp32" in text and "faster than fp32" not in text
+    assert "1.01× fp32's speed, within noise" in text and "faster than fp32" not in text
     # why ONNX Runtime int8 costs perplexity: read from the per-layer errors
     assert "raised it +30.0%" in text and "layer 27" in text and "31.0× the" in text and "+1.0%" in text

@@ -6,6 +6,8 @@ import torch
 from labkit.model import prompts, sizing
 from labkit.decoding import cache_variants, kv, profiling, quality
 from labkit.lessons import findings
+from labkit.lessons.findings import nb05
+from labkit.lessons.findings import nb05
 from labkit.decoding.generation import GenerationResult
 
 
@@ -239,7 +241,7 @@ def _findings(**over):
         decode_shares={"matmul": [0.70, 0.71, 0.69], "attention": [0.10, 0.11, 0.09], "other": [0.2] * 3},
         weight_bytes=538_000_000)
     args.update(over)
-    return findings.kv_cache(**args)
+    return nb05.takeaways(**args)
 
 
 def test_findings_choose_their_words_by_the_verdicts():
@@ -286,11 +288,11 @@ def test_one_compile_story_in_one_unit_for_notebooks_04_05_08():
     story = cache_variants.compile_story(ref)
     assert story.gain == pytest.approx(1.25) and story.extra_first_s == pytest.approx(50.0)
     assert story.break_even_tokens == pytest.approx(50.0 / (0.1 - 0.08))  # 2,500 tokens
-    assert "1.25× eager's decode tokens/s" in story.sentence() and "pays back after 2,500 tokens" in story.sentence()
+    assert "1.25× eager's decode tokens/s" in findings.compile_sentence(story) and "pays back after 2,500 tokens" in findings.compile_sentence(story)
     slower = cache_variants.compile_story(results.Results("r", rows=[dict(r, decode_tokens_per_s=8.0)
                                                                       if r["variant"] == "static+compile" else r
                                                                       for r in ref.rows]))
-    assert slower.break_even_tokens is None and "never pays back" in slower.sentence()
+    assert slower.break_even_tokens is None and "never pays back" in findings.compile_sentence(slower)
     with pytest.raises(ValueError, match="static\\+compile"):
         cache_variants.compile_story(results.Results("r", rows=ref.rows[:1]))
     shipped = cache_variants.compile_story()  # the reference that ships

@@ -193,7 +193,7 @@ def test_the_first_requests_memory_growth_is_read_where_the_weights_live():
     NVML, never from the host RSS (which a GPU run barely moves)."""
     import pandas as pd
 
-    from labkit.lessons import findings
+    from labkit.lessons.findings import nb04
 
     mib = 2**20
     gpu = _cold("cuda:0", {"after_load": {"cuda_allocated": 520 * mib, "nvml": 900 * mib},
@@ -205,7 +205,7 @@ def test_the_first_requests_memory_growth_is_read_where_the_weights_live():
     assert warmup.first_request_growth(no_nvml) == {"cuda_allocated": 20 * mib, "nvml": None}
     summary = pd.DataFrame({"first_s": [0.5, 0.3], "median_s": [0.2, 0.2], "agreement": [1.0, 1.0]},
                            index=["cold", "warmed"])
-    found = findings.warmup(cold=gpu, warmed=gpu, steady_s=0.2, one_time_share=0.6,
+    found = nb04.takeaways(cold=gpu, warmed=gpu, steady_s=0.2, one_time_share=0.6,
                             memory_growth=warmup.first_request_growth(gpu), weight_bytes=513 * mib,
                             loop_warmup_calls=2, loop_calls=7, summary=summary, compile_rows=pd.DataFrame())
     text = " ".join(found.sentences)

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from labkit.core import config, env, results
-from labkit.lessons import exercises
+from labkit.lessons import exercises, findings
 
 sys.path.insert(0, str(ROOT / "tools"))
 import nbbuild  # noqa: E402
@@ -56,10 +56,7 @@ EXCERPT_LINES = 8
 EXCERPT_CHARS = 600
 RESULT_ROWS_SHOWN = 6
 RESULT_COLUMNS_SHOWN = 8
-SUMMARY_SECTION = "summary"  # rows {"finding": text, "value": number}: the first row is the headline
-# without a summary section: a first-row column whose name says it is a result, in this order
 REFERENCE_ENV = ("LABKIT_MODEL", "LABKIT_DEVICE", "LABKIT_VLLM_LIVE")  # settings a reference's command names when set
-HEADLINE_HINTS = ("speedup", "gain", "ratio", "goodput", "tokens_per_s", "gbs")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -159,39 +156,14 @@ def _short(value: Any) -> Any:
     return value
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def headline(res: results.Results) -> dict[str, Any] | None:
-    """The one number a notebook's results lead with, and where it came from.
-
-    Rule: the first row of the ``summary`` section (its first text value names the finding, its
-    first number is the value). A notebook without one falls back to the first row of its sections:
-    the first column whose name holds HEADLINE_HINTS[0] in any section (in file order), else
-    HEADLINE_HINTS[1], and so on, else the first numeric column of the first section with one.
-    None when no first row holds a number."""
-    summary = res.section(SUMMARY_SECTION)
-    if summary:
-        values = {k: v for k, v in summary[0].items() if k != "section"}
-        numbers = [k for k, v in values.items() if _number(v)]
-        if numbers:
-            label = next((str(v) for v in values.values() if isinstance(v, str)), numbers[0])
-            return {"label": label, "value": values[numbers[0]], "source": SUMMARY_SECTION}
-    firsts: dict[str, dict[str, Any]] = {}
-    for row in res.rows:
-        firsts.setdefault(str(row.get("section", "")), row)
-    numeric = {name: [k for k, v in row.items() if k != "section" and _number(v)] for name, row in firsts.items()}
-    found = next(((name, k) for hint in HEADLINE_HINTS for name in firsts for k in numeric[name]
-                  if re.search(rf"(^|[_\s]){re.escape(hint)}($|[_\s])", k)),
-                 next(((name, cols[0]) for name, cols in numeric.items() if cols), None))
-    if found is None:
+    """The one number a notebook's results lead with, as the notebook recorded it (``findings.record`` writes the
+    first takeaway row into the notes): ``{"label", "value"}`` (and its ``verdict`` where one judged it); None
+    when the notebook recorded none."""
+    head = res.notes.get(findings.HEADLINE)
+    if not isinstance(head, dict) or "label" not in head or "value" not in head:
         return None
-    where, key = found
-    row = firsts[where]
-    named = [f"{k}={v}" for k, v in row.items() if k != "section" and isinstance(v, str) and len(v) <= 30][:1]
-    label = f"{where}: {key}" + (f" ({named[0]})" if named else "")
-    return {"label": label, "value": row[key], "source": f"section '{where}', first row (no summary section)"}
+    return dict(head)
 
 
 def key_results(name: str, since_epoch_s: float) -> list[dict[str, Any]]:
@@ -430,7 +402,7 @@ def _headline_cells(h: dict[str, Any] | None) -> str:
         return "<td class='muted'>no number saved</td><td></td>"
     value = h["value"]
     text = f"{value:.4g}" if isinstance(value, float) else str(value)
-    note = "" if h["source"] == SUMMARY_SECTION else f" <span class='muted' title='{_e(h['source'])}'>*</span>"
+    note = f" <span class='muted'>({_e(h['verdict'])})</span>" if h.get("verdict") else ""
     return f"<td class='num'>{_e(text)}</td><td>{_e(h['label'])}{note}</td>"
 
 
@@ -441,11 +413,8 @@ def short_table(summary: dict[str, Any]) -> str:
         cls = "ok" if r["status"] == "ok" else "bad"
         rows.append(f"<tr><td><a href='#{_e(r['name'])}'>{_e(r['name'])}</a></td><td class='{cls}'>{_e(r['status'])}</td>"
                     f"<td class='num'>{r['wall_s']:.1f}</td>{_headline_cells(notebook_headline(r))}</tr>")
-    fallback = any((notebook_headline(r) or {}).get("source", SUMMARY_SECTION) != SUMMARY_SECTION
-                   for r in summary["notebooks"])
-    foot = ("<p class='muted'>Headline: the first row of the notebook's <code>summary</code> results section"
-            + ("; * marks a notebook without one, shown with the first first-row column named like a result ("
-               + ", ".join(HEADLINE_HINTS) + ", in that order)" if fallback else "") + ".</p>")
+    foot = ("<p class='muted'>Headline: the number each notebook recorded as its first takeaway "
+            "(<code>labkit.lessons.findings.record</code>), with its verdict where one judged it.</p>")
     return ("<table class='short'><tr><th>notebook</th><th>status</th><th>time (s)</th><th>headline</th>"
             "<th>what it is</th></tr>" + "".join(rows) + "</table>" + foot)
 

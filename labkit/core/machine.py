@@ -74,7 +74,7 @@ class Reading:
         what = ", ".join(name for name, _ in self.busiest) or "other programs"
         return (f"Timings will be unreliable: other work is using the CPU ({what}). Close it (a browser tab playing "
                 "video, a build, a second notebook), wait for the load to drop, then rerun; until then read every "
-                "ratio below as 'within noise' unless its verdict says otherwise.")
+                "ratio below as noise unless its verdict says otherwise.")
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "busy": self.busy, "line": self.line()}

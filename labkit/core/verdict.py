@@ -9,7 +9,10 @@
   medians differ by less than ``TOLERANCE``;
 - otherwise ``"better"`` or ``"worse"``, in the direction ``higher_is_better`` names.
 
-A sentence never says "faster" on a pair that is within noise: it asks ``Verdict.word`` for its word.
+A sentence never says "faster" on a pair that is within noise: it asks ``Verdict.word`` for its word, or lets
+``phrase`` (a ratio and what the verdict allows it to say) or ``than`` (the comparison words) write the words. These
+are the only places the words "within noise" and "implausible" are written: every takeaway in
+``labkit.lessons.findings`` and every notebook takes them from here.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from . import machine
 from .timing import percentile
 
 MIN_SAMPLES = 3  # fewer samples cannot tell a difference from noise
@@ -46,6 +50,23 @@ class Verdict:
         return {"kind": self.kind, "ratio": self.ratio, "gain": self.gain, "n": self.n, "reason": self.reason}
 
 
+def phrase(v: Verdict, what: str, better: str = "faster", worse: str = "slower") -> str:
+    """``"{gain}× {what}"`` and what the verdict lets a sentence add: ``" (faster)"`` / ``" (slower)"`` when the
+    difference is real, ``", within noise (why)"``, or ``": implausible — rerun (why; this machine's load)"``."""
+    ratio = f"{v.gain:.2f}×" + (f" {what}" if what else "")
+    if v.kind == IMPLAUSIBLE:
+        return f"{ratio}: {IMPLAUSIBLE} ({v.reason}; {machine.last_line()})"  # the load line: the likely cause
+    if v.kind == NOISE:
+        return f"{ratio}, {NOISE} ({v.reason})"
+    return f"{ratio} ({v.word(better, worse)})"
+
+
+def than(v: Verdict, better: str = "faster than", worse: str = "slower than") -> str:
+    """The comparison words: ``better``/``worse`` only when the difference is real, else "within noise of" or
+    "implausibly far from (rerun)"."""
+    return {BETTER: better, WORSE: worse, NOISE: f"{NOISE} of"}.get(v.kind, "implausibly far from (rerun)")
+
+
 def _values(x: Any) -> list[float]:
     values = getattr(x, "samples", x)
     if isinstance(values, (int, float)):
@@ -58,7 +79,8 @@ def _values(x: Any) -> list[float]:
 
 def samples(row: Any, key: str) -> list[float]:
     """The raw samples a result row kept for ``key`` (``row["samples"][key]``), or its single value."""
-    kept = (row.get("samples") or {}).get(key) if hasattr(row, "get") else None
+    kept = row.get("samples") if hasattr(row, "get") else None
+    kept = kept.get(key) if isinstance(kept, dict) else None  # a table's missing samples read as NaN, not a dict
     return list(kept) if kept else [float(row[key])]
 
 

@@ -94,13 +94,6 @@ class CompileStory:
         saved = 1 / self.eager_tokens_per_s - 1 / self.compiled_tokens_per_s
         return self.extra_first_s / saved if saved > 0 else None
 
-    def sentence(self) -> str:
-        pay = (f"pays back after {self.break_even_tokens:,.0f} tokens" if self.break_even_tokens is not None
-               else "never pays back (the compiled decode was not faster)")
-        return (f"torch.compile of the decode step ({self.where}: {self.provenance}): {self.gain:.2f}× eager's decode "
-                f"tokens/s, both with a static cache ({self.compiled_tokens_per_s:.1f} vs {self.eager_tokens_per_s:.1f}); "
-                f"its first {self.new_tokens}-token call took {self.compiled_first_s:.1f} s against "
-                f"{self.eager_first_s:.1f} s eager, so it {pay}")
 
 
 def compile_here(device: str | None = None) -> tuple[bool, str]:

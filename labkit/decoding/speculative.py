@@ -159,8 +159,8 @@ def timed_generate(model: Any, input_ids: Any, new_tokens: int, label: str = "",
 def compare_lookup(model: Any, input_ids: Any, new_tokens: int, num_tokens: int = 10, repeats: int = 3,
                    label: str = "", **extra: Any) -> dict[str, Any]:
     """Plain greedy ``generate`` against prompt lookup on the same prompt: the median of ``repeats`` timed
-    runs of each (after one warmup of each), forward passes, tokens per pass, decode speedup, and whether
-    the tokens are identical. ``extra`` goes to the prompt-lookup call only."""
+    runs of each (after one warmup of each), forward passes, tokens per pass, decode speedup (every run's
+    tokens/s kept in ``samples``, for its verdict), and whether the tokens are identical. ``extra`` goes to the prompt-lookup call only."""
     positive("repeats", repeats)
     kinds = {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": num_tokens, **extra}}
     for kwargs in kinds.values():  # warmup: first calls pay allocation and lazy set-up
@@ -177,7 +177,9 @@ def compare_lookup(model: Any, input_ids: Any, new_tokens: int, num_tokens: int 
             "plain_decode_tokens_per_s": tps["plain"], "lookup_decode_tokens_per_s": tps["prompt lookup"],
             "decode_speedup": tps["prompt lookup"] / tps["plain"] if tps["plain"] else None,
             "identical": all(r["tokens"] == plain["tokens"] for rs in runs.values() for r in rs),
-            "tokens": plain["tokens"], "lookup_tokens": lookup["tokens"]}
+            "tokens": plain["tokens"], "lookup_tokens": lookup["tokens"],
+            "samples": {"plain_decode_tokens_per_s": [r["decode_tokens_per_s"] or 0.0 for r in runs["plain"]],
+                        "lookup_decode_tokens_per_s": [r["decode_tokens_per_s"] or 0.0 for r in runs["prompt lookup"]]}}
 
 
 # ----------------------------------------------------------------------------------------- draft models

@@ -1,7 +1,7 @@
 """What the notebooks show: everything here is about teaching, nothing about running a model.
 
 ``exercises``  the self-checking exercises: ``use`` keeps the learner's function, each check names the mistake
-``findings``   takeaway sentences chosen from a notebook's own measurements
+``findings``   each notebook's takeaways (``findings.nbNN``) from its own results, and the headline it records
 ``plots``      Plotly figures that render offline
 ``widgets``    live panels for the notebooks (ipywidgets), each callback a plain function
 ``report``     the capstone's precision choice and its report

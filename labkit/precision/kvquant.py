@@ -180,7 +180,7 @@ def teacher_forced(model: Any, context: Any, continuation: list[int], cache: Any
 def compare(model: Any, context: Any, new_tokens: int, caches: dict[str, Callable[[], Any]]) -> list[dict[str, Any]]:
     """The greedy continuation of ``context`` with the model's own ``DynamicCache`` is the reference; each cache in ``caches``
     (name → factory) is prefilled with the same context and teacher-forced on it. One row per cache: status, KV
-    bytes held, median decode step, agreement and mean KL against the reference. A cache whose backend fails here
+    bytes held, median decode step (every step's time in ``samples``), agreement and mean KL against the reference. A cache whose backend fails here
     (no kernel on this device, say) becomes a row whose status says why, and the others still run."""
     import torch
     from transformers import DynamicCache
@@ -209,7 +209,7 @@ def compare(model: Any, context: Any, new_tokens: int, caches: dict[str, Callabl
                      "kv_bytes": cache_storage_bytes(run["cache"]), "prefill_s": run["prefill_s"],
                      "step_s": step, "decode_tokens_per_s": 1 / step if step else None,
                      "agreement": float((run["logits"].argmax(-1) == target).float().mean()),
-                     "kl": float(kl.mean()), "kl_max": float(kl.max())})
+                     "kl": float(kl.mean()), "kl_max": float(kl.max()), "samples": {"step_s": list(run["step_s"])}})
     base = rows[0]["kv_bytes"]
     for r in rows:
         r["bytes_ratio"] = base / r["kv_bytes"] if r["kv_bytes"] else None

@@ -32,11 +32,12 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit.core import config, env, machine, memory, results, timing, verdict
+from labkit.core import config, env, machine, memory, results, timing
 from labkit.model import gpus, hardware, models, prompts, roofline, sizing
 from labkit.decoding import decode, generation, profiling
 from labkit.engines import fusion
-from labkit.lessons import exercises, plots, widgets
+from labkit.lessons import exercises, findings, plots, widgets
+from labkit.lessons.findings import nb01 as nb01_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -329,9 +330,6 @@ dec["overhead_ms_per_token"] = (dec.tpot_s * 1e3 - dec.ideal_step_ms) / dec.batc
 plots.bar(dec, x="batch", y="overhead_ms_per_token", title="Time per generated token beyond the bandwidth bound",
           y_title="ms per token").show()
 first, last = dec.iloc[0], dec.iloc[-1]
-batch_v = verdict.compare(last.samples["aggregate_tokens_per_s"], first.samples["aggregate_tokens_per_s"],
-                          bound=last.batch / first.batch, bound_why="B sequences share one weight read: at most B×",
-                          floor=1.0, floor_why="a batch reads the weights once for all its rows")
 print(f"overhead per token: {first.overhead_ms_per_token:.1f} ms at batch {int(first.batch)} → "
       f"{last.overhead_ms_per_token:.1f} ms at batch {int(last.batch)}; ratio to ceiling {first.ratio:.2f} → {last.ratio:.2f}")
 gap = hardware.decode_gap(first.tpot_s, sizing.decode_bytes_per_step(weight_b, kv_tok, ctx, 1), bw.gbs, len(ops),
@@ -352,35 +350,12 @@ widgets.sizing_panel()
 res.replace("decode", dec.to_dict("records"))
 fp = prec[prec.model == "SmolLM2-135M-Instruct"].set_index("dtype").weight_gib * 2**10
 d1, pf = roof.iloc[1], roof.iloc[0]
-findings = [
-    (f"Weights: {fp['fp32']:.0f} MiB in fp32, {fp['fp16']:.0f} MiB in fp16, {fp['nf4']:.0f} MiB in nf4 for SmolLM2-135M; "
-     f"{big.model}'s KV cache at {big.context:,} tokens × batch {big.batch} is {big.kv_gib / big.weight_gib:.1f}× "
-     "its weights.", fp["fp32"]),
-    (f"On {bw.device}: {bw.gbs:.1f} GB/s and {peak_gflops:.0f} GFLOP/s (fp32), so the roofs meet at {ridge:.1f} FLOPs "
-     "per byte.", ridge),
-    (f"Decode at batch 1 does {d1.intensity:.2f} FLOPs per byte, "
-     + (f"{ridge / d1.intensity:.0f}× below the ridge: memory-bound" if d1.bound == "memory-bound"
-        else "above the ridge: compute-bound") + f"; it reached {d1.of_roof:.0%} of its roof.", d1.intensity),
-    (f"A {PREFILL_TOKENS}-token prefill does {pf.intensity:.0f} FLOPs per byte: {pf.bound}, at {pf.gflops:.0f} GFLOP/s "
-     f"({pf.of_roof:.0%} of its roof).", pf.intensity),
-    (f"Measured decode at batch 1: {one.measured_tokens_per_s:.1f} tokens/s, {one.ratio:.2f}× of the "
-     f"{one.ceiling_tokens_per_s:.1f} tokens/s ceiling; one step ran {len(ops)} operators, {n_linear} of them "
-     f"matrix-vector products; the bytes explain {gap['bytes_share']:.0%} of a step ({gap['bound']}-bound).",
-     one.ratio),
-    (f"Batching from {int(first.batch)} to {int(last.batch)}: aggregate tokens/s "
-     + {verdict.BETTER: f"rose {batch_v.gain:.2f}× (at most {int(last.batch / first.batch)}×)",
-        verdict.WORSE: f"fell to {batch_v.gain:.2f}×",
-        verdict.NOISE: f"moved {batch_v.gain:.2f}×, within noise ({batch_v.reason})",
-        verdict.IMPLAUSIBLE: f"came out {batch_v.gain:.2f}×: implausible — rerun ({batch_v.reason}; "
-                             f"{machine.last_line()})"}[batch_v.kind]
-     + f"; the overhead per token went {first.overhead_ms_per_token:.1f} → {last.overhead_ms_per_token:.1f} ms "
-     + ({verdict.BETTER: "(shared by more sequences)", verdict.WORSE: "(it grew: each row added more than it shared)"}
-        .get(batch_v.kind, "(no lesson from it until the throughput verdict is real)")) + ".",
-     last.ratio),
-]
-res.replace("summary", [{"finding": f, "value": v} for f, v in findings])
+found = nb01_findings.takeaways(weights_mib=fp.to_dict(), model="SmolLM2-135M", big=big, device=bw.device, gbs=bw.gbs,
+                                peak_gflops=peak_gflops, ridge=ridge, decode=d1, prefill=pf, prefill_tokens=PREFILL_TOKENS,
+                                ceiling=one, operators=len(ops), linear=n_linear, gap=gap, first=first, last=last)
+findings.record(res, found)
 print("saved", res.save())
-print("\n".join("- " + f for f, _ in findings))
+findings.show(found)
 dec[["batch", "ceiling_tokens_per_s", "measured_tokens_per_s", "ratio", "overhead_ms_per_token", "spread"]].round(3)
 
 # %% md slide

@@ -37,7 +37,8 @@ from labkit.core import config, env, machine, results, timing, verdict
 from labkit.model import hardware, models, prompts, sizing
 from labkit.decoding import quality
 from labkit.precision import rounds, variants
-from labkit.lessons import exercises, plots
+from labkit.lessons import exercises, findings, plots
+from labkit.lessons.findings import nb02 as nb02_findings
 from labkit.lessons.exercises import nb02
 
 plots.setup_offline()
@@ -304,46 +305,15 @@ res.replace("variants", [{k: v for k, v in r.items() if k != "options"} for r in
 res.replace("matmul", shapes.to_dict("records"))
 res.replace("accumulation", totals.reset_index().to_dict("records"))
 mm = shapes.set_index("dtype").rename(index={"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"})
-formats_found = [(f"70000 became {demo.fp16[0]:g} in fp16 and {demo.bf16[0]:g} in bf16; 1 + 1/1024 became "
-                  f"{demo.fp16[3]:.6f} in fp16 and {demo.bf16[3]:.6f} in bf16.", None),
-                 (f"Adding {ACCUM_STEP:g} to {ACCUM_START:g} {ACCUM_STEPS:,} times ended at "
-                  + ", ".join(f"{totals.loc[d, 'running total in dtype']:.4f} in {d}" for d in totals.index)
-                  + f" (exact: {ACCUM_START + ACCUM_STEP * ACCUM_STEPS:g}).", None)]
-speed_found = []
-for v, s in speedup.items():
-    r, t = ok.loc[v], ok.ttft_s[v] / ok.ttft_s["fp32"]
-    pre = mm.loc[v, "prefill-like (s)"] / mm.loc["fp32", "prefill-like (s)"]
-    step = mm.loc[v, "decode-like (s)"] / mm.loc["fp32", "decode-like (s)"]
-    byte_x = ok.weight_bytes["fp32"] / r.weight_bytes
-    # memory-bound decode gains at most the bytes it no longer reads, unless its matmul itself got faster
-    bound = max(byte_x, 1 / step)
-    d = verdict.compare(verdict.samples(rows_by[v], "decode_tokens_per_s"), verdict.samples(rows_by["fp32"], "decode_tokens_per_s"),
-                        bound=bound, bound_why=f"{byte_x:.2f}× fewer weight bytes, decode-like matmul {1 / step:.2f}× fp32's speed")
-    ttft_word = verdict.compare(verdict.samples(rows_by[v], "ttft_s"), verdict.samples(rows_by["fp32"], "ttft_s"),
-                                higher_is_better=False).word("shorter", "longer")
-    said = {verdict.IMPLAUSIBLE: f"decode came out {d.gain:.2f}× fp32's speed: implausible — rerun ({d.reason}; "
-                                 f"{machine.last_line()})",
-            verdict.NOISE: f"decode {d.gain:.2f}× fp32's speed, within noise ({d.reason})"}.get(
-        d.kind, f"decode {d.gain:.2f}× as fast as fp32 ({d.word()})")
-    why = {verdict.BETTER: ("Reading half the bytes paid off in decode here" + (
-               f", and the decode-like matmul itself ran {1 / step:.2f}× fp32's speed." if step < 1 else ".")),
-           verdict.WORSE: ("Half the bytes did not make decode faster here: " + (
-               f"{reason}." if reason and step >= 1 else
-               f"the decode-like matmul ran {1 / step:.2f}× fp32's speed, so the rest of each step (conversions, "
-               "small operators) lost more than the weights gained."))}.get(d.kind, "")
-    speed_found.append((
-        f"{v}: weights {1 / byte_x:.2f}× fp32's bytes; {said}, TTFT {t:.2f}× fp32's "
-        f"({ttft_word}); the decode-like matmul took {step:.2f}× fp32's time, the "
-        f"prefill-like one {pre:.2f}×. {why} Quality: agreement {r.agreement:.3f}, KL {r.kl:.2g} nats against fp32.", s))
-if {"fp16", "bf16"} <= set(speedup):
-    closer = "fp16" if ok.kl["fp16"] < ok.kl["bf16"] else "bf16"
-    why = (f"bf16 keeps {formats.mantissa_bits['bfloat16']} mantissa bits to fp16's {formats.mantissa_bits['float16']}"
-           if closer == "fp16" else "fp16's three extra mantissa bits did not make it the closer one in this run")
-    speed_found.append((f"{closer} stayed closer to fp32 (KL fp16 {ok.kl['fp16']:.2g}, bf16 {ok.kl['bf16']:.2g} nats); "
-                        f"{why}.", None))
-res.replace("summary", [{"finding": f, "value": v} for f, v in speed_found + formats_found])  # headline: decode speed
+found = nb02_findings.takeaways(rows=rows, matmul_s={v: {"prefill": mm.loc[v, "prefill-like (s)"], "decode": mm.loc[v, "decode-like (s)"]}
+                                            for v in mm.index},
+                       half_reason=reason, mantissa_bits=formats.mantissa_bits.to_dict(),
+                       rounded={"fp16": demo.fp16.tolist(), "bf16": demo.bf16.tolist()},
+                       sums=totals["running total in dtype"].to_dict(),
+                       accumulation=(ACCUM_START, ACCUM_STEP, ACCUM_STEPS))
+findings.record(res, found)
 print("saved", res.save())
-print("\n".join("- " + f for f, _ in formats_found + speed_found))
+findings.show(found)
 res.frame("variants")[["variant", "weight_bytes", "load_s", "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"]]
 
 # %% subslide

@@ -37,6 +37,7 @@ from labkit.model import hardware, models, onnx, prompts
 from labkit.decoding import quality
 from labkit.precision import libraries, quantisers, rounds, variants
 from labkit.lessons import exercises, findings, plots
+from labkit.lessons.findings import nb03 as nb03_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -304,11 +305,11 @@ for v, predicted in (("bnb-int8", PREDICT_INT8_FRACTION), ("bnb-nf4", PREDICT_NF
         exercises.reveal(f"{v} weight bytes / fp32", predicted, fraction[v])
     else:
         print(f"{v}: not measured here ({table.status[v]})")
-fast, label = findings.fastest_int8(table)  # an int8 row on fp32's device; else both devices are named
+fast, label = nb03_findings.fastest_int8(table)  # an int8 row on fp32's device; else both devices are named
 if fast is not None:
     exercises.reveal(label, PREDICT_INT8_SPEEDUP, table.decode_tokens_per_s[fast] / base.decode_tokens_per_s, "×")
     print(f"{fast}: greedy agreement with fp32 {table.agreement[fast]:.0%}, KL {table.kl[fast]:.3g} nats/token")
-    v8 = findings.int8_verdict(table, fast)
+    v8 = nb03_findings.int8_verdict(table, fast)
     print(f"verdict against fp32: {v8.kind} ({v8.reason})")
 
 # %% md subslide
@@ -438,11 +439,11 @@ res.replace("library_agreement", agree.to_dict("records"))
 res.replace("layer_error", err.to_dict("records"))
 res.replace("ort_api", claims_ort)
 res.replace("claims", checked.to_dict("records"))
-found = findings.quantisation(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), claims=checked,
+found = nb03_findings.takeaways(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), claims=checked,
                               layers=err)
-res.replace("summary", found.rows)
+findings.record(res, found)
 print("saved", res.save())
-print("\n".join("- " + s for s in found.sentences))
+findings.show(found)
 
 # %% md slide
 # ## Exercises

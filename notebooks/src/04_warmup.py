@@ -34,6 +34,7 @@ from labkit.model import models, sizing
 from labkit.decoding import cache_variants, generation, quality
 from labkit.engines import warmup
 from labkit.lessons import exercises, findings, plots
+from labkit.lessons.findings import nb04 as nb04_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -260,7 +261,7 @@ else:
                 compiled_s=story.new_tokens / story.compiled_tokens_per_s,
                 eager_s=story.new_tokens / story.eager_tokens_per_s, agreement=story.agreement,
                 tokens_per_call=story.new_tokens)
-        print(f"Whole-model compile not run here ({why}). " + story.sentence())
+        print(f"Whole-model compile not run here ({why}). " + findings.compile_sentence(story))
 comp_df = res.frame("compile")
 comp_df["break_even_calls"] = [warmup.break_even_calls(r.compiled_first_s, r.compiled_s, r.eager_first_s, r.eager_s)
                                for r in comp_df.itertuples()]
@@ -281,12 +282,12 @@ res.add("warmup", calls=rep.calls, settled=rep.settled, warmup_calls=rep.warmup_
         final_spread=rep.final_spread, steady_s=rep.steady_s, cold_settle_point=cold_point,
         notebook_loop_calls=len(latencies), notebook_loop_warmup_calls=n_warm)
 res.notes.update(rss_bytes=cold.rss_bytes, gpu_bytes=cold.gpu_bytes)  # gpu_bytes: allocator and NVML on a GPU
-found = findings.warmup(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, memory_growth=grew,
+found = nb04_findings.takeaways(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, memory_growth=grew,
                         weight_bytes=weights_b, loop_warmup_calls=n_warm, loop_calls=len(latencies),
                         summary=summary, compile_rows=comp_df)
-res.replace("summary", found.rows)
+findings.record(res, found)
 print("saved", res.save())
-print("\n".join("- " + s for s in found.sentences))
+findings.show(found)
 
 # %% md slide
 # ## Exercises

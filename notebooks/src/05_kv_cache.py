@@ -33,6 +33,7 @@ from labkit.core import config, env, machine, results
 from labkit.model import dtypes, models, sizing
 from labkit.decoding import cache_variants, decode, generation, kv, profiling, quality
 from labkit.lessons import exercises, findings, plots
+from labkit.lessons.findings import nb05 as nb05_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -278,7 +279,7 @@ if "static+compile" not in variants:
         f"reference rows from {results.provenance(ref)}" if ref is not None else "no compile reference of this GPU ships"))
     if ref is not None:
         vrows += [dict(r, where="reference") for r in ref.frame("cache_variants").to_dict("records")]
-        print(cache_variants.compile_story(ref).sentence())
+        print(findings.compile_sentence(cache_variants.compile_story(ref)))
 vdf = pd.DataFrame(vrows)
 plots.bar(vdf, x="variant", y="tpot_s", color="where", title="Decode time per token by cache", y_title="seconds",
           facet="where").show()
@@ -354,14 +355,14 @@ for section, rows in {"cache_on_off": totals.reset_index().to_dict("records"), "
                       "attention": attn.to_dict("records"), "claims": claims,
                       "profile_groups": profiling.groups_frame(profiles).to_dict("records")}.items():
     res.replace(section, rows)
-found = findings.kv_cache(loop_agreement=min(loop_agreement.values()), core_identical=core["identical"],
+found = nb05_findings.takeaways(loop_agreement=min(loop_agreement.values()), core_identical=core["identical"],
                     tokens=int(totals.index[-1]), speedup=totals.speedup.iloc[-1], step_growth=growth.to_dict(),
                     kv_sizes=kvdf, bytes_per_position=per_pos, split=split, variants=here, attention=timed,
                     decode_shares=profiles[1].share_samples,
                     weight_bytes=weight_bytes)
-res.replace("summary", found.rows)
+findings.record(res, found)
 print("saved", res.save())
-print("\n".join("- " + s for s in found.sentences))
+findings.show(found)
 
 # %% md slide
 # ## Exercises

@@ -44,6 +44,7 @@ from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
 from labkit.serve import metrics as prom
 from labkit.lessons import exercises, findings, plots, report
+from labkit.lessons.findings import nb06 as nb06_findings
 from labkit.lessons.widgets import panel as batch_widget
 
 plots.setup_offline()
@@ -200,10 +201,10 @@ plots.line(res.frame("static").query("status == 'ok'"), x="batch_size", y=["tota
            title="Static batching: total against per-user output tokens/s", x_title="batch size",
            y_title="output tokens/s", log_x=True).show()
 batching.pareto_figure(sweep).show()
-total_v, user_v = findings.batch_verdicts(first_row, last_row, memory_bound)
+total_v, user_v = nb06_findings.batch_verdicts(first_row, last_row, memory_bound)
 gain = total_v.gain
 print(f"drift: batch 1 timed first and last, last / first = {first_row['drift']:.2f}" if first_row.get("drift") else "")
-print(findings.throughput_sentence(last_row["batch_size"], total_v, memory_bound))
+print(nb06_findings.throughput_sentence(last_row["batch_size"], total_v, memory_bound))
 exercises.reveal(f"throughput gain at batch {last_row['batch_size']}", PREDICT_THROUGHPUT_GAIN, gain, "×")
 print(f"the memory-bound model predicted {memory_bound:.1f}× (weights read once per step, KV per sequence)")
 
@@ -396,11 +397,11 @@ results.show_gpu_references("06_batching", ["static", "serving"])
 # ## Takeaways, from this run's numbers
 
 # %% fragment
-found = findings.batching(sweep=sweep, memory_bound_gain=memory_bound, padding=pad, serving=serve_rows,
+found = nb06_findings.takeaways(sweep=sweep, memory_bound_gain=memory_bound, padding=pad, serving=serve_rows,
                           open_loop=open_rows, clients=CLIENTS, request_rate=REQUEST_RATE)
-res.replace("summary", found.rows)
+findings.record(res, found)
 print("saved", res.save())
-print("\n".join("- " + s for s in found.sentences))
+findings.show(found)
 
 # %% md slide
 # ## Exercises

@@ -47,7 +47,8 @@ from labkit.serve import decoder, paged, scheduler
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import lab as vllm_lab
 from labkit.serve.vllm import server as vllm_server
-from labkit.lessons import exercises, plots
+from labkit.lessons import exercises, findings, plots
+from labkit.lessons.findings import nb07 as nb07_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -297,9 +298,7 @@ st, co, alone = (batch_df.set_index("mode").loc[m] for m in ("static", "continuo
 # continuous batching saves steps and rows: its gain cannot beat the larger of the two savings
 cb_bound = max(runs["static"].decode_steps / runs["continuous"].decode_steps,
                runs["static"].computed_rows / runs["continuous"].computed_rows)
-cb_v = verdict.compare(co["samples"]["tokens_per_s"], st["samples"]["tokens_per_s"], bound=cb_bound,
-                       bound_why="continuous batching's own model: the static run's steps or rows over its own")
-static_v = verdict.compare(st["samples"]["tokens_per_s"], alone["samples"]["tokens_per_s"])
+cb_v, static_v = nb07_findings.batching_verdicts(st, co, alone, cb_bound)
 exercises.reveal("continuous ÷ static throughput", PREDICT_CB_SPEEDUP, cb_v.gain, "×")
 exercises.reveal("short requests answered sooner", PREDICT_SHORT_SOONER,
                  st["mean_latency_short_s"] / co["mean_latency_short_s"], "×")
@@ -377,8 +376,7 @@ else:
 # %% fragment
 if engine_ok:
     one, every = (res.frame("vllm_engine").set_index("mode").loc[m] for m in (vllm_lab.ONE, vllm_lab.ALL))
-    vllm_v = verdict.compare(every["samples"]["tokens_per_s"], one["samples"]["tokens_per_s"], bound=BATCH,
-                             bound_why=f"{BATCH} requests at once cannot beat {BATCH}× one request's throughput")
+    vllm_v = nb07_findings.engine_verdict(one, every, BATCH)
     lab_v = verdict.compare(lab.loc["continuous", "samples"]["tokens_per_s"], lab.loc["one at a time", "samples"]["tokens_per_s"])
     versus = verdict.compare(every["samples"]["tokens_per_s"], lab.loc["continuous", "samples"]["tokens_per_s"])
     print(f"vLLM all at once (up to {BATCH} running) gave {vllm_v.gain:.2f}× its one-at-a-time throughput "
@@ -473,7 +471,6 @@ else:
 # ## Takeaways
 
 # %% fragment
-res.save()
 paged_row, max_row = fit.loc[(BIG_MODEL, "paged")], fit.loc[(BIG_MODEL, "contiguous-max")]
 pd.DataFrame([
     {"idea": "paged KV blocks", "measured on": f"{BIG_MODEL}, {SIM_REQUESTS} requests",
@@ -493,37 +490,14 @@ pd.DataFrame([
        "quality": f"same tokens as transformers: {every['same_tokens_as_transformers']}"}] if engine_ok else [])).round(2)
 
 # %% fragment
-cb_gain, short_gain = cb_v.gain, st["mean_latency_short_s"] / co["mean_latency_short_s"]
 ref = results.reference("07_vllm") if (results.reference_dir() / "07_vllm.json").is_file() else None
-ref_rate = ref.frame("batching").set_index("mode").tokens_per_s if ref is not None else None
-print(f"- Reserving up to the model's limit left {max_row.waste_fraction:.0%} of the KV memory empty; blocks left "
-      f"{paged_row.waste_fraction:.1%} (under one block per request), so {paged_row.fit_in_budget / max_row.fit_in_budget:.0f}× "
-      f"as many {BIG_MODEL} requests fit on a {BIG_MODEL_GPU}.")
-said = {verdict.IMPLAUSIBLE: f"came out {cb_gain:.2f}× the static throughput: implausible — rerun ({cb_v.reason}; "
-                             f"{machine.last_line()})",
-        verdict.NOISE: f"gave {cb_gain:.2f}× the static throughput, within noise ({cb_v.reason})"}.get(
-    cb_v.kind, f"gave {cb_gain:.2f}× the static throughput ({cb_v.word()}; its own model allows up to {cb_bound:.1f}×)")
-print(f"- Continuous batching {said} and answered short requests {short_gain:.1f}× "
-      + ("sooner" if short_gain > 1 else "later") + f": static batches made {st['wasted_row_fraction']:.0%} of their rows "
-      f"compute for finished requests, continuous {co['wasted_row_fraction']:.0%}.")
-print("- " + results.beside_reference("continuous ÷ static throughput", cb_gain, ref,
-                                      ref_rate["continuous"] / ref_rate["static"] if ref_rate is not None else None))
-step_x = (st.wall_s / st.decode_steps) / (alone.wall_s / alone.decode_steps)
-print(f"- Static batches of {BATCH} gave {static_v.gain:.2f}× one-at-a-time's throughput ({static_v.word()}"
-      + (f": {static_v.reason}" if not static_v.real else "") + "). "
-      + (f"A static batch waits for its longest answer ({LONG_TOKENS} tokens) while its finished rows keep computing "
-         f"({st['wasted_row_fraction']:.0%} of its rows were waste) and pads every prompt to the longest; a step of "
-         f"{BATCH} rows cost {step_x:.1f}× a one-row step here, so the shared weight reads did not pay for the waste."
-         if static_v.kind == verdict.WORSE else
-         "Sharing each step's weight reads outweighed the rows wasted on finished requests and padding."
-         if static_v.kind == verdict.BETTER else "No lesson from it until the verdict is real."))
-print("- Batching changed no answer: every request got exactly the greedy tokens it gets alone."
-      if all(same.values()) else f"- Some answers differ from the request run alone: {same}; look for the cause.")
-if engine_ok:
-    print(f"- vLLM's engine chose transformers' tokens in every run: {every['same_tokens_as_transformers']}; all at "
-          f"once it gave {vllm_v.gain:.2f}× its one-at-a-time throughput ({vllm_v.word()}). In a pool too small for "
-          f"{BATCH} {squeeze_tokens}-token answers it preempted {squeezed['preemptions_vllm']:.0f} "
-          f"time{'s' * (squeezed['preemptions_vllm'] != 1)}, the replay predicted {squeezed['preemptions_replay']}.")
+found = nb07_findings.takeaways(paged=paged_row, contiguous=max_row, big_model=BIG_MODEL, big_gpu=BIG_MODEL_GPU, static=st,
+                                continuous=co, alone=alone, cb_bound=cb_bound, same=same, batch=BATCH, long_tokens=LONG_TOKENS,
+                                reference=ref, engine={"one": one, "every": every, "squeezed": squeezed,
+                                              "squeeze_tokens": squeeze_tokens} if engine_ok else None)
+findings.record(res, found)
+res.save()
+findings.show(found)
 
 # %% md subslide
 # ## Exercises

@@ -40,7 +40,8 @@ from labkit.model import models, onnx, prompts
 from labkit.decoding import cache_variants, generation, quality
 from labkit.precision import calibration
 from labkit.engines import compiled, fusion, onnxruntime, tensorrt
-from labkit.lessons import exercises, plots
+from labkit.lessons import exercises, findings, plots
+from labkit.lessons.findings import nb08 as nb08_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -180,14 +181,7 @@ big = fusion_table.iloc[-1]
 exercises.reveal(f"fused RMSNorm speedup, {FUSION_ROWS} rows", PREDICT_FUSION_SPEEDUP, big.speedup, "×")
 eager_b, fused_b = traffic(FUSION_ROWS, weight.shape[0], h.element_size())
 
-
-def fusion_verdict(row):
-    """Fused against eager on one shape; a fused kernel cannot beat a plain copy of the same rows."""
-    return verdict.compare(verdict.samples(row, "compiled_us"), verdict.samples(row, "eager_us"), higher_is_better=False,
-                           bound=row.eager_us / row.copy_us, bound_why="a fused kernel cannot beat a plain copy of its rows")
-
-
-fusion_said = {r["input"]: fusion_verdict(r) for _, r in fusion_table.iterrows()}  # rows as Series: they keep samples
+fusion_said = {r["input"]: nb08_findings.fusion_verdict(r) for _, r in fusion_table.iterrows()}  # rows as Series: they keep samples
 v_big = fusion_said[big.input]
 print(f"Eager, fused and a plain copy timed in interleaved rounds (eager drifted {big.drift:.2f}× first to last). "
       f"Fusion cut the (rows, hidden) traffic {eager_b / fused_b:.1f}× and on {FUSION_ROWS} rows ran "
@@ -254,7 +248,7 @@ break_even = tc.build_s / gain_s_per_token if gain_s_per_token > 0 else None
 if tc is None:
     print("no compiled decode step to compare: not compiled here, and no reference of this GPU ships")
 elif tc["where"] == "reference":
-    print(story.sentence())
+    print(findings.compile_sentence(story))
 else:
     print(f"{tc['where']}: inductor fused {tc.ir_nodes_before_fusion:.0f} IR nodes into {tc.generated_kernels:.0f} kernels; "
           f"a {tc.build_s:.0f} s build for {tc.decode_tokens_per_s:.2f} vs {st.decode_tokens_per_s:.2f} tokens/s eager "
@@ -410,27 +404,15 @@ results.show_gpu_references("08_tensorrt", "engines", ["engine", "where", "statu
 # ## Takeaways
 
 # %% fragment
-in_rounds = pd.DataFrame([rows[0]] + ort_rows)  # timed in the same interleaved rounds: comparable with each other
-best = in_rounds.loc[in_rounds.decode_tokens_per_s.idxmax()]
-base = in_rounds.iloc[0]
-best_said = verdict.compare(verdict.samples(best, "decode_tokens_per_s"), verdict.samples(base, "decode_tokens_per_s"))
-lowest = summary.kl.idxmin()
-print(f"- Fusion: RMSNorm's {int(big.eager_ops)} eager kernels became {int(big.fused_kernels)}; on {FUSION_ROWS} rows "
-      f"{v_big.word('faster', 'slower')} ({big.speedup:.2f}×; {v_big.reason}), with outputs equal to "
-      f"{fusion_table.max_abs_diff.max():.1g}.")
-print("- torch.compile: not measured here (no reference of this GPU ships)." if tc is None else
-      f"- {story.sentence()}." if tc["where"] == "reference" else
-      f"- The whole decode step compiled ({tc['where']}): {compile_gain:.2f}× eager after a {tc.build_s:.0f} s build; "
-      + (f"it pays back after {break_even:,.0f} tokens there." if break_even else "no gain to pay the build back."))
-print(f"- ONNX Runtime '{last}' against '{first}': {ort_said.word()} ({ort_gain:.2f}×; {ort_said.reason}), agreement "
-      f"{ort_rows[-1]['agreement']:.3f}: " + ("its rewrites kept the answers." if ort_rows[-1]["agreement"] == 1
-                                               else "its rewrites changed some answers."))
-print(f"- int8 on {cal.layer}: {lowest} disturbed the outputs least (mean KL {summary.kl.min():.2g} nats); "
-      f"clipping at p{PERCENTILE:g} gave {clip:.2f}× absmax's KL.")
-print("- Fastest decode in this run's interleaved rounds: " + (
-    "eager PyTorch itself (dynamic cache): no engine timed beside it beat it." if best.engine == base.engine else
-    f"{best.engine}, {best_said.word()} than eager ({best_said.ratio:.2f}×; {best_said.reason}), agreement "
-    f"{best.agreement:.3f}, KL {best.kl:.2g}."))
+found = nb08_findings.takeaways(fusion=big, fusion_rows=FUSION_ROWS, max_abs_diff=fusion_table.max_abs_diff.max(),
+                                compiled=None if tc is None else {"where": tc["where"], "build_s": tc.build_s, "gain": compile_gain,
+                                                         "break_even": break_even},
+                       story=story if tc is not None and tc["where"] == "reference" else None, levels=(first, last),
+                       ort=(ort_rows[0], ort_rows[-1]), layer=cal.layer, kl_by_method=summary.kl.to_dict(),
+                       percentile=PERCENTILE, clip=clip, rounds=[rows[0]] + ort_rows)  # timed in the same rounds
+findings.record(res, found)
+res.save()
+findings.show(found)
 
 # %% md subslide
 # ## Exercises

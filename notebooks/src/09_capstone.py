@@ -33,7 +33,8 @@ from labkit.model import models
 from labkit.serve import launch, loadgen, paged
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
-from labkit.lessons import plots, report
+from labkit.lessons import findings, plots, report
+from labkit.lessons.findings import nb09 as nb09_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -223,11 +224,9 @@ res.notes.update(before=before_name, after=best_name, after_precision=best_dtype
 table
 
 # %% fragment
-tp = table.set_index("key").loc["request_throughput"]
-lat = table.set_index("key").loc["e2e_mean_s"]
-print(f"{best_name}: {tp['after / before']:.1f}× the requests/s of the baseline, mean latency "
-      f"{lat['before']:.1f} s → {lat['after']:.1f} s, SLO met up to {limits[best_name]} clients "
-      f"(baseline: {limits[before_name]})")
+found = nb09_findings.takeaways(table=table, before=before_name, after=best_name, limits=limits)
+findings.record(res, found)
+findings.show(found)
 
 # %% md slide
 # ## 5 · A report to share

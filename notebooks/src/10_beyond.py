@@ -44,7 +44,8 @@ from labkit.serve import continuous, prefill
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
 from labkit.serve.vllm import mechanisms as vm
-from labkit.lessons import beyond, exercises, plots, report
+from labkit.lessons import beyond, exercises, findings, plots, report
+from labkit.lessons.findings import nb10 as nb10_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -601,30 +602,13 @@ if vllm_ran:
 # %% fragment
 head = beyond.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_rows, kv_name=kv_best.cache,
                        quality_floor=QUALITY_FLOOR)
-res.replace("headline", [head])
+res.replace("headline", [head])  # the figures bench/beyond.py prints
 res.notes["versions"] = env.versions(("optimum-quanto", "hqq", "onnx-ir", "llama-cpp-python"))
+found = nb10_findings.takeaways(head=head, lookup=(copy_row, chat_row), prefix=(off, on), chunked=(unchunked, chunked),
+                                kv=(base, kv_best), quality_floor=QUALITY_FLOOR)
+findings.record(res, found)
 res.save()
-more = lambda x, yes, no: yes if x > 1 else no  # noqa: E731  (the sentence follows the number)
-kv_speed = kv_best.decode_tokens_per_s / base.decode_tokens_per_s
-long_cost = chunked["long_ttft_s"] / unchunked["long_ttft_s"]
-lines = [
-    f"Prompt lookup: {copy_row.tokens_per_forward:.1f} tokens per forward pass on the copying task, decode "
-    f"{copy_row.decode_speedup:.2f}× ({more(copy_row.decode_speedup, 'faster', 'not faster')}); free chat "
-    f"{chat_row.tokens_per_forward:.2f} per pass, {chat_row.decode_speedup:.2f}×. Greedy tokens identical: "
-    f"{head['lookup_identical_to_greedy']}.",
-    f"Prefix cache: median TTFT {ttft_ratio:.2f}× {more(ttft_ratio, 'shorter', 'not shorter')} with "
-    f"{on['hit_rate']:.0%} of prompts hitting; answers identical: {head['prefix_cache_outputs_identical']}.",
-    f"Chunked prefill: the running streams' ITL {tail} {itl_ratio:.1f}× {more(itl_ratio, 'lower', 'not lower')}; the long "
-    f"prompt's own TTFT {long_cost:.1f}× {more(long_cost, 'longer', 'not longer')}; answers identical: "
-    f"{head['chunked_prefill_outputs_identical']}.",
-    f"KV cache ({kv_best.cache}): {kv_best.bytes_ratio:.1f}× fewer bytes, decode steps {kv_speed:.2f}× the speed "
-    f"({more(kv_speed, 'faster', 'slower')}), agreement {kv_best.agreement:.1%}, KL {kv_best.kl:.2e}.",
-    f"CPU engines: the lab's fastest path with agreement ≥ {QUALITY_FLOOR:.0%} is {head['lab_best_engine']} at {head['lab_best_decode_tokens_per_s']:.1f} "
-    "tokens/s" + (f"; llama.cpp Q4_1 decodes {1 / head['lab_best_over_llamacpp_decode']:.2f}× as fast (agreement "
-                  f"{head['llamacpp_agreement']:.1%} vs {head['lab_best_agreement']:.1%})" if "lab_best_over_llamacpp_decode"
-                  in head else f"; llama.cpp: {head['llamacpp_reason'].split(' (')[0]}") + ".",  # the reason's gist
-]
-print("\n".join(f"- {line}" for line in lines))
+findings.show(found)
 
 # %% fragment
 if vllm_ran:

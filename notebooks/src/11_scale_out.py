@@ -46,7 +46,8 @@ from labkit.serve.fleet import capacity
 from labkit.serve.fleet import router
 from labkit.serve.fleet import routing
 from labkit.serve.vllm import server as vllm_server
-from labkit.lessons import cost, exercises, plots, report, scale_out
+from labkit.lessons import cost, exercises, findings, plots, report, scale_out
+from labkit.lessons.findings import nb11 as nb11_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -405,24 +406,15 @@ for what, start in {
 # %% fragment
 head = scale_out.headline(res.section("policies"), cmp["runs"], found, chosen.to_dict() | {"name": chosen.name},
                           {"all_identical": all(s["all_identical"] for s in same.values())})
-res.replace("summary", [{"finding": "TTFT p50, cache-aware / round-robin", "value": head["ttft_p50_ratio_ca_over_rr"],
-                         **{k: v for k, v in head.items() if k != "ttft_p50_ratio_ca_over_rr"}}])
+found_11 = nb11_findings.takeaways(head=head, capacity_reason=found["reason"],
+                                   arithmetic=need["arithmetic"] if knee_rps is not None else None,
+                                   chosen=chosen.to_dict() | {"name": chosen.name}, tokens_per_s=at_knee.output_tokens_per_s,
+                                   answered=answered, requests=len(fault))
+findings.record(res, found_11)
 res.notes["versions"] = env.versions(("smg",))
 res.save()
 fleet.close()  # every replica and router stops here
-word = {"better": "lower", "worse": "higher"}.get(head["ttft_verdict"], head["ttft_verdict"])
-lines = [
-    f"Cache-aware routing: {head['cache_aware_hit_rate']:.0%} of requests reused a replica's cached prefix "
-    f"({head['cache_aware_token_hit_rate']:.0%} of prompt positions) against round-robin's {head['round_robin_hit_rate']:.0%} "
-    f"({head['round_robin_token_hit_rate']:.0%}); TTFT p50 {head['ttft_p50_ratio_ca_over_rr']:.2f}× round-robin's "
-    f"({word} over {head['rounds']} rounds). Answers identical to one server's: {head['answers_identical_to_one_server']}.",
-    f"Capacity: {found['reason']}" + (f"; {need['arithmetic']}." if knee_rps is not None else "."),
-    f"Cost: ${chosen.usd_per_million_tokens:.2f} per million output tokens at {chosen.name}'s price, from this run's "
-    f"{at_knee.output_tokens_per_s:.1f} tokens/s.",
-    f"Faults: a replica killed mid-run left {answered} of {len(fault)} requests answered and the rest counted; the "
-    "router refused a bad configuration and both ports in use, each in one line.",
-]
-print("\n".join(f"- {line}" for line in lines))
+findings.show(found_11)
 
 # %% md fragment
 # - Where the router sends a request decides whether its prefix is already in a replica's cache: the hit

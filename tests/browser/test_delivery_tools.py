@@ -303,33 +303,30 @@ def test_the_kernels_own_stderr_goes_to_its_log(tmp_path: Path, capfd: pytest.Ca
     assert any("cell stderr" in o.get("text", "") for o in executed.cells[0].outputs)
 
 
-def test_headline_is_the_summary_sections_first_row_else_a_result_column() -> None:
+def test_headline_is_what_the_notebook_recorded_never_a_guess() -> None:
     from labkit.core import results
+    from labkit.lessons import findings
 
     res = results.Results("05_demo")
-    res.add("kv_bytes", layers=30, ratio=1.0)
-    res.replace("summary", [{"finding": "cache on vs off (speedup ×)", "value": 3.2}, {"finding": "x", "value": 1}])
-    assert run_notebooks.headline(res) == {"label": "cache on vs off (speedup ×)", "value": 3.2, "source": "summary"}
-
-    res = results.Results("01_demo")
-    res.add("bandwidth", method="copy", n=5, gbs=12.5)
-    assert run_notebooks.headline(res)["label"] == "bandwidth: gbs (method=copy)"
-    assert run_notebooks.headline(res)["value"] == 12.5 and "no summary section" in run_notebooks.headline(res)["source"]
-    res.add("serving", duration_s=18.0)  # "ratio" in "duration" is no ratio
-    res.add("decode", batch=1, ceiling_tokens_per_s=20.0, ratio=0.4)
-    assert run_notebooks.headline(res)["label"] == "decode: ratio", "a ratio leads over a bandwidth, in any section"
-    res = results.Results("04_demo")
-    res.add("phases", phase="import")
-    res.add("requests", request=1, latency_s=1.5)
-    assert run_notebooks.headline(res)["value"] == 1, "else the first number of the first section holding one"
-    assert run_notebooks.headline(results.Results("00_demo")) is None
+    res.add("kv_bytes", layers=30, ratio=1.0, speedup=9.0)  # result-like columns: never read as a headline
+    assert run_notebooks.headline(res) is None, "no headline recorded: none shown"
+    findings.record(res, findings.Findings(rows=[{"finding": "text only", "value": None},
+                                                 {"finding": "cache on vs off (speedup ×)", "value": 3.2,
+                                                  "verdict": "better"}], sentences=[]))
+    assert run_notebooks.headline(res) == {"label": "cache on vs off (speedup ×)", "value": 3.2, "verdict": "better"}
+    assert res.section("summary")[1]["value"] == 3.2
+    reloaded = results.Results.from_dict(res.to_dict())  # what the runner reads back from results/<name>.json
+    assert run_notebooks.headline(reloaded)["value"] == 3.2
+    with pytest.raises(ValueError, match="no finding holds a number"):
+        findings.record(res, findings.Findings(rows=[{"finding": "text", "value": None}], sentences=[]))
 
 
 def test_summary_page_opens_with_the_short_table(two_notebooks) -> None:
     nbs, build = two_notebooks
     _notebook(nbs / "12_sum.ipynb", [
         "from labkit.core import results\nres = results.Results('12_sum')\nres.add('sweep', batch=8, tokens_per_s=40.0)",
-        "res.replace('summary', [{'finding': 'batch 8 vs 1 (throughput ×)', 'value': 5.4321}])\nres.save()"])
+        "from labkit.lessons import findings\nfindings.record(res, findings.Findings(rows=[{'finding': 'batch 8 vs 1 "
+        "(throughput ×)', 'value': 5.4321, 'verdict': 'better'}], sentences=[]))\nres.save()"])
     run_notebooks.main(["--notebooks-dir", str(nbs), "--build-dir", str(build), "--timeout", "120", "--only", "11", "12"])
     page = (build / "summary.html").read_text(encoding="utf-8")
     short = page.index("<table class='short'>")
@@ -337,10 +334,10 @@ def test_summary_page_opens_with_the_short_table(two_notebooks) -> None:
     assert page[:short].count("<table") == 0, "nothing tabular before the short table"
     rows = page[short:page.index("</table>", short)].split("<tr>")[2:]
     assert [r[r.index("#") + 1:r.index("'>")] for r in rows] == ["11_ok", "12_sum"]
-    fallback, summary = rows
+    unrecorded, summary = rows
     assert "<td class='ok'>ok</td>" in summary and ">5.432<" in summary and "batch 8 vs 1 (throughput ×)" in summary
-    assert ">123.5<" in fallback and "speed: tokens_per_s" in fallback and "no summary section" in fallback
-    assert "* marks a notebook without one" in page and "speedup, gain, ratio" in page
+    assert "(better)" in summary, "the headline's verdict beside it"
+    assert "no number saved" in unrecorded and "123.5" not in unrecorded, "a column is never guessed as the headline"
 
 
 # ------------------------------------------------------------------------------------ the class page's plots

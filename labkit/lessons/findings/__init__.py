@@ -1,0 +1,63 @@
+"""Takeaways: each notebook's closing sentences, chosen from that notebook's own results, never typed ahead of the run.
+
+One module per notebook (as ``labkit.lessons.exercises`` has), each with ``takeaways(...)`` turning that notebook's
+measurements into a ``Findings``: ``rows`` (``{"finding": text, "value": number}``, the first one the notebook's
+headline) and the ``sentences`` they choose. The words for a difference and its doubts come from
+``labkit.core.verdict`` (``phrase``, ``than``, ``Verdict.word``), never from here.
+
+``record(res, found)`` writes the rows as the results' ``summary`` section and the headline into its notes, where
+``tools/run_notebooks.py`` reads it; ``show(found)`` prints the sentences.
+
+``nb00``  the first chat on this machine           ``nb06``  batching: static, padding, the server, arrivals
+``nb01``  sizing, bandwidth, roofline, decode gap  ``nb07``  paged KV, continuous batching, vLLM's engine
+``nb02``  fp16/bf16: speed beside quality          ``nb08``  fusion, compile, ONNX Runtime, calibration
+``nb03``  int8/int4: bytes, speed, agreement       ``nb09``  the capstone's before and after
+``nb04``  warmup: cold start, compile pay-back     ``nb10``  lookup, prefix cache, chunked prefill, KV, engines
+``nb05``  the KV cache                             ``nb11``  routing, capacity, cost, faults
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SUMMARY = "summary"  # the results section holding a notebook's findings rows
+HEADLINE = "headline"  # the results note holding the first row: {"label", "value"} (and "verdict" where judged)
+
+
+@dataclass
+class Findings:
+    """A notebook's takeaways: the numbers (``rows``; the first is the headline) and the sentences they choose."""
+
+    rows: list[dict[str, Any]]
+    sentences: list[str]
+
+    @property
+    def headline(self) -> dict[str, Any]:
+        """The first row with a number, as ``{"label", "value"}`` (plus its ``verdict`` where one judged it)."""
+        row = next((r for r in self.rows if isinstance(r.get("value"), (int, float))
+                    and not isinstance(r.get("value"), bool)), None)
+        if row is None:
+            raise ValueError("no finding holds a number: a notebook's headline is the first row with a value")
+        return {"label": row["finding"], "value": row["value"], **({"verdict": row["verdict"]} if "verdict" in row else {})}
+
+
+def record(res: Any, found: Findings) -> None:
+    """Write ``found`` into ``res``: its rows as the ``summary`` section, its headline into the notes."""
+    res.replace(SUMMARY, found.rows)
+    res.notes[HEADLINE] = found.headline
+
+
+def compile_sentence(story: Any) -> str:
+    """torch.compile of the decode step against eager (a ``cache_variants.CompileStory``), with its pay-back: the
+    sentence notebooks 04, 05 and 08 print where the compile ran here or ships as a reference."""
+    pay = (f"pays back after {story.break_even_tokens:,.0f} tokens" if story.break_even_tokens is not None
+           else "never pays back (the compiled decode was not faster)")
+    return (f"torch.compile of the decode step ({story.where}: {story.provenance}): {story.gain:.2f}× eager's decode "
+            f"tokens/s, both with a static cache ({story.compiled_tokens_per_s:.1f} vs {story.eager_tokens_per_s:.1f}); "
+            f"its first {story.new_tokens}-token call took {story.compiled_first_s:.1f} s against "
+            f"{story.eager_first_s:.1f} s eager, so it {pay}")
+
+
+def show(found: Findings) -> None:
+    """Print the sentences, one bullet each."""
+    print("\n".join("- " + s for s in found.sentences))

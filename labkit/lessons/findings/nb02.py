@@ -1,0 +1,70 @@
+"""Notebook 02's takeaways: fp16 and bf16 against fp32, each speed beside its bound and its cost in quality, and
+what the formats do to single numbers and to a long sum.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...core import verdict
+from . import Findings
+
+
+def takeaways(*, rows: Sequence[Mapping[str, Any]], matmul_s: Mapping[str, Mapping[str, float]], half_reason: str | None,
+              mantissa_bits: Mapping[str, int], rounded: Mapping[str, Sequence[float]], sums: Mapping[str, float],
+              accumulation: tuple[float, float, int]) -> Findings:
+    """``rows``: the variant rows (``rounds.run``; fp32 among them), with ``samples``; ``matmul_s``: per variant,
+    the median seconds of the ``prefill`` and ``decode`` matmul shapes; ``half_reason``: why this device has no fast
+    half-precision matmul ('' or None when it has); ``mantissa_bits`` by torch dtype name; ``rounded``: fp16 and
+    bf16 → [70000, …, 1 + 1/1024 at index 3] after rounding; ``sums``: dtype → the running total;
+    ``accumulation``: (start, step, steps) of that sum. The first row is the first half-precision variant's
+    decode speed over fp32's: the headline."""
+    ok = {r["variant"]: r for r in rows if r.get("status", "ok") == "ok"}
+    if "fp32" not in ok:
+        raise ValueError("notebook 02's takeaways compare with fp32: its row did not run")
+    start, step, steps = accumulation
+    formats = [f"70000 became {rounded['fp16'][0]:g} in fp16 and {rounded['bf16'][0]:g} in bf16; 1 + 1/1024 became "
+               f"{rounded['fp16'][3]:.6f} in fp16 and {rounded['bf16'][3]:.6f} in bf16.",
+               f"Adding {step:g} to {start:g} {steps:,} times ended at "
+               + ", ".join(f"{total:.4f} in {d}" for d, total in sums.items()) + f" (exact: {start + step * steps:g}).",
+               ]
+    rows_out, speed = [], []
+    for v in (v for v in ok if v != "fp32"):
+        d = decode_verdict(ok[v], ok["fp32"], matmul_s[v]["decode"] / matmul_s["fp32"]["decode"])
+        rows_out.append({"finding": f"{v} decode tokens/s / fp32's", "value": d.ratio, "verdict": d.kind})
+        speed.append(_variant_sentence(v, ok[v], ok["fp32"], d, matmul_s, half_reason))
+    if {"fp16", "bf16"} <= set(ok):
+        closer = "fp16" if ok["fp16"]["kl"] < ok["bf16"]["kl"] else "bf16"
+        why = (f"bf16 keeps {mantissa_bits['bfloat16']} mantissa bits to fp16's {mantissa_bits['float16']}"
+               if closer == "fp16" else "fp16's three extra mantissa bits did not make it the closer one in this run")
+        speed.append(f"{closer} stayed closer to fp32 (KL fp16 {ok['fp16']['kl']:.2g}, bf16 {ok['bf16']['kl']:.2g} nats); "
+                     f"{why}.")
+    rows_out += [{"finding": s, "value": None} for s in speed[len(rows_out):] + formats]
+    return Findings(rows=rows_out, sentences=formats + speed)
+
+
+def decode_verdict(row: Mapping[str, Any], fp32: Mapping[str, Any], step_x: float) -> verdict.Verdict:
+    """A half-precision row's decode speed against fp32's. Memory-bound decode gains at most the bytes it no longer
+    reads, unless its matmul itself got faster (``step_x``: its decode-like matmul's time over fp32's)."""
+    byte_x = fp32["weight_bytes"] / row["weight_bytes"]
+    return verdict.compare(verdict.samples(row, "decode_tokens_per_s"), verdict.samples(fp32, "decode_tokens_per_s"),
+                           bound=max(byte_x, 1 / step_x),
+                           bound_why=f"{byte_x:.2f}× fewer weight bytes, decode-like matmul {1 / step_x:.2f}× fp32's speed")
+
+
+def _variant_sentence(v: str, r: Mapping[str, Any], fp32: Mapping[str, Any], d: verdict.Verdict,
+                      matmul_s: Mapping[str, Mapping[str, float]], half_reason: str | None) -> str:
+    """One variant's bytes, decode verdict, TTFT, matmul shapes and quality, with the reason its decode moved."""
+    pre = matmul_s[v]["prefill"] / matmul_s["fp32"]["prefill"]
+    step = matmul_s[v]["decode"] / matmul_s["fp32"]["decode"]
+    ttft = verdict.compare(verdict.samples(r, "ttft_s"), verdict.samples(fp32, "ttft_s"), higher_is_better=False)
+    why = {verdict.BETTER: ("Reading half the bytes paid off in decode here" + (
+               f", and the decode-like matmul itself ran {1 / step:.2f}× fp32's speed." if step < 1 else ".")),
+           verdict.WORSE: ("Half the bytes did not make decode faster here: " + (
+               f"{half_reason}." if half_reason and step >= 1 else
+               f"the decode-like matmul ran {1 / step:.2f}× fp32's speed, so the rest of each step (conversions, "
+               "small operators) lost more than the weights gained."))}.get(d.kind, "")
+    return (f"{v}: weights {r['weight_bytes'] / fp32['weight_bytes']:.2f}× fp32's bytes; decode "
+            + verdict.phrase(d, "fp32's speed") + f", TTFT {r['ttft_s'] / fp32['ttft_s']:.2f}× fp32's "
+            f"({ttft.word('shorter', 'longer')}); the decode-like matmul took {step:.2f}× fp32's time, the prefill-like "
+            f"one {pre:.2f}×." + (f" {why}" if why else "") + f" Quality: agreement {r['agreement']:.3f}, KL {r['kl']:.2g} nats against fp32.")

@@ -1,0 +1,148 @@
+"""Notebook 03's takeaways: per-tensor against per-channel scales, the libraries against the hand-written quantiser,
+int8's speed against its bytes bound, why ONNX Runtime's int8 costs perplexity, and the published claims.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ...core import verdict
+from ...core.verdict import Verdict
+from . import Findings
+
+
+def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], layer_error: dict[str, float],
+                 claims: Any, layers: Any = None) -> Findings:
+    """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``table``: variant rows indexed by name (status, weight_bytes, decode_tokens_per_s, agreement, kl);
+    ``hand``: the hand-written layer table (bytes, output_error by form); ``agree``: ``library_agreement``;
+    ``routes``: bitsandbytes kernel per kind; ``layer_error``: worst ONNX Runtime layer error by form;
+    ``claims``: the claims table; ``layers``: ONNX Runtime's error per probed layer (layer, form, relative_error).
+    Speeds are judged by ``verdict.compare``: int8 decode gains at most fp32's bytes over its own (memory-bound),
+    times what ONNX Runtime's fp32 engine gains over PyTorch's for the ``ort-`` rows."""
+    rows: list[dict[str, Any]] = []
+    says: list[str] = []
+    ratio = hand.output_error["per-tensor"] / hand.output_error["per-channel"]
+    rows.append({"finding": "per-tensor / per-channel output error, hand-written", "value": ratio})
+    says.append(f"On one real layer, one scale per tensor gave {ratio:.1f}× the output error of one scale per row "
+                f"({hand.output_error['per-tensor']:.2%} vs {hand.output_error['per-channel']:.2%}); NF4 gave "
+                f"{hand.output_error['nf4']:.2%} in {hand.fraction_of_fp32['nf4']:.1%} of fp32's bytes "
+                f"(int8: {hand.fraction_of_fp32['per-channel']:.1%}).")
+    if "equal_values" in agree:
+        full = agree.dropna(subset=["equal_values"])
+        parts = []
+        for r in full.itertuples():
+            same = "identical" if r.equal_values == r.values else f"{r.equal_values / r.values:.4%} equal"
+            parts.append(f"{r.library}: {same} values, {'the same' if r.our_bytes == r.their_bytes else 'other'} bytes")
+        says.append("The libraries against the hand-written quantiser — " + "; ".join(parts) + ".")
+    base = table.loc["fp32"]
+    ok = table[table.status == "ok"]
+    for v in ("bnb-int8", "bnb-nf4", "ort-int8-channel"):
+        if v in ok.index:
+            frac = ok.weight_bytes[v] / base.weight_bytes
+            rows.append({"finding": f"{v} weight bytes / fp32", "value": frac})
+    int8 = ok[ok.index.isin(INT8_VARIANTS)]
+    if len(int8):
+        fast, label = fastest_int8(table)
+        v = int8_verdict(table, fast)
+        rows.insert(0, {"finding": label, "value": v.gain, "verdict": v.kind})
+        said = "decoded " + verdict.phrase(v, "fp32's speed", "faster than fp32", "slower than fp32")
+        where = _devices_said(table, fast)
+        says.append(f"The fastest int8 variant here{where}, {fast}, {said}, with {int8.agreement[fast]:.0%} greedy "
+                    f"agreement and KL {int8.kl[fast]:.3g}; the most faithful int8, {int8.agreement.idxmax()}, agreed "
+                    f"on {int8.agreement.max():.0%}.")
+    loses = _where_int8_loses(table, hand, layers)
+    if loses:
+        says.append(loses)
+    for kind, route in routes.items():
+        says.append(f"bitsandbytes {kind} on this machine: {route}.")
+    if layer_error:
+        lo = min(layer_error, key=layer_error.get)
+        says.append(f"In ONNX Runtime's kernel the lowest worst-layer error came from {lo} "
+                    f"({layer_error[lo]:.3f}, against {', '.join(f'{k} {v:.3f}' for k, v in layer_error.items() if k != lo)}).")
+    if "memory_holds" in claims:
+        held = claims.dropna(subset=["memory_holds"])
+        both = held[held.memory_holds.astype(bool) & held.accuracy_holds.astype(bool)]
+        says.append(f"Of {len(held)} published claims measured here, {len(both)} held on both memory and accuracy"
+                    + (f" ({', '.join(both.variant)})" if len(both) else "") + ".")
+    return Findings(rows=rows, sentences=says)
+
+
+INT8_VARIANTS = ("bnb-int8", "ort-int8-tensor", "ort-int8-channel")
+
+
+def _device_kind(device: Any) -> str:
+    """'cuda' for 'cuda', 'cuda:0'; 'cpu' for 'cpu': rows of one run on one GPU compare by kind."""
+    return str(device).split(":")[0]
+
+
+def _devices(table: Any, variant: str) -> tuple[str, str]:
+    """(variant's device, fp32's device); ('', '') where the table records no devices."""
+    if "device" not in table:
+        return "", ""
+    return str(table.device[variant]), str(table.device["fp32"])
+
+
+def fastest_int8(table: Any) -> tuple[str | None, str]:
+    """The fastest int8 row that ran on fp32's device, and a label saying what it is compared with.
+
+    On a GPU, ONNX Runtime's dynamic int8 runs on the CPU provider while fp32 runs on the GPU: a speed ratio
+    across devices is no int8 gain. Only where no int8 row ran on fp32's device is another device's row chosen,
+    and then the label names both devices. (None, '') when no int8 row ran."""
+    ok = table[(table.status == "ok") & table.index.isin(INT8_VARIANTS)]
+    if not len(ok):
+        return None, ""
+    if "device" not in table:
+        return ok.decode_tokens_per_s.idxmax(), f"fastest int8 ({ok.decode_tokens_per_s.idxmax()}) decode / fp32"
+    base = _device_kind(table.device["fp32"])
+    same = ok[ok.device.map(_device_kind) == base]
+    fast = (same if len(same) else ok).decode_tokens_per_s.idxmax()
+    dev, base_dev = _devices(table, fast)
+    if len(same):
+        return fast, f"fastest int8 on {base} ({fast}) decode / fp32 on {base}"
+    return fast, f"fastest int8 ({fast}, on {dev}) decode / fp32 (on {base_dev}): different devices"
+
+
+def _devices_said(table: Any, variant: str) -> str:
+    """' on cuda' when ``variant`` ran where fp32 did; ' (on cpu, fp32 on cuda: different devices)' otherwise."""
+    dev, base_dev = _devices(table, variant)
+    if not dev:
+        return ""
+    if _device_kind(dev) == _device_kind(base_dev):
+        return f" on {_device_kind(dev)}"
+    return f" (on {dev}; fp32 ran on {base_dev}: different devices, so no int8 gain can be read from it)"
+
+
+def int8_verdict(table: Any, variant: str) -> Verdict:
+    """``variant``'s decode speed against fp32's, bounded by the bytes it no longer reads (and ONNX Runtime's
+    own fp32 gain for an ``ort-`` row: the engine, not int8, may be the faster part)."""
+    base, row = table.loc["fp32"], table.loc[variant]
+    byte_x = base.weight_bytes / row.weight_bytes
+    engine = 1.0
+    if variant.startswith("ort-") and "ort-fp32" in table.index and table.status["ort-fp32"] == "ok":
+        engine = max(1.0, table.decode_tokens_per_s["ort-fp32"] / base.decode_tokens_per_s)
+    return verdict.compare(verdict.samples(row, "decode_tokens_per_s"), verdict.samples(base, "decode_tokens_per_s"),
+                           bound=byte_x * engine,
+                           bound_why=f"fp32 reads {byte_x:.2f}× its weight bytes"
+                                     + (f", ONNX Runtime fp32 ran {engine:.2f}× PyTorch" if engine > 1 else ""))
+
+
+def _where_int8_loses(table: Any, hand: Any, layers: Any) -> str:
+    """Why ONNX Runtime's int8 costs more perplexity than weight-only int8, read from the per-layer errors."""
+    ok = table[table.status == "ok"]
+    ort = [v for v in ("ort-int8-channel", "ort-int8-tensor") if v in ok.index]
+    if layers is None or not len(layers) or not ort or "fp32" not in ok.index:
+        return ""
+    v = ort[0]
+    rise = ok.perplexity[v] / ok.perplexity["fp32"] - 1
+    worst = layers.loc[layers.relative_error.idxmax()]
+    weight_only = hand.output_error["per-channel"]
+    compare = ""
+    if "bnb-int8" in ok.index:
+        compare = f" (bitsandbytes int8, weights only with fp16 outliers: {ok.perplexity['bnb-int8'] / ok.perplexity['fp32'] - 1:+.1%})"
+    return (f"Why ONNX Runtime int8 costs perplexity: {v} raised it {rise:+.1%}{compare}. Its kernel also quantises "
+            f"each layer's activations to uint8 with one scale per call; on the probed layers its output error reached "
+            f"{worst.relative_error:.3f} (layer {worst.layer}, {worst.form}), {worst.relative_error / weight_only:.1f}× the "
+            f"{weight_only:.3f} of weights-only per-channel int8 on layer 0 by hand, and every layer adds its error to the "
+            "next one's input.")
+

@@ -1,0 +1,68 @@
+"""Notebook 04's takeaways: the cold start's phases, what the first request costs, the warmup loop and
+torch.compile's pay-back.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ...engines.warmup import GROWTH_SOURCES, NOISE_SHARE, ColdStart
+from . import Findings
+
+
+def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_share: float,
+             memory_growth: dict[str, int | None], weight_bytes: int, loop_warmup_calls: int | None, loop_calls: int,
+             summary: Any, compile_rows: Any) -> Findings:
+    """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
+
+    ``memory_growth``: what the first request added, by source (``warmup.first_request_growth``: the RSS on a
+    CPU, the CUDA allocator and NVML on a GPU, where the weights live).
+
+    ``summary``: rows indexed by series ('cold', 'warmed') with first_s, median_s and agreement;
+    ``compile_rows``: the compile table (target, where, break_even_calls, and max_abs_diff / agreement where known);
+    a row with ``tokens_per_call`` (a whole model's requests) pays back in tokens, the unit notebooks 05 and 08 use."""
+    phases = {k: v for k, v in cold.phases().items() if v is not None and k != "second_request_s"}
+    largest = max(phases, key=phases.get)
+    before = sum(v for k, v in phases.items() if k != "first_request_s")
+    ratio = cold.first_request_s / steady_s
+    rows = [{"finding": "first request / steady, cold process", "value": ratio},
+            {"finding": "one-time share of the first request", "value": one_time_share},
+            {"finding": f"largest phase ({largest.removesuffix('_s')}), seconds", "value": phases[largest]}]
+    measured = {src: b for src, b in memory_growth.items() if b is not None}
+    rows += [{"finding": f"{src} growth of the first request / weight bytes", "value": b / weight_bytes}
+             for src, b in measured.items()]
+    grew = ("; ".join(f"{GROWTH_SOURCES[src]} grew by {b / 2**20:.0f} MiB, {b / weight_bytes:.2f}× the weights"
+                      for src, b in measured.items()) or
+            "no memory source could be read here: " + ", ".join(memory_growth))
+    says = [f"The largest phase of this cold start was {largest.removesuffix('_s').replace('_', ' ')} "
+            f"({phases[largest]:.2f} s); {before:.2f} s passed before the first request.",
+            (f"The first request took {ratio:.1f}× a steady one ({cold.first_request_s * 1e3:.0f} vs "
+             f"{steady_s * 1e3:.0f} ms): {one_time_share:.0%} of it was one-time cost." if one_time_share > NOISE_SHARE else
+             f"The first request was no slower than a steady one ({cold.first_request_s * 1e3:.0f} vs "
+             f"{steady_s * 1e3:.0f} ms): no one-time cost showed above this run's noise.")
+            + f" During it {grew}."]
+    if loop_warmup_calls is None:
+        says.append(f"The warmup loop written here did not settle within {loop_calls} calls.")
+    else:
+        says.append(f"The warmup loop written here settled after {loop_warmup_calls} warmup call(s) "
+                    f"({loop_calls} calls with the steady window).")
+    c, w = summary.loc["cold"], summary.loc["warmed"]
+    gain = c.first_s / w.first_s
+    rows.append({"finding": "request 1, cold / after warmup", "value": gain})
+    word = "faster" if gain > 1.05 else "slower" if gain < 0.95 else "about as fast"
+    same = "identical answers" if min(c.agreement, w.agreement) == 1 else \
+        f"greedy agreement down to {min(c.agreement, w.agreement):.0%}"
+    says.append(f"After a warmup, request 1 was {word} ({w.first_s * 1e3:.0f} ms vs {c.first_s * 1e3:.0f} ms cold), with "
+                f"{same} against the cold process's first answer.")
+    if warmed.warmup is not None:
+        rep = warmed.warmup
+        says.append("labkit's warmup in the second process " + (f"settled after {rep.warmup_calls} call(s)."
+                    if rep.settled else f"did not settle within {rep.calls} calls."))
+    for r in compile_rows.to_dict("records"):
+        be, per_call = r.get("break_even_calls"), r.get("tokens_per_call")
+        pay = ("never pays back (compiled calls were not faster)" if be is None or be != be else
+               f"pays back after {be * per_call:,.0f} tokens" if per_call and per_call == per_call else
+               f"pays back after {be:,.0f} calls")
+        says.append(f"torch.compile, {r['target']} ({r['where']}): first call {r['compiled_first_s']:.2f} s vs "
+                    f"{r['eager_first_s']:.3f} s eager; {pay}.")
+    return Findings(rows=rows, sentences=says)
+

@@ -1,0 +1,330 @@
+"""labkit.lessons.findings, notebook by notebook: each notebook's takeaways on recorded numbers (a shipped reference
+run where one exists, else numbers a run printed), each judged once as real, once within noise and, where the
+notebook bounds a gain, once implausible; the verdict's words come only from core/verdict.py; every notebook
+records its headline."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from labkit.core import results, verdict
+from labkit.lessons import findings
+from labkit.lessons.findings import nb00, nb01, nb02, nb07, nb08, nb09, nb10, nb11
+
+ROOT = Path(__file__).resolve().parents[1]
+IMPLAUSIBLE, NOISE = "implausible — rerun", "within noise"
+
+
+def _text(found: findings.Findings) -> str:
+    return " ".join(found.sentences)
+
+
+def _spread(x: float, rel: float = 0.02) -> list[float]:
+    """Three samples scattered ±rel around x."""
+    return [x * (1 - rel), x, x * (1 + rel)]
+
+
+# ------------------------------------------------------------------------------------------ the verdict's words
+
+
+def test_phrase_and_than_say_what_the_verdict_allows():
+    real = verdict.compare(_spread(20.0), _spread(10.0))
+    assert verdict.phrase(real, "fp32's speed") == "2.00× fp32's speed (faster)"
+    assert verdict.than(real) == "faster than"
+    noise = verdict.compare([9.0, 10.0, 11.0], [9.5, 10.0, 10.5])
+    assert verdict.phrase(noise, "fp32's speed") == "1.00× fp32's speed, within noise (the p10–p90 ranges overlap)"
+    assert verdict.than(noise) == "within noise of" and "faster" not in verdict.phrase(noise, "x")
+    wild = verdict.compare(_spread(50.0), _spread(10.0), bound=2.0, bound_why="half the bytes")
+    said = verdict.phrase(wild, "fp32's speed")
+    assert said.startswith("5.00× fp32's speed: implausible — rerun (5.00× beats its bound 2.00× (half the bytes);")
+    assert "(rerun)" in verdict.than(wild) and verdict.phrase(real, "") == "2.00× (faster)"
+
+
+def _strings(tree: ast.AST) -> list[str]:
+    """Every string constant of a module except docstrings (f-strings included, piece by piece)."""
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs]
+
+
+def test_only_core_verdict_writes_within_noise_and_implausible():
+    """The words a learner must never see on a real difference are written in one place: core/verdict.py."""
+    words = re.compile(r"implausib|within noise|beyond noise", re.IGNORECASE)
+    sources = [p for p in (ROOT / "labkit").rglob("*.py") if p != ROOT / "labkit" / "core" / "verdict.py"]
+    sources += sorted((ROOT / "notebooks" / "src").glob("*.py"))
+    offenders = [f"{p.relative_to(ROOT)}: {s!r}" for p in sources
+                 for s in _strings(ast.parse(p.read_text(encoding="utf-8"))) if words.search(s)]
+    assert offenders == []
+    assert words.search((ROOT / "labkit" / "core" / "verdict.py").read_text()), "the words live in core/verdict.py"
+
+
+def test_every_notebook_records_its_takeaways_and_headline():
+    for src in sorted((ROOT / "notebooks" / "src").glob("*.py")):
+        text = src.read_text(encoding="utf-8")
+        nb = src.name[:2]
+        assert f"from labkit.lessons.findings import nb{nb}" in text, src.name
+        assert f"nb{nb}_findings.takeaways(" in text and "findings.record(res, " in text and "findings.show(" in text, src.name
+        assert (ROOT / "labkit" / "lessons" / "findings" / f"nb{nb}.py").is_file()
+        assert not re.search(r"^more = lambda", text, re.MULTILINE), "a ratio above 1 is not 'faster' by itself"
+
+
+def test_headline_is_the_first_row_with_a_number():
+    found = findings.Findings(rows=[{"finding": "a sentence", "value": None}, {"finding": "x (×)", "value": True},
+                                    {"finding": "gain (×)", "value": 2.5, "verdict": "better"}], sentences=["s"])
+    assert found.headline == {"label": "gain (×)", "value": 2.5, "verdict": "better"}
+    res = results.Results("99_demo")
+    findings.record(res, found)
+    assert res.notes["headline"]["value"] == 2.5 and [r["finding"] for r in res.section("summary")][0] == "a sentence"
+
+
+# ------------------------------------------------------------------------------------------------- notebook 00
+
+
+def _chat(ttft: float, tps: float) -> dict:
+    return {"call": "x", "ttft_s": ttft, "tpot_s": 1 / tps, "decode_tokens_per_s": tps, "n_out": 32}
+
+
+def test_nb00_second_chat_is_the_headline_and_one_call_each_is_said():
+    found = nb00.takeaways(model="SmolLM2-135M-Instruct", device="cpu", load_s=1.4, param_bytes=538_000_000,
+                           predicted_bytes=538_000_000, first=_chat(0.61, 18.0), second=_chat(0.09, 24.5),
+                           same_answer=True)
+    assert found.headline == {"label": "decode tokens/s, second chat (cpu)", "value": 24.5}
+    text = _text(found)
+    assert "24.5 tokens/s" in text and "610 ms" in text and "6.8×: one call each" in text and "1.000×" in text
+    assert "same answer" in text
+    assert "look for the cause" in _text(nb00.takeaways(model="m", device="cpu", load_s=1, param_bytes=1,
+                                                        predicted_bytes=1, first=_chat(1, 1), second=_chat(1, 1),
+                                                        same_answer=False))
+
+
+# ------------------------------------------------------------------------------------------------- notebook 01
+
+
+def _nb01(first_tps: list[float], last_tps: list[float]):
+    first = {"batch": 1, "aggregate_tokens_per_s": first_tps[1], "overhead_ms_per_token": 21.0,
+             "samples": {"aggregate_tokens_per_s": first_tps}}
+    last = {"batch": 8, "aggregate_tokens_per_s": last_tps[1], "overhead_ms_per_token": 3.1,
+            "samples": {"aggregate_tokens_per_s": last_tps}}
+    return nb01.takeaways(weights_mib={"fp32": 513.0, "fp16": 257.0, "nf4": 81.0}, model="SmolLM2-135M",
+                          big={"model": "Llama-3.1-8B", "context": 131072, "batch": 8, "kv_gib": 128.0, "weight_gib": 15.0},
+                          device="cpu", gbs=14.2, peak_gflops=310.0, ridge=21.8,
+                          decode={"intensity": 0.5, "bound": "memory-bound", "of_roof": 0.41},
+                          prefill={"intensity": 120.0, "bound": "compute-bound", "gflops": 190.0, "of_roof": 0.61},
+                          prefill_tokens=256, ceiling={"measured_tokens_per_s": 11.3, "ceiling_tokens_per_s": 27.0,
+                                                       "ratio": 0.42},
+                          operators=410, linear=211, gap={"bytes_share": 0.42, "bound": "memory"}, first=first, last=last)
+
+
+def test_nb01_batching_sentence_follows_its_verdict():
+    real = _nb01(_spread(12.0), _spread(60.0))  # recorded quiet run: batch 8 gave 5× batch 1
+    assert real.headline["label"] == "measured decode / its bandwidth ceiling, batch 1" and real.headline["value"] == 0.42
+    text = _text(real)
+    assert "rose 5.00× (at most 8×)" in text and "(shared by more sequences)" in text
+    assert "44× below the ridge: memory-bound" in text and "Weights: 513 MiB in fp32" in text
+    noise = _text(_nb01([11.0, 12.0, 13.0], [11.5, 12.1, 12.9]))
+    assert "moved 1.01×, within noise (the p10–p90 ranges overlap)" in noise and "no lesson from it" in noise
+    wild = _nb01(_spread(12.0), _spread(130.0))  # 10.8× from a batch of 8: the machine moved it
+    assert "moved 10.83×: implausible — rerun" in _text(wild) and "beats its bound 8.00×" in _text(wild)
+    assert wild.rows[-1]["verdict"] == IMPLAUSIBLE
+
+
+# ------------------------------------------------------------------------------------------------- notebook 02
+
+
+def _variant(name: str, weight_bytes: float, tps: list[float], ttft: list[float], kl: float) -> dict:
+    return {"variant": name, "status": "ok", "weight_bytes": weight_bytes, "decode_tokens_per_s": tps[1],
+            "ttft_s": ttft[1], "agreement": 1.0 if kl == 0 else 0.97, "kl": kl,
+            "samples": {"decode_tokens_per_s": tps, "ttft_s": ttft}}
+
+
+def _nb02(fp16_tps: list[float], bf16_tps: list[float]):
+    rows = [_variant("fp32", 538e6, _spread(25.0), _spread(0.20), 0.0),
+            _variant("fp16", 269e6, fp16_tps, _spread(0.45), 1.1e-4),
+            _variant("bf16", 269e6, bf16_tps, _spread(0.40), 4.2e-3)]
+    matmul = {"fp32": {"prefill": 0.010, "decode": 0.0010}, "fp16": {"prefill": 0.050, "decode": 0.0012},
+              "bf16": {"prefill": 0.030, "decode": 0.0011}}
+    return nb02.takeaways(rows=rows, matmul_s=matmul, half_reason="no AVX512_FP16 or AMX: half precision converts to fp32",
+                          mantissa_bits={"float16": 10, "bfloat16": 7}, rounded={"fp16": [float("inf"), 0, 0, 1.000977],
+                                                                                 "bf16": [70144.0, 0, 0, 1.0]},
+                          sums={"fp32": 2.0001, "fp16": 1.5, "bf16": 1.0}, accumulation=(1.0, 1e-4, 10_000))
+
+
+def test_nb02_each_half_precision_variant_is_judged_against_its_bytes_bound():
+    found = _nb02(_spread(12.0), [23.0, 25.0, 26.0])  # recorded on AVX2: fp16 half fp32's speed, bf16 level
+    assert found.headline == {"label": "fp16 decode tokens/s / fp32's", "value": pytest.approx(0.48), "verdict": "worse"}
+    text = _text(found)
+    assert "fp16: weights 0.50× fp32's bytes; decode 0.48× fp32's speed (slower), TTFT 2.25× fp32's (longer)" in text
+    assert "Half the bytes did not make decode faster here: no AVX512_FP16" in text
+    assert "bf16: weights 0.50× fp32's bytes; decode 1.00× fp32's speed, within noise (the p10–p90 ranges overlap)" in text
+    assert "fp16 stayed closer to fp32" in text and "70000 became inf in fp16 and 70144 in bf16" in text
+    assert "ended at 2.0001 in fp32, 1.5000 in fp16, 1.0000 in bf16 (exact: 2)" in text
+    wild = _text(_nb02(_spread(80.0), _spread(25.0)))  # 3.2× from half the bytes and a slower matmul
+    assert "decode 3.20× fp32's speed: implausible — rerun (3.20× beats its bound 2.00×" in wild
+    with pytest.raises(ValueError, match="fp32"):
+        nb02.takeaways(rows=[dict(_variant("fp32", 1, _spread(1), _spread(1), 0), status="failed")], matmul_s={},
+                       half_reason=None, mantissa_bits={}, rounded={"fp16": [0] * 4, "bf16": [0] * 4}, sums={},
+                       accumulation=(0, 0, 0))
+
+
+# ------------------------------------------------------------------------------------------------- notebook 07
+
+
+def _ref07(continuous_scale: float = 1.0):
+    ref = results.load(ROOT / "data" / "reference" / "07_vllm.json")
+    by = {r["mode"]: r for r in ref.section("batching")}
+    co = dict(by["continuous"], samples={"tokens_per_s": [x * continuous_scale
+                                                          for x in by["continuous"]["samples"]["tokens_per_s"]]})
+    alloc = {r["policy"]: r for r in ref.section("allocation") if r["model"] == "Llama-3.1-8B"}
+    engine = {r["mode"]: r for r in ref.section("vllm_engine")}
+    return ref, dict(paged=alloc["paged"], contiguous=alloc["contiguous-max"], big_model="Llama-3.1-8B", big_gpu="L4",
+                     static=by["static"], continuous=co, alone=by["one at a time"], cb_bound=3.0, same={"static": True,
+                                                                                                        "continuous": True},
+                     batch=8, long_tokens=254, reference=ref,
+                     engine={"one": engine["one at a time"], "every": engine["all at once"],
+                             "squeezed": ref.section("vllm_blocks")[1], "squeeze_tokens": 254})
+
+
+def test_nb07_on_the_reference_run():
+    ref, kw = _ref07()
+    found = nb07.takeaways(**kw)
+    assert found.headline["label"] == "continuous / static batching, tokens/s (×)" and found.headline["verdict"] == "better"
+    text = _text(found)
+    assert "Continuous batching gave 2.40× the static throughput (faster), within the 3.0× its own model allows" in text
+    assert "Static batches of 8 gave 0.79× one-at-a-time's throughput (slower). A static batch waits" in text
+    assert "continuous ÷ static throughput: 2.40× here, 2.40× in the reference" in text
+    assert "it preempted 4 times, the replay predicted 4" in text and "vLLM all at once" in found.rows[-1]["finding"]
+    assert "vLLM" not in _text(nb07.takeaways(**{**kw, "engine": None}))
+
+
+def test_nb07_noise_and_implausible():
+    _, kw = _ref07()
+    overlapping = dict(kw["static"], samples={"tokens_per_s": [9.0, 10.5, 12.0]})
+    text = _text(nb07.takeaways(**{**kw, "continuous": overlapping}))
+    assert "Continuous batching gave 1.01× the static throughput, within noise" in text and "allows up to" not in text
+    _, kw = _ref07(continuous_scale=2.0)  # 4.8× static: beyond the steps and rows it saved
+    text = _text(nb07.takeaways(**kw))
+    assert "the static throughput: implausible — rerun" in text and "beats its bound 3.00×" in text
+
+
+# ------------------------------------------------------------------------------------------------- notebook 08
+
+
+def _nb08(compiled_us: list[float], ort_all: list[float], ort_disabled: float = 24.0):
+    fusion = {"eager_ops": 7, "fused_kernels": 1, "speedup": 100.0 / compiled_us[1], "eager_us": 100.0,
+              "compiled_us": compiled_us[1], "copy_us": 40.0,
+              "samples": {"eager_us": _spread(100.0), "compiled_us": compiled_us}}
+    eager = {"engine": "PyTorch eager, dynamic cache", "decode_tokens_per_s": 20.0, "agreement": 1.0, "kl": 0.0,
+             "samples": {"decode_tokens_per_s": _spread(20.0)}}
+    disabled = {"engine": "ONNX Runtime, disabled", "decode_tokens_per_s": ort_disabled, "agreement": 1.0, "kl": 1e-9,
+                "samples": {"decode_tokens_per_s": _spread(ort_disabled)}}
+    every = {"engine": "ONNX Runtime, all", "decode_tokens_per_s": ort_all[1], "agreement": 1.0, "kl": 2e-9,
+             "samples": {"decode_tokens_per_s": ort_all}}
+    return nb08.takeaways(fusion=fusion, fusion_rows=4096, max_abs_diff=2e-6, compiled=None, story=None,
+                          levels=("disabled", "all"), ort=(disabled, every), layer="model.layers.0.mlp.down_proj",
+                          kl_by_method={"static, absmax scale": 3e-4, "static, p99.9 scale": 2e-4,
+                                        "dynamic, per-token scale": 1e-5}, percentile=99.9, clip=0.67,
+                          rounds=[eager, disabled, every])
+
+
+def test_nb08_engines_judged_in_one_set_of_rounds():
+    found = _nb08(_spread(55.0), _spread(30.0))
+    assert found.headline["label"] == "fastest decode in the rounds (ONNX Runtime, all) / eager (×)"
+    assert found.headline["value"] == pytest.approx(1.5) and found.headline["verdict"] == "better"
+    text = _text(found)
+    assert "on 4096 rows faster (1.82×; 3+ samples each" in text and "ONNX Runtime 'all' against 'disabled': faster" in text
+    assert "ONNX Runtime, all, faster than eager (1.50×" in text and "dynamic, per-token scale disturbed" in text
+    assert "torch.compile: not measured here" in text
+    noise = _text(_nb08([50.0, 100.0, 150.0], [20.0, 24.0, 28.0]))
+    assert "on 4096 rows within noise (1.00×" in noise and "'all' against 'disabled': within noise" in noise
+    wild = _text(_nb08(_spread(20.0), _spread(30.0)))  # 5× from a fused kernel no faster than a copy's 2.5×
+    assert "on 4096 rows implausible — rerun (5.00×; 5.00× beats its bound 2.50×" in wild
+    assert "eager PyTorch itself (dynamic cache)" in _nb08(_spread(55.0), _spread(15.0), ort_disabled=16.0).sentences[-1]
+
+
+# ------------------------------------------------------------------------------------------------- notebook 09
+
+
+def test_nb09_before_and_after_from_the_reference():
+    ref = results.load(ROOT / "data" / "reference" / "09_capstone.json")
+    table = pd.DataFrame(ref.section("before_after"))
+    found = nb09.takeaways(table=table, before=ref.notes["before"], after=ref.notes["after"],
+                           limits={ref.notes["before"]: 1, ref.notes["after"]: 8})
+    assert found.headline["value"] == pytest.approx(10.17, abs=0.01)
+    assert found.sentences[0].startswith("vllm serve, max_num_seqs 8, bf16: 10.2× the requests/s of the baseline")
+    assert "SLO met up to 8 clients (baseline: 1)" in found.sentences[0]
+
+
+# ------------------------------------------------------------------------------------------------- notebook 10
+
+
+def _ref10():
+    ref = results.load(ROOT / "data" / "reference" / "10_beyond.json")
+    lookup = {r["task"]: r for r in ref.section("lookup")}
+    off, on = ref.section("prefix_cache")
+    plain, chunk = ref.section("chunked_prefill")
+    stall = [[0.0, 0.07, 0.14, 2.9, 2.97], [0.0, 0.06, 0.13, 2.88, 2.95], [0.0, 0.07, 0.15, 2.92, 3.0]]  # 2.8 s stalls
+    smooth = [[0.0, 0.08, 0.16, 0.65, 0.73], [0.0, 0.08, 0.17, 0.66, 0.74], [0.0, 0.09, 0.17, 0.67, 0.75]]
+    base, int4 = (next(r for r in ref.section("kv_cache") if r["cache"] == c) for c in ("float32 (DynamicCache)", "quanto int4"))
+    return ref, dict(head=ref.section("headline")[0], lookup=(lookup["copy"], lookup["chat"]), prefix=(off, on),
+                     chunked=(dict(plain, stamps=stall), dict(chunk, stamps=smooth)),
+                     kv=(dict(base, samples={"step_s": _spread(0.091)}), dict(int4, samples={"step_s": _spread(0.119)})),
+                     quality_floor=0.9)
+
+
+def test_nb10_on_the_reference_run_judges_each_mechanism():
+    _, kw = _ref10()
+    found = nb10.takeaways(**kw)
+    text = _text(found)
+    # the reference kept no per-repeat lookup speeds: one sample each, never "faster"
+    assert "decode 2.80× plain decoding's speed, within noise (1 sample" in text
+    assert found.headline == {"label": "prompt lookup / plain decode tokens/s, copying task (×)",
+                              "value": pytest.approx(2.80, abs=0.01), "verdict": NOISE}
+    assert "median TTFT without / with it 9.05×" in text and "TTFTs with it were shorter" in text
+    assert "each stream's worst gap was shorter (3+ samples each" in text
+    assert "the long prompt's own TTFT 1.9× unchunked's (within noise (1 sample" in text
+    assert "decode steps 0.76× the speed (slower)" in text and "llama.cpp Q4_1 decodes 2.77× as fast" in text
+
+
+def test_nb10_lookup_with_samples_is_real_or_implausible():
+    _, kw = _ref10()
+    copy, chat = kw["lookup"]
+    quiet = dict(copy, samples={"plain_decode_tokens_per_s": _spread(20.3), "lookup_decode_tokens_per_s": _spread(57.0)})
+    assert "decode 2.81× plain decoding's speed (faster)" in _text(nb10.takeaways(**{**kw, "lookup": (quiet, chat)}))
+    wild = dict(copy, samples={"plain_decode_tokens_per_s": _spread(20.3), "lookup_decode_tokens_per_s": _spread(121.0)})
+    text = _text(nb10.takeaways(**{**kw, "lookup": (wild, chat)}))
+    assert "decode 5.96× plain decoding's speed: implausible — rerun (5.96× beats its bound 4.57×" in text
+    assert nb10.worst_gaps([[0.0, 0.1, 0.5], [1.0]]) == [pytest.approx(0.4)], "a stream with one token has no gap"
+
+
+# ------------------------------------------------------------------------------------------------- notebook 11
+
+
+def _nb11(head: dict):
+    return nb11.takeaways(head=head, capacity_reason="knee at 2.15 req/s", arithmetic="⌈6.667 / 1.72⌉ = 4 replicas",
+                          chosen={"name": "AWS m7g.large", "usd_per_million_tokens": 0.6126}, tokens_per_s=37.0,
+                          answered=8, requests=16)
+
+
+def test_nb11_routing_verdict_from_the_reference_and_from_too_few_rounds():
+    ref = results.load(ROOT / "data" / "reference" / "11_scale_out.json")
+    head = {k: v for k, v in ref.section("summary")[0].items() if k not in ("section", "finding", "value")}
+    head["ttft_p50_ratio_ca_over_rr"] = ref.section("summary")[0]["value"]
+    found = _nb11(head)
+    assert found.headline == {"label": "TTFT p50, cache-aware / round-robin", "value": pytest.approx(0.186, abs=1e-3),
+                              "verdict": "better"}
+    text = _text(found)
+    assert "TTFT p50 0.19× round-robin's (lower over 5 rounds)" in text and "4 replicas." in text
+    assert "$0.61 per million output tokens at AWS m7g.large's price" in text and "left 8 of 16 requests" in text
+    two = verdict.compare([0.2, 0.21], [0.5, 0.52], higher_is_better=False)  # two rounds: too few to tell
+    text = _text(_nb11({**head, "ttft_verdict": two.kind, "rounds": 2}))
+    assert "(within noise over 2 rounds)" in text and "lower" not in text
+    assert "Capacity: knee at 2.15 req/s." in _text(nb11.takeaways(head=head, capacity_reason="knee at 2.15 req/s",
+                                                                   arithmetic=None, chosen={"name": "n",
+                                                                                            "usd_per_million_tokens": 1.0},
+                                                                   tokens_per_s=1.0, answered=1, requests=1))
