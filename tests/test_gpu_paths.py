@@ -235,7 +235,7 @@ def fake_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", fake)
     real = env.capability
     monkeypatch.setattr(env, "capability",
-                        lambda name: Capability(name, True, "test", "") if name == "vllm" else real(name))
+                        lambda name: Capability(name, True, "test", "") if name == "vllm-offline" else real(name))
     monkeypatch.setattr(vllm, "gpu_count", lambda: 2)
     return events
 

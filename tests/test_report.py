@@ -201,4 +201,7 @@ def test_a_servers_memory_counts_pages_its_processes_share_once():
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    deadline = time.monotonic() + 10  # the forked child belongs to init now: gone once init has reaped it
+    while processes.group_pids(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert report.group_memory(proc.pid) == (None, "no process of vllm serve's group could be read")

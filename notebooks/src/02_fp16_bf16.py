@@ -305,12 +305,12 @@ res.replace("variants", [{k: v for k, v in r.items() if k != "options"} for r in
 res.replace("matmul", shapes.to_dict("records"))
 res.replace("accumulation", totals.reset_index().to_dict("records"))
 mm = shapes.set_index("dtype").rename(index={"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"})
-found = nb02_findings.takeaways(rows=rows, matmul_s={v: {"prefill": mm.loc[v, "prefill-like (s)"], "decode": mm.loc[v, "decode-like (s)"]}
-                                            for v in mm.index},
-                       half_reason=reason, mantissa_bits=formats.mantissa_bits.to_dict(),
-                       rounded={"fp16": demo.fp16.tolist(), "bf16": demo.bf16.tolist()},
-                       sums=totals["running total in dtype"].to_dict(),
-                       accumulation=(ACCUM_START, ACCUM_STEP, ACCUM_STEPS))
+matmul_times = {v: {"prefill": mm.loc[v, "prefill-like (s)"], "decode": mm.loc[v, "decode-like (s)"]} for v in mm.index}
+found = nb02_findings.takeaways(rows=rows, matmul_s=matmul_times, half_reason=reason,
+                                mantissa_bits=formats.mantissa_bits.to_dict(),
+                                rounded={"fp16": demo.fp16.tolist(), "bf16": demo.bf16.tolist()},
+                                sums=totals["running total in dtype"].to_dict(),
+                                accumulation=(ACCUM_START, ACCUM_STEP, ACCUM_STEPS))
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)

@@ -310,7 +310,7 @@ if fast is not None:
     exercises.reveal(label, PREDICT_INT8_SPEEDUP, table.decode_tokens_per_s[fast] / base.decode_tokens_per_s, "×")
     print(f"{fast}: greedy agreement with fp32 {table.agreement[fast]:.0%}, KL {table.kl[fast]:.3g} nats/token")
     v8 = nb03_findings.int8_verdict(table, fast)
-    print(f"verdict against fp32: {v8.kind} ({v8.reason})")
+    print(f"verdict against {nb03_findings.int8_base(table, fast)} (the same engine's fp32): {v8.kind} ({v8.reason})")
 
 # %% md subslide
 # ### Which kernel did bitsandbytes run?
@@ -440,7 +440,7 @@ res.replace("layer_error", err.to_dict("records"))
 res.replace("ort_api", claims_ort)
 res.replace("claims", checked.to_dict("records"))
 found = nb03_findings.takeaways(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), claims=checked,
-                              layers=err)
+                                layers=err, probe_layer=PROBE_LAYER.split(".")[2])
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)

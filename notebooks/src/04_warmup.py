@@ -283,8 +283,8 @@ res.add("warmup", calls=rep.calls, settled=rep.settled, warmup_calls=rep.warmup_
         notebook_loop_calls=len(latencies), notebook_loop_warmup_calls=n_warm)
 res.notes.update(rss_bytes=cold.rss_bytes, gpu_bytes=cold.gpu_bytes)  # gpu_bytes: allocator and NVML on a GPU
 found = nb04_findings.takeaways(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, memory_growth=grew,
-                        weight_bytes=weights_b, loop_warmup_calls=n_warm, loop_calls=len(latencies),
-                        summary=summary, compile_rows=comp_df)
+                                weight_bytes=weights_b, loop_warmup_calls=n_warm, loop_calls=len(latencies),
+                                summary=summary, compile_rows=comp_df)
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)

@@ -356,10 +356,10 @@ for section, rows in {"cache_on_off": totals.reset_index().to_dict("records"), "
                       "profile_groups": profiling.groups_frame(profiles).to_dict("records")}.items():
     res.replace(section, rows)
 found = nb05_findings.takeaways(loop_agreement=min(loop_agreement.values()), core_identical=core["identical"],
-                    tokens=int(totals.index[-1]), speedup=totals.speedup.iloc[-1], step_growth=growth.to_dict(),
-                    kv_sizes=kvdf, bytes_per_position=per_pos, split=split, variants=here, attention=timed,
-                    decode_shares=profiles[1].share_samples,
-                    weight_bytes=weight_bytes)
+                                tokens=int(totals.index[-1]), speedup=totals.speedup.iloc[-1], step_growth=growth.to_dict(),
+                                kv_sizes=kvdf, bytes_per_position=per_pos, split=split, variants=here, attention=timed,
+                                decode_shares=profiles[1].share_samples,
+                                weight_bytes=weight_bytes)
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)

@@ -398,7 +398,7 @@ results.show_gpu_references("06_batching", ["static", "serving"])
 
 # %% fragment
 found = nb06_findings.takeaways(sweep=sweep, memory_bound_gain=memory_bound, padding=pad, serving=serve_rows,
-                          open_loop=open_rows, clients=CLIENTS, request_rate=REQUEST_RATE)
+                                open_loop=open_rows, clients=CLIENTS, request_rate=REQUEST_RATE)
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)

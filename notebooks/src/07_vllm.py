@@ -54,7 +54,7 @@ plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "vllm")})
-env.capabilities_frame().query("name in ['vllm', 'torch-tensorrt']")
+env.capabilities_frame().query("name in ['vllm', 'vllm-offline', 'torch-tensorrt']")
 
 # %% subslide parameters
 BLOCK_SIZE = 16  # tokens per KV block (vLLM's default on GPUs)
@@ -440,7 +440,7 @@ else:
 # is shut down before the next starts.
 
 # %% fragment
-vllm_cap = env.capability("vllm")
+vllm_cap = env.capability("vllm-offline")  # vLLM in this process, on a GPU
 if vllm_cap.available:
     vllm_prompts = prompts.cycle(prompts.load_prompts("prompts"), VLLM_PROMPTS)
     res.replace("vllm", vllm.vllm_rows(lm, vllm_prompts, VLLM_TOKENS, gpu_memory_utilization=VLLM_GPU_FRACTION))

@@ -404,12 +404,13 @@ results.show_gpu_references("08_tensorrt", "engines", ["engine", "where", "statu
 # ## Takeaways
 
 # %% fragment
+compiled_row = None if tc is None else {"where": tc["where"], "build_s": tc.build_s, "gain": compile_gain,
+                                        "break_even": break_even}
 found = nb08_findings.takeaways(fusion=big, fusion_rows=FUSION_ROWS, max_abs_diff=fusion_table.max_abs_diff.max(),
-                                compiled=None if tc is None else {"where": tc["where"], "build_s": tc.build_s, "gain": compile_gain,
-                                                         "break_even": break_even},
-                       story=story if tc is not None and tc["where"] == "reference" else None, levels=(first, last),
-                       ort=(ort_rows[0], ort_rows[-1]), layer=cal.layer, kl_by_method=summary.kl.to_dict(),
-                       percentile=PERCENTILE, clip=clip, rounds=[rows[0]] + ort_rows)  # timed in the same rounds
+                                compiled=compiled_row, story=story if tc is not None and tc["where"] == "reference" else None,
+                                levels=(first, last), ort=(ort_rows[0], ort_rows[-1]), layer=cal.layer,
+                                kl_by_method=summary.kl.to_dict(), percentile=PERCENTILE, clip=clip,
+                                rounds=[rows[0]] + ort_rows)  # timed in the same interleaved rounds
 findings.record(res, found)
 res.save()
 findings.show(found)

@@ -33,7 +33,7 @@ from labkit.model import models
 from labkit.serve import launch, loadgen, paged
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
-from labkit.lessons import findings, plots, report
+from labkit.lessons import exercises, findings, plots, report
 from labkit.lessons.findings import nb09 as nb09_findings
 
 plots.setup_offline()
@@ -116,10 +116,14 @@ print(slo_why)
 # %% md slide
 # ## 1 · Predict
 #
-# With 8 clients, the one-at-a-time server makes 7 of them wait for every answer: its throughput is
-# one request's decode rate, and latency grows with the queue. Batching serves them together
-# (notebook 06); continuous batching also lets a short answer leave at once and a waiting request
-# take its place (notebook 07). Expect throughput to rise and mean latency to fall, in that order.
+# With 8 clients, the one-at-a-time server makes 7 of them wait for every answer. Batching serves them
+# together (notebook 06); continuous batching also lets a finished answer leave and a waiting request take
+# its place (notebook 07), which helps only when answers end at different lengths. Before measuring: which
+# server will answer the most requests per second, and how many times the one-at-a-time server's?
+
+# %% fragment
+PREDICT_BEST_SERVER = None  # your prediction: "one at a time", "dynamic" or "continuous"
+PREDICT_BEST_GAIN = None  # your prediction: its requests/s ÷ the one-at-a-time server's
 
 # %% md subslide
 # ## 2 · Measure: the same load against each configuration
@@ -183,6 +187,13 @@ done = cfg_df[cfg_df.failed == 0]
 best_name = done.loc[done.request_throughput.idxmax(), "config"]
 before_name = next(iter(configs))
 print(f"best here: {best_name}; {len(cfg_df) - len(done)} configuration(s) lost requests")
+lab = done[~done.config.str.startswith("vllm")]  # the servers you predicted among
+lab_best = lab.loc[lab.request_throughput.idxmax(), "config"]
+exercises.reveal_choice("highest requests/s", PREDICT_BEST_SERVER,
+                        "one at a time" if "one at a time" in lab_best else lab_best.split(" batching")[0],
+                        ["one at a time", "dynamic", "continuous"])
+exercises.reveal("best ÷ one at a time, requests/s", PREDICT_BEST_GAIN,
+                 lab.request_throughput.max() / cfg_df.set_index("config").request_throughput[next(iter(configs))], "×")
 
 # %% md slide
 # ## 3 · Highest concurrency that meets the SLO
@@ -224,7 +235,8 @@ res.notes.update(before=before_name, after=best_name, after_precision=best_dtype
 table
 
 # %% fragment
-found = nb09_findings.takeaways(table=table, before=before_name, after=best_name, limits=limits)
+found = nb09_findings.takeaways(table=table, before=before_name, after=best_name, limits=limits,
+                                configs=rows, quick=config.quick(), max_tokens=MAX_TOKENS)
 findings.record(res, found)
 findings.show(found)
 
@@ -266,7 +278,8 @@ table[["figure", "before", "after", "after / before", "better"]].round(3)
 
 # %% md fragment
 # - Most of the gain on a serving machine comes from keeping it busy: batching shares each weight
-#   read among users, and continuous batching keeps the batch full without holding short answers.
+#   read among users. Whether continuous batching added to it here, this run's sentences above say: it
+#   can only help where answers end at different lengths.
 # - The SLO decides capacity: the highest client count that still meets it is the number to plan
 #   with, not the peak requests/s.
 # - A before/after claim needs the same load, the same requests and the machine it was measured on:

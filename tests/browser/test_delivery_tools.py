@@ -167,9 +167,10 @@ def test_class_results_pack_and_merge(tmp_path: Path) -> None:
     assert len(info["skipped"]) == 1 and "carol: notes.json" in info["skipped"][0]
     with open(tmp_path / "class" / "rows.csv", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
-    assert {(r["learner"], r["machine"]) for r in rows} == {("alice", "cpu A"), ("bob", "GPU B")}
+    assert {(r["learner"], r["machine"]) for r in rows} == {("alice", "cpu A (ISA not recorded)"),
+                                                            ("bob", "GPU B (ISA not recorded)")}
     page = (tmp_path / "class" / "index.html").read_text(encoding="utf-8")
-    assert "<td>alice</td><td>cpu A</td><td>cpu</td><td>quick</td><td>3</td><td>12</td>" in page
+    assert "<td>alice</td><td>cpu A (ISA not recorded)</td><td>cpu</td><td>quick</td><td>3</td><td>12</td>" in page
     with pytest.raises(ValueError, match="use letters"):
         merge_results.pack("a b", tmp_path, tmp_path)
 

@@ -11,13 +11,14 @@ from . import Findings
 
 
 def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], layer_error: dict[str, float],
-                 claims: Any, layers: Any = None) -> Findings:
+                 claims: Any, layers: Any = None, probe_layer: str = "0") -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
 
     ``table``: variant rows indexed by name (status, weight_bytes, decode_tokens_per_s, agreement, kl);
     ``hand``: the hand-written layer table (bytes, output_error by form); ``agree``: ``library_agreement``;
     ``routes``: bitsandbytes kernel per kind; ``layer_error``: worst ONNX Runtime layer error by form;
-    ``claims``: the claims table; ``layers``: ONNX Runtime's error per probed layer (layer, form, relative_error).
+    ``claims``: the claims table; ``layers``: ONNX Runtime's error per probed layer (layer, form, relative_error); ``probe_layer``: the layer
+    quantised by hand (its index), where ONNX Runtime's error is compared with the hand-written one.
     Speeds are judged by ``verdict.compare``: int8 decode gains at most fp32's bytes over its own (memory-bound),
     times what ONNX Runtime's fp32 engine gains over PyTorch's for the ``ort-`` rows."""
     rows: list[dict[str, Any]] = []
@@ -44,14 +45,20 @@ def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], laye
     int8 = ok[ok.index.isin(INT8_VARIANTS)]
     if len(int8):
         fast, label = fastest_int8(table)
-        v = int8_verdict(table, fast)
-        rows.insert(0, {"finding": label, "value": v.gain, "verdict": v.kind})
-        said = "decoded " + verdict.phrase(v, "fp32's speed", "faster than fp32", "slower than fp32")
+        v, against = int8_verdict(table, fast), int8_base(table, fast)
+        rows.insert(0, {"finding": label.replace("/ fp32", f"/ {against}"), "value": v.gain, "verdict": v.kind})
+        said = "decoded " + verdict.phrase(v, f"{against}'s speed", f"faster than {against}", f"slower than {against}")
         where = _devices_said(table, fast)
         says.append(f"The fastest int8 variant here{where}, {fast}, {said}, with {int8.agreement[fast]:.0%} greedy "
                     f"agreement and KL {int8.kl[fast]:.3g}; the most faithful int8, {int8.agreement.idxmax()}, agreed "
                     f"on {int8.agreement.max():.0%}.")
-    loses = _where_int8_loses(table, hand, layers)
+        if against != "fp32":  # the engine's own gain, apart from int8's
+            engine = verdict.compare(verdict.samples(table.loc[against], "decode_tokens_per_s"),
+                                     verdict.samples(base, "decode_tokens_per_s"))
+            says.append(f"That compares int8 with fp32 in the same engine; the engine itself, {against} against PyTorch "
+                        "fp32, decoded " + verdict.phrase(engine, "PyTorch's speed") + ": that part is ONNX Runtime's "
+                        "gain, not int8's.")
+    loses = _where_int8_loses(table, hand, layers, probe_layer)
     if loses:
         says.append(loses)
     for kind, route in routes.items():
@@ -113,21 +120,24 @@ def _devices_said(table: Any, variant: str) -> str:
     return f" (on {dev}; fp32 ran on {base_dev}: different devices, so no int8 gain can be read from it)"
 
 
-def int8_verdict(table: Any, variant: str) -> Verdict:
-    """``variant``'s decode speed against fp32's, bounded by the bytes it no longer reads (and ONNX Runtime's
-    own fp32 gain for an ``ort-`` row: the engine, not int8, may be the faster part)."""
-    base, row = table.loc["fp32"], table.loc[variant]
-    byte_x = base.weight_bytes / row.weight_bytes
-    engine = 1.0
+def int8_base(table: Any, variant: str) -> str:
+    """The fp32 row an int8 row is judged against: the same engine's (``ort-fp32`` for ONNX Runtime's int8, where
+    it ran), else PyTorch's ``fp32``. Against another engine's fp32, the engine's own gain would pass as int8's."""
     if variant.startswith("ort-") and "ort-fp32" in table.index and table.status["ort-fp32"] == "ok":
-        engine = max(1.0, table.decode_tokens_per_s["ort-fp32"] / base.decode_tokens_per_s)
+        return "ort-fp32"
+    return "fp32"
+
+
+def int8_verdict(table: Any, variant: str) -> Verdict:
+    """``variant``'s decode speed against its engine's fp32 (``int8_base``), bounded by the bytes it no longer reads."""
+    against = int8_base(table, variant)
+    base, row = table.loc[against], table.loc[variant]
+    byte_x = base.weight_bytes / row.weight_bytes
     return verdict.compare(verdict.samples(row, "decode_tokens_per_s"), verdict.samples(base, "decode_tokens_per_s"),
-                           bound=byte_x * engine,
-                           bound_why=f"fp32 reads {byte_x:.2f}× its weight bytes"
-                                     + (f", ONNX Runtime fp32 ran {engine:.2f}× PyTorch" if engine > 1 else ""))
+                           bound=byte_x, bound_why=f"{against} reads {byte_x:.2f}× its weight bytes")
 
 
-def _where_int8_loses(table: Any, hand: Any, layers: Any) -> str:
+def _where_int8_loses(table: Any, hand: Any, layers: Any, probe_layer: str = "0") -> str:
     """Why ONNX Runtime's int8 costs more perplexity than weight-only int8, read from the per-layer errors."""
     ok = table[table.status == "ok"]
     ort = [v for v in ("ort-int8-channel", "ort-int8-tensor") if v in ok.index]
@@ -135,14 +145,30 @@ def _where_int8_loses(table: Any, hand: Any, layers: Any) -> str:
         return ""
     v = ort[0]
     rise = ok.perplexity[v] / ok.perplexity["fp32"] - 1
-    worst = layers.loc[layers.relative_error.idxmax()]
     weight_only = hand.output_error["per-channel"]
     compare = ""
     if "bnb-int8" in ok.index:
         compare = f" (bitsandbytes int8, weights only with fp16 outliers: {ok.perplexity['bnb-int8'] / ok.perplexity['fp32'] - 1:+.1%})"
-    return (f"Why ONNX Runtime int8 costs perplexity: {v} raised it {rise:+.1%}{compare}. Its kernel also quantises "
-            f"each layer's activations to uint8 with one scale per call; on the probed layers its output error reached "
-            f"{worst.relative_error:.3f} (layer {worst.layer}, {worst.form}), {worst.relative_error / weight_only:.1f}× the "
-            f"{weight_only:.3f} of weights-only per-channel int8 on layer 0 by hand, and every layer adds its error to the "
-            "next one's input.")
+    said = (f"Why ONNX Runtime int8 costs perplexity: {v} raised it {rise:+.1%}{compare}. Its kernel also quantises "
+            "each layer's activations to uint8 with one scale per call")
+    form = ort_form(table, v)
+    ran = layers[layers.form == form] if form else layers.iloc[:0]
+    if not len(ran):
+        return said + f"; the per-layer probe did not run {v}'s form, so it cannot say where."
+    worst, same = ran.loc[ran.relative_error.idxmax()], ran[ran.layer.astype(str) == str(probe_layer)]
+    here = (f"on layer {probe_layer} its output error was {same.relative_error.iloc[0]:.3f}, "
+            f"{same.relative_error.iloc[0] / weight_only:.1f}× the {weight_only:.3f} of weights-only per-channel int8 on "
+            "that layer by hand; " if len(same) else "")
+    return (said + f". In the form it ran ({form}), {here}its worst probed layer reached {worst.relative_error:.3f} "
+            f"(layer {worst.layer}), and every layer adds its error to the next one's input.")
+
+
+def ort_form(table: Any, variant: str) -> str | None:
+    """The form of the per-layer probe that ``variant`` ran: 'per-tensor', or per-channel with 8-bit or, with
+    ``reduce_range``, 7-bit weights; None where the probe has no such form (per-tensor with reduce_range)."""
+    options = table.options[variant] if "options" in table and isinstance(table.options[variant], dict) else {}
+    seven = bool(options.get("reduce_range"))
+    if variant.endswith("tensor"):
+        return None if seven else "per-tensor"
+    return "per-channel, 7-bit" if seven else "per-channel, 8-bit"
 

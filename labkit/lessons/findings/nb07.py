@@ -53,7 +53,7 @@ def takeaways(*, paged: Mapping[str, Any], contiguous: Mapping[str, Any], big_mo
             f"left {paged['waste_fraction']:.1%} (under one block per request), so {fit:.0f}× as many {big_model} "
             f"requests fit on a {big_gpu}.",
             "Continuous batching gave " + verdict.phrase(cb, "the static throughput")
-            + (f", within the {cb_bound:.1f}× its own model allows" if cb.real else "")
+            + (f", within the {cb_bound:.1f}× its own model allows," if cb.real else "")
             + f" and answered short requests {short:.1f}× {'sooner' if short > 1 else 'later'}: static batches made "
             f"{static['wasted_row_fraction']:.0%} of their rows compute for finished requests, continuous "
             f"{continuous['wasted_row_fraction']:.0%}.",

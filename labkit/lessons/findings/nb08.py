@@ -53,7 +53,7 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
             f"clipping at p{percentile:g} gave {clip:.2f}× absmax's KL.",
             "Fastest decode in this run's interleaved rounds: " + (
                 "eager PyTorch itself (dynamic cache): no engine timed beside it beat it." if best is base else
-                f"{best['engine']}, {best_v.word()} than eager ({best_v.ratio:.2f}×; {best_v.reason}), agreement "
+                f"{best['engine']}, {verdict.than(best_v)} eager ({best_v.ratio:.2f}×; {best_v.reason}), agreement "
                 f"{best['agreement']:.3f}, KL {best['kl']:.2g}.")]
     rows = [{"finding": f"fastest decode in the rounds ({best['engine']}) / eager (×)", "value": best_v.ratio,
              "verdict": best_v.kind},

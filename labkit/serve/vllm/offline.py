@@ -2,7 +2,8 @@
 
 ``vllm_offline`` runs vLLM's ``LLM`` on token ids made before the clock starts; ``vllm_server`` starts
 ``vllm serve`` from this environment's vLLM (``labkit.serve.vllm.server`` starts it from ``.venv-vllm``); ``vllm_rows`` runs transformers and vLLM one engine at a time,
-freeing the GPU between them. Whether vLLM can run here is ``labkit.core.env.capability("vllm")``'s answer.
+freeing the GPU between them. Whether vLLM can run in this process is ``labkit.core.env.capability("vllm-offline")``'s answer (a GPU
+environment that imports vllm); ``capability("vllm")`` says whether ``vllm serve`` can run as a child.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def vllm_offline(model_path: str, prompt_ids: Sequence[Sequence[int]], max_token
     ``gpu_memory_utilization`` of each GPU's memory; the engine is shut down before this returns, so the
     next one starts on a free GPU. Needs a GPU and vllm."""
     _check_fraction(gpu_memory_utilization)
-    cap = env.capability("vllm")
+    cap = env.capability("vllm-offline")
     if not cap.available:
         raise ValueError(f"vLLM cannot run here: {cap.reason}")
     from vllm import LLM, SamplingParams
@@ -96,7 +97,7 @@ def vllm_rows(lm: Any, prompts: Sequence[str], max_tokens: int = 64, max_concurr
     the HF model is moved off the GPU first (``release_gpu``), each ``vllm.LLM`` is shut down before the next
     (tp=1, then tp=2 on two or more GPUs), and ``vllm serve`` starts last, driven by ``labkit.serve.loadgen``."""
     _check_fraction(gpu_memory_utilization)
-    cap = env.capability("vllm")
+    cap = env.capability("vllm-offline")
     if not cap.available:
         raise ValueError(f"vLLM cannot run here: {cap.reason}")
     path = models_path(lm)
@@ -129,7 +130,7 @@ def vllm_server(model_path: str, dtype: str = "float16", tensor_parallel_size: i
     environment that imports vllm), through ``labkit.serve.vllm.server``; yields its URL once /health answers
     and stops its process group afterwards. Drive it with ``labkit.serve.loadgen.run(url, ...)``."""
     _check_fraction(gpu_memory_utilization)
-    cap = env.capability("vllm")
+    cap = env.capability("vllm-offline")
     if not cap.available:
         raise ValueError(f"vLLM cannot run here: {cap.reason}")
     settings = vllm_server_mod.Settings(model=model_path, dtype=dtype, device="cuda",

