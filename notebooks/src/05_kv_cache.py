@@ -21,7 +21,7 @@
 # %% md notes
 # Presenter: the learner writes the decode step themselves (exercise 05.decode_step); give the room
 # five minutes for it before running the cells after it. Ask for a prediction of the speedup the cache
-# gives at 128 tokens before the timing cell, and collect a few numbers. The agreement columns are
+# gives at `LOOP_TOKENS` new tokens (128 in full mode, 24 in quick mode) before the timing cell, and collect a few numbers. The agreement columns are
 # the point of the variant tables: a faster variant that changes the answer is shown as such.
 
 # %% slide
