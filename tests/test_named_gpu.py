@@ -92,7 +92,7 @@ def test_scheduler_stamps_wait_on_the_models_gpu(monkeypatch):
 
 
 def test_load_point_reads_the_servers_gpu_peak(cuda_threads, monkeypatch):
-    run = types.SimpleNamespace(summary=lambda: {"completed": 1, "errors": {}, "slo": None})
+    run = types.SimpleNamespace(summary=lambda: {"completed": 1, "errors": {}, "slo": None}, outputs=[])
     monkeypatch.setattr(report.loadgen, "run", lambda *a, **kw: run)
     row = report.load_point("http://127.0.0.1:1", ["Hi"], concurrency=1, num_requests=1, max_tokens=2)
     peaks = [i for call, i in cuda_threads if call in ("peak", "reset")]
