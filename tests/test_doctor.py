@@ -17,7 +17,9 @@ def test_python_disk_and_memory_fail_below_what_the_notebooks_need(tmp_path):
     low = doctor.check_disk(tmp_path, free_gib=1.2)
     assert low.status == "FAIL" and "1.2 GiB free" in low.detail and "LABKIT_CACHE" in low.detail
     need = doctor.memory_needed_gib()
-    assert need == pytest.approx(doctor.NOTEBOOK_GIB + 2 * (doctor.vllm_server.RUNTIME_OVERHEAD_GIB + 1))
+    assert need == pytest.approx(max(doctor.HEAVIEST_NOTEBOOK_GIB,
+                                     doctor.NOTEBOOK_GIB + 2 * (doctor.vllm_server.RUNTIME_OVERHEAD_GIB + 1)))
+    assert need >= 8.8, "notebook 10 measured 8.8 GiB (RSS) with its two vLLM servers"
     assert doctor.check_memory(total_gib=need + 1).status == "PASS"
     small = doctor.check_memory(total_gib=need - 1)
     assert small.status == "FAIL" and "two vLLM servers" in small.detail
