@@ -27,6 +27,12 @@ def test_a_cpu_hog_beside_us_makes_the_machine_busy_and_is_named(monkeypatch):
     assert "BUSY" in reading.line() and "Close it" in reading.advice()
     stored = env.environment()["machine"]
     assert stored[-1]["where"] == "hogged" and stored[-1]["busy"] and machine.busy_during()
+    from labkit.core import timing
+
+    assert timing.machine_busy is True, "a noisy measurement now advises closing programs"
+    monkeypatch.setattr(machine, "read", lambda where="now", window_s=0: quiet)
+    machine.check("quiet again", quiet=True)
+    assert timing.machine_busy is False
 
 
 def test_steal_or_load_alone_can_make_a_machine_busy():

@@ -38,10 +38,18 @@ def test_quiet_measurement_is_not_noisy_and_round_trips():
     assert again.samples == m.samples and again.median == m.median
 
 
-def test_noisy_measurement_warns():
+def test_noisy_measurement_warns_and_advises_closing_programs_only_off_a_quiet_machine(monkeypatch):
+    from labkit.core import timing
+
     m = Measurement.from_values("n", [1.0, 2.0, 3.0])
-    with pytest.warns(UserWarning, match="spread"):
+    for busy in (None, True):  # not read yet, or busy: close other programs
+        monkeypatch.setattr(timing, "machine_busy", busy)
+        with pytest.warns(UserWarning, match="spread .* close other programs"):
+            m.warn_if_noisy()
+    monkeypatch.setattr(timing, "machine_busy", False)
+    with pytest.warns(UserWarning, match="spread") as caught:
         m.warn_if_noisy()
+    assert "close other programs" not in str(caught[0].message) and "found this machine quiet" in str(caught[0].message)
 
 
 def test_measure_against_sleep():

@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from . import timing
 from .timing import clock
 
 BUSY_SHARE = 0.25  # other processes using more than a quarter of the cores make timings unreliable
@@ -186,6 +187,7 @@ def check(where: str = "start", *, quiet: bool = False) -> Reading:
     """Print the load line (and, when busy, what to close); keep the reading for the results' environment.
     On a busy machine torch's threads are fitted to the free cores (``fit_threads``), and the line says so."""
     reading = read(where)
+    timing.machine_busy = reading.busy  # what a noisy measurement's warning advises follows the load line
     fitted = fit_threads(reading)
     torch = sys.modules.get("torch")
     _READINGS.append({**reading.to_dict(), "torch_threads": torch.get_num_threads() if torch else None,

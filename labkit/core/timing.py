@@ -17,6 +17,9 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 SPREAD_LIMIT = 0.10  # flag a measurement whose (p90 - p10) / median exceeds 10 %
+# the last load line's verdict: True busy, False quiet, None not read yet (``core.machine.check`` sets it); a noisy
+# measurement advises closing programs only where the machine was not seen quiet
+machine_busy: bool | None = None
 
 
 def sync(device: Any = None) -> None:
@@ -189,11 +192,11 @@ class Measurement:
 
     def warn_if_noisy(self) -> None:
         if self.noisy:
-            warnings.warn(
-                f"{self.name}: spread {self.spread:.0%} of the median exceeds {SPREAD_LIMIT:.0%}; "
-                "close other programs or raise the repeat count before trusting the median",
-                stacklevel=2,
-            )
+            advice = ("raise the repeat count before trusting the median (the load line found this machine quiet: "
+                      "the spread is the workload's own)" if machine_busy is False else
+                      "close other programs or raise the repeat count before trusting the median")
+            warnings.warn(f"{self.name}: spread {self.spread:.0%} of the median exceeds {SPREAD_LIMIT:.0%}; {advice}",
+                          stacklevel=2)
 
     def __repr__(self) -> str:
         flag = "  (noisy)" if self.noisy else ""
