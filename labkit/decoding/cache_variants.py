@@ -95,7 +95,6 @@ class CompileStory:
         return self.extra_first_s / saved if saved > 0 else None
 
 
-
 def compile_here(device: str | None = None) -> tuple[bool, str]:
     """Does a notebook compile the whole decode step in this run on ``device`` (default: ``env.device()``), and
     if not, why: in full mode yes; in quick mode on a GPU yes too (a cold compile takes about a minute there, and

@@ -160,7 +160,8 @@ def compare_lookup(model: Any, input_ids: Any, new_tokens: int, num_tokens: int 
                    label: str = "", **extra: Any) -> dict[str, Any]:
     """Plain greedy ``generate`` against prompt lookup on the same prompt: the median of ``repeats`` timed
     runs of each (after one warmup of each), forward passes, tokens per pass, decode speedup (every run's
-    tokens/s kept in ``samples``, for its verdict), and whether the tokens are identical. ``extra`` goes to the prompt-lookup call only."""
+    tokens/s kept in ``samples``, for its verdict), and whether the tokens are identical. ``extra`` goes to the
+    prompt-lookup call only."""
     positive("repeats", repeats)
     kinds = {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": num_tokens, **extra}}
     for kwargs in kinds.values():  # warmup: first calls pay allocation and lazy set-up

@@ -279,7 +279,7 @@ def show_reference(name: str, section: str, columns: Sequence[str], keep: Any = 
 
 def _label(e: dict[str, Any]) -> str:
     hw = e.get("hardware", {}) or {}
-    where = hw.get("gpu") or cpu.cpu_line(hw)  # one CPU name covers several families: the ISA tells them apart
+    where = cpu.machine_line(hw)  # one CPU name covers several families: the ISA tells them apart
     cores = hw.get("cpu_cores_logical")
     if not hw.get("gpu") and cores:
         where += f", {cores} cores"

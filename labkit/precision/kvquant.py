@@ -180,8 +180,9 @@ def teacher_forced(model: Any, context: Any, continuation: list[int], cache: Any
 def compare(model: Any, context: Any, new_tokens: int, caches: dict[str, Callable[[], Any]]) -> list[dict[str, Any]]:
     """The greedy continuation of ``context`` with the model's own ``DynamicCache`` is the reference; each cache in ``caches``
     (name → factory) is prefilled with the same context and teacher-forced on it. One row per cache: status, KV
-    bytes held, median decode step (every step's time in ``samples``), agreement and mean KL against the reference. A cache whose backend fails here
-    (no kernel on this device, say) becomes a row whose status says why, and the others still run."""
+    bytes held, median decode step (every step's time in ``samples``), agreement and mean KL against the reference.
+    A cache whose backend fails here (no kernel on this device, say) becomes a row whose status says why, and the
+    others still run."""
     import torch
     from transformers import DynamicCache
 

@@ -33,14 +33,15 @@ def takeaways(*, rows: Sequence[Mapping[str, Any]], matmul_s: Mapping[str, Mappi
         d = decode_verdict(ok[v], ok["fp32"], matmul_s[v]["decode"] / matmul_s["fp32"]["decode"])
         rows_out.append({"finding": f"{v} decode tokens/s / fp32's", "value": d.ratio, "verdict": d.kind})
         speed.append(_variant_sentence(v, ok[v], ok["fp32"], d, matmul_s, half_reason))
+    closer = []
     if {"fp16", "bf16"} <= set(ok):
-        closer = "fp16" if ok["fp16"]["kl"] < ok["bf16"]["kl"] else "bf16"
+        best = "fp16" if ok["fp16"]["kl"] < ok["bf16"]["kl"] else "bf16"
         why = (f"bf16 keeps {mantissa_bits['bfloat16']} mantissa bits to fp16's {mantissa_bits['float16']}"
-               if closer == "fp16" else "fp16's three extra mantissa bits did not make it the closer one in this run")
-        speed.append(f"{closer} stayed closer to fp32 (KL fp16 {ok['fp16']['kl']:.2g}, bf16 {ok['bf16']['kl']:.2g} nats); "
-                     f"{why}.")
-    rows_out += [{"finding": s, "value": None} for s in speed[len(rows_out):] + formats]
-    return Findings(rows=rows_out, sentences=formats + speed)
+               if best == "fp16" else "fp16's three extra mantissa bits did not make it the closer one in this run")
+        closer.append(f"{best} stayed closer to fp32 (KL fp16 {ok['fp16']['kl']:.2g}, bf16 {ok['bf16']['kl']:.2g} nats); "
+                      f"{why}.")
+    rows_out += [{"finding": s, "value": None} for s in closer + formats]  # sentences without a number of their own
+    return Findings(rows=rows_out, sentences=formats + speed + closer)
 
 
 def decode_verdict(row: Mapping[str, Any], fp32: Mapping[str, Any], step_x: float) -> verdict.Verdict:

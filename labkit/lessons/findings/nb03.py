@@ -11,16 +11,17 @@ from . import Findings
 
 
 def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], layer_error: dict[str, float],
-                 claims: Any, layers: Any = None, probe_layer: str = "0") -> Findings:
+              claims: Any, layers: Any = None, probe_layer: str = "0") -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
 
     ``table``: variant rows indexed by name (status, weight_bytes, decode_tokens_per_s, agreement, kl);
     ``hand``: the hand-written layer table (bytes, output_error by form); ``agree``: ``library_agreement``;
     ``routes``: bitsandbytes kernel per kind; ``layer_error``: worst ONNX Runtime layer error by form;
-    ``claims``: the claims table; ``layers``: ONNX Runtime's error per probed layer (layer, form, relative_error); ``probe_layer``: the layer
-    quantised by hand (its index), where ONNX Runtime's error is compared with the hand-written one.
-    Speeds are judged by ``verdict.compare``: int8 decode gains at most fp32's bytes over its own (memory-bound),
-    times what ONNX Runtime's fp32 engine gains over PyTorch's for the ``ort-`` rows."""
+    ``claims``: the claims table; ``layers``: ONNX Runtime's error per probed layer (layer, form, relative_error);
+    ``probe_layer``: the layer quantised by hand (its index), where ONNX Runtime's error is compared with the
+    hand-written one. Speeds are judged by ``verdict.compare``: int8 decode against its own engine's fp32
+    (``int8_base``) gains at most that fp32's bytes over its own (memory-bound); the engine's gain over PyTorch is
+    a sentence of its own."""
     rows: list[dict[str, Any]] = []
     says: list[str] = []
     ratio = hand.output_error["per-tensor"] / hand.output_error["per-channel"]
@@ -171,4 +172,3 @@ def ort_form(table: Any, variant: str) -> str | None:
     if variant.endswith("tensor"):
         return None if seven else "per-tensor"
     return "per-channel, 7-bit" if seven else "per-channel, 8-bit"
-

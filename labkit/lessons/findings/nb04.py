@@ -10,8 +10,8 @@ from . import Findings
 
 
 def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_share: float,
-             memory_growth: dict[str, int | None], weight_bytes: int, loop_warmup_calls: int | None, loop_calls: int,
-             summary: Any, compile_rows: Any) -> Findings:
+              memory_growth: dict[str, int | None], weight_bytes: int, loop_warmup_calls: int | None, loop_calls: int,
+              summary: Any, compile_rows: Any) -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
 
     ``memory_growth``: what the first request added, by source (``warmup.first_request_growth``: the RSS on a
@@ -65,4 +65,3 @@ def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_ti
         says.append(f"torch.compile, {r['target']} ({r['where']}): first call {r['compiled_first_s']:.2f} s vs "
                     f"{r['eager_first_s']:.3f} s eager; {pay}.")
     return Findings(rows=rows, sentences=says)
-

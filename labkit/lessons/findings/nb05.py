@@ -18,8 +18,8 @@ def _times(new: Any, base: Any, key: str, **kw: Any) -> Verdict:
 
 
 def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speedup: float,
-             step_growth: dict[str, float], kv_sizes: Any, bytes_per_position: int, split: Any, variants: Any,
-             attention: Any, decode_shares: dict[str, Any], weight_bytes: int | None = None) -> Findings:
+              step_growth: dict[str, float], kv_sizes: Any, bytes_per_position: int, split: Any, variants: Any,
+              attention: Any, decode_shares: dict[str, Any], weight_bytes: int | None = None) -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the verdicts.
 
     ``step_growth``: last step's time / first decode step's, per 'cache on' / 'cache off'. ``kv_sizes``: rows with
@@ -98,4 +98,3 @@ def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speed
         {"finding": "decode step spent in matmul (share)", "value": matmul},
     ]
     return Findings(rows=rows, sentences=sentences)
-

