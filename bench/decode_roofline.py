@@ -42,15 +42,20 @@ def main() -> None:
     print(f"# measured: {dec['aggregate_tokens_per_s']:.1f} tokens/s = {ratio:.2f}× of the ceiling "
           f"(achieved {achieved_gbs:.1f} GB/s)")
     ids = models.chat_inputs(lm.tokenizer, "Write a short story about a lighthouse keeper.", device=lm.device)["input_ids"]
+    shape = lm.model.config
+    gemv = hardware.linear_layout_probe(out_features=shape.vocab_size, in_features=shape.hidden_size, device=lm.device)
     gap = hardware.decode_gap(dec["tpot_s"], sizing.decode_bytes_per_step(weight_b, kv_tok, context, args.batch), bw.gbs,
-                              compiled.count_eager_ops(lm.model, ids), lm.device)
+                              compiled.count_eager_ops(lm.model, ids), lm.device, gemv_gbs=gemv["linear_gbs"],
+                              weight_bytes=weight_b)
     print(f"# why: {gap['explanation']}")
     print(json.dumps({
         "model": lm.name, "dtype": args.dtype, "batch": args.batch, "device": lm.device,
         "bandwidth_gbs": bw.gbs, "bandwidth_median_gbs": bw.median_gbs, "weight_bytes": weight_b,
         "ceiling_tokens_per_s": ceiling, "decode_tokens_per_s": dec["aggregate_tokens_per_s"],
         "ratio": ratio, "achieved_gbs": achieved_gbs, "tpot_spread": dec["spread"],
-        "ops_per_token": gap["ops_per_step"], "bytes_share_of_step": gap["bytes_share"], "bound": gap["bound"],
+        "ops_per_token": gap["ops_per_step"], "bytes_share_of_step": gap["bytes_share"],
+        "gemv_gbs": gap["matmul_gbs"], "kernel_share_of_step": gap["kernel_share"],
+        "overhead_share_of_step": gap["overhead_share"], "bound": gap["bound"],
         "new_tokens": args.new_tokens, "repeats": args.repeats, "cpu": env.hardware()["cpu"], "gpu": env.hardware()["gpu"],
         "versions": {k: v for k, v in env.versions().items() if k in ("torch", "transformers")},
     }))

@@ -299,6 +299,28 @@ def test_decode_gap_explains_a_launch_bound_gpu():
         hardware.decode_gap(1.0, 1.0, 1.0, 0, "cpu")
 
 
+def test_decode_gap_splits_a_step_three_ways_on_recorded_numbers():
+    """Notebook 01's recorded run: a 65.7 ms step, 532 MB at the probe's 27 GB/s, nn.Linear's GEMV at 11.6 GB/s,
+    1653 operators. Two pieces called it overhead-bound; the GEMV's shortfall is the largest piece."""
+    gap = hardware.decode_gap(0.0657, 532e6, 27.0, 1653, "cpu", gemv_gbs=11.6)
+    assert gap["bytes_s"] == pytest.approx(0.0197, abs=1e-4)
+    assert gap["kernel_s"] == pytest.approx(532e6 / 11.6e9 - 532e6 / 27e9, rel=1e-6)
+    assert gap["bytes_s"] + gap["kernel_s"] + gap["overhead_s"] == pytest.approx(0.0657)
+    assert gap["bound"] == "kernel" and gap["matmul_gbs"] == 11.6
+    assert "11.6 GB/s" in gap["explanation"] and "43% of the bandwidth probe's" in gap["explanation"]
+    assert "overhead-bound" not in gap["explanation"]
+    # notebooks 05 and 10: the profiler's matmul time instead of the probe; 85 % of a step in matmul
+    prof = hardware.decode_gap(0.0657, 532e6, 27.0, 1653, "cpu", matmul_s=0.85 * 0.0657)
+    assert prof["bytes_s"] + prof["kernel_s"] == pytest.approx(0.85 * 0.0657)
+    assert prof["matmul_gbs"] == pytest.approx(532e6 / (0.85 * 0.0657) / 1e9)
+    assert "from the profiler's matmul time" in prof["explanation"]
+    # a kernel slower than the whole step never makes the pieces exceed it
+    capped = hardware.decode_gap(0.01, 100e6, 20.0, 10, "cpu", gemv_gbs=1.0)
+    assert capped["overhead_s"] == 0 and capped["bytes_s"] + capped["kernel_s"] == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="gemv_gbs"):
+        hardware.decode_gap(0.0657, 532e6, 27.0, 1653, "cpu", gemv_gbs=0)
+
+
 # ------------------------------------------------------------------------------------- GPU reference files
 
 

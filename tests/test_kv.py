@@ -273,6 +273,14 @@ def test_findings_choose_their_words_by_the_verdicts():
     assert "got faster, which no cache can do" in faster and "rerun" in faster
     rows = {r["finding"]: r["value"] for r in _findings().rows}
     assert rows["TPOT static / dynamic cache (×)"] == pytest.approx(1.2)
+    # the profiled step split as notebook 01 splits its own: 85 % matmul of a 65.7 ms step, 532 MB at 27 GB/s
+    from labkit.model import hardware
+
+    gap = hardware.decode_gap(0.0657, 532e6, 27.0, 1653, "cpu", matmul_s=0.85 * 0.0657)
+    split3 = " ".join(_findings(gap=gap).sentences)
+    assert "The profiled step is 30% its bytes at the probe's bandwidth, 55% the matrix-vector kernel" in split3
+    assert "15% per-operator overhead (largest: kernel)" in split3
+    assert "profiled step is" not in text  # no split without a gap
 
 
 def test_one_compile_story_in_one_unit_for_notebooks_04_05_08():

@@ -105,37 +105,72 @@ BIGGER_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # suggested where the default model
 
 
 def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_per_step: int | None,
-               device: str) -> dict[str, Any]:
-    """Why a decode step takes longer than its bytes need: the share of the step the bytes explain, the
-    operators (kernel launches on a GPU) each step runs, and the time left per operator.
+               device: str, *, gemv_gbs: float | None = None, matmul_s: float | None = None,
+               weight_bytes: float | None = None) -> dict[str, Any]:
+    """Why a decode step takes longer than its bytes need, split three ways — one explanation that notebooks
+    01, 05 and 10 share:
 
-    When less than half of a step is the bytes at the probed bandwidth, the per-operator cost sets the speed:
-    ``bound`` is "launch" on a GPU (a kernel launch per operator), "overhead" on a CPU, else "bandwidth". A
-    bigger model (more bytes per operator) then gets closer to the roofline ceiling.
+    1. ``bytes_s``: the step's bytes (weights and KV cache) at the probed ``bandwidth_gbs``: the roofline's time;
+    2. ``kernel_s``: the extra the matrix-vector products (GEMV) take because they read the weights slower than
+       the probe: from ``matmul_s`` (the profiler's matmul time in one step) when given, else from ``gemv_gbs``
+       (the GEMV's own GB/s, ``linear_layout_probe``); 0 when neither is known;
+    3. ``overhead_s``: the rest, shared by the ``ops_per_step`` operators (Python, dispatch, small kernels; on a
+       GPU, one launch each).
+
+    ``bound`` names the largest piece: "bandwidth", "kernel", or "overhead" ("launch" on a GPU). ``weight_bytes``
+    (default ``bytes_per_step``) are the bytes the matrix products read. Pieces never sum past the step: a
+    kernel slower than the whole step is capped at what the bytes leave.
     """
     if tpot_s <= 0 or bytes_per_step <= 0 or bandwidth_gbs <= 0:
         raise ValueError(f"tpot_s={tpot_s}, bytes_per_step={bytes_per_step}, bandwidth_gbs={bandwidth_gbs}: "
                          "all must be positive")
     if ops_per_step is not None and ops_per_step <= 0:
         raise ValueError(f"ops_per_step={ops_per_step}: must be positive (or None when not counted)")
-    bytes_s = bytes_per_step / (bandwidth_gbs * 1e9)
-    rest_s = max(0.0, tpot_s - bytes_s)
-    gpu = str(device).startswith("cuda")
-    bound = "bandwidth" if bytes_s >= 0.5 * tpot_s else "launch" if gpu else "overhead"
-    per_op_us = rest_s / ops_per_step * 1e6 if ops_per_step else None
-    ops = f"{ops_per_step} operators per step" if ops_per_step else "its operators"
-    each = f", about {per_op_us:.1f} µs per operator" if per_op_us is not None else ""
-    share = f"{bytes_s * 1e3:.3f} ms of each {tpot_s * 1e3:.2f} ms step is reading the bytes at {bandwidth_gbs:.0f} GB/s"
-    if bound == "bandwidth":
-        text = f"{share}: decode here is memory-bound, as the roofline assumes; the rest is per-operator overhead."
+    for name, v in (("gemv_gbs", gemv_gbs), ("matmul_s", matmul_s), ("weight_bytes", weight_bytes)):
+        if v is not None and v <= 0:
+            raise ValueError(f"{name}={v}: must be positive (or None when not measured)")
+    w_bytes = weight_bytes or bytes_per_step
+    bytes_s = min(tpot_s, bytes_per_step / (bandwidth_gbs * 1e9))
+    w_at_probe = w_bytes / (bandwidth_gbs * 1e9)
+    if matmul_s is not None:
+        matmul_gbs = w_bytes / matmul_s / 1e9
+        kernel_s = max(0.0, matmul_s - w_at_probe)
+    elif gemv_gbs is not None:
+        matmul_gbs = gemv_gbs
+        kernel_s = max(0.0, w_bytes / (gemv_gbs * 1e9) - w_at_probe)
     else:
-        kind = ("launch-bound, not memory-bound (each operator is a kernel launch the GPU waits for)" if gpu
-                else "overhead-bound, not memory-bound (each operator pays Python, dispatch and a small kernel)")
-        text = (f"{share}; the rest is {ops}{each}. Decode here is {kind}, so the roofline ceiling is out of "
-                f"reach. A bigger model reads more bytes per operator: try "
-                f"LABKIT_MODEL={BIGGER_MODEL} or larger"
-                + (", where reading the weights takes a larger share of each step." if gpu else "."))
+        matmul_gbs, kernel_s = None, 0.0
+    kernel_s = min(kernel_s, tpot_s - bytes_s)
+    overhead_s = max(0.0, tpot_s - bytes_s - kernel_s)
+    gpu = str(device).startswith("cuda")
+    pieces = {"bandwidth": bytes_s, "kernel": kernel_s, ("launch" if gpu else "overhead"): overhead_s}
+    bound = max(pieces, key=pieces.get)
+    per_op_us = overhead_s / ops_per_step * 1e6 if ops_per_step else None
+    ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+    said = [f"of each {ms(tpot_s)} step, {ms(bytes_s)} is reading its {bytes_per_step / 1e6:.0f} MB at the probe's "
+            f"{bandwidth_gbs:.1f} GB/s"]
+    if matmul_gbs is not None:
+        source = "from the profiler's matmul time" if matmul_s is not None else "measured by the layout probe"
+        said.append(f"{ms(kernel_s)} more because the matrix-vector products read the weights at {matmul_gbs:.1f} GB/s "
+                    f"({source}: {matmul_gbs / bandwidth_gbs:.0%} of the bandwidth probe's)")
+    ops = f"{ops_per_step} operators" if ops_per_step else "its operators"
+    each = f" at about {per_op_us:.1f} µs each" if per_op_us is not None else ""
+    said.append(f"{ms(overhead_s)} is {ops}{each} ({'kernel launches' if gpu else 'Python, dispatch and small kernels'})")
+    verdict_ = {
+        "bandwidth": "decode here is memory-bound, as the roofline assumes",
+        "kernel": ("decode here is bound by the matrix-vector kernel: it reads the weights slower than memory "
+                   "allows, so the roofline ceiling is out of reach until the kernel (a packed layout, a fused "
+                   "quantised GEMV as llama.cpp and ONNX Runtime use) reads faster"),
+        "overhead": ("decode here is overhead-bound: each operator pays Python, dispatch and a small kernel, so fewer "
+                     f"operators (fusion, compiled graphs) or a bigger model (try LABKIT_MODEL={BIGGER_MODEL}) helps"),
+        "launch": ("decode here is launch-bound: each operator is a kernel launch the GPU waits for; CUDA graphs or "
+                   f"a bigger model (try LABKIT_MODEL={BIGGER_MODEL}) read more bytes per launch"),
+    }[bound]
+    text = "; ".join(said) + f". Largest piece: {bound} ({pieces[bound] / tpot_s:.0%}): {verdict_}."
+    text = text[0].upper() + text[1:]
     return {"device": str(device), "step_s": tpot_s, "bytes_s": bytes_s, "bytes_share": bytes_s / tpot_s,
+            "kernel_s": kernel_s, "kernel_share": kernel_s / tpot_s, "matmul_gbs": matmul_gbs,
+            "overhead_s": overhead_s, "overhead_share": overhead_s / tpot_s,
             "ops_per_step": ops_per_step, "overhead_us_per_op": per_op_us, "bound": bound, "explanation": text}
 
 

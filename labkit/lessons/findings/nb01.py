@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...core import verdict
-from . import Findings
+from . import Findings, step_split
 
 
 def takeaways(*, weights_mib: Mapping[str, float], model: str, big: Mapping[str, Any], device: str, gbs: float,
@@ -17,7 +17,7 @@ def takeaways(*, weights_mib: Mapping[str, float], model: str, big: Mapping[str,
     """``weights_mib``: the default model's weights by dtype (fp32, fp16, nf4); ``big``: the KV table's largest row
     (model, context, batch, kv_gib, weight_gib); ``decode``/``prefill``: roofline rows (intensity, bound, of_roof,
     gflops); ``ceiling``: batch 1's decode row (measured_tokens_per_s, ceiling_tokens_per_s, ratio); ``gap``:
-    ``hardware.decode_gap``; ``first``/``last``: the smallest and largest batch's decode rows, with ``samples`` of
+    ``hardware.decode_gap`` (its three-way split of a step); ``first``/``last``: the smallest and largest batch's decode rows, with ``samples`` of
     aggregate_tokens_per_s and overhead_ms_per_token. The headline: measured decode over its ceiling."""
     batch_v = batch_verdict(first, last)
     said = {verdict.BETTER: f"rose {batch_v.gain:.2f}× (at most {int(last['batch'] / first['batch'])}×)",
@@ -41,7 +41,7 @@ def takeaways(*, weights_mib: Mapping[str, float], model: str, big: Mapping[str,
          f"prefill intensity, {prefill_tokens} tokens (FLOPs per byte)", prefill["intensity"]),
         (f"Measured decode at batch 1: {ceiling['measured_tokens_per_s']:.1f} tokens/s, {ceiling['ratio']:.2f}× of the "
          f"{ceiling['ceiling_tokens_per_s']:.1f} tokens/s ceiling; one step ran {operators} operators, {linear} of them "
-         f"matrix-vector products; the bytes explain {gap['bytes_share']:.0%} of a step ({gap['bound']}-bound).",
+         f"matrix-vector products. A step is {step_split(gap)}.",
          "measured decode / its bandwidth ceiling, batch 1", ceiling["ratio"]),
         (f"Batching from {int(first['batch'])} to {int(last['batch'])}: aggregate tokens/s {said}; the overhead per "
          f"token went {first['overhead_ms_per_token']:.1f} → {last['overhead_ms_per_token']:.1f} ms {shared}.",

@@ -9,7 +9,7 @@ from typing import Any
 from ...core import verdict
 from ...core.verdict import NOISE, Verdict
 from ...model import sizing
-from . import Findings
+from . import Findings, step_split
 
 
 def _times(new: Any, base: Any, key: str, **kw: Any) -> Verdict:
@@ -19,7 +19,8 @@ def _times(new: Any, base: Any, key: str, **kw: Any) -> Verdict:
 
 def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speedup: float,
               step_growth: dict[str, float], kv_sizes: Any, bytes_per_position: int, split: Any, variants: Any,
-              attention: Any, decode_shares: dict[str, Any], weight_bytes: int | None = None) -> Findings:
+              attention: Any, decode_shares: dict[str, Any], weight_bytes: int | None = None,
+              gap: dict[str, Any] | None = None) -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the verdicts.
 
     ``step_growth``: last step's time / first decode step's, per 'cache on' / 'cache off'. ``kv_sizes``: rows with
@@ -28,7 +29,8 @@ def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speed
     implementation ('eager', 'sdpa') with ttft_s and agreement. Rows that kept ``samples`` are judged by
     ``verdict.compare``; a row without them counts as one sample (never a real difference). ``decode_shares``: group → share
     of a decode step, or → the shares of each profiled repeat. ``weight_bytes``: the bytes a decode step reads
-    besides the cache, for the growth the bytes predict.
+    besides the cache, for the growth the bytes predict. ``gap``: the profiled step split three ways
+    (``hardware.decode_gap`` with the profiler's matmul time), as notebooks 01 and 10 split theirs.
     """
     fit = kv_sizes["measured / formula"]
     short, long_ = split.iloc[0], split.iloc[-1]
@@ -81,7 +83,8 @@ def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speed
         f"sdpa prefilled the long prompt {verdict.than(sdpa_said)} eager ({sdpa_x:.2f}× its TTFT; {sdpa_said.reason}); "
         f"{attention.loc['sdpa'].agreement:.0%} of its tokens equal eager's.",
         f"A decode step spent {matmul:.0%} of its time in matrix multiplication and {attn:.0%} in attention "
-        f"(median of {len(matmul_s)} profiled step{'s' * (len(matmul_s) != 1)}): " + where_time,
+        f"(median of {len(matmul_s)} profiled step{'s' * (len(matmul_s) != 1)}): " + where_time
+        + (f" The profiled step is {step_split(gap)}." if gap else ""),
     ]
     rows = [
         {"finding": f"cache on vs off, {tokens} new tokens (speedup ×)", "value": speedup},
