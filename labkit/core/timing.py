@@ -191,12 +191,11 @@ class Measurement:
                    first=data.get("first"), warmup=data.get("warmup", 0), meta=dict(data.get("meta", {})))
 
     def warn_if_noisy(self) -> None:
-        if self.noisy:
-            advice = ("raise the repeat count before trusting the median (the load line found this machine quiet: "
-                      "the spread is the workload's own)" if machine_busy is False else
-                      "close other programs or raise the repeat count before trusting the median")
-            warnings.warn(f"{self.name}: spread {self.spread:.0%} of the median exceeds {SPREAD_LIMIT:.0%}; {advice}",
-                          stacklevel=2)
+        """Warn of a wide spread only where the load line found other work on the machine (or has not read it):
+        on a quiet machine the spread is the workload's own, and the tables' spread column shows it."""
+        if self.noisy and machine_busy is not False:
+            warnings.warn(f"{self.name}: spread {self.spread:.0%} of the median exceeds {SPREAD_LIMIT:.0%}; close other "
+                          "programs or raise the repeat count before trusting the median", stacklevel=2)
 
     def __repr__(self) -> str:
         flag = "  (noisy)" if self.noisy else ""
