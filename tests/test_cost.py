@@ -30,6 +30,24 @@ def test_the_shipped_table_has_provenance_on_every_row():
     assert len({r["name"] for r in rows}) == len(rows)
 
 
+def test_every_cpu_row_has_vcpus_and_both_architectures_are_priced():
+    cpu = [r for r in cost.load_prices() if r["kind"] == "cpu"]
+    for r in cpu:
+        assert isinstance(r.get("vcpus"), int) and r["vcpus"] > 0, r["name"]
+        assert r["arch"] in ("x86", "arm"), r["name"]
+    assert {r["arch"] for r in cpu} == {"x86", "arm"}, "the table needs at least one x86 and one Arm CPU row"
+
+
+@pytest.mark.parametrize("arch", [None, "amd64", "ARM"])
+def test_a_cpu_row_without_a_known_arch_fails_naming_the_fix(tmp_path, arch):
+    row = {**GOOD, "name": "Example CPU", "kind": "cpu", "gpus": None}
+    if arch is not None:
+        row["arch"] = arch
+    with pytest.raises(ValueError, match=rf"row 0 \('Example CPU'\): arch={arch!r}: .*add \"arch\": one of"):
+        cost.load_prices(write(tmp_path, [row]))
+    cost.load_prices(write(tmp_path, [{**row, "arch": "x86"}]))  # the fix named in the error is enough
+
+
 @pytest.mark.parametrize("field", ["source", "date"])
 def test_a_row_without_its_source_or_date_fails_naming_the_row(tmp_path, field):
     bad = {k: v for k, v in GOOD.items() if k != field}
@@ -79,7 +97,7 @@ def test_dollars_per_million_tokens():
 
 def test_cost_table_scales_gpu_rows_and_keeps_provenance():
     prices = [GOOD, {**GOOD, "name": "Example 8x GPU", "gpus": 8, "hourly_usd": 20.0},
-              {**GOOD, "name": "Example CPU", "kind": "cpu", "gpus": None, "hourly_usd": 0.1}]
+              {**GOOD, "name": "Example CPU", "kind": "cpu", "arch": "x86", "gpus": None, "hourly_usd": 0.1}]
     table = cost.cost_table(100.0, prices)
     by = table.set_index("name")
     assert by.loc["Example 8x GPU", "tokens_per_s"] == 800.0 and by.loc["Example CPU", "tokens_per_s"] == 100.0
@@ -92,7 +110,7 @@ def test_cost_table_scales_gpu_rows_and_keeps_provenance():
 
 
 def test_cost_table_per_kind_throughput_own_price_and_filter():
-    prices = [GOOD, {**GOOD, "name": "Example CPU", "kind": "cpu", "gpus": None, "hourly_usd": 0.1}]
+    prices = [GOOD, {**GOOD, "name": "Example CPU", "kind": "cpu", "arch": "x86", "gpus": None, "hourly_usd": 0.1}]
     table = cost.cost_table({"cpu": 20.0}, prices, hourly_usd=0.05)
     by = table.set_index("name")
     assert by.loc["your price", "usd_per_million_tokens"] == pytest.approx(0.05 / (20 * 3600) * 1e6)
@@ -116,3 +134,20 @@ def test_cost_table_on_the_shipped_prices():
         row = rows[rec["name"]]
         tps = (1000.0 * row["gpus"]) if row["kind"] == "gpu" else 20.0
         assert rec["usd_per_million_tokens"] == pytest.approx(row["hourly_usd"] / (tps * 3600) * 1e6)
+
+
+def test_cpu_rows_are_priced_as_if_each_vcpu_did_one_core_here():
+    """The recorded run: one single-thread replica made 37.0 tokens/s at the knee on a 2-core machine."""
+    tps, said = cost.cpu_as_if(37.0, 2)
+    shipped = {r["name"]: r for r in cost.load_prices()}
+    assert tps["your price"] == pytest.approx(74.0) and tps["AWS m7g.large"] == pytest.approx(37.0 * 2)
+    assert all(tps[n] == pytest.approx(37.0 * r["vcpus"]) for n, r in shipped.items() if r["kind"] == "cpu")
+    assert not any(shipped[n]["kind"] == "gpu" for n in tps if n in shipped), "GPU rows get no CPU throughput"
+    assert said.startswith("Priced as if") and "74.0 tokens/s" in said and "half a core" in said
+    table = cost.cost_table(tps, hourly_usd=0.10, label="your price").set_index("name")
+    assert table.loc["AWS m7g.large", "usd_per_million_tokens"] == pytest.approx(0.0816 / (74.0 * 3600) * 1e6)
+    assert table.loc["your price", "tokens_per_s"] == pytest.approx(74.0)
+    with pytest.raises(ValueError, match="cores"):
+        cost.cpu_as_if(37.0, 0)
+    with pytest.raises(ValueError, match="per_core_tokens_per_s"):
+        cost.cpu_as_if(0.0, 2)

@@ -81,7 +81,8 @@ class Reading:
         return {**asdict(self), "busy": self.busy, "line": self.line()}
 
 
-def _cores() -> int:
+def cores() -> int:
+    """The CPUs this process may run on (its affinity), else the machine's count."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -134,9 +135,9 @@ def _cmdline(pid: int, fallback: str) -> str:
 
 def read(where: str = "now", window_s: float = WINDOW_S) -> Reading:
     """Look at the machine for ``window_s`` seconds: load average, steal and the other processes' CPU."""
-    cores = _cores()
+    n_cores = cores()
     try:
-        load: float | None = os.getloadavg()[0] / cores
+        load: float | None = os.getloadavg()[0] / n_cores
     except (AttributeError, OSError):
         load = None
     try:
@@ -145,7 +146,7 @@ def read(where: str = "now", window_s: float = WINDOW_S) -> Reading:
         after, stat1, elapsed = _process_cpu(), _cpu_times(), clock() - t0
         mine = _own_family()
     except psutil.Error:  # no process table to read here: the load average alone
-        return Reading(where, cores, load, None, None, [], time.time())
+        return Reading(where, n_cores, load, None, None, [], time.time())
     used: list[tuple[int, str, float]] = []
     for pid, (name, seconds) in after.items():
         if pid in mine or pid not in before:
@@ -158,7 +159,7 @@ def read(where: str = "now", window_s: float = WINDOW_S) -> Reading:
     if stat0 and stat1 and stat1[0] > stat0[0]:
         steal = (stat1[1] - stat0[1]) / (stat1[0] - stat0[0])
     busiest = [(_cmdline(pid, name), round(c, 2)) for pid, name, c in used[:TOP] if c >= 0.05]
-    return Reading(where, cores, load, steal, sum(u[2] for u in used), busiest, time.time())
+    return Reading(where, n_cores, load, steal, sum(u[2] for u in used), busiest, time.time())
 
 
 def fit_threads(reading: Reading) -> str:

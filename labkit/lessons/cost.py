@@ -35,7 +35,8 @@ def _row_error(path: Path, i: int, row: Any, problem: str) -> ValueError:
 
 
 def check_row(row: Any, i: int = 0, path: Path | str = "prices") -> dict[str, Any]:
-    """One price row, validated: a name, a kind (gpu|cpu), hourly_usd > 0, the source page's URL and an ISO date."""
+    """One price row, validated: a name, a kind (gpu|cpu), hourly_usd > 0, the source page's URL and an ISO date;
+    a cpu row also names its arch (x86|arm)."""
     path = Path(path)
     if not isinstance(row, dict):
         raise _row_error(path, i, row, f"expected an object with {REQUIRED}, got {type(row).__name__}")
@@ -60,6 +61,10 @@ def check_row(row: Any, i: int = 0, path: Path | str = "prices") -> dict[str, An
     gpus = row.get("gpus")
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0):
         raise _row_error(path, i, row, f"gpus={gpus!r}: the GPUs in the instance, a positive integer")
+    archs = ("x86", "arm")
+    if row["kind"] == "cpu" and row.get("arch") not in archs:
+        raise _row_error(path, i, row, f"arch={row.get('arch')!r}: a cpu row names its instruction set, "
+                                       f"add \"arch\": one of {archs} (e.g. \"x86\" for Intel/AMD, \"arm\" for Graviton)")
     return row
 
 
@@ -137,3 +142,25 @@ def cost_table(tokens_per_s: float | Mapping[str, float], prices: Sequence[dict[
     if not table.empty:
         table = table.sort_values("usd_per_million_tokens", na_position="last", kind="stable").reset_index(drop=True)
     return table
+
+
+def cpu_as_if(per_core_tokens_per_s: float, cores: int, prices: Sequence[dict[str, Any]] | None = None,
+              ) -> tuple[dict[str, float], str]:
+    """Throughputs to price CPU rows with, from one single-thread replica's ``per_core_tokens_per_s`` measured here:
+    this machine runs ``cores`` such replicas (one per core), and each CPU row's instance is priced as if each of its
+    vCPUs did what one core here did. Returns ({row name → tokens/s, "your price" → this machine's}, the sentence
+    that says so, to print beside the table). An assumption, stated as one: an instance's CPU is not this one, and
+    a vCPU is often half a core (SMT)."""
+    if not per_core_tokens_per_s or per_core_tokens_per_s <= 0:
+        raise ValueError(f"per_core_tokens_per_s={per_core_tokens_per_s!r}: one replica's measured tokens/s, positive")
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores <= 0:
+        raise ValueError(f"cores={cores!r}: the cores this machine gives replicas, a positive integer")
+    rows = [check_row(r, i) for i, r in enumerate(load_prices() if prices is None else prices)]
+    machine = per_core_tokens_per_s * cores
+    tps = {r["name"]: per_core_tokens_per_s * r["vcpus"] for r in rows if r["kind"] == "cpu" and r.get("vcpus")}
+    tps["your price"] = machine
+    said = (f"Priced as if each vCPU of an instance decoded {per_core_tokens_per_s:.1f} tokens/s, as one core here "
+            f"did (one single-thread replica at the knee), and as if this machine ran {cores} such replicas "
+            f"({machine:.1f} tokens/s); the instances' CPUs are not this one (see each row's arch), and a cloud vCPU "
+            "is often half a core.")
+    return tps, said

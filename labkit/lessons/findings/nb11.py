@@ -13,7 +13,7 @@ def takeaways(*, head: Mapping[str, Any], capacity_reason: str, arithmetic: str 
               tokens_per_s: float, answered: int, requests: int) -> Findings:
     """``head``: ``scale_out.headline``'s figures (its ``ttft_verdict`` from ``core.verdict``); ``capacity_reason``:
     the knee finder's reason; ``arithmetic``: the replicas-needed sum, or None where no knee was found; ``chosen``:
-    the price row (name, usd_per_million_tokens); ``tokens_per_s``: one replica's output at the knee;
+    the price row (name, usd_per_million_tokens, tokens_per_s: what it was priced at); ``tokens_per_s``: one replica's output at the knee;
     ``answered``/``requests``: the fault run. The headline: TTFT p50, cache-aware over round-robin."""
     word = {"better": "lower", "worse": "higher"}.get(head["ttft_verdict"], head["ttft_verdict"])
     says = [
@@ -23,8 +23,10 @@ def takeaways(*, head: Mapping[str, Any], capacity_reason: str, arithmetic: str 
         f"{head['ttft_p50_ratio_ca_over_rr']:.2f}× round-robin's ({word} over {head['rounds']} rounds). Answers "
         f"identical to one server's: {head['answers_identical_to_one_server']}.",
         f"Capacity: {capacity_reason}" + (f"; {arithmetic}." if arithmetic else "."),
-        f"Cost: ${chosen['usd_per_million_tokens']:.2f} per million output tokens at {chosen['name']}'s price, from this "
-        f"run's {tokens_per_s:.1f} tokens/s.",
+        f"Cost: ${chosen['usd_per_million_tokens']:.2f} per million output tokens at {chosen['name']}'s price, priced "
+        + (f"as if the instance made {chosen['tokens_per_s']:.1f} tokens/s from this run's {tokens_per_s:.1f} (one replica "
+           "at the knee; the line above the cost table says how)." if chosen.get("tokens_per_s")
+           and abs(chosen["tokens_per_s"] - tokens_per_s) > 1e-9 else f"from this run's {tokens_per_s:.1f} tokens/s."),
         f"Faults: a replica killed mid-run left {answered} of {requests} requests answered and the rest counted; the "
         "router refused a bad configuration and both ports in use, each in one line.",
     ]
