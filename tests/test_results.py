@@ -100,3 +100,19 @@ def test_provenance_names_the_cpu_with_its_instruction_sets():
     assert "in the reference (full mode, AMD EPYC 9B14 (avx2 avx512_bf16))" in line
     assert f"0.23× here ({cpu.cpu_line(env.hardware())})" in line and "off the reference" in line
     assert "cpu_isa" in env.environment()["hardware"], "every result saved records its ISA"
+
+
+def test_apple_silicon_names_its_isa_from_sysctl(monkeypatch):
+    """A Mac has no /proc/cpuinfo: its results would say "ISA not recorded" without sysctl's answers."""
+    from labkit.core import cpu
+
+    m2 = {"hw.optional.AdvSIMD": "1\n", "hw.optional.arm.FEAT_FP16": "1\n", "hw.optional.arm.FEAT_BF16": "1\n",
+          "hw.optional.arm.FEAT_DotProd": "1\n", "hw.optional.arm.FEAT_I8MM": "1\n"}
+    assert cpu.apple_flags("Darwin", "arm64", m2.get) == {"asimd", "asimdhp", "fphp", "bf16", "asimddp", "i8mm"}
+    m1 = {**m2, "hw.optional.arm.FEAT_BF16": "0\n", "hw.optional.arm.FEAT_I8MM": "0\n"}
+    assert "bf16" not in cpu.apple_flags("Darwin", "arm64", m1.get)
+    assert cpu.apple_flags("Linux", "aarch64", m2.get) == set() and cpu.apple_flags("Darwin", "x86_64", m2.get) == set()
+    monkeypatch.setattr(cpu, "cpuinfo", lambda *keys: None)
+    monkeypatch.setattr(cpu, "apple_flags", lambda: {"asimd", "asimdhp", "bf16", "asimddp"})
+    assert cpu.cpu_isa() == ["asimd", "asimdhp", "asimddp", "bf16"]
+    assert cpu.cpu_line({"cpu": "Apple M2", "cpu_isa": cpu.cpu_isa()}) == "Apple M2 (asimd asimdhp asimddp bf16)"

@@ -26,10 +26,38 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp1
              "asimd", "asimdhp", "asimddp", "bf16", "i8mm", "sve")
 
 
+# Apple silicon reports the same features through sysctl, not /proc/cpuinfo (Linux name → sysctl key)
+APPLE_SYSCTL = {"asimd": "hw.optional.AdvSIMD", "asimdhp": "hw.optional.arm.FEAT_FP16",
+                "bf16": "hw.optional.arm.FEAT_BF16", "asimddp": "hw.optional.arm.FEAT_DotProd",
+                "i8mm": "hw.optional.arm.FEAT_I8MM"}
+
+
+def apple_flags(system: str | None = None, machine: str | None = None, sysctl: Any = None) -> set[str]:
+    """Apple silicon's features under their Linux names, from ``sysctl -n`` (``sysctl``: key → its output, for
+    tests); empty off macOS on Arm. ``fphp`` comes with ``asimdhp``, as Linux reports them."""
+    if (system or platform.system()) != "Darwin" or not (machine or platform.machine()).lower().startswith("arm"):
+        return set()
+    if sysctl is None:
+        import subprocess
+
+        def sysctl(key: str) -> str:
+            try:
+                out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5, check=False)
+            except (OSError, subprocess.TimeoutExpired):
+                return ""
+            return out.stdout
+    found = {flag for flag, key in APPLE_SYSCTL.items() if sysctl(key).strip() == "1"}
+    return found | ({"fphp"} if "asimdhp" in found else set())
+
+
 def cpu_isa(flags: str | None = None) -> list[str]:
-    """The instruction sets of ``ISA_FLAGS`` this CPU has, from /proc/cpuinfo's flags (x86) or Features (Arm), or
-    from ``flags``; [] where neither is readable (macOS: ``hardware.cpu_features`` reads sysctl instead)."""
-    have = set(((cpuinfo("flags", "Features") if flags is None else flags) or "").split())
+    """The instruction sets of ``ISA_FLAGS`` this CPU has: from ``flags``, else /proc/cpuinfo's flags (x86) or
+    Features (Arm), else (macOS on Apple silicon) sysctl's; [] where none is readable."""
+    if flags is None:
+        line = cpuinfo("flags", "Features")
+        have = set(line.split()) if line is not None else apple_flags()
+    else:
+        have = set(flags.split())
     return [f for f in ISA_FLAGS if f in have]
 
 

@@ -178,9 +178,6 @@ _HALF_FLAGS = ("f16c", "avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_til
                "avx512_vnni", "avx_vnni", "amx_int8")
 # Arm: fp16 arithmetic (fphp scalar, asimdhp vector), bf16 instructions, int8 dot products and matrix multiply
 _ARM_FLAGS = ("fphp", "asimdhp", "bf16", "asimddp", "i8mm", "sve", "sme")
-# Apple silicon reports the same features through sysctl, not /proc/cpuinfo
-_APPLE_SYSCTL = {"asimdhp": "hw.optional.arm.FEAT_FP16", "bf16": "hw.optional.arm.FEAT_BF16",
-                 "asimddp": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM"}
 
 
 def cpu_arch(machine: str | None = None) -> str:
@@ -199,26 +196,7 @@ def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (x86 'flags', Arm 'Features'); on macOS, Apple silicon's
     features from sysctl under their Linux names. Empty where neither says anything."""
     line = cpu.cpuinfo("flags", "Features")
-    return set(line.split()) if line is not None else _apple_flags()
-
-
-def _apple_flags() -> set[str]:
-    import platform
-    import subprocess
-
-    if platform.system() != "Darwin" or cpu_arch() != "arm":
-        return set()
-    found = set()
-    for flag, key in _APPLE_SYSCTL.items():
-        try:
-            out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if out.stdout.strip() == "1":
-            found.add(flag)
-    if "asimdhp" in found:
-        found.add("fphp")
-    return found
+    return set(line.split()) if line is not None else cpu.apple_flags()
 
 
 def cpu_features() -> dict[str, bool]:
