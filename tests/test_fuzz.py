@@ -155,3 +155,27 @@ def test_class_page_draws_each_mode_apart():
     assert "alice" not in page[:page.index("<h3>quick mode</h3>")]  # each learner only in its own mode's plot
     one, _ = merge_results.plots_html([sub("alice", True, 3.0)])
     assert "mode</h3>" not in one
+
+
+def test_class_results_are_grouped_by_isa_class():
+    """One model name ("AMD EPYC") covers AVX2 and AVX-512 parts: the room's plots and tables group by ISA class."""
+    from labkit.core import cpu, results
+
+    def sub(name, isa, gain):
+        res = results.Results("06_batching", env={"hardware": {"cpu": "AMD EPYC", "cpu_isa": isa}, "device": "cpu",
+                                                  "quick": True})
+        res.add("static", batch_size=1, total_tokens_per_s=10.0)
+        res.add("static", batch_size=8, total_tokens_per_s=10.0 * gain)
+        return merge_results.Submission(learner=name, file=f"{name}.json", res=res)
+
+    subs = [sub("zoe", ["avx2", "fma"], 3.0), sub("amy", ["avx2", "avx512f", "avx512_bf16"], 5.0),
+            sub("bob", ["avx2"], 3.2)]
+    points = merge_results.batching_points(subs)
+    assert {p["learner"]: p["isa_class"] for p in points} == {"zoe": "AVX2", "amy": "AVX-512", "bob": "AVX2"}
+    fig = merge_results.batching_figure(points)
+    assert list(fig.data[0].x) == ["amy (AVX-512)", "bob (AVX2)", "zoe (AVX2)"]
+    df = merge_results.rows_table(subs)
+    tables = merge_results.class_html(df, [], subs).split("<h2 id='tables'>")[1]
+    assert tables.index("amy") < tables.index("bob") < tables.index("zoe")
+    assert cpu.isa_class({"cpu": "Apple M2", "cpu_isa": ["asimd", "bf16"]}) == "Apple silicon"
+    assert cpu.isa_class({"cpu": "x", "gpu": "NVIDIA H100"}) == "GPU" and cpu.isa_class({}) == "ISA not recorded"

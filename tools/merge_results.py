@@ -132,7 +132,7 @@ def rows_table(subs: list[Submission]):
     for s in subs:
         e = s.res.env
         for row in s.res.rows:
-            records.append({"learner": s.learner, "notebook": s.res.name, "machine": _machine(e),
+            records.append({"learner": s.learner, "notebook": s.res.name, "isa_class": _class(s), "machine": _machine(e),
                             "device": e.get("device"), "quick": e.get("quick"), "model": e.get("model"),
                             "date": e.get("date"), **row})
     return pd.DataFrame(records)
@@ -159,6 +159,11 @@ def _label(s: Submission) -> str:
     return f"{s.learner} · {_machine(s.res.env)}"
 
 
+def _class(s: Submission) -> str:
+    """The ISA class the plots and tables group a learner's results by (``cpu.isa_class``)."""
+    return cpu.isa_class(s.res.env.get("hardware") or {})
+
+
 def roofline_points(subs: list[Submission]) -> list[dict[str, Any]]:
     """Per 01_hardware_sizing file: bandwidth (GB/s), batch-1 (else smallest batch) measured and
     ceiling decode tokens/s, and the bytes one token reads (bandwidth ÷ ceiling)."""
@@ -173,7 +178,7 @@ def roofline_points(subs: list[Submission]) -> list[dict[str, Any]]:
         d = min(decode, key=lambda r: r["batch"])
         ceiling = _num(d.get("ceiling_tokens_per_s"))
         points.append({"learner": s.learner, "label": _label(s), "model": str(s.res.env.get("model") or "default"),
-                       "bandwidth_gbs": bw, "batch": d["batch"], "tokens_per_s": d["measured_tokens_per_s"],
+                       "isa_class": _class(s), "bandwidth_gbs": bw, "batch": d["batch"], "tokens_per_s": d["measured_tokens_per_s"],
                        "ceiling_tokens_per_s": ceiling,
                        "bytes_per_token": bw * 1e9 / ceiling if ceiling else None})
     return points
@@ -194,7 +199,8 @@ def precision_points(subs: list[Submission]) -> list[dict[str, Any]]:
             tps = _num(r.get("decode_tokens_per_s"))
             if r is base or tps is None:
                 continue
-            points.append({"learner": s.learner, "label": _label(s), "notebook": s.res.name, "variant": str(r["variant"]),
+            points.append({"learner": s.learner, "label": _label(s), "isa_class": _class(s), "notebook": s.res.name,
+                           "variant": str(r["variant"]),
                            "speedup": tps / base["decode_tokens_per_s"], "agreement": _num(r.get("agreement")),
                            "kl": _num(r.get("kl"))})
     return points
@@ -215,7 +221,8 @@ def batching_points(subs: list[Submission]) -> list[dict[str, Any]]:
             if len(rows) >= 2 and rows[0][size] == 1:
                 gains[section] = (rows[-1][value] / rows[0][value], rows[-1][size])
         if gains:
-            points.append({"learner": s.learner, "label": _label(s), **{f"{k}_gain": v[0] for k, v in gains.items()},
+            points.append({"learner": s.learner, "label": _label(s), "isa_class": _class(s),
+                           **{f"{k}_gain": v[0] for k, v in gains.items()},
                            **{f"{k}_size": v[1] for k, v in gains.items()}})
     return points
 
@@ -238,13 +245,13 @@ def roofline_figure(points: list[dict[str, Any]]):
         b = statistics.median(per_token)
         fig.add_scatter(x=[0, top], y=[0, top * 1e9 / b], mode="lines", line={"dash": "dash"},
                         name=f"roofline {model}: bandwidth ÷ {b / 1e6:.0f} MB per token")
-    for model in sorted({p["model"] for p in points}):
-        mine = [p for p in points if p["model"] == model]
+    for model, isa in sorted({(p["model"], p.get("isa_class", "ISA not recorded")) for p in points}):
+        mine = [p for p in points if p["model"] == model and p.get("isa_class", "ISA not recorded") == isa]
         fig.add_scatter(x=[p["bandwidth_gbs"] for p in mine], y=[p["tokens_per_s"] for p in mine],
                         mode="markers+text", text=[p["learner"] for p in mine], textposition="top center",
                         hovertext=[f"{p['label']}: batch {p['batch']}, {p['tokens_per_s']:.1f} tokens/s, "
                                    f"ceiling {p['ceiling_tokens_per_s'] or 0:.1f}" for p in mine],
-                        marker={"size": 11}, name=f"measured ({model})")
+                        marker={"size": 11}, name=f"measured ({model}, {isa})")  # one trace per ISA class
     fig.update_layout(title="Memory bandwidth against decode speed: each laptop and its roofline",
                       xaxis_title="measured bandwidth (GB/s)", yaxis_title="decode tokens/s (batch 1)",
                       xaxis_rangemode="tozero", yaxis_rangemode="tozero", legend={"orientation": "h", "y": -0.2})
@@ -256,7 +263,7 @@ def precision_figure(points: list[dict[str, Any]]):
     from plotly.subplots import make_subplots
 
     variants = sorted({p["variant"] for p in points})
-    learners = sorted({p["learner"] for p in points})
+    learners = sorted({p["learner"] for p in points}, key=lambda n: (_class_of(points, n), n))  # grouped by ISA
     fig = make_subplots(rows=1, cols=2, subplot_titles=("decode speedup over fp32 (×)", "greedy agreement with fp32"),
                         horizontal_spacing=0.1)
     palette = plotly.colors.qualitative.Plotly
@@ -264,8 +271,8 @@ def precision_figure(points: list[dict[str, Any]]):
         mine = {p["variant"]: p for p in points if p["learner"] == learner}
         xs = [v for v in variants if v in mine]
         color = {"color": palette[i % len(palette)]}  # one colour per learner in both panels
-        fig.add_bar(x=xs, y=[mine[v]["speedup"] for v in xs], name=learner, legendgroup=learner, marker=color,
-                    row=1, col=1)
+        fig.add_bar(x=xs, y=[mine[v]["speedup"] for v in xs], name=f"{learner} ({_class_of(points, learner)})",
+                    legendgroup=learner, marker=color, row=1, col=1)
         fig.add_bar(x=xs, y=[mine[v]["agreement"] for v in xs], name=learner, legendgroup=learner, marker=color,
                     showlegend=False, row=1, col=2)
     fig.add_hline(y=1.0, line_dash="dot", row=1, col=1)
@@ -275,6 +282,10 @@ def precision_figure(points: list[dict[str, Any]]):
     return fig
 
 
+def _class_of(points: list[dict[str, Any]], learner: str) -> str:
+    return next((p.get("isa_class", "ISA not recorded") for p in points if p["learner"] == learner), "ISA not recorded")
+
+
 def batching_figure(points: list[dict[str, Any]]):
     import plotly.graph_objects as go
 
@@ -282,10 +293,10 @@ def batching_figure(points: list[dict[str, Any]]):
     names = {"static_gain": "static batch: largest vs 1 (total tokens/s ×)",
              "serving_gain": "server: max_batch_size largest vs 1 (output tokens/s ×)"}
     for key, name in names.items():
-        have = [p for p in points if key in p]
+        have = sorted((p for p in points if key in p), key=lambda p: (p.get("isa_class", ""), p["learner"]))
         if have:
             size = key.replace("gain", "size")
-            fig.add_bar(x=[p["learner"] for p in have], y=[p[key] for p in have], name=name,
+            fig.add_bar(x=[f"{p['learner']} ({p.get('isa_class', '?')})" for p in have], y=[p[key] for p in have], name=name,
                         hovertext=[f"{p['label']}: batch {p[size]}" for p in have])
     fig.add_hline(y=1.0, line_dash="dot")
     fig.update_layout(title="Batching gain per learner", barmode="group", yaxis_title="throughput gain (×)",
@@ -338,11 +349,12 @@ def class_html(df, skipped: list[str], subs: list[Submission] | None = None) -> 
     parts.append("<h2 id='tables'>Every section, one line per learner</h2>")
     for (nb, section), part in (df.groupby(["notebook", "section"], sort=True) if len(df) else []):
         part = part.dropna(axis=1, how="all")
-        cols = _numeric(part.drop(columns=["learner", "notebook", "machine", "device", "model", "date", "section"],
-                                  errors="ignore"))
+        cols = _numeric(part.drop(columns=["learner", "notebook", "isa_class", "machine", "device", "model", "date",
+                                           "section"], errors="ignore"))
         head = "".join(f"<th>{html.escape(c)} (median)</th>" for c in cols)
         body = []
-        for (learner, machine, device, quick), g in part.groupby(["learner", "machine", "device", "quick"], dropna=False):
+        for (_, learner, machine, device, quick), g in part.groupby(["isa_class", "learner", "machine", "device", "quick"],
+                                                                    dropna=False):  # grouped by ISA class first
             vals = "".join(f"<td>{statistics.median(g[c].dropna()):.4g}</td>" if g[c].notna().any() else "<td>–</td>"
                            for c in cols)
             body.append(f"<tr><td>{html.escape(str(learner))}</td><td>{html.escape(str(machine))}</td>"

@@ -68,6 +68,21 @@ def cpu_line(hw: dict[str, Any]) -> str:
     return f"{hw.get('cpu') or 'unknown CPU'} ({' '.join(isa) if isa else 'ISA not recorded'})"
 
 
+def isa_class(hw: dict[str, Any]) -> str:
+    """The class a recorded ``hardware`` entry's speeds belong with, for grouping a room's or the answer key's
+    results: "GPU" where one ran, else "AVX-512" / "AVX2" (x86), "Apple silicon" / "Arm", or "ISA not recorded"."""
+    if hw.get("gpu"):
+        return "GPU"
+    isa = set(hw.get("cpu_isa") or ())
+    if "avx512f" in isa:
+        return "AVX-512"
+    if "avx2" in isa:
+        return "AVX2"
+    if isa & {"asimd", "asimdhp", "asimddp", "bf16", "i8mm", "sve"}:
+        return "Apple silicon" if "apple" in str(hw.get("cpu") or "").lower() else "Arm"
+    return "ISA not recorded"
+
+
 def machine_line(hw: dict[str, Any]) -> str:
     """Where a recorded ``hardware`` entry ran: its GPU, else ``cpu_line``."""
     return hw.get("gpu") or cpu_line(hw)
