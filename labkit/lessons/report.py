@@ -6,10 +6,11 @@ self-contained (tables, plotly figures with plotly.js embedded, provenance), so 
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from ..model import models
 from ..model.prompts import cycle
 from ..serve import decoder, loadgen
 from ..serve import processes
+from ..serve import shared as room
 from ..serve.vllm import server as vs
 
 CONFIG_SECTION = "configs"  # one row per served configuration, all under the same load
@@ -193,24 +195,39 @@ def group_memory(pid: int) -> tuple[int | None, str]:
     return None, "no process of vllm serve's group could be read"
 
 
+@contextlib.contextmanager
+def _vllm(settings: Any, shared: room.SharedServer | None, deadline_s: float, name: str) -> Iterator[Any]:
+    """A local ``vllm serve`` started for the block, or the room's ``shared`` one (nothing started here)."""
+    if shared is not None:
+        yield shared
+        return
+    with vs.serve(settings, deadline_s=deadline_s, name=name) as srv:
+        yield srv
+
+
 def vllm_load(settings: Any, prompts: Sequence[str], concurrency: int, num_requests: int, max_tokens: int, slo: Any,
               levels: Sequence[int] = (), requests_per_client: int = 2, min_good_fraction: float = 0.9,
-              warmup_requests: int = 8, deadline_s: float = 300.0) -> dict[str, Any]:
+              warmup_requests: int = 8, deadline_s: float = 300.0,
+              shared: room.SharedServer | None = None) -> dict[str, Any]:
     """The capstone's load against ``vllm serve`` on one start: a warm-up, the same ``load_point`` every
     configuration gets, then the same SLO sweep over ``levels`` while the server is up. Its memory is the PSS of the
     server's processes summed after the run (``group_memory``) (vLLM allocates its KV cache at start); the lab's allocator peak does
-    not apply. Returns ``status`` ("ok" or the one line saying why vLLM did not run), ``row``, ``sweep``, ``platform``."""
+    not apply. With ``shared`` (the room's server, ``labkit.serve.shared``) the load goes there and nothing starts
+    here; its memory is not readable, and ``row["where"]`` says whose machine it was. Returns ``status`` ("ok" or the
+    one line saying why vLLM did not run), ``row``, ``sweep``, ``platform``, ``start_s`` (None on a shared server)."""
     try:
-        with vs.serve(settings, deadline_s=deadline_s, name="vllm-capstone") as srv:
+        with _vllm(settings, shared, deadline_s, "vllm-capstone") as srv:
             loadgen.run(srv.url, prompts, num_requests=warmup_requests, max_concurrency=warmup_requests, max_tokens=4,
                         endpoint="chat")  # the first requests pay set-up
             row = load_point(srv.url, prompts, concurrency, num_requests, max_tokens, slo)
-            memory, source = group_memory(srv.proc.pid)
+            memory, source = (None, room.MEMORY_NOTE) if shared else group_memory(srv.proc.pid)
             row.update(peak_rss_bytes=memory, cuda_peak_bytes=None, mean_batch_size=None, peak_rss_source=source,
                        cuda_peak_note="vLLM runs in its own processes: this process's allocator does not see it")
+            if shared:
+                row.update(where=shared.provenance()["where"], server_url=shared.url, served_model=shared.model)
             sweep = (slo_sweep(srv.url, prompts, levels, requests_per_client, max_tokens, slo, min_good_fraction)
                      if levels else [])
-            chose, start_s = srv.platform(), srv.start_s
+            chose, start_s = (shared.platform(), None) if shared else (srv.platform(), srv.start_s)
     except (vs.VLLMUnavailable, vs.VLLMStartError) as exc:
         return {"status": str(exc)}
     return {"status": "ok" if not row["failed"] else f"{row['failed']} request(s) failed: {row['errors']}",
@@ -237,15 +254,16 @@ def same_load(urls: dict[str, str], n_rounds: int, **loadgen_options: Any) -> li
 
 
 def beside_vllm(settings: Any, urls: dict[str, str], n_rounds: int, deadline_s: float = 300.0, warmup_requests: int = 8,
-                **loadgen_options: Any) -> dict[str, Any]:
-    """``same_load`` over the lab's servers (``urls``) and ``vllm serve`` (one start, warmed up first). Returns
-    ``status`` ("ok" or the one line saying why vLLM did not run), ``rows`` and ``platform``."""
+                shared: room.SharedServer | None = None, **loadgen_options: Any) -> dict[str, Any]:
+    """``same_load`` over the lab's servers (``urls``) and ``vllm serve`` (one start, warmed up first), or the room's
+    ``shared`` server (nothing started here; its row is labelled as another machine's). Returns ``status`` ("ok" or
+    the one line saying why vLLM did not run), ``rows`` and ``platform``."""
     try:
-        with vs.serve(settings, deadline_s=deadline_s, name="vllm-same-load") as srv:
+        with _vllm(settings, shared, deadline_s, "vllm-same-load") as srv:
             loadgen.run(srv.url, num_requests=warmup_requests, max_concurrency=warmup_requests, max_tokens=4)
-            rows = same_load({**urls, f"vllm serve (max_num_seqs {settings.max_num_seqs})": srv.url}, n_rounds,
-                             **loadgen_options)
-            chose = srv.platform()
+            name = shared.label if shared else f"vllm serve (max_num_seqs {settings.max_num_seqs})"
+            rows = same_load({**urls, name: srv.url}, n_rounds, **loadgen_options)
+            chose = shared.platform() if shared else srv.platform()
     except (vs.VLLMUnavailable, vs.VLLMStartError) as exc:
         return {"status": str(exc)}
     failed = sum(r["failed"] for r in rows)

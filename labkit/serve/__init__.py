@@ -14,6 +14,7 @@
 ``prefill``    prefix caching and chunked prefill, measured
 ``loadgen``    load against any OpenAI-compatible server (an async client, and Locust)
 ``locustfile`` the Locust users ``loadgen.run_locust`` runs against the server
+``shared``     the room's one ``vllm serve`` (``LABKIT_SERVER_URL``): checked, asked its model, labelled as elsewhere
 
 ``vllm``       vLLM beside the lab: ``vllm serve`` started and measured, offline vLLM, its mechanisms, its bench
 ``fleet``      replicas behind a router, routing policies and their caches, capacity against an SLO
