@@ -1,0 +1,59 @@
+"""The workshop agenda's arithmetic (tools/agenda.py) and the table docs/instructor.md prints from it."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import agenda  # noqa: E402
+
+
+def test_the_instructor_guide_prints_what_the_tool_computes():
+    timings = json.loads(agenda.TIMINGS.read_text(encoding="utf-8"))
+    doc = agenda.DOC.read_text(encoding="utf-8")
+    shown = doc[doc.index(agenda.START) + len(agenda.START):doc.index(agenda.END)].strip()
+    assert shown == agenda.markdown(agenda.table(timings), timings), \
+        "docs/instructor.md's agenda is stale: python tools/agenda.py --write"
+
+
+def test_the_three_hour_plan_fits_and_keeps_the_order():
+    timings = json.loads(agenda.TIMINGS.read_text(encoding="utf-8"))
+    rows = agenda.table(timings)
+    kept, homework = agenda.plan(rows)
+    assert sum(k["minutes"] for k in kept) + agenda.BREAK_MIN + agenda.WRAP_UP_MIN <= agenda.SESSION_MIN
+    assert [k["notebook"] for k in kept] == list(agenda.CORE[:len(kept)]) and kept[0]["notebook"] == "00_setup"
+    assert set(homework) | {k["notebook"] for k in kept} == {r["notebook"] for r in rows}
+    slow = [{**r, "total_min": 200.0} if r["notebook"] == "01_hardware_sizing" else r for r in rows]
+    kept, homework = agenda.plan(slow)
+    assert [k["notebook"] for k in kept] == ["00_setup"] and homework[0] == "01_hardware_sizing"
+
+
+def test_room_time_counts_what_a_notebook_holds(tmp_path):
+    src = tmp_path / "99_x.py"
+    src.write_text("# %% md slide\n# one two three four\n\n# %% md notes\n# presenter words are not read aloud\n\n"
+                   "# %%\nPREDICT_A = None  # guess\nPREDICT_B = None\n\n# %% exercise 99.f\ndef f():\n    return None\n\n"
+                   "# %% check\nprint(1)\n\n# %% mechanism\n# a comment\nx = 1\ny = 2\n", encoding="utf-8")
+    c = agenda.content(src)
+    assert c == {"words": 4, "mechanism_lines": 2, "predictions": 2, "exercises": 1}
+    m = agenda.room_minutes(c, machine_s=90)
+    assert m["total"] == pytest.approx(4 / 150 + 2 / 10 + 2 * 1.5 + 6 + 1.5)
+
+
+def test_timings_come_only_from_a_quick_run_that_passed(tmp_path):
+    base = {"quick": True, "environment": {"hardware": {"cpu": "c", "cpu_isa": ["avx2"]}, "date": "2026-12-04T00:00"},
+            "notebooks": [{"name": "00_setup", "status": "ok", "wall_s": 17.0}]}
+    p = tmp_path / "summary.json"
+    p.write_text(json.dumps(base), encoding="utf-8")
+    assert agenda.timings_from(p)["wall_s"] == {"00_setup": 17.0} and agenda.timings_from(p)["machine"] == "c (avx2)"
+    p.write_text(json.dumps({**base, "quick": False}), encoding="utf-8")
+    with pytest.raises(SystemExit, match="full-mode"):
+        agenda.timings_from(p)
+    p.write_text(json.dumps({**base, "notebooks": [{"name": "00_setup", "status": "failed", "wall_s": 1.0}]}),
+                 encoding="utf-8")
+    with pytest.raises(SystemExit, match="did not finish"):
+        agenda.timings_from(p)
