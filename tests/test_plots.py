@@ -29,3 +29,17 @@ def test_no_notebook_puts_a_reference_bar_beside_a_live_bar_on_one_axis():
         for call in re.findall(r"plots\.bar\((?:[^()]|\([^()]*\))*\)", src.read_text()):
             if '"where"' in call:
                 assert 'facet="where"' in call, f"{src.name}: {call[:80]}… mixes machines on one axis: facet='where'"
+
+
+def test_legends_and_facets_name_columns_in_words():
+    df = pd.DataFrame({"batch_size": [1, 8], "total_tokens_per_s": [10.0, 25.0], "tokens_per_s_per_user": [10.0, 3.1],
+                       "where": ["this run", "reference"]})
+    fig = plots.line(df, x="batch_size", y=["total_tokens_per_s", "tokens_per_s_per_user"], title="t", x_title="batch",
+                     y_title="tokens/s")
+    assert [t.name for t in fig.data] == ["total tokens/s", "tokens/s per user"]
+    assert fig.layout.legend.title.text == "", "no 'variable' over a wide frame's columns"
+    bars = plots.bar(df.melt(id_vars=["where"], value_vars=["total_tokens_per_s"], var_name="metric_name"), x="where",
+                     y="value", color="metric_name", title="t", y_title="tokens/s", facet="where")
+    assert {t.name for t in bars.data} == {"total tokens/s"} and bars.layout.legend.title.text == "metric name"
+    assert {a.text for a in bars.layout.annotations} == {"this run", "reference"}, "facet labels without 'where='"
+    assert plots.readable("ttft_p50_s") == "TTFT p50 (s)" and plots.readable("fp16") == "fp16"

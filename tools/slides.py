@@ -33,6 +33,7 @@ import nbformat
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run_notebooks  # noqa: E402  (tools/ is not a package)
+from labkit.lessons.plots import readable  # noqa: E402  (one wording of a column's name for legends and tables)
 
 ROOT = run_notebooks.ROOT
 BUILD_DIR = run_notebooks.BUILD_DIR
@@ -106,7 +107,13 @@ def copy_assets(slides_dir: Path, node_modules: Path = NODE_MODULES) -> None:
 # - printed text keeps its first TEXT_MAX_LINES lines, a table its first TABLE_MAX_ROWS rows and the
 #   columns that fit the slide's width (when not all fit, columns holding one value in every row are
 #   folded into a note line first, then columns are cut from the right); a note under each says what
-#   was cut, all of which is in the notebook;
+#   was cut, all of which is in the notebook; column names read as words ("decode tokens/s", "TTFT (s)"), long
+#   numbers keep four significant digits and a plain 0, 1, 2 … row index is left out;
+# - printed prose is not shown in monospace: an output with a line wider than the slide becomes text, its "- "
+#   lines a bullet list (takeaways) with each bullet cut to BULLET_MAX_CHARS and other long lines to
+#   PROSE_MAX_CHARS at a clause boundary; what was cut goes whole to the speaker notes;
+# - a code cell's value that is a bare number (a count a helper returned) is left out: unlabelled, it says nothing;
+# - a code listing shows at most CODE_MAX_SLIDES slides of code, then a line saying how much more the notebook holds;
 # - slides are laid out by estimated height: a cell that does not fit below what its slide holds is
 #   split between its outputs, source pieces or paragraphs, the part that fits stays and the rest
 #   goes to a new vertical slide titled "<heading> (continued)"; one chart per slide; code (mechanism
@@ -131,6 +138,11 @@ TABLE_MAX_ROWS = 15
 TABLE_MAX_COLS = 10
 TEXT_MAX_LINES = 12
 CODE_SLIDE_LINES = 24  # a longer code listing (mechanism source, a listing output) is split over slides
+CODE_MAX_SLIDES = 2  # … over at most this many; the rest stays in the notebook
+BULLET_MAX_CHARS = 120  # a printed "- " line (a takeaway) on a slide: about one line of slide text
+PROSE_MAX_CHARS = 240  # another printed line wider than the slide: about two lines of slide text
+TABLE_DIGITS = 4  # significant digits of a long number in a table
+TITLE_MAX_WORDS = 60  # a notebook's title slide: what it is and why it matters (the rest in a notes cell after it)
 CHART_MIN_PX, CHART_MAX_PX = 300, 520
 UNKNOWN_HTML_PX = 120  # HTML with no text (a drawing in divs): its height is not known here
 BLOCK_GAP_PX = 12  # between cells and outputs
@@ -138,6 +150,7 @@ NOTE_PX = 26  # one "… cut" note line
 CONT_PX = 34  # the "(continued)" line atop a continuation slide
 CONT_CLASS = "labkit-continued"
 CUT_CLASS = "labkit-cut"
+PRINTED_CLASS = "labkit-printed tex2jax_ignore"  # printed prose as text (a "$" in it is not maths)
 MECHANISM_TAG = "mechanism"
 LEFT_OUT_TAGS = {SOLUTION_TAG, "exercise", "check"}
 _TABLE = re.compile(r"<table\b.*?</table>", re.IGNORECASE | re.DOTALL)
@@ -338,6 +351,34 @@ def _plain(inner: str) -> str:
     return html.unescape(_TAG.sub("", inner)).strip()
 
 
+def short_number(text: str) -> str:
+    """A decimal with more than TABLE_DIGITS significant digits, rounded to them (4.562898 → 4.563); a number
+    of TABLE_DIGITS digits or more before the point loses its fraction. Anything else comes back as it is."""
+    if not re.fullmatch(r"-?\d+\.\d+", text) or len(text.lstrip("-").replace(".", "").lstrip("0")) <= TABLE_DIGITS:
+        return text
+    value = float(text)
+    return f"{value:.0f}" if abs(value) >= 10 ** (TABLE_DIGITS - 1) else f"{value:.{TABLE_DIGITS}g}"
+
+
+def tidy_table(grid: _Grid) -> _Grid:
+    """What a slide's reader needs of a table: column names in words (``readable``), long numbers rounded
+    (``short_number``), and no row index that only counts 0, 1, 2 …"""
+    body = range(grid.head, len(grid.cells))
+    if grid.index_cols == 1 and not any(_plain(grid.cells[r][0][2]) for r in range(grid.head)) \
+            and [_plain(grid.cells[r][0][2]) for r in body] == [str(i) for i in range(len(body))]:
+        grid.cells = [row[1:] for row in grid.cells]
+        grid.index_cols = 0
+    for r, row in enumerate(grid.cells):
+        for c, (tag, attrs, inner, origin) in enumerate(row):
+            plain = _plain(inner)
+            if inner.strip() != html.escape(plain, quote=False):
+                continue  # markup inside: left as it is
+            new = readable(plain) if r < grid.head else short_number(plain)
+            if new != plain:
+                row[c] = (tag, attrs, html.escape(new, quote=False), origin)
+    return grid
+
+
 def _col_chars(grid: _Grid, col: int, rows: list[int]) -> int:
     """Characters a column needs on one line: its longest body value, where a long one wraps at its
     spaces (to TABLE_CELL_CHARS), but never narrower than its longest word."""
@@ -397,6 +438,7 @@ def trim_table(table_html: str, max_rows: int = TABLE_MAX_ROWS, width_px: float 
     grid = read_table(table_html)
     if grid is None:
         return None
+    grid = tidy_table(grid)
     n_cols = len(grid.cells[0])
     body_rows = list(range(grid.head, len(grid.cells)))
     index = list(range(grid.index_cols))
@@ -556,7 +598,7 @@ def _listing(out: nbformat.NotebookNode) -> str | None:
     """The code of an output that is a code listing (IPython's ``Code``, pygments' HTML), else None."""
     data = out.get("data", {})
     text = _text(data.get("text/html", ""))
-    if "<pre" not in text.lower() or "<table" in text.lower() or _is_plotly(text):
+    if "<pre" not in text.lower() or "<table" in text.lower() or _is_plotly(text) or "labkit-printed" in text:
         return None
     if "text/plain" in data:
         return _text(data["text/plain"])
@@ -601,11 +643,30 @@ def _expand_output(out: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
     code = _listing(out) if out.get("data") else None
     if code is None or len(code_chunks(code)) == 1:
         return [out]
-    return [_highlighted(chunk) for chunk in code_chunks(code)]
+    return [_highlighted(chunk) for chunk in capped_chunks(code)]
+
+
+def capped_chunks(code: str) -> list[str]:
+    """``code_chunks`` over at most CODE_MAX_SLIDES slides; the last piece then ends with a comment saying how many
+    lines more the notebook holds (taking that line from the piece when it is full)."""
+    chunks = code_chunks(code)
+    if len(chunks) <= CODE_MAX_SLIDES:
+        return chunks
+    kept = chunks[:CODE_MAX_SLIDES]
+    last = kept[-1].split("\n")
+    if len(last) >= CODE_SLIDE_LINES:
+        last = last[:-1]
+    kept[-1] = "\n".join(last)
+    shown = sum(len(c.split("\n")) for c in kept)
+    kept[-1] += f"\n# … {len(code.rstrip().split(chr(10))) - shown} more lines in the notebook"
+    return kept
 
 
 # the learner's scaffolding: a deck shows what was measured, not which predictions and exercises are still open
-SCAFFOLDING = re.compile(r"no prediction made|^Exercise \d\d\.\w+ · .*: not attempted")
+SCAFFOLDING = re.compile(r"no prediction made|^Exercise \d\d\.\w+ · .*: not attempted"
+                         r"|^using labkit's .*: exercise \d\d\.\w+ is not attempted")
+# a cell's value that is only a number, e.g. the count results.show_gpu_references returns
+_BARE_NUMBER = re.compile(r"\s*-?\d+(\.\d+)?\s*")
 
 
 def drop_scaffolding(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
@@ -623,7 +684,73 @@ def drop_scaffolding(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None
     plain = _text((out.get("data") or {}).get("text/plain", ""))
     if plain and len(out.get("data") or {}) == 1 and SCAFFOLDING.search(plain):
         return None
+    if out.get("output_type") == "execute_result" and set(out.get("data") or {}) == {"text/plain"} \
+            and _BARE_NUMBER.fullmatch(plain):
+        return None  # an unlabelled number (a helper's return value) under the lines that say what it counts
     return out
+
+
+def _clause_cut(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters: asides in parentheses dropped, longest first, then cut at the last
+    clause boundary (; , — :) past a third of the limit, else at a space, with "…"."""
+    while len(text) > limit:
+        asides = re.findall(r"\s*\([^()]*\)", text)
+        if not asides:
+            break
+        text = text.replace(max(asides, key=len), "", 1)
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 1]
+    cuts = [m.start() for m in re.finditer(r"[;,:]\s| — ", head) if m.start() >= limit // 3]
+    end = cuts[-1] if cuts else head.rfind(" ") if head.rfind(" ") > limit // 3 else limit - 1
+    return head[:end].rstrip(" ,;:—") + " …"
+
+
+def printed_prose(out: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[str]]:
+    """Printed text with a line wider than the slide, as slide text instead of monospace: "- " lines a bullet list
+    (each cut to BULLET_MAX_CHARS), other long lines paragraphs (cut to PROSE_MAX_CHARS), short lines kept as
+    printed; items beyond what one slide holds are left out with a note. Returns the output and the lines that
+    were cut or left out, whole, for the speaker notes. Other outputs come back as they are."""
+    per_line = CONTENT_W / CODE_CHAR_PX
+    lines = _text(out.get("text", "")).rstrip("\n").split("\n") if out.get("output_type") == "stream" else []
+    if not any(len(line) > per_line for line in lines):
+        return out, []
+    blocks: list[tuple[str, list[str]]] = []  # ("ul" | "p" | "pre", texts)
+    for line in lines:
+        kind = "ul" if line.startswith("- ") else "p" if len(line) > per_line else "pre"
+        if kind == "pre" and not line.strip():
+            continue
+        text = line[2:] if kind == "ul" else line.strip() if kind == "p" else line
+        if blocks and blocks[-1][0] == kind and kind != "p":
+            blocks[-1][1].append(text)
+        else:
+            blocks.append((kind, [text]))
+    notes: list[str] = []
+    parts: list[str] = []
+    height, room, left = 0.0, BUDGET_PX - CONT_PX - H2_PX - NOTE_PX, 0
+    for kind, texts in blocks:
+        for text in texts:
+            shown = text if kind == "pre" else _clause_cut(text, BULLET_MAX_CHARS if kind == "ul" else PROSE_MAX_CHARS)
+            px = (CODE_LINE_PX * _wrapped_lines(shown, per_line) if kind == "pre"
+                  else TEXT_LINE_PX * _wrapped_lines(shown, (CONTENT_W - (36 if kind == "ul" else 0)) / TEXT_CHAR_PX) + 10)
+            if height + px > room:
+                left += 1
+                notes.append(text)
+                continue
+            height += px
+            if shown != text:
+                notes.append(text)
+            item = html.escape(shown, quote=False)
+            parts.append({"ul": f"<li>{item}</li>", "p": f"<p>{item}</p>", "pre": f"<pre>{item}</pre>"}[kind])
+    body = re.sub(r"((?:<li>.*?</li>)+)", r"<ul>\1</ul>", "".join(parts))
+    body = re.sub(r"</pre><pre>", "\n", body)
+    if left:
+        body += _cut_note(f"{left} more in the notebook")
+        height += NOTE_PX
+    new = nbformat.v4.new_output("display_data", data={"text/html": f"<div class='{PRINTED_CLASS}'>{body}</div>",
+                                                        "text/plain": _text(out["text"])},
+                                 metadata={"labkit": {"height_px": height}})
+    return new, notes
 
 
 def _trim_output(out: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -722,7 +849,7 @@ def _split_code(cell: nbformat.NotebookNode, first: float, rest: float,
     show_source = not cell.get("metadata", {}).get("transient", {}).get("remove_source")
     items: list[tuple[str, Any, float, bool]] = []
     if show_source:
-        chunks = [cell.source] if source_px(cell.source) <= rest else code_chunks(cell.source)
+        chunks = [cell.source] if source_px(cell.source) <= rest else capped_chunks(cell.source)
         items += [("source", chunk, source_px(chunk), False) for chunk in chunks]
     items += [("output", out, output_px(out), _is_plotly(_text(out.get("data", {}).get("text/html", ""))))
               for out in cell.get("outputs", [])]
@@ -817,7 +944,13 @@ def prepare(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
                 if out.get("data") and WIDGET_VIEW in out["data"]:
                     _widget_output(out)
             kept = [k for o in cell.get("outputs", []) if (k := drop_scaffolding(o)) is not None]
-            cell.outputs = [_trim_output(piece) for o in _merge_streams(kept)
+            whole: list[str] = []  # printed lines a slide shows cut: the speaker notes hold them
+            prose = []
+            for o in _merge_streams(kept):
+                o, cut = printed_prose(o)
+                prose.append(o)
+                whole += cut
+            cell.outputs = [_trim_output(piece) for o in prose
                             if o.get("output_type") not in ("display_data", "execute_result") or o.get("data")
                             for piece in _expand_output(o)]
             if not is_mechanism(cell):
@@ -831,6 +964,9 @@ def prepare(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
                 _set_slide_type(cell, carry)
             carry = None
         cells.append(cell)
+        if cell.cell_type == "code" and whole:
+            cells.append(nbformat.v4.new_markdown_cell("\n".join(f"- {line}" for line in whole),
+                                                       metadata={"slideshow": {"slide_type": "notes"}}))
     nb.cells = paginate(cells)
     return nb
 

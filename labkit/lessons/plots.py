@@ -1,11 +1,43 @@
 """Plotly figures that render offline: plotly.js is embedded in the notebook, never fetched."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..model.roofline import ridge_intensity
 
 _TEMPLATE = "plotly_white"
+# a results column's words that read better as an acronym or a unit
+_WORDS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E", "kv": "KV", "rss": "RSS", "gpu": "GPU",
+          "cpu": "CPU", "kl": "KL", "slo": "SLO", "ort": "ORT", "usd": "USD", "mib": "MiB", "gib": "GiB",
+          "gbs": "GB/s", "gflops": "GFLOP/s", "rps": "req/s", "us": "µs"}
+_UNITS = {"s", "ms", "us", "mib", "gib", "gbs", "bytes", "rps", "gflops", "usd"}
+
+
+def readable(name: Any) -> Any:
+    """A results column's name as a legend or a table header says it: ``decode_tokens_per_s`` → "decode tokens/s",
+    ``ttft_p50_s`` → "TTFT p50 (s)", ``weight_MiB`` → "weight (MiB)". Anything but a lower-case identifier with an
+    underscore (a label such as "fp16" or "Llama-3.1-8B · batch 1") comes back as it is."""
+    if not isinstance(name, str) or "_" not in name or not re.fullmatch(r"[A-Za-z0-9]+(_[A-Za-z0-9]+)+", name):
+        return name
+    words = name.split("_")
+    unit = words.pop() if words[-1].lower() in _UNITS and words[-2:-1] != ["per"] else None
+    out: list[str] = []
+    for w in words:
+        if w == "s" and out and out[-1] == "per":  # tokens per s → tokens/s
+            out[-2:] = [out[-2] + "/s"] if len(out) > 1 else ["/s"]
+        else:
+            out.append(_WORDS.get(w.lower(), w))
+    text = " ".join(out)
+    return f"{text} ({_WORDS.get(unit.lower(), unit)})" if unit else text
+
+
+def _readable_legend(fig: Any, legend_title: str | None) -> Any:
+    """Trace names and facet labels in words (a wide frame's columns, a melted "metric"), no "variable" title."""
+    fig.for_each_trace(lambda t: t.update(name=readable(t.name)) if t.name else None)
+    fig.for_each_annotation(lambda a: a.update(text=readable(a.text.split("=", 1)[-1])) if a.text else None)
+    fig.update_layout(legend_title_text=readable(legend_title) if legend_title else "")
+    return fig
 
 
 def setup_offline() -> None:
@@ -28,6 +60,7 @@ def bar(df: Any, x: str, y: str, title: str, y_title: str, color: str | None = N
 
     fig = px.bar(df, x=x, y=y, color=color, title=title, text_auto=text_auto, barmode="group", facet_col=facet)
     fig.update_layout(yaxis_title=y_title, template=_TEMPLATE)
+    _readable_legend(fig, color)
     if facet:
         fig.update_yaxes(matches=None, showticklabels=True)
         fig.update_xaxes(matches=None)
@@ -40,7 +73,7 @@ def line(df: Any, x: str, y: str | list[str], title: str, x_title: str, y_title:
 
     fig = px.line(df, x=x, y=y, color=color, title=title, markers=markers, log_x=log_x, log_y=log_y)
     fig.update_layout(xaxis_title=x_title, yaxis_title=y_title, template=_TEMPLATE)
-    return fig
+    return _readable_legend(fig, color)
 
 
 def scatter(df: Any, x: str, y: str, title: str, x_title: str, y_title: str, text: str | None = None,
@@ -51,7 +84,7 @@ def scatter(df: Any, x: str, y: str, title: str, x_title: str, y_title: str, tex
     if text:
         fig.update_traces(textposition="top center")
     fig.update_layout(xaxis_title=x_title, yaxis_title=y_title, template=_TEMPLATE)
-    return fig
+    return _readable_legend(fig, color)
 
 
 def predicted_vs_measured(labels: list[str], predicted: list[float], measured: list[float], title: str, unit: str):

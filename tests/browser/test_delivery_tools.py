@@ -504,8 +504,8 @@ def test_tables_keep_the_columns_that_fit_and_say_what_was_cut() -> None:
     head = t.html[:t.html.index("</thead>")].replace("<wbr>", "")
     assert "variant" in head and "device" not in head, "a column with one value in every row becomes a note"
     assert "in every row: device = cpu" in t.cut and f"{20 - slides.TABLE_MAX_ROWS} more rows" in t.cut
-    kept = head.count("measurement_number_")
-    assert 0 < kept < 12 and f"{12 - kept} more columns" in t.cut and "measurement_number_11_tokens_per_s" in t.cut
+    kept = head.count("measurement number ")
+    assert 0 < kept < 12 and f"{12 - kept} more columns" in t.cut and "measurement number 11 tokens/s" in t.cut
 
 
 def test_a_table_that_fits_keeps_all_its_columns() -> None:
@@ -570,3 +570,77 @@ def test_exported_deck_has_the_slides_prepare_counts(tmp_path: Path) -> None:
     assert n == leaves == 4, "the title, then one slide per chart"
     assert "import x" not in text, "set-up code stays in the notebook"
     assert "<aside class=\"notes\">" in text and "notes here" in text
+
+
+def test_title_slides_hold_at_most_sixty_words() -> None:
+    """The title slide says what the notebook is and why it matters; the detail is in the notes after it."""
+    too_long = {}
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        deck = slides.prepare(nbformat.read(path, as_version=4))
+        first = next(i for i, c in enumerate(deck.cells) if slides._slide_type(c) != "notes")
+        shown = [c for c in deck.cells[first:first + 1]]
+        for c in deck.cells[first + 1:]:
+            if slides._slide_type(c) in ("slide", "subslide"):
+                break
+            if slides._slide_type(c) != "notes":
+                shown.append(c)
+        text = " ".join(c.source for c in shown if c.cell_type == "markdown")
+        words = len([w for w in text.split() if re.search(r"\w", w)])
+        if words > slides.TITLE_MAX_WORDS:
+            too_long[path.name] = words
+    assert not too_long, f"title slides over {slides.TITLE_MAX_WORDS} words (move detail to a notes cell): {too_long}"
+
+
+def test_printed_takeaways_become_short_bullets_and_the_notes_hold_them_whole() -> None:
+    long = ["- fp16: weights 0.50× fp32's bytes; decode 1.35× fp32's speed (faster), TTFT 2.65× fp32's (longer); "
+            + "agreement 100% of greedy tokens, KL 2.5e-05 nats against fp32 on every reference prompt " * 3,
+            "- bf16 stayed within noise of fp32 on this machine."]
+    deck = _deck([_md("## Takeaways", "slide"),
+                  _code("findings.show(found)", "-", [_out("saved results/02.json\n" + "\n".join(long) + "\n")])])
+    (out,) = deck.cells[1].outputs
+    page = out["data"]["text/html"]
+    items = re.findall(r"<li>(.*?)</li>", page)
+    assert len(items) == 2 and items[1] == "bf16 stayed within noise of fp32 on this machine."
+    assert all(len(i) <= slides.BULLET_MAX_CHARS for i in items) and items[0].startswith("fp16: weights 0.50×")
+    assert "<pre>saved results/02.json</pre>" in page, "a short printed line stays printed"
+    assert not any(len(line) > slides.CONTENT_W / slides.CODE_CHAR_PX for block in re.findall(r"<pre>(.*?)</pre>", page)
+                   for line in block.split("\n")), "no long line in monospace"
+    notes = deck.cells[2]
+    assert slides._slide_type(notes) == "notes" and long[0][2:] in notes.source, "the whole sentence is in the notes"
+    assert slides.output_px(out) <= slides.BUDGET_PX
+
+
+def test_a_code_listing_spans_at_most_code_max_slides() -> None:
+    body = "\n\n".join(f"def step_{i}(x):\n    y = x + {i}\n    return y * 2" for i in range(40))
+    listing = nbformat.v4.new_output("display_data", data={"text/html": f"<pre>{body}</pre>", "text/plain": body})
+    deck = _deck([_md("## Mechanism", "slide"), _code(body, "-", tags=["mechanism"]),
+                  _md("## Listing", "slide"), _code("show_source(f)", "-", [listing])])
+    source_cells = [c for c in deck.cells if c.cell_type == "code" and _shown_source(c)]
+    outputs = [o for c in deck.cells if c.cell_type == "code" and not _shown_source(c) for o in c.outputs]
+    assert 1 < len(source_cells) <= slides.CODE_MAX_SLIDES and 1 < len(outputs) <= slides.CODE_MAX_SLIDES
+    assert re.search(r"# … \d+ more lines in the notebook$", source_cells[-1].source)
+    assert "more lines in the notebook" in outputs[-1]["data"]["text/plain"]
+    assert "step_0" in source_cells[0].source and "step_39" not in "".join(c.source for c in source_cells)
+
+
+def test_tables_name_columns_in_words_round_long_numbers_and_drop_a_counting_index() -> None:
+    t = slides.trim_table(_frame_html(3, {"variant": ["fp32", "fp16", "bf16"], "decode_tokens_per_s": [14.123456, 19.5, 23.0],
+                                          "ttft_s": [0.4562898, 1.2, 0.9], "peak_rss_bytes": [1234567890, 1, 2]}))
+    head = t.html[:t.html.index("</thead>")]
+    assert "decode tokens/s" in head and "TTFT (s)" in head and "peak RSS (bytes)" in head and "_" not in head
+    assert ">14.12<" in t.html and ">0.4563<" in t.html and ">1234567890<" in t.html
+    assert "<th>0</th>" not in t.html and "<th></th>" not in t.html, "a plain 0, 1, 2 row index says nothing"
+    assert slides.short_number("115.328") == "115.3" and slides.short_number("27235713024.5") == "27235713024"
+
+
+def test_unmade_exercises_and_a_bare_returned_number_stay_off_the_slides() -> None:
+    stream = _out("using labkit's weight bytes from a config: exercise 01.weight_bytes is not attempted\n"
+                  "using your decode ceiling (exercise 01.decode_ceiling)\nfp16 weights: 257 MiB\n")
+    shown = nbformat.v4.new_output("execute_result", data={"text/plain": "0"}, execution_count=1)
+    deck = _deck([_md("## Reference", "slide"),
+                  _code("x()", "-", [stream]),
+                  _code("show_gpu_references('02')", "-", [_out("No GPU reference of 02 ships yet.\n"), shown])])
+    texts = [o.get("text", "") or o.get("data", {}).get("text/plain", "") for c in deck.cells[1:] for o in c.outputs]
+    assert texts == ["using your decode ceiling (exercise 01.decode_ceiling)\nfp16 weights: 257 MiB\n",
+                     "No GPU reference of 02 ships yet.\n"]
+
