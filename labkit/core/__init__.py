@@ -9,6 +9,8 @@
 ``memory``   peak memory (RSS sampler, CUDA peak, NVML) around a block of work
 ``energy``   joules over a block of work: RAPL, NVML energy or sampled power, or the reason it cannot be read
 ``results``  the JSON a notebook writes, with its environment, and the reference files it is read beside
+``published`` published GPU figures (vendor and project tables, each with source and date), shown where no GPU
+             reference ships and never beside a measurement
 ``checks``   checks every layer shares: a positive count, the device a model's inputs go to
 ``verdict``  the verdict on a ratio of two sample sets: better, worse, within noise, or implausible (beyond its bound)
 ``machine``  how busy this machine is (load, steal, other processes through psutil): the load line every notebook prints

@@ -27,3 +27,35 @@ def model_device(model: Any) -> Any:
         if first is not None:
             return first.device
     return None
+
+
+def row_error(where: Any, i: int, row: Any, problem: str, key: str = "name") -> ValueError:
+    """``ValueError`` for row ``i`` of data file ``where``, named by its ``key`` where it has one."""
+    label = row.get(key) if isinstance(row, dict) else None
+    return ValueError(f"{where}: row {i}{f' ({label!r})' if label else ''}: {problem}")
+
+
+def load_rows(path: Any, list_key: str, check: Any, unique: str, what: str) -> list[dict[str, Any]]:
+    """The rows under ``list_key`` of the JSON data file ``path``, each passed through ``check(row, i, path)``, with
+    ``unique`` never repeated; a missing file, bad JSON or a wrong shape raises naming the file (``what`` says
+    what it should hold)."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no {what} (it ships in the repository's data/)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    rows = data.get(list_key) if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{path}: expected {{\"{list_key}\": [ ... ]}} with at least one row")
+    seen: set[Any] = set()
+    for i, row in enumerate(rows):
+        check(row, i, path)
+        if row[unique] in seen:
+            raise row_error(path, i, row, f"the same {unique} twice: give each row its own {unique}", unique)
+        seen.add(row[unique])
+    return rows

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import config, cpu, env, machine
+from . import config, cpu, env, machine, published
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-.")
 
@@ -162,8 +162,9 @@ def show_gpu_references(name: str, sections: str | list[str], columns: list[str]
     """Show ``sections`` (one name or several) of every GPU reference of notebook ``name``
     (``data/reference/name.<gpu>.json``), each reference under the line saying where, when and how it was
     measured; ``columns`` picks and orders the columns shown (those a section lacks are skipped). When none
-    ships, one line says how to make one. Returns how many references were shown. This is the one call a
-    notebook's "GPU reference" cell makes."""
+    ships, one line says how to make one, then the notebook's published GPU figures (``data/published_gpu.json``:
+    vendor and project tables, labelled published, never in a table with a measurement). Returns how many measured
+    references were shown. This is the one call a notebook's "GPU reference" cell makes."""
     wanted = [sections] if isinstance(sections, str) else list(sections)
     if not wanted:
         raise ValueError("sections: name at least one results section, e.g. 'variants'")
@@ -171,6 +172,7 @@ def show_gpu_references(name: str, sections: str | list[str], columns: list[str]
     if not refs:
         print(f"No GPU reference of {name} ships yet: `make reference NOTEBOOKS={name.split('_')[0]}` on a GPU "
               f"machine writes data/reference/{name}.<gpu>.json, and this cell shows it.")
+        published.show(name.split("_")[0])
         return 0
     try:
         from IPython.display import display

@@ -11,13 +11,13 @@ from the table or from the learner.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core import config
+from ..core.checks import load_rows, row_error
 
 KINDS = ("gpu", "cpu")
 REQUIRED = ("name", "kind", "hourly_usd", "source", "date")
@@ -29,9 +29,7 @@ def prices_path() -> Path:
 
 
 def _row_error(path: Path, i: int, row: Any, problem: str) -> ValueError:
-    name = row.get("name") if isinstance(row, dict) else None
-    label = f"row {i} ({name!r})" if name else f"row {i}"
-    return ValueError(f"{path}: {label}: {problem}")
+    return row_error(path, i, row, problem)
 
 
 def check_row(row: Any, i: int = 0, path: Path | str = "prices") -> dict[str, Any]:
@@ -70,23 +68,7 @@ def check_row(row: Any, i: int = 0, path: Path | str = "prices") -> dict[str, An
 
 def load_prices(path: str | Path | None = None) -> list[dict[str, Any]]:
     """The rows of ``data/prices.json`` (or ``path``), each checked by ``check_row``; names must be unique."""
-    path = Path(path) if path is not None else prices_path()
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no price table (it ships in the repository's data/)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    rows = data.get("prices") if isinstance(data, dict) else None
-    if not isinstance(rows, list) or not rows:
-        raise ValueError(f"{path}: expected {{\"prices\": [ ... ]}} with at least one row")
-    seen: set[str] = set()
-    for i, row in enumerate(rows):
-        check_row(row, i, path)
-        if row["name"] in seen:
-            raise _row_error(path, i, row, "the same name twice: give each row its own name")
-        seen.add(row["name"])
-    return rows
+    return load_rows(path if path is not None else prices_path(), "prices", check_row, "name", "price table")
 
 
 def usd_per_million_tokens(tokens_per_s: float, hourly_usd: float) -> float:
