@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.checks import positive
+from ..core.timing import Measurement
 from ..decoding import generation, profiling, quality
 from ..model import onnx
 from ..model.models import chat_inputs
@@ -26,10 +27,12 @@ from . import llamacpp
 
 def _row(engine: str, fmt: str, weight_bytes: int | None, timings: list[dict[str, Any]], text: str,
          ref_text: str | None, quality: Any, prepare_s: float | None) -> dict[str, Any]:
-    tpot = statistics.median(t["tpot_s"] for t in timings)
+    tpots = Measurement.from_values("tpot", [t["tpot_s"] for t in timings], unit="s")
+    tpot = tpots.median
     return {"engine": engine, "format": fmt, "status": "ok", "weight_bytes": weight_bytes,
             "ttft_s": statistics.median(t["ttft_s"] for t in timings), "tpot_s": tpot,
-            "decode_tokens_per_s": 1 / tpot, "repeats": len(timings),
+            "decode_tokens_per_s": 1 / tpot, "decode_spread": tpots.spread, "repeats": len(timings),
+            "samples": {"tpot_s": tpots.samples, "decode_tokens_per_s": [1 / t for t in tpots.samples]},
             "achieved_gbs": weight_bytes / tpot / 1e9 if weight_bytes else None,
             "agreement": quality.agreement, "kl": quality.kl, "kl_max": quality.kl_max,
             "same_answer_as_fp32": None if ref_text is None else text == ref_text, "answer": text,
