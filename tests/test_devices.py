@@ -452,3 +452,22 @@ def test_cpu_arch_names():
 
     assert [hardware.cpu_arch(m) for m in ("x86_64", "AMD64", "aarch64", "arm64", "riscv64")] == \
         ["x86", "x86", "arm", "arm", "other"]
+
+
+@pytest.mark.parametrize("arch, flags, native", [
+    ("x86", {"avx2", "f16c", "fma"}, {"fp16": False, "bf16": False}),  # the 2-core EPYC: F16C converts, nothing computes
+    ("x86", {"avx2", "avx512f", "avx512_bf16"}, {"fp16": False, "bf16": True}),
+    ("x86", {"avx512f", "avx512_fp16", "amx_bf16"}, {"fp16": True, "bf16": True}),
+    ("arm", {"asimd", "asimdhp"}, {"fp16": True, "bf16": False})])
+def test_native_half_is_read_per_format_from_the_cpus_flags(monkeypatch, arch, flags, native):
+    from labkit.model import hardware
+
+    monkeypatch.setattr(hardware, "cpu_arch", lambda machine=None: arch)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: set(flags))
+    assert hardware.native_half("cpu") == native
+
+
+def test_native_half_on_a_t4_is_fp16_only(t4):
+    from labkit.model import hardware
+
+    assert hardware.native_half("cuda") == {"fp16": True, "bf16": False}

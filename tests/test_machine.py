@@ -96,3 +96,20 @@ def test_a_busy_machine_fits_torch_threads_to_the_free_cores_and_a_quiet_one_res
     assert machine.fit_threads(quiet) == "" and set_to[-1] == 2
     monkeypatch.delenv("LABKIT_FIT_THREADS")
     assert machine.fit_threads(machine.Reading("t", 4, 2.0, None, others_cores=None)) == ""  # no /proc: unknown
+
+
+def test_the_last_level_cache_is_read_from_sysfs_then_lscpu_then_assumed(tmp_path):
+    """The fusion demo needs one size above the last-level cache: the highest data/unified level wins, an
+    instruction cache never does, and a machine that says nothing gets 64 MiB, labelled as assumed."""
+    from labkit.core import cpu
+
+    for name, level, kind, size in (("index0", 1, "Data", "32K"), ("index1", 1, "Instruction", "32K"),
+                                    ("index2", 2, "Unified", "512K"), ("index3", 3, "Unified", "32768K")):
+        (tmp_path / name).mkdir()
+        for f, v in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / name / f).write_text(f"{v}\n")
+    assert cpu.llc(str(tmp_path)) == (32 * 2**20, f"L3 cache of CPU 0, from {tmp_path}")
+    lscpu = "L1d cache:    65536 (2 instances)\nL1i cache:    65536 (2 instances)\nL2 cache:     1048576 (2 instances)\n"
+    size, source = cpu.llc(str(tmp_path / "none"), lscpu=lscpu)
+    assert size == 2**20 and source.startswith("L2 cache, from lscpu")
+    assert cpu.llc(str(tmp_path / "none"), lscpu="") == (64 * 2**20, "no cache size readable here: 64 MiB assumed")

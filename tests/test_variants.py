@@ -187,3 +187,47 @@ def test_a_new_variant_is_one_entry_and_the_traps_are_gone(monkeypatch):
     monkeypatch.setattr(sizing, "QUANTIZED", (*dtypes.QUANTIZED, "fp16"))  # a quantised dtype nobody gave a layout
     with pytest.raises(ValueError, match="LAYOUTS"):
         sizing.weight_bytes(sizing.shape("default"), "fp16")
+
+
+def test_a_one_time_quantisation_peak_is_kept_apart_from_the_decode_peak(monkeypatch):
+    """An ONNX Runtime int8 load may quantise the model first (once; later runs reuse the file): its RSS peak is
+    the load's, and the row reports it apart from the peak of the runs after it."""
+    import psutil
+
+    from labkit.core import memory
+
+    class Sampler:  # the resident set each phase reached, set by the fake load and by the test
+        made: list = []
+
+        def __init__(self, *a, **kw):
+            self.peak_bytes = 0
+            Sampler.made.append(self)
+
+        def start(self):
+            return self
+
+        def stop(self):
+            pass
+
+        def describe(self):
+            return "scripted"
+
+    base = psutil.Process().memory_info().rss
+    mib = 2**20
+
+    def load(v, model_name):  # quantising now: a transient 900 MiB above the start, then the model alone
+        Sampler.made[-1].peak_bytes = base + 900 * mib
+        v.model, v.tokenizer, v.backend, v.prepare_s = object(), object(), "onnxruntime", 12.0
+
+    monkeypatch.setattr(memory, "RSSSampler", Sampler)
+    monkeypatch.setattr(variants, "_load_torch", load)
+    v = variants.load_variant("fp32", device="cpu")
+    assert len(Sampler.made) == 2, "the runs get a sampler of their own after the load"
+    Sampler.made[-1].peak_bytes = base + 300 * mib  # decoding: the model and its buffers
+    phases = variants._peak_phases(v)
+    peak, _ = variants._peak_memory(v)
+    assert phases["load_peak_memory_bytes"] == pytest.approx(900 * mib, abs=64 * mib)
+    assert phases["run_peak_memory_bytes"] == pytest.approx(300 * mib, abs=64 * mib)
+    assert peak == phases["load_peak_memory_bytes"], "the overall peak is the higher of the two"
+    v.device = "cuda:0"
+    assert variants._peak_phases(v) == {"load_peak_memory_bytes": None, "run_peak_memory_bytes": None}

@@ -92,3 +92,48 @@ def machine_line(hw: dict[str, Any]) -> str:
 def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
     return cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+LLC_FALLBACK_BYTES = 64 * 2**20  # assumed where no cache size is readable: above most laptop and server L3s per die
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def _size_bytes(text: str) -> int | None:
+    """'32768K' → 33554432 (sysfs sizes are binary; a bare number is bytes); None where it is not a size."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1:] if text[-1:] in _UNITS and not text[-1:].isdigit() else ""
+    number = text[: len(text) - len(unit)]
+    return int(number) * _UNITS[unit] if number.isdigit() else None
+
+
+def llc(sysfs: str = "/sys/devices/system/cpu/cpu0/cache", lscpu: str | None = None) -> tuple[int, str]:
+    """(bytes, where it was read) of the last-level cache seen by CPU 0: the highest-level data or unified cache in
+    ``sysfs``, else ``lscpu -B``'s largest cache line (``lscpu``: its output, for tests), else ``LLC_FALLBACK_BYTES``
+    with a source that says it was assumed."""
+    from pathlib import Path
+
+    levels = []
+    for index in sorted(Path(sysfs).glob("index*")):
+        try:
+            level, kind, size = ((index / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind != "Instruction" and level.isdigit() and _size_bytes(size):
+            levels.append((int(level), _size_bytes(size)))
+    if levels:
+        level, size = max(levels)
+        return size, f"L{level} cache of CPU 0, from {sysfs}"
+    if lscpu is None:
+        import subprocess
+
+        try:
+            lscpu = subprocess.run(["lscpu", "-B"], capture_output=True, text=True, timeout=5, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            lscpu = ""
+    found = [(line.split()[0], _size_bytes(line.split(":", 1)[1].split()[0])) for line in lscpu.splitlines()
+             if line.startswith("L") and " cache:" in line and line.split(":", 1)[1].split()]
+    found = [(name, size) for name, size in found if size and not name.endswith("i")]
+    if found:
+        name, size = max(found)
+        return size, f"{name} cache, from lscpu (the size of all its instances together)"
+    return LLC_FALLBACK_BYTES, f"no cache size readable here: {LLC_FALLBACK_BYTES // 2**20} MiB assumed"

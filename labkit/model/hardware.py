@@ -267,6 +267,17 @@ def fast_half_matmul_reason(device: str | None = None) -> str:
     return "no CPU feature information for this architecture: the matmul table above is the evidence"
 
 
+def native_half(device: str | None = None) -> dict[str, bool]:
+    """Per format, whether ``device`` (default: the device notebooks use) computes it natively: {"fp16": …,
+    "bf16": …}. A GPU from its compute capability (tensor cores); an x86 CPU from AVX512_FP16/AMX_FP16 and
+    AVX512_BF16/AMX_BF16 (F16C only converts); an Arm CPU from asimdhp and bf16. False where nothing says so."""
+    f = half_precision_features(device)
+    if "compute_capability" in f:
+        return {"fp16": bool(f["fp16_tensor_cores"]), "bf16": bool(f["bf16_native"])}
+    return {"fp16": any(f.get(k, False) for k in ("avx512_fp16", "amx_fp16", "asimdhp")),
+            "bf16": any(f.get(k, False) for k in ("avx512_bf16", "amx_bf16", "bf16"))}
+
+
 def int8_saturation_risk() -> bool:
     """True on an x86 CPU without VNNI: its u8×s8 int8 kernel adds pairs of products into int16
     (``vpmaddubsw``), which saturates when weights use the full int8 range. Never on other architectures."""

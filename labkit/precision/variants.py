@@ -119,6 +119,7 @@ class Variant:
     files: list[str] = field(default_factory=list)
     prepare_s: float | None = None  # seconds spent exporting/quantising now (None: reused from the cache)
     rss_before_bytes: int | None = None
+    load_peak_rss_bytes: int | None = None  # highest RSS during the load (an export or quantisation included)
     load_peak_cuda_bytes: int | None = None
     cuda_resident_bytes: int | None = None  # CUDA allocator bytes already in use when the load began (other models)
     rss_sampler: Any = field(default=None, repr=False)  # memory.RSSSampler from the load to the end of the timed runs
@@ -215,6 +216,9 @@ def load_variant(name: str, model_name: str | None = None, device: str | None = 
             return v
     v.load_s = t.seconds - (v.prepare_s or 0.0)
     v.rss_before_bytes = mem.rss_before.bytes
+    v.rss_sampler.stop()  # the load's peak (a one-time export or quantisation included), kept apart from the runs'
+    v.load_peak_rss_bytes = v.rss_sampler.peak_bytes
+    v.rss_sampler = memory.RSSSampler().start()
     v.load_peak_cuda_bytes = mem.cuda_peak.bytes
     v.cuda_resident_bytes = mem.cuda_before.bytes
     return v
@@ -374,9 +378,18 @@ def _peak_memory(v: Variant) -> tuple[int | None, str]:
     if v.rss_sampler is None or v.rss_before_bytes is None:
         return None, "RSS not sampled for this variant"
     v.rss_sampler.stop()
-    return (v.rss_sampler.peak_bytes - v.rss_before_bytes,
+    return (max(v.rss_sampler.peak_bytes, v.load_peak_rss_bytes or 0) - v.rss_before_bytes,
             f"rss peak growth: highest process RSS over load and timed runs ({v.rss_sampler.describe()}), "
             "minus the RSS before the load")
+
+
+def _peak_phases(v: Variant) -> dict[str, int | None]:
+    """The RSS peak growth of the load (which may export or quantise once: ``prepare_s``) and of the runs after it,
+    apart; None on a GPU, whose allocator peak covers both."""
+    if v.device.startswith("cuda") or v.rss_before_bytes is None or v.load_peak_rss_bytes is None:
+        return {"load_peak_memory_bytes": None, "run_peak_memory_bytes": None}
+    return {"load_peak_memory_bytes": v.load_peak_rss_bytes - v.rss_before_bytes,
+            "run_peak_memory_bytes": v.rss_sampler.peak_bytes - v.rss_before_bytes}
 
 
 def measure_variant(v: Variant, inputs: Inputs) -> dict[str, Any]:
@@ -391,6 +404,7 @@ def measure_variant(v: Variant, inputs: Inputs) -> dict[str, Any]:
         if problem:
             return {**row, "status": f"failed while measuring: {problem}"}
     peak, source = _peak_memory(v)  # read before the quality passes allocate their own buffers
+    phases = _peak_phases(v)
     ppl = quality.perplexity(v.model, inputs.eval_ids, window_tokens=s.ppl_window_tokens,
                              stride_tokens=s.ppl_stride_tokens, max_tokens=s.ppl_max_tokens)
     agree = quality.compare(v.model, inputs.reference)
@@ -398,7 +412,8 @@ def measure_variant(v: Variant, inputs: Inputs) -> dict[str, Any]:
     row.update(ttft_s=timing["ttft_s"], tpot_s=timing["tpot_s"], decode_tokens_per_s=timing["decode_tokens_per_s"],
                decode_spread=timing["spread"], perplexity=ppl.perplexity, ppl_tokens=ppl.n_tokens,
                agreement=agree.agreement, kl=agree.kl, kl_max=agree.kl_max, kl_tokens=agree.n_tokens,
-               peak_memory_bytes=peak, peak_memory_source=source, answers=answers)
+               kl_per_prompt=[p["kl"] for p in agree.per_prompt], peak_memory_bytes=peak,
+               peak_memory_source=source, **phases, answers=answers)
     return row
 
 

@@ -12,12 +12,13 @@ from . import Findings
 
 def takeaways(*, rows: Sequence[Mapping[str, Any]], matmul_s: Mapping[str, Mapping[str, float]], half_reason: str | None,
               mantissa_bits: Mapping[str, int], rounded: Mapping[str, Sequence[float]], sums: Mapping[str, float],
-              accumulation: tuple[float, float, int]) -> Findings:
+              accumulation: tuple[float, float, int], matmul_gbs: Mapping[str, float] | None = None) -> Findings:
     """``rows``: the variant rows (``rounds.run``; fp32 among them), with ``samples``; ``matmul_s``: per variant,
     the median seconds of the ``prefill`` and ``decode`` matmul shapes; ``half_reason``: why this device has no fast
     half-precision matmul ('' or None when it has); ``mantissa_bits`` by torch dtype name; ``rounded``: fp16 and
     bf16 → [70000, …, 1 + 1/1024 at index 3] after rounding; ``sums``: dtype → the running total;
-    ``accumulation``: (start, step, steps) of that sum. The first row is the first half-precision variant's
+    ``accumulation``: (start, step, steps) of that sum; ``matmul_gbs``: per variant, the decode-like matmul's weight
+    bytes over its time (see ``bandwidth_said``). The first row is the first half-precision variant's
     decode speed over fp32's: the headline."""
     ok = {r["variant"]: r for r in rows if r.get("status", "ok") == "ok"}
     if "fp32" not in ok:
@@ -32,7 +33,8 @@ def takeaways(*, rows: Sequence[Mapping[str, Any]], matmul_s: Mapping[str, Mappi
     for v in (v for v in ok if v != "fp32"):
         d = decode_verdict(ok[v], ok["fp32"], matmul_s[v]["decode"] / matmul_s["fp32"]["decode"])
         rows_out.append({"finding": f"{v} decode tokens/s / fp32's", "value": d.ratio, "verdict": d.kind})
-        speed.append(_variant_sentence(v, ok[v], ok["fp32"], d, matmul_s, half_reason))
+        speed.append(_variant_sentence(v, ok[v], ok["fp32"], d, matmul_s, half_reason)
+                     + bandwidth_said(v, matmul_s, matmul_gbs or {}))
     closer = []
     if {"fp16", "bf16"} <= set(ok):
         best = "fp16" if ok["fp16"]["kl"] < ok["bf16"]["kl"] else "bf16"
@@ -69,3 +71,21 @@ def _variant_sentence(v: str, r: Mapping[str, Any], fp32: Mapping[str, Any], d: 
             + verdict.phrase(d, "fp32's speed") + f", TTFT {r['ttft_s'] / fp32['ttft_s']:.2f}× fp32's "
             f"({ttft.word('shorter', 'longer')}); the decode-like matmul took {step:.2f}× fp32's time, the prefill-like "
             f"one {pre:.2f}×." + (f" {why}" if why else "") + f" Quality: agreement {r['agreement']:.3f}, KL {r['kl']:.2g} nats against fp32.")
+
+
+def bandwidth_said(v: str, matmul_s: Mapping[str, Mapping[str, float]], gbs: Mapping[str, float]) -> str:
+    """The decode-like matmul's speed over fp32's beside each kernel's achieved GB/s (weight bytes / time): at equal
+    GB/s, half the bytes gives 2×; a ratio above that means fp32's kernel drew less of the bandwidth. '' without
+    both GB/s."""
+    if v not in gbs or "fp32" not in gbs:
+        return ""
+    speed = matmul_s["fp32"]["decode"] / matmul_s[v]["decode"]
+    byte_x = speed * gbs["fp32"] / gbs[v]  # speed = bytes ratio × GB/s ratio
+    said = (f" The decode-like matmul ran {speed:.2f}× fp32's speed reading {byte_x:.1f}× fewer bytes: {v}'s kernel "
+            f"reached {gbs[v]:.1f} GB/s, fp32's {gbs['fp32']:.1f} GB/s")
+    if speed > byte_x * (1 + verdict.SLACK):
+        return said + (f", so beyond the bytes, fp32's kernel used a smaller share of the bandwidth than {v}'s (or "
+                       f"{v}'s smaller matrix stayed in cache more).")
+    if speed * (1 + verdict.SLACK) < byte_x:
+        return said + f", so {v}'s kernel used less of the bandwidth: the bytes saved did not all turn into speed."
+    return said + ": the same share of the bandwidth, so the bytes alone set the ratio."

@@ -3,6 +3,7 @@ int8's speed against its bytes bound, why ONNX Runtime's int8 costs perplexity, 
 """
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from ...core import verdict
@@ -11,7 +12,7 @@ from . import Findings
 
 
 def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], layer_error: dict[str, float],
-              claims: Any, layers: Any = None, probe_layer: str = "0") -> Findings:
+              claims: Any, layers: Any = None, probe_layer: str = "0", quick: bool = False) -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
 
     ``table``: variant rows indexed by name (status, weight_bytes, decode_tokens_per_s, agreement, kl);
@@ -19,7 +20,8 @@ def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], laye
     ``routes``: bitsandbytes kernel per kind; ``layer_error``: worst ONNX Runtime layer error by form;
     ``claims``: the claims table; ``layers``: ONNX Runtime's error per probed layer (layer, form, relative_error);
     ``probe_layer``: the layer quantised by hand (its index), where ONNX Runtime's error is compared with the
-    hand-written one. Speeds are judged by ``verdict.compare``: int8 decode against its own engine's fp32
+    hand-written one; ``quick``: the run's mode (few reference tokens). ``claims`` may carry ``embedding_share`` and
+    ``tied_embedding`` (the model's): a missed memory claim then says what the tied embedding costs. Speeds are judged by ``verdict.compare``: int8 decode against its own engine's fp32
     (``int8_base``) gains at most that fp32's bytes over its own (memory-bound); the engine's gain over PyTorch is
     a sentence of its own."""
     rows: list[dict[str, Any]] = []
@@ -62,6 +64,7 @@ def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], laye
     loses = _where_int8_loses(table, hand, layers, probe_layer)
     if loses:
         says.append(loses)
+    says += [s for s in (forms_sentence(table, quick), peak_sentence(table)) if s]
     for kind, route in routes.items():
         says.append(f"bitsandbytes {kind} on this machine: {route}.")
     if layer_error:
@@ -73,6 +76,12 @@ def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], laye
         both = held[held.memory_holds.astype(bool) & held.accuracy_holds.astype(bool)]
         says.append(f"Of {len(held)} published claims measured here, {len(both)} held on both memory and accuracy"
                     + (f" ({', '.join(both.variant)})" if len(both) else "") + ".")
+        for r in held.itertuples():
+            why = memory_reason(r.memory_change, r.memory_claim, getattr(r, "embedding_share", None),
+                                bool(getattr(r, "tied_embedding", False)))
+            if why:
+                says.append(f"{r.claim} memory ({r.variant}): {r.memory_change:+.0%} against the claimed "
+                            f"{r.memory_claim:+.0%}: {why}.")
     return Findings(rows=rows, sentences=says)
 
 
@@ -172,3 +181,73 @@ def ort_form(table: Any, variant: str) -> str | None:
     if variant.endswith("tensor"):
         return None if seven else "per-tensor"
     return "per-channel, 7-bit" if seven else "per-channel, 8-bit"
+
+
+def _kl_per_prompt(row: Any) -> list[float]:
+    """The KL of each reference prompt (``kl_per_prompt``), or the row's mean alone where it kept none."""
+    kept = row.get("kl_per_prompt") if hasattr(row, "get") else None
+    return [float(k) for k in kept] if isinstance(kept, (list, tuple)) and len(kept) else [float(row["kl"])]
+
+
+def forms_sentence(table: Any, quick: bool = False) -> str:
+    """ONNX Runtime's per-tensor against per-channel int8 over the reference prompts: per-channel's KL per prompt
+    judged against per-tensor's by ``verdict.compare`` (lower is better). Where the verdict cannot tell them apart
+    and the run is in quick mode, it says why: too few prompts and tokens. '' when either row did not run."""
+    ok = table[table.status == "ok"]
+    if not {"ort-int8-tensor", "ort-int8-channel"} <= set(ok.index):
+        return ""
+    t, c = ok.loc["ort-int8-tensor"], ok.loc["ort-int8-channel"]
+    kt, kc = _kl_per_prompt(t), _kl_per_prompt(c)
+    tokens = int(t["kl_tokens"]) if "kl_tokens" in ok and t["kl_tokens"] == t["kl_tokens"] else None
+    over = f"{len(kt)} prompt{'s' * (len(kt) != 1)}" + (f" × {tokens // len(kt)} tokens" if tokens else "")
+    said = (f"ONNX Runtime per-tensor against per-channel int8 over {over}: agreement {t['agreement']:.0%} against "
+            f"{c['agreement']:.0%}, KL {t['kl']:.3g} against {c['kl']:.3g} nats/token")
+    if min(statistics.median(kt), statistics.median(kc)) <= 0:
+        return said + ": one form matched fp32 exactly, so there is no ratio to judge."
+    v = verdict.compare(kc, kt, higher_is_better=False)
+    said += f"; per-channel's KL per prompt was {v.ratio:.2f}× per-tensor's"
+    if v.real:
+        return said + f", {v.word('lower', 'higher')} ({v.reason})."
+    said += f", {v.kind} ({v.reason})"
+    if quick:
+        return (said + f". Quick mode scores {tokens or 'few'} tokens in all: too few for the two forms' difference "
+                "to rise above the spread between prompts; a full run scores more prompts and tokens.")
+    return said + ": on these prompts the two forms cannot be told apart."
+
+
+def embedding_kept_change(claim_change: float, share: float, kept_fraction: float = 0.5) -> float:
+    """The memory change a claim (``claim_change`` of fp32's bytes, e.g. -0.75) predicts when the embedding matrix,
+    ``share`` of the weights, keeps ``kept_fraction`` of its fp32 bytes (0.5: 2 bytes a weight) instead."""
+    return share * kept_fraction + (1 - share) * (1 + claim_change) - 1
+
+
+def memory_reason(change: float, claim_change: float, share: float | None, tied: bool) -> str:
+    """Why a memory claim missed, where the tied embedding explains it: '' when it held (within 5 points) or the model
+    does not tie its embedding to lm_head."""
+    if abs(change - claim_change) <= 0.05 or not tied or share is None:
+        return ""
+    kept = embedding_kept_change(claim_change, share)
+    said = (f"this model ties its input embedding to lm_head, one matrix holding {share:.0%} of the weights, which "
+            f"stays at 2 bytes a weight (bitsandbytes leaves embeddings in fp16; ONNX Runtime's int8 graph stores it "
+            f"twice, for the lookup and transposed for lm_head), so {claim_change:+.0%} becomes {kept:+.0%} at best")
+    if abs(change - kept) <= 0.05:
+        return said + f", which the measured {change:+.0%} matches"
+    return said + f"; the measured {change:+.0%} is further off still, so more than the embedding is kept wide"
+
+
+def peak_sentence(table: Any) -> str:
+    """Where a variant's peak memory came from its one-time preparation (an export or quantisation during the
+    load, ``prepare_s``) rather than from decoding: both peaks, apart. '' when no row prepared anything now."""
+    if "load_peak_memory_bytes" not in table or "prepare_s" not in table:
+        return ""
+    parts = []
+    for v, r in table[table.status == "ok"].iterrows():
+        load, run, prep = r["load_peak_memory_bytes"], r["run_peak_memory_bytes"], r["prepare_s"]
+        if prep is None or prep != prep or load is None or load != load or run is None or run != run:
+            continue
+        where = ("so its peak is the preparation's, not decoding's" if load > run else
+                 "and decoding still peaked higher")
+        parts.append(f"{v} peaked at {load / 2**20:.0f} MiB while loading, which exported or quantised the model now "
+                     f"({prep:.0f} s, once: later runs reuse the file), and at {run / 2**20:.0f} MiB while decoding, "
+                     f"{where}")
+    return ("Peak memory: " + "; ".join(parts) + ".") if parts else ""

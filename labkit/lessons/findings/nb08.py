@@ -19,14 +19,16 @@ def fusion_verdict(row: Mapping[str, Any]) -> verdict.Verdict:
 
 def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: float, compiled: Mapping[str, Any] | None,
               story: Any, levels: tuple[str, str], ort: tuple[Mapping[str, Any], Mapping[str, Any]], layer: str,
-              kl_by_method: Mapping[str, float], percentile: float, clip: float, rounds: list[Mapping[str, Any]]) -> Findings:
+              kl_by_method: Mapping[str, float], percentile: float, clip: float, rounds: list[Mapping[str, Any]],
+              sizes: list[Mapping[str, Any]] | None = None, cache: tuple[int, str] | None = None) -> Findings:
     """``fusion``: the largest shape's fusion row (eager_ops, fused_kernels, speedup, eager_us/compiled_us/copy_us
     with samples); ``compiled``: the compiled decode row (where, build_s, gain, break_even tokens) or None, told
     through ``story`` where it is a reference; ``levels``/``ort``: ONNX Runtime's first and last graph level and their
     rows (decode_tokens_per_s with samples, agreement); ``kl_by_method``: the calibration's mean KL per scale;
     ``clip``: the percentile scale's KL over absmax's; ``rounds``: the rows timed in one set of interleaved rounds,
     eager PyTorch first (engine, decode_tokens_per_s with samples, agreement, kl). The headline: the fastest of
-    those rounds over eager."""
+    those rounds over eager. ``sizes``/``cache``: every fusion row and the last-level cache (bytes, source), for
+    ``cache_sentence``."""
     v_big = fusion_verdict(fusion)
     first, last = levels
     ort_v = verdict.compare(verdict.samples(ort[1], "decode_tokens_per_s"), verdict.samples(ort[0], "decode_tokens_per_s"))
@@ -55,6 +57,12 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
                 "eager PyTorch itself (dynamic cache): no engine timed beside it beat it." if best is base else
                 f"{best['engine']}, {verdict.than(best_v)} eager ({best_v.ratio:.2f}×; {best_v.reason}), agreement "
                 f"{best['agreement']:.3f}, KL {best['kl']:.2g}.")]
+    said = levels_sentence(rounds, last)
+    if said:
+        says.insert(3, said)
+    said = cache_sentence(list(sizes or []), *cache) if cache else ""
+    if said:
+        says.insert(1, said)
     rows = [{"finding": f"fastest decode in the rounds ({best['engine']}) / eager (×)", "value": best_v.ratio,
              "verdict": best_v.kind},
             {"finding": f"fused RMSNorm speedup, {fusion_rows} rows (×)", "value": fusion["speedup"], "verdict": v_big.kind},
@@ -64,3 +72,44 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
         rows.append({"finding": f"compiled / eager decode, static cache ({compiled['where']}) (×)",
                      "value": compiled["gain"]})
     return Findings(rows=rows, sentences=says)
+
+
+def levels_sentence(rounds: list[Mapping[str, Any]], last: str) -> str:
+    """Where ONNX Runtime's ``last`` (most optimised) level was not faster than a lower level timed in the same rounds
+    (engine "ONNX Runtime, <level>", decode_tokens_per_s with samples): the verdict against the fastest lower level,
+    and why that can happen. '' when ``last`` beat every lower level, or fewer than two levels ran."""
+    ort = {r["engine"].split(", ", 1)[1]: r for r in rounds if str(r["engine"]).startswith("ONNX Runtime, ")}
+    if last not in ort or len(ort) < 2:
+        return ""
+    lower = max((lv for lv in ort if lv != last), key=lambda lv: ort[lv]["decode_tokens_per_s"])
+    v = verdict.compare(verdict.samples(ort[last], "decode_tokens_per_s"),
+                        verdict.samples(ort[lower], "decode_tokens_per_s"))
+    if v.kind == verdict.BETTER:
+        return ""
+    said = f"ONNX Runtime '{last}' decoded {verdict.than(v)} '{lower}' ({v.ratio:.2f}×; {v.reason}): "
+    if v.kind == verdict.WORSE:
+        return said + ("more fusions are not always faster: a fused or re-laid-out kernel can take a slower path on "
+                       "this CPU and shape than the plain operators it replaced, at one token a step.")
+    if v.kind == verdict.NOISE:
+        return said + ("its extra fusions bought no speed this run could see on this CPU and shape, and the gap "
+                       "between the two levels is no larger than the spread of the rounds.")
+    return said + "the machine moved between rounds, so no level's rewrites can be read from it."
+
+
+def cache_sentence(sizes: list[Mapping[str, Any]], cache_bytes: int, cache_source: str) -> str:
+    """Which fusion sizes fit in the last-level cache, and the bandwidth each reached: a working set inside the cache
+    is read at the cache's speed, so its GB/s can pass DRAM's; only a size above it measures DRAM. ``sizes``: the
+    fusion rows (input, working_set_bytes, fused_gbs); '' without them."""
+    if not sizes:
+        return ""
+    parts = [f"{r['input']} ({r['working_set_bytes'] / 2**20:.1f} MiB in and out, "
+             f"{'inside' if r['working_set_bytes'] <= cache_bytes else 'above'} the cache) {r['fused_gbs']:.1f} GB/s"
+             for r in sizes]
+    inside = [r for r in sizes if r["working_set_bytes"] <= cache_bytes]
+    said = (f"The fused kernel's achieved bandwidth against a {cache_bytes / 2**20:.0f} MiB last-level cache "
+            f"({cache_source}): " + "; ".join(parts) + ".")
+    if inside and len(inside) < len(sizes):
+        return said + " Sizes inside the cache never leave it between calls: their GB/s is the cache's, not DRAM's."
+    if inside:
+        return said + " Every size fits in the cache: none of these GB/s is DRAM's."
+    return said

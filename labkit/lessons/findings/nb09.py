@@ -7,22 +7,34 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...core import verdict
-from . import Findings
+from . import Findings, beyond_sweep, sweep_end
 
 
 def takeaways(*, table: Any, before: str, after: str, limits: Mapping[str, int | None],
-              configs: Sequence[Mapping[str, Any]] = (), quick: bool = False, max_tokens: int | None = None) -> Findings:
+              configs: Sequence[Mapping[str, Any]] = (), quick: bool = False, max_tokens: int | None = None,
+              levels: Sequence[int] = (), precision: Sequence[Mapping[str, Any]] = (),
+              half_reason: str | None = None, native: Mapping[str, bool] | None = None) -> Findings:
     """``table``: ``report.before_after`` (one row per figure: key, before, after, 'after / before'); ``limits``:
     configuration → the highest client count meeting the SLO; ``configs``: the same-load rows (config,
     request_throughput, ``samples`` of per-request e2e_s); ``quick``/``max_tokens``: the run's mode and answer
-    limit. The headline: requests/s after over before (one load run each: a ratio to read beside the SLO)."""
+    limit; ``levels``: the sweep's concurrency levels (``SWEEP``), so a capacity at its ends is said to be a bound;
+    ``precision``/``half_reason``/``native``: see ``precision_sentence``.
+    The headline: requests/s after over before (one load run each: a ratio to read beside the SLO)."""
     by = table.set_index("key")
     tp, lat = by.loc["request_throughput"], by.loc["e2e_mean_s"]
+    ends = {n: sweep_end(limits[n], levels) if levels else None for n in (after, before)}
+    shown = {n: {"above": f"≥ {limits[n]}", "below": f"< {min(levels)}" if levels else "none"}.get(ends[n], limits[n])
+             for n in (after, before)}
     says = [f"{after}: {tp['after / before']:.1f}× the requests/s of the baseline, mean latency {lat['before']:.1f} s → "
-            f"{lat['after']:.1f} s, SLO met up to {limits[after]} clients (baseline: {limits[before]})."]
+            f"{lat['after']:.1f} s, SLO met up to {shown[after]} clients (baseline: {shown[before]})."]
+    for end in dict.fromkeys(e for e in ends.values() if e):  # once per kind of end, naming who hit it
+        who = " and ".join(n for n in (after, before) if ends[n] == end)
+        says.append(f"For {who}, {beyond_sweep(end, levels, 'clients', 'SWEEP')}.")
     rows = [{"finding": f"requests/s, {after} / {before}", "value": tp["after / before"]},
-            {"finding": f"highest concurrency meeting the SLO, {after}", "value": limits[after]},
-            {"finding": f"highest concurrency meeting the SLO, {before}", "value": limits[before]}]
+            {"finding": f"highest concurrency meeting the SLO, {after}", "value": limits[after],
+             **({"bound": ends[after]} if ends[after] else {})},
+            {"finding": f"highest concurrency meeting the SLO, {before}", "value": limits[before],
+             **({"bound": ends[before]} if ends[before] else {})}]
     kind = {c["config"].split(" batching")[0]: c for c in configs if " batching" in c["config"]}
     if {"dynamic", "continuous"} <= set(kind):
         dyn, con = kind["dynamic"], kind["continuous"]
@@ -37,4 +49,41 @@ def takeaways(*, table: Any, before: str, after: str, limits: Mapping[str, int |
             says.append(f"Quick mode caps every answer at {max_tokens} tokens, so answers end together and none leaves "
                         "a batch early: continuous batching has no finished row to replace here. Full mode's longer "
                         "answers end at different lengths; that is where its advantage can show.")
-    return Findings(rows=rows, sentences=says)
+    said = precision_sentence(precision, half_reason, native)
+    return Findings(rows=rows, sentences=says + ([said] if said else []))
+
+
+def precision_sentence(probe: Sequence[Mapping[str, Any]], half_reason: str | None,
+                       native: Mapping[str, bool] | None = None) -> str:
+    """Each half precision's batched decode speed over fp32's, and why it moved that way on this hardware.
+
+    ``probe``: ``report.choose_precision``'s rows (precision, batch, tokens_per_s; one run each); ``half_reason``:
+    ``hardware.fast_half_matmul_reason()`` ('' where the device has native fp16/bf16 arithmetic); ``native``:
+    ``hardware.native_half()``, per format (None: every format follows ``half_reason``). Without native arithmetic
+    each half-precision matmul converts to fp32 as it goes: at batch 1 (notebook 02) a decode step is memory-bound
+    and half the bytes can win; with a batch of rows the conversion's arithmetic grows with the rows while the bytes
+    do not. '' when fp32 or every half precision is missing."""
+    by = {r["precision"]: r for r in probe}
+    if "fp32" not in by or not by["fp32"].get("tokens_per_s"):
+        return ""
+    base, batch = by["fp32"]["tokens_per_s"], by["fp32"]["batch"]
+    x = {p: r["tokens_per_s"] / base for p, r in by.items() if p != "fp32" and r.get("tokens_per_s")}
+    if not x:
+        return ""
+    said = (f"At batch {batch}, " + ", ".join(f"{p} decoded {v:.2f}× fp32's tokens/s" for p, v in x.items())
+            + " (one run each).")
+    slow = [p for p, v in x.items() if v < 1 / (1 + verdict.SLACK)]  # beyond the slack any model of one run allows
+    if not slow:
+        return said + " Half precision did not cost this batch its speed here."
+    emulated = [p for p in slow if (not native.get(p, False) if native is not None else bool(half_reason))]
+    if emulated:
+        why = half_reason or f"this device has no native {' or '.join(emulated)} arithmetic"
+        said += (f" {' and '.join(emulated)} lost to fp32 although {'they read' if len(emulated) > 1 else 'it reads'} "
+                 f"half the bytes: {why}. At batch 1 (notebook 02) a decode step waits on memory, so half the bytes "
+                 f"can win; with {batch} rows each weight is converted and multiplied {batch} times a step, and that "
+                 "arithmetic, not the bytes, sets the speed.")
+    rest = [p for p in slow if p not in emulated]
+    if rest:
+        said += (f" {' and '.join(rest)} lost to fp32 on hardware that computes {'them' if len(rest) > 1 else 'it'} "
+                 "natively: one run each, so rerun before reading it as the hardware's answer.")
+    return said
