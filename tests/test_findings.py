@@ -59,6 +59,29 @@ def test_batching_findings_choose_their_words_by_the_numbers():
         _batching_findings(serving=[])
 
 
+def test_the_burst_reveal_names_a_winner_only_when_the_takeaway_does(capsys):
+    """The reveal of "which arrivals see the worse TTFT p90" reads the takeaway's verdict: a bursty p90 three times
+    Poisson's whose per-request TTFTs overlap is no winner, in the reveal as in the takeaway."""
+    from labkit.lessons import exercises
+
+    real = [{"arrivals": "Poisson", "ttft_p90_s": 0.5, "samples": {"ttft_s": [0.2, 0.3, 0.4, 0.5]}},
+            {"arrivals": "bursty", "ttft_p90_s": 1.5, "samples": {"ttft_s": [0.9, 1.1, 1.3, 1.5]}}]
+    assert nb06.worse_ttft(real)[0] == "bursty"
+    swapped = [dict(real[0], samples=real[1]["samples"]), dict(real[1], samples=real[0]["samples"])]
+    assert nb06.worse_ttft(swapped)[0] == "Poisson"
+    noisy = [{"arrivals": "Poisson", "ttft_p90_s": 0.3, "goodput": 1.0, "samples": {"ttft_s": [0.2, 0.6, 1.0, 1.4]}},
+             {"arrivals": "bursty", "ttft_p90_s": 0.9, "goodput": 1.0, "samples": {"ttft_s": [0.1, 0.2, 0.3, 0.9]}}]
+    worse, v = nb06.worse_ttft(noisy)
+    assert worse is None and v.kind == "within noise"  # the larger p90 (bursty) is not crowned
+    row = exercises.reveal_choice("worse TTFT p90", "bursty", worse, ["Poisson", "bursty"],
+                                  undecided=f"{v.kind} ({v.reason})")
+    out = capsys.readouterr().out
+    assert "no winner can be named in this run: within noise (the p10–p90 ranges overlap)" in out
+    assert "as you predicted" not in out and row["measured"] is None
+    text = " ".join(_batching_findings(open_loop=noisy).sentences)
+    assert "their TTFTs were within noise" in text
+
+
 def test_batching_findings_on_a_busy_machine_say_implausible_not_a_lesson():
     # recorded on a 2-core machine at load 3-8: "Batch 8 gave 25.4× the total tokens/s of batch 1 (more than the
     # memory-bound model's 7.8×); each user got 3.18× batch 1's speed"
@@ -172,3 +195,70 @@ def test_ort_perplexity_is_explained_by_the_form_that_ran():
     assert "did not run ort-int8-channel's form" in " ".join(nb03.takeaways(
         table=table, hand=hand, agree=pd.DataFrame(), routes={}, layer_error={}, claims=pd.DataFrame(),
         layers=layers.assign(form="per-tensor")).sentences), "a probe of other forms says nothing about this one"
+
+
+def _forms_table(kl_tensor, kl_channel, tokens_per_prompt=12):
+    import pandas as pd
+
+    def row(v, kls):
+        return {"variant": v, "status": "ok", "agreement": 1.0, "kl": sum(kls) / len(kls), "kl_per_prompt": list(kls),
+                "kl_tokens": tokens_per_prompt * len(kls)}
+    return pd.DataFrame([row("ort-int8-tensor", kl_tensor), row("ort-int8-channel", kl_channel)]).set_index("variant")
+
+
+def test_per_tensor_against_per_channel_says_quick_mode_has_too_few_tokens():
+    """Recorded in quick mode (2 prompts × 12 tokens): both forms agreed 100%, KL 0.021 and 0.018: a flat demo. The
+    sentence says the comparison is within noise and why, and only a real difference gets the word 'lower'."""
+    quick = nb03.forms_sentence(_forms_table([0.020, 0.022], [0.017, 0.019]), quick=True)
+    assert "over 2 prompts × 12 tokens" in quick and "within noise (2 samples" in quick
+    assert "Quick mode scores 24 tokens in all: too few" in quick and "lower" not in quick
+    full = nb03.forms_sentence(_forms_table([0.05, 0.06, 0.07, 0.08], [0.010, 0.012, 0.013, 0.015]), quick=False)
+    assert "lower (4+ samples each" in full and "Quick mode" not in full and "0.19× per-tensor's" in full
+    overlap = nb03.forms_sentence(_forms_table([0.01, 0.05, 0.09], [0.02, 0.04, 0.08]), quick=False)
+    assert "within noise (the p10–p90 ranges overlap): on these prompts the two forms cannot be told apart" in overlap
+    assert nb03.forms_sentence(_forms_table([0.02], [0.01]).drop(index="ort-int8-tensor")) == ""
+
+
+def _claims(change, claim=-0.75, share=0.2105, tied=True, variant="ort-int8-channel"):
+    import pandas as pd
+
+    return pd.DataFrame([{"variant": variant, "claim": "INT8", "memory_change": change, "memory_claim": claim,
+                          "memory_holds": abs(change - claim) <= 0.05, "perplexity_rise": 0.01, "loss_claim": 0.03,
+                          "accuracy_holds": True, "embedding_share": share, "tied_embedding": tied}])
+
+
+def test_a_missed_memory_claim_names_the_tied_embedding_and_its_share():
+    """SmolLM2 ties its embedding to lm_head (21% of its weights); ONNX Runtime's int8 measured -69% against the
+    claimed -75%: the sentence says what the embedding's 2 bytes a weight make of the claim, from the share."""
+    import pandas as pd
+
+    table = _quant_table(19.0)
+    hand = pd.DataFrame({"output_error": {"per-tensor": 0.02, "per-channel": 0.01, "nf4": 0.05},
+                         "fraction_of_fp32": {"per-tensor": 0.25, "per-channel": 0.26, "nf4": 0.14}})
+
+    def said(claims):
+        return " ".join(nb03.takeaways(table=table, hand=hand, agree=pd.DataFrame(), routes={}, layer_error={},
+                                       claims=claims).sentences)
+    text = said(_claims(-0.69))
+    assert "INT8 memory (ort-int8-channel): -69% against the claimed -75%" in text
+    assert "one matrix holding 21% of the weights" in text and "-70% at best, which the measured -69% matches" in text
+    assert "further off still" in said(_claims(-0.55))
+    assert "ties its input embedding" not in said(_claims(-0.74)), "a claim that held needs no reason"
+    assert "ties its input embedding" not in said(_claims(-0.69, tied=False))
+    assert nb03.embedding_kept_change(-0.50, 0.21) == pytest.approx(-0.50), "fp16 halves the embedding too"
+
+
+def test_a_one_time_quantisation_peak_is_labelled_apart_from_decoding():
+    import pandas as pd
+
+    mib = 2**20
+    table = pd.DataFrame([{"variant": "ort-int8-channel", "status": "ok", "prepare_s": 14.0,
+                           "load_peak_memory_bytes": 900 * mib, "run_peak_memory_bytes": 300 * mib},
+                          {"variant": "fp32", "status": "ok", "prepare_s": None,
+                           "load_peak_memory_bytes": 700 * mib, "run_peak_memory_bytes": 720 * mib}]).set_index("variant")
+    text = nb03.peak_sentence(table)
+    assert text.startswith("Peak memory: ort-int8-channel peaked at 900 MiB while loading, which exported or quantised")
+    assert "at 300 MiB while decoding, so its peak is the preparation's, not decoding's." in text and "fp32" not in text
+    table.loc["ort-int8-channel", "run_peak_memory_bytes"] = 950 * mib
+    assert "decoding still peaked higher" in nb03.peak_sentence(table)
+    assert nb03.peak_sentence(table.assign(prepare_s=None)) == "", "a file reused from the cache prepared nothing"

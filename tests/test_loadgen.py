@@ -125,3 +125,37 @@ def test_token_id_prompts_go_to_the_completions_endpoint_as_they_are():
     assert loadgen._payload("completions", "Hi", "m", 4, True)["prompt"] == "Hi"
     with pytest.raises(ValueError, match="completions"):
         loadgen._payload("chat", [1, 2, 3], "m", 4, True)
+
+
+def test_mean_batch_between_two_snapshots_leaves_the_warm_up_out():
+    """A fake metrics source: a warm-up request ran alone (one batch of 1), then the measured run in three batches
+    of 8. The server's lifetime mean is (1 + 24) / 4 = 6.25; the difference of snapshots taken around the run is 8."""
+    from labkit.serve import metrics
+
+    after_warmup = {"batches": 1, "sequences_batched": 1}
+    after_run = {"batches": 4, "sequences_batched": 25}
+    assert after_run["sequences_batched"] / after_run["batches"] == 6.25  # what a lifetime mean would report
+    assert metrics.mean_batch_between(after_warmup, after_run) == 8.0
+    assert metrics.mean_batch_between(after_run, after_run) is None  # nothing ran in between
+    with pytest.raises(ValueError, match="reset"):
+        metrics.mean_batch_between(after_run, after_warmup)
+
+
+def test_on_start_runs_after_the_warm_up_so_a_difference_counts_the_measured_requests(server):
+    from labkit.lessons import report
+
+    calls = []
+
+    def stats():  # the real server's snapshot, noting when it was read
+        snap = server.stats()
+        calls.append(snap)
+        return snap
+
+    server.reset_stats()
+    row = report.load_point(server.url, ["Hi"], concurrency=2, num_requests=4, max_tokens=3, stats=stats,
+                            endpoint="completions", warmup=2)
+    before, after = calls
+    assert before["sequences_batched"] == 2  # the two warm-up requests, answered before the measured run began
+    assert after["sequences_batched"] - before["sequences_batched"] == 4  # the measured requests alone
+    assert row["mean_batch_size"] == pytest.approx(4 / (after["batches"] - before["batches"]))
+    assert 1 <= row["mean_batch_size"] <= 2  # two clients at most: the warm-ups' batches of 1 are left out

@@ -118,7 +118,8 @@ def _nb01(first_tps: list[float], last_tps: list[float]):
                           prefill={"intensity": 120.0, "bound": "compute-bound", "gflops": 190.0, "of_roof": 0.61},
                           prefill_tokens=256, ceiling={"measured_tokens_per_s": 11.3, "ceiling_tokens_per_s": 27.0,
                                                        "ratio": 0.42},
-                          operators=410, linear=211, gap={"bytes_share": 0.42, "bound": "memory"}, first=first, last=last)
+                          operators=410, linear=211, gap={"bytes_share": 0.30, "kernel_share": 0.40, "matmul_gbs": 11.6,
+                                                                "overhead_share": 0.30, "bound": "kernel"}, first=first, last=last)
 
 
 def test_nb01_batching_sentence_follows_its_verdict():
@@ -127,6 +128,7 @@ def test_nb01_batching_sentence_follows_its_verdict():
     text = _text(real)
     assert "rose 5.00× (at most 8×)" in text and "(shared by more sequences)" in text
     assert "44× below the ridge: memory-bound" in text and "Weights: 513 MiB in fp32" in text
+    assert "30% its bytes at the probe's bandwidth, 40% the matrix-vector kernel" in text and "(largest: kernel)" in text
     noise = _text(_nb01([11.0, 12.0, 13.0], [11.5, 12.1, 12.9]))
     assert "moved 1.01×, within noise (the p10–p90 ranges overlap)" in noise and "no lesson from it" in noise
     wild = _nb01(_spread(12.0), _spread(130.0))  # 10.8× from a batch of 8: the machine moved it
@@ -153,6 +155,30 @@ def _nb02(fp16_tps: list[float], bf16_tps: list[float]):
                           mantissa_bits={"float16": 10, "bfloat16": 7}, rounded={"fp16": [float("inf"), 0, 0, 1.000977],
                                                                                  "bf16": [70144.0, 0, 0, 1.0]},
                           sums={"fp32": 2.0001, "fp16": 1.5, "bf16": 1.0}, accumulation=(1.0, 1e-4, 10_000))
+
+
+def test_nb02_a_matmul_ratio_above_the_bytes_is_explained_by_each_kernels_gbs():
+    """Recorded on a 2-core EPYC: fp16's decode-like matmul ran 3.35× fp32's speed with half the bytes. Beside the
+    ratio, each kernel's GB/s (weight bytes / time) shows fp32's kernel drew less of the bandwidth."""
+    weights = 49152 * 576  # the lm_head matrix the matmul multiplies
+    times = {"fp32": {"prefill": 0.2, "decode": 0.0335}, "fp16": {"prefill": 0.3, "decode": 0.0100}}
+    gbs = {"fp32": weights * 4 / 0.0335 / 1e9, "fp16": weights * 2 / 0.0100 / 1e9}
+    text = nb02.bandwidth_said("fp16", times, gbs)
+    assert "ran 3.35× fp32's speed reading 2.0× fewer bytes: fp16's kernel reached 5.7 GB/s, fp32's 3.4 GB/s" in text
+    assert "fp32's kernel used a smaller share of the bandwidth than fp16's" in text
+    times["fp16"]["decode"] = 0.0335 / 2
+    gbs["fp16"] = weights * 2 / times["fp16"]["decode"] / 1e9
+    assert nb02.bandwidth_said("fp16", times, gbs).endswith("the bytes alone set the ratio.")
+    times["fp16"]["decode"] = 0.0335
+    gbs["fp16"] = weights * 2 / 0.0335 / 1e9
+    assert "the bytes saved did not all turn into speed" in nb02.bandwidth_said("fp16", times, gbs)
+    assert nb02.bandwidth_said("bf16", times, gbs) == ""
+    rows = [_variant("fp32", 538e6, _spread(25.0), _spread(0.20), 0.0), _variant("fp16", 269e6, _spread(45.0),
+                                                                               _spread(0.45), 1.1e-4)]
+    found = nb02.takeaways(rows=rows, matmul_s=times, half_reason="", mantissa_bits={"float16": 10, "bfloat16": 7},
+                           rounded={"fp16": [float("inf"), 0, 0, 1.000977], "bf16": [70144.0, 0, 0, 1.0]},
+                           sums={"fp32": 2.0001}, accumulation=(1.0, 1e-4, 10_000), matmul_gbs=gbs)
+    assert any("fp16's kernel reached" in t for t in found.sentences)
 
 
 def test_nb02_each_half_precision_variant_is_judged_against_its_bytes_bound():
@@ -249,6 +275,44 @@ def test_nb08_engines_judged_in_one_set_of_rounds():
     assert "eager PyTorch itself (dynamic cache)" in _nb08(_spread(55.0), _spread(15.0), ort_disabled=16.0).sentences[-1]
 
 
+
+def test_nb08_a_most_optimised_level_that_is_not_faster_is_said_and_explained():
+    """Recorded in quick mode: ONNX Runtime 'basic' decoded faster than 'all', unremarked. The sentence now compares
+    'all' with the fastest lower level in the same rounds and says why more fusions can lose, or that it is noise."""
+    def level(name, tps):
+        return {"engine": f"ONNX Runtime, {name}", "decode_tokens_per_s": tps[1], "agreement": 1.0, "kl": 0.0,
+                "samples": {"decode_tokens_per_s": tps}}
+    eager = {"engine": "PyTorch eager, dynamic cache", "decode_tokens_per_s": 20.0, "samples": {}}
+    worse = nb08.levels_sentence([eager, level("disable_all", _spread(24.0)), level("basic", _spread(36.0)),
+                                  level("all", _spread(30.0))], "all")
+    assert worse.startswith("ONNX Runtime 'all' decoded slower than 'basic' (0.83×; 3+ samples each")
+    assert "more fusions are not always faster" in worse
+    noise = nb08.levels_sentence([level("disable_all", _spread(24.0)), level("basic", [28.0, 31.0, 34.0]),
+                                  level("all", [27.0, 30.0, 33.0])], "all")
+    assert "'all' decoded within noise of 'basic'" in noise and "no larger than the spread" in noise
+    assert nb08.levels_sentence([level("basic", _spread(24.0)), level("all", _spread(30.0))], "all") == ""
+    assert nb08.levels_sentence([level("all", _spread(30.0))], "all") == ""
+    found = _nb08(_spread(55.0), _spread(20.0), ort_disabled=24.0)  # 'all' below 'disabled': said among the takeaways
+    assert any(t.startswith("ONNX Runtime 'all' decoded slower than 'disabled'") for t in found.sentences)
+
+
+
+def test_nb08_fusion_sizes_are_labelled_inside_or_above_the_last_level_cache():
+    """Recorded: the fused RMSNorm on 256 rows read above DRAM's bandwidth, its 1.1 MiB never leaving the 32 MiB L3.
+    Each size now says whether it fits, and only a size above the cache is read as DRAM's."""
+    mib = 2**20
+    sizes = [{"input": "one decode token", "working_set_bytes": 4608, "fused_gbs": 3.1},
+             {"input": "256 tokens", "working_set_bytes": 1179648, "fused_gbs": 61.0},
+             {"input": "29128 tokens", "working_set_bytes": 134221824, "fused_gbs": 9.4}]
+    text = nb08.cache_sentence(sizes, 32 * mib, "L3 cache of CPU 0")
+    assert "against a 32 MiB last-level cache (L3 cache of CPU 0)" in text
+    assert "256 tokens (1.1 MiB in and out, inside the cache) 61.0 GB/s" in text
+    assert "29128 tokens (128.0 MiB in and out, above the cache) 9.4 GB/s" in text
+    assert text.endswith("their GB/s is the cache's, not DRAM's.")
+    assert nb08.cache_sentence(sizes[:2], 32 * mib, "x").endswith("none of these GB/s is DRAM's.")
+    assert "cache's" not in nb08.cache_sentence(sizes[2:], 32 * mib, "x") and nb08.cache_sentence([], 1, "x") == ""
+
+
 # ------------------------------------------------------------------------------------------------- notebook 09
 
 
@@ -274,6 +338,26 @@ def test_nb09_before_and_after_from_the_reference():
     by["continuous"]["samples"] = {"e2e_s": [2.0, 3.0, 4.0]}
     noise = nb09.takeaways(table=table, before="b", after="a", limits={"a": 8, "b": 1}, configs=configs)
     assert "its latencies were within noise" in _text(noise) and "Quick mode" not in _text(noise)
+
+
+def test_nb09_a_capacity_at_the_sweeps_end_is_a_bound_and_names_the_parameter():
+    """The recorded run swept 1, 2, 4, 8 clients and the after met the SLO at 8: its capacity is ≥ 8, beyond the
+    sweep; a baseline that missed at 2 was measured inside it; one that missed even at 1 lies below it."""
+    ref = results.load(ROOT / "data" / "reference" / "09_capstone.json")
+    table = pd.DataFrame(ref.section("before_after"))
+    before, after = ref.notes["before"], ref.notes["after"]
+    found = nb09.takeaways(table=table, before=before, after=after, limits={before: 1, after: 8}, levels=(1, 2, 4, 8))
+    text = _text(found)
+    assert "SLO met up to ≥ 8 clients (baseline: 1)" in text
+    assert (f"For {after}, the highest level tried (8 clients) still held, so the true capacity lies beyond the sweep "
+            "and this is a lower bound: add higher levels to SWEEP to find it.") in text
+    assert found.rows[1]["bound"] == "above" and "bound" not in found.rows[2]
+    inside = _text(nb09.takeaways(table=table, before=before, after=after, limits={before: 1, after: 4},
+                                  levels=(1, 2, 4, 8)))
+    assert "SLO met up to 4 clients (baseline: 1)" in inside and "beyond the sweep" not in inside
+    none = _text(nb09.takeaways(table=table, before=before, after=after, limits={before: None, after: 4},
+                                levels=(1, 2, 4, 8)))
+    assert "(baseline: < 1)" in none and "lies below the sweep: add lower levels to SWEEP" in none
 
 
 # ------------------------------------------------------------------------------------------------- notebook 10
@@ -307,6 +391,61 @@ def test_nb10_on_the_reference_run_judges_each_mechanism():
     assert "decode steps 0.76× the speed (slower)" in text and "llama.cpp Q4_1 decodes 2.77× as fast" in text
 
 
+def test_nb10_a_slower_prompt_lookup_says_why_from_its_numbers():
+    """The recorded chat task: 1.05 tokens per pass (acceptance 4 %) and a verification pass 1.50× a plain step's
+    time give 1.05 ÷ 1.50 = 0.70×; the copying task (2.8×) needs no excuse. Real samples say "slower"."""
+    ref, kw = _ref10()
+    copy, chat = kw["lookup"]
+    why = nb10.lookup_why(chat, nb10.lookup_verdict(chat))
+    assert why.startswith("On the chat task lookup was at 0.70× plain decoding's speed because the drafts rarely "
+                          "matched (acceptance 4%, 1.05 tokens per pass, near 1)")
+    assert "each verification pass cost 1.50× a plain step (68 vs 46 ms" in why and "1.05 ÷ 1.50 = 0.70×" in why
+    assert nb10.lookup_why(copy) == ""
+    text = _text(nb10.takeaways(**kw))
+    assert why in text
+    quiet = dict(chat, samples={"plain_decode_tokens_per_s": _spread(21.5), "lookup_decode_tokens_per_s": _spread(15.1)})
+    assert nb10.lookup_why(quiet, nb10.lookup_verdict(quiet)).startswith("On the chat task lookup was slower because")
+
+
+def test_nb10_llamacpp_from_the_reference_names_its_cpu_and_says_it_is_not_this_machine():
+    """llama.cpp did not run on this AMD EPYC (AVX2); the recorded run's row was measured on an Intel Xeon: the
+    sentence names that CPU, says it is not this machine, and warns that another CPU family may rank differently."""
+    ref, kw = _ref10()
+    rows = ref.section("cpu_engines")
+    here = {"cpu": "AMD EPYC", "cpu_isa": ["avx2", "fma"]}
+    xeon = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_isa": ["avx2", "avx512f", "fma"]}
+    words = nb10.llamacpp_elsewhere(rows, xeon, here, 0.9)
+    assert words.startswith("llama.cpp did not run here: its figures come from the reference run on Intel(R) Xeon(R) "
+                            "Processor (avx2 avx512f fma), not this machine (AMD EPYC (avx2 fma)).")
+    assert "decoded 2.77× the lab's best path with agreement ≥ 90% (ONNX Runtime MatMulNBits 8-bit b32" in words
+    assert "Its CPU family (AVX-512) is not this machine's (AVX2), so the ranking may not carry over" in words
+    assert "is this machine's too" in nb10.llamacpp_elsewhere(rows, {**xeon, "cpu_isa": ["avx2"]}, here, 0.9)
+    assert "did not record its instruction sets" in nb10.llamacpp_elsewhere(rows, {"cpu": "Xeon"}, here, 0.9)
+    head = {k: v for k, v in kw["head"].items() if not k.startswith(("lab_best_over", "llamacpp_"))}
+    head["llamacpp_reason"] = "llama-cpp-python is not installed (pip install 'labkit[llamacpp]')"
+    text = _text(nb10.takeaways(**{**kw, "head": head}, llamacpp_reference=words))
+    assert "llama.cpp: llama-cpp-python is not installed" in text and "not this machine (AMD EPYC (avx2 fma))" in text
+    measured_here = _text(nb10.takeaways(**kw, llamacpp_reference=words))
+    assert "not this machine" not in measured_here  # measured here: the reference is not quoted
+
+
+def test_nb10_kv_caches_are_ranked_by_kl_with_agreement_beside_it():
+    """The recorded run: int8 per channel and fp16 storage both agree on 100 % of 32 tokens, so agreement cannot
+    order them; KL does (fp16 2.8e-07 before int8 3.4e-04), and int2's 25 % sits last by both."""
+    ref, kw = _ref10()
+    rows = ref.section("kv_cache")
+    ranked = nb10.kv_ranked(rows)
+    assert [r["cache"] for r in ranked] == ["float32 (DynamicCache)", "fp16 storage", "int8 per channel (lab)",
+                                            "quanto int4", "quanto int2"]
+    assert [r.get("kl_rank") for r in ranked] == [None, 1, 2, 3, 4]
+    words = nb10.kv_ranking(rows)
+    assert "ranked by mean KL against the model's own cache" in words and "steps of 3%, too coarse" in words
+    assert "1. fp16 storage KL 2.82e-07, agreement 100.0%; 2. int8 per channel (lab) KL 3.38e-04, agreement 100.0%" in words
+    failed = [*rows, {"cache": "hqq int4", "status": "failed here: no kernel", "kl": None, "agreement": None}]
+    assert nb10.kv_ranked(failed)[-1]["cache"] == "hqq int4" and "hqq" not in nb10.kv_ranking(failed)
+    assert "KV caches ranked by mean KL" in _text(nb10.takeaways(**kw, kv_rows=rows))
+
+
 def test_nb10_lookup_with_samples_is_real_or_implausible():
     _, kw = _ref10()
     copy, chat = kw["lookup"]
@@ -337,6 +476,10 @@ def test_nb11_routing_verdict_from_the_reference_and_from_too_few_rounds():
     text = _text(found)
     assert "TTFT p50 0.19× round-robin's (lower over 5 rounds)" in text and "4 replicas." in text
     assert "$0.61 per million output tokens at AWS m7g.large's price" in text and "left 8 of 16 requests" in text
+    as_if = _text(nb11.takeaways(head=head, capacity_reason="knee at 2.15 req/s", arithmetic=None,
+                                 chosen={"name": "AWS m7g.large", "usd_per_million_tokens": 0.3063, "tokens_per_s": 74.0},
+                                 tokens_per_s=37.0, answered=8, requests=16))
+    assert "priced as if the instance made 74.0 tokens/s from this run's 37.0 (one replica at the knee" in as_if
     two = verdict.compare([0.2, 0.21], [0.5, 0.52], higher_is_better=False)  # two rounds: too few to tell
     text = _text(_nb11({**head, "ttft_verdict": two.kind, "rounds": 2}))
     assert "(within noise over 2 rounds)" in text and "lower" not in text
@@ -344,3 +487,82 @@ def test_nb11_routing_verdict_from_the_reference_and_from_too_few_rounds():
                                                                    arithmetic=None, chosen={"name": "n",
                                                                                             "usd_per_million_tokens": 1.0},
                                                                    tokens_per_s=1.0, answered=1, requests=1))
+
+
+def test_nb11_ttft_ratio_is_set_beside_what_the_cached_work_explains():
+    """The recorded run: 81 % of prompt positions reused under cache-aware, 64 % under round-robin, so prefill work
+    alone predicts 0.19 / 0.36 = 0.54×; the measured 0.19× is below that, and the sentence says the rest is queueing.
+    A ratio at the expectation is said to be explained by the work."""
+    ref = results.load(ROOT / "data" / "reference" / "11_scale_out.json")
+    head = {k: v for k, v in ref.section("summary")[0].items() if k not in ("section", "finding", "value")}
+    head["ttft_p50_ratio_ca_over_rr"] = ref.section("summary")[0]["value"]
+    text = _text(_nb11(head))
+    assert "predict a TTFT ratio of about 0.54 from prefill work alone ((1 − 81%) / (1 − 64%)); measured 0.19" in text
+    assert "below what the work allows: the rest is queueing" in text
+    explained = nb11.work_words({**head, "ttft_p50_ratio_ca_over_rr": 0.60})
+    assert "measured 0.60, within what the work explains" in explained and "queueing" not in explained
+    assert "no prefill work is left" in nb11.work_words({**head, "round_robin_token_hit_rate": 1.0})
+
+
+def test_nb11_a_knee_at_the_sweeps_end_is_a_bound_and_so_is_the_replica_count():
+    """Goodput followed up to the highest rate tried: the knee is a lower bound, RATE_MULTIPLES widens the sweep,
+    and the replicas it implies are an upper bound; no rate following puts the knee below the sweep."""
+    from labkit.serve.fleet import capacity
+
+    rates = [0.5, 1.0, 2.0, 4.0]
+    top = capacity.find_knee(rates, [0.5, 1.0, 1.95, 3.9])
+    need = capacity.replicas_needed(200, 2, top["knee_rps"], 0.8)
+    words = nb11.capacity_words(top["reason"], need["arithmetic"], top["knee_rps"], top["reached"], rates)
+    assert "the highest level tried (4 req/s) still held, so the true capacity lies beyond the sweep" in words
+    assert "add higher levels to RATE_MULTIPLES" in words
+    assert f"{need['arithmetic']} — an upper bound on the replicas, since the knee is only a lower bound." in words
+    inside = capacity.find_knee(rates, [0.5, 1.0, 1.95, 1.0])
+    words = nb11.capacity_words(inside["reason"], "⌈3.333 / 1.6⌉ = 3 replicas", inside["knee_rps"], inside["reached"], rates)
+    assert words == f"Capacity: {inside['reason']}; ⌈3.333 / 1.6⌉ = 3 replicas."
+    low = capacity.find_knee(rates, [0.1, 0.1, 0.1, 0.1])
+    words = nb11.capacity_words(low["reason"], None, low["knee_rps"], low["reached"], rates)
+    assert "lies below the sweep: add lower levels to RATE_MULTIPLES" in words
+
+
+def test_nb10_checks_the_same_ort_file_against_notebook_03():
+    """The recorded run: ONNX Runtime int8 per channel at 62.4 tokens/s in 10 and 29.2 in 03, the same file."""
+    def row(tps):
+        return {"decode_tokens_per_s": tps, "samples": {"decode_tokens_per_s": _spread(tps)}}
+
+    how = dict(here_how="6 tokens, 3 runs alone", there_how="its interleaved rounds")
+    drift = nb10.same_file_elsewhere(row(62.4), row(24.0), row(29.2), row(11.2), **how)  # both 2.6× their fp32
+    assert "62.4 tokens/s here" in drift and "29.2 in notebook 03" in drift and "(faster)" in drift
+    assert "2.60× here, 2.61× there" in drift and "the machine ran at another speed" in drift
+    differ = nb10.same_file_elsewhere(row(62.4), row(24.0), row(29.2), row(18.0), **how)  # 2.60× against 1.62×
+    assert "the gains differ too" in differ and "the machine ran at another speed" not in differ
+    same = nb10.same_file_elsewhere(row(30.0), row(12.0), row(29.5), row(11.8), **how)
+    assert "within noise" in same and "the gains differ" not in same
+    assert "nothing to check against" in nb10.same_file_elsewhere(row(30.0), row(12.0), None, None, **how)
+
+
+def _probe(fp16: float, bf16: float, fp32: float = 72.0) -> list[dict]:
+    return [{"precision": p, "batch": 8, "tokens_per_s": t} for p, t in (("fp32", fp32), ("bf16", bf16), ("fp16", fp16))]
+
+
+def test_nb09_half_precision_losing_at_batch_8_is_explained_by_the_cpus_flags():
+    """Recorded on a 2-core EPYC (AVX2, no AVX512_BF16/AMX): fp16/bf16 ran 4× slower than fp32 at batch 8 while
+    notebook 02 found them faster at batch 1. The sentence names the missing instructions and the batch's arithmetic;
+    on hardware that computes a format natively, the same numbers ask for a rerun instead."""
+    avx2 = "this CPU has no avx512_bf16, avx512_fp16 or AMX instructions"
+    text = nb09.precision_sentence(_probe(18.0, 17.5), avx2, {"fp16": False, "bf16": False})
+    assert text.startswith("At batch 8, bf16 decoded 0.24× fp32's tokens/s, fp16 decoded 0.25× fp32's tokens/s")
+    assert f"bf16 and fp16 lost to fp32 although they read half the bytes: {avx2}." in text
+    assert "with 8 rows each weight is converted and multiplied 8 times a step" in text and "rerun" not in text
+    # the recorded reference machine: native bf16 (1.58×), fp16 emulated (0.51×)
+    mixed = nb09.precision_sentence(_probe(36.5, 113.5), "", {"fp16": False, "bf16": True})
+    assert "fp16 lost to fp32 although it reads half the bytes: this device has no native fp16 arithmetic" in mixed
+    assert "bf16 lost" not in mixed
+    native = nb09.precision_sentence(_probe(18.0, 17.5), "", {"fp16": True, "bf16": True})
+    assert "natively: one run each, so rerun" in native and "converted" not in native
+    assert nb09.precision_sentence(_probe(70.0, 110.0), avx2, None).endswith("did not cost this batch its speed here.")
+    assert nb09.precision_sentence(_probe(70.0, 110.0)[1:], avx2) == ""
+    ref = results.load(ROOT / "data" / "reference" / "09_capstone.json")
+    found = nb09.takeaways(table=pd.DataFrame(ref.section("before_after")), before=ref.notes["before"],
+                           after=ref.notes["after"], limits={ref.notes["before"]: 1, ref.notes["after"]: 8},
+                           precision=_probe(18.0, 17.5), half_reason=avx2, native={"fp16": False, "bf16": False})
+    assert any(s.startswith("At batch 8, bf16 decoded 0.24×") for s in found.sentences)

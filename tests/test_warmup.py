@@ -227,3 +227,38 @@ def test_cold_start_records_device_memory_beside_the_rss(monkeypatch):
     assert point["cuda_allocated"] == 42 and asked == ["cuda:0"] and "nvml" in point
     cs = _cold("cuda:0", {"after_load": point})
     assert ColdStart.from_dict(cs.to_dict()).gpu_bytes == {"after_load": point}
+
+
+def test_a_first_call_inside_the_windows_tolerance_is_kept_and_its_cost_still_said():
+    """A first call 12 % slower than the rest sits inside a 5-call window's 10 % spread (p90 interpolates): the
+    stopping rule discards no call, and the sentence says so beside the 12 % the first call paid — not
+    "settled after 0 warmup calls" next to a one-time cost it seems to deny."""
+    from labkit.lessons.findings import nb04
+
+    lat = [0.1136, 0.1, 0.1, 0.1, 0.1, 0.1]  # (0.1136 - 0.1) / 0.1136 = 12 % one-time share
+    assert warmup.settle_point(lat, 0.10, 5) == 0 and warmup.window_spread(lat[:5]) < 0.10
+    words = nb04.settle_words(lat, 0.10, 5)
+    assert "no call had to be discarded" in words and "under 10%" in words
+    assert "the first call still paid 12% one-time cost" in words and "settled after" not in words
+    assert "2 call(s) were discarded" in nb04.settle_words([0.3, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1], 0.10, 5)
+    assert "no window settled within 6 calls" in nb04.settle_words([0.1, 0.2] * 3, 0.10, 5)
+    flat = nb04.settle_words([0.1] * 5, 0.10, 5)
+    assert "no call had to be discarded" in flat and "within 0% of that window's median" in flat
+
+
+def test_the_warmup_takeaway_names_the_rule_behind_each_number():
+    import pandas as pd
+
+    from labkit.lessons.findings import nb04
+
+    cold = _cold("cpu")
+    summary = pd.DataFrame({"first_s": [0.5, 0.3], "median_s": [0.2, 0.2], "agreement": [1.0, 1.0]},
+                           index=["cold", "warmed"])
+    found = nb04.takeaways(cold=cold, warmed=cold, steady_s=0.2, one_time_share=0.12, memory_growth={"rss": 2**20},
+                           weight_bytes=2**27, loop_warmup_calls=0, loop_calls=5, summary=summary,
+                           compile_rows=pd.DataFrame(), loop_latencies_s=[0.1136, 0.1, 0.1, 0.1, 0.1],
+                           until_spread=0.10, window=5)
+    text = " ".join(found.sentences)
+    assert "12% of it was one-time cost (the cold process's first request against the median" in text
+    assert "The warmup loop written here: no call had to be discarded" in text
+    assert "no call had to be discarded by the stopping rule" in text and "settled after 0" not in text

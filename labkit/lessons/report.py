@@ -10,7 +10,7 @@ import contextlib
 import html
 import os
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from ..decoding import quality
 from ..model import models
 from ..model.prompts import cycle
 from ..serve import decoder, loadgen
+from ..serve import metrics as prom
 from ..serve import processes
 from ..serve import shared as room
 from ..serve.vllm import server as vs
@@ -121,17 +122,24 @@ def choose_precision(models_by_precision: dict[str, Any], tokenizer: Any, prompt
 
 
 def load_point(url: str, prompts: Sequence[str], concurrency: int, num_requests: int, max_tokens: int,
-               slo: Any = None, endpoint: str = "chat", device: Any = None, **loadgen_options: Any) -> dict[str, Any]:
+               slo: Any = None, endpoint: str = "chat", device: Any = None, stats: Callable[[], Any] | None = None,
+               **loadgen_options: Any) -> dict[str, Any]:
     """One load test (``labkit.serve.loadgen.run``, streaming, answers end at end-of-sequence or ``max_tokens``)
     at ``concurrency`` clients, with the process's peak RSS (sampled) and the CUDA allocator peak of ``device``,
-    the server's (default: the device notebooks use, ``env.device()``; "cuda:1" reads GPU 1, not the current one)."""
+    the server's (default: the device notebooks use, ``env.device()``; "cuda:1" reads GPU 1, not the current one).
+
+    ``stats``: the server's metrics snapshot (``ServerHandle.stats``); read after loadgen's warm-up and after the
+    run, its difference gives the row's ``mean_batch_size`` of the measured requests alone (``metrics.mean_batch_between``)."""
     device = device if device is not None else env.device()
+    before: dict[str, Any] = {}
+    start = (lambda: before.update(stats())) if stats is not None else None
     with memory.track(device) as mem, memory.RSSSampler(interval_s=0.05) as rss:
         run = loadgen.run(url, prompts, num_requests=num_requests, max_concurrency=concurrency, max_tokens=max_tokens,
-                          endpoint=endpoint, ignore_eos=False, slo=slo, **loadgen_options)
+                          endpoint=endpoint, ignore_eos=False, slo=slo, on_start=start, **loadgen_options)
+    batch = {"mean_batch_size": prom.mean_batch_between(before, stats())} if stats is not None else {}
     summary = {k: v for k, v in run.summary().items() if k not in ("errors", "slo")}
     errors = run.summary()["errors"]
-    return {**summary, "concurrency": concurrency, "peak_rss_bytes": rss.peak_bytes, "peak_rss_source": rss.source,
+    return {**summary, **batch, "concurrency": concurrency, "peak_rss_bytes": rss.peak_bytes, "peak_rss_source": rss.source,
             "samples": {"e2e_s": [o.e2e_s for o in run.outputs if o.success]},  # per request: for a verdict
             "cuda_peak_bytes": mem.cuda_peak.bytes, "cuda_peak_note": mem.cuda_peak.reason,
             "errors": "; ".join(f"{n}× {e}" for e, n in errors.items())}

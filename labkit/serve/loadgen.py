@@ -318,7 +318,8 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
                     max_tokens: int | Sequence[int] = 32, endpoint: str = "completions", model: str | None = None,
                     ignore_eos: bool = True, slo: SLO | None = None, seed: int = 0, timeout_s: float = 600.0,
                     warmup: int = 1, progress: Callable[[int, int], None] | None = None,
-                    return_token_ids: bool = False, read_timeout_s: float | None = None) -> BenchmarkResult:
+                    return_token_ids: bool = False, read_timeout_s: float | None = None,
+                    on_start: Callable[[], Any] | None = None) -> BenchmarkResult:
     """Send ``num_requests`` streaming requests and measure them (see the module docstring).
 
     ``prompts`` and ``max_tokens`` (an int, or a list) are taken round-robin, request ``i`` getting entry
@@ -327,7 +328,10 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
 
     ``timeout_s`` bounds each request; ``read_timeout_s`` the wait for its next bytes, so a server that stops
     answering mid-stream fails its requests then. A server that dies closes its connections: its requests fail at
-    once. Either way every request comes back, answered or counted failed with its error."""
+    once. Either way every request comes back, answered or counted failed with its error.
+
+    ``on_start`` is called once the ``warmup`` requests are answered, just before the first measured one: read a
+    server's counters there (``metrics.snapshot``) and again after, and their difference leaves the warm-up out."""
     import aiohttp
 
     _check(num_requests, request_rate, burstiness, max_concurrency, max_tokens, endpoint)
@@ -364,6 +368,8 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
             return out
 
         gaps = arrival_gaps(num_requests, request_rate, burstiness, seed)
+        if on_start is not None:
+            on_start()  # after the warm-up: what it ran stays out of a before/after difference
         t0 = clock()
         tasks = []
         for i in range(num_requests):

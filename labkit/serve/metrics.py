@@ -96,6 +96,7 @@ class Metrics:
             return {"requests": {f"{e} {s}": n for (e, s), n in sorted(self.requests.items())},
                     "batches": self.batch_size.n,
                     "mean_batch_size": self.batch_size.total / self.batch_size.n if self.batch_size.n else None,
+                    "sequences_batched": self.batch_size.total,
                     "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens}
 
     def render(self, gauges: dict[str, tuple[str, float]], counters: dict[str, tuple[str, float]] | None = None) -> str:
@@ -114,6 +115,18 @@ class Metrics:
             for hist in (self.batch_size, self.queue_wait, self.ttft, self.e2e):
                 lines += hist.render()
         return "\n".join(lines) + "\n"
+
+
+def mean_batch_between(before: Mapping[str, Any], after: Mapping[str, Any]) -> float | None:
+    """The mean batch size of what ran between two ``snapshot()``s: (sequences after − before) / (batches after −
+    before). Snapshots taken around a measured run leave out whatever ran before it (a load generator's warm-up
+    request, an earlier experiment), which a mean over the server's whole life would count; None when no batch
+    ran in between."""
+    batches = after["batches"] - before["batches"]
+    if batches < 0:
+        raise ValueError("the 'after' snapshot has fewer batches than 'before': the server's metrics were reset "
+                         "in between; take both snapshots around one run")
+    return (after["sequences_batched"] - before["sequences_batched"]) / batches if batches else None
 
 
 # ---------------------------------------------------------------------------------------- reading anyone's /metrics

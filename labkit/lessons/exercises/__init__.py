@@ -216,10 +216,20 @@ def reveal(what: str, predicted: float | None, measured: float, unit: str = "") 
     return row
 
 
-def reveal_choice(what: str, predicted: str | None, actual: str, choices: list[str]) -> dict[str, Any]:
-    """The same for a prediction that is one of ``choices`` (which is faster, which overflows…)."""
+def reveal_choice(what: str, predicted: str | None, actual: str | None, choices: list[str],
+                  undecided: str | None = None) -> dict[str, Any]:
+    """The same for a prediction that is one of ``choices`` (which is faster, which overflows…).
+
+    ``actual=None`` with ``undecided`` (the verdict's reason, e.g. "within noise (the p10–p90 ranges overlap)")
+    when the run cannot name a winner: the reveal then says so, as the takeaway does, instead of crowning the
+    larger of two noisy numbers."""
     if predicted is not None and predicted not in choices:
         raise ValueError(f"the prediction for {what!r} must be one of {choices} (or None), got {predicted!r}")
+    if actual is None:
+        row = {"quantity": what, "predicted": predicted, "measured": None, "unit": "", "ratio": None}
+        said = f"you predicted {predicted}; " if predicted is not None else "no prediction made; "
+        print(f"{what}: {said}no winner can be named in this run: {undecided or 'no verdict'}")
+        return row
     row = {"quantity": what, "predicted": predicted, "measured": actual, "unit": "", "ratio": None}
     if predicted is None:
         print(f"{what}: no prediction made (choose one of {choices} above and run this cell again); "

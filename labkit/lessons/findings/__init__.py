@@ -58,6 +58,32 @@ def compile_sentence(story: Any) -> str:
             f"{story.eager_first_s:.1f} s eager, so it {pay}")
 
 
+def sweep_end(value: float | None, levels: Any, reached: bool | None = None) -> str | None:
+    """Where a capacity read off a sweep is censored by the sweep's ends: ``"above"`` when the highest level tried
+    still held (or ``reached`` is False: nothing higher stopped holding), so the true value lies beyond it (a lower
+    bound); ``"below"`` when no level held (``value`` None), so it lies under the lowest; None when a higher level
+    failed, so the value was measured inside the sweep."""
+    levels = sorted(float(x) for x in levels)
+    if value is None:
+        return "below"
+    if reached is False or (reached is None and float(value) >= levels[-1]):
+        return "above"
+    return None
+
+
+def beyond_sweep(end: str | None, levels: Any, unit: str, param: str) -> str:
+    """The clause a capacity sentence adds when ``sweep_end`` says the sweep's ends cut it (empty otherwise): where
+    the true value lies, and which parameter extends the sweep to find it."""
+    levels = sorted(float(x) for x in levels)
+    if end == "above":
+        return (f"the highest level tried ({levels[-1]:g} {unit}) still held, so the true capacity lies beyond the "
+                f"sweep and this is a lower bound: add higher levels to {param} to find it")
+    if end == "below":
+        return (f"even the lowest level tried ({levels[0]:g} {unit}) missed, so the true capacity lies below the "
+                f"sweep: add lower levels to {param} (or relax the SLO)")
+    return ""
+
+
 def show(found: Findings) -> None:
     """Print the sentences, one bullet each."""
     print("\n".join("- " + s for s in found.sentences))

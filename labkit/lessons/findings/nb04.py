@@ -5,17 +5,48 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...engines.warmup import GROWTH_SOURCES, NOISE_SHARE, ColdStart
+from ...core.timing import Measurement
+from ...engines.warmup import GROWTH_SOURCES, NOISE_SHARE, ColdStart, settle_point, window_spread
 from . import Findings
+
+
+def settle_words(latencies_s: list[float], until_spread: float, window: int) -> str:
+    """What the stopping rule decided (a clause, to follow "The warmup loop: ") on ``latencies_s`` and why, with what the first call paid beside it.
+
+    The rule (``warmup.settle_point``) discards calls until a window of ``window`` calls spreads less than
+    ``until_spread`` ((p90 - p10) / median); a first call a few per cent slower than the rest can sit inside such a
+    window and be kept. So "0 calls discarded" and "the first call paid X %" are two rules, both true: the words say
+    which is which."""
+    n = settle_point(latencies_s, until_spread, window)
+    rule = f"the stopping rule: the spread of {window} calls in a row under {until_spread:.0%}"
+    if n is None:
+        return f"no window settled within {len(latencies_s)} calls ({rule})"
+    steady = latencies_s[n:n + window]
+    spread, median = window_spread(steady), Measurement.from_values("steady", steady).median
+    first = latencies_s[0]
+    paid = (first - median) / first  # the one-time share, against this steady window's median
+    kept = (f"no call had to be discarded by {rule} (its first {window} calls spread {spread:.1%})" if n == 0 else
+            f"{n} call(s) were discarded by {rule} (calls {n + 1}–{n + window} spread {spread:.1%})")
+    if paid > NOISE_SHARE:
+        pays = (f"; the first call still paid {paid:.0%} one-time cost (first call against that window's median), "
+                f"small enough to sit inside the window's {until_spread:.0%} tolerance" if n == 0 else
+                f"; the first call paid {paid:.0%} one-time cost against that window's median")
+    else:
+        pays = f"; the first call was within {max(paid, 0):.0%} of that window's median"
+    return kept + pays
 
 
 def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_time_share: float,
               memory_growth: dict[str, int | None], weight_bytes: int, loop_warmup_calls: int | None, loop_calls: int,
-              summary: Any, compile_rows: Any) -> Findings:
+              summary: Any, compile_rows: Any, loop_latencies_s: list[float] | None = None,
+              until_spread: float | None = None, window: int = 5) -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the numbers.
 
     ``memory_growth``: what the first request added, by source (``warmup.first_request_growth``: the RSS on a
     CPU, the CUDA allocator and NVML on a GPU, where the weights live).
+
+    ``loop_latencies_s`` (with ``until_spread`` and ``window``): the notebook's warmup loop, every call, so the
+    sentence can say what its stopping rule kept beside what the first call paid (``settle_words``).
 
     ``summary``: rows indexed by series ('cold', 'warmed') with first_s, median_s and agreement;
     ``compile_rows``: the compile table (target, where, break_even_calls, and max_abs_diff / agreement where known);
@@ -36,11 +67,14 @@ def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_ti
     says = [f"The largest phase of this cold start was {largest.removesuffix('_s').replace('_', ' ')} "
             f"({phases[largest]:.2f} s); {before:.2f} s passed before the first request.",
             (f"The first request took {ratio:.1f}× a steady one ({cold.first_request_s * 1e3:.0f} vs "
-             f"{steady_s * 1e3:.0f} ms): {one_time_share:.0%} of it was one-time cost." if one_time_share > NOISE_SHARE else
+             f"{steady_s * 1e3:.0f} ms): {one_time_share:.0%} of it was one-time cost (the cold process's first "
+             f"request against the median of its last requests)." if one_time_share > NOISE_SHARE else
              f"The first request was no slower than a steady one ({cold.first_request_s * 1e3:.0f} vs "
              f"{steady_s * 1e3:.0f} ms): no one-time cost showed above this run's noise.")
             + f" During it {grew}."]
-    if loop_warmup_calls is None:
+    if loop_latencies_s is not None and until_spread is not None:
+        says.append(f"The warmup loop written here: {settle_words(loop_latencies_s, until_spread, window)}.")
+    elif loop_warmup_calls is None:
         says.append(f"The warmup loop written here did not settle within {loop_calls} calls.")
     else:
         says.append(f"The warmup loop written here settled after {loop_warmup_calls} warmup call(s) "
@@ -55,8 +89,7 @@ def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_ti
                 f"{same} against the cold process's first answer.")
     if warmed.warmup is not None:
         rep = warmed.warmup
-        says.append("labkit's warmup in the second process " + (f"settled after {rep.warmup_calls} call(s)."
-                    if rep.settled else f"did not settle within {rep.calls} calls."))
+        says.append(f"labkit's warmup in the second process: {settle_words(rep.latencies_s, rep.until_spread, rep.window)}.")
     for r in compile_rows.to_dict("records"):
         be, per_call = r.get("break_even_calls"), r.get("tokens_per_call")
         pay = ("never pays back (compiled calls were not faster)" if be is None or be != be else

@@ -35,8 +35,7 @@ def takeaways(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding:
     tpot_x = many["tpot_p50_s"] / one["tpot_p50_s"]
     poisson, bursty = open_loop
     burst_x = bursty["ttft_p90_s"] / poisson["ttft_p90_s"]
-    burst_v = verdict.compare(verdict.samples(bursty, "ttft_s"), verdict.samples(poisson, "ttft_s"),
-                              higher_is_better=False)  # per-request TTFTs: does the whole distribution move?
+    burst_v = worse_ttft(open_loop)[1]
     sentences = [
         throughput_sentence(last["batch_size"], total_v, memory_bound_gain)
         + f" Each user got {user:.2f}× batch 1's speed ({user_v.word('faster', 'slower')}"
@@ -67,6 +66,16 @@ def takeaways(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding:
         {"finding": "TTFT p90 bursty / Poisson (×)", "value": burst_x},
     ]
     return Findings(rows=rows, sentences=sentences)
+
+
+def worse_ttft(open_loop: list[dict[str, Any]]) -> tuple[str | None, Verdict]:
+    """Which arrivals (Poisson, bursty: ``open_loop``'s two rows) saw the longer TTFTs, by the takeaway's own
+    verdict on the per-request TTFTs; ``None`` when that verdict names no winner (within noise, implausible).
+    The reveal and the takeaway both read it, so they cannot disagree."""
+    poisson, bursty = open_loop
+    v = verdict.compare(verdict.samples(bursty, "ttft_s"), verdict.samples(poisson, "ttft_s"),
+                        higher_is_better=False)  # per-request TTFTs: does the whole distribution move?
+    return {verdict.WORSE: bursty.get("arrivals", "bursty"), verdict.BETTER: poisson.get("arrivals", "Poisson")}.get(v.kind), v
 
 
 def batch_verdicts(first: dict[str, Any], last: dict[str, Any], memory_bound_gain: float) -> tuple[Verdict, Verdict]:
