@@ -9,10 +9,13 @@
 # ## Learning objectives
 #
 # - Read the capabilities table: which optimisation paths this machine can take, and why not.
-# - Load a real chat model with one call, and know where its files live.
-# - Measure time to first token (TTFT) and decode speed for one answer, and see why the first
-#   call is slower than the second.
+# - Load a real chat model with one call, in 32-bit floats ([fp32](../docs/glossary.md#fp32)), and know where its files live.
+# - Measure time to first token ([TTFT](../docs/glossary.md#ttft)) and [decode](../docs/glossary.md#decode) speed in output tokens per second
+#   ([tokens/s](../docs/glossary.md#tokens-per-second)) for one answer, and see why the first call is slower than the second.
 # - Know where results are saved, with the environment that produced them.
+#
+# Each term is defined where first used and collected in the [glossary](../docs/glossary.md). On a slow machine,
+# [quick mode](../docs/glossary.md#quick-mode) (`LABKIT_QUICK=1`) runs fewer repeats and tokens through the same code.
 
 # %% md notes
 # Presenter: this notebook is the room's install check. Ask everyone to run it top to bottom while
@@ -44,7 +47,11 @@ DTYPE = "fp32"  # the baseline precision; later notebooks change it
 # ## Predict, then load
 #
 # Before loading, the sizing model predicts how many bytes the weights take: parameters are
-# counted on a model built on the meta device (no memory used), times bytes per parameter.
+# counted on a model built on the [meta device](../docs/glossary.md#meta-device) (shapes, no data: no memory used), times bytes per
+# parameter. The memory table after the load names each number's
+# [source](../docs/glossary.md#memory-sources): `params` the weights' bytes, `rss` this process's resident memory now,
+# [`rss_peak`](../docs/glossary.md#rss-peak) its highest since the process started; `cuda_peak` and `nvml` are GPU readings
+# (empty on a CPU, with the reason).
 
 # %% fragment
 predicted = sizing.estimate("default", dtype=DTYPE, context=1)
@@ -63,7 +70,8 @@ memory.frame(memory.snapshot(lm.model))
 # ## A first chat, timed token by token
 #
 # A streamer hook stamps each token as `generate` hands it over: **TTFT** is the time to the
-# first token (prefill), **TPOT** the mean time per token after it (decode).
+# first token ([prefill](../docs/glossary.md#prefill): one pass over the whole prompt), **[TPOT](../docs/glossary.md#tpot)** the mean time per
+# token after it (decode), **[E2E](../docs/glossary.md#e2e)** the whole answer's time.
 
 # %% fragment
 first = generation.generate(lm.model, lm.tokenizer, QUESTION, max_new_tokens=MAX_NEW_TOKENS)

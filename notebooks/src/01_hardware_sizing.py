@@ -2,21 +2,29 @@
 # # 01 · Hardware sizing: will it fit, and how fast can it decode at most?
 #
 # Before buying a GPU or picking a precision, two questions decide almost everything: do the
-# weights and the KV cache fit in memory, and how many tokens per second can decoding reach at
-# best? Both follow from the model's config and two numbers about the hardware: how many bytes per
-# second its memory delivers, and how many FLOPs per second its matrix units compute. You write the
-# sizing formulas, measure both numbers on this machine, and place prefill and decode on the
-# roofline they draw.
+# weights and the [KV cache](../docs/glossary.md#kv-cache) fit in memory, and how many tokens per second can decoding reach at
+# best?
+
+# %% md notes
+# The KV cache holds the keys and values of every earlier token. Both answers follow from the model's
+# config and two numbers about the hardware: how many bytes per
+# second its memory delivers, and how many floating-point operations per second
+# ([FLOP/s](../docs/glossary.md#flops)) its matrix units compute. You write the sizing formulas, measure both numbers on this machine, and place prefill and decode on the
+# [roofline](../docs/glossary.md#roofline) they draw: the lower of the two limits, at each operation's FLOPs
+# per byte.
 
 # %% md subslide
 # ## Learning objectives
 #
-# - Compute weight bytes per precision from a config (exercise), and KV-cache bytes per token (GQA aware).
+# - Compute weight bytes per precision from a config (exercise): [fp16](../docs/glossary.md#fp16) and [bf16](../docs/glossary.md#bf16) are
+#   16-bit floats, [int8](../docs/glossary.md#int8) 8-bit integers, [NF4](../docs/glossary.md#nf4) 4-bit codes. Then KV-cache bytes per token,
+#   with grouped-query attention ([GQA](../docs/glossary.md#gqa): query heads share key/value heads).
 # - See how the KV cache grows with context and batch until it dwarfs the weights.
 # - Read a GPU catalog: which GPU fits which model.
-# - Measure this machine's memory bandwidth, write the decode ceiling (bandwidth ÷ bytes read per
+# - Measure this machine's memory bandwidth, write the [decode ceiling](../docs/glossary.md#decode-ceiling) (bandwidth ÷ bytes read per
 #   step, exercise), measure real decode, and explain the gap with the operators one step runs.
-# - Measure matmul FLOP/s, compute a matmul's arithmetic intensity (FLOPs per byte), and place prefill
+# - Measure [matmul](../docs/glossary.md#matmul) (matrix multiplication) FLOP/s, compute a matmul's
+#   [arithmetic intensity](../docs/glossary.md#arithmetic-intensity) (FLOPs per byte), and place prefill
 #   and decode on the roofline: which of the two roofs limits each.
 
 # %% md notes
@@ -67,8 +75,9 @@ PREFILL_REPEATS = config.pick(5, 3)  # timed prefills (after one warmup)
 # A Llama-architecture decoder holds: the token embedding (vocabulary × hidden); per layer, four
 # attention projections (`q_proj` and `o_proj` with `num_attention_heads` heads of `head_dim`, `k_proj`
 # and `v_proj` with `num_key_value_heads`), three MLP matrices (`gate_proj`, `up_proj`, `down_proj`,
-# hidden × intermediate) and two RMSNorm weights (hidden each); a final RMSNorm; and an output head
-# (vocabulary × hidden) unless `tie_word_embeddings` reuses the embedding. No biases. Write the bytes.
+# hidden × intermediate) and two [RMSNorm](../docs/glossary.md#rmsnorm) weights (hidden each: a learned scale applied after
+# normalising each token's vector); a final RMSNorm; and an output head ([`lm_head`](../docs/glossary.md#lm-head),
+# vocabulary × hidden) unless `tie_word_embeddings` reuses the embedding. No biases. Write the bytes.
 
 # %% exercise 01.weight_bytes
 def weight_bytes(config, bytes_per_param):
@@ -88,8 +97,8 @@ exercises.check("01.weight_bytes", weight_bytes)
 # ### Your formula, labkit's count, the loaded tensors
 #
 # labkit does not use a formula: it builds the model on PyTorch's *meta* device (shapes, no memory) and
-# counts its parameters, which is exact for any architecture. int8 and nf4 quantise the decoder's linear
-# layers and add their scales; the rest stays fp16.
+# counts its parameters, which is exact for any architecture. int8 and nf4 [quantise](../docs/glossary.md#quantisation) the
+# decoder's linear layers (store them in fewer bits) and add their scales; the rest stays fp16.
 
 # %% fragment
 cfg = {m: str(config.DATA_DIR / "configs" / m) for m in PUBLIC_MODELS}
@@ -177,6 +186,10 @@ print(f"{lm.name} on {lm.device}: weights {weight_b / 2**20:.0f} MiB, KV {kv_tok
 # %% md slide
 # ## 5 · Measure: real decode against the ceiling, batch by batch
 #
+# [Greedy](../docs/glossary.md#greedy) decoding takes the most likely token at every step. The batch sizes are timed in
+# [interleaved rounds](../docs/glossary.md#interleaved-rounds) (1 4 1 4 …, so drift hits each alike); each row keeps its
+# [spread](../docs/glossary.md#spread), (p90 − p10) ÷ median of its samples.
+#
 # Predict: how many tokens/s does greedy decoding reach at batch 1 here, against the ceiling above?
 
 # %% fragment
@@ -206,7 +219,8 @@ print(f"batch 1: measured {one.measured_tokens_per_s:.1f} tokens/s = {one.ratio:
 # ## 6 · The second roof: matmul FLOP/s
 #
 # The probe multiplies two `MATMUL_N` × `MATMUL_N` fp32 matrices: 2n³ FLOPs over 3n² values read or
-# written, hundreds of FLOPs per byte, so what it measures is how fast the matrix units compute.
+# written, hundreds of FLOPs per byte, so what it measures is how fast the matrix units compute (each
+# operation runs as one [kernel](../docs/glossary.md#kernel), a routine on the device).
 # Predict: how many GFLOP/s does this run's device reach?
 
 # %% fragment
@@ -225,7 +239,8 @@ print(f"the two roofs meet at {ridge:.1f} FLOPs per byte: a kernel doing fewer w
 #
 # Every linear layer multiplies T token rows by an (out, in) weight. Its FLOPs grow with T; the weight's
 # bytes do not. The model's intensity is the sum over its linear layers (attention's own products are
-# left out). Prefill keeps only the last position's logits, so its output head runs one row.
+# left out). Prefill keeps only the last position's [logits](../docs/glossary.md#logits) (one score per vocabulary token), so
+# its output head runs one row.
 
 # %% mechanism
 def matmul_cost(tokens, out_features, in_features, bytes_per_value):
@@ -261,7 +276,8 @@ grid
 # ## 7 · Prefill and decode on the roofline
 #
 # Decode at batch B runs B rows through each weight; a prefill of `PREFILL_TOKENS` tokens runs that many.
-# Predict: which roof limits each, the bandwidth slope or the compute flat?
+# Predict: which roof limits each, the bandwidth slope ([memory-bound](../docs/glossary.md#memory-bound)) or the compute flat
+# (compute-bound)?
 
 # %% fragment
 PREDICT_DECODE_BOUND = None  # your prediction for decode at batch 1: "memory-bound" or "compute-bound"
@@ -303,7 +319,7 @@ n_attention = sum(profiling.op_group("aten::" + o) == "attention" for o in ops)
 print(f"one decode step ran {len(ops)} operators: {n_linear} matrix-vector products against a weight, "
       f"{n_attention} attention kernels and {len(ops) - n_linear - n_attention} others; most frequent: "
       + ", ".join(f"{o} {n}" for o, n in collections.Counter(ops).most_common(6)))
-res.add("ops", total=len(ops), linear=n_linear, attention=n_attention, other=len(ops) - n_linear - n_attention)
+_ = res.add("ops", total=len(ops), linear=n_linear, attention=n_attention, other=len(ops) - n_linear - n_attention)
 
 # %% md subslide
 # ### Does the kernel stream the weight at full bandwidth?
@@ -320,9 +336,11 @@ print(f"lm_head-sized matvec on {probe['device']}: nn.Linear layout {probe['line
       f"transposed {probe['transposed_gbs']:.1f} GB/s, probe {bw.gbs:.1f} GB/s")
 
 # %% md fragment
-# Split each decode step into the time its bytes need at the probed bandwidth and the rest (overhead).
-# As the batch grows, one step's fixed costs are shared by more sequences: does the overhead per
-# generated token shrink, and does the ratio to the ceiling rise with it?
+# Split each decode step into the time its bytes need at the probed bandwidth and the rest.
+# As the batch grows, one step's fixed costs are shared by more sequences: does the time per
+# generated token beyond the bytes shrink, and does the ratio to the ceiling rise with it? Then batch 1's
+# step in three pieces: the bytes at the probe's bandwidth, the extra because the matrix-vector kernel
+# reads slower than that (the layout probe above), and what its operators cost beyond both.
 
 # %% fragment
 dec["ideal_step_ms"] = [sizing.decode_bytes_per_step(weight_b, kv_tok, ctx, b) / (bw.gbs * 1e9) * 1e3 for b in dec.batch]
@@ -333,7 +351,7 @@ first, last = dec.iloc[0], dec.iloc[-1]
 print(f"overhead per token: {first.overhead_ms_per_token:.1f} ms at batch {int(first.batch)} → "
       f"{last.overhead_ms_per_token:.1f} ms at batch {int(last.batch)}; ratio to ceiling {first.ratio:.2f} → {last.ratio:.2f}")
 gap = hardware.decode_gap(first.tpot_s, sizing.decode_bytes_per_step(weight_b, kv_tok, ctx, 1), bw.gbs, len(ops),
-                          lm.device)  # the operators counted above
+                          lm.device, gemv_gbs=probe["linear_gbs"], weight_bytes=weight_b)  # the counts and probes above
 res.add("decode_gap", **gap)
 print(gap["explanation"])
 

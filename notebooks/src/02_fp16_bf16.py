@@ -3,7 +3,10 @@
 #
 # Storing weights in 16 bits instead of 32 halves the memory a model needs and the bytes each
 # decode step must read. Two 16-bit formats compete, and they split their 16 bits differently
-# between range (exponent) and precision (mantissa). This notebook takes the formats apart on single
+# between range (exponent) and precision (mantissa).
+
+# %% md notes
+# This notebook takes the formats apart on single
 # numbers — you round fp32 to bf16 by hand, find a format's largest value from its bits and keep a
 # running sum in 16 bits — then loads the model in all three precisions and measures footprint, load
 # time, time to first token, decode speed and quality against the fp32 reference, on this machine.
@@ -18,7 +21,9 @@
 # - Predict weight bytes per precision with `labkit.model.sizing`, then check them against the loaded model.
 # - Measure TTFT and decode tokens/s per precision, and read from this machine's numbers whether half
 #   precision is faster or slower here, and why.
-# - Read three quality columns: perplexity, greedy agreement and KL divergence against fp32.
+# - Read three quality columns against fp32: [perplexity](../docs/glossary.md#perplexity) (how surprised the model is by a
+#   text), [greedy agreement](../docs/glossary.md#greedy-agreement) (the same top token) and [KL divergence](../docs/glossary.md#kl-divergence)
+#   (how far apart the next-token distributions are).
 
 # %% md notes
 # Presenter: take a show of hands for each prediction in section 1 (which format overflows, which cannot
@@ -209,8 +214,9 @@ pd.DataFrame({"dtype": VARIANTS, "predicted_MiB": [predicted[d] / 2**20 for d in
 # ## 4 · Measure: load, TTFT, decode, quality
 #
 # Each variant is loaded, scored on `data/eval/labkit_eval.txt` (English and Chinese) and
-# teacher-forced on the fp32
-# model's own continuations of the prompts in `data/prompts.json`, then released; then all are loaded
+# [teacher-forced](../docs/glossary.md#teacher-forcing) on the fp32
+# model's own continuations of the prompts in `data/prompts.json` (fed those tokens, scored at each position),
+# then released; then all are loaded
 # together and their decode timed in `REPEATS` interleaved rounds of `NEW_TOKENS` greedy tokens (fp32
 # fp16 bf16 fp32 fp16 bf16 …), so a busy minute slows all of them alike. Predict: how many
 # times as fast as fp32 do fp16 and bf16 decode on this machine?
@@ -231,7 +237,7 @@ print(f"decode timed in {REPEATS} interleaved rounds (fp32 fp16 bf16 …), fp32 
       f"last / first = {drift:.2f}" if drift else "decode timed in interleaved rounds")
 table = pd.DataFrame(rows).set_index("variant")
 table[["status", "load_s", "weight_bytes", "predicted_weight_bytes", "ttft_s", "decode_tokens_per_s",
-       "perplexity", "agreement", "kl"]]
+       "decode_spread", "perplexity", "agreement", "kl"]]  # decode_spread: (p90 − p10) / median of the timed rounds
 
 # %% subslide
 ok = table[table.status == "ok"]
@@ -253,7 +259,8 @@ for v, guess in (("fp16", PREDICT_FP16_DECODE_RATIO), ("bf16", PREDICT_BF16_DECO
 # Prefill multiplies whole matrices (many FLOPs per weight byte); decode multiplies one vector per step
 # by every weight (few: notebook 01's roofline placed both on this machine). A device without fp16/bf16
 # matmul instructions converts half-precision weights back to fp32 as it computes: it saves bytes, not
-# arithmetic. Below, both shapes timed directly, on this run's device.
+# arithmetic. Below, both shapes timed directly, on this run's device, with the decode-like matmul's
+# achieved GB/s (its weight bytes ÷ its time) beside each.
 
 # %% fragment
 shape = sizing.shape(MODEL)  # the lm_head's matrix: vocabulary × hidden size, the largest in the model
@@ -266,6 +273,8 @@ def matmul_s(dtype: torch.dtype, rows: int) -> float:
 
 shapes = pd.DataFrame([{"device": device, "dtype": str(d).replace("torch.", ""), "prefill-like (s)": matmul_s(d, MATMUL_TOKENS),
                         "decode-like (s)": matmul_s(d, 1)} for d in (torch.float32, torch.float16, torch.bfloat16)])
+weight_bytes = shapes.dtype.map({"float32": 4, "float16": 2, "bfloat16": 2}) * shape.vocab_size * shape.hidden_size
+shapes["decode-like GB/s"] = weight_bytes / shapes["decode-like (s)"] / 1e9  # achieved: weight bytes read / time
 shapes
 
 # %% fragment
@@ -310,7 +319,8 @@ found = nb02_findings.takeaways(rows=rows, matmul_s=matmul_times, half_reason=re
                                 mantissa_bits=formats.mantissa_bits.to_dict(),
                                 rounded={"fp16": demo.fp16.tolist(), "bf16": demo.bf16.tolist()},
                                 sums=totals["running total in dtype"].to_dict(),
-                                accumulation=(ACCUM_START, ACCUM_STEP, ACCUM_STEPS))
+                                accumulation=(ACCUM_START, ACCUM_STEP, ACCUM_STEPS),
+                                matmul_gbs=mm["decode-like GB/s"].to_dict())
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)

@@ -1,21 +1,28 @@
 # %% md slide
-# # 03 · INT8 and INT4: bitsandbytes and ONNX Runtime
+# # 03 · INT8 and INT4: bitsandbytes and [ONNX Runtime](../docs/glossary.md#onnx-runtime)
 #
 # Quantisation stores weights in 8 or 4 bits. Published summaries promise a lot — "INT8: −75 %
 # memory, about 2 % accuracy loss". Whether that holds depends on *how* a model is quantised and on
-# the hardware that runs it. Here every variant is measured in one run on this machine: weight bytes,
+# the hardware that runs it.
+
+# %% md notes
+# Here every variant is measured in one run on this machine: weight bytes,
 # peak memory, time to first token, decode speed, and three quality columns against fp32.
+# ONNX Runtime runs a model exported to ONNX, an open format for computation graphs.
 
 # %% md subslide
 # ## Learning objectives
 #
-# - Write absmax int8 quantisation (one scale per tensor, one per output row) and apply it to a real
+# - Write [absmax](../docs/glossary.md#absmax) int8 quantisation (the largest magnitude maps to 127), with one scale per tensor
+#   or one per output row ([per-tensor, per-channel](../docs/glossary.md#per-tensor-per-channel)), and apply it to a real
 #   layer of the model: its error against fp32 and its bytes, scales included.
 # - Quantise a block of 64 weights to the nearest of NF4's 16 values, and measure the error.
 # - Show that bitsandbytes and ONNX Runtime store what your quantiser computes (same int8 values, same bytes).
-# - Load the same model as bitsandbytes LLM.int8 and NF4, and as ONNX Runtime fp32 and dynamic int8,
+# - Load the same model as bitsandbytes [LLM.int8](../docs/glossary.md#llm-int8) (int8 matmuls, outlier features in fp16) and
+#   NF4, and as ONNX Runtime fp32 and [dynamic int8](../docs/glossary.md#dynamic-quantisation) (activation scales at run time),
 #   through one loader (`labkit.precision.variants`); put speed and quality side by side.
-# - Read which kernel bitsandbytes ran on this machine, and why.
+# - Read which kernel bitsandbytes ran on this machine, and why: it depends on the CPU's
+#   [instruction sets](../docs/glossary.md#cpu-instruction-sets) (AVX2, AVX-512, VNNI, AMX).
 # - Tell the real ONNX Runtime quantisation API from the one articles invent, and test published claims.
 
 # %% md notes
@@ -265,11 +272,15 @@ print(f"{folder}: {onnx.onnx_bytes(folder) / 2**20:.0f} MiB",
 #
 # Same prompts, same token counts. Memory: on a CPU the growth of this process's resident set from
 # before the load to after the timed runs; on a GPU PyTorch's allocator peak above what was already
-# allocated before the load (the fp32 model of sections 1–3 moves to the CPU first). A variant this
+# allocated before the load (the fp32 model of sections 1–3 moves to the CPU first). On a CPU the load's
+# peak (`load_peak_MiB`: it includes a one-time export or quantisation) and the runs' (`run_peak_MiB`) are
+# also shown apart. A variant this
 # machine cannot run becomes a row whose `status` says why. On a GPU, ONNX Runtime's dynamic int8
-# rows run on the CPU provider (their `device` column says so): its int8 operators have no CUDA
-# kernels. What runs int8 *on* a GPU is bitsandbytes LLM.int8 (the `bnb-int8` row), or static (QDQ)
-# int8 on TensorRT, whose scales are calibrated ahead (notebook 08).
+# rows run on the CPU [execution provider](../docs/glossary.md#execution-provider) (their `device` column says so): its
+# int8 operators have no CUDA kernels. What runs int8 *on* a GPU is bitsandbytes LLM.int8 (the `bnb-int8` row), or static
+# ([QDQ](../docs/glossary.md#qdq): ONNX QuantizeLinear/DequantizeLinear pairs) int8 on [TensorRT](../docs/glossary.md#tensorrt),
+# NVIDIA's inference compiler, whose scales are [calibrated](../docs/glossary.md#calibration) ahead from sample inputs
+# (notebook 08).
 
 # %% fragment
 settings = variants.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_tokens=ANSWER_TOKENS, n_questions=QUESTIONS,
@@ -285,8 +296,12 @@ print(f"decode timed in {REPEATS} interleaved rounds, fp32 first and last: last 
 table = pd.DataFrame(rows).set_index("variant")
 table["weight_MiB"] = table.weight_bytes / 2**20
 table["peak_MiB"] = table.peak_memory_bytes / 2**20
-cols = ["status", "device", "weight_MiB", "peak_MiB", "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"]
+for phase in ("load", "run"):  # on a CPU: the load's peak (a one-time export or quantisation) apart from the runs'
+    table[f"{phase}_peak_MiB"] = pd.to_numeric(table[f"{phase}_peak_memory_bytes"], errors="coerce") / 2**20
+cols = ["status", "device", "weight_MiB", "peak_MiB", "ttft_s", "decode_tokens_per_s", "decode_spread", "perplexity",
+        "agreement", "kl", "load_peak_MiB", "run_peak_MiB"]  # decode_spread: (p90 − p10) / median of the timed rounds
 print("peak memory source:", "; ".join(sorted(set(table.peak_memory_source.dropna()))))
+print(nb03_findings.peak_sentence(table) or "no variant exported or quantised during its load: each peak is its runs'")
 for v, note in table.note.items():
     if note:
         print(f"{v}: {note}")
@@ -345,12 +360,7 @@ else:
 # the variants drift on many prompts; one answer is only an anecdote.
 
 # %% fragment
-pair = [v for v in ("ort-int8-tensor", "ort-int8-channel") if v in set(ok.variant)]
-if len(pair) == 2:  # the demo's evidence: many prompts' agreement and KL, never one answer
-    t, c = table.loc[pair[0]], table.loc[pair[1]]
-    print(f"over {settings.ref_prompts} reference prompts × {settings.ref_new_tokens} greedy tokens: per-tensor agreement "
-          f"{t.agreement:.0%}, KL {t.kl:.3g} nats/token; per-channel {c.agreement:.0%}, KL {c.kl:.3g} "
-          f"({t.kl / c.kl if c.kl else float('inf'):.1f}× per-channel's KL)")
+print(nb03_findings.forms_sentence(table, config.quick()))  # many prompts' KL judged by the verdict, never one answer
 quality.side_by_side(qs, {v: table.answers[v] for v in ok.variant})
 
 # %% md slide
@@ -393,12 +403,17 @@ for c in claims_ort:
 # Memory: weight bytes against fp32's (within 5 points of the claim counts as holding). Accuracy:
 # the relative rise in perplexity on the evaluation text (we accept up to 3 % for "~2 %"), with
 # top-1 disagreement shown beside it. `ort-int8` is the better-quality of the two ONNX int8 forms.
+# `memory_if_embedding_kept`: the claim again, with the embedding matrix (tied to `lm_head`) at 2 bytes a weight.
 
 # %% fragment
 by_variant = {r["variant"]: r for r in rows}
 best = variants.best_of(rows, ["ort-int8-tensor", "ort-int8-channel"])
 if best is not None:
     by_variant["ort-int8"] = best
+embed = lm.model.get_input_embeddings().weight  # tied to lm_head in SmolLM2: one matrix, two uses
+embed_share = embed.numel() / sum(p.numel() for p in lm.model.parameters())  # a tied matrix is counted once
+tied = bool(getattr(lm.model.config, "tie_word_embeddings", False))
+print(f"embedding: {embed.numel() / 1e6:.1f} M weights, {embed_share:.1%} of the model; tied to lm_head: {tied}")
 claims = [("fp16", "FP16", -0.50, 0.005), ("bnb-int8", "INT8", -0.75, 0.03), ("ort-int8", "INT8", -0.75, 0.03)]
 checked = []
 for variant, label, mem_claim, loss_claim in claims:
@@ -410,7 +425,9 @@ for variant, label, mem_claim, loss_claim in claims:
     loss = r["perplexity"] / base.perplexity - 1
     checked.append({"variant": r["variant"], "claim": label, "memory_change": mem, "memory_claim": mem_claim,
                     "memory_holds": abs(mem - mem_claim) <= 0.05, "perplexity_rise": loss, "loss_claim": loss_claim,
-                    "accuracy_holds": loss <= loss_claim, "top1_disagreement": 1 - r["agreement"]})
+                    "accuracy_holds": loss <= loss_claim, "top1_disagreement": 1 - r["agreement"],
+                    "embedding_share": embed_share, "tied_embedding": tied,
+                    "memory_if_embedding_kept": nb03_findings.embedding_kept_change(mem_claim, embed_share)})
 checked = pd.DataFrame(checked)
 checked
 
@@ -420,6 +437,9 @@ for v in checked.itertuples():
         print(f"{v.claim} ({v.variant}): memory {v.memory_change:+.0%} vs claimed {v.memory_claim:+.0%} → "
               f"{'holds' if v.memory_holds else 'does not hold'}; perplexity {v.perplexity_rise:+.1%} vs ≤{v.loss_claim:.1%} → "
               f"{'holds' if v.accuracy_holds else 'does not hold'} on this machine")
+        why = nb03_findings.memory_reason(v.memory_change, v.memory_claim, v.embedding_share, v.tied_embedding)
+        if why:
+            print(f"    memory: {why}")
 
 # %% subslide
 # the same measurements from a GPU, where one ships (data/reference/03_int8_int4.<gpu>.json, each with its provenance)
@@ -440,7 +460,7 @@ res.replace("layer_error", err.to_dict("records"))
 res.replace("ort_api", claims_ort)
 res.replace("claims", checked.to_dict("records"))
 found = nb03_findings.takeaways(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), claims=checked,
-                                layers=err, probe_layer=PROBE_LAYER.split(".")[2])
+                                layers=err, probe_layer=PROBE_LAYER.split(".")[2], quick=config.quick())
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)

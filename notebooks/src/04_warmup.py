@@ -2,10 +2,13 @@
 # # 04 · Warmup: what the first request pays, and why
 #
 # A server that has just started must start Python, import torch, load the weights — and then answer its
-# first request. Is that first request as fast as the hundredth? Part of what it may pay is hidden inside
+# first request. Is that first request as fast as the hundredth?
+
+# %% md notes
+# Part of what it may pay is hidden inside
 # the first `generate`: memory the allocator has not asked the OS for yet, weights not yet paged in,
 # lazily initialised libraries — on a GPU also the CUDA context and kernel selection, and with
-# `torch.compile` the compilation itself. This notebook times each phase of a truly cold start, writes
+# [`torch.compile`](../docs/glossary.md#torch-compile) (PyTorch's compiler) the compilation itself. This notebook times each phase of a truly cold start, writes
 # the warmup loop a server runs, and measures how many calls it takes until latency settles.
 
 # %% md subslide
@@ -183,6 +186,7 @@ else:
           f"your prediction of {PREDICT_CALLS_TO_SETTLE}")
 print(f"the same rule in labkit (warmup.settle_point): {warmup.settle_point(latencies, UNTIL_SPREAD, WINDOW)}; "
       f"answers identical across the calls: {len(set(answers)) == 1}")
+print("this loop:", nb04_findings.settle_words(latencies, UNTIL_SPREAD, WINDOW))
 
 # %% md slide
 # ## 5 · The first requests, cold vs after a warmup
@@ -209,20 +213,20 @@ summary
 rep = warmed.warmup
 warmup.settle_figure(rep).show()
 cold_point = warmup.settle_point(cold.requests_s, UNTIL_SPREAD, WINDOW)
-if rep.settled:
-    print(f"labkit's warmup settled after {rep.warmup_calls} warmup call(s) + a steady window of {rep.window} "
-          f"(spread {rep.final_spread:.1%}, steady latency {rep.steady_s * 1e3:.0f} ms)")
-else:
-    print(f"labkit's warmup did not settle within {rep.calls} calls (last spread {rep.final_spread:.1%}): the machine is noisy")
+print("labkit's warmup:", nb04_findings.settle_words(rep.latencies_s, rep.until_spread, rep.window))
+print(f"steady latency {rep.steady_s * 1e3:.0f} ms" if rep.settled else
+      f"last spread {rep.final_spread:.1%}: the machine is noisy")
 print("the cold series above settles after", cold_point, "request(s)" if cold_point is not None else "(never)")
 
 # %% md slide
 # ## 6 · torch.compile: what does its first call cost?
 #
-# `torch.compile` traces a module and generates and builds code for it on the first call; later calls
-# with the same shapes reuse it. First one decoder layer's MLP (small and quick), with the largest
-# difference between its compiled and eager outputs; then — in full mode — the whole model's decode step
-# in a fresh process, whose answers are compared with the cold eager process's.
+# `torch.compile` traces a module ([dynamo](../docs/glossary.md#dynamo), its front end, captures the graph) and generates and
+# builds code for it ([inductor](../docs/glossary.md#inductor), its default backend) on the first call; later calls with the same
+# shapes reuse it. First one decoder layer's MLP (small and quick), with the largest difference between its
+# compiled and [eager](../docs/glossary.md#eager) outputs (eager: uncompiled, one operator at a time); then — in full mode — the
+# whole model's decode step with a [static cache](../docs/glossary.md#static-cache) (every position allocated up front), in a
+# fresh process, whose answers are compared with the cold eager process's.
 
 # %% fragment
 cap = env.capability("torch.compile")
@@ -284,7 +288,8 @@ res.add("warmup", calls=rep.calls, settled=rep.settled, warmup_calls=rep.warmup_
 res.notes.update(rss_bytes=cold.rss_bytes, gpu_bytes=cold.gpu_bytes)  # gpu_bytes: allocator and NVML on a GPU
 found = nb04_findings.takeaways(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, memory_growth=grew,
                                 weight_bytes=weights_b, loop_warmup_calls=n_warm, loop_calls=len(latencies),
-                                summary=summary, compile_rows=comp_df)
+                                summary=summary, compile_rows=comp_df, loop_latencies_s=latencies,
+                                until_spread=UNTIL_SPREAD, window=WINDOW)
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)

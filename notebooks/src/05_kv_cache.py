@@ -2,7 +2,10 @@
 # # 05 · The KV cache and attention: where decode time goes
 #
 # Each new token attends to every token before it. A decode loop can recompute the keys and values of
-# the whole sequence at every step, or compute each position's once and keep them: the KV cache. Here
+# the whole sequence at every step, or compute each position's once and keep them: the KV cache.
+
+# %% md notes
+# Here
 # you write the step that uses the cache, check it against `generate`, then measure both sides of the
 # trade — the bytes the cache holds and the time it saves — and go on to static vs dynamic caches,
 # attention kernels, and the operators one step spends its time in.
@@ -14,7 +17,8 @@
 # - Compute the cache's bytes per token from a model's config, then measure the tensors.
 # - Time the loop with and without the cache, and read where the difference comes from.
 # - Separate prefill (TTFT) from decode (TPOT) for short and long prompts.
-# - Compare a dynamic and a static cache, and attention implementations, each with its greedy agreement.
+# - Compare a dynamic and a static cache, and attention implementations ([SDPA](../docs/glossary.md#sdpa) and
+#   [FlashAttention](../docs/glossary.md#flashattention): fused attention kernels), each with its greedy agreement.
 # - Tell the real switches from one that articles invent (`cache_implementation="flash"`).
 # - Read a profiler table: how much of a step is matrix multiplication, attention, and the rest.
 
@@ -30,8 +34,9 @@ import torch
 
 import labkit
 from labkit.core import config, env, machine, results
-from labkit.model import dtypes, models, sizing
+from labkit.model import dtypes, hardware, models, sizing
 from labkit.decoding import cache_variants, decode, generation, kv, profiling, quality
+from labkit.engines import fusion
 from labkit.lessons import exercises, findings, plots
 from labkit.lessons.findings import nb05 as nb05_findings
 
@@ -121,6 +126,7 @@ def greedy_steps(model, input_ids, new_tokens, use_cache=True):
 #
 # Predict: for `LOOP_TOKENS` new tokens, how many times faster is the loop with the cache than without it?
 # And how does the time of one step change from the first tokens to the last, with the cache and without?
+# The chart's `itl_s` is each token's inter-token latency ([ITL](../docs/glossary.md#itl)): the time since the token before.
 
 # %% fragment
 PREDICT_CACHE_SPEEDUP = None  # your prediction: time without the cache / time with it, for LOOP_TOKENS tokens
@@ -168,9 +174,10 @@ print("answer:", repr(lm.tokenizer.decode(reference[0], skip_special_tokens=True
 # %% md slide
 # ## 3 · The decode core: the same loop in labkit
 #
-# Every engine in this lab — the server's batches (notebook 06), continuous batching (07), the static-cache
-# and compiled decoder (08) — runs on these few functions. They are your loop, batched: a mask hides
-# left padding, and each row counts its own positions. `prefill` and `decode_one_token` are the answer to
+# Every engine in this lab — the server's batches (notebook 06), [continuous batching](../docs/glossary.md#continuous-batching)
+# (07: requests join and leave the batch at every step), the static-cache and compiled decoder (08) — runs on
+# these few functions. They are your loop, batched: a mask hides [left padding](../docs/glossary.md#left-padding) (pads before
+# the shorter prompts), and each row counts its own positions. `prefill` and `decode_one_token` are the answer to
 # the exercise above, so they appear here once your `decode_step` passes its check.
 
 # %% fragment
@@ -261,8 +268,8 @@ split.drop(columns="samples")
 # ## 6 · Dynamic vs static cache
 #
 # A *dynamic* cache grows by concatenation at every step. A *static* cache allocates every position once
-# and writes in place: its shapes never change, which is what lets `torch.compile` (and CUDA graphs on a
-# GPU) compile the decode step once; the first call pays for that. Predict: without compiling, which of
+# and writes in place: its shapes never change, which is what lets `torch.compile` (and, on a
+# GPU, [CUDA graphs](../docs/glossary.md#cuda-graphs): kernel launches recorded once, replayed) compile the decode step once; the first call pays for that. Predict: without compiling, which of
 # the two decodes faster on this machine?
 
 # %% fragment
@@ -341,6 +348,20 @@ exercises.reveal("decode step in matmul", PREDICT_MATMUL_SHARE, groups[(profiles
 top = profiling.top_ops_frame(profiles, top=6)
 top.assign(ms=top.self_us / 1e3).drop(columns="self_us").round(3)
 
+# %% md fragment
+# The matmul share, split as notebook 01 splits a step: the weights at this machine's probed bandwidth,
+# the extra because the matrix-vector products read them slower than that, and the other operators.
+
+# %% fragment
+bw = hardware.bandwidth(device=lm.device, repeats=REPEATS)  # notebook 01's probe: 1 GiB, far above the cache
+step = profiles[1]
+matmul_s = step.groups().set_index("group").self_us["matmul"] / 1e6
+ids = models.chat_inputs(lm.tokenizer, PROMPT, device=lm.device)["input_ids"]
+gap = hardware.decode_gap(step.total_us / 1e6, sizing.decode_bytes_per_step(weight_bytes, per_pos, PROFILE_PROMPT, 1),
+                          bw.gbs, len(fusion.decode_step_ops(lm.model, ids)), lm.device, matmul_s=matmul_s,
+                          weight_bytes=weight_bytes)  # the same three pieces notebooks 01 and 10 print
+print("profiled decode step:", gap["explanation"])
+
 # %% subslide
 # the same measurements from a GPU, where one ships (data/reference/05_kv_cache.<gpu>.json, each with its provenance)
 results.show_gpu_references("05_kv_cache", ["cache_on_off", "prefill_decode", "cache_variants", "attention"])
@@ -353,13 +374,14 @@ res = results.Results("05_kv_cache")
 for section, rows in {"cache_on_off": totals.reset_index().to_dict("records"), "kv_bytes": kvdf.to_dict("records"),
                       "prefill_decode": split.to_dict("records"), "cache_variants": vrows,
                       "attention": attn.to_dict("records"), "claims": claims,
-                      "profile_groups": profiling.groups_frame(profiles).to_dict("records")}.items():
+                      "profile_groups": profiling.groups_frame(profiles).to_dict("records"),
+                      "decode_gap": [{k: v for k, v in gap.items() if k != "explanation"}]}.items():
     res.replace(section, rows)
 found = nb05_findings.takeaways(loop_agreement=min(loop_agreement.values()), core_identical=core["identical"],
                                 tokens=int(totals.index[-1]), speedup=totals.speedup.iloc[-1], step_growth=growth.to_dict(),
                                 kv_sizes=kvdf, bytes_per_position=per_pos, split=split, variants=here, attention=timed,
                                 decode_shares=profiles[1].share_samples,
-                                weight_bytes=weight_bytes)
+                                weight_bytes=weight_bytes, gap=gap)
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)

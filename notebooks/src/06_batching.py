@@ -2,10 +2,14 @@
 # # 06 · Batching and serving: more users per second, and what each one pays
 #
 # One decode step reads every weight of the model once, whether it advances one sequence or sixteen.
-# Batching shares that read among users. Here you build a batch yourself — prompts of different lengths
+# Batching shares that read among users.
+
+# %% md notes
+# Here you build a batch yourself — prompts of different lengths
 # padded into one rectangle, a mask, one prefill, one decode step — and check it against each prompt alone.
-# Then the library does the same at scale: a static sweep, the cost of padding, and a server with dynamic
-# batching under load.
+# Then the library does the same at scale: a sweep of [static batches](../docs/glossary.md#static-batching) (each runs until its
+# longest answer ends), the cost of padding, and a server that batches requests as they come
+# ([dynamic batching](../docs/glossary.md#dynamic-batching)) under load.
 
 # %% md subslide
 # ## Learning objectives
@@ -13,19 +17,22 @@
 # - Write left padding with its attention mask, and the next step's mask and positions; run one batched
 #   decode step and check it gives each prompt's own tokens.
 # - Measure a static batch-size sweep: TTFT, TPOT, total and per-user tokens/s, each with its greedy
-#   agreement against the prompts decoded alone; read the trade-off as a Pareto front.
+#   agreement against the prompts decoded alone; read the trade-off as a [Pareto front](../docs/glossary.md#pareto-front)
+#   (the settings that no other beats on both).
 # - Count what left padding wastes when prompt lengths differ, and what bucketing saves.
 # - Run an OpenAI-compatible server with dynamic batching and compare `max_batch_size` 1 and 8 under load;
 #   tell TGI's real batching flags from the client options articles invent.
-# - Put the real vLLM engine (`vllm serve`, with `make vllm`) under the same load as the lab's server: throughput,
-#   TTFT, TPOT, ITL and goodput in one table.
+# - Put the real [vLLM](../docs/glossary.md#vllm) engine (an open-source serving engine: `vllm serve`, with `make vllm`) under the
+#   same load as the lab's server: throughput, TTFT, TPOT, ITL and [goodput](../docs/glossary.md#goodput) (requests per second
+#   that meet the [SLO](../docs/glossary.md#slo), a latency target) in one table.
 # - Load-test it two ways: Locust (generic HTTP) and an LLM-aware streaming client with vLLM's
-#   benchmark semantics (TTFT, TPOT, ITL, goodput under Poisson and bursty arrivals).
+#   benchmark semantics (TTFT, TPOT, ITL, goodput under [open-loop](../docs/glossary.md#open-loop)
+#   [Poisson and bursty](../docs/glossary.md#poisson-arrivals) arrivals: requests come at random times, answered or not).
 
 # %% md notes
-# Presenter: the live batching panel (section 5 onward) is the centrepiece; run the sections before
-# it while the room does the two padding exercises. Ask for a prediction of total and per-user
-# tokens/s at batch 8 before the sweep. In the panel, move batch size 1 → 8 at 8 clients, then drop to
+# Presenter: the live batching panel (section 8) is the centrepiece; run the sections before
+# it while the room does the two exercises of sections 1 and 2. Ask for a prediction of total and per-user
+# tokens/s at the sweep's largest batch before the sweep (section 4). In the panel, move batch size 1 → 8 at 8 clients, then drop to
 # 1 client and ask why batching stops helping.
 
 # %% slide
@@ -39,7 +46,7 @@ import labkit
 from labkit.core import config, env, machine, results
 from labkit.model import models
 from labkit.decoding import decode
-from labkit.serve import batching, launch, loadgen
+from labkit.serve import batching, launch, loadgen, shared
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
 from labkit.serve import metrics as prom
@@ -265,6 +272,7 @@ pd.DataFrame(batching.tgi_batching_options()).style.hide(axis="index")
 PREDICT_SERVER_GAIN = None  # your prediction: served tokens/s with max_batch_size 8 / with 1
 
 # %% fragment
+# the lab's own server, on this machine even with LABKIT_SERVER_URL set: its batch settings are what this section varies
 server = launch.start_server(lm, port=0, max_batch_size=1, max_wait_ms=MAX_WAIT_MS)
 print("serving at", server.url)
 bad = loadgen.run(server.url, num_requests=1, max_tokens=10**6, warmup=0).outputs[0]
@@ -277,8 +285,10 @@ for max_batch in (1, 8):
     server.configure(max_batch_size=max_batch)
     loadgen.run(server.url, num_requests=CLIENTS, max_concurrency=CLIENTS, max_tokens=4)  # warm this shape
     server.reset_stats()
-    run = loadgen.run(server.url, num_requests=SERVE_REQUESTS, max_concurrency=CLIENTS, max_tokens=SERVE_TOKENS)
-    serve_rows.append({"max_batch_size": max_batch, "mean_batch_size": server.stats()["mean_batch_size"],
+    before = {}  # the server's counters once loadgen's warm-up request is answered: after − before is this run alone
+    run = loadgen.run(server.url, num_requests=SERVE_REQUESTS, max_concurrency=CLIENTS, max_tokens=SERVE_TOKENS,
+                      on_start=lambda: before.update(server.stats()))
+    serve_rows.append({"max_batch_size": max_batch, "mean_batch_size": prom.mean_batch_between(before, server.stats()),
                        **{k: v for k, v in run.summary().items() if k != "errors"}})
 res.replace("serving", serve_rows)
 one, eight = serve_rows
@@ -303,6 +313,9 @@ for name, labels, value in prom.scrape(server.url):  # every sample: name, its l
 # same requests from the same `CLIENTS` clients through the same load generator, in interleaved rounds with the lab's
 # server at `max_batch_size=8`; goodput at this notebook's `SLO`. A start costs about a minute on 2 cores, so it runs
 # with `VLLM_LIVE = True`; otherwise the table is the reference's (notebook 09 starts vLLM under its own load).
+# With `LABKIT_SERVER_URL` set, the load goes to the room's one `vllm serve` instead (nothing starts here, whatever
+# `VLLM_LIVE` says), on the instructor's machine and shared with every learner sending load at the same moment: its
+# numbers are neither this laptop's nor yours alone.
 # Predict: how many times the lab's output tokens/s does vLLM serve?
 
 # %% fragment
@@ -312,25 +325,26 @@ PREDICT_VLLM_GAIN = None  # your prediction: vLLM's output tokens/s / the lab's 
 server.configure(max_batch_size=8)
 vllm_settings = vllm_server.Settings(model=models.resolve(), dtype=vllm.VLLM_DTYPES[lm.dtype],
                                      device=vllm_server.default_device(), max_num_seqs=8, kv_cache_gib=VLLM_KV_CACHE_GIB)
+SHARED = shared.shared_server()  # LABKIT_SERVER_URL: the room's vllm serve takes vLLM's load; None: vLLM starts here
 machine.check("vllm serve")
-if not vllm_server.vllm_python().exists():
+if SHARED is None and not vllm_server.vllm_python().exists():
     same = {"status": vllm_server.MISSING}
-elif not VLLM_LIVE:
+elif SHARED is None and not VLLM_LIVE:
     same = {"status": "vllm serve not started here (VLLM_LIVE = False; set it True to measure this table here)"}
 else:
     same = report.beside_vllm(vllm_settings, {"labkit serve (max_batch_size 8)": server.url}, VLLM_ROUNDS,
-                              VLLM_START_DEADLINE_S, num_requests=SERVE_REQUESTS, max_concurrency=CLIENTS,
-                              max_tokens=SERVE_TOKENS, slo=SLO)
+                              VLLM_START_DEADLINE_S, shared=SHARED, num_requests=SERVE_REQUESTS,
+                              max_concurrency=CLIENTS, max_tokens=SERVE_TOKENS, slo=SLO)
 if "rows" in same:
     res.replace("vllm_same_load", same["rows"])
     res.notes["vllm_same_load"] = {"VLLM_LIVE": VLLM_LIVE, "platform": same["platform"],
-                                    "settings": vars(vllm_settings)}
+                                    "settings": vars(vllm_settings), "shared_server": SHARED and SHARED.provenance()}
     lab_row, vllm_row = same["rows"]
-    exercises.reveal("vLLM / labkit serve output tokens/s", PREDICT_VLLM_GAIN,
-                     vllm_row["output_tokens_per_s"] / lab_row["output_tokens_per_s"], "×")
+    exercises.reveal("vLLM / labkit serve output tokens/s" + (" (vLLM on the shared server)" if SHARED else ""),
+                     PREDICT_VLLM_GAIN, vllm_row["output_tokens_per_s"] / lab_row["output_tokens_per_s"], "×")
     print(f"vLLM {same['platform']['version']} ({same['platform']['platform']}); status: {same['status']}; medians of "
           f"{VLLM_ROUNDS} interleaved rounds: vLLM {vllm_row['output_tokens_per_s'] / lab_row['output_tokens_per_s']:.2f}× "
-          "the lab's output tokens/s")
+          "the lab's output tokens/s" + (f"; vLLM ran on the {SHARED.provenance()['where']}" if SHARED else ""))
     display(res.frame("vllm_same_load")[["server", *report.SAME_LOAD_FIGURES]].round(3))
 else:
     print(same["status"] if same["status"].startswith(("vLLM not installed", "vllm serve not started"))
@@ -344,7 +358,7 @@ else:
 # answer, sends the next (a *closed loop*). It sees response times, not tokens.
 
 # %% fragment
-server.configure(max_batch_size=8)
+server.configure(max_batch_size=8)  # the lab's server here: Locust's view of the batcher measured above
 locust = loadgen.run_locust(server.url, users=CLIENTS, run_time_s=LOCUST_SECONDS, max_tokens=SERVE_TOKENS)
 res.add("locust", users=CLIENTS, max_tokens=SERVE_TOKENS, **locust["aggregated"])
 agg = locust["aggregated"]
@@ -372,8 +386,9 @@ for label, burstiness in (("Poisson", 1.0), ("bursty", 0.25)):
                       "samples": {"ttft_s": [o.ttft_s for o in run.outputs if o.success]}})  # one TTFT per request
 res.replace("open_loop", open_rows)
 poisson, bursty = open_rows
-exercises.reveal_choice("worse TTFT p90", PREDICT_WORSE_TTFT,
-                        max(open_rows, key=lambda r: r["ttft_p90_s"])["arrivals"], ["Poisson", "bursty"])
+worse, burst_v = nb06_findings.worse_ttft(open_rows)  # the takeaway's verdict on the per-request TTFTs
+exercises.reveal_choice("worse TTFT p90", PREDICT_WORSE_TTFT, worse, ["Poisson", "bursty"],
+                        undecided=f"{burst_v.kind} ({burst_v.reason})")
 server.stop()  # queued requests would get an explicit 503; running ones finish first
 res.frame("open_loop")[["arrivals", "completed", "failed", "request_throughput", "goodput", "ttft_p50_s",
                         "ttft_p90_s", "itl_p50_s", "e2e_p90_s"]].round(3)

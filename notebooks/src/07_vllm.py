@@ -1,8 +1,11 @@
 # %% md slide
-# # 07 · vLLM's two ideas: PagedAttention and continuous batching
+# # 07 · vLLM's two ideas: [PagedAttention](../docs/glossary.md#paged-attention) and continuous batching
 #
 # A serving engine is judged by how many requests it can hold at once and how busy it keeps the
-# hardware. vLLM raised both with two ideas. **PagedAttention** stores each request's KV cache in
+# hardware. vLLM raised both with two ideas.
+
+# %% md notes
+# **PagedAttention** stores each request's KV cache in
 # small fixed-size blocks taken on demand, instead of one slab reserved for the longest answer it
 # might give. **Continuous batching** admits a new request at every token boundary and lets each
 # leave when it is done, instead of waiting for the whole batch. You will write the block
@@ -22,15 +25,16 @@
 #   compare throughput and each request's latency, and check every answer equals the request run alone.
 # - Run the real vLLM engine on this machine on the same workload: its greedy tokens against transformers and
 #   the lab's continuous batching, its throughput and latency one at a time and `BATCH` at once, the KV blocks it
-#   allocated against your `blocks_needed` and the replay, and the preemptions of a pool squeezed on purpose.
+#   allocated against your `blocks_needed` and the replay, and the [preemptions](../docs/glossary.md#preemption)
+#   (a request evicted, recomputed later) of a pool squeezed on purpose.
 # - Know the real vLLM flags (`--dtype`, `--quantization`) and how to run vLLM on a GPU.
 
 # %% md notes
 # Presenter: with `make vllm` done, section 5 starts the real vLLM engine on the laptop's CPU (about a minute
 # to start; one start per run, with a KV pool the notebook sizes from `blocks_needed`). Without it, the section says "run `make vllm`" and the block-table exercises and
 # the allocation replay carry the idea. Ask how many requests fit in the KV budget under each policy before
-# the replay cell. On a GPU room, the vLLM cells run; otherwise the reference results show with the
-# line saying where and when they were measured.
+# the replay cell. Section 6 (vLLM offline) needs an NVIDIA GPU: elsewhere it says why it did not run, and
+# shows a GPU reference where one ships, with the line saying where and when it was measured.
 
 # %% slide
 import dataclasses
@@ -435,7 +439,7 @@ else:
 # On a GPU, `vllm.LLM(model, dtype="float16")` runs offline batches, `vllm serve MODEL --dtype float16`
 # an OpenAI-compatible server that `labkit.serve.loadgen` drives unchanged (every engine gets the same
 # chat-formatted token ids: the server's completions endpoint takes them as they are); with two or more GPUs,
-# `--tensor-parallel-size` splits every layer across them. vLLM reserves a share of the GPU's memory
+# `--tensor-parallel-size` splits every layer across them ([tensor parallelism](../docs/glossary.md#tensor-parallelism)). vLLM reserves a share of the GPU's memory
 # up front, so one engine runs at a time: the transformers model leaves the GPU first, and each engine
 # is shut down before the next starts.
 
@@ -455,7 +459,7 @@ else:
 # vLLM has no `fp16` quantisation. The precision weights and activations run in is **`--dtype`**
 # (`auto`, `half`/`float16`, `bfloat16`, `float`/`float32`; in Python `LLM(model, dtype="float16")`).
 # **`--quantization`** names a quantisation *method*: the format of a quantised checkpoint (`awq`,
-# `gptq`, `compressed-tensors`, `gguf`, …) or one applied while loading (`fp8`, `bitsandbytes`).
+# `gptq`, `compressed-tensors`, `gguf` ([GGUF](../docs/glossary.md#gguf): llama.cpp's file format), …) or one applied while loading (`fp8`, `bitsandbytes`).
 # vLLM's own list of methods, read from the installed package where it runs:
 
 # %% fragment

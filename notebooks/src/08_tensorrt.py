@@ -2,7 +2,10 @@
 # # 08 · TensorRT and compiled engines: what an inference compiler buys
 #
 # An eager framework runs a model one operator at a time: each reads its inputs from memory, writes
-# its output back, and costs a launch. An inference compiler sees the whole graph first. It **fuses**
+# its output back, and costs a launch. An inference compiler sees the whole graph first.
+
+# %% md notes
+# It **fuses**
 # chains of small operators into one kernel, **rewrites the graph** (folds constants, drops no-op
 # reshapes, swaps recognised patterns for fused implementations), and **chooses precision** per
 # layer, calibrating int8 scales on sample data. TensorRT does all three on NVIDIA GPUs; here we
@@ -35,7 +38,7 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit.core import config, env, machine, results, verdict
+from labkit.core import config, cpu, env, machine, results, verdict
 from labkit.model import models, onnx, prompts
 from labkit.decoding import cache_variants, generation, quality
 from labkit.precision import calibration
@@ -158,26 +161,36 @@ exercises.check("08.norm_traffic", norm_traffic)
 # %% md subslide
 # ## Predict, then measure: eager against fused
 #
-# `torch.compile` builds the chain for two inputs: one decode token (a single row) and
-# `FUSION_ROWS` tokens. How many times faster will the fused kernel run on `FUSION_ROWS` rows?
+# `torch.compile` builds the chain for three inputs: one decode token (a single row), `FUSION_ROWS`
+# tokens, and a tensor twice the size of the last-level cache: the smaller ones stay in the cache between
+# calls, so their GB/s can pass DRAM's (`fits_in_cache` says which). How many times faster will the fused
+# kernel run on `FUSION_ROWS` rows?
 
 # %% fragment
 PREDICT_FUSION_SPEEDUP = None  # your prediction: eager time ÷ fused time on FUSION_ROWS rows (×)
 
 # %% fragment
 traffic = exercises.use("08.norm_traffic", norm_traffic, fusion.rms_norm_traffic)
-inputs = {"one decode token": (h[:1].clone(), weight, eps), f"{FUSION_ROWS} tokens": (h, weight, eps)}
+cache_bytes, cache_source = (cpu.llc() if lm.device == "cpu" else  # a GPU's last-level cache is its L2
+                              (getattr(torch.cuda.get_device_properties(lm.device), "L2_cache_size", 0)
+                               or cpu.LLC_FALLBACK_BYTES, "the GPU's L2 cache"))
+above_rows = 2 * cache_bytes // (weight.shape[0] * h.element_size()) + 1  # the input alone twice the cache
+inputs = {"one decode token": (h[:1].clone(), weight, eps), f"{FUSION_ROWS} tokens": (h, weight, eps),
+          f"{above_rows} tokens": (torch.randn(above_rows, weight.shape[0], device=lm.device), weight, eps)}
 fused = {label: fusion.compile_fused(norm, *args) for label, args in inputs.items()}
 fusion_table = pd.DataFrame(fusion.fusion_rows(norm, fused, inputs, repeats=FUSION_REPEATS))
 moved = [traffic(n_rows, hidden, h.element_size()) for n_rows, hidden in fusion_table["shape"]]  # (eager, fused) bytes
 fusion_table["eager_gbs"] = [e / t / 1e3 for (e, _), t in zip(moved, fusion_table.eager_us)]  # achieved bandwidth, GB/s
 fusion_table["fused_gbs"] = [f / t / 1e3 for (_, f), t in zip(moved, fusion_table.compiled_us)]
+fusion_table["working_set_bytes"] = [f for _, f in moved]  # the input read and the output written, once each
+fusion_table["fits_in_cache"] = fusion_table.working_set_bytes <= cache_bytes
+print(f"last-level cache: {cache_bytes / 2**20:.0f} MiB ({cache_source})")
 res.replace("fusion", fusion_table.to_dict("records"))
 print("kernels inductor generated:", {label: f.kernels for label, f in fused.items()})
 fusion_table.drop(columns=["samples"]).round(3)
 
 # %% fragment
-big = fusion_table.iloc[-1]
+big = fusion_table.set_index("input", drop=False).loc[f"{FUSION_ROWS} tokens"]  # the size the prediction asked about
 exercises.reveal(f"fused RMSNorm speedup, {FUSION_ROWS} rows", PREDICT_FUSION_SPEEDUP, big.speedup, "×")
 eager_b, fused_b = traffic(FUSION_ROWS, weight.shape[0], h.element_size())
 
@@ -188,9 +201,10 @@ print(f"Eager, fused and a plain copy timed in interleaved rounds (eager drifted
       f"{v_big.word('faster', 'slower')} ({v_big.gain:.2f}×: {v_big.reason}); on one row "
       f"{fusion_said[fusion_table.iloc[0].input].word('faster', 'slower')} ({fusion_table.iloc[0].speedup:.2f}×). "
       f"Outputs differ by at most {fusion_table.max_abs_diff.max():.1g}. First call "
-      f"(trace, fuse, generate, build): {fusion_table.first_call_s.sum():.1f} s for both shapes, with "
+      f"(trace, fuse, generate, build): {fusion_table.first_call_s.sum():.1f} s for all {len(fusion_table)} shapes, with "
       + ("an empty inductor cache: a cold build" if min(f.cache_entries_before for f in fused.values()) == 0 else
          "inductor's on-disk cache from earlier runs (notebook 04 times a truly cold compile)"))
+print(nb08_findings.cache_sentence(fusion_table.to_dict("records"), cache_bytes, cache_source))
 
 # %% md slide
 # ## 3 · The whole decode step, compiled
@@ -302,6 +316,7 @@ print(results.beside_reference(f"'{last}' ÷ '{first}' decode", ort_gain, result
                                ort_ref.get(f"ONNX Runtime, {last}", 0) / ort_ref.get(f"ONNX Runtime, {first}", 1)))
 print(f"{sum(ops[first].values())} operators at '{first}' → {sum(ops[last].values())} at '{last}'; "
       f"fused operators that appear: {onnx.fused_ops(ops[first], ops[last])}")
+print(nb08_findings.levels_sentence(ort_rows, last) or f"'{last}' decoded faster than every lower level here.")
 
 # %% md slide
 # ## 5 · Precision calibration
@@ -410,7 +425,8 @@ found = nb08_findings.takeaways(fusion=big, fusion_rows=FUSION_ROWS, max_abs_dif
                                 compiled=compiled_row, story=story if tc is not None and tc["where"] == "reference" else None,
                                 levels=(first, last), ort=(ort_rows[0], ort_rows[-1]), layer=cal.layer,
                                 kl_by_method=summary.kl.to_dict(), percentile=PERCENTILE, clip=clip,
-                                rounds=[rows[0]] + ort_rows)  # timed in the same interleaved rounds
+                                rounds=[rows[0]] + ort_rows,  # timed in the same interleaved rounds
+                                sizes=fusion_table.to_dict("records"), cache=(cache_bytes, cache_source))
 findings.record(res, found)
 res.save()
 findings.show(found)

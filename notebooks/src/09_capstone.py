@@ -3,7 +3,10 @@
 #
 # Tutorials end with a "before/after" table. Here it is measured. The *before* is the naive server:
 # fp32, one request at a time. The *after* is the best combination this machine allows from the
-# previous notebooks. Both serve the same requests from the same clients through the same
+# previous notebooks.
+
+# %% md notes
+# Both serve the same requests from the same clients through the same
 # OpenAI-compatible API, and we report what a user and an operator care about: requests per second,
 # mean and p90 latency, peak memory, and the highest concurrency that still meets a latency target.
 # The result is a report you can share, and a cell that puts everyone's results side by side.
@@ -29,8 +32,8 @@ import pandas as pd
 
 import labkit
 from labkit.core import config, env, machine, memory, results
-from labkit.model import models
-from labkit.serve import launch, loadgen, paged
+from labkit.model import hardware, models
+from labkit.serve import launch, loadgen, paged, shared
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, findings, plots, report
@@ -83,6 +86,8 @@ res.replace("precision_choice", probe)
 del candidates, base_lm  # each server below loads its own model: its memory readings hold that model, no other
 memory.free()
 print(f"after's precision: {best_dtype}")
+half_reason, native = hardware.fast_half_matmul_reason(), hardware.native_half()  # the CPU's flags, or the GPU's
+print(nb09_findings.precision_sentence(probe, half_reason, native))
 res.frame("precision_choice").round(3)
 
 # %% fragment
@@ -134,9 +139,8 @@ for name, (dtype, start) in configs.items():
     lm = models.load(dtype=dtype)  # the only model loaded while this server is measured
     with start(lm) as srv:
         loadgen.run(srv.url, prompts, num_requests=BATCH, max_concurrency=BATCH, max_tokens=4, endpoint="chat")  # warm up
-        srv.reset_stats()
-        row = report.load_point(srv.url, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO)
-        rows.append({"config": name, **row, "mean_batch_size": srv.stats()["mean_batch_size"]})
+        row = report.load_point(srv.url, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO, stats=srv.stats)
+        rows.append({"config": name, **row})  # mean_batch_size: the measured requests only (stats before/after)
     del lm, srv
     memory.free()
 res.replace(report.CONFIG_SECTION, rows)
@@ -150,25 +154,30 @@ cfg_df[["config", "completed", "failed", "request_throughput", "output_tokens_pe
 # `vllm serve` (installed by `make vllm` in `.venv-vllm`) at the after's precision, `--max-num-seqs` = `BATCH`:
 # the same requests from the same clients through the same OpenAI API and the same load generator, judged by the
 # same SLO. While it is up (one start), it also gets the SLO sweep of section 3. The after may be vLLM.
+# With `LABKIT_SERVER_URL` set, this load goes to the room's one `vllm serve` instead (nothing starts here): another
+# machine, loaded by every learner at once, so its row is labelled as such and cannot be this machine's after.
 
 # %% fragment
 SAME_LOAD_COLUMNS = ["config", "request_throughput", "output_tokens_per_s", "ttft_p50_s", "tpot_p50_s", "itl_p50_s",
                      "e2e_p90_s", "good_requests", "goodput", "peak_rss_bytes"]
-vllm_name = f"vllm serve, max_num_seqs {BATCH}, {best_dtype}"
+SHARED = shared.shared_server()  # LABKIT_SERVER_URL: the room's vllm serve takes vLLM's load; None: vLLM starts here
+vllm_name = SHARED.label if SHARED else f"vllm serve, max_num_seqs {BATCH}, {best_dtype}"
 vllm_settings = vllm_server.Settings(model=models.resolve(), dtype=vllm.VLLM_DTYPES[best_dtype],
                                      device=vllm_server.default_device(), max_num_seqs=BATCH,
                                      kv_cache_gib=VLLM_KV_CACHE_GIB, gpu_memory_utilization=VLLM_GPU_FRACTION)
 machine.check("vllm serve")
 served = (report.vllm_load(vllm_settings, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO, SWEEP, REQUESTS_PER_CLIENT,
-                           MIN_GOOD, BATCH, VLLM_START_DEADLINE_S)
-          if vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
+                           MIN_GOOD, BATCH, VLLM_START_DEADLINE_S, shared=SHARED)
+          if SHARED or vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
 if "row" in served:
     rows.append({"config": vllm_name, **served["row"]})
     res.replace(report.CONFIG_SECTION, rows)
-    res.notes.update(vllm={"platform": served["platform"], "start_s": served["start_s"]})
+    res.notes.update(vllm={"platform": served["platform"], "start_s": served["start_s"],
+                           "shared_server": SHARED and SHARED.provenance()})
     cfg_df = res.frame(report.CONFIG_SECTION)
     chose = served["platform"]
-    print(f"vLLM {chose['version']} ({chose['platform']}, {chose['isa'] or chose['kernel_library']} kernels), started in "
+    print(f"vLLM {chose['version']} on the {chose['where']}; status: {served['status']}" if SHARED else
+          f"vLLM {chose['version']} ({chose['platform']}, {chose['isa'] or chose['kernel_library']} kernels), started in "
           f"{served['start_s']:.0f} s; status: {served['status']}")
 else:  # the reference's vLLM row, shown apart: another machine's load, not in this run's tables
     print(served["status"] if served["status"] == vllm_server.MISSING else f"vLLM did not run here: {served['status']}")
@@ -183,17 +192,18 @@ fig_latency = plots.bar(cfg_df, x="config", y=["e2e_mean_s", "e2e_p90_s"], title
                         y_title="seconds")
 fig_configs.show()
 fig_latency.show()
-done = cfg_df[cfg_df.failed == 0]
+here = ~cfg_df.config.str.contains(shared.ELSEWHERE, regex=False)  # a shared server's row is another machine's
+done = cfg_df[(cfg_df.failed == 0) & here]
 best_name = done.loc[done.request_throughput.idxmax(), "config"]
 before_name = next(iter(configs))
-print(f"best here: {best_name}; {len(cfg_df) - len(done)} configuration(s) lost requests")
+print(f"best here: {best_name}; {int((cfg_df.failed > 0).sum())} configuration(s) lost requests")
 lab = done[~done.config.str.startswith("vllm")]  # the servers you predicted among
 lab_best = lab.loc[lab.request_throughput.idxmax(), "config"]
 exercises.reveal_choice("highest requests/s", PREDICT_BEST_SERVER,
                         "one at a time" if "one at a time" in lab_best else lab_best.split(" batching")[0],
                         ["one at a time", "dynamic", "continuous"])
-exercises.reveal("best ÷ one at a time, requests/s", PREDICT_BEST_GAIN,
-                 lab.request_throughput.max() / cfg_df.set_index("config").request_throughput[next(iter(configs))], "×")
+_ = exercises.reveal("best ÷ one at a time, requests/s", PREDICT_BEST_GAIN,
+                     lab.request_throughput.max() / cfg_df.set_index("config").request_throughput[next(iter(configs))], "×")
 
 # %% md slide
 # ## 3 · Highest concurrency that meets the SLO
@@ -222,6 +232,9 @@ fig_sweep = plots.line(sweep, x="concurrency", y="goodput", color="config", titl
 fig_sweep.show()
 limits = {n: report.max_concurrency([r for r in sweep_rows if r["config"] == n], MIN_GOOD) for n in (before_name, best_name)}
 print("highest concurrency meeting the SLO:", limits)
+for name, limit in limits.items():  # a capacity at the sweep's ends is a bound, not a measurement
+    if findings.sweep_end(limit, SWEEP):
+        print(f"{name}: {findings.beyond_sweep(findings.sweep_end(limit, SWEEP), SWEEP, 'clients', 'SWEEP')}")
 
 # %% md slide
 # ## 4 · The before/after table
@@ -236,7 +249,8 @@ table
 
 # %% fragment
 found = nb09_findings.takeaways(table=table, before=before_name, after=best_name, limits=limits,
-                                configs=rows, quick=config.quick(), max_tokens=MAX_TOKENS)
+                                configs=rows, quick=config.quick(), max_tokens=MAX_TOKENS, levels=SWEEP,
+                                precision=probe, half_reason=half_reason, native=native)
 findings.record(res, found)
 findings.show(found)
 

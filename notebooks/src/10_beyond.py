@@ -2,16 +2,22 @@
 # # 10 · Beyond the articles: what today's engines add, and the CPU engine people actually run
 #
 # The classic list (precision, warmup, the KV cache, batching, paged attention, compilers) is done.
-# Today's serving engines win with a second list: **speculative decoding**, **prefix caching**,
-# **chunked prefill** and a **quantised KV cache**. Each is measured here beside its quality or
-# equality check. Then the question a laptop user asks: how does the lab compare with **llama.cpp**
+# Today's serving engines win with a second list: **[speculative decoding](../docs/glossary.md#speculative-decoding)**,
+# **[prefix caching](../docs/glossary.md#prefix-caching)**, **[chunked prefill](../docs/glossary.md#chunked-prefill)** and a
+# **[quantised KV cache](../docs/glossary.md#kivi)**. Each is measured here beside its quality or
+# equality check.
+
+# %% md notes
+# Speculative decoding drafts tokens cheaply and verifies them in one pass; prefix caching reuses the KV of a
+# shared prompt start; chunked prefill splits a long prompt between decode steps; a quantised KV cache stores
+# it in fewer bits, as KIVI does. Then the question a laptop user asks: how does the lab compare with **llama.cpp**
 # on the very GGUF file the default model ships as, where does the difference come from, and how much
 # of it can the lab's own tools close?
 
 # %% md subslide
 # ## Learning objectives
 #
-# - Write the acceptance rule of speculative decoding, run prompt lookup, and prove its greedy tokens
+# - Write the acceptance rule of speculative decoding, run [prompt lookup](../docs/glossary.md#prompt-lookup) (drafts copied from the context), and prove its greedy tokens
 #   are plain decoding's; measure tokens per forward pass and the decode speedup on a copying task
 #   and on free chat.
 # - Measure a prefix cache and chunked prefill in the lab's server from the client side: TTFT, the
@@ -36,11 +42,11 @@ from IPython.display import display
 
 import labkit
 from labkit.core import config, env, machine, results, timing
-from labkit.model import models, onnx, prompts
+from labkit.model import hardware, models, onnx, prompts
 from labkit.decoding import decode, generation, quality, speculative
 from labkit.precision import kvquant, quantisers, variants
 from labkit.engines import cpu, fusion, llamacpp
-from labkit.serve import continuous, prefill
+from labkit.serve import continuous, prefill, shared
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
 from labkit.serve.vllm import mechanisms as vm
@@ -186,6 +192,9 @@ print(f"copying: {copy_row.tokens_per_forward:.1f} tokens per forward pass, deco
       f"identical to plain decoding in every run: {bool(lookup_df.identical.all())}; the loop above gave the same tokens: "
       f"{bool(lookup_df.mechanism_tokens_match.all())}, in the library's number of passes: "
       f"{bool(lookup_df.mechanism_passes_match.all())}")
+for row in (copy_row, chat_row):  # where lookup did not win, its own numbers say why
+    if nb10_findings.lookup_why(row, nb10_findings.lookup_verdict(row)):
+        print(nb10_findings.lookup_why(row, nb10_findings.lookup_verdict(row)))
 
 # %% md subslide
 # ## Draft-model speculation
@@ -245,6 +254,7 @@ print(f"prompt lengths {len(ids[0])} and {len(ids[1])} tokens; the second reuses
       f"positions in blocks of {block}")
 
 # %% fragment
+# the lab's server on this machine, also with LABKIT_SERVER_URL set: its prefix cache, off then on, is the experiment
 prefix_rows = [prefill.prefix_cache_run(lm, prefix_prompts, PREFIX_MAX_TOKENS, CONCURRENCY, n)
                for n in (0, PREFIX_CACHE_TOKENS)]
 res.replace("prefix_cache", [{k: v for k, v in r.items() if k != "texts"} for r in prefix_rows])
@@ -309,7 +319,7 @@ print(f"one prefill of {whole_s * 1e3:.0f} ms unchunked, or {len(schedule)} chun
       f"each, a decode step after each ({timed.drift_line()})")
 
 # %% fragment
-stream_prompts = list(beyond.STREAM_PROMPTS[:STREAMS])
+stream_prompts = list(beyond.STREAM_PROMPTS[:STREAMS])  # the lab's server here: its chunk budget is the experiment
 chunk_rows = [prefill.chunked_prefill_run(lm, stream_prompts, STREAM_TOKENS, long_prompt, n) for n in (0, PREFILL_CHUNK_TOKENS)]
 res.replace("chunked_prefill", [{k: v for k, v in r.items() if k not in ("stamps", "texts")} for r in chunk_rows])
 chunk_df = res.frame("chunked_prefill")
@@ -332,7 +342,7 @@ print(f"running streams' ITL {tail} ({unchunked['itl_n']} gaps) {unchunked[f'itl
 #
 # At long context the cache, not the weights, is what grows. Store it in fewer bits: int8 with one
 # scale per channel (outliers in keys sit in fixed channels, so per-channel scales keep them),
-# or 4 and 2 bits with transformers' `QuantizedCache` (after KIVI). Recent tokens stay in full
+# or 4 and 2 bits with transformers' `QuantizedCache` (after [KIVI](../docs/glossary.md#kivi): keys per channel, values per token, 2 bits). Recent tokens stay in full
 # precision until a buffer fills; attention still runs on dequantised values.
 #
 # Predict: how many times smaller is the 4-bit cache, scales included?
@@ -375,7 +385,10 @@ kv_df = res.frame("kv_cache")
 kv_df["kv_mib"] = kv_df.kv_bytes / 2**20
 for failed in kv_df[kv_df.status != "ok"].itertuples():
     print(f"{failed.cache}: {failed.status}")
-kv_df[["cache", "status", "context_tokens", "kv_mib", "bytes_ratio", "decode_tokens_per_s", "agreement", "kl"]].round(4)
+kv_df = pd.DataFrame(nb10_findings.kv_ranked(kv_df.to_dict("records")))  # quality order: KL, not agreement on few tokens
+print(nb10_findings.kv_ranking(kv_rows))
+kv_df[[c for c in ["cache", "status", "kl_rank", "kl", "agreement", "context_tokens", "kv_mib", "bytes_ratio",
+                   "decode_tokens_per_s"] if c in kv_df]].round(4)
 
 # %% fragment
 kv_ok = kv_df[kv_df.status == "ok"]  # a cache whose backend failed here has no numbers
@@ -435,16 +448,30 @@ else:
 def engine_table(rows):
     df = pd.DataFrame(rows)
     df["weights_mib"] = df.weight_bytes / 2**20
-    cols = ["engine", "format", "status", "weights_mib", "ttft_s", "decode_tokens_per_s", "achieved_gbs", "agreement",
-            "kl", "same_answer_as_fp32"]
+    cols = ["engine", "format", "status", "weights_mib", "ttft_s", "decode_tokens_per_s", "decode_spread", "achieved_gbs",
+            "agreement", "kl", "same_answer_as_fp32"]  # decode_spread: (p90 − p10) / median of the timed runs
     return df[[c for c in cols if c in df]].round(3)
 
 
 engine_table(engine_rows)
 
 # %% fragment
+# notebook 03 timed the same ONNX Runtime int8 file in this run, beside its other variants: do the figures agree?
+ort_here = next((r for r in engine_rows if r["engine"] == "ONNX Runtime" and r["status"] == "ok"), None)
+nb03 = results.default_path("03_int8_int4")
+if ort_here and nb03.is_file():
+    by_variant = {r["variant"]: r for r in results.load(nb03).section("variants")}
+    print(nb10_findings.same_file_elsewhere(
+        ort_here, engine_rows[0], by_variant.get("ort-int8-channel"), by_variant.get("fp32"),
+        here_how=f"{ENGINE_NEW_TOKENS} tokens, {REPEATS} runs alone", there_how="its interleaved rounds"))
+else:
+    print("notebook 03's results are not in this run's results folder: run it to check its ONNX Runtime int8 "
+          "figure against this one" if ort_here else "ONNX Runtime int8 did not run here")
+
+# %% fragment
 best_lab = cpu.best_lab_row(engine_rows, QUALITY_FLOOR) or engine_rows[0]
 llama_row = next((r for r in engine_rows if r["engine"] == "llama.cpp" and r["status"] == "ok"), None)
+llamacpp_reference = None  # where llama.cpp did not run here: the reference run's figures, naming its CPU
 if llama_row:
     llama_ratio = llama_row["decode_tokens_per_s"] / best_lab["decode_tokens_per_s"]
     exercises.reveal("llama.cpp decode tokens/s / the lab's best", PREDICT_LLAMACPP_RATIO, llama_ratio, "×")
@@ -455,7 +482,11 @@ else:
     print(f"llama.cpp not run here: {llama_cap.reason}")
     if (results.reference_dir() / "10_beyond.json").is_file():
         cpu_ref = results.reference("10_beyond")
-        print("reference run:", results.provenance(cpu_ref))
+        ref_env = (cpu_ref.notes.get("section_env") or {}).get("cpu_engines") or cpu_ref.env
+        llamacpp_reference = nb10_findings.llamacpp_elsewhere(cpu_ref.section("cpu_engines"), ref_env.get("hardware") or {},
+                                                              env.hardware(), QUALITY_FLOOR)
+        print(llamacpp_reference)
+        print("reference run:", results.section_provenance(cpu_ref, "cpu_engines"))
         display(engine_table(cpu_ref.section("cpu_engines")))
 
 # %% md subslide
@@ -492,6 +523,11 @@ print(f"PyTorch {DTYPE}: matrix products take {bd['matmul_share']:.0%} of the st
          f"({fp32_row['weight_bytes'] / llama_row['weight_bytes']:.1f}× fewer bytes) and spends "
          f"{llama_row['llamacpp_eval_ms_per_token']:.1f} of its {llama_row['tpot_s'] * 1e3:.1f} ms per token inside C"
          if llama_row else ""))
+bw = hardware.bandwidth(device=lm.device, repeats=REPEATS)  # notebook 01's probe: 1 GiB, far above the cache
+gap = hardware.decode_gap(fp32_row["tpot_s"], fp32_row["weight_bytes"], bw.gbs, len(step_ops), lm.device,
+                          matmul_s=bd["matmul_ms"] / 1e3)  # the same three pieces notebooks 01 and 05 print
+res.replace("decode_gap", [{k: v for k, v in gap.items() if k != "explanation"}])
+print(f"PyTorch {DTYPE} decode step:", gap["explanation"])
 
 # %% md subslide
 # ## Closing the gap with the lab's tools: ONNX Runtime's 4-bit blocks
@@ -550,6 +586,11 @@ settings = vllm_server.Settings(model=vllm.models_path(lm), dtype=vllm.VLLM_DTYP
                                 device=vllm_server.default_device(), max_num_seqs=max(STREAMS + 1, CONCURRENCY),
                                 kv_cache_gib=VLLM_KV_CACHE_GIB, gpu_memory_utilization=VLLM_GPU_FRACTION)
 ngram = {"method": "ngram", "num_speculative_tokens": LOOKUP_DRAFT_TOKENS, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+# not on a shared server (LABKIT_SERVER_URL): the comparison is between servers started with different flags
+if local := shared.local_only("This section", "it compares vllm serve started with different flags (two token "
+                              "budgets, n-gram speculation), which one shared server cannot be; without `make vllm` "
+                              "here it shows the reference"):
+    print(local)
 machine.check("vllm serve")
 served = (vm.compare(settings, small_tokens=VLLM_SMALL_BUDGET, large_tokens=VLLM_LARGE_BUDGET, speculative=ngram,
                      prefix_prompts=prefix_ids, prefix_max_tokens=PREFIX_MAX_TOKENS, concurrency=CONCURRENCY,
@@ -605,7 +646,8 @@ head = beyond.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_row
 res.replace("headline", [head])  # the figures bench/beyond.py prints
 res.notes["versions"] = env.versions(("optimum-quanto", "hqq", "onnx-ir", "llama-cpp-python"))
 found = nb10_findings.takeaways(head=head, lookup=(copy_row, chat_row), prefix=(off, on), chunked=(unchunked, chunked),
-                                kv=(base, kv_best), quality_floor=QUALITY_FLOOR)
+                                kv=(base, kv_best), quality_floor=QUALITY_FLOOR, kv_rows=kv_rows,
+                                llamacpp_reference=llamacpp_reference)
 findings.record(res, found)
 res.save()
 findings.show(found)

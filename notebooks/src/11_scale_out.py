@@ -3,9 +3,12 @@
 #
 # The lab so far ends at one server. A team, a product or a class is served by **replicas behind a
 # router**: several copies of the server, and in front of them a process that picks one for each
-# request. Where it sends a request decides whether that replica already holds the request's prefix
+# request.
+
+# %% md notes
+# Where it sends a request decides whether that replica already holds the request's prefix
 # in its cache. Then three questions every deployment answers with numbers: how many requests per
-# second one server takes before it breaks its latency target (the **knee**), how many replicas a load
+# second one server takes before it breaks its latency target (the **[knee](../docs/glossary.md#knee)**), how many replicas a load
 # needs, and what a token costs in dollars and joules. Here with `smg` (the Shepherd Model Gateway, a
 # router from PyPI) in front of replicas of the lab's own server.
 
@@ -14,7 +17,7 @@
 #
 # - Start replicas of `labkit serve` and a real router in front of them; see what the router detects,
 #   how it health-checks, and which replica it picks for each request.
-# - Compare routing policies (round-robin, cache-aware, session affinity) on a shared-prefix, multi-turn
+# - Compare [routing policies](../docs/glossary.md#routing-policies) (round-robin, cache-aware, session affinity) on a shared-prefix, multi-turn
 #   workload: each replica's prefix-cache hit rate, TTFT, its share of the requests, and answers
 #   identical to one server's.
 # - Write the cache-aware decision yourself and replay it against the router's real choices.
@@ -152,6 +155,7 @@ print(f"cache-aware: {head['cache_aware_hit_rate']:.0%} of requests hit a replic
       f"of prompt positions reused; round-robin: {head['round_robin_hit_rate']:.0%} and {head['round_robin_token_hit_rate']:.0%}. "
       f"TTFT p50 cache-aware / round-robin = {head['ttft_p50_ratio_ca_over_rr']:.2f} ({head['ttft_verdict']}: "
       f"{head['ttft_verdict_reason']}).")
+print("Against the work:", nb11_findings.work_words(head))
 
 # %% fragment
 # what the router itself counted (its Prometheus port): cache-aware's branches, tree match or load fallback
@@ -292,11 +296,12 @@ fig.show()
 
 # %% fragment
 if knee_rps is None:
-    print(f"no knee: the slowest rate already missed the SLO ({found['reason']}); lower RATE_MULTIPLES")
+    print(f"no knee: the slowest rate already missed the SLO ({found['reason']}); add smaller RATE_MULTIPLES")
 else:
     need = capacity.replicas_needed(USERS, REQUESTS_PER_MIN_PER_USER, knee_rps, HEADROOM)
     res.replace("replicas_needed", [need])
-    print(need["arithmetic"] + ("" if found["reached"] else " (the knee is a lower bound: fewer may do)"))
+    print(need["arithmetic"] + ("" if found["reached"] else " (an upper bound: the knee is a lower bound, so fewer "
+                                "may do; add larger RATE_MULTIPLES to find the knee)"))
 
 # %% md slide
 # ## 4 · When one GPU is not enough: tensor parallelism
@@ -331,7 +336,7 @@ _ = results.show_gpu_references("11_scale_out", ["tp_run"])  # a GPU reference o
 # An instance that produces `T` tokens per second for an hour at `P` dollars costs `P / (T × 3600) × 10⁶`
 # dollars per million tokens. `T` is this run's: one replica at the knee. Prices are public list prices
 # in `data/prices.json`, each with its page and date. Energy comes from a counter where one can be read
-# (RAPL on a CPU, NVML on a GPU); elsewhere from the wattage you set, labelled an estimate.
+# ([RAPL](../docs/glossary.md#rapl), the CPU's energy counters, on a CPU; NVML on a GPU); elsewhere from the wattage you set, labelled an estimate.
 
 # %% fragment
 at_knee = cap_df[cap_df.offered_rps <= (knee_rps or cap_df.offered_rps.min())].iloc[-1]
@@ -340,16 +345,21 @@ prices = cost.load_prices()
 if PRICE_NAME not in {p["name"] for p in prices}:
     raise ValueError(f"PRICE_NAME={PRICE_NAME!r}: choose one of {[p['name'] for p in prices]}")
 kind = "gpu" if env.device().startswith("cuda") else "cpu"
-costs = cost.cost_table({kind: tps}, prices, hourly_usd=HOURLY_USD, label="your price")
+if kind == "cpu":  # the whole machine: one single-thread replica per core, as section 2 runs them
+    priced, as_if = cost.cpu_as_if(tps, machine.cores())
+else:
+    priced, as_if = {kind: tps}, "Priced as one replica per GPU of each instance, each as fast as this run's."
+costs = cost.cost_table(priced, prices, hourly_usd=HOURLY_USD, label="your price")
 res.replace("cost", costs.to_dict("records"))
+print(as_if)
 costs[costs.kind == kind][["name", "hourly_usd", "tokens_per_s", "usd_per_million_tokens", "date", "source"]].round(4)
 
 # %% fragment
 chosen = costs.set_index("name").loc["your price" if HOURLY_USD else PRICE_NAME]
 print(f"{at_knee.output_tokens_per_s:.1f} output tokens/s from one replica at {at_knee.offered_rps:.2f} req/s (measured "
-      f"here) at ${chosen.hourly_usd:g}/h ({'your price' if HOURLY_USD else PRICE_NAME}, {chosen.date}): "
-      f"${chosen.usd_per_million_tokens:.2f} per million output tokens. The {'CPU' if kind == 'gpu' else 'GPU'} rows of "
-      "data/prices.json get no figure: this run measured no throughput there.")
+      f"here); {chosen.tokens_per_s:.1f} tokens/s priced at ${chosen.hourly_usd:g}/h ({'your price' if HOURLY_USD else PRICE_NAME}, "
+      f"{chosen.date}): ${chosen.usd_per_million_tokens:.2f} per million output tokens. The "
+      f"{'CPU' if kind == 'gpu' else 'GPU'} rows of data/prices.json get no figure: this run measured no throughput there.")
 reading = meter.reading
 tokens = int(cap_df.output_tokens.sum())
 if reading.joules is None:
@@ -409,7 +419,7 @@ head = scale_out.headline(res.section("policies"), cmp["runs"], found, chosen.to
 found_11 = nb11_findings.takeaways(head=head, capacity_reason=found["reason"],
                                    arithmetic=need["arithmetic"] if knee_rps is not None else None,
                                    chosen=chosen.to_dict() | {"name": chosen.name}, tokens_per_s=at_knee.output_tokens_per_s,
-                                   answered=answered, requests=len(fault))
+                                   answered=answered, requests=len(fault), rates=rates)
 findings.record(res, found_11)
 res.notes["versions"] = env.versions(("smg",))
 res.save()
