@@ -112,6 +112,10 @@ def test_vllm_is_found_in_its_own_environment_not_asked_for_a_gpu(tmp_path, monk
     cap = env.capability("vllm")
     assert cap.available and "0.32.0 in .venv-vllm" in cap.detail and "child process" in cap.detail
     assert env.versions(("vllm",))["vllm"] == "0.32.0 (.venv-vllm)"
+    monkeypatch.setattr(env, "cuda_reason", lambda: "this machine has no NVIDIA GPU")
+    offline = env.capability("vllm-offline")  # in-process vLLM is the GPU path; its reason says where vLLM serves
+    assert not offline.available and "serves from its own environment instead" in offline.reason
+    assert "0.32.0 in .venv-vllm" in offline.reason and not offline.reason.startswith("this machine has no")
     monkeypatch.setattr(vllm_env, "cpuinfo", lambda *keys: "fpu sse4_2 avx")  # an x86 CPU without AVX2
     monkeypatch.setattr(vllm_env, "_torch_sees_cuda", lambda: False)
     old = env.capability("vllm")

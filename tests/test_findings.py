@@ -248,17 +248,44 @@ def test_a_missed_memory_claim_names_the_tied_embedding_and_its_share():
     assert nb03.embedding_kept_change(-0.50, 0.21) == pytest.approx(-0.50), "fp16 halves the embedding too"
 
 
-def test_a_one_time_quantisation_peak_is_labelled_apart_from_decoding():
+def test_a_load_peak_is_labelled_apart_from_decoding_with_its_cause():
+    """The recorded quick run: fp16 733 MiB loading against 282 decoding, bnb-int8 832 against 326; fp32's
+    memory-mapped checkpoint peaks while decoding."""
     import pandas as pd
 
     mib = 2**20
     table = pd.DataFrame([{"variant": "ort-int8-channel", "status": "ok", "prepare_s": 14.0,
                            "load_peak_memory_bytes": 900 * mib, "run_peak_memory_bytes": 300 * mib},
+                          {"variant": "fp16", "status": "ok", "prepare_s": None,
+                           "load_peak_memory_bytes": 733 * mib, "run_peak_memory_bytes": 282 * mib},
+                          {"variant": "bnb-int8", "status": "ok", "prepare_s": None,
+                           "load_peak_memory_bytes": 832 * mib, "run_peak_memory_bytes": 326 * mib},
                           {"variant": "fp32", "status": "ok", "prepare_s": None,
-                           "load_peak_memory_bytes": 700 * mib, "run_peak_memory_bytes": 720 * mib}]).set_index("variant")
+                           "load_peak_memory_bytes": 42 * mib, "run_peak_memory_bytes": 542 * mib}]).set_index("variant")
     text = nb03.peak_sentence(table)
-    assert text.startswith("Peak memory: ort-int8-channel peaked at 900 MiB while loading, which exported or quantised")
-    assert "at 300 MiB while decoding, so its peak is the preparation's, not decoding's." in text and "fp32" not in text
-    table.loc["ort-int8-channel", "run_peak_memory_bytes"] = 950 * mib
-    assert "decoding still peaked higher" in nb03.peak_sentence(table)
-    assert nb03.peak_sentence(table.assign(prepare_s=None)) == "", "a file reused from the cache prepared nothing"
+    assert text.startswith("Peaks from the load, not from decoding: ort-int8-channel 900 MiB while loading against 300")
+    assert "exported or quantised the model now (14 s, once" in text
+    assert "fp16 733 MiB while loading against 282 MiB while decoding (the fp32 checkpoint is read and cast" in text
+    assert "bitsandbytes quantises the weights in memory at every load" in text and "fp32" not in text.split("(")[0]
+    assert "fp32 42" not in text
+    quiet = table.assign(load_peak_memory_bytes=100 * mib, run_peak_memory_bytes=500 * mib)
+    assert nb03.peak_sentence(quiet).startswith("Every variant peaked while decoding")
+
+
+def test_worst_layer_errors_within_slack_tie_instead_of_naming_a_winner():
+    """The recorded quick run: per-channel 7-bit 0.185 against per-tensor 0.190 (one sample a layer) is a tie;
+    the saturating 8-bit form's 5.208 stays apart."""
+    import pandas as pd
+
+    def said(errors):
+        found = nb03.takeaways(table=_quant_table(20.0), hand=pd.DataFrame({"output_error": {"per-tensor": 0.02, "per-channel": 0.01, "nf4": 0.05},
+                                                                  "fraction_of_fp32": {"per-tensor": 0.25, "per-channel": 0.26, "nf4": 0.14}}),
+                               agree=pd.DataFrame(), routes={}, layer_error=errors, claims=pd.DataFrame(),
+                               layers=pd.DataFrame())
+        return " ".join(found.sentences)
+
+    tie = said({"per-channel, 7-bit": 0.185, "per-channel, 8-bit": 5.208, "per-tensor": 0.190})
+    assert "worst-layer errors of per-channel, 7-bit and per-tensor tie (0.185, 0.190" in tie
+    assert "per-channel, 8-bit 5.208" in tie and "lowest worst-layer error came from" not in tie
+    apart = said({"per-channel, 7-bit": 0.05, "per-tensor": 0.19})
+    assert "lowest worst-layer error came from per-channel, 7-bit (0.050, against per-tensor 0.190)" in apart

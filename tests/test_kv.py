@@ -252,7 +252,7 @@ def test_findings_choose_their_words_by_the_verdicts():
     assert "the formula is the cache" in text and "prefill grows with the prompt" in text
     assert "a decode step grew" in text and "the bytes a step reads predict 1.04×" in text
     assert "static cache decoded slower than" in text and "sdpa prefilled the long prompt faster than eager" in text
-    assert "reading the weights dominates" in text and "90% of its tokens equal eager's" in text
+    assert "matrix multiplication dominates, so a faster matrix-vector kernel" in text and "90% of its tokens equal eager's" in text
     other = " ".join(_findings(speedup=0.8, step_growth={"cache on": 1.0, "cache off": 1.0},
                                kv_sizes=pd.DataFrame({"measured / formula": [1.0, 1.5]}),
                                variants=_rows(["dynamic", "static"], "tpot_s", [0.06, 0.061, 0.059], [0.05, 0.051, 0.049]),
@@ -278,7 +278,7 @@ def test_findings_choose_their_words_by_the_verdicts():
 
     gap = hardware.decode_gap(0.0657, 532e6, 27.0, 1653, "cpu", matmul_s=0.85 * 0.0657)
     split3 = " ".join(_findings(gap=gap).sentences)
-    assert "The profiled step is 30% its bytes at the probe's bandwidth, 55% the matrix-vector kernel" in split3
+    assert "The profiled step is 30% its bytes at the probe's bandwidth, 55% more because the matrix-vector kernel read" in split3
     assert "15% per-operator overhead (largest: kernel)" in split3
     assert "profiled step is" not in text  # no split without a gap
 
@@ -323,3 +323,12 @@ def test_flash_attention_is_unavailable_for_an_fp32_model_on_a_gpu(monkeypatch):
     assert fa[torch.float16]["available"] and fa["bf16"]["available"]
     src = (Path(__file__).parents[1] / "notebooks" / "src" / "05_kv_cache.py").read_text()
     assert 'env.device() == "cuda"' not in src  # LABKIT_DEVICE=cuda:0 is a CUDA device too
+
+
+def test_the_reveal_names_a_faster_cache_only_when_the_takeaway_would():
+    """The recorded run: eager 805–959 ms and sdpa 756–863 ms TTFT overlap: no winner in the reveal either."""
+    overlap = _rows(["eager", "sdpa"], "ttft_s", [0.805, 0.88, 0.959], [0.756, 0.80, 0.863])
+    assert nb05.faster_of(overlap, ["eager", "sdpa"], "ttft_s") == (None, "within noise (the p10–p90 ranges overlap)")
+    apart = _rows(["dynamic", "static"], "tpot_s", [0.050, 0.051, 0.049], [0.060, 0.061, 0.059])
+    assert nb05.faster_of(apart, ["dynamic", "static"], "tpot_s") == ("dynamic", "")
+    assert nb05.faster_of(apart, ["static", "dynamic"], "tpot_s") == ("dynamic", "")

@@ -128,7 +128,7 @@ def test_nb01_batching_sentence_follows_its_verdict():
     text = _text(real)
     assert "rose 5.00× (at most 8×)" in text and "(shared by more sequences)" in text
     assert "44× below the ridge: memory-bound" in text and "Weights: 513 MiB in fp32" in text
-    assert "30% its bytes at the probe's bandwidth, 40% the matrix-vector kernel" in text and "(largest: kernel)" in text
+    assert "30% its bytes at the probe's bandwidth, 40% more because the matrix-vector kernel read the weights at 11.6 GB/s, not the probe's" in text and "(largest: kernel)" in text
     noise = _text(_nb01([11.0, 12.0, 13.0], [11.5, 12.1, 12.9]))
     assert "moved 1.01×, within noise (the p10–p90 ranges overlap)" in noise and "no lesson from it" in noise
     wild = _nb01(_spread(12.0), _spread(130.0))  # 10.8× from a batch of 8: the machine moved it
@@ -308,8 +308,8 @@ def test_nb08_fusion_sizes_are_labelled_inside_or_above_the_last_level_cache():
     assert "against a 32 MiB last-level cache (L3 cache of CPU 0)" in text
     assert "256 tokens (1.1 MiB in and out, inside the cache) 61.0 GB/s" in text
     assert "29128 tokens (128.0 MiB in and out, above the cache) 9.4 GB/s" in text
-    assert text.endswith("their GB/s is the cache's, not DRAM's.")
-    assert nb08.cache_sentence(sizes[:2], 32 * mib, "x").endswith("none of these GB/s is DRAM's.")
+    assert text.endswith("so its GB/s sits below notebook 01's bandwidth probe.") and "each call's fixed cost" in text
+    assert nb08.cache_sentence(sizes[:2], 32 * mib, "x").endswith("none of these GB/s measures DRAM.")
     assert "cache's" not in nb08.cache_sentence(sizes[2:], 32 * mib, "x") and nb08.cache_sentence([], 1, "x") == ""
 
 

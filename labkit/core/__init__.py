@@ -5,6 +5,7 @@
              available, reason) that ``python -m labkit info``, the notebooks and ``make gpu-check`` read
 ``cpu``      the CPU: its /proc/cpuinfo lines, model name and instruction sets, and the line results name it with
 ``vllm_env`` vLLM's own environment (``make vllm``): its python, its version, whether it can serve here
+``compiler`` whether a C compiler builds a Python extension (what torch.compile's first use needs)
 ``timing``   the one clock: ``track``/``measure``/``now`` for device work, ``clock`` for host work, ``Measurement``
 ``memory``   peak memory (RSS sampler, CUDA peak, NVML) around a block of work
 ``energy``   joules over a block of work: RAPL, NVML energy or sampled power, or the reason it cannot be read

@@ -13,8 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -24,6 +22,7 @@ from typing import Any
 
 from . import config, machine
 from . import vllm_env
+from .compiler import c_compiler_reason  # noqa: F401  (env.c_compiler_reason: the probe _torch_compile calls)
 from .cpu import cpu_isa, cpu_name
 
 _VALID_DEVICES = ("cpu", "cuda", "mps")
@@ -279,28 +278,20 @@ def _vllm() -> Capability:
     return Capability("vllm", False, found or "", reason)
 
 
+def _vllm_offline() -> Capability:
+    """vLLM imported in this process: on a GPU only; on a CPU the reason says where vLLM serves instead."""
+    cap = _gpu_only("vllm-offline", "vllm", "a GPU environment with vllm (README, GPU environments)", "vllm")
+    if cap.available or not cuda_reason():
+        return cap
+    served = _vllm()
+    where = (f"on this CPU vLLM serves from its own environment instead (capability 'vllm': {served.detail})"
+             if served.available else f"vLLM's served path: {served.reason}")
+    return Capability("vllm-offline", False, "", f"the lab runs vLLM in this process on a GPU only; {where}")
+
+
 def c_compiler() -> str | None:
     """The C compiler Triton builds its launchers with: $CC, else gcc, else clang (as triton.runtime.build)."""
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
-
-
-@lru_cache(maxsize=8)
-def c_compiler_reason(cc: str) -> str:
-    """'' when ``cc`` builds a shared object that includes Python.h (what Triton compiles on first use);
-    otherwise its error. Cached: one real compile per compiler and process."""
-    include = sysconfig.get_paths()["include"]
-    with tempfile.TemporaryDirectory(prefix="labkit-cc-") as tmp:
-        src = Path(tmp) / "probe.c"
-        src.write_text("#include <Python.h>\nint labkit_probe(void) { return 0; }\n", encoding="utf-8")
-        cmd = [cc, str(src), "-O1", "-shared", "-fPIC", "-o", str(Path(tmp) / "probe.so"), f"-I{include}"]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{cc} did not run: {exc}"
-    if out.returncode != 0:
-        first = (out.stderr.strip().splitlines() or ["no message"])[0]
-        return f"{cc} cannot build a Python extension: {first[:160]}"
-    return ""
 
 
 def _torch_compile() -> Capability:
@@ -425,8 +416,7 @@ PROBES: dict[str, Callable[[], Capability]] = {
     "onnxruntime": _onnxruntime,
     "optimum-onnx": _optimum_onnx,
     "vllm": _vllm,
-    "vllm-offline": lambda: _gpu_only("vllm-offline", "vllm", "a GPU environment with vllm (README, GPU environments)",
-                                      "vllm"),
+    "vllm-offline": _vllm_offline,
     "tensorrt": lambda: _gpu_only("tensorrt", "tensorrt", "pip install tensorrt torch-tensorrt"),
     "torch-tensorrt": lambda: _gpu_only("torch-tensorrt", "torch_tensorrt", "pip install torch-tensorrt (matching your torch)"),
     "tensorrt-llm": lambda: _gpu_only("tensorrt-llm", "tensorrt_llm", "pip install tensorrt-llm (its own environment, see README)"),

@@ -63,3 +63,21 @@ def _torch_sees_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+_QUANTIZATION = ("from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS as q\n"
+                 "print('\\n'.join(q))\n")
+
+
+def quantization_methods(python: str | None = None, timeout_s: float = 180) -> list[str] | None:
+    """The ``--quantization`` methods the installed vLLM accepts, read in its own environment (vLLM is imported
+    there, not here); None where that environment is absent or the read fails."""
+    py = Path(python or vllm_python())
+    if not py.exists():
+        return None
+    try:
+        out = subprocess.run([str(py), "-c", _QUANTIZATION], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    methods = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return methods if out.returncode == 0 and methods else None

@@ -106,7 +106,7 @@ BIGGER_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # suggested where the default model
 
 def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_per_step: int | None,
                device: str, *, gemv_gbs: float | None = None, matmul_s: float | None = None,
-               weight_bytes: float | None = None) -> dict[str, Any]:
+               weight_bytes: float | None = None, profiled: bool = False) -> dict[str, Any]:
     """Why a decode step takes longer than its bytes need, split three ways — one explanation that notebooks
     01, 05 and 10 share:
 
@@ -118,8 +118,9 @@ def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_p
        GPU, one launch each).
 
     ``bound`` names the largest piece: "bandwidth", "kernel", or "overhead" ("launch" on a GPU). ``weight_bytes``
-    (default ``bytes_per_step``) are the bytes the matrix products read. Pieces never sum past the step: a
-    kernel slower than the whole step is capped at what the bytes leave.
+    (default ``bytes_per_step``) are the bytes the matrix products read. ``profiled``: ``tpot_s`` is a profiled
+    step's operator self time (no Python) and ``ops_per_step`` counts the operators besides the matrix products.
+    Pieces never sum past the step: a kernel slower than the whole step is capped at what the bytes leave.
     """
     if tpot_s <= 0 or bytes_per_step <= 0 or bandwidth_gbs <= 0:
         raise ValueError(f"tpot_s={tpot_s}, bytes_per_step={bytes_per_step}, bandwidth_gbs={bandwidth_gbs}: "
@@ -155,7 +156,10 @@ def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_p
                     f"({source}: {matmul_gbs / bandwidth_gbs:.0%} of the bandwidth probe's)")
     ops = f"{ops_per_step} operators" if ops_per_step else "its operators"
     each = f" at about {per_op_us:.1f} µs each" if per_op_us is not None else ""
-    said.append(f"{ms(overhead_s)} is {ops}{each} ({'kernel launches' if gpu else 'Python, dispatch and small kernels'})")
+    if profiled:  # the step is the profiler's self time: no Python in it, the matrix products counted above
+        said.append(f"{ms(overhead_s)} is the other {ops}' own time{each} (the profiler's self time leaves Python out)")
+    else:
+        said.append(f"{ms(overhead_s)} is {ops}{each} ({'kernel launches' if gpu else 'Python, dispatch and small kernels'})")
     verdict_ = {
         "bandwidth": "decode here is memory-bound, as the roofline assumes",
         "kernel": ("decode here is bound by the matrix-vector kernel: it reads the weights slower than memory "

@@ -473,8 +473,9 @@ def _progress(items: list[str], enabled: bool) -> Any:
 
 
 def best_of(rows: Sequence[dict[str, Any]], candidates: Sequence[str]) -> dict[str, Any] | None:
-    """The better-quality row among ``candidates`` that ran: highest agreement, then lowest KL."""
+    """The better-quality row among ``candidates`` that ran: lowest KL against fp32, then highest agreement (agreement
+    over a few tokens moves in coarse steps; KL averages every position's whole distribution)."""
     ok = [r for r in rows if r.get("variant") in candidates and r.get("status") == "ok"]
     if not ok:
         return None
-    return max(ok, key=lambda r: (r["agreement"], -r["kl"]))
+    return min(ok, key=lambda r: (r["kl"], -r["agreement"]))

@@ -348,7 +348,7 @@ dec["overhead_ms_per_token"] = (dec.tpot_s * 1e3 - dec.ideal_step_ms) / dec.batc
 plots.bar(dec, x="batch", y="overhead_ms_per_token", title="Time per generated token beyond the bandwidth bound",
           y_title="ms per token").show()
 first, last = dec.iloc[0], dec.iloc[-1]
-print(f"overhead per token: {first.overhead_ms_per_token:.1f} ms at batch {int(first.batch)} → "
+print(f"time per token beyond the bytes: {first.overhead_ms_per_token:.1f} ms at batch {int(first.batch)} → "
       f"{last.overhead_ms_per_token:.1f} ms at batch {int(last.batch)}; ratio to ceiling {first.ratio:.2f} → {last.ratio:.2f}")
 gap = hardware.decode_gap(first.tpot_s, sizing.decode_bytes_per_step(weight_b, kv_tok, ctx, 1), bw.gbs, len(ops),
                           lm.device, gemv_gbs=probe["linear_gbs"], weight_bytes=weight_b)  # the counts and probes above

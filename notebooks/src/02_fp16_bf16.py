@@ -328,7 +328,7 @@ res.frame("variants")[["variant", "weight_bytes", "load_s", "ttft_s", "decode_to
 
 # %% subslide
 # the same measurements from a GPU, where one ships (data/reference/02_fp16_bf16.<gpu>.json, each with its provenance)
-results.show_gpu_references("02_fp16_bf16", ["variants", "matmul"])
+_ = results.show_gpu_references("02_fp16_bf16", ["variants", "matmul"])
 
 # %% md slide
 # ## Exercises

@@ -406,7 +406,7 @@ batch_widget(widget_server, batch_size=8, clients=CLIENTS)
 
 # %% subslide
 # the same measurements from a GPU, where one ships (data/reference/06_batching.<gpu>.json, each with its provenance)
-results.show_gpu_references("06_batching", ["static", "serving"])
+_ = results.show_gpu_references("06_batching", ["static", "serving"])
 
 # %% md slide
 # ## Takeaways, from this run's numbers

@@ -44,7 +44,7 @@ import pandas as pd
 from IPython.display import display
 
 import labkit
-from labkit.core import config, env, machine, results, verdict
+from labkit.core import config, env, machine, results, verdict, vllm_env
 from labkit.model import dtypes, gpus, models, prompts, sizing
 
 from labkit.serve import decoder, paged, scheduler
@@ -465,11 +465,14 @@ else:
 # %% fragment
 if vllm_cap.available:
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
-
+else:  # read in vLLM's own environment, where the served vLLM is installed
+    QUANTIZATION_METHODS = vllm_env.quantization_methods()
+if QUANTIZATION_METHODS:
     print(f"--quantization takes {len(QUANTIZATION_METHODS)} methods: {', '.join(QUANTIZATION_METHODS)}")
-    print("'fp16' among them:", "fp16" in QUANTIZATION_METHODS, "| the fp16 run above used --dtype float16")
+    print("'fp16' among them:", "fp16" in QUANTIZATION_METHODS, "| a half-precision run sets --dtype float16 instead")
 else:
-    print(f"vLLM's list of --quantization methods cannot be read here: {vllm_cap.reason}.")
+    print(f"vLLM's list of --quantization methods cannot be read here: {vllm_cap.reason}; "
+          f"{env.capability('vllm').reason or 'its environment did not answer'}.")
 
 # %% md slide
 # ## Takeaways

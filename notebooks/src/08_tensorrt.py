@@ -413,7 +413,7 @@ table[["engine", "where", "build_s", "ttft_s", "decode_tokens_per_s", "agreement
 
 # %% subslide
 # the same measurements from a GPU, where one ships (data/reference/08_tensorrt.<gpu>.json, each with its provenance)
-results.show_gpu_references("08_tensorrt", "engines", ["engine", "where", "status", "build_s", "ttft_s", "decode_tokens_per_s", "agreement", "kl"])
+_ = results.show_gpu_references("08_tensorrt", "engines", ["engine", "where", "status", "build_s", "ttft_s", "decode_tokens_per_s", "agreement", "kl"])
 
 # %% md slide
 # ## Takeaways

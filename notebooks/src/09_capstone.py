@@ -282,7 +282,7 @@ class_df[["learner", "hardware", "quick", "config", "request_throughput", "e2e_m
 
 # %% subslide
 # the same measurements from a GPU, where one ships (data/reference/09_capstone.<gpu>.json, each with its provenance)
-results.show_gpu_references("09_capstone", [report.CONFIG_SECTION, "before_after"])
+_ = results.show_gpu_references("09_capstone", [report.CONFIG_SECTION, "before_after"])
 
 # %% md slide
 # ## Takeaways

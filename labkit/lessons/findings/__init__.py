@@ -91,7 +91,7 @@ def show(found: Findings) -> None:
 
 def step_split(gap: Any) -> str:
     """One decode step in ``hardware.decode_gap``'s three pieces, the clause notebooks 01, 05 and 10 share."""
-    kernel = (f", {gap['kernel_share']:.0%} the matrix-vector kernel reading the weights at {gap['matmul_gbs']:.1f} GB/s "
-              "(slower than that)" if gap.get("matmul_gbs") else "")
+    kernel = (f", {gap['kernel_share']:.0%} more because the matrix-vector kernel read the weights at "
+              f"{gap['matmul_gbs']:.1f} GB/s, not the probe's" if gap.get("matmul_gbs") else "")
     return (f"{gap['bytes_share']:.0%} its bytes at the probe's bandwidth{kernel} and {gap['overhead_share']:.0%} "
             f"per-operator overhead (largest: {gap['bound']})")

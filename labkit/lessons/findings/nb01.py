@@ -1,5 +1,5 @@
 """Notebook 01's takeaways: the weights and the KV cache by precision, this machine's roofs, where prefill and
-decode sit under them, measured decode against its ceiling, and what batching did to the overhead per token.
+decode sit under them, measured decode against its ceiling, and what batching did to the time per token beyond the bytes.
 """
 from __future__ import annotations
 
@@ -43,8 +43,11 @@ def takeaways(*, weights_mib: Mapping[str, float], model: str, big: Mapping[str,
          f"{ceiling['ceiling_tokens_per_s']:.1f} tokens/s ceiling; one step ran {operators} operators, {linear} of them "
          f"matrix-vector products. A step is {step_split(gap)}.",
          "measured decode / its bandwidth ceiling, batch 1", ceiling["ratio"]),
-        (f"Batching from {int(first['batch'])} to {int(last['batch'])}: aggregate tokens/s {said}; the overhead per "
-         f"token went {first['overhead_ms_per_token']:.1f} → {last['overhead_ms_per_token']:.1f} ms {shared}.",
+        (f"Batching from {int(first['batch'])} to {int(last['batch'])}: aggregate tokens/s {said}; the time per token "
+         f"beyond the bytes went {first['overhead_ms_per_token']:.1f} → {last['overhead_ms_per_token']:.1f} ms {shared}"
+         + (f"; the ratio to the ceiling went {first['ratio']:.2f} → {last['ratio']:.2f}"
+            + (" (the ceiling grows with the batch, one weight read per step: throughput grew less)"
+               if last["ratio"] < first["ratio"] else "") if "ratio" in first and "ratio" in last else "") + ".",
          f"aggregate tokens/s, batch {int(last['batch'])} / batch {int(first['batch'])}", batch_v.gain),
     ]
     rows = [{"finding": label, "value": value} for _, label, value in found]

@@ -69,12 +69,19 @@ def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], laye
         says.append(f"bitsandbytes {kind} on this machine: {route}.")
     if layer_error:
         lo = min(layer_error, key=layer_error.get)
-        says.append(f"In ONNX Runtime's kernel the lowest worst-layer error came from {lo} "
-                    f"({layer_error[lo]:.3f}, against {', '.join(f'{k} {v:.3f}' for k, v in layer_error.items() if k != lo)}).")
+        tied = [k for k, v in layer_error.items() if v <= layer_error[lo] * (1 + verdict.SLACK)]  # one sample a layer
+        others = ", ".join(f"{k} {v:.3f}" for k, v in layer_error.items() if k not in tied)
+        if len(tied) > 1:
+            says.append(f"In ONNX Runtime's kernel the worst-layer errors of {' and '.join(tied)} tie "
+                        f"({', '.join(f'{layer_error[k]:.3f}' for k in tied)}: within {verdict.SLACK:.0%} of each other, "
+                        "one sample a layer)" + (f"; {others}" if others else "") + ".")
+        else:
+            says.append(f"In ONNX Runtime's kernel the lowest worst-layer error came from {lo} "
+                        f"({layer_error[lo]:.3f}, against {others}).")
     if "memory_holds" in claims:
         held = claims.dropna(subset=["memory_holds"])
         both = held[held.memory_holds.astype(bool) & held.accuracy_holds.astype(bool)]
-        says.append(f"Of {len(held)} published claims measured here, {len(both)} held on both memory and accuracy"
+        says.append(f"Of {len(held)} checks of the published claims here, {len(both)} held on both memory and accuracy"
                     + (f" ({', '.join(both.variant)})" if len(both) else "") + ".")
         for r in held.itertuples():
             why = memory_reason(r.memory_change, r.memory_claim, getattr(r, "embedding_share", None),
@@ -236,18 +243,25 @@ def memory_reason(change: float, claim_change: float, share: float | None, tied:
 
 
 def peak_sentence(table: Any) -> str:
-    """Where a variant's peak memory came from its one-time preparation (an export or quantisation during the
-    load, ``prepare_s``) rather than from decoding: both peaks, apart. '' when no row prepared anything now."""
-    if "load_peak_memory_bytes" not in table or "prepare_s" not in table:
+    """Where a variant's peak memory came from its load rather than from decoding, both peaks apart, with the load's
+    cause: an export or quantisation now (``prepare_s``, once), bitsandbytes quantising in memory (every load), a
+    half-precision cast of the fp32 checkpoint (every load), or ONNX Runtime building its session."""
+    if "load_peak_memory_bytes" not in table:
         return ""
     parts = []
     for v, r in table[table.status == "ok"].iterrows():
-        load, run, prep = r["load_peak_memory_bytes"], r["run_peak_memory_bytes"], r["prepare_s"]
-        if prep is None or prep != prep or load is None or load != load or run is None or run != run:
+        load, run, prep = r["load_peak_memory_bytes"], r["run_peak_memory_bytes"], r.get("prepare_s")
+        if load is None or load != load or run is None or run != run or load <= run * 1.05:
             continue
-        where = ("so its peak is the preparation's, not decoding's" if load > run else
-                 "and decoding still peaked higher")
-        parts.append(f"{v} peaked at {load / 2**20:.0f} MiB while loading, which exported or quantised the model now "
-                     f"({prep:.0f} s, once: later runs reuse the file), and at {run / 2**20:.0f} MiB while decoding, "
-                     f"{where}")
-    return ("Peak memory: " + "; ".join(parts) + ".") if parts else ""
+        if prep is not None and prep == prep and prep > 0:
+            cause = f"it exported or quantised the model now ({prep:.0f} s, once: later runs reuse the file)"
+        elif str(v).startswith("bnb"):
+            cause = "bitsandbytes quantises the weights in memory at every load"
+        elif str(v).startswith("ort"):
+            cause = "ONNX Runtime holds the file and builds its session's own copy while loading"
+        else:
+            cause = "the fp32 checkpoint is read and cast to this precision at every load, both copies held at once"
+        parts.append(f"{v} {load / 2**20:.0f} MiB while loading against {run / 2**20:.0f} MiB while decoding ({cause})")
+    if not parts:
+        return "Every variant peaked while decoding, not while loading: each peak is its runs'."
+    return "Peaks from the load, not from decoding: " + "; ".join(parts) + "."

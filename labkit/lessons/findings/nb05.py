@@ -17,6 +17,17 @@ def _times(new: Any, base: Any, key: str, **kw: Any) -> Verdict:
     return verdict.compare(verdict.samples(new, key), verdict.samples(base, key), higher_is_better=False, **kw)
 
 
+def faster_of(rows: Any, names: list[str], key: str) -> tuple[str | None, str]:
+    """Which of two rows (indexed by name) took less ``key`` time, by the same verdict the takeaways use: (the
+    winner, "") when the difference is real, else (None, the verdict's words) so a reveal crowns no one."""
+    v = _times(rows.loc[names[1]], rows.loc[names[0]], key)
+    if v.kind == verdict.BETTER:
+        return names[1], ""
+    if v.kind == verdict.WORSE:
+        return names[0], ""
+    return None, f"{v.kind} ({v.reason})"
+
+
 def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speedup: float,
               step_growth: dict[str, float], kv_sizes: Any, bytes_per_position: int, split: Any, variants: Any,
               attention: Any, decode_shares: dict[str, Any], weight_bytes: int | None = None,
@@ -52,8 +63,8 @@ def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speed
     split_said = verdict.compare(matmul_s, attn_s) if min(matmul_s + attn_s) > 0 else None
     on_g, off_g = step_growth["cache on"], step_growth["cache off"]
     if split_said is not None and split_said.kind == verdict.BETTER:
-        where_time = ("reading the weights dominates, so fewer bytes per weight (notebooks 02, 03) help decode more "
-                      "than a faster attention kernel.")
+        where_time = ("matrix multiplication dominates, so a faster matrix-vector kernel, or fewer bytes read by a good "
+                      "one (notebooks 02, 03), helps decode more than a faster attention kernel.")
     elif split_said is not None and split_said.kind == verdict.WORSE:
         where_time = "attention dominates here, so a faster attention kernel helps decode more than smaller weights."
     else:
