@@ -263,3 +263,30 @@ def test_the_warmup_takeaway_names_the_rule_behind_each_number():
     assert "12% of it was one-time cost (the cold process's first request against the median" in text
     assert "The warmup loop written here: no call had to be discarded" in text
     assert "no call had to be discarded by the stopping rule" in text and "settled after 0" not in text
+
+
+def test_a_compile_gain_within_noise_claims_no_pay_back():
+    """The recorded run: one MLP compiled 1.802 ms against eager 1.855 ms (2.9 %, 5 repeats each, overlapping):
+    "pays back after 107,396 calls" read a pay-back into noise."""
+    import pandas as pd
+
+    from labkit.lessons.findings import nb04
+
+    mib = 2**20
+    cpu = _cold("cpu")
+    summary = pd.DataFrame({"first_s": [0.5, 0.3], "median_s": [0.2, 0.2], "agreement": [1.0, 1.0]},
+                           index=["cold", "warmed"])
+
+    def said(compiled, eager):
+        rows = pd.DataFrame([{"target": "one MLP layer", "where": "this run", "compiled_first_s": 5.6,
+                              "eager_first_s": 0.004, "compiled_s": sorted(compiled)[2], "eager_s": sorted(eager)[2],
+                              "break_even_calls": 107396.0, "samples": {"compiled_s": compiled, "eager_s": eager}}])
+        found = nb04.takeaways(cold=cpu, warmed=cpu, steady_s=0.2, one_time_share=0.1, memory_growth={"rss": mib},
+                               weight_bytes=513 * mib, loop_warmup_calls=0, loop_calls=5, summary=summary,
+                               compile_rows=rows)
+        return " ".join(found.sentences)
+
+    noisy = said([1.70e-3, 1.78e-3, 1.802e-3, 1.85e-3, 1.95e-3], [1.75e-3, 1.80e-3, 1.855e-3, 1.90e-3, 2.0e-3])
+    assert "no measurable steady gain (within noise" in noisy and "107,396" not in noisy
+    real = said([1.0e-3, 1.01e-3, 1.02e-3, 1.03e-3, 1.04e-3], [1.8e-3, 1.82e-3, 1.855e-3, 1.87e-3, 1.9e-3])
+    assert "pays back after 107,396 calls" in real

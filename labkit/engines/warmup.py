@@ -142,7 +142,7 @@ def warmup(model: Any, tokenizer: Any, *, until_spread: float = 0.10, max_calls:
     return warmup_calls(request, until_spread=until_spread, max_calls=max_calls, window=window, device=device)
 
 
-def compile_cost(module: Any, *example: Any, repeats: int = 5, fresh_cache: bool = True) -> dict[str, float]:
+def compile_cost(module: Any, *example: Any, repeats: int = 5, fresh_cache: bool = True) -> dict[str, Any]:
     """First and steady call of ``module(*example)`` eager and under a fresh ``torch.compile``.
 
     The compiled module's first call traces and compiles (inductor generates and builds C++ or
@@ -167,7 +167,8 @@ def compile_cost(module: Any, *example: Any, repeats: int = 5, fresh_cache: bool
         comp = timing.measure(lambda: compiled(*example), repeats=repeats, warmup=0, name="compiled", device=device)
     assert eager.first is not None and first.seconds is not None
     return {"eager_first_s": eager.first, "eager_s": eager.median,
-            "compiled_first_s": first.seconds, "compiled_s": comp.median, "repeats": repeats}
+            "compiled_first_s": first.seconds, "compiled_s": comp.median, "repeats": repeats,
+            "samples": {"eager_s": list(eager.samples), "compiled_s": list(comp.samples)}}
 
 
 def break_even_calls(compiled_first_s: float, compiled_s: float, eager_first_s: float, eager_s: float) -> float | None:

@@ -206,8 +206,9 @@ for d in decoded:  # batch sizes interleaved: 1 4 1 4 1 4 … 1, so drift hits e
     res.add("decode", batch=b, ceiling_tokens_per_s=ceiling, measured_tokens_per_s=d["aggregate_tokens_per_s"],
             ratio=d["aggregate_tokens_per_s"] / ceiling, tpot_s=d["tpot_s"], spread=d["spread"], n=d["n"],
             samples=d["samples"])
-print(f"{decoded[0]['n']} timed runs per batch size; batch {decoded[0]['batch']} first and last: "
-      f"last / first TPOT = {decoded[0]['drift']:.2f}")
+print("timed runs: " + ", ".join(f"batch {d['batch']} {d['n']}" for d in decoded) + f" (batch {decoded[0]['batch']} "
+      "first and last: "
+      f"last / first TPOT = {decoded[0]['drift']:.2f})")
 dec = res.frame("decode")
 plots.predicted_vs_measured([f"batch {b}" for b in dec.batch], list(dec.ceiling_tokens_per_s),
                             list(dec.measured_tokens_per_s), "Decode: roofline ceiling vs measured", "tokens/s").show()

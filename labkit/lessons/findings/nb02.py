@@ -84,8 +84,8 @@ def bandwidth_said(v: str, matmul_s: Mapping[str, Mapping[str, float]], gbs: Map
     said = (f" The decode-like matmul ran {speed:.2f}× fp32's speed reading {byte_x:.1f}× fewer bytes: {v}'s kernel "
             f"reached {gbs[v]:.1f} GB/s, fp32's {gbs['fp32']:.1f} GB/s")
     if speed > byte_x * (1 + verdict.SLACK):
-        return said + (f", so beyond the bytes, fp32's kernel used a smaller share of the bandwidth than {v}'s (or "
-                       f"{v}'s smaller matrix stayed in cache more).")
+        return said + (f", so beyond the bytes, fp32's kernel used a smaller share of the bandwidth than {v}'s in these "
+                       "repeats (notebook 01's layout probe times the fp32 kernel alone, with more repeats).")
     if speed * (1 + verdict.SLACK) < byte_x:
         return said + f", so {v}'s kernel used less of the bandwidth: the bytes saved did not all turn into speed."
     return said + ": the same share of the bandwidth, so the bytes alone set the ratio."

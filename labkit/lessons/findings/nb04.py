@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...core import verdict
 from ...core.timing import Measurement
 from ...engines.warmup import GROWTH_SOURCES, NOISE_SHARE, ColdStart, settle_point, window_spread
 from . import Findings
@@ -92,7 +93,14 @@ def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_ti
         says.append(f"labkit's warmup in the second process: {settle_words(rep.latencies_s, rep.until_spread, rep.window)}.")
     for r in compile_rows.to_dict("records"):
         be, per_call = r.get("break_even_calls"), r.get("tokens_per_call")
-        pay = ("never pays back (compiled calls were not faster)" if be is None or be != be else
+        timed = r.get("samples") if isinstance(r.get("samples"), dict) else None
+        steady = (verdict.compare(timed["compiled_s"], timed["eager_s"], higher_is_better=False)
+                  if timed and timed.get("compiled_s") and timed.get("eager_s") else None)
+        if steady is not None and steady.kind not in (verdict.BETTER, verdict.WORSE):
+            be = None  # a steady gain within noise pays back nothing this run can show
+        pay = (f"no measurable steady gain ({steady.kind}: {steady.reason}), so no pay-back can be read from this run"
+               if steady is not None and be is None and steady.kind not in (verdict.BETTER, verdict.WORSE) else
+               "never pays back (compiled calls were not faster)" if be is None or be != be else
                f"pays back after {be * per_call:,.0f} tokens" if per_call and per_call == per_call else
                f"pays back after {be:,.0f} calls")
         says.append(f"torch.compile, {r['target']} ({r['where']}): first call {r['compiled_first_s']:.2f} s vs "
