@@ -566,3 +566,16 @@ def test_nb09_half_precision_losing_at_batch_8_is_explained_by_the_cpus_flags():
                            after=ref.notes["after"], limits={ref.notes["before"]: 1, ref.notes["after"]: 8},
                            precision=_probe(18.0, 17.5), half_reason=avx2, native={"fp16": False, "bf16": False})
     assert any(s.startswith("At batch 8, bf16 decoded 0.24×") for s in found.sentences)
+
+
+def test_nb08_attributes_the_onnx_runtime_gain_step_by_step():
+    """The recorded run: 'basic' 1.62× 'disable_all' (shape bookkeeping dropped, nothing fused), 'all' 1.11× 'basic'."""
+    def row(level, tps):
+        return {"engine": f"ONNX Runtime, {level}", "decode_tokens_per_s": tps,
+                "samples": {"decode_tokens_per_s": _spread(tps)}}
+
+    rounds = [row("disable_all", 13.9), row("basic", 22.4), row("all", 24.9)]
+    said = nb08.steps_sentence(rounds, ["disable_all", "basic", "extended", "all"])
+    assert said.startswith("Step by step: 'basic' over 'disable_all' 1.61× (faster); 'all' over 'basic' 1.11× (faster)")
+    assert said.endswith("Most of the gain came from the step to 'basic'.")
+    assert nb08.steps_sentence(rounds[:1], ["disable_all"]) == ""

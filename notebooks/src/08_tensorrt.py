@@ -316,7 +316,8 @@ print(results.beside_reference(f"'{last}' ÷ '{first}' decode", ort_gain, result
                                ort_ref.get(f"ONNX Runtime, {last}", 0) / ort_ref.get(f"ONNX Runtime, {first}", 1)))
 print(f"{sum(ops[first].values())} operators at '{first}' → {sum(ops[last].values())} at '{last}'; "
       f"fused operators that appear: {onnx.fused_ops(ops[first], ops[last])}")
-print(nb08_findings.levels_sentence(ort_rows, last) or f"'{last}' decoded faster than every lower level here.")
+print(nb08_findings.levels_sentence(ort_rows, last) or f"'{last}' decoded faster than every lower level here.",
+      nb08_findings.steps_sentence(ort_rows, list(ORT_LEVELS)))
 
 # %% md slide
 # ## 5 · Precision calibration
@@ -426,7 +427,8 @@ found = nb08_findings.takeaways(fusion=big, fusion_rows=FUSION_ROWS, max_abs_dif
                                 levels=(first, last), ort=(ort_rows[0], ort_rows[-1]), layer=cal.layer,
                                 kl_by_method=summary.kl.to_dict(), percentile=PERCENTILE, clip=clip,
                                 rounds=[rows[0]] + ort_rows,  # timed in the same interleaved rounds
-                                sizes=fusion_table.to_dict("records"), cache=(cache_bytes, cache_source))
+                                sizes=fusion_table.to_dict("records"), cache=(cache_bytes, cache_source),
+                                all_levels=list(ORT_LEVELS))
 findings.record(res, found)
 res.save()
 findings.show(found)

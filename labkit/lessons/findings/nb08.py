@@ -20,7 +20,8 @@ def fusion_verdict(row: Mapping[str, Any]) -> verdict.Verdict:
 def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: float, compiled: Mapping[str, Any] | None,
               story: Any, levels: tuple[str, str], ort: tuple[Mapping[str, Any], Mapping[str, Any]], layer: str,
               kl_by_method: Mapping[str, float], percentile: float, clip: float, rounds: list[Mapping[str, Any]],
-              sizes: list[Mapping[str, Any]] | None = None, cache: tuple[int, str] | None = None) -> Findings:
+              sizes: list[Mapping[str, Any]] | None = None, cache: tuple[int, str] | None = None,
+              all_levels: list[str] | None = None) -> Findings:
     """``fusion``: the largest shape's fusion row (eager_ops, fused_kernels, speedup, eager_us/compiled_us/copy_us
     with samples); ``compiled``: the compiled decode row (where, build_s, gain, break_even tokens) or None, told
     through ``story`` where it is a reference; ``levels``/``ort``: ONNX Runtime's first and last graph level and their
@@ -28,7 +29,7 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
     ``clip``: the percentile scale's KL over absmax's; ``rounds``: the rows timed in one set of interleaved rounds,
     eager PyTorch first (engine, decode_tokens_per_s with samples, agreement, kl). The headline: the fastest of
     those rounds over eager. ``sizes``/``cache``: every fusion row and the last-level cache (bytes, source), for
-    ``cache_sentence``."""
+    ``cache_sentence``; ``all_levels``: every ONNX Runtime level timed, in order, for ``steps_sentence``."""
     v_big = fusion_verdict(fusion)
     first, last = levels
     ort_v = verdict.compare(verdict.samples(ort[1], "decode_tokens_per_s"), verdict.samples(ort[0], "decode_tokens_per_s"))
@@ -57,7 +58,7 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
                 "eager PyTorch itself (dynamic cache): no engine timed beside it beat it." if best is base else
                 f"{best['engine']}, {verdict.than(best_v)} eager ({best_v.ratio:.2f}×; {best_v.reason}), agreement "
                 f"{best['agreement']:.3f}, KL {best['kl']:.2g}.")]
-    said = levels_sentence(rounds, last)
+    said = " ".join(x for x in (levels_sentence(rounds, last), steps_sentence(rounds, all_levels or list(levels))) if x)
     if said:
         says.insert(3, said)
     said = cache_sentence(list(sizes or []), *cache) if cache else ""
@@ -94,6 +95,24 @@ def levels_sentence(rounds: list[Mapping[str, Any]], last: str) -> str:
         return said + ("its extra fusions bought no speed this run could see on this CPU and shape, and the gap "
                        "between the two levels is no larger than the spread of the rounds.")
     return said + "the machine moved between rounds, so no level's rewrites can be read from it."
+
+
+def steps_sentence(rounds: list[Mapping[str, Any]], levels: list[str]) -> str:
+    """Each ONNX Runtime level against the one below it, timed in the same rounds: which step the gain came from
+    ('basic' drops shape bookkeeping without fusing anything; the higher levels fuse). '' with fewer than two."""
+    ort = {r["engine"].split(", ", 1)[1]: r for r in rounds if str(r["engine"]).startswith("ONNX Runtime, ")}
+    ran = [lv for lv in levels if lv in ort]
+    if len(ran) < 2:
+        return ""
+    steps = []
+    for lo, hi in zip(ran, ran[1:]):
+        v = verdict.compare(verdict.samples(ort[hi], "decode_tokens_per_s"), verdict.samples(ort[lo], "decode_tokens_per_s"))
+        steps.append((hi, lo, v))
+    parts = [f"'{hi}' over '{lo}' " + verdict.phrase(v, "") for hi, lo, v in steps]
+    real = [s for s in steps if s[2].kind == verdict.BETTER]
+    most = max(real, key=lambda s: s[2].gain) if real else None
+    return ("Step by step: " + "; ".join(parts) + "." + (f" Most of the gain came from the step to '{most[0]}'."
+                                                        if most and len(steps) > 1 else ""))
 
 
 def cache_sentence(sizes: list[Mapping[str, Any]], cache_bytes: int, cache_source: str) -> str:
