@@ -121,7 +121,8 @@ def cache_sentence(sizes: list[Mapping[str, Any]], cache_bytes: int, cache_sourc
     fusion rows (input, working_set_bytes, fused_gbs); '' without them."""
     if not sizes:
         return ""
-    parts = [f"{r['input']} ({r['working_set_bytes'] / 2**20:.1f} MiB in and out, "
+    size = lambda b: f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.1f} KiB"  # noqa: E731
+    parts = [f"{r['input']} ({size(r['working_set_bytes'])} in and out, "
              f"{'inside' if r['working_set_bytes'] <= cache_bytes else 'above'} the cache) {r['fused_gbs']:.1f} GB/s"
              for r in sizes]
     inside = [r for r in sizes if r["working_set_bytes"] <= cache_bytes]
