@@ -399,7 +399,7 @@ def test_nb10_a_slower_prompt_lookup_says_why_from_its_numbers():
     why = nb10.lookup_why(chat, nb10.lookup_verdict(chat))
     assert why.startswith("On the chat task lookup was at 0.70× plain decoding's speed because the drafts rarely "
                           "matched (acceptance 4%, 1.05 tokens per pass, near 1)")
-    assert "each verification pass cost 1.50× a plain step (68 vs 46 ms" in why and "1.05 ÷ 1.50 = 0.70×" in why
+    assert "each verification pass cost 1.50× a plain step (69 vs 46 ms" in why and "1.05 ÷ 1.50 = 0.70×" in why
     assert nb10.lookup_why(copy) == ""
     text = _text(nb10.takeaways(**kw))
     assert why in text
@@ -533,8 +533,14 @@ def test_nb10_checks_the_same_ort_file_against_notebook_03():
     drift = nb10.same_file_elsewhere(row(62.4), row(24.0), row(29.2), row(11.2), **how)  # both 2.6× their fp32
     assert "62.4 tokens/s here" in drift and "29.2 in notebook 03" in drift and "(faster)" in drift
     assert "2.60× here, 2.61× there" in drift and "the machine ran at another speed" in drift
+    # the recorded quick run: 43.6 tokens/s here over fp32 14.55 (3.00×), 29.3 in 03 over 14.6 (2.01×): the machine
+    # did not move (fp32 the same), the engine's two measurements differ
+    same_machine = nb10.same_file_elsewhere(row(43.6), row(14.55), row(29.3), row(14.6), **how)
+    assert "3.00× here, 2.01× there" in same_machine and "the machine ran at the same speed" in same_machine
+    assert "ran at another speed" not in same_machine
     differ = nb10.same_file_elsewhere(row(62.4), row(24.0), row(29.2), row(18.0), **how)  # 2.60× against 1.62×
-    assert "the gains differ too" in differ and "the machine ran at another speed" not in differ
+    assert "the gains differ, so the two measurements of the engine differ" in differ
+    assert "the machine ran at another speed" not in differ
     same = nb10.same_file_elsewhere(row(30.0), row(12.0), row(29.5), row(11.8), **how)
     assert "within noise" in same and "the gains differ" not in same
     assert "nothing to check against" in nb10.same_file_elsewhere(row(30.0), row(12.0), None, None, **how)
@@ -579,3 +585,33 @@ def test_nb08_attributes_the_onnx_runtime_gain_step_by_step():
     assert said.startswith("Step by step: 'basic' over 'disable_all' 1.61× (faster); 'all' over 'basic' 1.11× (faster)")
     assert said.endswith("Most of the gain came from the step to 'basic'.")
     assert nb08.steps_sentence(rounds[:1], ["disable_all"]) == ""
+
+
+def test_nb11_prices_a_sweep_without_a_knee_as_missing_the_slo():
+    """The recorded quick run: no rate met the SLO; the cost line said "one replica at the knee" anyway."""
+    head = {k: v for k, v in results.load(ROOT / "data" / "reference" / "11_scale_out.json").section("summary")[0].items()
+            if k not in ("section", "finding", "value")}
+    head["ttft_p50_ratio_ca_over_rr"] = 0.36
+    where = "at 5.83 req/s, the sweep's best throughput, which missed the SLO (no knee)"
+    text = _text(nb11.takeaways(head=head, capacity_reason="no knee", arithmetic=None,
+                                chosen={"name": "AWS m7g.large", "usd_per_million_tokens": 1.03, "tokens_per_s": 44.0},
+                                tokens_per_s=22.0, answered=8, requests=16, priced_at=where))
+    assert f"from this run's 22.0 (one replica {where}" in text and "at the knee" not in text
+    from labkit.lessons import cost
+
+    _, said = cost.cpu_as_if(22.0, 2, where=where)
+    assert f"one single-thread replica {where}" in said
+
+
+def test_nb09_reveal_names_no_server_the_takeaway_calls_noise():
+    """The recorded quick run: continuous 0.85× dynamic's requests/s, per-request latencies within noise."""
+    def cfg(name, e2e):
+        return {"config": f"{name} batching 8, fp32", "request_throughput": 3.0, "e2e_mean_s": e2e[1],
+                "samples": {"e2e_s": e2e}}
+
+    noisy = [cfg("dynamic", [1.0, 1.5, 2.0]), cfg("continuous", [1.1, 1.6, 2.1])]
+    won, why = nb09.lab_winner(noisy, "dynamic")
+    assert won is None and why.startswith("dynamic and continuous batching within noise per request")
+    apart = [cfg("dynamic", [2.0, 2.05, 2.1]), cfg("continuous", [1.0, 1.02, 1.04])]
+    assert nb09.lab_winner(apart, "continuous") == ("continuous", "")
+    assert nb09.lab_winner(noisy, "one at a time") == ("one at a time", "")

@@ -127,12 +127,12 @@ def cost_table(tokens_per_s: float | Mapping[str, float], prices: Sequence[dict[
 
 
 def cpu_as_if(per_core_tokens_per_s: float, cores: int, prices: Sequence[dict[str, Any]] | None = None,
-              ) -> tuple[dict[str, float], str]:
+              where: str = "at the knee") -> tuple[dict[str, float], str]:
     """Throughputs to price CPU rows with, from one single-thread replica's ``per_core_tokens_per_s`` measured here:
     this machine runs ``cores`` such replicas (one per core), and each CPU row's instance is priced as if each of its
     vCPUs did what one core here did. Returns ({row name → tokens/s, "your price" → this machine's}, the sentence
     that says so, to print beside the table). An assumption, stated as one: an instance's CPU is not this one, and
-    a vCPU is often half a core (SMT)."""
+    a vCPU is often half a core (SMT). ``where``: the sweep point the throughput was read at, in words."""
     if not per_core_tokens_per_s or per_core_tokens_per_s <= 0:
         raise ValueError(f"per_core_tokens_per_s={per_core_tokens_per_s!r}: one replica's measured tokens/s, positive")
     if isinstance(cores, bool) or not isinstance(cores, int) or cores <= 0:
@@ -142,7 +142,7 @@ def cpu_as_if(per_core_tokens_per_s: float, cores: int, prices: Sequence[dict[st
     tps = {r["name"]: per_core_tokens_per_s * r["vcpus"] for r in rows if r["kind"] == "cpu" and r.get("vcpus")}
     tps["your price"] = machine
     said = (f"Priced as if each vCPU of an instance decoded {per_core_tokens_per_s:.1f} tokens/s, as one core here "
-            f"did (one single-thread replica at the knee), and as if this machine ran {cores} such replicas "
+            f"did (one single-thread replica {where}), and as if this machine ran {cores} such replicas "
             f"({machine:.1f} tokens/s); the instances' CPUs are not this one (see each row's arch), and a cloud vCPU "
             "is often half a core.")
     return tps, said

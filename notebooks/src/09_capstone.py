@@ -199,9 +199,9 @@ before_name = next(iter(configs))
 print(f"best here: {best_name}; {int((cfg_df.failed > 0).sum())} configuration(s) lost requests")
 lab = done[~done.config.str.startswith("vllm")]  # the servers you predicted among
 lab_best = lab.loc[lab.request_throughput.idxmax(), "config"]
-exercises.reveal_choice("highest requests/s", PREDICT_BEST_SERVER,
-                        "one at a time" if "one at a time" in lab_best else lab_best.split(" batching")[0],
-                        ["one at a time", "dynamic", "continuous"])
+won, why = nb09_findings.lab_winner(rows, "one at a time" if "one at a time" in lab_best else lab_best.split(" batching")[0])
+exercises.reveal_choice("highest requests/s", PREDICT_BEST_SERVER, won, ["one at a time", "dynamic", "continuous"],
+                        undecided=why)  # the verdict the takeaways use
 _ = exercises.reveal("best ÷ one at a time, requests/s", PREDICT_BEST_GAIN,
                      lab.request_throughput.max() / cfg_df.set_index("config").request_throughput[next(iter(configs))], "×")
 
@@ -214,6 +214,7 @@ _ = exercises.reveal("best ÷ one at a time, requests/s", PREDICT_BEST_GAIN,
 
 # %% fragment
 sweep_rows = [{"config": vllm_name, **row} for row in served.get("sweep", [])]  # swept while it was up
+machine.check("SLO sweep")  # a server still winding down would slow every level below
 for name in (before_name, best_name):
     if name == vllm_name:
         continue

@@ -42,7 +42,7 @@ import pandas as pd
 from IPython.display import display
 
 import labkit
-from labkit.core import config, energy, env, machine, results
+from labkit.core import config, cpu, energy, env, machine, results
 from labkit.model import models, parallel, prompts
 from labkit.serve import loadgen
 from labkit.serve.fleet import capacity
@@ -334,30 +334,40 @@ _ = results.show_gpu_references("11_scale_out", ["tp_run"])  # a GPU reference o
 # ## 5 · What a token costs: dollars and joules
 #
 # An instance that produces `T` tokens per second for an hour at `P` dollars costs `P / (T × 3600) × 10⁶`
-# dollars per million tokens. `T` is this run's: one replica at the knee. Prices are public list prices
+# dollars per million tokens. `T` is this run's: one replica at the knee (or, where the sweep found none, its
+# best throughput, labelled as missing the SLO). Prices are public list prices
 # in `data/prices.json`, each with its page and date. Energy comes from a counter where one can be read
 # ([RAPL](../docs/glossary.md#rapl), the CPU's energy counters, on a CPU; NVML on a GPU); elsewhere from the wattage you set, labelled an estimate.
 
 # %% fragment
-at_knee = cap_df[cap_df.offered_rps <= (knee_rps or cap_df.offered_rps.min())].iloc[-1]
+if knee_rps is not None:
+    at_knee = cap_df[cap_df.offered_rps <= knee_rps].iloc[-1]
+    priced_at = f"at the knee, {at_knee.offered_rps:.2f} req/s"
+else:  # no rate met the SLO: price the sweep's best throughput, and say it missed the SLO
+    at_knee = cap_df.loc[cap_df.output_tokens_per_s.idxmax()]
+    priced_at = f"at {at_knee.offered_rps:.2f} req/s, the sweep's best throughput, which missed the SLO (no knee)"
 tps = at_knee.output_tokens_per_s
 prices = cost.load_prices()
 if PRICE_NAME not in {p["name"] for p in prices}:
     raise ValueError(f"PRICE_NAME={PRICE_NAME!r}: choose one of {[p['name'] for p in prices]}")
 kind = "gpu" if env.device().startswith("cuda") else "cpu"
 if kind == "cpu":  # the whole machine: one single-thread replica per core, as section 2 runs them
-    priced, as_if = cost.cpu_as_if(tps, machine.cores())
+    priced, as_if = cost.cpu_as_if(tps, machine.cores(), where=priced_at)
 else:
     priced, as_if = {kind: tps}, "Priced as one replica per GPU of each instance, each as fast as this run's."
 costs = cost.cost_table(priced, prices, hourly_usd=HOURLY_USD, label="your price")
 res.replace("cost", costs.to_dict("records"))
 print(as_if)
-costs[costs.kind == kind][["name", "hourly_usd", "tokens_per_s", "usd_per_million_tokens", "date", "source"]].round(4)
+rows_by_name = {p["name"]: p for p in prices}  # each instance's architecture and vCPUs beside its price
+costs["arch"] = costs.name.map(lambda n: rows_by_name.get(n, {}).get("arch", "this machine" if n == "your price" else ""))
+costs["vcpus"] = costs.name.map(lambda n: rows_by_name.get(n, {}).get("vcpus"))
+costs[costs.kind == kind][["name", "arch", "vcpus", "hourly_usd", "tokens_per_s", "usd_per_million_tokens", "date",
+                           "source"]].round(4)
 
 # %% fragment
 chosen = costs.set_index("name").loc["your price" if HOURLY_USD else PRICE_NAME]
-print(f"{at_knee.output_tokens_per_s:.1f} output tokens/s from one replica at {at_knee.offered_rps:.2f} req/s (measured "
-      f"here); {chosen.tokens_per_s:.1f} tokens/s priced at ${chosen.hourly_usd:g}/h ({'your price' if HOURLY_USD else PRICE_NAME}, "
+print(f"{at_knee.output_tokens_per_s:.1f} output tokens/s from one replica {priced_at} (measured "
+      f"here; this machine is {cpu.machine_line(env.hardware())}); {chosen.tokens_per_s:.1f} tokens/s priced at ${chosen.hourly_usd:g}/h ({'your price' if HOURLY_USD else PRICE_NAME}, "
       f"{chosen.date}): ${chosen.usd_per_million_tokens:.2f} per million output tokens. The "
       f"{'CPU' if kind == 'gpu' else 'GPU'} rows of data/prices.json get no figure: this run measured no throughput there.")
 reading = meter.reading
@@ -419,7 +429,7 @@ head = scale_out.headline(res.section("policies"), cmp["runs"], found, chosen.to
 found_11 = nb11_findings.takeaways(head=head, capacity_reason=found["reason"],
                                    arithmetic=need["arithmetic"] if knee_rps is not None else None,
                                    chosen=chosen.to_dict() | {"name": chosen.name}, tokens_per_s=at_knee.output_tokens_per_s,
-                                   answered=answered, requests=len(fault), rates=rates)
+                                   answered=answered, requests=len(fault), rates=rates, priced_at=priced_at)
 findings.record(res, found_11)
 res.notes["versions"] = env.versions(("smg",))
 res.save()

@@ -27,16 +27,18 @@ def lookup_why(row: Mapping[str, Any], v: verdict.Verdict | None = None) -> str:
     accepted. Empty when lookup was at least as fast; ``v`` (``lookup_verdict``) says whether "slower" is real."""
     if row["decode_speedup"] >= 1:
         return ""
-    step_s = row["plain_decode_s"] / row["plain_forward_passes"]
-    pass_s = row["lookup_decode_s"] / row["lookup_forward_passes"]
+    # the decode time spans the passes after the prefill's: one fewer than the forward passes counted
+    step_s = row["plain_decode_s"] / max(1, row["plain_forward_passes"] - 1)
+    pass_s = row["lookup_decode_s"] / max(1, row["lookup_forward_passes"] - 1)
     cost, tpf = pass_s / step_s, row["tokens_per_forward"]
-    rare = (f"the drafts rarely matched (acceptance {row['acceptance_rate']:.0%}, {tpf:.2f} tokens per pass, near 1)"
+    matched = "never matched" if row["acceptance_rate"] == 0 else "rarely matched"
+    rare = (f"the drafts {matched} (acceptance {row['acceptance_rate']:.0%}, {tpf:.2f} tokens per pass, near 1)"
             if tpf < 1.5 else f"{tpf:.2f} tokens per pass (acceptance {row['acceptance_rate']:.0%})")
     word = ("slower" if v is not None and v.kind == verdict.WORSE else
             f"at {row['decode_speedup']:.2f}× plain decoding's speed")
     task = row.get("task") or getattr(row, "name", None)  # a frame's row keeps the task as its name
     return (f"On {f'the {task} task' if task else 'this task'} lookup was {word} because {rare}, while each verification pass cost "
-            f"{cost:.2f}× a plain step ({pass_s * 1e3:.0f} vs {step_s * 1e3:.0f} ms: it runs the drafted tokens too): "
+            f"{cost:.2f}× a plain step ({pass_s * 1e3:.0f} vs {step_s * 1e3:.0f} ms: a pass that carries drafts runs them too): "
             f"{tpf:.2f} ÷ {cost:.2f} = {tpf / cost:.2f}×.")
 
 
@@ -166,14 +168,18 @@ def same_file_elsewhere(here: Mapping[str, Any], here_base: Mapping[str, Any], t
     tps = verdict.compare(verdict.samples(here, "decode_tokens_per_s"), verdict.samples(there, "decode_tokens_per_s"))
     rel_here = here["decode_tokens_per_s"] / here_base["decode_tokens_per_s"]
     rel_there = there["decode_tokens_per_s"] / there_base["decode_tokens_per_s"]
-    same_rel = max(rel_here, rel_there) / min(rel_here, rel_there) < 1 + verdict.SLACK * 5
+    base_x = here_base["decode_tokens_per_s"] / there_base["decode_tokens_per_s"]  # did the machine itself move?
+    same_base = abs(base_x - 1) <= verdict.SLACK
+    same_rel = max(rel_here, rel_there) / min(rel_here, rel_there) <= 1 + verdict.SLACK
     head = (f"The same file: {here['decode_tokens_per_s']:.1f} tokens/s here ({here_how}), "
             f"{there['decode_tokens_per_s']:.1f} in {there_name} ({there_how}): here "
             + verdict.phrase(tps, f"{there_name}'s speed") + ". ")
-    rel = f"Over each notebook's own PyTorch fp32: {rel_here:.2f}× here, {rel_there:.2f}× there"
+    rel = (f"Over each notebook's own PyTorch fp32: {rel_here:.2f}× here, {rel_there:.2f}× there; PyTorch fp32 itself "
+           f"ran {base_x:.2f}× as fast here")
     if tps.kind == verdict.NOISE:
         return head + rel + "."
-    if same_rel:
+    if same_rel and not same_base:
         return head + rel + ": the same gain, so the machine ran at another speed between the two notebooks, not the engine."
-    return (head + rel + ": the gains differ too, so the two measurements differ (prompt, token count, what else "
-            "was loaded), not only the machine: compare like with like before quoting either.")
+    return (head + rel + ": " + ("the machine ran at the same speed, so " if same_base else "the gains differ, so ")
+            + "the two measurements of the engine differ (prompt, token count, alone or beside other sessions, their "
+            "spread), not only the machine: compare like with like before quoting either.")

@@ -47,10 +47,11 @@ def capacity_words(capacity_reason: str, arithmetic: str | None, knee_rps: float
 
 
 def takeaways(*, head: Mapping[str, Any], capacity_reason: str, arithmetic: str | None, chosen: Mapping[str, Any],
-              tokens_per_s: float, answered: int, requests: int, rates: Sequence[float] = ()) -> Findings:
+              tokens_per_s: float, answered: int, requests: int, rates: Sequence[float] = (),
+              priced_at: str = "at the knee") -> Findings:
     """``head``: ``scale_out.headline``'s figures (its ``ttft_verdict`` from ``core.verdict``); ``capacity_reason``:
     the knee finder's reason; ``arithmetic``: the replicas-needed sum, or None where no knee was found; ``chosen``:
-    the price row (name, usd_per_million_tokens, tokens_per_s: what it was priced at); ``tokens_per_s``: one replica's output at the knee;
+    the price row (name, usd_per_million_tokens, tokens_per_s: what it was priced at); ``tokens_per_s``: one replica's output at the priced point (``priced_at``, in words: the knee, or the sweep's best where none was found);
     ``answered``/``requests``: the fault run; ``rates``: the capacity sweep's offered rates (req/s), so a knee at its
     ends is said to be a bound (``capacity_words``). The headline: TTFT p50, cache-aware over round-robin."""
     word = {"better": "lower", "worse": "higher"}.get(head["ttft_verdict"], head["ttft_verdict"])
@@ -64,8 +65,9 @@ def takeaways(*, head: Mapping[str, Any], capacity_reason: str, arithmetic: str 
         capacity_words(capacity_reason, arithmetic, head.get("knee_rps"), head.get("knee_reached"), rates),
         f"Cost: ${chosen['usd_per_million_tokens']:.2f} per million output tokens at {chosen['name']}'s price, priced "
         + (f"as if the instance made {chosen['tokens_per_s']:.1f} tokens/s from this run's {tokens_per_s:.1f} (one replica "
-           "at the knee; the line above the cost table says how)." if chosen.get("tokens_per_s")
-           and abs(chosen["tokens_per_s"] - tokens_per_s) > 1e-9 else f"from this run's {tokens_per_s:.1f} tokens/s."),
+           f"{priced_at}; the line above the cost table says how)." if chosen.get("tokens_per_s")
+           and abs(chosen["tokens_per_s"] - tokens_per_s) > 1e-9 else
+           f"from this run's {tokens_per_s:.1f} tokens/s (one replica {priced_at})."),
         f"Faults: a replica killed mid-run left {answered} of {requests} requests answered and the rest counted; the "
         "router refused a bad configuration and both ports in use, each in one line.",
     ]
