@@ -556,9 +556,9 @@ def test_nb09_half_precision_losing_at_batch_8_is_explained_by_the_cpus_flags():
     on hardware that computes a format natively, the same numbers ask for a rerun instead."""
     avx2 = "this CPU has no avx512_bf16, avx512_fp16 or AMX instructions"
     text = nb09.precision_sentence(_probe(18.0, 17.5), avx2, {"fp16": False, "bf16": False})
-    assert text.startswith("At batch 8, bf16 decoded 0.24× fp32's tokens/s, fp16 decoded 0.25× fp32's tokens/s")
+    assert text.startswith("At batch 8, bf16 made 0.24× fp32's tokens/s, fp16 made 0.25× fp32's tokens/s (prefill included")
     assert f"bf16 and fp16 lost to fp32 although they read half the bytes: {avx2}." in text
-    assert "with 8 rows each weight is converted and multiplied 8 times a step" in text and "rerun" not in text
+    assert "with 8 rows PyTorch takes its matrix-matrix path" in text and "rerun" not in text
     # the recorded reference machine: native bf16 (1.58×), fp16 emulated (0.51×)
     mixed = nb09.precision_sentence(_probe(36.5, 113.5), "", {"fp16": False, "bf16": True})
     assert "fp16 lost to fp32 although it reads half the bytes: this device has no native fp16 arithmetic" in mixed

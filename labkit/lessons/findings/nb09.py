@@ -59,8 +59,9 @@ def precision_sentence(probe: Sequence[Mapping[str, Any]], half_reason: str | No
     ``hardware.fast_half_matmul_reason()`` ('' where the device has native fp16/bf16 arithmetic); ``native``:
     ``hardware.native_half()``, per format (None: every format follows ``half_reason``). Without native arithmetic
     each half-precision matmul converts to fp32 as it goes: at batch 1 (notebook 02) a decode step is memory-bound
-    and half the bytes can win; with a batch of rows the conversion's arithmetic grows with the rows while the bytes
-    do not. '' when fp32 or every half precision is missing."""
+    and half the bytes can win; with a batch of rows PyTorch's matrix-matrix path runs, which notebook 02's
+    prefill-like matmul shows several times slower in half precision there. '' when fp32 or every half precision
+    is missing."""
     by = {r["precision"]: r for r in probe}
     if "fp32" not in by or not by["fp32"].get("tokens_per_s"):
         return ""
@@ -68,8 +69,8 @@ def precision_sentence(probe: Sequence[Mapping[str, Any]], half_reason: str | No
     x = {p: r["tokens_per_s"] / base for p, r in by.items() if p != "fp32" and r.get("tokens_per_s")}
     if not x:
         return ""
-    said = (f"At batch {batch}, " + ", ".join(f"{p} decoded {v:.2f}× fp32's tokens/s" for p, v in x.items())
-            + " (one run each).")
+    said = (f"At batch {batch}, " + ", ".join(f"{p} made {v:.2f}× fp32's tokens/s" for p, v in x.items())
+            + " (prefill included, one run each).")
     slow = [p for p, v in x.items() if v < 1 / (1 + verdict.SLACK)]  # beyond the slack any model of one run allows
     if not slow:
         return said + " Half precision did not cost this batch its speed here."
@@ -77,9 +78,10 @@ def precision_sentence(probe: Sequence[Mapping[str, Any]], half_reason: str | No
     if emulated:
         why = half_reason or f"this device has no native {' or '.join(emulated)} arithmetic"
         said += (f" {' and '.join(emulated)} lost to fp32 although {'they read' if len(emulated) > 1 else 'it reads'} "
-                 f"half the bytes: {why}. At batch 1 (notebook 02) a decode step waits on memory, so half the bytes "
-                 f"can win; with {batch} rows each weight is converted and multiplied {batch} times a step, and that "
-                 "arithmetic, not the bytes, sets the speed.")
+                 f"half the bytes: {why}. At batch 1 (notebook 02) a decode step is a matrix-vector product that "
+                 f"waits on memory, so half the bytes can win; with {batch} rows PyTorch takes its matrix-matrix path, "
+                 "where without native half arithmetic fp16/bf16 run several times fp32's time (notebook 02's "
+                 "prefill-like matmul): that kernel, not the bytes, sets the speed.")
     rest = [p for p in slow if p not in emulated]
     if rest:
         said += (f" {' and '.join(rest)} lost to fp32 on hardware that computes {'them' if len(rest) > 1 else 'it'} "
