@@ -571,7 +571,7 @@ def test_nb09_half_precision_losing_at_batch_8_is_explained_by_the_cpus_flags():
     found = nb09.takeaways(table=pd.DataFrame(ref.section("before_after")), before=ref.notes["before"],
                            after=ref.notes["after"], limits={ref.notes["before"]: 1, ref.notes["after"]: 8},
                            precision=_probe(18.0, 17.5), half_reason=avx2, native={"fp16": False, "bf16": False})
-    assert any(s.startswith("At batch 8, bf16 decoded 0.24×") for s in found.sentences)
+    assert any(s.startswith("At batch 8, bf16 made 0.24×") for s in found.sentences)
 
 
 def test_nb08_attributes_the_onnx_runtime_gain_step_by_step():
