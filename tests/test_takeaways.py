@@ -615,3 +615,18 @@ def test_nb09_reveal_names_no_server_the_takeaway_calls_noise():
     apart = [cfg("dynamic", [2.0, 2.05, 2.1]), cfg("continuous", [1.0, 1.02, 1.04])]
     assert nb09.lab_winner(apart, "continuous") == ("continuous", "")
     assert nb09.lab_winner(noisy, "one at a time") == ("one at a time", "")
+
+
+def test_nb09_says_when_the_sweep_and_the_same_load_run_disagree():
+    """The recorded quick run: dynamic batching 8 at 8 clients had 12 of 12 good in the same-load run (TPOT 0.143 s)
+    and 0 of 16 in the sweep (TPOT 0.365 s): the sweep's SLO limit said 4 clients."""
+    same = [{"config": "dynamic batching 8, fp32", "concurrency": 8, "completed": 12, "good_requests": 12,
+             "tpot_p50_s": 0.143}]
+    sweep = [{"config": "dynamic batching 8, fp32", "concurrency": 8, "completed": 16, "good_requests": 0,
+              "tpot_p50_s": 0.365}, {"config": "dynamic batching 8, fp32", "concurrency": 4, "completed": 16,
+                                     "good_requests": 16, "tpot_p50_s": 0.1}]
+    said = nb09.sweep_disagrees(same, sweep)
+    assert len(said) == 1 and "12 of 12 requests met the SLO in the same-load run, 0 of 16 in the sweep" in said[0]
+    assert "TPOT p50 0.14 vs 0.36 s" in said[0] and "rerun before reading its SLO limit" in said[0]
+    assert nb09.sweep_disagrees(same, [{**sweep[0], "good_requests": 14}]) == []
+    assert nb09.sweep_disagrees(same, sweep[1:]) == []

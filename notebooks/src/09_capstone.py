@@ -251,7 +251,7 @@ table
 # %% fragment
 found = nb09_findings.takeaways(table=table, before=before_name, after=best_name, limits=limits,
                                 configs=rows, quick=config.quick(), max_tokens=MAX_TOKENS, levels=SWEEP,
-                                precision=probe, half_reason=half_reason, native=native)
+                                precision=probe, half_reason=half_reason, native=native, sweep=sweep_rows)
 findings.record(res, found)
 findings.show(found)
 

@@ -13,12 +13,14 @@ from . import Findings, beyond_sweep, sweep_end
 def takeaways(*, table: Any, before: str, after: str, limits: Mapping[str, int | None],
               configs: Sequence[Mapping[str, Any]] = (), quick: bool = False, max_tokens: int | None = None,
               levels: Sequence[int] = (), precision: Sequence[Mapping[str, Any]] = (),
-              half_reason: str | None = None, native: Mapping[str, bool] | None = None) -> Findings:
+              half_reason: str | None = None, native: Mapping[str, bool] | None = None,
+              sweep: Sequence[Mapping[str, Any]] = ()) -> Findings:
     """``table``: ``report.before_after`` (one row per figure: key, before, after, 'after / before'); ``limits``:
     configuration → the highest client count meeting the SLO; ``configs``: the same-load rows (config,
     request_throughput, ``samples`` of per-request e2e_s); ``quick``/``max_tokens``: the run's mode and answer
     limit; ``levels``: the sweep's concurrency levels (``SWEEP``), so a capacity at its ends is said to be a bound;
-    ``precision``/``half_reason``/``native``: see ``precision_sentence``.
+    ``precision``/``half_reason``/``native``: see ``precision_sentence``; ``sweep``: the SLO sweep's rows, checked
+    against the same-load rows by ``sweep_disagrees``.
     The headline: requests/s after over before (one load run each: a ratio to read beside the SLO)."""
     by = table.set_index("key")
     tp, lat = by.loc["request_throughput"], by.loc["e2e_mean_s"]
@@ -27,6 +29,7 @@ def takeaways(*, table: Any, before: str, after: str, limits: Mapping[str, int |
              for n in (after, before)}
     says = [f"{after}: {tp['after / before']:.1f}× the requests/s of the baseline, mean latency {lat['before']:.1f} s → "
             f"{lat['after']:.1f} s, SLO met up to {shown[after]} clients (baseline: {shown[before]})."]
+    says += sweep_disagrees(configs, sweep)
     for end in dict.fromkeys(e for e in ends.values() if e):  # once per kind of end, naming who hit it
         who = " and ".join(n for n in (after, before) if ends[n] == end)
         says.append(f"For {who}, {beyond_sweep(end, levels, 'clients', 'SWEEP')}.")
@@ -106,3 +109,22 @@ def lab_winner(configs: Sequence[Mapping[str, Any]], best: str) -> tuple[str | N
         if v.kind not in (verdict.BETTER, verdict.WORSE):
             return None, f"dynamic and continuous batching {v.kind} per request ({v.reason}; one run each)"
     return best, ""
+
+
+def sweep_disagrees(configs: Sequence[Mapping[str, Any]], sweep: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Where the same server at the same client count met the SLO for a different share of its requests in the
+    same-load run than in the SLO sweep (half the requests or more apart): the machine's speed moved between the two,
+    so the SLO limit read from the sweep is this run's, not the server's. One sentence per such server."""
+    out = []
+    for c in configs:
+        s = next((r for r in sweep if r.get("config") == c.get("config") and r.get("concurrency") == c.get("concurrency")),
+                 None)
+        if not s or not c.get("completed") or not s.get("completed"):
+            continue
+        a, b = c["good_requests"] / c["completed"], s["good_requests"] / s["completed"]
+        if abs(a - b) >= 0.5:
+            out.append(f"{c['config']} at {c['concurrency']} clients: {c['good_requests']} of {c['completed']} requests met "
+                       f"the SLO in the same-load run, {s['good_requests']} of {s['completed']} in the sweep (TPOT p50 "
+                       f"{c['tpot_p50_s']:.2f} vs {s['tpot_p50_s']:.2f} s). The same server at the same load: the "
+                       "machine's speed moved between the two, so rerun before reading its SLO limit.")
+    return out
