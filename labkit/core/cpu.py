@@ -50,14 +50,17 @@ def apple_flags(system: str | None = None, machine: str | None = None, sysctl: A
     return found | ({"fphp"} if "asimdhp" in found else set())
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (x86 'flags', Arm 'Features'); on macOS, Apple silicon's
+    features from sysctl under their Linux names. Empty where neither says anything."""
+    line = cpuinfo("flags", "Features")
+    return set(line.split()) if line is not None else apple_flags()
+
+
 def cpu_isa(flags: str | None = None) -> list[str]:
-    """The instruction sets of ``ISA_FLAGS`` this CPU has: from ``flags``, else /proc/cpuinfo's flags (x86) or
-    Features (Arm), else (macOS on Apple silicon) sysctl's; [] where none is readable."""
-    if flags is None:
-        line = cpuinfo("flags", "Features")
-        have = set(line.split()) if line is not None else apple_flags()
-    else:
-        have = set(flags.split())
+    """The instruction sets of ``ISA_FLAGS`` this CPU has: from ``flags``, else ``cpu_flags()``; [] where none is
+    readable."""
+    have = cpu_flags() if flags is None else set(flags.split())
     return [f for f in ISA_FLAGS if f in have]
 
 

@@ -28,17 +28,23 @@ def vllm_env_version(python: str | None = None) -> str | None:
     return _version_at(str(python or vllm_python()))
 
 
-@lru_cache(maxsize=4)
-def _version_at(python: str) -> str | None:
-    """``vllm_env_version`` for one python path: asked once per process."""
+def _run_there(python: str | Path, code: str, timeout_s: float) -> subprocess.CompletedProcess | None:
+    """``code`` run by vLLM's python (vLLM is never imported here); None where that python is absent, fails to
+    start or times out."""
     py = Path(python)
     if not py.exists():
         return None
     try:
-        out = subprocess.run([str(py), "-c", _VLLM_VERSION], capture_output=True, text=True, timeout=60)
+        return subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None
+
+
+@lru_cache(maxsize=4)
+def _version_at(python: str) -> str | None:
+    """``vllm_env_version`` for one python path: asked once per process."""
+    out = _run_there(python, _VLLM_VERSION, 60)
+    return (out.stdout.strip() or None) if out is not None else None
 
 
 def status(python: str | None = None) -> tuple[str | None, str]:
@@ -72,12 +78,7 @@ _QUANTIZATION = ("from vllm.model_executor.layers.quantization import QUANTIZATI
 def quantization_methods(python: str | None = None, timeout_s: float = 180) -> list[str] | None:
     """The ``--quantization`` methods the installed vLLM accepts, read in its own environment (vLLM is imported
     there, not here); None where that environment is absent or the read fails."""
-    py = Path(python or vllm_python())
-    if not py.exists():
+    out = _run_there(python or vllm_python(), _QUANTIZATION, timeout_s)
+    if out is None or out.returncode != 0:
         return None
-    try:
-        out = subprocess.run([str(py), "-c", _QUANTIZATION], capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    methods = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    return methods if out.returncode == 0 and methods else None
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] or None

@@ -197,10 +197,8 @@ def cpu_arch(machine: str | None = None) -> str:
 
 
 def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (x86 'flags', Arm 'Features'); on macOS, Apple silicon's
-    features from sysctl under their Linux names. Empty where neither says anything."""
-    line = cpu.cpuinfo("flags", "Features")
-    return set(line.split()) if line is not None else cpu.apple_flags()
+    """The CPU's feature flags (``core.cpu.cpu_flags``: /proc/cpuinfo, or sysctl on Apple silicon)."""
+    return cpu.cpu_flags()
 
 
 def cpu_features() -> dict[str, bool]:
