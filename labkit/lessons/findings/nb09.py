@@ -38,7 +38,7 @@ def takeaways(*, table: Any, before: str, after: str, limits: Mapping[str, int |
              **({"bound": ends[after]} if ends[after] else {})},
             {"finding": f"highest concurrency meeting the SLO, {before}", "value": limits[before],
              **({"bound": ends[before]} if ends[before] else {})}]
-    kind = {c["config"].split(" batching")[0]: c for c in configs if " batching" in c["config"]}
+    kind = _by_kind(configs)
     if {"dynamic", "continuous"} <= set(kind):
         dyn, con = kind["dynamic"], kind["continuous"]
         v = continuous_vs_dynamic(dyn, con)
@@ -103,7 +103,7 @@ def lab_winner(configs: Sequence[Mapping[str, Any]], best: str) -> tuple[str | N
     """The reveal's answer to "which lab server served the most requests/s": ``best`` ('one at a time', 'dynamic'
     or 'continuous'), unless it is one of dynamic and continuous and the takeaway's verdict between them is not real:
     then (None, why), so the reveal crowns no one the takeaway calls noise."""
-    kind = {c["config"].split(" batching")[0]: c for c in configs if " batching" in c["config"]}
+    kind = _by_kind(configs)
     if best in ("dynamic", "continuous") and {"dynamic", "continuous"} <= set(kind):
         v = continuous_vs_dynamic(kind["dynamic"], kind["continuous"])
         if v.kind not in (verdict.BETTER, verdict.WORSE):
@@ -128,3 +128,8 @@ def sweep_disagrees(configs: Sequence[Mapping[str, Any]], sweep: Sequence[Mappin
                        f"{c['tpot_p50_s']:.2f} vs {s['tpot_p50_s']:.2f} s). The same server at the same load: the "
                        "machine's speed moved between the two, so rerun before reading its SLO limit.")
     return out
+
+
+def _by_kind(configs: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The same-load rows of the batching servers by kind: 'dynamic batching 8, fp32' → 'dynamic'."""
+    return {c["config"].split(" batching")[0]: c for c in configs if " batching" in c["config"]}

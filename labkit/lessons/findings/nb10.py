@@ -160,9 +160,9 @@ def same_file_elsewhere(here: Mapping[str, Any], here_base: Mapping[str, Any], t
                         there_base: Mapping[str, Any] | None, *, here_how: str, there_how: str,
                         there_name: str = "notebook 03") -> str:
     """The same engine and file timed by another notebook of the run (``there``; ``there_base`` its PyTorch fp32
-    row): do the two figures agree? Each side is also divided by its own notebook's fp32, which cancels the
-    machine's drift between the two notebooks, so a disagreement in tokens/s that the ratios do not share is the
-    machine moving, and one they share is the measurement (prompt, token count, what else was loaded)."""
+    row): do the two figures agree? The two fp32 rows say whether the machine itself moved between the notebooks:
+    where it did and the gains over each notebook's own fp32 agree, the difference is the machine's; where the fp32s
+    agree, or the gains differ, the two measurements of the engine differ (prompt, token count, what else was loaded)."""
     if not there or not there.get("decode_tokens_per_s") or not there_base or not there_base.get("decode_tokens_per_s"):
         return f"{there_name} recorded no decode speed for this file in this run: nothing to check against."
     tps = verdict.compare(verdict.samples(here, "decode_tokens_per_s"), verdict.samples(there, "decode_tokens_per_s"))
