@@ -176,7 +176,8 @@ cache_bytes, cache_source = (cpu.llc() if lm.device == "cpu" else  # a GPU's las
                                or cpu.LLC_FALLBACK_BYTES, "the GPU's L2 cache"))
 above_rows = 2 * cache_bytes // (weight.shape[0] * h.element_size()) + 1  # the input alone twice the cache
 inputs = {"one decode token": (h[:1].clone(), weight, eps), f"{FUSION_ROWS} tokens": (h, weight, eps),
-          f"{above_rows} tokens": (torch.randn(above_rows, weight.shape[0], device=lm.device), weight, eps)}
+          f"{above_rows} tokens": (torch.randn(above_rows, weight.shape[0], device=h.device, dtype=h.dtype),
+                                   weight, eps)}  # like h: the model's device and h's dtype
 fused = {label: fusion.compile_fused(norm, *args) for label, args in inputs.items()}
 fusion_table = pd.DataFrame(fusion.fusion_rows(norm, fused, inputs, repeats=FUSION_REPEATS))
 moved = [traffic(n_rows, hidden, h.element_size()) for n_rows, hidden in fusion_table["shape"]]  # (eager, fused) bytes
