@@ -67,8 +67,9 @@ class Step:
 
 def plan(stages: list[str], venv: Path, out: Path, python: str, nb_timeout_s: float,
          wheels: Path | None = None, ref_timeout_s: float = 240.0, site_dir: Path | None = None,
-         check_budget_s: float = 300.0) -> list[Step]:
-    """Every step of ``stages``, in run order; ``wheels``: the offline set-up from that folder of wheels."""
+         check_budget_s: float = 300.0, notebooks: tuple[str, ...] | None = None) -> list[Step]:
+    """Every step of ``stages``, in run order; ``wheels``: the offline set-up from that folder of wheels;
+    ``notebooks``: the nb and ref stages' notebooks (default NOTEBOOKS and REFERENCES)."""
     py = str(venv / "bin" / "python")
     path_env: dict[str, str] = {}
     steps: list[Step] = []
@@ -106,13 +107,13 @@ def plan(stages: list[str], venv: Path, out: Path, python: str, nb_timeout_s: fl
                                                  "--budget-s", f"{check_budget_s:.0f}", "--deadline-s",
                                                  f"{check_budget_s + 120:.0f}"], check_budget_s + 150, env=path_env))
     if "nb" in stages:
-        for nb in NOTEBOOKS:
+        for nb in notebooks or NOTEBOOKS:
             steps.append(Step("nb", f"notebook {nb} (quick)",
                               [py, "tools/run_notebooks.py", "--only", nb, "--timeout", str(int(nb_timeout_s)),
                                "--build-dir", str(out / "notebooks" / nb)], nb_timeout_s,
                               env={"LABKIT_QUICK": "1", **path_env}))
     if "ref" in stages:  # one notebook a step: a reference already saved survives the next one's deadline
-        for nb in REFERENCES:
+        for nb in notebooks or REFERENCES:
             steps.append(Step("ref", f"reference {nb} (full mode)",
                               [py, "tools/run_notebooks.py", "--reference", "--only", nb, "--timeout",
                                str(int(ref_timeout_s)), "--build-dir", str(out / "reference" / nb)], ref_timeout_s + 30,
@@ -201,7 +202,7 @@ def summary(steps: list[Step], out: Path, copied: list[str], wall_s: float) -> s
         if not check.get("checks"):
             lines.append(f"- {check.get('reason', 'no checks ran')}")
     nb_rows = []
-    for nb in NOTEBOOKS:
+    for nb in sorted(p.name for p in (out / "notebooks").glob("*") if p.is_dir()):
         data = _read_json(out / "notebooks" / nb / "summary.json")
         for row in (data or {}).get("notebooks", []) if isinstance(data, dict) else []:
             failed = row.get("failed_cell") or {}
@@ -227,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --wheels: the folder the carried wheels go into (default OUT/site); one that outlives "
                          "OUT lets a later command run further stages without installing again")
     ap.add_argument("--check-budget-s", type=float, default=300.0, help="gpu-check's budget (deadline: +120 s)")
+    ap.add_argument("--notebooks", default=None,
+                    help=f"space-separated notebook numbers for the nb and ref stages (default nb: {' '.join(NOTEBOOKS)}; "
+                         f"ref: {' '.join(REFERENCES)})")
     ap.add_argument("--wheels", type=Path, default=None,
                     help="offline set-up: install these wheels (a folder) over the machine's own packages")
     args = ap.parse_args(argv)
@@ -242,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--wheels {args.wheels}: no .whl files there; pip download --no-deps -d {args.wheels} NAME==VERSION …")
     steps = plan(chosen, args.venv.resolve(), args.out.resolve(), args.python, args.nb_timeout_s,
                  args.wheels.resolve() if args.wheels is not None else None, args.ref_timeout_s,
-                 args.site.resolve() if args.site is not None else None, args.check_budget_s)
+                 args.site.resolve() if args.site is not None else None, args.check_budget_s,
+                 tuple(args.notebooks.split()) if args.notebooks else None)
     if dry:
         per_stage = {st: sum(s.timeout_s for s in steps if s.stage == st) for st in dict.fromkeys(s.stage for s in steps)}
         print(f"gpu-smoke plan: {len(steps)} steps; output under {args.out}; at most "
