@@ -348,6 +348,18 @@ def test_show_gpu_references_with_provenance(reference_dir, capsys):
         results.show_gpu_references("02_fp16_bf16", [])
 
 
+def test_gpu_reference_tables_leave_out_what_cannot_be_scanned(reference_dir, capsys):
+    env = {"device": "cuda", "hardware": {"gpu": "NVIDIA H200"}, "date": "2030-01-01", "command": "make reference"}
+    res = results.Results("05_kv_cache", env=env)
+    res.add("attention", attn_implementation="sdpa", tpot_s=0.026, samples={"tpot_s": [0.02, 0.03]},
+            peak_memory_source="cuda_peak above resident: a long sentence", answers=["a", "b"])
+    res.save(reference_dir / f"{results.reference_name('05_kv_cache', env)}.json")
+    assert results.show_gpu_references("05_kv_cache", "attention") == 1
+    out = capsys.readouterr().out
+    assert "sdpa" in out and "tpot_s" in out
+    assert "samples" not in out and "peak_memory_source" not in out and "answers" not in out
+
+
 def test_kv_reference_on_a_gpu_keeps_the_cpu_file(reference_dir, monkeypatch):
     from labkit.core import env
     from labkit.model import models

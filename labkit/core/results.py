@@ -184,12 +184,20 @@ def show_gpu_references(name: str, sections: str | list[str], columns: list[str]
             df = ref.frame(section)
             if df.empty:
                 continue
-            if columns:
-                df = df[[c for c in columns if c in df.columns]]
+            df = df[[c for c in columns if c in df.columns]] if columns else compact(df)
             if len(wanted) > 1:
                 print(f"{section}:")
             display(df)
     return len(refs)
+
+
+def compact(df):
+    """``df`` without the columns a reader cannot scan in a table: those holding lists or dicts (samples, answers,
+    per-prompt values) and the long explanations (``*_source``, ``note``). The JSON keeps them all."""
+    def bulky(col: str) -> bool:
+        return (col.endswith("_source") or col == "note"
+                or bool(df[col].map(lambda v: isinstance(v, (list, dict, tuple))).any()))
+    return df[[c for c in df.columns if not bulky(c)]]
 
 
 def provenance(res: Results) -> str:
