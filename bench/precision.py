@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_features": hardware.cpu_features(),
         "hardware": env.hardware(),
         "versions": {k: v for k, v in env.versions().items()
-                     if k in ("python", "torch", "transformers", "optimum-onnx", "onnxruntime", "bitsandbytes")},
+                     if k in ("python", "torch", "transformers", "onnxscript", "onnxruntime", "bitsandbytes")},
     }
     print(json.dumps(summary, default=str))
     return 0

@@ -8,7 +8,8 @@ from labkit.serve import decoder
 
 
 def _prompt_ids(tok, texts):
-    return [[int(i) for i in tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)]
+    return [[int(i) for i in tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                         return_dict=False)]
             for t in texts]
 
 

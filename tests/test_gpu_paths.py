@@ -31,7 +31,7 @@ class FakeSession:
 
 
 class FakeORTModel:
-    """What ORTModelForCausalLM.from_pretrained returns, with a session on ``got`` providers."""
+    """What OrtCausalLM.from_pretrained returns, with a session on ``got`` providers."""
 
     def __init__(self, got: list[str]) -> None:
         import torch
@@ -46,7 +46,7 @@ def fake_ort(monkeypatch, tmp_path):
     """ONNX Runtime that lists CUDA, an export that is already there, and sessions whose providers the test sets:
     ``fake_ort["got"]`` (None: the first provider asked for, as a working GPU gives). Records what was asked."""
     import onnxruntime as ort
-    from optimum.onnxruntime import ORTModelForCausalLM
+    from labkit.model.ort_decoder import OrtCausalLM
 
     folder = tmp_path / "onnx"
     folder.mkdir()
@@ -60,7 +60,7 @@ def fake_ort(monkeypatch, tmp_path):
 
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
-    monkeypatch.setattr(ORTModelForCausalLM, "from_pretrained", staticmethod(from_pretrained))
+    monkeypatch.setattr(OrtCausalLM, "from_pretrained", staticmethod(from_pretrained))
     monkeypatch.setattr(onnx, "export_onnx", lambda model_name=None, force=False: (folder, None))
     monkeypatch.setattr(onnx, "quantize_onnx", lambda per_channel, reduce_range=None, model_name=None, force=False:
                         (folder, None))

@@ -31,8 +31,8 @@ class FakeSession:
 
 
 class FakeORTModel:
-    """What ORTModelForCausalLM.from_pretrained returns: a session on the providers asked for (or ``got``), its
-    device read from the first provider's ``device_id`` as optimum reads it."""
+    """What OrtCausalLM.from_pretrained returns: a session on the providers asked for (or ``got``), its
+    device read from the first provider's ``device_id`` as OrtCausalLM reads it."""
 
     def __init__(self, got: list[str], options: list[dict]) -> None:
         import torch
@@ -49,7 +49,7 @@ def sessions(monkeypatch, tmp_path):
     """onnxruntime-gpu's provider list, an export already on disk, and from_pretrained recording its keyword
     arguments; ``sessions["got"]`` overrides the providers a session gets (None: what was asked for)."""
     import onnxruntime as ort
-    from optimum.onnxruntime import ORTModelForCausalLM
+    from labkit.model.ort_decoder import OrtCausalLM
 
     folder = tmp_path / "onnx"
     folder.mkdir()
@@ -62,7 +62,7 @@ def sessions(monkeypatch, tmp_path):
         return FakeORTModel(state["got"] or asked + ["CPUExecutionProvider"], list(provider_options or [{}]))
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: list(state["available"]))
-    monkeypatch.setattr(ORTModelForCausalLM, "from_pretrained", staticmethod(from_pretrained))
+    monkeypatch.setattr(OrtCausalLM, "from_pretrained", staticmethod(from_pretrained))
     monkeypatch.setattr(onnx, "export_onnx", lambda model_name=None, force=False: (folder, None))
     state["folder"] = folder
     return state

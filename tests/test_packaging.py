@@ -22,7 +22,7 @@ def _brings_cpu_onnxruntime(reqs: list[str]) -> list[str]:
     out = []
     for req in reqs:
         name, extras = _name(req)
-        if name == "onnxruntime" or (name == "optimum-onnx" and "onnxruntime" in extras):
+        if name == "onnxruntime" or (name in ("optimum-onnx", "optimum") and "onnxruntime" in extras):
             out.append(req)
     return out
 

@@ -1,6 +1,6 @@
 """Checks every layer shares: a count that must be positive, and the device a model's inputs go to.
 
-This module knows no model class and no backend: it reads attributes, so a transformers model, an optimum
+This module knows no model class and no backend: it reads attributes, so a transformers model, the lab's
 ONNX Runtime model and a plain ``torch.nn.Module`` answer the same way.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ from .cpu import cpu_isa, cpu_name
 
 _VALID_DEVICES = ("cpu", "cuda", "mps")
 PACKAGES = (
-    "labkit", "torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-gpu",
+    "labkit", "torch", "transformers", "onnxscript", "onnxruntime", "onnxruntime-gpu",
     "bitsandbytes", "accelerate", "gguf", "vllm", "tensorrt", "torch-tensorrt", "flash-attn",
 )
 
@@ -240,10 +240,18 @@ def _onnxruntime() -> Capability:
     return Capability("onnxruntime", True, f"{ort.__version__}: {', '.join(ort.get_available_providers())}", "")
 
 
-def _optimum_onnx() -> Capability:
-    if not has("optimum.onnxruntime"):
-        return Capability("optimum-onnx", False, "", "not installed: pip install 'optimum-onnx[onnxruntime]'")
-    return Capability("optimum-onnx", True, importlib.metadata.version("optimum-onnx"), "")
+def _onnx_export() -> Capability:
+    """transformers' own ONNX exporter (``transformers.exporters``, from 5.x): torch.export, then torch.onnx, which
+    writes the graph with onnxscript."""
+    missing = [dist for module, dist in (("onnxscript", "onnxscript"), ("onnx_ir", "onnx-ir"), ("onnx", "onnx"))
+               if not has(module)]
+    if missing:
+        return Capability("onnx-export", False, "", f"not installed: pip install {' '.join(missing)}")
+    if not has("transformers.exporters"):
+        return Capability("onnx-export", False, "", f"transformers {version('transformers')} has no exporters: "
+                                                    "pip install 'transformers>=5.19'")
+    return Capability("onnx-export", True, f"transformers {version('transformers')}, onnxscript {version('onnxscript')}",
+                      "")
 
 
 def cuda_reason() -> str:
@@ -414,7 +422,7 @@ PROBES: dict[str, Callable[[], Capability]] = {
     "bf16": _bf16,
     "bitsandbytes": _bitsandbytes,
     "onnxruntime": _onnxruntime,
-    "optimum-onnx": _optimum_onnx,
+    "onnx-export": _onnx_export,
     "vllm": _vllm,
     "vllm-offline": _vllm_offline,
     "tensorrt": lambda: _gpu_only("tensorrt", "tensorrt", "pip install tensorrt torch-tensorrt"),

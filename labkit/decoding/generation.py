@@ -108,7 +108,7 @@ def generate(model: Any, tokenizer: Any, prompt: str | list[str] | dict, max_new
     import torch
 
     positive("max_new_tokens", max_new_tokens)
-    # HF and ONNX Runtime (optimum) models both expose .device; an ORT model has no parameters()
+    # HF and ONNX Runtime (OrtCausalLM) models both expose .device; an ORT model has no parameters()
     device = getattr(model, "device", None) or next(model.parameters()).device
     inputs = prompt if isinstance(prompt, dict) else chat_inputs(tokenizer, prompt, device=str(device))
     batch, n_prompt = inputs["input_ids"].shape

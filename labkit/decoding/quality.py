@@ -1,7 +1,7 @@
 """Quality of a model variant against the fp32 reference: perplexity, greedy agreement, KL.
 
 Every function takes ``model``: either an HF-like causal LM (PyTorch, bitsandbytes, or
-optimum's ``ORTModelForCausalLM``, whose output has ``.logits``) or any callable that maps
+the lab's ONNX Runtime ``OrtCausalLM``, whose output has ``.logits``) or any callable that maps
 ``input_ids`` of shape (1, T) to logits of shape (1, T, V). ``logits_fn`` turns either into
 the callable, so an ONNX Runtime session, a quantised model and the reference are scored by
 the same code.

@@ -119,7 +119,8 @@ def lookup_decode(model: Any, input_ids: Any, new_tokens: int = 32, num_tokens: 
             new = accept(draft, predicted)
             n = len(new) - 1
             run.tokens += new
-            cache.crop(len(ids) + n)  # keep the KV of the accepted tokens only (the bonus token is fed next)
+            # keep the KV of the accepted tokens only (the bonus token is fed next); crop takes how many to drop
+            cache.crop(-(cache.get_seq_length() - (len(ids) + n)))
             run.forward_passes += 1
             run.drafted += len(draft)
             run.accepted += n

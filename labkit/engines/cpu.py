@@ -42,7 +42,7 @@ def _row(engine: str, fmt: str, weight_bytes: int | None, timings: list[dict[str
 def measure_hf(engine: str, fmt: str, model: Any, tokenizer: Any, prompt: str, new_tokens: int, repeats: int,
                ref: Any, ref_text: str | None = None, weight_bytes: int | None = None,
                prepare_s: float | None = None) -> dict[str, Any]:
-    """A PyTorch or ONNX Runtime (optimum) model: one warmup, ``repeats`` timed greedy runs of exactly
+    """A PyTorch or ONNX Runtime (``OrtCausalLM``) model: one warmup, ``repeats`` timed greedy runs of exactly
     ``new_tokens`` tokens on ``prompt``, then agreement/KL against ``ref``."""
     positive("repeats", repeats)
     generation.generate(model, tokenizer, prompt, max_new_tokens=min(4, new_tokens), fixed_length=True)  # warmup

@@ -8,8 +8,12 @@
 ``hardware``  probes of this machine: achieved bandwidth, matmul FLOP/s, CPU features
 ``models``    one loader: the default model from its PyPI wheel, or any HF causal LM; chat inputs
 ``prompts``   the lab's prompts and evaluation text from ``data/``
-``onnx``      the exported ONNX model and its quantised forms, cached, and the providers a session got
+``onnx``      the exported ONNX model (transformers' exporter) and its quantised forms, cached, and the providers a
+              session got
+``ort_decoder`` the exported model in an ONNX Runtime session, answering as a transformers model does (logits,
+              greedy ``generate``)
 
-model knows nothing about decoding: no generation loop, no KV-cache policy, no server. It loads and
-describes; ``labkit.decoding`` runs.
+model knows nothing about decoding: no KV-cache policy, no sampling, no server. It loads and describes;
+``labkit.decoding`` runs. The one loop here is ``ort_decoder``'s greedy ``generate``: it stands in for
+transformers' ``generate``, which an ONNX Runtime session does not have.
 """

@@ -1,7 +1,8 @@
 """The exported ONNX model and its quantised forms, cached under ``LABKIT_CACHE``, and the providers a
 session really got.
 
-``export_onnx`` exports the model once (optimum-onnx); ``quantize_onnx`` (dynamic int8) and ``quantize_nbits``
+``export_onnx`` exports the model once (transformers' own exporter, ``transformers.exporters.OnnxExporter``: torch.export
+then ``torch.onnx``), as one decoder graph with its KV cache in and out; ``quantize_onnx`` (dynamic int8) and ``quantize_nbits``
 (MatMulNBits 4/8-bit blocks) quantise that export; each writes into a temporary folder and renames it, so an
 interrupted run never leaves a half-written model. ``ort_provider`` picks the execution provider a device
 asks for and ``check_providers`` compares it with the ones a session reports: a label comes from what ran.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -28,6 +30,7 @@ from ..core import config, env, timing
 from ..core.env import Unavailable
 from . import models
 from .hardware import int8_saturation_risk
+from .ort_decoder import OrtCausalLM
 
 # ---------------------------------------------------------------- ONNX export and quantisation (cached)
 
@@ -42,7 +45,8 @@ def onnx_root(model_name: str | None = None) -> Path:
     path = models.resolve(model_name)
     cfg = Path(path) / "config.json"
     stamp = cfg.read_text(encoding="utf-8") if cfg.is_file() else path
-    digest = hashlib.sha1(f"{path}\n{stamp}\n{_version('optimum-onnx')}\n{_version('transformers')}".encode()).hexdigest()[:10]
+    exporter = "\n".join(_version(p) for p in EXPORTER_PACKAGES)
+    digest = hashlib.sha1(f"{path}\n{stamp}\n{exporter}".encode()).hexdigest()[:10]
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", models.display_name(model_name).split("/")[-1])
     return config.cache_dir() / "onnx" / f"{slug}-{digest}"
 
@@ -98,17 +102,91 @@ def _reuse(target: Path, force: bool) -> bool:
     return False
 
 
+EXPORTER_PACKAGES = ("transformers", "torch", "onnxscript", "onnx-ir")  # what writes the graph: its versions name the cache
+# The sample a graph is traced on: a left-padded batch of two, continuing a cache, so batch, new tokens, past tokens and
+# the attention mask all stay dynamic in the graph (a batch of one would fix the batch at 1).
+SAMPLE_PROMPTS = ("The capital of France is", "Hi")
+
+
+def exported_names(inputs: Sequence[str], outputs: Sequence[str]) -> dict[str, str]:
+    """The graph's names as ``OrtCausalLM`` reads them, keyed by the exporter's: the cache of layer N comes in as
+    ``past_key_values.N.key``/``.value`` and goes out as ``present.N.key``/``.value`` (the exporter writes
+    ``input.past_key_values.layers.N.keys`` and ``output.past_key_values.layers.N.keys``); other names stay."""
+    pattern = re.compile(r"^(input|output)\.past_key_values\.layers\.(\d+)\.(key|value)s$")
+    renamed = {}
+    for name in [*inputs, *outputs]:
+        m = pattern.match(name)
+        if m:
+            side, layer, kind = m.groups()
+            renamed[name] = f"{'past_key_values' if side == 'input' else 'present'}.{layer}.{kind}"
+    return renamed
+
+
+def name_dims(graph: Any) -> None:
+    """Name the dynamic dimensions of an exported graph's inputs and outputs as readers expect them:
+    ``batch_size``, ``sequence_length`` (new tokens), ``past_sequence_length`` and their sum; a size the exporter
+    left symbolic although fixed (heads, head size: "3", "64") becomes that number. TensorRT's shape profiles
+    (``labkit.engines.onnxruntime``) are built from these names."""
+    import onnx_ir as ir
+
+    values = {v.name: v for v in [*graph.inputs, *graph.outputs]}
+    past = next(v for v in graph.inputs if v.name.startswith("past_key_values."))
+    ids = values["input_ids"].shape
+    names = {ids[0].value: "batch_size", ids[1].value: "sequence_length", past.shape[2].value: "past_sequence_length"}
+
+    def named(dim: Any) -> Any:
+        if isinstance(dim, int) or dim.value is None:
+            return dim
+        if dim.value.isdigit():
+            return int(dim.value)
+        return ir.SymbolicDim(re.sub(r"\bs\d+\b", lambda m: names.get(m.group(0), m.group(0)), dim.value))
+
+    for value in values.values():
+        value.shape = ir.Shape([named(d) for d in value.shape])
+    if "attention_mask" in values:  # its own symbols in the trace; it covers past and new tokens
+        values["attention_mask"].shape = ir.Shape(["batch_size", "past_sequence_length + sequence_length"])
+
+
+def write_export(model: Any, tokenizer: Any, folder: Path) -> None:
+    """Trace ``model``'s decode step (any number of new tokens after any number of cached ones, the prompt's
+    prefill included) on the CPU in fp32 and write it with its config and tokenizer into ``folder``."""
+    import torch
+    from transformers.exporters import OnnxConfig, OnnxExporter
+    from transformers.exporters.utils import decompose_prefill_decode
+
+    tok = copy.copy(tokenizer)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    sample = dict(tok(list(SAMPLE_PROMPTS), return_tensors="pt", padding=True))
+    with torch.inference_mode(False), torch.no_grad():
+        # a decode that takes several tokens at once keeps the new-token axis dynamic: the same graph prefills
+        decoder, inputs = decompose_prefill_decode(model, sample, multi_token_decode=True)["decode"]
+        program = OnnxExporter().export(decoder, inputs, OnnxConfig(dynamic=True))
+    graph = program.model.graph
+    renamed = exported_names([v.name for v in graph.inputs], [v.name for v in graph.outputs])
+    for value in [*graph.inputs, *graph.outputs]:
+        value.name = renamed.get(value.name, value.name)
+    name_dims(graph)
+    program.save(str(folder / "model.onnx"), external_data=True)
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
 def export_onnx(model_name: str | None = None, force: bool = False) -> tuple[Path, float | None]:
     """Export the model to ONNX (fp32, with KV cache) once; return (folder, seconds or None if cached)."""
-    from optimum.exporters.onnx import main_export
-
     target = onnx_root(model_name) / "fp32"
     if _reuse(target, force):
         return target, None
+    import torch
+    from transformers import AutoModelForCausalLM
+
     t0 = timing.clock()
     with _atomic_dir(target) as tmp, quiet():
-        main_export(model_name_or_path=models.resolve(model_name), output=tmp, task="text-generation-with-past",
-                    do_validation=False, device="cpu")
+        model = AutoModelForCausalLM.from_pretrained(models.resolve(model_name), dtype=torch.float32).eval()
+        write_export(model, models.load_tokenizer(model_name), tmp)
+        del model
     return target, timing.clock() - t0
 
 
@@ -327,11 +405,10 @@ def gpu_provider_options(provider: str, device: str) -> dict[str, str]:
 
 def session_arguments(provider: str, device: str | None = None, providers: Sequence[str] | None = None,
                       provider_options: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The provider arguments of ``ORTModelForCausalLM.from_pretrained`` for a session that runs on
+    """The provider arguments of ``OrtCausalLM.from_pretrained`` for a session that runs on
     ``provider`` first (then ``providers[1:]``): every GPU provider gets ``gpu_provider_options`` for
     ``device`` (default: the device in use, else "cuda") under the caller's own options, and a GPU session
-    uses IO binding (optimum turns it on only for the CUDA provider: without it the TensorRT provider's decode
-    copies the whole KV cache between host and device at every step)."""
+    uses IO binding (without it every decode step copies the whole KV cache between host and device)."""
     providers = list(providers) if providers else [provider]
     if providers[0] != provider:
         raise ValueError(f"providers={providers} must start with provider={provider!r}")
@@ -351,17 +428,15 @@ def session_arguments(provider: str, device: str | None = None, providers: Seque
 def ort_model(folder: Path, tokenizer: Any, provider: str, *, device: str | None = None,
               providers: Sequence[str] | None = None, provider_options: Sequence[dict[str, Any]] | None = None,
               session_options: Any = None) -> tuple[Any, list[str]]:
-    """The one ONNX Runtime model builder: an ``ORTModelForCausalLM`` on ``folder`` whose session must run on
+    """The one ONNX Runtime model builder: an ``OrtCausalLM`` on ``folder`` whose session must run on
     ``provider`` (``providers``: it first, then what takes the operators it does not), on ``device``'s GPU for
     a GPU provider, with the options ``session_arguments`` sets. Returns (the model, the providers its session
     really got). A session that did not get ``provider`` raises ``ProviderFallback`` with the reason: its
     numbers would be another provider's."""
-    from optimum.onnxruntime import ORTModelForCausalLM
-
     chosen = session_arguments(provider, device, providers, provider_options)
     if session_options is not None:
         chosen["session_options"] = session_options
-    model = ORTModelForCausalLM.from_pretrained(folder, use_cache=True, **chosen)
+    model = OrtCausalLM.from_pretrained(folder, **chosen)
     got = session_providers(model)
     problem = check_providers(provider, got)
     if problem:
@@ -372,5 +447,5 @@ def ort_model(folder: Path, tokenizer: Any, provider: str, *, device: str | None
 
 
 def load_ort(folder: Path, tokenizer: Any, device: str = "cpu") -> Any:
-    """An ``ORTModelForCausalLM`` on ``folder`` with the provider ``device`` calls for, on that device (``ort_model``)."""
+    """An ``OrtCausalLM`` on ``folder`` with the provider ``device`` calls for, on that device (``ort_model``)."""
     return ort_model(folder, tokenizer, ort_provider(device), device=device)[0]

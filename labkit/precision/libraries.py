@@ -244,8 +244,9 @@ def audit_ort_claims(fp32_folder: Path, int8_folder: Path) -> list[dict[str, Any
         qparams = list(inspect.signature(AutoQuantizationConfig.avx512_vnni).parameters)
         optimum_row = ("exists (not run here: labkit.precision.variants calls quantize_dynamic directly); "
                        f"AutoQuantizationConfig.avx512_vnni takes {', '.join(qparams)}")
-    except ImportError as exc:
-        optimum_row = f"not installed here: {exc}"
+    except ImportError:
+        optimum_row = ("not in the lab's environment: optimum-onnx 0.1 caps transformers below 4.58; "
+                       "labkit.precision.variants calls quantize_dynamic directly")
     rows.append({"source": "real", "call": "ORTQuantizer.from_pretrained(folder).quantize("
                                            "AutoQuantizationConfig.avx512_vnni(is_static=False), save_dir)",
                  "what it does here": optimum_row})

@@ -4,7 +4,7 @@
     fp16, bf16        PyTorch half precision (weights and compute)
     bnb-int8          bitsandbytes LLM.int8: int8 weights, one scale per row, fp16 outlier columns
     bnb-nf4           bitsandbytes 4-bit NormalFloat, one absmax per 64 weights (double quant optional)
-    ort-fp32          exported to ONNX by optimum-onnx, run by ONNX Runtime
+    ort-fp32          exported to ONNX by transformers' exporter, run by ONNX Runtime
     ort-int8-tensor   ONNX Runtime dynamic int8, one scale per weight tensor
     ort-int8-channel  ONNX Runtime dynamic int8, one scale per output channel
 
@@ -57,7 +57,7 @@ class Spec:
     cpu_provider_only: bool = False  # its operators have no CUDA kernels: on a GPU it runs on the CPU, labelled
 
 
-_ORT = ("onnxruntime", "optimum-onnx")
+_ORT = ("onnxruntime", "onnx-export")
 _PROVIDER = {"provider": "ONNX Runtime execution provider (default: CUDA when in use, else CPU)"}
 _REDUCE_RANGE = {"reduce_range": "quantise weights to 7 bits; default: True on x86 CPUs without VNNI "
                                  "(see int8_saturation_risk), else False as in ONNX Runtime"}
@@ -71,7 +71,7 @@ SPECS: dict[str, Spec] = {s.name: s for s in (
          {"double_quant": "also quantise the absmax scales (default False)",
           "compute_dtype": "dtype the 4-bit weights are dequantised to: fp32, fp16 or bf16 "
                            "(default fp32 on CPU, fp16 on CUDA)"}),
-    Spec("ort-fp32", "ONNX Runtime float32 (optimum-onnx export)", "fp32", "_load_ort", _ORT, ("cpu", "cuda"),
+    Spec("ort-fp32", "ONNX Runtime float32 (transformers' ONNX export)", "fp32", "_load_ort", _ORT, ("cpu", "cuda"),
          _PROVIDER),
     Spec("ort-int8-tensor", "ONNX Runtime dynamic int8, per-tensor scales", "int8", "_load_ort", _ORT,
          ("cpu", "cuda"), {**_PROVIDER, **_REDUCE_RANGE}, all_weights_quantised=True,

@@ -298,7 +298,7 @@ def hf_continuous_batching(new_tokens: int = 4, timeout_s: float = 60.0) -> dict
     import importlib.metadata
 
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     device = env.device()
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -306,12 +306,13 @@ def hf_continuous_batching(new_tokens: int = 4, timeout_s: float = 60.0) -> dict
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = LlamaForCausalLM(cfg).eval().to(device)
-    model.config._attn_implementation = "sdpa_paged"
+    model.config._attn_implementation = "sdpa"  # transformers 5 pages it itself (sdpa_paged is gone)
     if not hasattr(model, "generate_batch"):
         return {"available": False, "reason": "this transformers has no generate_batch (continuous batching)",
                 "device": device}
-    gen = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0,
-                           num_blocks=8, block_size=16, max_batch_tokens=64)
+    gen = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    # transformers 5: the paged cache's sizes have a config of their own (a block of 16 tokens is a page_size)
+    paged = ContinuousBatchingConfig(page_size=16, num_blocks=8, max_batch_tokens=64)
     errors: list[str] = []
 
     class _Catch(logging.Handler):
@@ -326,7 +327,7 @@ def hf_continuous_batching(new_tokens: int = 4, timeout_s: float = 60.0) -> dict
     log.propagate = False  # the notebook shows one line, not the generation thread's traceback
     got: list[int] = []
     try:
-        manager = model.init_continuous_batching(generation_config=gen)
+        manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=paged)
         manager.start()
         manager.add_request([1, 2, 3, 4], max_new_tokens=new_tokens)
         deadline = time.monotonic() + timeout_s

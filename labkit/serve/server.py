@@ -198,7 +198,8 @@ class Server:
         tok = self.lm.tokenizer
         if p.chat:
             if getattr(tok, "chat_template", None):
-                ids = tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
+                # transformers 5 returns a BatchEncoding unless return_dict=False
+                ids = tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
             else:
                 ids = tok("\n".join(m["content"] for m in p.messages or []))["input_ids"]
         else:

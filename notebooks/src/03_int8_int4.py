@@ -49,10 +49,10 @@ from labkit.lessons.findings import nb03 as nb03_findings
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
-print({k: v for k, v in env.versions().items() if k in ("torch", "transformers", "bitsandbytes", "onnxruntime", "optimum-onnx")})
+print({k: v for k, v in env.versions().items() if k in ("torch", "transformers", "bitsandbytes", "onnxruntime", "onnxscript")})
 print("int8-relevant CPU flags:", {k: v for k, v in hardware.cpu_features().items()
                                    if "vnni" in k or k in ("avx2", "amx_int8", "asimddp", "i8mm")})
-env.capabilities_frame().query("name in ['cuda', 'bitsandbytes', 'onnxruntime', 'optimum-onnx']")
+env.capabilities_frame().query("name in ['cuda', 'bitsandbytes', 'onnxruntime', 'onnx-export']")
 
 # %% subslide parameters
 VARIANTS = ["fp32", "fp16", "bnb-int8", "bnb-nf4", "ort-fp32", "ort-int8-tensor", "ort-int8-channel"]  # bf16: notebook 02
@@ -260,7 +260,9 @@ pred  # labkit.model.sizing's prediction, from the config alone
 # %% md slide
 # ## 5 · Export to ONNX (once; cached)
 #
-# optimum-onnx traces the model into an ONNX graph with a KV cache. The files land in
+# transformers' own exporter traces the model's decode step (`torch.export`, then `torch.onnx`) into one
+# ONNX graph that takes the KV cache in and gives it back, and ONNX Runtime runs it with the decode loop of
+# `labkit.model.ort_decoder` (the one notebook 05 writes by hand). The files land in
 # `labkit.core.config.cache_dir()` and are reused; int8 versions are made from them on first use.
 
 # %% fragment

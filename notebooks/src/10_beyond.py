@@ -144,7 +144,7 @@ def lookup_decode(model, input_ids, new_tokens, draft_tokens):
         x = torch.tensor([[tokens[-1], *draft]], device=input_ids.device)  # (1, 1 + d)
         logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0]
         new = accept_fn(draft, logits.argmax(-1).tolist())  # accepted prefix + the model's token
-        cache.crop(len(context) + len(new) - 1)  # drop the KV of rejected draft tokens
+        cache.crop(-(cache.get_seq_length() - (len(context) + len(new) - 1)))  # drop the KV of rejected draft tokens
         tokens, passes, drafted = tokens + new, passes + 1, drafted + len(draft)
     return tokens, passes, drafted
 
