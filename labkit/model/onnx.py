@@ -16,6 +16,7 @@ import copy
 import hashlib
 import importlib.metadata
 import importlib.util
+import io
 import logging
 import os
 import re
@@ -83,8 +84,8 @@ def _atomic_dir(target: Path) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Silence exporter/quantiser chatter (tracer warnings, 'consider pre-processing')."""
-    with warnings.catch_warnings():
+    """Silence exporter/quantiser chatter (tracer warnings, 'consider pre-processing', torch.onnx's progress lines)."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         logging.disable(logging.WARNING)
         try:
