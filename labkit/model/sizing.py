@@ -431,3 +431,32 @@ def fit_table(models: list[str], gpus: list[str], dtypes: list[str], context: in
                 rows.append({"model": _label(m), "dtype": e.dtype, "gpu": e.gpu, "total_gib": e.total_bytes / 2**30,
                              "fits": e.fits, "ceiling_tokens_per_s": e.decode_tokens_per_s_ceiling})
     return pd.DataFrame(rows)
+
+
+def kv_compare(models: list[str], context: int, dtype: str = "bf16"):
+    """The naive formula beside the layer-by-layer KV cache of one ``context``-token sequence, per model (a
+    directory holding config.json): read from the configs alone, so a model this transformers cannot build is
+    sized too. ``latent`` marks MLA rows, whose ``layer_by_layer`` is a serving engine's latent and
+    ``transformers_gib`` transformers' expanded keys and values."""
+    import pandas as pd
+
+    b = _kv_value_bytes(kv_dtype_for(dtype))
+    rows = []
+    for m in models:
+        c = kvlayout.text_config(json.loads((Path(m) / "config.json").read_text(encoding="utf-8")))
+        ls = kvlayout.layers(c)
+        heads = int(c["num_attention_heads"])
+        kv_heads = int(c.get("num_key_value_heads") or heads)
+        head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+        kinds: dict[str, int] = {}
+        for layer in ls:
+            kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+        naive = 2 * len(ls) * kv_heads * head_dim * b * context
+        real = sum(layer.bytes(context, b) for layer in ls)
+        rows.append({"model": _label(m), "layers": ", ".join(f"{n} {k}" for k, n in kinds.items()),
+                     "naive_gib": naive / 2**30, "layer_by_layer_gib": real / 2**30, "naive_over_real": naive / real,
+                     "fixed_state_mib": sum(layer.bytes(0, b) for layer in ls if layer.kind == "linear") / 2**20
+                     if "linear" in kinds else 0.0,
+                     "transformers_gib": sum(layer.bytes(context, b, expanded=True) for layer in ls) / 2**30
+                     if "mla" in kinds else None})
+    return pd.DataFrame(rows)
