@@ -14,7 +14,7 @@ M = 1, 16 and prefill-like M = 256, and 1024³ (``--shapes model``, the default)
 shapes of the H200 probe. Activations are fp32 on a CPU (the lab's CPU dtype), bf16 on CUDA (``--act-dtype``).
 Each variant gets 5 untimed warm-up calls (the first timed as ``first_us``); then the variants take turns, round
 after round, fp32 first and last (drift); a sample is ``inner`` calls, timed with CUDA events on a GPU and
-``perf_counter`` elsewhere, in µs per call. Ratios are fp32's median / the variant's, judged by
+``labkit.core.timing.now`` elsewhere, in µs per call. Ratios are fp32's median / the variant's, judged by
 ``labkit.core.verdict``. One JSON line per shape, the last line one JSON document: ratios, verdicts, the ISA.
 
     python bench/fp8_gemm.py [--quick] [--shapes model|probe] [--rounds 7] [--save-to data/measured_gpu]
@@ -167,7 +167,7 @@ def save(res: results.Results, folder: Path) -> Path:
 
 
 def method(device: str, act: torch.dtype, shapes: str) -> str:
-    clock = "CUDA events" if device.startswith("cuda") else "perf_counter"
+    clock = "CUDA events" if device.startswith("cuda") else "labkit.core.timing.now (the host clock)"
     return (f"{clock}, {WARMUP} warm-up calls then interleaved rounds, each sample `inner` calls of a variant, median; "
             f"{str(act).replace('torch.', '')} activations; per-row E4M3 scales (absmax / 448) for W and, in "
             f"_scaled_mm, for x (quantised before timing); shapes: {shapes}")

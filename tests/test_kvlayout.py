@@ -171,3 +171,58 @@ def test_per_layer_overrides_and_shared_kv_layers():
     assert {layer.kind for layer in kvlayout.layers({**cfg, "layer_types": None, "num_kv_shared_layers": 0})} == {"sliding"}
     assert {layer.kind for layer in kvlayout.layers({**cfg, "layer_types": None, "num_kv_shared_layers": 0,
                                                      "use_sliding_window": False})} == {"full"}
+
+
+def test_notebook_05_says_whether_the_layer_by_layer_figure_is_the_formula():
+    from transformers import Gemma3TextConfig
+
+    from labkit.decoding import kv
+    from labkit.lessons.findings import nb05
+
+    default = sizing.load_config("default")
+    said = nb05.layer_by_layer_sentence(default, "fp32", kv.bytes_per_position(default, 4), 1000)
+    assert "the same as the formula" in said and "30 full" in said
+    cfg = Gemma3TextConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=8,
+                           layer_types=["sliding_attention", "full_attention"])
+    said = nb05.layer_by_layer_sentence(cfg, "fp32", kv.bytes_per_position(cfg, 4), 100)
+    # 100 tokens on the full layer, 8 on the sliding one, against 200 in the formula
+    assert f"{(100 + 8) * 2 * 16 * 4:,} bytes" in said and f"{108 / 200:.3f}×" in said and "1 sliding, 1 full" in said
+    from transformers import DeepseekV3Config
+
+    mla = DeepseekV3Config(vocab_size=128, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=8,
+                           q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6, n_routed_experts=4,
+                           num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1)
+    said = nb05.layer_by_layer_sentence(mla, "fp32", kv.bytes_per_position(mla, 4), 10)
+    assert f"{2 * 10 * 12 * 4:,} bytes at 10 tokens" in said and f"expanded keys and values: {2 * 10 * 4 * (12 + 6) * 4:,}" in said
+
+
+def test_the_labs_prefill_and_cache_measure_follow_each_layer_kind():
+    """The lab's decode core lets the model make its cache (sliding layers keep their window, a hybrid model gets
+    its states), and kv.cache_bytes counts every tensor of it: equal to the layer-by-layer sizing."""
+    from transformers import Gemma3TextConfig, Qwen3NextConfig
+
+    from labkit.decoding import decode, kv
+
+    sliding = Gemma3TextConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=8,
+                               layer_types=["sliding_attention", "full_attention"])
+    hybrid = Qwen3NextConfig(vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                             shared_expert_intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                             num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4,
+                             num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"])
+    from transformers import AutoModelForCausalLM
+
+    for cfg, window_gap in ((sliding, 1), (hybrid, 0)):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg).eval()
+        ids = torch.randint(3, 128, (1, PROMPT))
+        with torch.no_grad():
+            _, cache = decode.prefill(model, ids, torch.ones_like(ids))
+        s = sizing.shape(cfg)
+        per_token_sliding = sum(layer.per_token * 4 for layer in s.kv_layers if layer.kind == "sliding")
+        assert kv.cache_bytes(cache) == sizing.kv_bytes(s, "fp32", PROMPT) - window_gap * per_token_sliding
+        assert kv.cache_positions(cache) == PROMPT
+

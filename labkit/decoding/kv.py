@@ -35,13 +35,23 @@ ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 
 # ---------------------------------------------------------------- measuring the cache itself
 
+STATE_ATTRS = ("conv_states", "recurrent_states", "ssm_states")  # linear attention's fixed-size states
+
+
+def _tensor(t: Any) -> bool:
+    return t is not None and hasattr(t, "numel") and t.numel() > 0
+
+
 def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
-    """(key, value) tensors per layer from a transformers ``Cache`` (4.5x: ``.layers``) or a legacy tuple."""
+    """(key, value) tensors per attention layer from a transformers ``Cache`` (``.layers``), a hybrid model's cache
+    (``key_cache``/``value_cache`` lists whose linear-attention entries are empty) or a legacy tuple."""
     if cache is None:
         raise ValueError("no cache: the model ran with use_cache=False, so there is nothing to measure")
     layers = getattr(cache, "layers", None)
     if layers is not None:
         pairs = [(layer.keys, layer.values) for layer in layers]
+    elif hasattr(cache, "key_cache"):
+        pairs = [(k, v) for k, v in zip(cache.key_cache, cache.value_cache) if _tensor(k)]
     else:
         pairs = [(kv[0], kv[1]) for kv in cache]
     for k, v in pairs:
@@ -49,14 +59,24 @@ def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
     return pairs
 
 
+def cache_states(cache: Any) -> list[Any]:
+    """The fixed-size state tensors a hybrid model's cache holds beside its keys and values (linear attention's
+    convolution and recurrent states); [] for a plain attention cache."""
+    holders = getattr(cache, "layers", None) or [cache]
+    return [t for h in holders for attr in STATE_ATTRS for t in (getattr(h, attr, None) or [])
+            if _tensor(t)] if not isinstance(cache, tuple) else []
+
+
 def cache_bytes(cache: Any) -> int:
-    """Bytes of every key and value tensor the cache holds (allocated size, padding included)."""
-    return sum(t.numel() * t.element_size() for pair in cache_layers(cache) for t in pair)
+    """Bytes of every tensor the cache holds (allocated size, padding included): keys, values and any
+    linear-attention states."""
+    return (sum(t.numel() * t.element_size() for pair in cache_layers(cache) for t in pair)
+            + sum(t.numel() * t.element_size() for t in cache_states(cache)))
 
 
 def cache_positions(cache: Any) -> int:
-    """Positions per sequence the cache holds storage for (the K tensors' sequence dimension)."""
-    return int(cache_layers(cache)[0][0].shape[-2])
+    """Positions per sequence the cache holds storage for: the longest layer's (a sliding layer holds fewer)."""
+    return max(int(k.shape[-2]) for k, _ in cache_layers(cache))
 
 
 @dataclass
@@ -306,8 +326,8 @@ def _outcome(fn: Any) -> str:
     """What a call does here: 'ran' with its result, or the exception's type and first line."""
     try:
         return f"ran: {fn()}"
-    except (ValueError, ImportError, TypeError, RuntimeError) as exc:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    except (ValueError, ImportError, TypeError, RuntimeError, AttributeError) as exc:
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
 
 
 def audit_claims(model: Any, tokenizer: Any, new_tokens: int = 2) -> list[dict[str, Any]]:

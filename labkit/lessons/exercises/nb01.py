@@ -5,6 +5,8 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+from ...core import config as lab_config
+from ...model import kvlayout
 from ...model.sizing import decode_ceiling, shape
 from . import Wrong, call, close, exercise
 
@@ -103,9 +105,6 @@ def _kv_cases() -> list[tuple[str, dict[str, Any], int, int]]:
     """(model, decoder config dict, context, bytes per value): published configs of each kind (data/configs)."""
     import json
 
-    from ...core import config as lab_config
-    from ...model import kvlayout
-
     cases = []
     for name, context in (("gemma-4-26B-A4B", 32768), ("Qwen3.5-27B", 32768), ("Mistral-7B-v0.1", 32768),
                           ("Llama-3.1-8B", 4096), ("gemma-4-26B-A4B", 600)):
@@ -117,8 +116,6 @@ def _kv_cases() -> list[tuple[str, dict[str, Any], int, int]]:
 @exercise("01.kv_layer_by_layer", "KV-cache bytes layer by layer")
 def check_kv_layer_by_layer(fn: Any) -> None:
     import copy
-
-    from ...model import kvlayout
 
     for name, cfg, context, b in _kv_cases():
         layers = kvlayout.layers(cfg)
