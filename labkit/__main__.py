@@ -95,8 +95,10 @@ def cmd_size(args: argparse.Namespace) -> int:
         if est.kv_state_bytes:
             print(f"  of which fixed per sequence (linear attention's state): {_fmt_bytes(est.kv_state_bytes)}")
         if est.kv_bytes_transformers is not None:
-            print(f"  latent attention: a serving engine keeps the latent ({_fmt_bytes(est.kv_bytes)}); transformers' "
-                  f"cache keeps expanded keys and values: {_fmt_bytes(est.kv_bytes_transformers)}")
+            same = est.kv_bytes_transformers == est.kv_bytes
+            print(f"  latent attention: a serving engine keeps the latent ({_fmt_bytes(est.kv_bytes)}); this "
+                  + ("transformers' cache keeps the latent too" if same else "transformers' cache keeps expanded keys "
+                     f"and values: {_fmt_bytes(est.kv_bytes_transformers)}"))
     print(f"  total: {_fmt_bytes(est.total_bytes)}")
     if est.gpu:
         print(f"  {est.gpu} ({est.gpu_memory_bytes / 1e9:.0f} GB): {'fits' if est.fits else 'does NOT fit'}"

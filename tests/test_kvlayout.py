@@ -65,9 +65,11 @@ def test_hybrid_linear_attention_keeps_a_fixed_state_per_sequence():
     _, cache = _prefill(cfg, torch.bfloat16)
     s = sizing.shape(cfg)
     assert [layer.kind for layer in s.kv_layers] == ["linear"] * 3 + ["full"]
-    held = [_nbytes(cache.key_cache[i]) + _nbytes(cache.value_cache[i]) + _nbytes(cache.conv_states[i])
-            + _nbytes(cache.recurrent_states[i]) for i in range(4)]
-    assert cache.recurrent_states[0].dtype == torch.float32  # why RECURRENT_STATE_BYTES is 4 in a bf16 model
+    from labkit.decoding import kv
+
+    held = [sum(_nbytes(t) for t in ts) for ts in kv.layer_tensors(cache)]
+    dtypes = {t.dtype for t in kv.layer_tensors(cache)[0]}
+    assert dtypes == {torch.bfloat16, torch.float32}  # the recurrent state is fp32: why RECURRENT_STATE_BYTES is 4
     assert [layer.bytes(PROMPT, 2) for layer in s.kv_layers] == held
     assert sizing.kv_bytes(s, "bf16", PROMPT) == sum(held)
     # the states do not grow: twice the context adds only the full-attention layer's tokens
@@ -88,24 +90,22 @@ def test_latent_attention_engine_and_transformers_figures_each_labelled():
     s = sizing.shape(cfg)
     assert [layer.kind for layer in s.kv_layers] == ["mla"] * 3
     held = sum(_dynamic_cache_bytes(cache))
-    # transformers' cache: keys of 4 heads × (8 + 4), values of 4 heads × 6, per token, fp32
-    assert held == 3 * PROMPT * 4 * (4 * 12 + 4 * 6)
-    assert sizing.kv_bytes(s, "fp32", PROMPT, expanded=True) == held
-    # a serving engine's cache: one latent of kv_lora_rank + qk_rope_head_dim per token and layer, no × 2
-    assert sizing.kv_bytes(s, "fp32", PROMPT) == 3 * PROMPT * (8 + 4) * 4
+    latent = 3 * PROMPT * (8 + 4) * 4  # one latent of kv_lora_rank + qk_rope_head_dim per token and layer, no × 2
+    expanded = 3 * PROMPT * 4 * (4 * 12 + 4 * 6)  # keys of 4 heads × (8 + 4), values of 4 heads × 6, fp32
+    # transformers 4.57 caches the expanded keys and values, transformers 5 the latent: the question is asked for real
+    assert held == (latent if sizing.transformers_keeps_latent() else expanded)
+    assert sizing.kv_bytes(s, "fp32", PROMPT, expanded=True) == expanded
+    assert sizing.kv_bytes(s, "fp32", PROMPT) == latent  # a serving engine's cache
+    assert sizing.transformers_kv_bytes(s, "fp32", PROMPT) == held
     est = sizing.estimate(cfg, "fp32", context=PROMPT)
-    assert est.kv_bytes_transformers == held and est.kv_bytes == 3 * PROMPT * 12 * 4
+    assert est.kv_bytes_transformers == held and est.kv_bytes == latent
 
 
-def _expert_params(model) -> tuple[int, int]:
-    """(routed experts' parameters over all layers, experts per layer) counted on a real model."""
-    total, per_layer = 0, set()
-    for name, mod in model.named_modules():
-        if name.endswith(".experts"):
-            total += sum(p.numel() for p in mod.parameters())
-            per_layer.add(len(mod))
-    (e,) = per_layer
-    return total, e
+def _expert_params(model) -> int:
+    """Routed experts' parameters over all layers, counted on a real model (a ModuleList of experts in transformers
+    4.57, fused (experts, out, in) tensors in transformers 5)."""
+    return sum(sum(p.numel() for p in mod.parameters()) for name, mod in model.named_modules()
+               if name.endswith(".experts"))
 
 
 @pytest.mark.parametrize("experts", [2, 16])
@@ -119,7 +119,7 @@ def test_mixture_of_experts_counts_total_and_active_parameters(experts):
                            topk_group=1, first_k_dense_replace=1)
     model = AutoModelForCausalLM.from_config(cfg)
     real = sum(p.numel() for p in model.parameters())
-    routed, e = _expert_params(model)
+    routed, e = _expert_params(model), experts
     s = sizing.shape(cfg)  # 16 experts: built with 1, 2 and 3 and extended
     assert s.n_params == real
     assert (s.n_experts, s.experts_per_token) == (experts, 2)
@@ -167,6 +167,11 @@ def test_per_layer_overrides_and_shared_kv_layers():
     listed = kvlayout.layers({**cfg, "num_kv_shared_layers": 0,
                               "per_layer_config": [{}, {"head_dim": 128}, {}, {"num_key_value_heads": 2}]})
     assert listed[1].per_token == 2 * 4 * 128 and listed[3].per_token == 2 * 2 * 256
+    # transformers 5 writes Gemma 4's per-layer sizes as a dict keyed by the zero-padded layer index
+    keyed = kvlayout.layers({**cfg, "num_kv_shared_layers": 0, "global_head_dim": None, "num_global_key_value_heads": None,
+                             "per_layer_config": {"02": {"head_dim": 512, "num_key_value_heads": 2},
+                                                  "03": {"head_dim": 512, "num_key_value_heads": 2}}})
+    assert [layer.per_token for layer in keyed] == [2 * 4 * 64, 2 * 4 * 64, 2 * 2 * 512, 2 * 2 * 512]
     # Mistral 7B v0.1: no layer_types, a sliding_window: every layer slides; Qwen2 switches it off
     assert {layer.kind for layer in kvlayout.layers({**cfg, "layer_types": None, "num_kv_shared_layers": 0})} == {"sliding"}
     assert {layer.kind for layer in kvlayout.layers({**cfg, "layer_types": None, "num_kv_shared_layers": 0,
@@ -195,7 +200,9 @@ def test_notebook_05_says_whether_the_layer_by_layer_figure_is_the_formula():
                            q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6, n_routed_experts=4,
                            num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1)
     said = nb05.layer_by_layer_sentence(mla, "fp32", kv.bytes_per_position(mla, 4), 10)
-    assert f"{2 * 10 * 12 * 4:,} bytes at 10 tokens" in said and f"expanded keys and values: {2 * 10 * 4 * (12 + 6) * 4:,}" in said
+    assert f"{2 * 10 * 12 * 4:,} bytes at 10 tokens" in said
+    assert ("keeps it too" in said if sizing.transformers_keeps_latent()
+            else f"expanded keys and values instead: {2 * 10 * 4 * (12 + 6) * 4:,}" in said)
 
 
 def test_the_labs_prefill_and_cache_measure_follow_each_layer_kind():

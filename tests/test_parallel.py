@@ -35,7 +35,7 @@ def fields(name: str) -> dict:
     heads = c["num_attention_heads"]
     return {"layers": c["num_hidden_layers"], "heads": heads, "kv": c.get("num_key_value_heads") or heads,
             "hidden": c["hidden_size"], "head_dim": c.get("head_dim") or c["hidden_size"] // heads,
-            "inter": c["intermediate_size"], "latent": (c["kv_lora_rank"] + c["qk_rope_head_dim"]
+            "inter": c.get("intermediate_size") or c["moe_intermediate_size"], "latent": (c["kv_lora_rank"] + c["qk_rope_head_dim"]
                                                         if c.get("kv_lora_rank") else None),
             "uniform": kvlayout.uniform(kvlayout.layers(c))}
 

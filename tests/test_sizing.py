@@ -121,7 +121,8 @@ def test_cli_size_json_is_layer_by_layer_for_a_latent_attention_mixture_of_exper
     assert data["kv_bytes"] == data["kv_bytes_by_kind"]["mla"] == layers * latent * 2 * 32768
     heads = cfg["num_attention_heads"]
     expanded = heads * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]) + heads * cfg["v_head_dim"]
-    assert data["kv_bytes_transformers"] == layers * expanded * 2 * 32768
+    assert data["kv_bytes_transformers"] == (layers * latent if sizing.transformers_keeps_latent()
+                                             else layers * expanded) * 2 * 32768
     assert data["kv_state_bytes"] == 0
     # published: 671 B parameters, 37 B active
     assert abs(data["n_params"] - 671e9) / 671e9 < 0.01 and abs(data["active_params"] - 37e9) / 37e9 < 0.03

@@ -32,7 +32,7 @@ def test_a_tiny_model_of_each_kind_loads_decodes_and_is_sized_layer_by_layer(kin
     assert out.shape[1] == n + 4
     per_token_sliding = sum(layer.per_token * 4 for layer in s.kv_layers
                             if layer.kind == "sliding" and layer.window < n)  # transformers keeps window − 1 tokens
-    assert kv.cache_bytes(cache) == sizing.kv_bytes(s, "fp32", n, expanded=True) - per_token_sliding
+    assert kv.cache_bytes(cache) == sizing.transformers_kv_bytes(s, "fp32", n) - per_token_sliding
 
 
 def test_unknown_kind_is_refused_naming_the_kinds(tmp_path):

@@ -43,13 +43,14 @@ def _tensor(t: Any) -> bool:
 
 
 def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
-    """(key, value) tensors per attention layer from a transformers ``Cache`` (``.layers``), a hybrid model's cache
-    (``key_cache``/``value_cache`` lists whose linear-attention entries are empty) or a legacy tuple."""
+    """(key, value) tensors per attention layer from a transformers ``Cache`` (``.layers``; a linear-attention
+    layer, which keeps no keys, is left out), transformers 4.57's hybrid cache (``key_cache``/``value_cache`` lists
+    whose linear-attention entries are empty) or a legacy tuple."""
     if cache is None:
         raise ValueError("no cache: the model ran with use_cache=False, so there is nothing to measure")
     layers = getattr(cache, "layers", None)
     if layers is not None:
-        pairs = [(layer.keys, layer.values) for layer in layers]
+        pairs = [(layer.keys, layer.values) for layer in layers if hasattr(layer, "keys")]
     elif hasattr(cache, "key_cache"):
         pairs = [(k, v) for k, v in zip(cache.key_cache, cache.value_cache) if _tensor(k)]
     else:
@@ -59,19 +60,50 @@ def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
     return pairs
 
 
+def _states(holder: Any, index: int | None = None) -> list[Any]:
+    """The state tensors ``holder`` keeps (a layer's, or with ``index`` one layer's entry of cache-wide lists)."""
+    out = []
+    for attr in STATE_ATTRS:
+        value = getattr(holder, attr, None)
+        if value is None:
+            continue
+        if index is not None:
+            value = value[index]
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        out += [t for t in items if _tensor(t)]
+    return out
+
+
+def layer_tensors(cache: Any) -> list[list[Any]]:
+    """Every tensor the cache holds, layer by layer: keys, values and linear attention's states."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [[t for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if _tensor(t)]
+                + _states(layer) for layer in layers]
+    if hasattr(cache, "key_cache"):  # transformers 4.57's hybrid cache: lists by layer
+        return [[t for t in (k, v) if _tensor(t)] + _states(cache, i)
+                for i, (k, v) in enumerate(zip(cache.key_cache, cache.value_cache))]
+    return [[k, v] for k, v in cache_layers(cache)]
+
+
 def cache_states(cache: Any) -> list[Any]:
     """The fixed-size state tensors a hybrid model's cache holds beside its keys and values (linear attention's
     convolution and recurrent states); [] for a plain attention cache."""
-    holders = getattr(cache, "layers", None) or [cache]
-    return [t for h in holders for attr in STATE_ATTRS for t in (getattr(h, attr, None) or [])
-            if _tensor(t)] if not isinstance(cache, tuple) else []
+    if isinstance(cache, tuple):
+        return []
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [t for layer in layers for t in _states(layer)]
+    return [t for i in range(len(getattr(cache, "key_cache", []))) for t in _states(cache, i)]
 
 
 def cache_bytes(cache: Any) -> int:
     """Bytes of every tensor the cache holds (allocated size, padding included): keys, values and any
     linear-attention states."""
-    return (sum(t.numel() * t.element_size() for pair in cache_layers(cache) for t in pair)
-            + sum(t.numel() * t.element_size() for t in cache_states(cache)))
+    if cache is None:
+        raise ValueError("no cache: the model ran with use_cache=False, so there is nothing to measure")
+    cache_layers(cache)  # a layer left uninitialised fails here
+    return sum(t.numel() * t.element_size() for ts in layer_tensors(cache) for t in ts)
 
 
 def cache_positions(cache: Any) -> int:

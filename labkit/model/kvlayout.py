@@ -97,8 +97,9 @@ def _per_layer(cfg: dict[str, Any], index: int) -> dict[str, Any]:
         if len(per) != int(cfg["num_hidden_layers"]):
             raise ValueError(f"per_layer_config has {len(per)} entries for num_hidden_layers={cfg['num_hidden_layers']}")
         return dict(per[index] or {})
-    if isinstance(per, dict):
-        return dict(per.get(str(index)) or per.get(index) or per.get(layer_types(cfg)[index]) or {})
+    if isinstance(per, dict):  # keyed by the layer's index (transformers 5 writes "05"), or by its layer type
+        by_index = {int(k): v for k, v in per.items() if str(k).isdigit()}
+        return dict(by_index.get(index) or per.get(layer_types(cfg)[index]) or {})
     raise ValueError(f"per_layer_config is a {type(per).__name__}: expected a list by layer or a dict")
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.checks import positive
-from . import gpus, sizing
+from . import gpus, kvlayout, sizing
 from .dtypes import DTYPE_BYTES, kv_dtype_for, normalize_dtype
 
 GIB = 2**30
@@ -130,7 +130,8 @@ def tp_plan(config: str | Any, dtype: str = "bf16", degrees: Sequence[int] = (1,
     usable = memory_gib * GIB * sizing.USABLE_FRACTION if memory_gib is not None else None
     s = sizing.shape(config)
     name = Path(s.name).name if Path(s.name).exists() else s.name  # a config directory reads as its model
-    intermediate = getattr(_config(config), "intermediate_size", None)
+    text = kvlayout.text_config(_config(config))
+    intermediate = text.get("intermediate_size") or text.get("moe_intermediate_size")  # MoE only: the experts' size
     rows = []
     for d in sorted(set(degrees)):
         row = _row(s, dtype, d, context_tokens, batch, legality(s, intermediate, d), usable)

@@ -103,6 +103,11 @@ def _count(data: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
     for name, mod in model.named_modules():
         if name.endswith(".experts"):
             e_params += sum(p.numel() for p in mod.parameters())
+            # transformers 5 fuses a layer's experts into (experts, out, in) tensors: quantisable weights all the same
+            for p in mod.parameters(recurse=False):
+                if p.dim() == 3:
+                    quant, rows = quant + p.numel(), rows + p.shape[0] * p.shape[1]
+                    e_quant, e_rows = e_quant + p.numel(), e_rows + p.shape[0] * p.shape[1]
     for module in model.modules():
         if isinstance(module, nn.Linear) and module is not out_emb:
             quant += module.weight.numel()
@@ -140,15 +145,17 @@ def _shape_cached(config_json: str, name: str) -> ModelShape:
     text = _text_config(_config_object(data))
     top_k = next((int(text_dict[f]) for f in TOPK_FIELDS if text_dict.get(f)), None) if n_experts else None
     idle = (n_experts - top_k) if n_experts and top_k else 0  # routed experts a token does not reach, per layer
-    n_heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // n_heads
+    # read from the dict: transformers 5 refuses attribute access to a field that varies per layer (Gemma 4's head_dim)
+    td = text.to_dict()
+    n_heads = int(td["num_attention_heads"])
+    head_dim = int(td.get("head_dim") or td["hidden_size"] // n_heads)
     return ModelShape(
         name=name, n_params=n_params, quantizable_params=quant, quantizable_rows=rows,
-        n_layers=text.num_hidden_layers, n_heads=n_heads,
-        n_kv_heads=getattr(text, "num_key_value_heads", None) or n_heads,
-        head_dim=head_dim, hidden_size=text.hidden_size, vocab_size=text.vocab_size,
-        max_position_embeddings=getattr(text, "max_position_embeddings", None),
-        kv_layers=tuple(kvlayout.layers(text.to_dict())),
+        n_layers=int(td["num_hidden_layers"]), n_heads=n_heads,
+        n_kv_heads=int(td.get("num_key_value_heads") or n_heads),
+        head_dim=head_dim, hidden_size=int(td["hidden_size"]), vocab_size=int(td["vocab_size"]),
+        max_position_embeddings=td.get("max_position_embeddings"),
+        kv_layers=tuple(kvlayout.layers(td)),
         active_params=n_params - idle * per_expert[0], active_quantizable_params=quant - idle * per_expert[1],
         active_quantizable_rows=rows - idle * per_expert[2], n_experts=n_experts,
         experts_per_token=top_k,
@@ -239,6 +246,33 @@ def kv_bytes(s: ModelShape, kv_dtype: str, context: int, batch: int = 1, expande
     return batch * sum(layer.bytes(context, b, expanded) for layer in layer_caches(s))
 
 
+@lru_cache(maxsize=1)
+def transformers_keeps_latent() -> bool:
+    """Whether the installed transformers caches latent attention as its latent (transformers 5: one
+    ``kv_lora_rank`` vector and one ``qk_rope_head_dim`` key per token and layer) or as expanded keys and values
+    (transformers 4.57). Asked for real: a one-layer latent-attention model with a few hundred parameters is built,
+    prefilled, and its cache's last dimension read."""
+    import torch
+    from transformers import AutoModelForCausalLM, DeepseekV3Config
+
+    cfg = DeepseekV3Config(vocab_size=16, hidden_size=16, intermediate_size=16, moe_intermediate_size=8,
+                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=4,
+                           q_lora_rank=8, qk_rope_head_dim=2, qk_nope_head_dim=6, v_head_dim=6, n_routed_experts=2,
+                           num_experts_per_tok=1, n_group=1, topk_group=1, first_k_dense_replace=1)
+    with torch.no_grad():
+        cache = AutoModelForCausalLM.from_config(cfg).eval()(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True).past_key_values
+    layer = cache.layers[0] if hasattr(cache, "layers") else None
+    keys = layer.keys if layer is not None else cache[0][0]
+    return int(keys.shape[-1]) == cfg.kv_lora_rank
+
+
+def transformers_kv_bytes(s: ModelShape, kv_dtype: str, context: int, batch: int = 1) -> int:
+    """``kv_bytes`` as the installed transformers' own cache holds it: a latent-attention layer as its latent or as
+    expanded keys and values, whichever this transformers keeps (``transformers_keeps_latent``)."""
+    expanded = any(layer.kind == "mla" for layer in layer_caches(s)) and not transformers_keeps_latent()
+    return kv_bytes(s, kv_dtype, context, batch, expanded=expanded)
+
+
 def kv_bytes_by_kind(s: ModelShape, kv_dtype: str, context: int, batch: int = 1,
                      expanded: bool = False) -> dict[str, int]:
     """``kv_bytes`` split by layer kind (full, sliding, linear, mla), only the kinds the model has."""
@@ -319,7 +353,7 @@ class SizeEstimate:
     kv_bytes_naive: int = 0  # 2 × layers × KV heads × head_dim × bytes × tokens × batch
     kv_bytes_by_kind: dict[str, int] = field(default_factory=dict)
     kv_state_bytes: int = 0  # the part that does not grow with the context (linear attention's states)
-    kv_bytes_transformers: int | None = None  # MLA only: transformers' expanded keys and values (kv_bytes: the latent)
+    kv_bytes_transformers: int | None = None  # MLA only: what the installed transformers' cache holds (kv_bytes: the latent)
     active_params: int = 0  # parameters one token reads (a mixture of experts: its routed experts only)
     active_weight_bytes: int = 0
     weight_bytes_read_per_step: int = 0  # a decode step of the batch: active experts, more of them as the batch grows
@@ -361,7 +395,7 @@ def estimate(model: str | Any, dtype: str = "fp16", context: int = 2048, batch: 
                        kv_bytes_naive=naive_kv_bytes_per_token(s, kv_dtype) * context * batch,
                        kv_bytes_by_kind=kv_bytes_by_kind(s, kv_dtype, context, batch),
                        kv_state_bytes=kv_state_bytes(s, kv_dtype, batch),
-                       kv_bytes_transformers=kv_bytes(s, kv_dtype, context, batch, expanded=True) if "mla" in kinds else None,
+                       kv_bytes_transformers=transformers_kv_bytes(s, kv_dtype, context, batch) if "mla" in kinds else None,
                        active_params=s.active_params or s.n_params, active_weight_bytes=active_weight_bytes(s, dtype),
                        weight_bytes_read_per_step=read)
     flops = None
@@ -437,7 +471,8 @@ def kv_compare(models: list[str], context: int, dtype: str = "bf16"):
     """The naive formula beside the layer-by-layer KV cache of one ``context``-token sequence, per model (a
     directory holding config.json): read from the configs alone, so a model this transformers cannot build is
     sized too. ``latent`` marks MLA rows, whose ``layer_by_layer`` is a serving engine's latent and
-    ``transformers_gib`` transformers' expanded keys and values."""
+    ``transformers_gib`` what the installed transformers' cache holds (transformers 4.57: expanded keys and values;
+    5: the latent too)."""
     import pandas as pd
 
     b = _kv_value_bytes(kv_dtype_for(dtype))
@@ -457,6 +492,7 @@ def kv_compare(models: list[str], context: int, dtype: str = "bf16"):
                      "naive_gib": naive / 2**30, "layer_by_layer_gib": real / 2**30, "naive_over_real": naive / real,
                      "fixed_state_mib": sum(layer.bytes(0, b) for layer in ls if layer.kind == "linear") / 2**20
                      if "linear" in kinds else 0.0,
-                     "transformers_gib": sum(layer.bytes(context, b, expanded=True) for layer in ls) / 2**30
+                     "transformers_gib": sum(layer.bytes(context, b, expanded=not transformers_keeps_latent())
+                                             for layer in ls) / 2**30
                      if "mla" in kinds else None})
     return pd.DataFrame(rows)

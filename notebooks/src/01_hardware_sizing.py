@@ -137,8 +137,8 @@ print(f"{big.model} at {big.context:,} tokens × batch {big.batch}: KV {big.kv_g
 # - **linear-attention** layers (Qwen3.5's Gated DeltaNet, 3 of every 4 layers) keep a fixed-size state per
 #   sequence, whatever the context;
 # - **latent attention** (DeepSeek-V3, Kimi K2, `kv_lora_rank`): a serving engine keeps one latent of
-#   `kv_lora_rank + qk_rope_head_dim` = 576 values per token and layer, no × 2 for K and V; transformers' own
-#   cache keeps the expanded keys and values instead.
+#   `kv_lora_rank + qk_rope_head_dim` = 576 values per token and layer, no × 2 for K and V (transformers 4.57's
+#   own cache kept the expanded keys and values instead; `transformers_gib` says what this run's transformers keeps).
 #
 # Predict first: at 32,768 tokens, how many GiB of bf16 KV cache does Gemma 4 26B-A4B keep for one sequence?
 # The naive formula (2 × 30 layers × 8 KV heads × 256 × 2 bytes per token) says 7.5 GiB.
@@ -153,7 +153,8 @@ layered = sizing.kv_compare(list(new_cfg.values()), context=32768, dtype="bf16")
 gemma4 = layered.set_index("model").loc["gemma-4-26B-A4B"]
 exercises.reveal("Gemma 4 KV at 32k tokens (computed layer by layer)", PREDICT_GEMMA4_KV_GIB, float(gemma4.layer_by_layer_gib), "GiB")
 print("naive: 2 × layers × KV heads × head_dim (hidden / heads where the config gives none); layer_by_layer: what "
-      "each layer keeps; DeepSeek-V3's layer_by_layer is a serving engine's latent, transformers_gib its own cache")
+      "each layer keeps; DeepSeek-V3's layer_by_layer is a serving engine's latent, transformers_gib this "
+      "transformers' own cache")
 layered.round(3)
 
 # %% md subslide

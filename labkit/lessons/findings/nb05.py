@@ -135,8 +135,8 @@ def layer_by_layer_sentence(config: Any, kv_dtype: str, per_position: int, conte
                 f"the formula: its {what} layers all keep every token at one size.")
     said = (f"Layer by layer (notebook 01) this model keeps {layered:,} bytes at {context:,} tokens, "
             f"{layered / (per_position * context):.3f}× the formula's {per_position * context:,}: its layers are {what}")
-    if "mla" in kinds:  # the latent is a serving engine's cache; transformers' holds the expanded keys and values
-        expanded = sizing.kv_bytes(s, kv_dtype, context, expanded=True)
-        said += (f"; that is the latent a serving engine keeps, while transformers' cache (the tensors measured here) "
-                 f"keeps the expanded keys and values: {expanded:,} bytes")
+    if "mla" in kinds:  # the latent is a serving engine's cache; transformers 4.57's held expanded keys and values
+        held = sizing.transformers_kv_bytes(s, kv_dtype, context)
+        said += ("; that is the latent a serving engine keeps, and this transformers' cache (the tensors measured here) "
+                 + ("keeps it too" if held == layered else f"keeps the expanded keys and values instead: {held:,} bytes"))
     return said + "."
