@@ -259,8 +259,9 @@ def transformers_keeps_latent() -> bool:
                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=4,
                            q_lora_rank=8, qk_rope_head_dim=2, qk_nope_head_dim=6, v_head_dim=6, n_routed_experts=2,
                            num_experts_per_tok=1, n_group=1, topk_group=1, first_k_dense_replace=1)
+    model = AutoModelForCausalLM.from_config(cfg).eval()  # built on the CPU: its input goes there too
     with torch.no_grad():
-        cache = AutoModelForCausalLM.from_config(cfg).eval()(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True).past_key_values
+        cache = model(input_ids=torch.tensor([[1, 2, 3]], device="cpu"), use_cache=True).past_key_values
     layer = cache.layers[0] if hasattr(cache, "layers") else None
     keys = layer.keys if layer is not None else cache[0][0]
     return int(keys.shape[-1]) == cfg.kv_lora_rank
