@@ -86,17 +86,6 @@ def layer_tensors(cache: Any) -> list[list[Any]]:
     return [[k, v] for k, v in cache_layers(cache)]
 
 
-def cache_states(cache: Any) -> list[Any]:
-    """The fixed-size state tensors a hybrid model's cache holds beside its keys and values (linear attention's
-    convolution and recurrent states); [] for a plain attention cache."""
-    if isinstance(cache, tuple):
-        return []
-    layers = getattr(cache, "layers", None)
-    if layers is not None:
-        return [t for layer in layers for t in _states(layer)]
-    return [t for i in range(len(getattr(cache, "key_cache", []))) for t in _states(cache, i)]
-
-
 def cache_bytes(cache: Any) -> int:
     """Bytes of every tensor the cache holds (allocated size, padding included): keys, values and any
     linear-attention states."""

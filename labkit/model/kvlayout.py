@@ -20,6 +20,7 @@ by default.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +169,11 @@ def _linear(index: int, c: dict[str, Any]) -> LayerCache:
     kernel = int(_required(c, index, "linear_conv_kernel_dim"))
     conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
     return LayerCache(index, "linear", 0, 0, state=conv_dim * kernel, recurrent_state=v_heads * k_dim * v_dim)
+
+
+def kind_counts(layer_caches: list[LayerCache] | tuple[LayerCache, ...]) -> dict[str, int]:
+    """How many layers of each kind, in the order the kinds first appear ({"sliding": 25, "full": 5})."""
+    return dict(Counter(layer.kind for layer in layer_caches))
 
 
 def uniform(layer_caches: list[LayerCache] | tuple[LayerCache, ...]) -> bool:

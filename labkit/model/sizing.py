@@ -287,8 +287,7 @@ def kv_bytes_by_kind(s: ModelShape, kv_dtype: str, context: int, batch: int = 1,
 def kv_state_bytes(s: ModelShape, kv_dtype: str, batch: int = 1) -> int:
     """The fixed part of the cache, per ``batch`` sequences whatever their length: linear attention's states."""
     b = _kv_value_bytes(kv_dtype)
-    return batch * sum(int(layer.state * b + layer.recurrent_state * kvlayout.RECURRENT_STATE_BYTES)
-                       for layer in layer_caches(s))
+    return batch * sum(layer.bytes(0, b) for layer in layer_caches(s))  # no tokens held: the states alone
 
 
 def active_weight_bytes(s: ModelShape, dtype: str) -> int:
@@ -386,9 +385,7 @@ def estimate(model: str | Any, dtype: str = "fp16", context: int = 2048, batch: 
     kv_dtype = kv_dtype_for(dtype)
     w = weight_bytes(s, dtype)
     kv = kv_bytes(s, kv_dtype, context, batch)
-    kinds: dict[str, int] = {}
-    for layer in layer_caches(s):
-        kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+    kinds = kvlayout.kind_counts(layer_caches(s))
     read = weight_bytes_read(s, dtype, batch)
     est = SizeEstimate(model=s.name, dtype=dtype, kv_dtype=kv_dtype, context=context, batch=batch,
                        n_params=s.n_params, weight_bytes=w, kv_bytes_per_token=kv_bytes_per_token(s, kv_dtype),
@@ -484,9 +481,7 @@ def kv_compare(models: list[str], context: int, dtype: str = "bf16"):
         heads = int(c["num_attention_heads"])
         kv_heads = int(c.get("num_key_value_heads") or heads)
         head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
-        kinds: dict[str, int] = {}
-        for layer in ls:
-            kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+        kinds = kvlayout.kind_counts(ls)
         naive = 2 * len(ls) * kv_heads * head_dim * b * context
         real = sum(layer.bytes(context, b) for layer in ls)
         rows.append({"model": _label(m), "layers": ", ".join(f"{n} {k}" for k, n in kinds.items()),

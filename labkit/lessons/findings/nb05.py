@@ -8,7 +8,7 @@ from typing import Any
 
 from ...core import verdict
 from ...core.verdict import NOISE, Verdict
-from ...model import sizing
+from ...model import kvlayout, sizing
 from . import Findings, step_split
 
 
@@ -126,9 +126,7 @@ def layer_by_layer_sentence(config: Any, kv_dtype: str, per_position: int, conte
     checked against, for this model at ``context`` tokens: equal when every layer is full attention of one size."""
     s = sizing.shape(config)
     layered = sizing.kv_bytes(s, kv_dtype, context)
-    kinds: dict[str, int] = {}
-    for layer in sizing.layer_caches(s):
-        kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+    kinds = kvlayout.kind_counts(sizing.layer_caches(s))
     what = ", ".join(f"{n} {k}" for k, n in kinds.items())
     if layered == per_position * context:
         return (f"Layer by layer (notebook 01) this model keeps {layered:,} bytes at {context:,} tokens, the same as "
