@@ -79,10 +79,26 @@ def cmd_size(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data))
         return 0
-    print(f"{est.model}: {est.n_params:,} parameters")
-    print(f"  weights ({est.dtype}): {_fmt_bytes(est.weight_bytes)}")
-    print(f"  KV cache ({est.kv_dtype}): {est.kv_bytes_per_token:,} B/token × {est.context} tokens × {est.batch} "
-          f"= {_fmt_bytes(est.kv_bytes)}")
+    active = f" ({est.active_params:,} active per token)" if est.active_params != est.n_params else ""
+    print(f"{est.model}: {est.n_params:,} parameters{active}")
+    print(f"  weights ({est.dtype}): {_fmt_bytes(est.weight_bytes)}"
+          + (f"; a token reads {_fmt_bytes(est.active_weight_bytes)}" if active else ""))
+    kinds = ", ".join(f"{n} {k}" for k, n in est.layer_kinds.items())
+    if est.kv_bytes == est.kv_bytes_naive:
+        print(f"  KV cache ({est.kv_dtype}): {est.kv_bytes_per_token:,} B/token × {est.context} tokens × {est.batch} "
+              f"= {_fmt_bytes(est.kv_bytes)} ({kinds} layers)")
+    else:
+        split = ", ".join(f"{k} {_fmt_bytes(b)}" for k, b in est.kv_bytes_by_kind.items())
+        print(f"  KV cache ({est.kv_dtype}), layer by layer ({kinds} layers): {_fmt_bytes(est.kv_bytes)} for "
+              f"{est.context} tokens × {est.batch} ({split}); the formula 2 × layers × KV heads × head_dim says "
+              f"{_fmt_bytes(est.kv_bytes_naive)} ({est.kv_bytes_naive / est.kv_bytes:.1f}×)")
+        if est.kv_state_bytes:
+            print(f"  of which fixed per sequence (linear attention's state): {_fmt_bytes(est.kv_state_bytes)}")
+        if est.kv_bytes_transformers is not None:
+            same = est.kv_bytes_transformers == est.kv_bytes
+            print(f"  latent attention: a serving engine keeps the latent ({_fmt_bytes(est.kv_bytes)}); this "
+                  + ("transformers' cache keeps the latent too" if same else "transformers' cache keeps expanded keys "
+                     f"and values: {_fmt_bytes(est.kv_bytes_transformers)}"))
     print(f"  total: {_fmt_bytes(est.total_bytes)}")
     if est.gpu:
         print(f"  {est.gpu} ({est.gpu_memory_bytes / 1e9:.0f} GB): {'fits' if est.fits else 'does NOT fit'}"

@@ -332,3 +332,25 @@ def test_the_reveal_names_a_faster_cache_only_when_the_takeaway_would():
     apart = _rows(["dynamic", "static"], "tpot_s", [0.050, 0.051, 0.049], [0.060, 0.061, 0.059])
     assert nb05.faster_of(apart, ["dynamic", "static"], "tpot_s") == ("dynamic", "")
     assert nb05.faster_of(apart, ["static", "dynamic"], "tpot_s") == ("dynamic", "")
+
+
+def test_a_model_whose_static_cache_cannot_run_says_why_instead_of_timing_it():
+    reason = "transformers' StaticCache cannot hold this model's cache (RuntimeError: index_copy_(): …)"
+    dyn = _rows(["dynamic"], "tpot_s", [0.050, 0.051, 0.049])
+    found = _findings(variants=dyn, static_reason=reason)
+    text = " ".join(found.sentences)
+    assert f"The static cache did not run on this model: {reason}." in text and "static cache decoded" not in text
+    assert {r["finding"]: r["value"] for r in found.rows}["TPOT static / dynamic cache (×)"] is None
+    with pytest.raises(ValueError, match="static_reason"):
+        _findings(variants=dyn)
+
+
+def test_static_cache_reason_asks_the_model(tiny_llama):
+    model, tok = tiny_llama
+    assert cache_variants.static_cache_reason(model, tok) == ""
+    from unittest import mock
+
+    boom = RuntimeError("index_copy_(): Source/destination tensor must have same slice shapes.")
+    with mock.patch.object(type(model), "generate", side_effect=boom):
+        said = cache_variants.static_cache_reason(model, tok)
+    assert said.startswith("transformers' StaticCache cannot hold this model's cache (RuntimeError: index_copy_()")

@@ -111,6 +111,26 @@ def test_cli_size_json_keys():
     assert data["kv_bytes_per_token"] == 28672 and data["kv_bytes"] == 28672 * 4096 * 2
 
 
+def test_cli_size_json_is_layer_by_layer_for_a_latent_attention_mixture_of_experts():
+    out = _cli("size", str(CONFIGS / "DeepSeek-V3"), "--dtype", "bf16", "--context", "32768", "--gpu", "H200", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    cfg = json.loads((CONFIGS / "DeepSeek-V3" / "config.json").read_text(encoding="utf-8"))
+    layers, latent = cfg["num_hidden_layers"], cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
+    assert data["layer_kinds"] == {"mla": layers}
+    assert data["kv_bytes"] == data["kv_bytes_by_kind"]["mla"] == layers * latent * 2 * 32768
+    heads = cfg["num_attention_heads"]
+    expanded = heads * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]) + heads * cfg["v_head_dim"]
+    assert data["kv_bytes_transformers"] == (layers * latent if sizing.transformers_keeps_latent()
+                                             else layers * expanded) * 2 * 32768
+    assert data["kv_state_bytes"] == 0
+    # published: 671 B parameters, 37 B active
+    assert abs(data["n_params"] - 671e9) / 671e9 < 0.01 and abs(data["active_params"] - 37e9) / 37e9 < 0.03
+    assert data["active_weight_bytes"] == 2 * data["active_params"] == data["weight_bytes_read_per_step"]
+    bw = data["bandwidth_gbs"] * 1e9
+    assert data["decode_tokens_per_s_ceiling"] == pytest.approx(bw / (data["active_weight_bytes"] + data["kv_bytes"]))
+
+
 @pytest.mark.parametrize("args", [
     ["size", "no/such/dir/anywhere"],
     ["size", "default", "--dtype", "fp9"],

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core import config, env, results
+from ..core.checks import model_device
 
 CACHE_VARIANTS = ("dynamic", "static", "static+compile")
 REFERENCE_COMPILE = "05_kv_cache_compile"
@@ -93,6 +94,24 @@ class CompileStory:
         """Tokens after which the compiled decode has paid back its first call; None when it is not faster."""
         saved = 1 / self.eager_tokens_per_s - 1 / self.compiled_tokens_per_s
         return self.extra_first_s / saved if saved > 0 else None
+
+
+def static_cache_reason(model: Any, tokenizer: Any) -> str:
+    """'' when transformers' static cache holds this model's cache; otherwise why not. Asked for real: one token
+    generated with ``cache_implementation="static"`` on a short prompt (latent attention, whose values are narrower
+    than its keys, does not fit a StaticCache in transformers 4.57)."""
+    import torch
+
+
+    ids = tokenizer("Hello there", return_tensors="pt").to(model_device(model))
+    try:
+        with torch.inference_mode():
+            model.generate(**ids, max_new_tokens=1, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                           **cache_variant_kwargs("static"))
+    except (RuntimeError, ValueError, TypeError, AttributeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"transformers' StaticCache cannot hold this model's cache ({type(exc).__name__}: {first[:160]})"
+    return ""
 
 
 def compile_here(device: str | None = None) -> tuple[bool, str]:

@@ -37,15 +37,15 @@ def prefill(model: Any, input_ids: Any, attention_mask: Any = None, cache: Any =
     """(B, T) prompt → (B, V) logits of its last position, and the KV cache now holding its T positions.
 
     ``attention_mask`` may be longer than T: (B, past + T) when the cache already holds ``past`` positions
-    (a prompt fed in chunks). ``cache``: a fresh ``DynamicCache`` by default, or a ``StaticCache``.
+    (a prompt fed in chunks). ``cache``: by default the one the model makes from its config (a
+    ``DynamicCache`` with its sliding-window layers, a hybrid model's own), or a ``StaticCache``.
     """
-    from transformers import DynamicCache
-
-    cache = DynamicCache() if cache is None else cache
     pos = None if attention_mask is None else positions(attention_mask)[:, -input_ids.shape[1]:]
+    # no cache given: the model makes its own, as generate's is made, from its config: sliding-window layers keep
+    # their window, a hybrid model gets its linear-attention states
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
                 use_cache=True, logits_to_keep=1)  # the lm_head is a V-wide matmul: run it for the last position only
-    return out.logits[:, -1], cache
+    return out.logits[:, -1], out.past_key_values if cache is None else cache
 
 
 def decode_one_token(model: Any, tokens: Any, cache: Any, position_ids: Any, attention_mask: Any = None,

@@ -35,13 +35,24 @@ ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 
 # ---------------------------------------------------------------- measuring the cache itself
 
+STATE_ATTRS = ("conv_states", "recurrent_states", "ssm_states")  # linear attention's fixed-size states
+
+
+def _tensor(t: Any) -> bool:
+    return t is not None and hasattr(t, "numel") and t.numel() > 0
+
+
 def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
-    """(key, value) tensors per layer from a transformers ``Cache`` (4.5x: ``.layers``) or a legacy tuple."""
+    """(key, value) tensors per attention layer from a transformers ``Cache`` (``.layers``; a linear-attention
+    layer, which keeps no keys, is left out), transformers 4.57's hybrid cache (``key_cache``/``value_cache`` lists
+    whose linear-attention entries are empty) or a legacy tuple."""
     if cache is None:
         raise ValueError("no cache: the model ran with use_cache=False, so there is nothing to measure")
     layers = getattr(cache, "layers", None)
     if layers is not None:
-        pairs = [(layer.keys, layer.values) for layer in layers]
+        pairs = [(layer.keys, layer.values) for layer in layers if hasattr(layer, "keys")]
+    elif hasattr(cache, "key_cache"):
+        pairs = [(k, v) for k, v in zip(cache.key_cache, cache.value_cache) if _tensor(k)]
     else:
         pairs = [(kv[0], kv[1]) for kv in cache]
     for k, v in pairs:
@@ -49,14 +60,44 @@ def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
     return pairs
 
 
+def _states(holder: Any, index: int | None = None) -> list[Any]:
+    """The state tensors ``holder`` keeps (a layer's, or with ``index`` one layer's entry of cache-wide lists)."""
+    out = []
+    for attr in STATE_ATTRS:
+        value = getattr(holder, attr, None)
+        if value is None:
+            continue
+        if index is not None:
+            value = value[index]
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        out += [t for t in items if _tensor(t)]
+    return out
+
+
+def layer_tensors(cache: Any) -> list[list[Any]]:
+    """Every tensor the cache holds, layer by layer: keys, values and linear attention's states."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [[t for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if _tensor(t)]
+                + _states(layer) for layer in layers]
+    if hasattr(cache, "key_cache"):  # transformers 4.57's hybrid cache: lists by layer
+        return [[t for t in (k, v) if _tensor(t)] + _states(cache, i)
+                for i, (k, v) in enumerate(zip(cache.key_cache, cache.value_cache))]
+    return [[k, v] for k, v in cache_layers(cache)]
+
+
 def cache_bytes(cache: Any) -> int:
-    """Bytes of every key and value tensor the cache holds (allocated size, padding included)."""
-    return sum(t.numel() * t.element_size() for pair in cache_layers(cache) for t in pair)
+    """Bytes of every tensor the cache holds (allocated size, padding included): keys, values and any
+    linear-attention states."""
+    if cache is None:
+        raise ValueError("no cache: the model ran with use_cache=False, so there is nothing to measure")
+    cache_layers(cache)  # a layer left uninitialised fails here
+    return sum(t.numel() * t.element_size() for ts in layer_tensors(cache) for t in ts)
 
 
 def cache_positions(cache: Any) -> int:
-    """Positions per sequence the cache holds storage for (the K tensors' sequence dimension)."""
-    return int(cache_layers(cache)[0][0].shape[-2])
+    """Positions per sequence the cache holds storage for: the longest layer's (a sliding layer holds fewer)."""
+    return max(int(k.shape[-2]) for k, _ in cache_layers(cache))
 
 
 @dataclass
@@ -306,8 +347,8 @@ def _outcome(fn: Any) -> str:
     """What a call does here: 'ran' with its result, or the exception's type and first line."""
     try:
         return f"ran: {fn()}"
-    except (ValueError, ImportError, TypeError, RuntimeError) as exc:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    except (ValueError, ImportError, TypeError, RuntimeError, AttributeError) as exc:
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
 
 
 def audit_claims(model: Any, tokenizer: Any, new_tokens: int = 2) -> list[dict[str, Any]]:

@@ -1,6 +1,8 @@
 """Live panels for the notebooks. Each callback is a plain function, tested without a browser."""
 from __future__ import annotations
 
+import html
+
 import sys
 import threading
 import traceback
@@ -34,6 +36,7 @@ def sizing_answer(model: str, dtype: str, context: int, batch: int, gpu: str) ->
         "ceiling_tokens_per_s": est.decode_tokens_per_s_ceiling,
         "ceiling_per_sequence": est.decode_tokens_per_s_per_sequence_ceiling,
         "compute_bound_batch": est.compute_bound_batch,
+        "kv_naive_gib": est.kv_bytes_naive / 2**30, "active_weights_gib": est.active_weight_bytes / 2**30,
     }
 
 
@@ -42,9 +45,13 @@ def sizing_html(ans: dict[str, Any]) -> str:
                else "<b style='color:#cf222e'>does not fit</b>")
     cb = ans["compute_bound_batch"]
     cb_text = f"{cb:,.0f}" if cb is not None else "never at this context (KV reads grow faster than compute)"
+    layered = (f" (layer by layer; the formula 2 × layers × KV heads × head_dim says {ans['kv_naive_gib']:.2f} GiB)"
+               if abs(ans.get("kv_naive_gib", ans["kv_gib"]) - ans["kv_gib"]) > 1e-9 else "")
+    active = (f" A token reads {ans['active_weights_gib']:.2f} GiB of the weights (its experts only)."
+              if ans.get("active_weights_gib", ans["weights_gib"]) < ans["weights_gib"] else "")
     return (f"<p>{ans['model']} in {ans['dtype']} on {ans['gpu']}: {verdict} — "
             f"weights {ans['weights_gib']:.2f} GiB + KV {ans['kv_gib']:.2f} GiB = {ans['total_gib']:.2f} GiB "
-            f"of {ans['gpu_gib']:.0f} GiB.</p>"
+            f"of {ans['gpu_gib']:.0f} GiB{layered}.{active}</p>"
             f"<p>Decode ceiling: <b>{ans['ceiling_tokens_per_s']:,.0f} tokens/s</b> in total, "
             f"{ans['ceiling_per_sequence']:,.0f} per sequence. Compute-bound above batch: {cb_text}.</p>")
 
@@ -63,7 +70,10 @@ def sizing_panel(default_model: str | None = None):
     out = w.HTML()
 
     def update(_change: Any = None) -> None:
-        out.value = sizing_html(sizing_answer(model.value, dtype.value, context.value, batch.value, gpu.value))
+        try:
+            out.value = sizing_html(sizing_answer(model.value, dtype.value, context.value, batch.value, gpu.value))
+        except ValueError as exc:  # a model this transformers cannot build: say so in the panel
+            out.value = f"<p><b>Cannot size {Path(model.value).name}</b>: {html.escape(str(exc))}</p>"
 
     for control in (model, dtype, context, batch, gpu):
         control.observe(update, names="value")

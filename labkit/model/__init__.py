@@ -2,7 +2,8 @@
 
 ``dtypes``    the precision vocabulary (``fp32`` … ``nf4``, bytes per value, torch dtypes)
 ``gpus``      the GPU catalog (``data/gpus.json``): pure data, no probes
-``sizing``    parameters, weight and KV-cache bytes from a config, the decode ceiling
+``sizing``    parameters (total and active), weight and KV-cache bytes from a config, the decode ceiling
+``kvlayout``  what each layer keeps per sequence: full, sliding-window, linear-attention and latent-attention layers
 ``parallel``  tensor parallelism from a config: weights, KV and all-reduce bytes per GPU; when replicas win
 ``roofline``  a matmul's arithmetic intensity and the two roofs it sits under
 ``hardware``  probes of this machine: achieved bandwidth, matmul FLOP/s, CPU features

@@ -251,3 +251,19 @@ def chat_inputs(tokenizer: Any, prompts: str | list[str], system: str | None = N
 def chat_ids(tokenizer: Any, prompt: str) -> tuple[int, ...]:
     """The chat-formatted prompt's token ids (what the model is prefilled with)."""
     return tuple(int(i) for i in chat_inputs(tokenizer, prompt)["input_ids"][0])
+
+
+def down_proj_of(model: Any, name: str) -> str:
+    """``name`` (an MLP's ``…mlp.down_proj``) when the model has that Linear; in a mixture-of-experts layer, whose MLP
+    is a router and experts, the same layer's shared expert's down_proj, else its first expert's. ``KeyError``
+    naming the layer when it has neither."""
+    from torch import nn
+
+    mods = dict(model.named_modules())
+    if isinstance(mods.get(name), nn.Linear):
+        return name
+    stem = name.rsplit(".down_proj", 1)[0]
+    for alt in (f"{stem}.shared_expert.down_proj", f"{stem}.shared_experts.down_proj", f"{stem}.experts.0.down_proj"):
+        if isinstance(mods.get(alt), nn.Linear):
+            return alt
+    raise KeyError(f"{name}: no such Linear, and no shared or first expert's down_proj under {stem}")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.checks import positive
-from . import gpus, sizing
+from . import gpus, kvlayout, sizing
 from .dtypes import DTYPE_BYTES, kv_dtype_for, normalize_dtype
 
 GIB = 2**30
@@ -54,6 +54,19 @@ def all_reduce_bytes_per_token(s: sizing.ModelShape, dtype: str) -> int:
     return int(2 * s.n_layers * s.hidden_size * DTYPE_BYTES[kv_dtype_for(dtype)])
 
 
+def kv_bytes_per_gpu(s: sizing.ModelShape, kv_dtype: str, degree: int, context: int, batch: int) -> int:
+    """The KV cache one GPU keeps under tensor parallelism, layer by layer: attention layers split their KV heads
+    (each GPU keeps max(1, KV heads / degree) of them); linear attention splits its state's heads; an MLA layer's
+    latent has no heads to split, so every GPU keeps all of it."""
+    share = max(1, s.n_kv_heads // degree) / s.n_kv_heads
+    value = DTYPE_BYTES[normalize_dtype(kv_dtype)]
+    total = 0.0
+    for layer in s.kv_layers or sizing.layer_caches(s):
+        b = layer.bytes(context, value)
+        total += b if layer.kind == "mla" else b / degree if layer.kind == "linear" else b * share
+    return int(round(total * batch))
+
+
 def _row(s: sizing.ModelShape, dtype: str, degree: int, context: int, batch: int, why_not: str,
          usable_bytes: float | None) -> dict[str, Any]:
     row: dict[str, Any] = {"degree": degree, "legal": not why_not, "why_not": why_not}
@@ -69,7 +82,7 @@ def _row(s: sizing.ModelShape, dtype: str, degree: int, context: int, batch: int
     replicated = 2 * s.n_layers * s.hidden_size * s.head_dim * (kv_heads - s.n_kv_heads / degree)
     weights = sizing.weight_bytes(s, dtype) / degree + replicated * weight_dtype_bytes
     kv_dtype = kv_dtype_for(dtype)
-    kv = 2 * s.n_layers * kv_heads * s.head_dim * DTYPE_BYTES[kv_dtype] * context * batch
+    kv = kv_bytes_per_gpu(s, kv_dtype, degree, context, batch)
     message = all_reduce_bytes_per_token(s, dtype) * batch if degree > 1 else 0
     total = weights + kv
     note = (f"{s.n_kv_heads} KV heads on {degree} GPUs: each keeps 1, replicated {replicas}× (the KV cache per GPU "
@@ -117,7 +130,8 @@ def tp_plan(config: str | Any, dtype: str = "bf16", degrees: Sequence[int] = (1,
     usable = memory_gib * GIB * sizing.USABLE_FRACTION if memory_gib is not None else None
     s = sizing.shape(config)
     name = Path(s.name).name if Path(s.name).exists() else s.name  # a config directory reads as its model
-    intermediate = getattr(_config(config), "intermediate_size", None)
+    text = kvlayout.text_config(_config(config))
+    intermediate = text.get("intermediate_size") or text.get("moe_intermediate_size")  # MoE only: the experts' size
     rows = []
     for d in sorted(set(degrees)):
         row = _row(s, dtype, d, context_tokens, batch, legality(s, intermediate, d), usable)

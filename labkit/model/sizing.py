@@ -1,19 +1,23 @@
 """Exact sizing from a model's config: parameters, weight bytes, KV cache, roofline ceiling.
 
 Parameters are counted on a model built on the meta device (no per-architecture formula,
-no memory), so biases, tied embeddings and GQA are right for any HF causal LM.
+no memory), so biases, tied embeddings and GQA are right for any HF causal LM. A mixture-of-experts
+model is built with one, two and three experts per layer and its count extended to the config's
+expert count (a parameter count is linear in it; checked), which also gives the parameters one token
+reads: the active ones. The KV cache is summed layer by layer (``kvlayout``): sliding windows, linear
+attention's fixed state and latent attention each keep what they really keep.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..core.checks import positive
 from ..core.config import DEFAULT_CONFIG_DIR, DEFAULT_MODEL_NAME
-from . import gpus
+from . import gpus, kvlayout
 from .dtypes import DTYPE_BYTES, QUANTIZED, kv_dtype_for, layout, normalize_dtype
 
 USABLE_FRACTION = 0.90  # a GPU's memory left for weights + KV after CUDA context and activations
@@ -33,6 +37,11 @@ def load_config(model: str):
     if path.exists():
         if not (path / "config.json").is_file():
             raise ValueError(f"{model}: no config.json in that directory; point at a HF model directory")
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        data = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        if data.get("auto_map") or data.get("model_type") not in CONFIG_MAPPING_NAMES:
+            return _config_object(data)  # never runs a model's own code: its architectures field, or a clear error
         return AutoConfig.from_pretrained(path)
     if model.startswith((".", "/", "~")) or model.count("/") != 1:
         raise ValueError(f"{model}: no such directory, and not a hub id of the form owner/name")
@@ -56,39 +65,121 @@ class ModelShape:
     hidden_size: int
     vocab_size: int
     max_position_embeddings: int | None
+    kv_layers: tuple[kvlayout.LayerCache, ...] = ()  # what each layer keeps (kvlayout.layers)
+    active_params: int | None = None  # parameters one token reads: the routed experts it is sent to, not all
+    active_quantizable_params: int | None = None
+    active_quantizable_rows: int | None = None
+    n_experts: int | None = None  # routed experts per MoE layer (None: a dense model)
+    experts_per_token: int | None = None
+
+    @property
+    def moe(self) -> bool:
+        return self.n_experts is not None
+
+
+EXPERT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts")  # routed experts per MoE layer
+TOPK_FIELDS = ("num_experts_per_tok", "top_k_experts", "moe_topk", "num_experts_per_token")  # experts each token is sent to
 
 
 def _text_config(cfg: Any) -> Any:
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
-@lru_cache(maxsize=32)
-def _shape_cached(config_json: str, name: str) -> ModelShape:
+def _count(data: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
+    """(parameters, quantisable weights, their rows, and the same three for the routed experts alone) of the
+    model built from config dict ``data`` on the meta device."""
     import torch
     from torch import nn
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    data = json.loads(config_json)
-    cfg = AutoConfig.for_model(**data)
+    cfg = _config_object(data)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     n_params = sum(p.numel() for p in model.parameters())  # parameters() skips tied duplicates
     out_emb = model.get_output_embeddings()
-    quant = rows = 0
+    quant = rows = e_params = e_quant = e_rows = 0
+    expert_modules = {id(m) for name, mod in model.named_modules() if name.endswith(".experts")
+                      for m in mod.modules()}
+    for name, mod in model.named_modules():
+        if name.endswith(".experts"):
+            e_params += sum(p.numel() for p in mod.parameters())
+            # transformers 5 fuses a layer's experts into (experts, out, in) tensors: quantisable weights all the same
+            for p in mod.parameters(recurse=False):
+                if p.dim() == 3:
+                    quant, rows = quant + p.numel(), rows + p.shape[0] * p.shape[1]
+                    e_quant, e_rows = e_quant + p.numel(), e_rows + p.shape[0] * p.shape[1]
     for module in model.modules():
         if isinstance(module, nn.Linear) and module is not out_emb:
             quant += module.weight.numel()
             rows += module.out_features
-    text = _text_config(cfg)
-    n_heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // n_heads
+            if id(module) in expert_modules:
+                e_quant += module.weight.numel()
+                e_rows += module.out_features
+    return n_params, quant, rows, e_params, e_quant, e_rows
+
+
+def _with_experts(data: dict[str, Any], field: str, n: int) -> dict[str, Any]:
+    out = json.loads(json.dumps(data))
+    text = out["text_config"] if isinstance(out.get("text_config"), dict) and field in out["text_config"] else out
+    text[field] = n
+    return out
+
+
+@lru_cache(maxsize=32)
+def _shape_cached(config_json: str, name: str) -> ModelShape:
+    data = json.loads(config_json)
+    text_dict = kvlayout.text_config(data)
+    field = next((f for f in EXPERT_FIELDS if text_dict.get(f)), None)
+    n_experts = int(text_dict[field]) if field else None
+    if n_experts is None or n_experts <= 3:
+        counts = _count(data)
+        per_expert = tuple(c // n_experts for c in counts[3:]) if n_experts else (0, 0, 0)
+    else:  # built with 1, 2 and 3 experts: a 256-expert model takes seconds, not a minute
+        c1, c2, c3 = (_count(_with_experts(data, field, k)) for k in (1, 2, 3))
+        step = tuple(b - a for a, b in zip(c1, c2))
+        if step != tuple(b - a for a, b in zip(c2, c3)):
+            raise ValueError(f"{name}: the parameter count is not linear in {field}; cannot extend it to {n_experts}")
+        counts = tuple(a + d * (n_experts - 1) for a, d in zip(c1, step))
+        per_expert = step[3:]
+    n_params, quant, rows = counts[:3]
+    text = _text_config(_config_object(data))
+    top_k = next((int(text_dict[f]) for f in TOPK_FIELDS if text_dict.get(f)), None) if n_experts else None
+    idle = (n_experts - top_k) if n_experts and top_k else 0  # routed experts a token does not reach, per layer
+    # read from the dict: transformers 5 refuses attribute access to a field that varies per layer (Gemma 4's head_dim)
+    td = text.to_dict()
+    n_heads = int(td["num_attention_heads"])
+    head_dim = int(td.get("head_dim") or td["hidden_size"] // n_heads)
     return ModelShape(
         name=name, n_params=n_params, quantizable_params=quant, quantizable_rows=rows,
-        n_layers=text.num_hidden_layers, n_heads=n_heads,
-        n_kv_heads=getattr(text, "num_key_value_heads", None) or n_heads,
-        head_dim=head_dim, hidden_size=text.hidden_size, vocab_size=text.vocab_size,
-        max_position_embeddings=getattr(text, "max_position_embeddings", None),
+        n_layers=int(td["num_hidden_layers"]), n_heads=n_heads,
+        n_kv_heads=int(td.get("num_key_value_heads") or n_heads),
+        head_dim=head_dim, hidden_size=int(td["hidden_size"]), vocab_size=int(td["vocab_size"]),
+        max_position_embeddings=td.get("max_position_embeddings"),
+        kv_layers=tuple(kvlayout.layers(td)),
+        active_params=n_params - idle * per_expert[0], active_quantizable_params=quant - idle * per_expert[1],
+        active_quantizable_rows=rows - idle * per_expert[2], n_experts=n_experts,
+        experts_per_token=top_k,
     )
+
+
+def _config_object(data: dict[str, Any]) -> Any:
+    """The transformers config of config dict ``data``. A ``model_type`` this transformers does not know, whose
+    ``architectures`` names a class it has (Kimi K2: ``DeepseekV3ForCausalLM``), is read as that class's config;
+    otherwise ``ValueError`` naming the transformers version and the fix."""
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        return AutoConfig.for_model(**data)
+    except (ValueError, KeyError) as exc:
+        known = {cls: mt for mt, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()}
+        for arch in data.get("architectures") or []:
+            if arch in known:
+                return AutoConfig.for_model(**{**data, "model_type": known[arch]})
+        raise ValueError(f"transformers {transformers.__version__} cannot build model_type "
+                         f"{data.get('model_type')!r} to count its parameters: a newer transformers knows it "
+                         "(pip install -U transformers); kvlayout.layers sizes its KV cache from the config alone") from exc
 
 
 def shape(model: str | Any) -> ModelShape:
@@ -114,15 +205,102 @@ def weight_bytes(s: ModelShape, dtype: str) -> int:
     return int(rest + layout(dtype).bytes(s.quantizable_params, s.quantizable_rows))
 
 
-def kv_bytes_per_token(s: ModelShape, kv_dtype: str) -> int:
-    """2 (K and V) × layers × KV heads × head_dim × bytes: GQA shrinks it by heads / KV heads."""
+def _kv_value_bytes(kv_dtype: str) -> float:
     kv_dtype = normalize_dtype(kv_dtype)
-    assert kv_dtype not in QUANTIZED or kv_dtype == "int8", "KV cache dtype must be a float type or int8"
-    return int(2 * s.n_layers * s.n_kv_heads * s.head_dim * DTYPE_BYTES[kv_dtype])
+    if kv_dtype in QUANTIZED and kv_dtype != "int8":
+        raise ValueError(f"KV cache dtype {kv_dtype!r}: must be a float type or int8")
+    return DTYPE_BYTES[kv_dtype]
 
 
-def kv_bytes(s: ModelShape, kv_dtype: str, context: int, batch: int = 1) -> int:
-    return kv_bytes_per_token(s, kv_dtype) * positive("context", context) * positive("batch", batch)
+def naive_kv_bytes_per_token(s: ModelShape, kv_dtype: str) -> int:
+    """The formula every tutorial teaches: 2 (K and V) × layers × KV heads × head_dim × bytes. Exact only when
+    every layer is full attention of one size (``kvlayout.uniform``); ``kv_bytes`` is the layer-by-layer figure."""
+    return int(2 * s.n_layers * s.n_kv_heads * s.head_dim * _kv_value_bytes(kv_dtype))
+
+
+def layer_caches(s: ModelShape) -> tuple[kvlayout.LayerCache, ...]:
+    if s.kv_layers:
+        return s.kv_layers
+    # a shape built by hand (tests, exercises): every layer full attention of the model's size
+    per = 2 * s.n_kv_heads * s.head_dim
+    return tuple(kvlayout.LayerCache(i, "full", per, per) for i in range(s.n_layers))
+
+
+def kv_bytes_per_token(s: ModelShape, kv_dtype: str, expanded: bool = False) -> int:
+    """Bytes one more token adds to the cache while the context is shorter than every sliding window: GQA shrinks
+    it by heads / KV heads; linear-attention layers add none; an MLA layer adds its latent (``expanded``: the keys
+    and values transformers' cache stores instead). For a model of full-attention layers of one size it is the
+    naive formula."""
+    b = _kv_value_bytes(kv_dtype)
+    return int(sum((layer.per_token_expanded if expanded else layer.per_token) * b for layer in layer_caches(s)
+                   if layer.kind not in ("linear", "shared")))
+
+
+def kv_bytes(s: ModelShape, kv_dtype: str, context: int, batch: int = 1, expanded: bool = False) -> int:
+    """Bytes the cache holds for ``batch`` sequences of ``context`` tokens, summed layer by layer: a sliding layer
+    holds at most its window, a linear-attention layer its fixed state (``kv_state_bytes``), an MLA layer its
+    latent (``expanded``: transformers' expanded keys and values)."""
+    positive("context", context)
+    positive("batch", batch)
+    b = _kv_value_bytes(kv_dtype)
+    return batch * sum(layer.bytes(context, b, expanded) for layer in layer_caches(s))
+
+
+@lru_cache(maxsize=1)
+def transformers_keeps_latent() -> bool:
+    """Whether the installed transformers caches latent attention as its latent (transformers 5: one
+    ``kv_lora_rank`` vector and one ``qk_rope_head_dim`` key per token and layer) or as expanded keys and values
+    (transformers 4.57). Asked for real: a one-layer latent-attention model with a few hundred parameters is built,
+    prefilled, and its cache's last dimension read."""
+    import torch
+    from transformers import AutoModelForCausalLM, DeepseekV3Config
+
+    cfg = DeepseekV3Config(vocab_size=16, hidden_size=16, intermediate_size=16, moe_intermediate_size=8,
+                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=4,
+                           q_lora_rank=8, qk_rope_head_dim=2, qk_nope_head_dim=6, v_head_dim=6, n_routed_experts=2,
+                           num_experts_per_tok=1, n_group=1, topk_group=1, first_k_dense_replace=1)
+    model = AutoModelForCausalLM.from_config(cfg).eval()  # built on the CPU: its input goes there too
+    with torch.no_grad():
+        cache = model(input_ids=torch.tensor([[1, 2, 3]], device="cpu"), use_cache=True).past_key_values
+    layer = cache.layers[0] if hasattr(cache, "layers") else None
+    keys = layer.keys if layer is not None else cache[0][0]
+    return int(keys.shape[-1]) == cfg.kv_lora_rank
+
+
+def transformers_kv_bytes(s: ModelShape, kv_dtype: str, context: int, batch: int = 1) -> int:
+    """``kv_bytes`` as the installed transformers' own cache holds it: a latent-attention layer as its latent or as
+    expanded keys and values, whichever this transformers keeps (``transformers_keeps_latent``)."""
+    expanded = any(layer.kind == "mla" for layer in layer_caches(s)) and not transformers_keeps_latent()
+    return kv_bytes(s, kv_dtype, context, batch, expanded=expanded)
+
+
+def kv_bytes_by_kind(s: ModelShape, kv_dtype: str, context: int, batch: int = 1,
+                     expanded: bool = False) -> dict[str, int]:
+    """``kv_bytes`` split by layer kind (full, sliding, linear, mla), only the kinds the model has."""
+    b = _kv_value_bytes(kv_dtype)
+    out: dict[str, int] = {}
+    for layer in layer_caches(s):
+        out[layer.kind] = out.get(layer.kind, 0) + batch * layer.bytes(positive("context", context), b, expanded)
+    return {k: out[k] for k in kvlayout.KINDS if k in out}
+
+
+def kv_state_bytes(s: ModelShape, kv_dtype: str, batch: int = 1) -> int:
+    """The fixed part of the cache, per ``batch`` sequences whatever their length: linear attention's states."""
+    b = _kv_value_bytes(kv_dtype)
+    return batch * sum(layer.bytes(0, b) for layer in layer_caches(s))  # no tokens held: the states alone
+
+
+def active_weight_bytes(s: ModelShape, dtype: str) -> int:
+    """Bytes of the weights one token reads in ``dtype``: a mixture of experts reads only the experts it is
+    routed to (``active_params``); a dense model reads them all (= ``weight_bytes``)."""
+    if not s.moe or s.active_params is None:
+        return weight_bytes(s, dtype)
+    dtype = normalize_dtype(dtype)
+    if dtype not in QUANTIZED:
+        return int(s.active_params * DTYPE_BYTES[dtype])
+    quant, rows = s.active_quantizable_params or 0, s.active_quantizable_rows or 0
+    rest = (s.active_params - quant) * DTYPE_BYTES["fp16"]
+    return int(rest + layout(dtype).bytes(quant, rows))
 
 
 def decode_bytes_per_step(weight_b: int, kv_per_token_b: int, context: int, batch: int) -> int:
@@ -170,9 +348,30 @@ class SizeEstimate:
     decode_tokens_per_s_ceiling: float | None = None  # aggregate over the batch
     decode_tokens_per_s_per_sequence_ceiling: float | None = None
     compute_bound_batch: float | None = None
+    # layer by layer (kvlayout): the naive formula's figure beside the real one, the real one split by layer kind
+    layer_kinds: dict[str, int] = field(default_factory=dict)  # layers of each kind
+    kv_bytes_naive: int = 0  # 2 × layers × KV heads × head_dim × bytes × tokens × batch
+    kv_bytes_by_kind: dict[str, int] = field(default_factory=dict)
+    kv_state_bytes: int = 0  # the part that does not grow with the context (linear attention's states)
+    kv_bytes_transformers: int | None = None  # MLA only: what the installed transformers' cache holds (kv_bytes: the latent)
+    active_params: int = 0  # parameters one token reads (a mixture of experts: its routed experts only)
+    active_weight_bytes: int = 0
+    weight_bytes_read_per_step: int = 0  # a decode step of the batch: active experts, more of them as the batch grows
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def weight_bytes_read(s: ModelShape, dtype: str, batch: int) -> int:
+    """Weight bytes one decode step of ``batch`` sequences reads. Dense: all of them. A mixture of experts: the
+    experts its tokens are routed to; with routing spread evenly, ``batch`` tokens each choosing k of E experts
+    reach E × (1 − (1 − k/E)^batch) of them per layer: k at batch 1, all of them as the batch grows."""
+    total, active = weight_bytes(s, dtype), active_weight_bytes(s, dtype)
+    if not s.moe or not s.experts_per_token or active == total:
+        return total
+    e, k = s.n_experts, s.experts_per_token
+    per_expert = (total - active) / (e - k)
+    return int(round(total - per_expert * e * (1 - k / e) ** positive("batch", batch)))
 
 
 def estimate(model: str | Any, dtype: str = "fp16", context: int = 2048, batch: int = 1,
@@ -185,11 +384,18 @@ def estimate(model: str | Any, dtype: str = "fp16", context: int = 2048, batch: 
     s = shape(model)
     kv_dtype = kv_dtype_for(dtype)
     w = weight_bytes(s, dtype)
-    kv_tok = kv_bytes_per_token(s, kv_dtype)
-    kv = kv_tok * context * batch
+    kv = kv_bytes(s, kv_dtype, context, batch)
+    kinds = kvlayout.kind_counts(layer_caches(s))
+    read = weight_bytes_read(s, dtype, batch)
     est = SizeEstimate(model=s.name, dtype=dtype, kv_dtype=kv_dtype, context=context, batch=batch,
-                       n_params=s.n_params, weight_bytes=w, kv_bytes_per_token=kv_tok, kv_bytes=kv,
-                       total_bytes=w + kv)
+                       n_params=s.n_params, weight_bytes=w, kv_bytes_per_token=kv_bytes_per_token(s, kv_dtype),
+                       kv_bytes=kv, total_bytes=w + kv, layer_kinds=kinds,
+                       kv_bytes_naive=naive_kv_bytes_per_token(s, kv_dtype) * context * batch,
+                       kv_bytes_by_kind=kv_bytes_by_kind(s, kv_dtype, context, batch),
+                       kv_state_bytes=kv_state_bytes(s, kv_dtype, batch),
+                       kv_bytes_transformers=transformers_kv_bytes(s, kv_dtype, context, batch) if "mla" in kinds else None,
+                       active_params=s.active_params or s.n_params, active_weight_bytes=active_weight_bytes(s, dtype),
+                       weight_bytes_read_per_step=read)
     flops = None
     if gpu is not None:
         spec = gpus.gpu(gpu)
@@ -203,11 +409,12 @@ def estimate(model: str | Any, dtype: str = "fp16", context: int = 2048, batch: 
         if bandwidth_gbs <= 0:
             raise ValueError(f"bandwidth {bandwidth_gbs} GB/s: must be positive")
         bw = bandwidth_gbs * 1e9
+        kv_tok = kv / (context * batch)  # per token at this context: sliding windows and fixed states averaged in
         est.bandwidth_gbs = bandwidth_gbs
-        est.decode_tokens_per_s_ceiling = decode_ceiling(w, kv_tok, context, batch, bw)
+        est.decode_tokens_per_s_ceiling = decode_ceiling(read, kv_tok, context, batch, bw)
         est.decode_tokens_per_s_per_sequence_ceiling = est.decode_tokens_per_s_ceiling / batch
         if flops:
-            est.compute_bound_batch = compute_bound_batch(s.n_params, w, kv_tok, context, bw, flops)
+            est.compute_bound_batch = compute_bound_batch(est.active_params, read, kv_tok, context, bw, flops)
     return est
 
 
@@ -255,4 +462,33 @@ def fit_table(models: list[str], gpus: list[str], dtypes: list[str], context: in
                 e = estimate(m, dtype=d, context=context, batch=batch, gpu=g)
                 rows.append({"model": _label(m), "dtype": e.dtype, "gpu": e.gpu, "total_gib": e.total_bytes / 2**30,
                              "fits": e.fits, "ceiling_tokens_per_s": e.decode_tokens_per_s_ceiling})
+    return pd.DataFrame(rows)
+
+
+def kv_compare(models: list[str], context: int, dtype: str = "bf16"):
+    """The naive formula beside the layer-by-layer KV cache of one ``context``-token sequence, per model (a
+    directory holding config.json): read from the configs alone, so a model this transformers cannot build is
+    sized too. ``latent`` marks MLA rows, whose ``layer_by_layer`` is a serving engine's latent and
+    ``transformers_gib`` what the installed transformers' cache holds (transformers 4.57: expanded keys and values;
+    5: the latent too)."""
+    import pandas as pd
+
+    b = _kv_value_bytes(kv_dtype_for(dtype))
+    rows = []
+    for m in models:
+        c = kvlayout.text_config(json.loads((Path(m) / "config.json").read_text(encoding="utf-8")))
+        ls = kvlayout.layers(c)
+        heads = int(c["num_attention_heads"])
+        kv_heads = int(c.get("num_key_value_heads") or heads)
+        head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+        kinds = kvlayout.kind_counts(ls)
+        naive = 2 * len(ls) * kv_heads * head_dim * b * context
+        real = sum(layer.bytes(context, b) for layer in ls)
+        rows.append({"model": _label(m), "layers": ", ".join(f"{n} {k}" for k, n in kinds.items()),
+                     "naive_gib": naive / 2**30, "layer_by_layer_gib": real / 2**30, "naive_over_real": naive / real,
+                     "fixed_state_mib": sum(layer.bytes(0, b) for layer in ls if layer.kind == "linear") / 2**20
+                     if "linear" in kinds else 0.0,
+                     "transformers_gib": sum(layer.bytes(context, b, expanded=not transformers_keeps_latent())
+                                             for layer in ls) / 2**30
+                     if "mla" in kinds else None})
     return pd.DataFrame(rows)

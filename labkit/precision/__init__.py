@@ -6,6 +6,7 @@ loader that measures each precision's speed, memory and quality the same way.
 ``libraries``    what bitsandbytes and ONNX Runtime really do with a layer, checked against the hand quantisers
 ``calibration``  static int8 scales from calibration prompts, scored on held-out ones
 ``kvquant``      a quantised KV cache at long context (transformers' ``QuantizedCache`` and the lab's own)
+``formats``      FP8 (E4M3, E5M2), MXFP4 and NVFP4 written from their definitions: fake quantisation, bits per weight, error
 ``rounds``       every variant measured alone for memory and quality, then its decode timed in interleaved rounds
 
 precision knows nothing about serving or compiled engines: it never imports ``labkit.engines`` or

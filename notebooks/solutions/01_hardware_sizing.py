@@ -19,3 +19,23 @@ def decode_ceiling(weight_bytes, kv_bytes_per_token, context, batch, bandwidth_b
     """Most aggregate tokens/s decode can reach: one step reads every weight once and each sequence's KV cache."""
     step_bytes = weight_bytes + kv_bytes_per_token * context * batch
     return batch * bandwidth_bytes_per_s / step_bytes  # one token per sequence per step
+
+
+# %% exercise 01.kv_layer_by_layer
+def kv_layer_by_layer(config, context, bytes_per_value):
+    """KV-cache bytes one sequence keeps, layer by layer: full layers every token, sliding ones their window,
+    linear-attention ones no tokens."""
+    n = config["num_hidden_layers"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    window = config.get("sliding_window")
+    types = config.get("layer_types") or ["sliding_attention" if window else "full_attention"] * n
+    total = 0
+    for kind in types:
+        if kind == "full_attention":
+            per_token = 2 * (config.get("num_global_key_value_heads") or kv_heads) * (config.get("global_head_dim") or head_dim)
+            total += context * per_token
+        elif kind == "sliding_attention":
+            total += min(context, window) * 2 * kv_heads * head_dim
+    return total * bytes_per_value

@@ -35,6 +35,7 @@
 
 # %% slide
 import collections
+import pathlib
 
 import pandas as pd
 import torch
@@ -126,6 +127,68 @@ big = kvt.iloc[kvt["kv_gib"].idxmax()]
 per_tok = kvt.groupby("model").kv_bytes_per_token.first()
 print(f"{big.model} at {big.context:,} tokens × batch {big.batch}: KV {big.kv_gib:.1f} GiB vs weights {big.weight_gib:.1f} GiB "
       f"({big.kv_gib / big.weight_gib:.1f}×); per token: " + ", ".join(f"{m} {b:,} bytes" for m, b in per_tok.items()))
+
+# %% md subslide
+# ### The models of 2026 break the formula
+#
+# Each layer keeps what its kind keeps, and config.json says which kind it is (`layer_types`):
+# - **sliding-window** layers keep only the last `sliding_window` tokens (Gemma 4: 25 of 30 layers, window 1024;
+#   its 5 full layers use their own `global_head_dim` 512 and `num_global_key_value_heads`);
+# - **linear-attention** layers (Qwen3.5's Gated DeltaNet, 3 of every 4 layers) keep a fixed-size state per
+#   sequence, whatever the context;
+# - **latent attention** (DeepSeek-V3, Kimi K2, `kv_lora_rank`): a serving engine keeps one latent of
+#   `kv_lora_rank + qk_rope_head_dim` = 576 values per token and layer, no × 2 for K and V (transformers 4.57's
+#   own cache kept the expanded keys and values instead; `transformers_gib` says what this run's transformers keeps).
+#
+# Predict first: at 32,768 tokens, how many GiB of bf16 KV cache does Gemma 4 26B-A4B keep for one sequence?
+# The naive formula (2 × 30 layers × 8 KV heads × 256 × 2 bytes per token) says 7.5 GiB.
+
+# %% fragment
+PREDICT_GEMMA4_KV_GIB = None  # your prediction, GiB at 32,768 tokens
+
+# %% fragment
+NEW_MODELS = ["Llama-3.1-8B", "Mistral-7B-v0.1", "gemma-4-26B-A4B", "Qwen3.5-27B", "DeepSeek-V3"]
+new_cfg = {m: str(config.DATA_DIR / "configs" / m) for m in NEW_MODELS}
+layered = sizing.kv_compare(list(new_cfg.values()), context=32768, dtype="bf16")
+gemma4 = layered.set_index("model").loc["gemma-4-26B-A4B"]
+exercises.reveal("Gemma 4 KV at 32k tokens (computed layer by layer)", PREDICT_GEMMA4_KV_GIB, float(gemma4.layer_by_layer_gib), "GiB")
+print("naive: 2 × layers × KV heads × head_dim (hidden / heads where the config gives none); layer_by_layer: what "
+      "each layer keeps; DeepSeek-V3's layer_by_layer is a serving engine's latent, transformers_gib this "
+      "transformers' own cache")
+layered.round(3)
+
+# %% md subslide
+# ### Write it layer by layer
+#
+# One sequence's KV bytes at `context` tokens for a config dict with `layer_types` (a config without it is full
+# attention everywhere, or sliding everywhere when it sets `sliding_window`). A full layer keeps every token, at
+# `global_head_dim` and `num_global_key_value_heads` where the config gives them; a sliding layer keeps
+# `min(context, sliding_window)` tokens; a linear-attention layer keeps no tokens (its fixed state is left out here).
+
+# %% exercise 01.kv_layer_by_layer
+def kv_layer_by_layer(config, context, bytes_per_value):
+    """KV-cache bytes one sequence of ``context`` tokens keeps, summed over the layers (a dict: config.json's
+    decoder part). Each token of a layer keeps K and V: KV heads × head_dim values each."""
+    return None  # your code here
+
+
+# %% check
+exercises.check("01.kv_layer_by_layer", kv_layer_by_layer)
+
+# %% md subslide
+# ### A mixture of experts reads only its active experts
+#
+# Each token is routed to `num_experts_per_tok` of the `n_routed_experts` experts in every MoE layer: a decode
+# step at batch 1 reads the active parameters, not all of them, and the bandwidth ceiling follows the active bytes.
+# The memory still has to hold every expert.
+
+# %% fragment
+moe = [sizing.estimate(str(config.DATA_DIR / "configs" / m), "bf16", context=4096, gpu="H200")
+       for m in ("DeepSeek-V3", "Kimi-K2-Instruct")]
+pd.DataFrame([{"model": pathlib.Path(e.model).name, "params_b": e.n_params / 1e9, "active_b": e.active_params / 1e9,
+               "weights_gib": e.weight_bytes / 2**30, "read_per_token_gib": e.active_weight_bytes / 2**30,
+               "ceiling_tokens_per_s (active)": e.decode_tokens_per_s_ceiling,
+               "ceiling if all were read": e.bandwidth_gbs * 1e9 / (e.weight_bytes + e.kv_bytes)} for e in moe]).round(1)
 
 # %% md slide
 # ## 3 · Which GPU fits which model?

@@ -72,7 +72,9 @@ NF4_BLOCK = 64  # weights per NF4 block (one absmax each), as bitsandbytes store
 lm = models.load(dtype="fp32")  # the fp32 reference, whose layers are quantised by hand below
 print(models.reference_note())
 qs = prompts.load_prompts("questions")[:QUESTIONS]
-probe = [f"model.layers.{i}.mlp.down_proj" for i in range(0, lm.model.config.num_hidden_layers, LAYER_STEP)]
+PROBE_LAYER = models.down_proj_of(lm.model, PROBE_LAYER)  # a mixture of experts: that layer's shared or first expert's
+probe = [models.down_proj_of(lm.model, f"model.layers.{i}.mlp.down_proj")
+         for i in range(0, lm.model.config.num_hidden_layers, LAYER_STEP)]
 acts, mods = {}, dict(lm.model.named_modules())
 hooks = [mods[n].register_forward_pre_hook(lambda m, a, n=n: acts.__setitem__(n, a[0].detach()))
          for n in {*probe, PROBE_LAYER}]

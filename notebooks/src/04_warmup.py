@@ -238,7 +238,8 @@ if cap.available:
     mlp = lm.model.model.layers[0].mlp
     mlp_cost = warmup.compile_cost(mlp, x, repeats=5)
     with torch.inference_mode():  # the same module and shapes: dynamo reuses the code compiled above
-        mlp_cost["max_abs_diff"] = (torch.compile(mlp)(x) - mlp(x)).abs().max().item()
+        first = lambda y: y[0] if isinstance(y, tuple) else y  # a mixture-of-experts block also returns router logits
+        mlp_cost["max_abs_diff"] = (first(torch.compile(mlp)(x)) - first(mlp(x))).abs().max().item()
     res.add("compile", target="one MLP layer", where="this run", **mlp_cost)
     print(f"one MLP: eager first {mlp_cost['eager_first_s'] * 1e3:.1f} ms · compiled first {mlp_cost['compiled_first_s']:.2f} s "
           f"· then {mlp_cost['compiled_s'] * 1e3:.2f} ms compiled vs {mlp_cost['eager_s'] * 1e3:.2f} ms eager; "

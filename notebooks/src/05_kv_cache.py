@@ -223,17 +223,24 @@ PREDICT_KV_MIB = None  # your prediction: MiB after the longest prompt in KV_CON
 per_pos = exercises.use("05.kv_bytes_per_token", kv_bytes_per_token, kv.bytes_per_position)(
     lm.model.config, dtypes.DTYPE_BYTES[DTYPE])
 sizes = [kv.measure_cache(lm.model, lm.tokenizer, PROMPT, KV_NEW_TOKENS, batch=b) for b in KV_BATCHES]
-sizes.append(kv.measure_cache(lm.model, lm.tokenizer, PROMPT, KV_NEW_TOKENS, batch=1, **cache_variants.cache_variant_kwargs("static")))
+static_why = cache_variants.static_cache_reason(lm.model, lm.tokenizer)  # '' where a static cache fits this model
+if static_why:
+    print(f"static cache not measured: {static_why}")
+else:
+    sizes.append(kv.measure_cache(lm.model, lm.tokenizer, PROMPT, KV_NEW_TOKENS, batch=1,
+                                  **cache_variants.cache_variant_kwargs("static")))
 sizes += kv.prefill_cache_sizes(lm.model, lm.tokenizer, KV_CONTEXTS)
 kvdf = pd.DataFrame([s.to_dict() for s in sizes]).drop(columns=["predicted_bytes", "ratio"])
 kvdf["formula_bytes"] = per_pos * kvdf.context * kvdf.batch  # bytes per position × positions × sequences
 kvdf["measured / formula"] = kvdf.measured_bytes / kvdf.formula_bytes
-grow = kvdf.iloc[len(KV_BATCHES) + 1:]
+grow = kvdf.iloc[len(KV_BATCHES) + (not static_why):]
 plots.predicted_vs_measured([f"{c} tokens" for c in grow.context], list(grow.formula_bytes / 2**20),
                             list(grow.measured_bytes / 2**20), "KV cache after prefill: formula vs tensors", "MiB").show()
 exercises.reveal(f"MiB after {grow.context.iloc[-1]} tokens", PREDICT_KV_MIB, grow.measured_bytes.iloc[-1] / 2**20, "MiB")
 print(f"{per_pos:,} bytes per position; measured / formula over {len(kvdf)} caches: "
       f"{kvdf['measured / formula'].min():.4f} to {kvdf['measured / formula'].max():.4f}")
+print(nb05_findings.layer_by_layer_sentence(lm.model.config, DTYPE, kv.bytes_per_position(
+    lm.model.config, dtypes.DTYPE_BYTES[DTYPE]), int(grow.context.iloc[-1])))
 kvdf
 
 # %% md slide
@@ -276,10 +283,11 @@ split.drop(columns="samples")
 PREDICT_FASTER_CACHE = None  # your prediction: "dynamic" or "static"
 
 # %% fragment
-variants = ["dynamic", "static"] + (["static+compile"] if COMPILE_HERE and env.capability("torch.compile").available else [])
+variants = ["dynamic"] + ([] if static_why else ["static"]) + (
+    ["static+compile"] if COMPILE_HERE and not static_why and env.capability("torch.compile").available else [])
 vrows = [dict(r, where="this run") for r in
          kv.compare_cache_variants(lm.model, lm.tokenizer, variants, PROMPT, VARIANT_TOKENS, repeats=REPEATS)]
-if "static+compile" not in variants:
+if "static+compile" not in variants and not static_why:
     why = cache_variants.compile_here()[1] or "COMPILE_HERE = False"
     ref = cache_variants.compile_reference()  # this kind of machine's: never a CPU's beside a GPU's rows
     print(f"torch.compile of the decode step not run here ({why}); " + (
@@ -291,7 +299,8 @@ vdf = pd.DataFrame(vrows)
 plots.bar(vdf, x="variant", y="tpot_s", color="where", title="Decode time per token by cache", y_title="seconds",
           facet="where").show()
 here = vdf[vdf["where"] == "this run"].set_index("variant")
-won, why = nb05_findings.faster_of(here, ["dynamic", "static"], "tpot_s")  # the verdict the takeaways use
+won, why = (nb05_findings.faster_of(here, ["dynamic", "static"], "tpot_s") if not static_why  # the takeaways' verdict
+            else (None, f"no static cache here: {static_why}"))
 exercises.reveal_choice("faster decode", PREDICT_FASTER_CACHE, won, ["dynamic", "static"], undecided=why)
 vdf[["variant", "where", "new_tokens", "first_call_s", "ttft_s", "tpot_s", "decode_tokens_per_s", "agreement"]]
 
@@ -383,7 +392,7 @@ found = nb05_findings.takeaways(loop_agreement=min(loop_agreement.values()), cor
                                 tokens=int(totals.index[-1]), speedup=totals.speedup.iloc[-1], step_growth=growth.to_dict(),
                                 kv_sizes=kvdf, bytes_per_position=per_pos, split=split, variants=here, attention=timed,
                                 decode_shares=profiles[1].share_samples,
-                                weight_bytes=weight_bytes, gap=gap)
+                                weight_bytes=weight_bytes, gap=gap, static_reason=static_why)
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)

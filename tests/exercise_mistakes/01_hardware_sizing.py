@@ -44,3 +44,28 @@ def decode_ceiling(weight_bytes, kv_bytes_per_token, context, batch, bandwidth_b
 def decode_ceiling(weight_bytes, kv_bytes_per_token, context, batch, bandwidth_bytes_per_s):
     # seconds per token, not tokens per second
     return (weight_bytes + kv_bytes_per_token * context * batch) / (batch * bandwidth_bytes_per_s)
+
+
+# %% exercise 01.kv_layer_by_layer
+def kv_layer_by_layer(config, context, bytes_per_value):
+    # the naive formula: every layer full attention of one size
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    hd = config.get("head_dim") or config["hidden_size"] // heads
+    return 2 * config["num_hidden_layers"] * kv * hd * bytes_per_value * context
+
+
+# %% exercise 01.kv_layer_by_layer
+def kv_layer_by_layer(config, context, bytes_per_value):
+    # forgets the window: sliding layers counted like full ones
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    hd = config.get("head_dim") or config["hidden_size"] // heads
+    types = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
+    total = 0
+    for kind in types:
+        if kind == "full_attention":
+            total += context * 2 * (config.get("num_global_key_value_heads") or kv) * (config.get("global_head_dim") or hd)
+        elif kind == "sliding_attention":
+            total += context * 2 * kv * hd
+    return total * bytes_per_value

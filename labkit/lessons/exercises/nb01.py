@@ -1,9 +1,12 @@
-"""Checks for notebook 01 (hardware sizing): a Llama's weight bytes from its config, and the decode ceiling."""
+"""Checks for notebook 01 (hardware sizing): a Llama's weight bytes from its config, the KV cache layer by layer, and
+the decode ceiling."""
 from __future__ import annotations
 
 import numbers
 from typing import Any
 
+from ...core import config as lab_config
+from ...model import kvlayout
 from ...model.sizing import decode_ceiling, shape
 from . import Wrong, call, close, exercise
 
@@ -96,3 +99,49 @@ def check_decode_ceiling(fn: Any) -> None:
             close(got, want, f"the ceiling for {setting}", rtol=1e-6)
         except Wrong as exc:
             raise Wrong(f"{exc} tokens/s (batch × bandwidth ÷ bytes one step reads)") from None
+
+
+def _kv_cases() -> list[tuple[str, dict[str, Any], int, int]]:
+    """(model, decoder config dict, context, bytes per value): published configs of each kind (data/configs)."""
+    import json
+
+    cases = []
+    for name, context in (("gemma-4-26B-A4B", 32768), ("Qwen3.5-27B", 32768), ("Mistral-7B-v0.1", 32768),
+                          ("Llama-3.1-8B", 4096), ("gemma-4-26B-A4B", 600)):
+        raw = json.loads((lab_config.DATA_DIR / "configs" / name / "config.json").read_text(encoding="utf-8"))
+        cases.append((name, kvlayout.text_config(raw), context, 2))
+    return cases
+
+
+@exercise("01.kv_layer_by_layer", "KV-cache bytes layer by layer")
+def check_kv_layer_by_layer(fn: Any) -> None:
+    import copy
+
+    for name, cfg, context, b in _kv_cases():
+        layers = kvlayout.layers(cfg)
+        want = sum(layer.tokens_held(context) * layer.per_token * b for layer in layers)
+        got = _number(call(fn, copy.deepcopy(cfg), context, b), "the bytes")
+        if got == want:
+            continue
+        heads = cfg["num_attention_heads"]
+        kv, hd = cfg.get("num_key_value_heads") or heads, cfg.get("head_dim") or cfg["hidden_size"] // heads
+        n = cfg["num_hidden_layers"]
+        mistakes = {
+            2 * n * kv * hd * b * context: "that is the naive formula, every layer full attention of one size: read "
+                                           "config['layer_types'] and size each layer by its kind",
+            sum(context * layer.per_token * b for layer in layers if layer.kind != "linear"):
+                "a sliding layer keeps at most config['sliding_window'] tokens: min(context, sliding_window)",
+            sum(layer.tokens_held(context) * 2 * kv * hd * b for layer in layers if layer.kind != "linear"):
+                "full layers here have their own size: config['global_head_dim'] and "
+                "config['num_global_key_value_heads'] where the config gives them",
+            sum(context * 2 * kv * hd * b for layer in layers if layer.kind == "linear") + want:
+                "a linear-attention layer keeps a fixed state, no tokens: leave it out",
+            want // 2: "each token keeps K and V: two vectors of KV heads × head_dim values",
+        }
+        mistakes.pop(want, None)
+        if got in mistakes:
+            raise Wrong(f"for {name} at {context:,} tokens, {got:,} bytes: {mistakes[got]}")
+        kinds = ", ".join(f"{sum(layer.kind == k for layer in layers)} {k}" for k in ("full", "sliding", "linear")
+                          if any(layer.kind == k for layer in layers))
+        raise Wrong(f"for {name} at {context:,} tokens ({kinds} layers, {b} bytes per value) you gave {got:,} bytes, "
+                    f"expected {want:,} ({got / want:.3f}×)")

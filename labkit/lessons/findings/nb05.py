@@ -8,7 +8,7 @@ from typing import Any
 
 from ...core import verdict
 from ...core.verdict import NOISE, Verdict
-from ...model import sizing
+from ...model import kvlayout, sizing
 from . import Findings, step_split
 
 
@@ -31,7 +31,7 @@ def faster_of(rows: Any, names: list[str], key: str) -> tuple[str | None, str]:
 def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speedup: float,
               step_growth: dict[str, float], kv_sizes: Any, bytes_per_position: int, split: Any, variants: Any,
               attention: Any, decode_shares: dict[str, Any], weight_bytes: int | None = None,
-              gap: dict[str, Any] | None = None) -> Findings:
+              gap: dict[str, Any] | None = None, static_reason: str = "") -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the verdicts.
 
     ``step_growth``: last step's time / first decode step's, per 'cache on' / 'cache off'. ``kv_sizes``: rows with
@@ -42,6 +42,8 @@ def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speed
     of a decode step, or → the shares of each profiled repeat. ``weight_bytes``: the bytes a decode step reads
     besides the cache, for the growth the bytes predict. ``gap``: the profiled step split three ways
     (``hardware.decode_gap`` with the profiler's matmul time), as notebooks 01 and 10 split theirs.
+    ``static_reason``: why the static cache did not run (``cache_variants.static_cache_reason``); ``variants`` then
+    holds no 'static' row and the sentence says why.
     """
     fit = kv_sizes["measured / formula"]
     short, long_ = split.iloc[0], split.iloc[-1]
@@ -53,8 +55,11 @@ def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speed
         step_bytes = [sizing.decode_bytes_per_step(weight_bytes, bytes_per_position,
                                                    r.prompt_tokens + r.get("new_tokens", 1) / 2, 1) for r in (short, long_)]
         predicted = step_bytes[1] / step_bytes[0]  # weights plus the cache one step reads, long ÷ short prompt
-    static_x = variants.loc["static"].tpot_s / variants.loc["dynamic"].tpot_s
-    static_said = _times(variants.loc["static"], variants.loc["dynamic"], "tpot_s")
+    has_static = "static" in variants.index
+    if not has_static and not static_reason:
+        raise ValueError("variants has no 'static' row: pass static_reason, the reason it did not run")
+    static_x = variants.loc["static"].tpot_s / variants.loc["dynamic"].tpot_s if has_static else None
+    static_said = _times(variants.loc["static"], variants.loc["dynamic"], "tpot_s") if has_static else None
     sdpa_x = attention.loc["sdpa"].ttft_s / attention.loc["eager"].ttft_s
     sdpa_said = _times(attention.loc["sdpa"], attention.loc["eager"], "ttft_s")
     share = {g: (list(v) if isinstance(v, (list, tuple)) else [float(v)]) for g, v in decode_shares.items()}
@@ -88,9 +93,10 @@ def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speed
         + ({verdict.WORSE: "grew (each step reads the whole, longer cache)", NOISE: f"did not change ({tpot_said.kind}: "
             f"{tpot_said.reason})"}.get(tpot_said.kind, f"got faster, which no cache can do ({tpot_said.reason}): rerun"))
         + ".",
-        f"Without compiling, the static cache decoded {verdict.than(static_said)} the dynamic one "
-        f"({static_x:.2f}× its time per token; {static_said.reason}), with "
-        f"{variants.loc['static'].agreement:.0%} of its tokens equal.",
+        (f"Without compiling, the static cache decoded {verdict.than(static_said)} the dynamic one "
+         f"({static_x:.2f}× its time per token; {static_said.reason}), with "
+         f"{variants.loc['static'].agreement:.0%} of its tokens equal." if has_static else
+         f"The static cache did not run on this model: {static_reason}."),
         f"sdpa prefilled the long prompt {verdict.than(sdpa_said)} eager ({sdpa_x:.2f}× its TTFT; {sdpa_said.reason}); "
         f"{attention.loc['sdpa'].agreement:.0%} of its tokens equal eager's.",
         f"A decode step spent {matmul:.0%} of its time in matrix multiplication and {attn:.0%} in attention "
@@ -106,9 +112,29 @@ def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speed
         {"finding": f"TPOT, {prompt_x:.0f}× longer prompt (×)", "value": tpot_x},
         {"finding": f"TPOT, {prompt_x:.0f}× longer prompt, predicted from bytes (×)", "value": predicted},
         {"finding": "TPOT static / dynamic cache (×)", "value": static_x},
-        {"finding": "static cache tokens equal to dynamic (share)", "value": float(variants.loc["static"].agreement)},
+        {"finding": "static cache tokens equal to dynamic (share)",
+         "value": float(variants.loc["static"].agreement) if has_static else None},
         {"finding": "TTFT sdpa / eager (×)", "value": sdpa_x},
         {"finding": "sdpa tokens equal to eager (share)", "value": float(attention.loc["sdpa"].agreement)},
         {"finding": "decode step spent in matmul (share)", "value": matmul},
     ]
     return Findings(rows=rows, sentences=sentences)
+
+
+def layer_by_layer_sentence(config: Any, kv_dtype: str, per_position: int, context: int) -> str:
+    """Notebook 01's layer-by-layer KV figure (``sizing.kv_bytes``) beside the per-position formula the tensors were
+    checked against, for this model at ``context`` tokens: equal when every layer is full attention of one size."""
+    s = sizing.shape(config)
+    layered = sizing.kv_bytes(s, kv_dtype, context)
+    kinds = kvlayout.kind_counts(sizing.layer_caches(s))
+    what = ", ".join(f"{n} {k}" for k, n in kinds.items())
+    if layered == per_position * context:
+        return (f"Layer by layer (notebook 01) this model keeps {layered:,} bytes at {context:,} tokens, the same as "
+                f"the formula: its {what} layers all keep every token at one size.")
+    said = (f"Layer by layer (notebook 01) this model keeps {layered:,} bytes at {context:,} tokens, "
+            f"{layered / (per_position * context):.3f}× the formula's {per_position * context:,}: its layers are {what}")
+    if "mla" in kinds:  # the latent is a serving engine's cache; transformers 4.57's held expanded keys and values
+        held = sizing.transformers_kv_bytes(s, kv_dtype, context)
+        said += ("; that is the latent a serving engine keeps, and this transformers' cache (the tensors measured here) "
+                 + ("keeps it too" if held == layered else f"keeps the expanded keys and values instead: {held:,} bytes"))
+    return said + "."

@@ -1,0 +1,228 @@
+"""FP8 GEMMs against fp32 and bf16 on this machine: y = x @ W.T, timed in interleaved rounds.
+
+Four ways to run one linear layer, each timed on the same shapes:
+
+    fp32           x and W in fp32
+    bf16           x and W in bf16
+    fp8_upcast     W stored as float8_e4m3fn with one fp32 scale per output row, upcast to the activations'
+                   dtype at every call: (W8.to(dtype) * scale) then the matmul (weight-only FP8: bytes, not FLOPs)
+    fp8_scaled_mm  torch._scaled_mm: x and W both E4M3 with per-row scales (scale_a (M, 1), scale_b (1, N)), the
+                   FP8 GEMM itself; x is quantised once before timing, as the H200 probe did (.gpu/fp8probe.py)
+
+Shapes (M, K, N): the default model's largest decoder matrices (MLP up 576→1536 and down 1536→576) at decode-like
+M = 1, 16 and prefill-like M = 256, and 1024³ (``--shapes model``, the default); ``--shapes probe`` times the six
+shapes of the H200 probe. Activations are fp32 on a CPU (the lab's CPU dtype), bf16 on CUDA (``--act-dtype``).
+Each variant gets 5 untimed warm-up calls (the first timed as ``first_us``); then the variants take turns, round
+after round, fp32 first and last (drift); a sample is ``inner`` calls, timed with CUDA events on a GPU and
+``labkit.core.timing.now`` elsewhere, in µs per call. Ratios are fp32's median / the variant's, judged by
+``labkit.core.verdict``. One JSON line per shape, the last line one JSON document: ratios, verdicts, the ISA.
+
+    python bench/fp8_gemm.py [--quick] [--shapes model|probe] [--rounds 7] [--save-to data/measured_gpu]
+
+``--save-to DIR`` writes the rows as a labkit results file, DIR/fp8_gemm.<gpu>.json on a GPU (the shape of
+data/measured_gpu/fp8_gemm.nvidia-h200.json): on a lent GPU, ``--shapes probe --save-to data/measured_gpu``
+refreshes it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from labkit.core import config, cpu, env, machine, results, timing, verdict
+from labkit.core.results import jsonable
+from labkit.model import sizing
+
+VARIANTS = ("fp32", "bf16", "fp8_upcast", "fp8_scaled_mm")
+WARMUP = 5  # untimed calls per variant before the rounds, as the H200 probe
+PROBE_SHAPES = ((1, 4096, 4096), (16, 4096, 4096), (256, 4096, 4096), (4096, 4096, 4096), (16, 8192, 28672),
+                (8192, 8192, 8192))
+E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+DROP = ("samples", "first_us", "verdict_vs_fp32", "verdict_vs_bf16")  # kept in the saved file, not in the lines
+
+
+def model_shapes(ms: tuple[int, ...] = (1, 16, 256)) -> list[tuple[int, int, int, str]]:
+    """(M, K, N, what) for the default model's MLP up and down matrices at each M, then 1024³."""
+    cfg = sizing.load_config("default")
+    mats = [(cfg.hidden_size, cfg.intermediate_size, "mlp.up_proj"), (cfg.intermediate_size, cfg.hidden_size,
+                                                                         "mlp.down_proj")]
+    return [(m, k, n, what) for k, n, what in mats for m in ms] + [(1024, 1024, 1024, "cube")]
+
+
+def row_scale(t: torch.Tensor) -> torch.Tensor:
+    """One fp32 scale per row, absmax / 448, so each row spans E4M3's range: shape (rows, 1)."""
+    return (t.abs().amax(dim=1, keepdim=True).float() / E4M3_MAX).clamp(min=1e-12)
+
+
+def calls(m: int, k: int, n: int, device: str, act: torch.dtype) -> tuple[dict[str, Callable[[], Any]], str | None]:
+    """The four variants' ``y = x @ W.T`` on fresh random operands, and why ``fp8_scaled_mm`` cannot run (or None)."""
+    x, w = torch.randn(m, k, device=device), torch.randn(n, k, device=device)
+    xb, wb, xa = x.bfloat16(), w.bfloat16(), x.to(act)
+    sw, sx = row_scale(w), row_scale(x)
+    w8, x8 = (w / sw).to(torch.float8_e4m3fn), (x / sx).to(torch.float8_e4m3fn)
+    sw_act = sw.to(act)
+    fns: dict[str, Callable[[], Any]] = {
+        "fp32": lambda: x @ w.t(),
+        "bf16": lambda: xb @ wb.t(),
+        "fp8_upcast": lambda: xa @ (w8.to(act) * sw_act).t(),
+        "fp8_scaled_mm": lambda: torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw.t(), out_dtype=act),
+    }
+    try:
+        fns["fp8_scaled_mm"]()
+    except (RuntimeError, NotImplementedError, TypeError) as exc:  # no FP8 GEMM on this device or torch
+        del fns["fp8_scaled_mm"]
+        return fns, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return fns, None
+
+
+def sampler(fn: Callable[[], Any], device: str, inner: int) -> Callable[[], float]:
+    """One sample: ``inner`` calls of ``fn``, in µs per call; CUDA events on a GPU, the house clock elsewhere."""
+    if device.startswith("cuda"):
+        def once() -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e3 / inner  # elapsed_time is in ms
+        return once
+
+    def once() -> float:
+        t0 = timing.now(device)
+        for _ in range(inner):
+            fn()
+        return (timing.now(device) - t0) * 1e6 / inner
+    return once
+
+
+def warm(fns: dict[str, Callable[[], Any]], device: str) -> tuple[dict[str, float], dict[str, float]]:
+    """``WARMUP`` untimed calls each; (the first call of each, its slowest steady call), both in µs."""
+    first, steady = {}, {}
+    for name, fn in fns.items():
+        first[name] = sampler(fn, device, 1)()
+        steady[name] = max(sampler(fn, device, 1)() for _ in range(WARMUP - 1))
+    return first, steady
+
+
+def time_shape(m: int, k: int, n: int, device: str, act: torch.dtype, rounds: int, sample_s: float) -> dict[str, Any]:
+    """One shape: warm-up, then ``rounds`` interleaved rounds; the row of ``gemm_row`` plus what the run did."""
+    fns, fp8_error = calls(m, k, n, device, act)
+    first, steady = warm(fns, device)
+    # each variant's sample lasts about sample_s: enough calls to see past the clock's grain, few for slow ones
+    inner = {name: max(1, round(sample_s * 1e6 / max(call_us, 0.1))) for name, call_us in steady.items()}
+    us = timing.rounds({name: sampler(fn, device, inner[name]) for name, fn in fns.items()}, rounds)
+    return {**gemm_row(m, k, n, us, fp8_error), "first_us": first, "inner": inner, "rounds": rounds}
+
+
+def gemm_row(m: int, k: int, n: int, us: dict[str, list[float]], fp8_error: str | None = None) -> dict[str, Any]:
+    """A row from the µs-per-call samples of each variant timed: medians, TFLOP/s, each variant's speedup over
+    fp32 and bf16 (the baseline's median / the variant's) and its verdict. One sample each gives a ratio whose
+    verdict is "within noise" (nothing to judge its spread by)."""
+    flop = 2 * m * k * n
+    row: dict[str, Any] = {"M": m, "K": k, "N": n, "variants": [v for v in VARIANTS if v in us]}
+    for v in row["variants"]:
+        med = timing.Measurement.from_values(v, us[v], unit="us").median
+        row[f"{v}_us"] = med
+        row[f"{v}_tflops"] = flop / med / 1e6
+    row["fp8_error"] = fp8_error
+    for base in ("fp32", "bf16"):
+        if base not in us:
+            continue
+        judged = {v: verdict.compare(us[v], us[base], higher_is_better=False) for v in row["variants"] if v != base}
+        row[f"speedup_vs_{base}"] = {v: row[f"{base}_us"] / row[f"{v}_us"] for v in judged}
+        row[f"verdict_vs_{base}"] = {v: j.to_dict() for v, j in judged.items()}
+    row["samples"] = {v: list(us[v]) for v in row["variants"]}
+    return row
+
+
+def isa() -> dict[str, Any]:
+    """What the kernels ran on: the CPU's instruction sets and the level torch dispatches to; the GPU's compute
+    capability where one ran."""
+    out: dict[str, Any] = {"cpu": cpu.cpu_name(), "cpu_isa": cpu.cpu_isa(),
+                           "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+        out["compute_capability"] = list(torch.cuda.get_device_capability(0))
+    return out
+
+
+def results_doc(rows: list[dict[str, Any]], environment: dict[str, Any], notes: dict[str, Any]) -> results.Results:
+    """The rows as a labkit results file (section "gemm"), with the environment that measured them."""
+    res = results.Results("fp8_gemm", env=environment, notes=notes)
+    for r in rows:
+        res.add("gemm", **r)
+    return res
+
+
+def save(res: results.Results, folder: Path) -> Path:
+    """Write ``res`` to ``folder``/fp8_gemm[.<gpu>].json, atomically."""
+    return results.write_json_atomic(folder / f"{results.reference_name(res.name, res.env)}.json", res.to_dict())
+
+
+def method(device: str, act: torch.dtype, shapes: str) -> str:
+    clock = "CUDA events" if device.startswith("cuda") else "labkit.core.timing.now (the host clock)"
+    return (f"{clock}, {WARMUP} warm-up calls then interleaved rounds, each sample `inner` calls of a variant, median; "
+            f"{str(act).replace('torch.', '')} activations; per-row E4M3 scales (absmax / 448) for W and, in "
+            f"_scaled_mm, for x (quantised before timing); shapes: {shapes}")
+
+
+def summary_line(row: dict[str, Any]) -> dict[str, Any]:
+    """The shape, each variant's µs, its ratio over fp32 and the verdict's word."""
+    vs = row.get("verdict_vs_fp32", {})
+    return {"shape": f"{row['M']}x{row['K']}x{row['N']}", "what": row.get("what"),
+            **{f"{v}_us": round(row[f"{v}_us"], 2) for v in row["variants"]},
+            "speedup_vs_fp32": {v: round(r, 3) for v, r in row.get("speedup_vs_fp32", {}).items()},
+            "verdict_vs_fp32": {v: vs[v]["kind"] for v in vs}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a short run: fewer rounds, shorter samples (as LABKIT_QUICK=1)")
+    ap.add_argument("--shapes", default="model", choices=("model", "probe"), help="the default model's, or the H200 probe's")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, quick 3; 3+ for a verdict)")
+    ap.add_argument("--act-dtype", default=None, choices=("fp32", "bf16"), help="activations (default: fp32 CPU, bf16 CUDA)")
+    ap.add_argument("--save-to", type=Path, default=None, help="also write DIR/fp8_gemm[.<gpu>].json (a results file)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        os.environ["LABKIT_QUICK"] = "1"
+    rounds = args.rounds if args.rounds is not None else config.pick(7, 3)
+    if rounds <= 0:
+        ap.error("--rounds must be positive")
+    device = "cuda" if env.device().startswith("cuda") else "cpu"
+    act_name = args.act_dtype or ("bf16" if device == "cuda" else "fp32")
+    act = {"fp32": torch.float32, "bf16": torch.bfloat16}[act_name]
+    sample_s = config.pick(0.05, 0.01) if device == "cpu" else config.pick(0.005, 0.002)
+    shapes = model_shapes() if args.shapes == "model" else [(m, k, n, "probe") for m, k, n in PROBE_SHAPES]
+
+    machine.check("fp8_gemm")
+    print(f"# weight bytes per value: fp32 4, bf16 2, fp8 1: a memory-bound M=1 GEMV gains at most 2× (bf16) and 4× "
+          f"(fp8) over fp32; fp8_upcast reads 1 byte but converts every weight at every call", flush=True)
+    rows = []
+    for m, k, n, what in shapes:
+        row = {"what": what, **time_shape(m, k, n, device, act, rounds, sample_s)}
+        rows.append(row)
+        print(json.dumps(jsonable({k2: v for k2, v in row.items() if k2 not in DROP})), flush=True)
+
+    environment = env.environment()
+    environment["hardware"] = {**environment["hardware"], **{k: v for k, v in isa().items() if k == "compute_capability"}}
+    notes = {"method": method(device, act, args.shapes), "act_dtype": act_name, "variants": list(VARIANTS),
+             "baseline": "fp32", "note": f"one run of {rounds} interleaved rounds"}
+    saved = save(results_doc(rows, environment, notes), args.save_to) if args.save_to else None
+    summary = {"bench": "fp8_gemm", "device": device, "quick": config.quick(), "act_dtype": act_name, "rounds": rounds,
+               "baseline": "fp32", "rows": [summary_line(r) for r in rows],
+               "fp8_scaled_mm": rows[0]["fp8_error"] or "ran", "isa": isa(), "machine_busy": machine.busy_during(),
+               "saved": str(saved) if saved else None,
+               "hardware": cpu.machine_line(environment["hardware"]), "versions": env.versions(("torch",))}
+    print(json.dumps(jsonable(summary), allow_nan=False), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
