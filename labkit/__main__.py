@@ -17,7 +17,7 @@ from . import doctor, gpu_check
 from .core import env
 from .decoding import kv
 from .engines import warmup
-from .model import models, sizing
+from .model import models, onnx, sizing
 from .serve import loadgen, scheduler
 from .serve.launch import LISTENING
 from .serve.protocol import BATCHING, DEFAULT_HOST, TINY_RANDOM, ServerConfig, server_config
@@ -117,6 +117,14 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     except models.ModelNotFound as exc:
         raise UsageError(str(exc)) from None
     print(f"default model ready: {path}")
+    if args.no_onnx:
+        return 0
+    export = env.capability("onnx-export")
+    if not export.available:
+        print(f"ONNX export skipped: {export.reason}")
+        return 0
+    folder, seconds = onnx.export_onnx(force=args.force)  # notebooks 03, 08 and 10 read it; an export takes minutes
+    print(f"ONNX export ready: {folder}" + (f" (exported in {seconds:.0f} s)" if seconds is not None else ""))
     return 0
 
 
@@ -141,7 +149,8 @@ def _configure_size(p: argparse.ArgumentParser) -> None:
 
 
 def _configure_prepare(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true", help="convert again even if the cache is complete")
+    p.add_argument("--force", action="store_true", help="convert (and export) again even if the cache is complete")
+    p.add_argument("--no-onnx", action="store_true", help="skip the ONNX export notebooks 03, 08 and 10 read")
 
 
 # ----------------------------------------------------------------------------------------------- CLI
@@ -216,7 +225,7 @@ Command = tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.Arg
 COMMANDS: dict[str, Command] = {
     "info": ("device, versions and what this machine can run", cmd_info, _configure_info),
     "size": ("weights, KV cache, fit and decode ceiling of a model", cmd_size, _configure_size),
-    "prepare": ("convert the default model into the cache (done by make setup)", cmd_prepare, _configure_prepare),
+    "prepare": ("convert the default model into the cache and export its ONNX graph (done by make setup)", cmd_prepare, _configure_prepare),
     "serve": ("OpenAI-compatible server with dynamic or continuous batching (binds 127.0.0.1)", cmd_serve,
               _configure_serve),
 }

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from labkit import __main__ as cli
+from labkit.core import env
 from labkit.decoding import generation
 from labkit.model import dtypes, models
 
@@ -112,3 +114,18 @@ def test_the_default_models_fp32_is_said_to_be_its_gguf_dequantised(monkeypatch)
     assert "stored as Q4_1" in note and "LABKIT_MODEL=HuggingFaceTB/SmolLM2-135M-Instruct" in note
     monkeypatch.setenv("LABKIT_MODEL", "Qwen/Qwen2.5-1.5B-Instruct")
     assert models.reference_note() == ""
+
+
+def test_prepare_exports_the_onnx_graph_unless_told_not(monkeypatch, tmp_path, capsys):
+    """make setup's `labkit prepare` also exports the graph notebooks 03, 08 and 10 read (minutes, once, at set-up);
+    `--no-onnx` skips it, and an environment without the exporter says why instead of failing."""
+    calls = []
+    monkeypatch.setattr(models, "prepare_default", lambda force=False: tmp_path)
+    monkeypatch.setattr(cli.onnx, "export_onnx", lambda force=False: calls.append(force) or (tmp_path / "fp32", 12.0))
+    assert cli.main(["prepare"]) == 0 and calls == [False]
+    assert "ONNX export ready" in capsys.readouterr().out
+    assert cli.main(["prepare", "--no-onnx"]) == 0 and calls == [False]
+    missing = env.Capability("onnx-export", False, "", "not installed: pip install onnxscript")
+    monkeypatch.setattr(cli.env, "capability", lambda name: missing)
+    assert cli.main(["prepare", "--force"]) == 0 and calls == [False]
+    assert "pip install onnxscript" in capsys.readouterr().out

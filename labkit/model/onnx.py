@@ -46,7 +46,7 @@ def onnx_root(model_name: str | None = None) -> Path:
     path = models.resolve(model_name)
     cfg = Path(path) / "config.json"
     stamp = cfg.read_text(encoding="utf-8") if cfg.is_file() else path
-    exporter = "\n".join(_version(p) for p in EXPORTER_PACKAGES)
+    exporter = "\n".join([*(_version(p) for p in EXPORTER_PACKAGES), repr(sorted(EXPORT_OPTIONS.items()))])
     digest = hashlib.sha1(f"{path}\n{stamp}\n{exporter}".encode()).hexdigest()[:10]
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", models.display_name(model_name).split("/")[-1])
     return config.cache_dir() / "onnx" / f"{slug}-{digest}"
@@ -104,6 +104,9 @@ def _reuse(target: Path, force: bool) -> bool:
 
 
 EXPORTER_PACKAGES = ("transformers", "torch", "onnxscript", "onnx-ir")  # what writes the graph: its versions name the cache
+# The graph is written as traced, without onnxscript's rewrite pass: ONNX Runtime fuses at session creation (the
+# optimisation levels notebook 08 measures), and the pass took 60 of a 145 s export on two cores. It names the cache.
+EXPORT_OPTIONS = {"dynamic": True, "optimize": False}
 # The sample a graph is traced on: a left-padded batch of two, continuing a cache, so batch, new tokens, past tokens and
 # the attention mask all stay dynamic in the graph (a batch of one would fix the batch at 1).
 SAMPLE_PROMPTS = ("The capital of France is", "Hi")
@@ -163,7 +166,7 @@ def write_export(model: Any, tokenizer: Any, folder: Path) -> None:
     with torch.inference_mode(False), torch.no_grad():
         # a decode that takes several tokens at once keeps the new-token axis dynamic: the same graph prefills
         decoder, inputs = decompose_prefill_decode(model, sample, multi_token_decode=True)["decode"]
-        program = OnnxExporter().export(decoder, inputs, OnnxConfig(dynamic=True))
+        program = OnnxExporter().export(decoder, inputs, OnnxConfig(**EXPORT_OPTIONS))
     graph = program.model.graph
     renamed = exported_names([v.name for v in graph.inputs], [v.name for v in graph.outputs])
     for value in [*graph.inputs, *graph.outputs]:
