@@ -153,3 +153,22 @@ def test_the_local_wheel_is_taken_without_an_index_where_pip_reaches_one_and_ski
     if local_cpu_wheel() is not None:
         here = subprocess.run(probe, capture_output=True, text=True, timeout=120)
         assert here.returncode == 0, here.stderr[-2000:]
+
+
+def test_a_gpu_machines_vllm_environment_resolves_vllm_beside_the_lab(tmp_path):
+    """`make vllm` on a GPU installs the GPU vLLM, then labkit's [lab,gpu] into the same environment: both halves
+    resolved together must give that vLLM (not an older one that admits the lab's transformers) beside the lab's
+    transformers 5, with one CUDA major for torch and onnxruntime-gpu."""
+    plan = make_plan(tmp_path, "vllm", gpu=True)
+    args = requirements(plan, tmp_path / "venv-vllm")
+    spec = next(a for a in args if a.startswith("vllm=="))
+    assert ".[lab,gpu]" in args, args
+    run = resolve(args, tmp_path / "gpu-vllm.json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = installed(tmp_path / "gpu-vllm.json")
+    assert got.get("vllm") == spec.split("==")[1], got.get("vllm")
+    assert int(got["transformers"].split(".")[0]) >= 5 and "labkit" in got and "onnxruntime-gpu" in got
+    data = json.loads((tmp_path / "gpu-vllm.json").read_text(encoding="utf-8"))
+    torch_reqs = next(i["metadata"].get("requires_dist") or [] for i in data["install"]
+                      if i["metadata"]["name"].lower() == "torch")
+    assert any(r.startswith("cuda-toolkit") and "==13." in r for r in torch_reqs), torch_reqs

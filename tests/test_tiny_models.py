@@ -19,7 +19,8 @@ from labkit.model import models, sizing  # noqa: E402
 def test_a_tiny_model_of_each_kind_loads_decodes_and_is_sized_layer_by_layer(kind, tmp_path):
     path = tiny_model.build(kind, tmp_path / kind)
     lm = models.load(str(path))
-    expected = {"sliding": {"sliding", "full"}, "hybrid": {"linear", "full"}, "mla": {"mla"}}[kind]
+    expected = {"sliding": {"sliding", "full"}, "hybrid": {"linear", "full"}, "mla": {"mla"},
+                "gemma4": {"sliding", "full"}, "qwen3.5": {"linear", "full"}}[kind]
     s = sizing.shape(lm.model.config)
     assert {layer.kind for layer in s.kv_layers} == expected
     assert (s.n_experts is not None) == (kind != "sliding")

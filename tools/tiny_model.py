@@ -3,6 +3,9 @@
     python tools/tiny_model.py sliding OUT_DIR     # Gemma 3 text: 5 sliding-window layers (window 16) and a full one
     python tools/tiny_model.py hybrid OUT_DIR      # Qwen3-Next: Gated DeltaNet layers and a full-attention layer, MoE
     python tools/tiny_model.py mla OUT_DIR         # DeepSeek-V3: latent attention and routed experts
+    python tools/tiny_model.py gemma4 OUT_DIR      # Gemma 4 text: sliding layers, a full layer with its own head size
+                                                   # and shared K=V heads, experts beside the dense MLP
+    python tools/tiny_model.py qwen3.5 OUT_DIR     # Qwen3.5 MoE text: Gated DeltaNet layers, a full layer, experts
 
 Random weights (seeded), a few hundred thousand parameters beside the embedding, and the default model's tokenizer
 (its vocabulary sets the embedding's size), so chat prompts encode as they do for the default model. Its answers
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-KINDS = ("sliding", "hybrid", "mla")
+KINDS = ("sliding", "hybrid", "mla", "gemma4", "qwen3.5")
 
 
 def tiny_config(kind: str, vocab_size: int, bos: int | None, eos: int | None, pad: int | None) -> Any:
@@ -47,6 +50,24 @@ def tiny_config(kind: str, vocab_size: int, bos: int | None, eos: int | None, pa
                                 qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
                                 num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1,
                                 first_k_dense_replace=1, **ids)
+    if kind == "gemma4":
+        from transformers import Gemma4TextConfig
+
+        return Gemma4TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                                attention_k_eq_v=True, sliding_window=16, enable_moe_block=True, num_experts=4,
+                                top_k_experts=2, moe_intermediate_size=32, hidden_size_per_layer_input=0,
+                                vocab_size_per_layer_input=vocab_size,
+                                layer_types=["sliding_attention"] * 5 + ["full_attention"], **ids)
+    if kind == "qwen3.5":
+        from transformers import Qwen3_5MoeTextConfig
+
+        return Qwen3_5MoeTextConfig(hidden_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                                    linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4,
+                                    num_experts_per_tok=2,
+                                    layer_types=["linear_attention"] * 3 + ["full_attention"], **ids)
     raise ValueError(f"kind {kind!r}: choose one of {', '.join(KINDS)}")
 
 

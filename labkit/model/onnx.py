@@ -46,7 +46,7 @@ def onnx_root(model_name: str | None = None) -> Path:
     path = models.resolve(model_name)
     cfg = Path(path) / "config.json"
     stamp = cfg.read_text(encoding="utf-8") if cfg.is_file() else path
-    exporter = "\n".join([*(_version(p) for p in EXPORTER_PACKAGES), repr(sorted(EXPORT_OPTIONS.items()))])
+    exporter = "\n".join([*(_version(p) for p in EXPORTER_PACKAGES), repr(sorted(EXPORT_OPTIONS.items())), GRAPH_FORM])
     digest = hashlib.sha1(f"{path}\n{stamp}\n{exporter}".encode()).hexdigest()[:10]
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", models.display_name(model_name).split("/")[-1])
     return config.cache_dir() / "onnx" / f"{slug}-{digest}"
@@ -107,6 +107,7 @@ EXPORTER_PACKAGES = ("transformers", "torch", "onnxscript", "onnx-ir")  # what w
 # The graph is written as traced, without onnxscript's rewrite pass: ONNX Runtime fuses at session creation (the
 # optimisation levels notebook 08 measures), and the pass took 60 of a 145 s export on two cores. It names the cache.
 EXPORT_OPTIONS = {"dynamic": True, "optimize": False}
+GRAPH_FORM = "traced, node metadata stripped"  # what write_export does after the exporter: it names the cache too
 # The sample a graph is traced on: a left-padded batch of two, continuing a cache, so batch, new tokens, past tokens and
 # the attention mask all stay dynamic in the graph (a batch of one would fix the batch at 1).
 SAMPLE_PROMPTS = ("The capital of France is", "Hi")
@@ -172,6 +173,8 @@ def write_export(model: Any, tokenizer: Any, folder: Path) -> None:
     for value in [*graph.inputs, *graph.outputs]:
         value.name = renamed.get(value.name, value.name)
     name_dims(graph)
+    for node in graph.all_nodes():  # the tracer's notes (stack traces, FX names): most of the .onnx file, no weights
+        node.metadata_props.clear()
     program.save(str(folder / "model.onnx"), external_data=True)
     model.config.save_pretrained(folder)
     model.generation_config.save_pretrained(folder)
