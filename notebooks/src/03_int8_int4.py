@@ -265,12 +265,13 @@ pred  # labkit.model.sizing's prediction, from the config alone
 # transformers' own exporter traces the model's decode step (`torch.export`, then `torch.onnx`) into one
 # ONNX graph that takes the KV cache in and gives it back, and ONNX Runtime runs it with the decode loop of
 # `labkit.model.ort_decoder` (the one notebook 05 writes by hand). The files land in
-# `labkit.core.config.cache_dir()` and are reused; int8 versions are made from them on first use.
+# `labkit.core.config.cache_dir()` and are reused (`make setup` exports the default model, about a minute and a
+# half on two cores); int8 versions are made from them on first use.
 
 # %% fragment
 folder, export_s = onnx.export_onnx()
 print(f"{folder}: {onnx.onnx_bytes(folder) / 2**20:.0f} MiB",
-      f"exported in {export_s:.1f} s" if export_s is not None else "(reused from the cache)")
+      f"exported in {export_s:.1f} s" if export_s is not None else "(reused from the cache: `make setup` exports it)")
 
 # %% md slide
 # ## 6 · Measure every variant, one after another
