@@ -139,7 +139,7 @@ def _configure_info(p: argparse.ArgumentParser) -> None:
 
 def _configure_size(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="'default', a hub id (owner/name) or a directory holding config.json")
-    p.add_argument("--dtype", default="fp16", help="fp32, fp16, bf16, int8, int4 or nf4 (default fp16)")
+    p.add_argument("--dtype", default="fp16", help="fp32, fp16, bf16, int8, int4, nf4, fp8, nvfp4 or mxfp4 (default fp16)")
     p.add_argument("--context", type=_positive("context"), default=2048, help="tokens per sequence (default 2048)")
     p.add_argument("--batch", type=_positive("batch"), default=1, help="sequences (default 1)")
     group = p.add_mutually_exclusive_group()

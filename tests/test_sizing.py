@@ -145,3 +145,38 @@ def test_cli_bad_input_exits_2_with_one_line(args):
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("error:")
+
+
+@pytest.mark.parametrize("dtype, fmt", [("fp8", "fp8-e4m3-channel"), ("nvfp4", "nvfp4"), ("mxfp4", "mxfp4")])
+def test_fp8_and_fp4_weight_bytes_are_the_formats_own_bits_per_weight(dtype, fmt):
+    """Sizing's layouts and labkit.precision.formats' definitions agree: the quantised layers' bytes are their
+    weights × the format's bits per weight (element bits plus scale bits over the weights each scale covers),
+    NVFP4's one fp32 scale per tensor aside; the rest stays fp16."""
+    from labkit.model.dtypes import DTYPE_BYTES
+    from labkit.precision import formats
+
+    s = sizing.shape(sizing.load_config("default"))
+    rest = (s.n_params - s.quantizable_params) * DTYPE_BYTES["fp16"]
+    cols = s.quantizable_params // s.quantizable_rows  # a per-channel scale covers one row (mean row length)
+    block = formats.format_of(fmt).block or cols
+    expected = rest + s.quantizable_params * formats.bits_per_weight(fmt, block=block) / 8
+    assert sizing.weight_bytes(s, dtype) == pytest.approx(expected, rel=1e-3)
+    assert sizing.weight_bytes(s, "mxfp4") < sizing.weight_bytes(s, "nvfp4") < sizing.weight_bytes(s, "fp8")
+
+
+def test_fp4_alone_is_refused_naming_the_two_formats():
+    with pytest.raises(ValueError, match="nvfp4.*mxfp4"):
+        sizing.weight_bytes(sizing.shape(sizing.load_config("default")), "fp4")
+
+
+def test_an_fp8_kv_cache_is_half_of_fp16s_and_nvfp4_is_no_kv_dtype():
+    s = sizing.shape(sizing.load_config("default"))
+    assert sizing.naive_kv_bytes_per_token(s, "fp8") * 2 == sizing.naive_kv_bytes_per_token(s, "fp16")
+    with pytest.raises(ValueError, match="fp8 or int8"):
+        sizing.naive_kv_bytes_per_token(s, "nvfp4")
+
+
+def test_bits_per_weight_include_the_scales():
+    s = sizing.shape(sizing.load_config("default"))
+    assert sizing.bits_per_weight(s, "nvfp4") == 4.5 and sizing.bits_per_weight(s, "mxfp4") == 4.25
+    assert 8 < sizing.bits_per_weight(s, "fp8") < 8.1 and sizing.bits_per_weight(s, "bf16") == 16

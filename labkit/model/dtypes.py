@@ -7,10 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # bytes per stored weight element, before quantisation overhead
-DTYPE_BYTES: dict[str, float] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "int4": 0.5, "nf4": 0.5}
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "int4": 0.5, "nf4": 0.5,
+                                 "fp8": 1, "nvfp4": 0.5, "mxfp4": 0.5}
 DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
-                 "bfloat16": "bf16", "fp4": "int4", "q4": "int4"}
-QUANTIZED = ("int8", "int4", "nf4")
+                 "bfloat16": "bf16", "q4": "int4", "float8": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8"}
+# names that stand for more than one format: the error says which to pick
+AMBIGUOUS = {"fp4": "fp4 is two formats: nvfp4 (blocks of 16, an E4M3 scale each, Blackwell) or mxfp4 (blocks of 32, "
+                    "a power-of-two E8M0 scale each, the OCP MX format)"}
+QUANTIZED = ("int8", "int4", "nf4", "fp8", "nvfp4", "mxfp4")
 NF4_BLOCK = 64  # bitsandbytes 4-bit block size: one fp32 absmax per 64 weights
 
 
@@ -33,6 +37,12 @@ LAYOUTS: dict[str, Layout] = {
     "int8": Layout(bits=8, scale_bytes=4),  # LLM.int8: int8 weights, one fp32 scale per row
     "int4": Layout(bits=4, scale_bytes=4, block=NF4_BLOCK),  # packed nibbles, one fp32 absmax per block
     "nf4": Layout(bits=4, scale_bytes=4, block=NF4_BLOCK),
+    # FP8 E4M3 with one fp32 scale per output channel (llm-compressor's FP8 scheme, what vLLM serves)
+    "fp8": Layout(bits=8, scale_bytes=4),
+    # NVFP4: E2M1 in blocks of 16, one E4M3 scale (1 byte) each; its one fp32 scale per tensor is left out (4 bytes)
+    "nvfp4": Layout(bits=4, scale_bytes=1, block=16),
+    # MXFP4 (OCP MX): E2M1 in blocks of 32, one E8M0 power-of-two scale (1 byte) each
+    "mxfp4": Layout(bits=4, scale_bytes=1, block=32),
 }
 
 
@@ -48,6 +58,8 @@ def layout(dtype: str) -> Layout:
 def normalize_dtype(dtype: str) -> str:
     key = str(dtype).lower().replace("torch.", "")
     key = DTYPE_ALIASES.get(key, key)
+    if key in AMBIGUOUS:
+        raise ValueError(f"dtype {dtype!r}: {AMBIGUOUS[key]}; pass one of them")
     if key not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPE_BYTES)}")
     return key

@@ -23,17 +23,26 @@ class GPUSpec:
     int8_tops: float | None
     source: str
     aliases: tuple[str, ...] = ()
+    fp8_tflops: float | None = None  # dense FP8 (E4M3) tensor-core peak; None: no FP8 tensor cores (before sm_89)
+    fp4_tflops: float | None = None  # dense FP4 (NVFP4/MXFP4) tensor-core peak; None: no FP4 tensor cores
+    fp8_fp4_source: str = ""
 
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gb * 1e9)
 
     def flops_for(self, dtype: str) -> float | None:
-        """Peak dense FLOP/s that a model stored in ``dtype`` computes at (quantised weights
-        are dequantised to fp16 for the matmul)."""
+        """Peak dense FLOP/s that a model stored in ``dtype`` computes at. FP8 weights run on FP8 tensor cores
+        where the GPU has them (activations quantised per token, as vLLM's FP8 does) and NVFP4/MXFP4 on FP4 ones;
+        where it lacks them, and for int8/int4/nf4, the weights are dequantised to fp16 for the matmul
+        (weight-only), so fp16's peak is the roof."""
         tflops = self.bf16_tflops if dtype == "bf16" else self.fp16_tflops
         if dtype == "fp32":
             tflops = self.fp16_tflops / 2 if self.fp16_tflops else None  # tf32 tensor cores: half of fp16
+        elif dtype == "fp8" and self.fp8_tflops:
+            tflops = self.fp8_tflops
+        elif dtype in ("nvfp4", "mxfp4") and self.fp4_tflops:
+            tflops = self.fp4_tflops
         return tflops * 1e12 if tflops else None
 
     def to_dict(self) -> dict[str, Any]:

@@ -195,8 +195,9 @@ def shape(model: str | Any) -> ModelShape:
 def weight_bytes(s: ModelShape, dtype: str) -> int:
     """Bytes of the weights as loaded in ``dtype``.
 
-    fp32/fp16/bf16: every parameter at that width. int8 (LLM.int8) and int4/nf4 (bitsandbytes):
-    the decoder's linear weights quantised plus their scales; embeddings, norms and lm_head stay fp16.
+    fp32/fp16/bf16: every parameter at that width. int8 (LLM.int8), int4/nf4 (bitsandbytes), fp8 (E4M3, a scale
+    per output channel), nvfp4 and mxfp4 (E2M1 in blocks of 16 / 32, a one-byte scale per block): the decoder's
+    linear weights quantised plus their scales (``dtypes.LAYOUTS``); embeddings, norms and lm_head stay fp16.
     """
     dtype = normalize_dtype(dtype)
     if dtype not in QUANTIZED:
@@ -207,8 +208,8 @@ def weight_bytes(s: ModelShape, dtype: str) -> int:
 
 def _kv_value_bytes(kv_dtype: str) -> float:
     kv_dtype = normalize_dtype(kv_dtype)
-    if kv_dtype in QUANTIZED and kv_dtype != "int8":
-        raise ValueError(f"KV cache dtype {kv_dtype!r}: must be a float type or int8")
+    if kv_dtype in QUANTIZED and kv_dtype not in ("int8", "fp8"):
+        raise ValueError(f"KV cache dtype {kv_dtype!r}: must be a float type, fp8 or int8")
     return DTYPE_BYTES[kv_dtype]
 
 
@@ -422,6 +423,15 @@ def _label(model: str) -> str:
     return Path(model).name if Path(model).exists() else model
 
 
+def bits_per_weight(s: ModelShape, dtype: str) -> float:
+    """Stored bits per quantised weight, scales included (``dtypes.LAYOUTS``): 8 + 32 / row length for fp8's fp32
+    scale per row, 4.5 for nvfp4's byte per 16, 4.25 for mxfp4's byte per 32; a float dtype's own width."""
+    dtype = normalize_dtype(dtype)
+    if dtype not in QUANTIZED:
+        return DTYPE_BYTES[dtype] * 8
+    return layout(dtype).bytes(s.quantizable_params, s.quantizable_rows) * 8 / s.quantizable_params
+
+
 def precision_table(models: list[str], dtypes: list[str]):
     """Weight bytes for each model in each precision (GiB), one row per (model, dtype)."""
     import pandas as pd
@@ -431,7 +441,7 @@ def precision_table(models: list[str], dtypes: list[str]):
         s = shape(m)
         for d in dtypes:
             rows.append({"model": _label(m), "n_params": s.n_params, "dtype": normalize_dtype(d),
-                         "weight_gib": weight_bytes(s, d) / 2**30})
+                         "weight_gib": weight_bytes(s, d) / 2**30, "bits_per_weight": bits_per_weight(s, d)})
     return pd.DataFrame(rows)
 
 

@@ -57,7 +57,7 @@ print(env.hardware())
 # %% subslide parameters
 PUBLIC_MODELS = ["SmolLM2-135M-Instruct", "Qwen2.5-1.5B-Instruct", "Llama-2-7b", "Mistral-7B-v0.1",
                  "Llama-3.1-8B", "Qwen2-7B"]  # configs shipped in data/configs
-DTYPES = ["fp32", "fp16", "int8", "nf4"]  # weight precisions compared
+DTYPES = ["fp32", "fp16", "fp8", "int8", "nf4", "nvfp4", "mxfp4"]  # weight precisions compared
 KV_MODELS = ["Llama-2-7b", "Llama-3.1-8B"]  # full multi-head attention vs grouped-query attention
 CONTEXTS = [512, 2048, 8192, 32768]  # tokens per sequence
 BATCHES = [1, 4, 16]  # sequences
@@ -98,8 +98,10 @@ exercises.check("01.weight_bytes", weight_bytes)
 # ### Your formula, labkit's count, the loaded tensors
 #
 # labkit does not use a formula: it builds the model on PyTorch's *meta* device (shapes, no memory) and
-# counts its parameters, which is exact for any architecture. int8 and nf4 [quantise](../docs/glossary.md#quantisation) the
-# decoder's linear layers (store them in fewer bits) and add their scales; the rest stays fp16.
+# counts its parameters, which is exact for any architecture. int8, fp8, nf4, nvfp4 and mxfp4
+# [quantise](../docs/glossary.md#quantisation) the decoder's linear layers (store them in fewer bits) and add their
+# scales: one per output row for int8 and fp8 (E4M3, what Hopper serves), one fp32 per 64 weights for nf4, one byte
+# per 16 weights for nvfp4 and per 32 for mxfp4 (E2M1 elements, Blackwell's FP4); the rest stays fp16.
 
 # %% fragment
 cfg = {m: str(config.DATA_DIR / "configs" / m) for m in PUBLIC_MODELS}
@@ -109,6 +111,8 @@ print(f"SmolLM2-135M in fp32: {bytes_of(small, 4):,} bytes from the formula, "
       f"{sizing.weight_bytes(sizing.shape(small), 'fp32'):,} from the meta-device count")
 prec = sizing.precision_table(list(cfg.values()), DTYPES)
 plots.bar(prec, x="model", y="weight_gib", color="dtype", title="Weight memory by precision", y_title="GiB").show()
+print("bits per weight, scales included:", prec[prec.model == prec.model.iloc[0]].set_index("dtype")
+      .bits_per_weight.round(2).to_dict())
 prec.pivot(index="model", columns="dtype", values="weight_gib").round(2)
 
 # %% md slide
