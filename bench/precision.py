@@ -9,6 +9,10 @@ than the fp32 PyTorch baseline of the same run; NF4 weight bytes at most 30 % of
 
     python bench/precision.py [--variants fp32,bnb-nf4,...] [--new-tokens 32] [--repeats 3] [--ppl-max-tokens 1024]
 
+The formats table (FP8, NVFP4, MXFP4 as rounded weights beside int8, int4 and NF4; their rows carry no timing):
+
+    python bench/precision.py --variants fp32,fp8-tensor,fp8-channel,nvfp4,mxfp4,int4-g64,bnb-int8,bnb-nf4
+
 The first run exports and quantises the ONNX models into the cache (about a minute for the
 default model); later runs reuse them. Each row's prepare_s says what was spent on that.
 """
@@ -16,18 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 from labkit.core import config, env, timing
-from labkit.model import hardware, models
+from labkit.model import hardware, models, sizing
 from labkit.precision import variants
 
 TARGET_ORT_INT8_SPEEDUP = 1.4
 TARGET_NF4_FRACTION = 0.30
 COLUMNS = ("variant", "status", "backend", "device", "weight_bytes", "weight_bytes_source", "predicted_weight_bytes",
            "load_s", "prepare_s", "measure_s", "peak_memory_bytes", "peak_memory_source", "ttft_s", "tpot_s", "decode_tokens_per_s",
-           "decode_spread", "perplexity", "agreement", "kl", "kl_max", "answers", "options")
+           "decode_spread", "perplexity", "agreement", "kl", "kl_max", "weight_error", "bits_per_weight", "answers",
+           "options")
 
 
 def _line(row: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
                                     "ppl_max_tokens": args.ppl_max_tokens or None})
     t0 = timing.clock()
     rows = []
+    shape = sizing.shape(os.environ.get("LABKIT_MODEL") or "default")
     for row in variants.run(names, settings, progress=False):
+        # the quantised layers' stored bits per weight, scales included (sizing's layout of the variant's dtype)
+        row["bits_per_weight"] = sizing.bits_per_weight(shape, variants.SIZING_DTYPE[row["variant"]])
         rows.append(row)
         print(json.dumps(_line(row), ensure_ascii=False, default=str), flush=True)
 

@@ -245,3 +245,23 @@ def test_best_of_ranks_by_kl_not_by_agreement_over_few_tokens():
     assert variants.best_of(rows[:1] + [{**rows[1], "status": "failed"}], ["ort-int8-tensor", "ort-int8-channel"])[
         "variant"] == "ort-int8-channel"
     assert variants.best_of(rows, ["bnb-int8"]) is None
+
+
+def test_rounded_formats_run_on_a_tiny_model_with_stored_bytes_as_sized_and_no_timing(tiny_model_dir, tmp_path,
+                                                                                       monkeypatch):
+    """FP8, NVFP4, MXFP4 and int4 as rounded fp32 weights: quality measured, speed not (fp32 arithmetic would time
+    fp32), stored bytes as labkit.model.sizing predicts them, and the weight errors in the formats' known order."""
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
+    names = ["fp32", "fp8-tensor", "fp8-channel", "nvfp4", "mxfp4", "int4-g64"]
+    rows = {r["variant"]: r for r in variants.run(names, TINY, model_name=str(tiny_model_dir), device="cpu",
+                                                  progress=False)}
+    for name in names[1:]:
+        row = rows[name]
+        assert row["status"] == "ok", (name, row["status"])
+        assert row["decode_tokens_per_s"] is None and row["ttft_s"] is None and "no timing" in row["note"]
+        assert 0 <= row["agreement"] <= 1 and row["kl"] >= 0 and row["perplexity"] > 0
+        assert abs(row["weight_bytes"] / row["predicted_weight_bytes"] - 1) < 0.02, name
+    err = {n: rows[n]["weight_error"] for n in names[1:]}
+    assert err["fp8-channel"] <= err["fp8-tensor"] < err["nvfp4"] < err["mxfp4"], err
+    assert rows["fp32"]["weight_error"] is None
+    assert rows["nvfp4"]["weight_bytes"] > rows["mxfp4"]["weight_bytes"]  # a byte per 16 weights against per 32

@@ -148,6 +148,8 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
            description="NVFP4: E2M1 in blocks of 16, an E4M3 scale per block, an fp32 scale per tensor"),
     Format("int4-g32", "int4", "block", "fp32", block=32,
            description="symmetric int4 (±7), one fp32 absmax scale per block of 32"),
+    Format("int4-g64", "int4", "block", "fp32", block=64,
+           description="symmetric int4 (±7), one fp32 absmax scale per block of 64 (the lab's int4 layout)"),
 )}
 
 
@@ -293,6 +295,7 @@ def quantise_linears(model: Any, fmt: str | Format, include_lm_head: bool = Fals
             q = fake_quant(m.weight, f)
             rows.append({"layer": name, "shape": tuple(m.weight.shape), "format": f.name,
                          "bits_per_weight": bits_per_weight(f, shape=tuple(m.weight.shape)),
-                         "relative_error": _relative(m.weight, q)})
+                         "relative_error": _relative(m.weight, q),
+                         "weight_norm": float(m.weight.detach().float().norm())})
             m.weight.copy_(q)
     return rows

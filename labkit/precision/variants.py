@@ -7,6 +7,9 @@
     ort-fp32          exported to ONNX by transformers' exporter, run by ONNX Runtime
     ort-int8-tensor   ONNX Runtime dynamic int8, one scale per weight tensor
     ort-int8-channel  ONNX Runtime dynamic int8, one scale per output channel
+    fp8-tensor, fp8-channel, nvfp4, mxfp4, int4-g64
+                      the decoder's linear weights rounded to that format (labkit.precision.formats) and held in
+                      fp32: the format's answer quality, measured where no kernel for it exists (no timing)
 
 Each variant is one ``Spec`` in ``SPECS`` (description, sizing dtype, loader, capabilities, devices, options);
 the name tables are derived from it, so adding a variant is one entry plus its loader.
@@ -23,6 +26,7 @@ import ctypes
 import gc
 import importlib.metadata
 import importlib.util
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +44,8 @@ from ..model.onnx import (
     ort_provider,
     session_providers,
 )
+from . import formats
+
 
 @dataclass(frozen=True)
 class Spec:
@@ -55,6 +61,7 @@ class Spec:
     options: dict[str, str] = field(default_factory=dict)  # the options it accepts, each with its meaning
     all_weights_quantised: bool = False  # ONNX Runtime's dynamic int8: embeddings too, tied lm_head copied
     cpu_provider_only: bool = False  # its operators have no CUDA kernels: on a GPU it runs on the CPU, labelled
+    fake_format: str | None = None  # a labkit.precision.formats name: weights rounded to it, computed in fp32
 
 
 _ORT = ("onnxruntime", "onnx-export")
@@ -79,6 +86,16 @@ SPECS: dict[str, Spec] = {s.name: s for s in (
     Spec("ort-int8-channel", "ONNX Runtime dynamic int8, per-channel scales", "int8", "_load_ort", _ORT,
          ("cpu", "cuda"), {**_PROVIDER, **_REDUCE_RANGE}, all_weights_quantised=True,
          cpu_provider_only=True),
+    Spec("fp8-tensor", "FP8 E4M3 weights, one scale per matrix (rounded, computed in fp32)", "fp8", "_load_fake",
+         fake_format="fp8-e4m3-tensor"),
+    Spec("fp8-channel", "FP8 E4M3 weights, one scale per output row (rounded, computed in fp32)", "fp8", "_load_fake",
+         fake_format="fp8-e4m3-channel"),
+    Spec("nvfp4", "NVFP4: E2M1 in blocks of 16, E4M3 block scales (rounded, computed in fp32)", "nvfp4", "_load_fake",
+         fake_format="nvfp4"),
+    Spec("mxfp4", "MXFP4: E2M1 in blocks of 32, E8M0 block scales (rounded, computed in fp32)", "mxfp4", "_load_fake",
+         fake_format="mxfp4"),
+    Spec("int4-g64", "int4, one fp32 scale per 64 weights (rounded, computed in fp32)", "int4", "_load_fake",
+         fake_format="int4-g64"),
 )}
 # derived views, for readers that want one column
 VARIANTS: dict[str, str] = {n: s.description for n, s in SPECS.items()}
@@ -125,6 +142,8 @@ class Variant:
     rss_sampler: Any = field(default=None, repr=False)  # memory.RSSSampler from the load to the end of the timed runs
     providers: list[str] = field(default_factory=list)  # ONNX Runtime: the providers the session really got
     note: str = ""  # where and why a variant runs somewhere other than the device asked for
+    weight_error: float | None = None  # rounded weights: ‖w − q(w)‖ / ‖w‖ over every quantised layer together
+    layer_errors: list[dict[str, Any]] = field(default_factory=list)  # rounded weights: formats.quantise_linears' rows
 
     @property
     def ok(self) -> bool:
@@ -154,7 +173,7 @@ class Variant:
                 "weight_bytes_source": self.weight_bytes_source,
                 "predicted_weight_bytes": self.predicted_weight_bytes, "prepare_s": self.prepare_s,
                 "options": dict(self.options), "providers": list(self.providers), "note": self.note,
-                "cuda_resident_bytes": self.cuda_resident_bytes}
+                "cuda_resident_bytes": self.cuda_resident_bytes, "weight_error": self.weight_error}
 
 
 def _validate_options(name: str, options: dict[str, Any]) -> None:
@@ -290,6 +309,29 @@ def _load_bnb(v: Variant, model_name: str | None) -> None:
     v.weight_bytes_source = "parameter + buffer bytes + quantisation scales (absmax / SCB)"
 
 
+FAKE_NOTE = ("weights rounded to the format and held in fp32: its answer quality, not its speed (no kernel for it "
+             "runs here), so no timing")
+
+
+def _load_fake(v: Variant, model_name: str | None) -> None:
+    """fp32 weights, every decoder Linear rounded to the spec's format (lm_head and embeddings left alone, as a
+    serving checkpoint leaves them). ``weight_bytes`` is what a checkpoint stores: each rounded layer at the format's
+    bits per weight, scales included, the rest in fp16, as ``labkit.model.sizing`` predicts it."""
+    lm = models.load(model_name, dtype="fp32", device=v.device)
+    rows = formats.quantise_linears(lm.model, SPECS[v.name].fake_format)
+    v.model, v.tokenizer, v.backend = lm.model, lm.tokenizer, "torch"
+    rounded = sum(math.prod(r["shape"]) * r["bits_per_weight"] / 8 for r in rows)
+    n_rounded = sum(math.prod(r["shape"]) for r in rows)
+    n_all = sum(p.numel() for p in lm.model.parameters())
+    v.weight_bytes = int(rounded + (n_all - n_rounded) * dtypes.DTYPE_BYTES["fp16"])
+    v.weight_bytes_source = ("as a checkpoint stores them: each rounded layer's weights × its bits per weight "
+                             "(scales included), the other parameters in fp16")
+    squared = sum((r["relative_error"] * r["weight_norm"]) ** 2 for r in rows)
+    v.weight_error = math.sqrt(squared / sum(r["weight_norm"] ** 2 for r in rows)) if rows else None
+    v.layer_errors = rows
+    v.note = FAKE_NOTE
+
+
 def _load_ort(v: Variant, model_name: str | None) -> None:
     if v.name == "ort-fp32":
         folder, prep = onnx.export_onnx(model_name)
@@ -398,7 +440,10 @@ def measure_variant(v: Variant, inputs: Inputs) -> dict[str, Any]:
     if not v.ok:
         return row
     s = inputs.settings
-    timing = generation.measure_decode(v.model, v.tokenizer, new_tokens=s.new_tokens, repeats=s.repeats)
+    if SPECS[v.name].fake_format:  # fp32 arithmetic on rounded weights: its speed would be fp32's, not the format's
+        timing = dict.fromkeys(("ttft_s", "tpot_s", "decode_tokens_per_s", "spread"))
+    else:
+        timing = generation.measure_decode(v.model, v.tokenizer, new_tokens=s.new_tokens, repeats=s.repeats)
     if v.backend == "onnxruntime":  # ONNX Runtime may also fall back while running: label what really ran
         problem = check_providers(v.options["provider"], session_providers(v.model))
         if problem:

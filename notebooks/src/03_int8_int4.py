@@ -82,7 +82,8 @@ with torch.inference_mode():
     lm.model(**models.chat_inputs(lm.tokenizer, qs[0], device=lm.device))  # one real input per probed layer
 for h in hooks:
     h.remove()
-w, x = mods[PROBE_LAYER].weight.detach().float(), acts[PROBE_LAYER].float()  # (out, in) weight, (1, T, in) its input
+w = mods[PROBE_LAYER].weight.detach().float()  # (out, in)
+x = acts[PROBE_LAYER].float().reshape(1, -1, w.shape[1])  # (1, T, in) its input (an expert sees (T, in): tokens flattened)
 print(f"{lm.name} on {lm.device}; {PROBE_LAYER}: weight {tuple(w.shape)}, input {tuple(x.shape)}")
 
 # %% md slide
