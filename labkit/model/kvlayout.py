@@ -104,6 +104,18 @@ def _per_layer(cfg: dict[str, Any], index: int) -> dict[str, Any]:
     raise ValueError(f"per_layer_config is a {type(per).__name__}: expected a list by layer or a dict")
 
 
+def naive_head_dim(cfg: Any) -> int:
+    """The head size the tutorial formula plugs in, read as transformers reads it: ``head_dim`` when the config gives
+    it; for latent attention, which has no single head size (keys carry qk_nope + qk_rope values, values
+    v_head_dim, the cache a latent), transformers' choice of ``qk_rope_head_dim``; else hidden size / heads."""
+    c = text_config(cfg)
+    if _get(c, "head_dim") is not None:
+        return int(_get(c, "head_dim"))
+    if c.get("kv_lora_rank") and c.get("qk_rope_head_dim"):
+        return int(c["qk_rope_head_dim"])
+    return int(c["hidden_size"]) // int(c["num_attention_heads"])
+
+
 def layers(cfg: Any) -> list[LayerCache]:
     """What every layer of the model whose config is ``cfg`` (a transformers config or its dict) keeps."""
     c = text_config(cfg)

@@ -490,9 +490,8 @@ def kv_compare(models: list[str], context: int, dtype: str = "bf16"):
         ls = kvlayout.layers(c)
         heads = int(c["num_attention_heads"])
         kv_heads = int(c.get("num_key_value_heads") or heads)
-        head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
         kinds = kvlayout.kind_counts(ls)
-        naive = 2 * len(ls) * kv_heads * head_dim * b * context
+        naive = 2 * len(ls) * kv_heads * kvlayout.naive_head_dim(c) * b * context
         real = sum(layer.bytes(context, b) for layer in ls)
         rows.append({"model": _label(m), "layers": ", ".join(f"{n} {k}" for k, n in kinds.items()),
                      "naive_gib": naive / 2**30, "layer_by_layer_gib": real / 2**30, "naive_over_real": naive / real,

@@ -156,7 +156,8 @@ new_cfg = {m: str(config.DATA_DIR / "configs" / m) for m in NEW_MODELS}
 layered = sizing.kv_compare(list(new_cfg.values()), context=32768, dtype="bf16")
 gemma4 = layered.set_index("model").loc["gemma-4-26B-A4B"]
 exercises.reveal("Gemma 4 KV at 32k tokens (computed layer by layer)", PREDICT_GEMMA4_KV_GIB, float(gemma4.layer_by_layer_gib), "GiB")
-print("naive: 2 × layers × KV heads × head_dim (hidden / heads where the config gives none); layer_by_layer: what "
+print("naive: 2 × layers × KV heads × head_dim (hidden / heads where the config gives none; latent attention has "
+      "no single head size: transformers' qk_rope_head_dim, so its naive figure is arbitrary); layer_by_layer: what "
       "each layer keeps; DeepSeek-V3's layer_by_layer is a serving engine's latent, transformers_gib this "
       "transformers' own cache")
 layered.round(3)
