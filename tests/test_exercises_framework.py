@@ -51,6 +51,11 @@ def test_reveal_prints_prediction_measurement_and_ratio(capsys):
     assert row["ratio"] is None and "no prediction made" in capsys.readouterr().out
     with pytest.raises(ValueError, match="must be a number"):
         exercises.reveal("x", "ten", 10.0)
+    exercises.reveal("KV at 32k tokens", 4.0, 2.0, "GiB", kind="computed")  # from a config: never called measured
+    out = capsys.readouterr().out
+    assert "computed 2 GiB, computed / predicted = 0.50×" in out and "measured" not in out
+    with pytest.raises(ValueError, match="'measured' or 'computed'"):
+        exercises.reveal("x", 1.0, 1.0, kind="guessed")
     exercises.reveal_choice("overflows", "fp16", "fp16", ["fp16", "bf16", "neither"])
     assert "as you predicted" in capsys.readouterr().out
     with pytest.raises(ValueError, match="one of"):

@@ -155,7 +155,8 @@ NEW_MODELS = ["Llama-3.1-8B", "Mistral-7B-v0.1", "gemma-4-26B-A4B", "Qwen3.5-27B
 new_cfg = {m: str(config.DATA_DIR / "configs" / m) for m in NEW_MODELS}
 layered = sizing.kv_compare(list(new_cfg.values()), context=32768, dtype="bf16")
 gemma4 = layered.set_index("model").loc["gemma-4-26B-A4B"]
-exercises.reveal("Gemma 4 KV at 32k tokens (computed layer by layer)", PREDICT_GEMMA4_KV_GIB, float(gemma4.layer_by_layer_gib), "GiB")
+exercises.reveal("Gemma 4 KV at 32k tokens, layer by layer", PREDICT_GEMMA4_KV_GIB, float(gemma4.layer_by_layer_gib), "GiB",
+                 kind="computed")
 print("naive: 2 × layers × KV heads × head_dim (hidden / heads where the config gives none; latent attention has "
       "no single head size: transformers' qk_rope_head_dim, so its naive figure is arbitrary); layer_by_layer: what "
       "each layer keeps; DeepSeek-V3's layer_by_layer is a serving engine's latent, transformers_gib this "

@@ -198,21 +198,24 @@ def close(got: Any, want: Any, what: str, rtol: float = 1e-4, atol: float = 1e-6
 # ----------------------------------------------------------------------------------------- predictions
 
 
-def reveal(what: str, predicted: float | None, measured: float, unit: str = "") -> dict[str, Any]:
+def reveal(what: str, predicted: float | None, measured: float, unit: str = "", kind: str = "measured") -> dict[str, Any]:
     """Print the prediction next to the measurement and their ratio (measured / predicted); with no
-    prediction, say so and go on. Returns the row for the notebook's results."""
+    prediction, say so and go on. ``kind="computed"`` for a figure worked out (from a config, a formula) rather
+    than measured: the sentence says which. Returns the row for the notebook's results."""
+    if kind not in ("measured", "computed"):
+        raise ValueError(f"kind={kind!r}: 'measured' or 'computed'")
     u = f" {unit}" if unit else ""
     row: dict[str, Any] = {"quantity": what, "predicted": predicted, "measured": measured, "unit": unit,
                            "ratio": None}
     if predicted is None:
         print(f"{what}: no prediction made (set it in the prediction cell above and run this cell again); "
-              f"measured {measured:.4g}{u}")
+              f"{kind} {measured:.4g}{u}")
         return row
     if isinstance(predicted, bool) or not isinstance(predicted, (int, float)) or not math.isfinite(predicted):
         raise ValueError(f"the prediction for {what!r} must be a number (or None), got {predicted!r}")
     row["ratio"] = measured / predicted if predicted else None
     ratio = f"{row['ratio']:.2f}×" if row["ratio"] is not None else "undefined (you predicted 0)"
-    print(f"{what}: predicted {predicted:.4g}{u}, measured {measured:.4g}{u}, measured / predicted = {ratio}")
+    print(f"{what}: predicted {predicted:.4g}{u}, {kind} {measured:.4g}{u}, {kind} / predicted = {ratio}")
     return row
 
 
