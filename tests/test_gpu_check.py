@@ -172,7 +172,8 @@ def test_the_check_table_is_well_formed():
     for check in table:
         for need in check.needs:
             assert gpu_check.capability_lookup(need).name == need  # a misspelt capability would raise here
-    assert [c.name for c in table][-1] == "vllm"  # the check that takes the GPU's memory runs last
+    # the checks that start vLLM, which takes its share of the GPU's memory, run last
+    assert names.index("vllm") >= len(names) - 3 and all("vllm" in n for n in names[names.index("vllm"):]), names
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +236,55 @@ def test_tp_check_says_why_it_cannot_run(monkeypatch, tmp_path):
         gpu_check.check_tp(ctx)  # the default model: SmolLM2-135M has 9 heads
     assert any(c.name.startswith("tp ") for c in gpu_check.checks())
     assert gpu_check.select(gpu_check.checks(), ["tp"])[0].run is gpu_check.check_tp
+
+
+@pytest.fixture
+def vllm_calls(monkeypatch):
+    """Every vLLM engine the checks would start, with its options bound to vllm_offline's real signature (a
+    keyword it does not take fails here, as it would on the GPU); each returns the same 8 tokens, fp8 one differs."""
+    import inspect
+
+    import torch
+
+    from labkit.serve.vllm import offline
+
+    calls = []
+
+    def fake_child(fn, *args, **kwargs):
+        assert fn is offline.vllm_offline
+        inspect.signature(offline.vllm_offline).bind(*args, **kwargs)
+        calls.append(kwargs)
+        ids = [[1, 2, 3, 4, 5, 6, 7, 8]] if kwargs.get("quantization") is None else [[1, 2, 3, 4, 5, 6, 9, 9]]
+        return {"output_tokens": 8, "wall_s": 0.5, "load_s": 20.0, "token_ids": ids}
+
+    monkeypatch.setattr(gpu_check.launch, "run_in_child", fake_child)
+    monkeypatch.setattr(gpu_check.Context, "release", lambda self: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: calls_capability[0])
+    calls_capability = [(9, 0)]
+    return calls, calls_capability
+
+
+@pytest.mark.parametrize("capability, path", [((9, 0), "W8A8 FP8 on FP8 tensor cores"),
+                                              ((8, 9), "W8A8 FP8 on FP8 tensor cores"),
+                                              ((8, 0), "weight-only FP8 through vLLM's Marlin kernel")])
+def test_the_fp8_check_names_the_path_the_compute_capability_gets(vllm_calls, capability, path):
+    calls, cap = vllm_calls
+    cap[0] = capability
+    detail = gpu_check.check_fp8(Context(device="cuda"))
+    assert detail.startswith(path) and f"{capability[0]}.{capability[1]}" in detail
+    assert "6 of 8 tokens as vLLM's fp16 run" in detail
+    assert [c.get("quantization") for c in calls] == [None, "fp8"]
+
+
+def test_fp8_checks_skip_before_ampere_and_the_kv_check_asks_for_an_fp8_cache(vllm_calls):
+    calls, cap = vllm_calls
+    cap[0] = (7, 5)
+    for check in (gpu_check.check_fp8, gpu_check.check_fp8_kv):
+        with pytest.raises(Skip, match="7.5"):
+            check(Context(device="cuda"))
+    assert calls == []
+    cap[0] = (9, 0)
+    assert "FP8 KV cache" in gpu_check.check_fp8_kv(Context(device="cuda"))
+    assert [c.get("kv_cache_dtype") for c in calls] == [None, "fp8"]
+    assert "8 tokens" in gpu_check.check_vllm(Context(device="cuda"))  # its call binds to vllm_offline too
+    assert {"fp8 (vllm --quantization fp8)", "fp8-kv (vllm --kv-cache-dtype fp8)"} <= {c.name for c in gpu_check.checks()}

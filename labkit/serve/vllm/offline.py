@@ -59,12 +59,14 @@ def shutdown_vllm(llm: Any) -> None:
 
 def vllm_offline(model_path: str, prompt_ids: Sequence[Sequence[int]], max_tokens: int = 64, dtype: str = "float16",
                  tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> dict[str, Any]:
+                 gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION, quantization: str | None = None,
+                 kv_cache_dtype: str = "auto") -> dict[str, Any]:
     """Offline throughput of ``vllm.LLM(model, dtype=...)``: every prompt submitted at once, greedy,
     exactly ``max_tokens`` tokens each (ignore_eos). ``prompt_ids`` are chat-formatted token ids, made
     before the clock starts, as ``hf_offline``'s are: neither side times tokenisation. vLLM may take
     ``gpu_memory_utilization`` of each GPU's memory; the engine is shut down before this returns, so the
-    next one starts on a free GPU. Needs a GPU and vllm."""
+    next one starts on a free GPU. ``quantization`` ("fp8": vLLM quantises the weights at load) and
+    ``kv_cache_dtype`` ("fp8") go to ``vllm.LLM`` as given. Needs a GPU and vllm."""
     _check_fraction(gpu_memory_utilization)
     cap = env.capability("vllm-offline")
     if not cap.available:
@@ -73,7 +75,7 @@ def vllm_offline(model_path: str, prompt_ids: Sequence[Sequence[int]], max_token
 
     t0 = clock()  # vLLM's engine runs in its own processes and returns finished work: the host clock times it
     llm = LLM(model=model_path, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-              gpu_memory_utilization=gpu_memory_utilization)
+              gpu_memory_utilization=gpu_memory_utilization, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     try:
         load_s = clock() - t0
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -88,7 +90,9 @@ def vllm_offline(model_path: str, prompt_ids: Sequence[Sequence[int]], max_token
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"engine": f"vLLM offline (tp={tensor_parallel_size})", "requests": len(prompt_ids), "output_tokens": n_out,
             "wall_s": wall, "output_tokens_per_s": n_out / wall, "load_s": load_s,
-            "gpu_memory_utilization": gpu_memory_utilization, "texts": [o.outputs[0].text for o in outs]}
+            "gpu_memory_utilization": gpu_memory_utilization, "quantization": quantization,
+            "kv_cache_dtype": kv_cache_dtype, "texts": [o.outputs[0].text for o in outs],
+            "token_ids": [list(o.outputs[0].token_ids) for o in outs]}
 
 
 def vllm_rows(lm: Any, prompts: Sequence[str], max_tokens: int = 64, max_concurrency: int = 16,
