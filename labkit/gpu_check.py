@@ -331,19 +331,14 @@ def check_vllm(ctx: Context) -> str:
     return f"{row['output_tokens']} tokens in {row['wall_s']:.2f} s after a {row['load_s']:.0f} s start; engine shut down"
 
 
-FP8_TENSOR_CORES = (8, 9)  # Ada (8.9) and Hopper (9.0) on: FP8 matmuls on tensor cores
-FP8_MARLIN = (8, 0)  # Ampere on: vLLM's FP8 runs weight-only through its Marlin kernel (weights upcast to 16 bits)
+def _fp8_path(ctx: Context) -> str:
+    """How vLLM's FP8 runs on this GPU (``vllm.fp8_path`` of its compute capability); ``Skip`` below 8.0."""
+    import torch
 
-
-def fp8_path(capability: tuple[int, int]) -> str:
-    """How vLLM's ``--quantization fp8`` runs on a GPU of compute ``capability`` (``Skip`` where it cannot)."""
-    name = f"compute capability {capability[0]}.{capability[1]}"
-    if tuple(capability) >= FP8_TENSOR_CORES:
-        return f"W8A8 FP8 on FP8 tensor cores ({name}): weights per channel, activations per token"
-    if tuple(capability) >= FP8_MARLIN:
-        return (f"weight-only FP8 through vLLM's Marlin kernel ({name} has no FP8 tensor cores: the weights are "
-                "upcast to 16 bits for each matmul, so memory is saved and no FLOP/s gained)")
-    raise Skip(f"{name}: vLLM's FP8 needs 8.0 or later (Marlin weight-only) and 8.9 or later for FP8 tensor cores")
+    try:
+        return vllm.fp8_path(torch.cuda.get_device_capability(ctx.device))
+    except ValueError as exc:
+        raise Skip(str(exc)) from None
 
 
 def _vllm_tokens(ctx: Context, **options: Any) -> dict[str, Any]:
@@ -355,31 +350,19 @@ def _vllm_tokens(ctx: Context, **options: Any) -> dict[str, Any]:
                                gpu_memory_utilization=0.3, **options)
 
 
-def _agreement(row: dict[str, Any], reference: dict[str, Any]) -> str:
-    same = sum(a == b for x, y in zip(row["token_ids"], reference["token_ids"]) for a, b in zip(x, y))
-    total = sum(min(len(x), len(y)) for x, y in zip(row["token_ids"], reference["token_ids"]))
-    return f"{same} of {total} tokens as vLLM's fp16 run"
-
-
 def check_fp8(ctx: Context) -> str:
     """``vllm.LLM(quantization="fp8")`` against the same prompts in fp16: which path ran (from the GPU's compute
     capability), its tokens, and how many equal fp16's."""
-    import torch
-
-    path = fp8_path(torch.cuda.get_device_capability(ctx.device))
+    path = _fp8_path(ctx)
     reference, row = _vllm_tokens(ctx), _vllm_tokens(ctx, quantization="fp8")
-    return f"{path}; {row['output_tokens']} tokens, {_agreement(row, reference)}"
+    return f"{path}; {row['output_tokens']} tokens, {vllm.same_tokens(row, reference)}"
 
 
 def check_fp8_kv(ctx: Context) -> str:
     """``vllm.LLM(kv_cache_dtype="fp8")``: an FP8 KV cache (half of fp16's bytes per token), tokens against fp16's."""
-    import torch
-
-    capability = torch.cuda.get_device_capability(ctx.device)
-    if tuple(capability) < FP8_MARLIN:
-        raise Skip(f"compute capability {capability[0]}.{capability[1]}: vLLM's FP8 KV cache needs 8.0 or later")
+    _fp8_path(ctx)  # an FP8 KV cache needs what FP8 weights need: compute capability 8.0 on
     reference, row = _vllm_tokens(ctx), _vllm_tokens(ctx, kv_cache_dtype="fp8")
-    return f"FP8 KV cache; {row['output_tokens']} tokens, {_agreement(row, reference)}"
+    return f"FP8 KV cache; {row['output_tokens']} tokens, {vllm.same_tokens(row, reference)}"
 
 
 def check_tp(ctx: Context) -> str:

@@ -55,6 +55,13 @@ def layout(dtype: str) -> Layout:
     return LAYOUTS[dtype]
 
 
+def layout_bits_per_weight(dtype: str, params: int, rows: int) -> float:
+    """Stored bits per weight of ``params`` weights in ``rows`` output rows, scales included: 8 + 32 / row length
+    for fp8's fp32 scale per row, 4.5 for nvfp4's byte per 16, 4.25 for mxfp4's byte per 32; a float's width."""
+    dtype = normalize_dtype(dtype)
+    return layout(dtype).bytes(params, rows) * 8 / params if dtype in QUANTIZED else DTYPE_BYTES[dtype] * 8
+
+
 def normalize_dtype(dtype: str) -> str:
     key = str(dtype).lower().replace("torch.", "")
     key = DTYPE_ALIASES.get(key, key)

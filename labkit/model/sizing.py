@@ -18,7 +18,7 @@ from typing import Any
 from ..core.checks import positive
 from ..core.config import DEFAULT_CONFIG_DIR, DEFAULT_MODEL_NAME
 from . import gpus, kvlayout
-from .dtypes import DTYPE_BYTES, QUANTIZED, kv_dtype_for, layout, normalize_dtype
+from .dtypes import DTYPE_BYTES, QUANTIZED, kv_dtype_for, layout, layout_bits_per_weight, normalize_dtype
 
 USABLE_FRACTION = 0.90  # a GPU's memory left for weights + KV after CUDA context and activations
 
@@ -424,12 +424,8 @@ def _label(model: str) -> str:
 
 
 def bits_per_weight(s: ModelShape, dtype: str) -> float:
-    """Stored bits per quantised weight, scales included (``dtypes.LAYOUTS``): 8 + 32 / row length for fp8's fp32
-    scale per row, 4.5 for nvfp4's byte per 16, 4.25 for mxfp4's byte per 32; a float dtype's own width."""
-    dtype = normalize_dtype(dtype)
-    if dtype not in QUANTIZED:
-        return DTYPE_BYTES[dtype] * 8
-    return layout(dtype).bytes(s.quantizable_params, s.quantizable_rows) * 8 / s.quantizable_params
+    """Stored bits per quantised weight of this model in ``dtype``, scales included (``dtypes.layout_bits_per_weight``)."""
+    return layout_bits_per_weight(dtype, s.quantizable_params, s.quantizable_rows)
 
 
 def precision_table(models: list[str], dtypes: list[str]):

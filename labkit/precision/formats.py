@@ -299,3 +299,22 @@ def quantise_linears(model: Any, fmt: str | Format, include_lm_head: bool = Fals
                          "weight_norm": float(m.weight.detach().float().norm())})
             m.weight.copy_(q)
     return rows
+
+
+ROUNDED_NOTE = ("weights rounded to the format and held in fp32: its answer quality, not its speed (no kernel for it "
+                "runs here), so no timing")
+
+
+def round_model(model: Any, fmt: str | Format) -> dict[str, Any]:
+    """``quantise_linears`` plus what a serving checkpoint of the result would hold: ``stored_bytes`` (each rounded
+    layer's weights × its bits per weight, scales included; the other parameters in fp16, as
+    ``labkit.model.sizing`` predicts) and ``weight_error``, ‖w − q(w)‖ / ‖w‖ over every rounded layer together."""
+    rows = quantise_linears(model, fmt)
+    n_rounded = sum(math.prod(r["shape"]) for r in rows)
+    n_all = sum(p.numel() for p in model.parameters())
+    stored = sum(math.prod(r["shape"]) * r["bits_per_weight"] / 8 for r in rows) + (n_all - n_rounded) * 2
+    norms = sum(r["weight_norm"] ** 2 for r in rows)
+    error = math.sqrt(sum((r["relative_error"] * r["weight_norm"]) ** 2 for r in rows) / norms) if norms else None
+    return {"layers": rows, "stored_bytes": int(stored), "weight_error": error,
+            "stored_bytes_source": "as a checkpoint stores them: each rounded layer's weights × its bits per weight "
+                                   "(scales included), the other parameters in fp16"}

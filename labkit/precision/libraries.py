@@ -304,3 +304,20 @@ def library_agreement(w: Any, x: Any, int8_hand: tuple[Any, Any, Any], nf4_hand:
     else:
         rows.append({"library": "onnxruntime", "form": env.capability("onnxruntime").reason})
     return pd.DataFrame(rows)
+
+
+def bnb_state_tensors(model: Any) -> list[Any]:
+    """Tensors bitsandbytes keeps beside the weights, not registered as parameters or buffers:
+    4-bit absmax/code (and the nested state of double quant), LLM.int8's per-row scales (SCB)."""
+    import torch
+
+    out: list[Any] = []
+    for p in model.parameters():
+        qs = getattr(p, "quant_state", None)
+        while qs is not None:
+            out += [t for t in (qs.absmax, qs.code, getattr(qs, "offset", None)) if isinstance(t, torch.Tensor)]
+            qs = getattr(qs, "state2", None)
+        scb = getattr(p, "SCB", None)
+        if isinstance(scb, torch.Tensor):
+            out.append(scb)
+    return out

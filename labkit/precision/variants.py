@@ -7,9 +7,8 @@
     ort-fp32          exported to ONNX by transformers' exporter, run by ONNX Runtime
     ort-int8-tensor   ONNX Runtime dynamic int8, one scale per weight tensor
     ort-int8-channel  ONNX Runtime dynamic int8, one scale per output channel
-    fp8-tensor, fp8-channel, nvfp4, mxfp4, int4-g64
-                      the decoder's linear weights rounded to that format (labkit.precision.formats) and held in
-                      fp32: the format's answer quality, measured where no kernel for it exists (no timing)
+    fp8-tensor, fp8-channel, nvfp4, mxfp4, int4-g64: the linear weights rounded to that format
+                      (labkit.precision.formats), held in fp32: its answer quality where no kernel runs it; no timing
 
 Each variant is one ``Spec`` in ``SPECS`` (description, sizing dtype, loader, capabilities, devices, options);
 the name tables are derived from it, so adding a variant is one entry plus its loader.
@@ -26,7 +25,6 @@ import ctypes
 import gc
 import importlib.metadata
 import importlib.util
-import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +42,7 @@ from ..model.onnx import (
     ort_provider,
     session_providers,
 )
-from . import formats
+from . import formats, libraries
 
 
 @dataclass(frozen=True)
@@ -86,16 +84,11 @@ SPECS: dict[str, Spec] = {s.name: s for s in (
     Spec("ort-int8-channel", "ONNX Runtime dynamic int8, per-channel scales", "int8", "_load_ort", _ORT,
          ("cpu", "cuda"), {**_PROVIDER, **_REDUCE_RANGE}, all_weights_quantised=True,
          cpu_provider_only=True),
-    Spec("fp8-tensor", "FP8 E4M3 weights, one scale per matrix (rounded, computed in fp32)", "fp8", "_load_fake",
-         fake_format="fp8-e4m3-tensor"),
-    Spec("fp8-channel", "FP8 E4M3 weights, one scale per output row (rounded, computed in fp32)", "fp8", "_load_fake",
-         fake_format="fp8-e4m3-channel"),
-    Spec("nvfp4", "NVFP4: E2M1 in blocks of 16, E4M3 block scales (rounded, computed in fp32)", "nvfp4", "_load_fake",
-         fake_format="nvfp4"),
-    Spec("mxfp4", "MXFP4: E2M1 in blocks of 32, E8M0 block scales (rounded, computed in fp32)", "mxfp4", "_load_fake",
-         fake_format="mxfp4"),
-    Spec("int4-g64", "int4, one fp32 scale per 64 weights (rounded, computed in fp32)", "int4", "_load_fake",
-         fake_format="int4-g64"),
+    *(Spec(name, f"{formats.FORMATS[fmt].description} (rounded, computed in fp32)", dtype, "_load_fake",
+           fake_format=fmt)
+      for name, fmt, dtype in (("fp8-tensor", "fp8-e4m3-tensor", "fp8"), ("fp8-channel", "fp8-e4m3-channel", "fp8"),
+                               ("nvfp4", "nvfp4", "nvfp4"), ("mxfp4", "mxfp4", "mxfp4"),
+                               ("int4-g64", "int4-g64", "int4"))),
 )}
 # derived views, for readers that want one column
 VARIANTS: dict[str, str] = {n: s.description for n, s in SPECS.items()}
@@ -142,8 +135,8 @@ class Variant:
     rss_sampler: Any = field(default=None, repr=False)  # memory.RSSSampler from the load to the end of the timed runs
     providers: list[str] = field(default_factory=list)  # ONNX Runtime: the providers the session really got
     note: str = ""  # where and why a variant runs somewhere other than the device asked for
-    weight_error: float | None = None  # rounded weights: ‖w − q(w)‖ / ‖w‖ over every quantised layer together
-    layer_errors: list[dict[str, Any]] = field(default_factory=list)  # rounded weights: formats.quantise_linears' rows
+    weight_error: float | None = None  # rounded weights: ‖w − q(w)‖ / ‖w‖ over every rounded layer together
+    layer_errors: list[dict[str, Any]] = field(default_factory=list)  # rounded weights: one row per layer
 
     @property
     def ok(self) -> bool:
@@ -267,23 +260,6 @@ def _load_torch(v: Variant, model_name: str | None) -> None:
     v.weight_bytes_source = "parameter + buffer bytes"
 
 
-def _quant_state_tensors(model: Any) -> list[Any]:
-    """Tensors bitsandbytes keeps beside the weights, not registered as parameters or buffers:
-    4-bit absmax/code (and the nested state of double quant), LLM.int8's per-row scales (SCB)."""
-    import torch
-
-    out: list[Any] = []
-    for p in model.parameters():
-        qs = getattr(p, "quant_state", None)
-        while qs is not None:
-            out += [t for t in (qs.absmax, qs.code, getattr(qs, "offset", None)) if isinstance(t, torch.Tensor)]
-            qs = getattr(qs, "state2", None)
-        scb = getattr(p, "SCB", None)
-        if isinstance(scb, torch.Tensor):
-            out.append(scb)
-    return out
-
-
 def _load_bnb(v: Variant, model_name: str | None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -305,31 +281,17 @@ def _load_bnb(v: Variant, model_name: str | None) -> None:
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
     v.model, v.tokenizer, v.backend = model, tok, "bitsandbytes"
-    v.weight_bytes = memory.tensor_bytes(list(model.parameters()) + list(model.buffers()) + _quant_state_tensors(model))
+    v.weight_bytes = memory.tensor_bytes(list(model.parameters()) + list(model.buffers()) + libraries.bnb_state_tensors(model))
     v.weight_bytes_source = "parameter + buffer bytes + quantisation scales (absmax / SCB)"
 
 
-FAKE_NOTE = ("weights rounded to the format and held in fp32: its answer quality, not its speed (no kernel for it "
-             "runs here), so no timing")
-
-
 def _load_fake(v: Variant, model_name: str | None) -> None:
-    """fp32 weights, every decoder Linear rounded to the spec's format (lm_head and embeddings left alone, as a
-    serving checkpoint leaves them). ``weight_bytes`` is what a checkpoint stores: each rounded layer at the format's
-    bits per weight, scales included, the rest in fp16, as ``labkit.model.sizing`` predicts it."""
+    """fp32 weights, every decoder Linear rounded to the spec's format (``formats.round_model``): quality, no timing."""
     lm = models.load(model_name, dtype="fp32", device=v.device)
-    rows = formats.quantise_linears(lm.model, SPECS[v.name].fake_format)
-    v.model, v.tokenizer, v.backend = lm.model, lm.tokenizer, "torch"
-    rounded = sum(math.prod(r["shape"]) * r["bits_per_weight"] / 8 for r in rows)
-    n_rounded = sum(math.prod(r["shape"]) for r in rows)
-    n_all = sum(p.numel() for p in lm.model.parameters())
-    v.weight_bytes = int(rounded + (n_all - n_rounded) * dtypes.DTYPE_BYTES["fp16"])
-    v.weight_bytes_source = ("as a checkpoint stores them: each rounded layer's weights × its bits per weight "
-                             "(scales included), the other parameters in fp16")
-    squared = sum((r["relative_error"] * r["weight_norm"]) ** 2 for r in rows)
-    v.weight_error = math.sqrt(squared / sum(r["weight_norm"] ** 2 for r in rows)) if rows else None
-    v.layer_errors = rows
-    v.note = FAKE_NOTE
+    r = formats.round_model(lm.model, SPECS[v.name].fake_format)
+    v.model, v.tokenizer, v.backend, v.note = lm.model, lm.tokenizer, "torch", formats.ROUNDED_NOTE
+    v.weight_bytes, v.weight_bytes_source = r["stored_bytes"], r["stored_bytes_source"]
+    v.weight_error, v.layer_errors = r["weight_error"], r["layers"]
 
 
 def _load_ort(v: Variant, model_name: str | None) -> None:
@@ -440,10 +402,9 @@ def measure_variant(v: Variant, inputs: Inputs) -> dict[str, Any]:
     if not v.ok:
         return row
     s = inputs.settings
-    if SPECS[v.name].fake_format:  # fp32 arithmetic on rounded weights: its speed would be fp32's, not the format's
-        timing = dict.fromkeys(("ttft_s", "tpot_s", "decode_tokens_per_s", "spread"))
-    else:
-        timing = generation.measure_decode(v.model, v.tokenizer, new_tokens=s.new_tokens, repeats=s.repeats)
+    # rounded weights compute in fp32: timing them would time fp32, not the format
+    timing = (dict.fromkeys(("ttft_s", "tpot_s", "decode_tokens_per_s", "spread")) if SPECS[v.name].fake_format
+              else generation.measure_decode(v.model, v.tokenizer, new_tokens=s.new_tokens, repeats=s.repeats))
     if v.backend == "onnxruntime":  # ONNX Runtime may also fall back while running: label what really ran
         problem = check_providers(v.options["provider"], session_providers(v.model))
         if problem:

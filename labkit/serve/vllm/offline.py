@@ -57,6 +57,29 @@ def shutdown_vllm(llm: Any) -> None:
     gc.collect()
 
 
+FP8_TENSOR_CORES = (8, 9)  # Ada (8.9) and Hopper (9.0) on: FP8 matmuls on tensor cores
+FP8_MARLIN = (8, 0)  # Ampere on: vLLM's FP8 runs weight-only through its Marlin kernel (weights upcast to 16 bits)
+
+
+def fp8_path(capability: tuple[int, int]) -> str:
+    """How vLLM's ``quantization="fp8"`` runs on a GPU of compute ``capability``; ``ValueError`` below 8.0."""
+    name = f"compute capability {capability[0]}.{capability[1]}"
+    if tuple(capability) >= FP8_TENSOR_CORES:
+        return f"W8A8 FP8 on FP8 tensor cores ({name}): weights per channel, activations per token"
+    if tuple(capability) >= FP8_MARLIN:
+        return (f"weight-only FP8 through vLLM's Marlin kernel ({name} has no FP8 tensor cores: the weights are "
+                "upcast to 16 bits for each matmul, so memory is saved and no FLOP/s gained)")
+    raise ValueError(f"{name}: vLLM's FP8 needs 8.0 or later (Marlin weight-only) and 8.9 or later for FP8 tensor "
+                     "cores")
+
+
+def same_tokens(row: dict[str, Any], reference: dict[str, Any]) -> str:
+    """How many of two ``vllm_offline`` runs' output tokens are equal, position by position."""
+    pairs = list(zip(row["token_ids"], reference["token_ids"]))
+    same = sum(a == b for x, y in pairs for a, b in zip(x, y))
+    return f"{same} of {sum(min(len(x), len(y)) for x, y in pairs)} tokens as vLLM's fp16 run"
+
+
 def vllm_offline(model_path: str, prompt_ids: Sequence[Sequence[int]], max_tokens: int = 64, dtype: str = "float16",
                  tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION, quantization: str | None = None,
