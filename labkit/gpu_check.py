@@ -346,8 +346,8 @@ def _vllm_tokens(ctx: Context, **options: Any) -> dict[str, Any]:
     tok = models.load_tokenizer(ctx.model_name)
     ids = [models.chat_ids(tok, p) for p in (ctx.prompts or [PROMPT])[:4]]
     # in a process of its own: vLLM installs signal handlers, which only a main thread may do
-    return launch.run_in_child(vllm.vllm_offline, models.resolve(ctx.model_name), ids, max_tokens=TOKENS,
-                               gpu_memory_utilization=0.3, **options)
+    return launch.run_in_child(vllm.vllm_offline, models.resolve(ctx.model_name), ids, device=ctx.device,
+                               max_tokens=TOKENS, gpu_memory_utilization=0.3, **options)  # the child sees device's GPU
 
 
 def check_fp8(ctx: Context) -> str:

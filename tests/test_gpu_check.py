@@ -240,8 +240,9 @@ def test_tp_check_says_why_it_cannot_run(monkeypatch, tmp_path):
 
 @pytest.fixture
 def vllm_calls(monkeypatch):
-    """Every vLLM engine the checks would start, with its options bound to vllm_offline's real signature (a
-    keyword it does not take fails here, as it would on the GPU); each returns the same 8 tokens, fp8 one differs."""
+    """Every vLLM engine the checks would start, in a child bound to the context's GPU, with its options bound to
+    vllm_offline's real signature (a keyword it does not take fails here, as it would on the GPU); each returns the
+    same 8 tokens, the fp8 one two others."""
     import inspect
 
     import torch
@@ -250,8 +251,8 @@ def vllm_calls(monkeypatch):
 
     calls = []
 
-    def fake_child(fn, *args, **kwargs):
-        assert fn is offline.vllm_offline
+    def fake_child(fn, *args, device="cuda", timeout_s=570.0, **kwargs):  # launch.run_in_child's own parameters
+        assert fn is offline.vllm_offline and device == "cuda:1"
         inspect.signature(offline.vllm_offline).bind(*args, **kwargs)
         calls.append(kwargs)
         ids = [[1, 2, 3, 4, 5, 6, 7, 8]] if kwargs.get("quantization") is None else [[1, 2, 3, 4, 5, 6, 9, 9]]
@@ -270,7 +271,7 @@ def vllm_calls(monkeypatch):
 def test_the_fp8_check_names_the_path_the_compute_capability_gets(vllm_calls, capability, path):
     calls, cap = vllm_calls
     cap[0] = capability
-    detail = gpu_check.check_fp8(Context(device="cuda"))
+    detail = gpu_check.check_fp8(Context(device="cuda:1"))
     assert detail.startswith(path) and f"{capability[0]}.{capability[1]}" in detail
     assert "6 of 8 tokens as vLLM's fp16 run" in detail
     assert [c.get("quantization") for c in calls] == [None, "fp8"]
@@ -281,10 +282,10 @@ def test_fp8_checks_skip_before_ampere_and_the_kv_check_asks_for_an_fp8_cache(vl
     cap[0] = (7, 5)
     for check in (gpu_check.check_fp8, gpu_check.check_fp8_kv):
         with pytest.raises(Skip, match="7.5"):
-            check(Context(device="cuda"))
+            check(Context(device="cuda:1"))
     assert calls == []
     cap[0] = (9, 0)
-    assert "FP8 KV cache" in gpu_check.check_fp8_kv(Context(device="cuda"))
+    assert "FP8 KV cache" in gpu_check.check_fp8_kv(Context(device="cuda:1"))
     assert [c.get("kv_cache_dtype") for c in calls] == [None, "fp8"]
-    assert "8 tokens" in gpu_check.check_vllm(Context(device="cuda"))  # its call binds to vllm_offline too
+    assert "8 tokens" in gpu_check.check_vllm(Context(device="cuda:1"))  # its call binds to vllm_offline too
     assert {"fp8 (vllm --quantization fp8)", "fp8-kv (vllm --kv-cache-dtype fp8)"} <= {c.name for c in gpu_check.checks()}
