@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..model.dtypes import DTYPE_BYTES
 from .quantisers import SCALE_FLOOR, absmax_scale, int8_round_trip
 
 
@@ -312,7 +313,7 @@ def round_model(model: Any, fmt: str | Format) -> dict[str, Any]:
     rows = quantise_linears(model, fmt)
     n_rounded = sum(math.prod(r["shape"]) for r in rows)
     n_all = sum(p.numel() for p in model.parameters())
-    stored = sum(math.prod(r["shape"]) * r["bits_per_weight"] / 8 for r in rows) + (n_all - n_rounded) * 2
+    stored = sum(math.prod(r["shape"]) * r["bits_per_weight"] / 8 for r in rows) + (n_all - n_rounded) * DTYPE_BYTES["fp16"]
     norms = sum(r["weight_norm"] ** 2 for r in rows)
     error = math.sqrt(sum((r["relative_error"] * r["weight_norm"]) ** 2 for r in rows) / norms) if norms else None
     return {"layers": rows, "stored_bytes": int(stored), "weight_error": error,
