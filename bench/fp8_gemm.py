@@ -1,4 +1,4 @@
-"""FP8 GEMMs against fp32 and bf16 on this machine: y = x @ W.T, timed in interleaved rounds.
+"""FP8 GEMMs against fp32 and bf16 on this machine: y = x @ W.T, timed in interleaved rounds (labkit.precision.fp8_gemm).
 
 Four ways to run one linear layer, each timed on the same shapes:
 
@@ -29,117 +29,18 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from labkit.core import config, cpu, env, machine, results, timing, verdict
+from labkit.core import config, cpu, env, machine, results
 from labkit.core.results import jsonable
-from labkit.model import sizing
+from labkit.precision.fp8_gemm import VARIANTS, WARMUP, model_shapes, time_shape
 
-VARIANTS = ("fp32", "bf16", "fp8_upcast", "fp8_scaled_mm")
-WARMUP = 5  # untimed calls per variant before the rounds, as the H200 probe
 PROBE_SHAPES = ((1, 4096, 4096), (16, 4096, 4096), (256, 4096, 4096), (4096, 4096, 4096), (16, 8192, 28672),
                 (8192, 8192, 8192))
-E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 DROP = ("samples", "first_us", "verdict_vs_fp32", "verdict_vs_bf16")  # kept in the saved file, not in the lines
-
-
-def model_shapes(ms: tuple[int, ...] = (1, 16, 256)) -> list[tuple[int, int, int, str]]:
-    """(M, K, N, what) for the default model's MLP up and down matrices at each M, then 1024³."""
-    cfg = sizing.load_config("default")
-    mats = [(cfg.hidden_size, cfg.intermediate_size, "mlp.up_proj"), (cfg.intermediate_size, cfg.hidden_size,
-                                                                         "mlp.down_proj")]
-    return [(m, k, n, what) for k, n, what in mats for m in ms] + [(1024, 1024, 1024, "cube")]
-
-
-def row_scale(t: torch.Tensor) -> torch.Tensor:
-    """One fp32 scale per row, absmax / 448, so each row spans E4M3's range: shape (rows, 1)."""
-    return (t.abs().amax(dim=1, keepdim=True).float() / E4M3_MAX).clamp(min=1e-12)
-
-
-def calls(m: int, k: int, n: int, device: str, act: torch.dtype) -> tuple[dict[str, Callable[[], Any]], str | None]:
-    """The four variants' ``y = x @ W.T`` on fresh random operands, and why ``fp8_scaled_mm`` cannot run (or None)."""
-    x, w = torch.randn(m, k, device=device), torch.randn(n, k, device=device)
-    xb, wb, xa = x.bfloat16(), w.bfloat16(), x.to(act)
-    sw, sx = row_scale(w), row_scale(x)
-    w8, x8 = (w / sw).to(torch.float8_e4m3fn), (x / sx).to(torch.float8_e4m3fn)
-    sw_act = sw.to(act)
-    fns: dict[str, Callable[[], Any]] = {
-        "fp32": lambda: x @ w.t(),
-        "bf16": lambda: xb @ wb.t(),
-        "fp8_upcast": lambda: xa @ (w8.to(act) * sw_act).t(),
-        "fp8_scaled_mm": lambda: torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw.t(), out_dtype=act),
-    }
-    try:
-        fns["fp8_scaled_mm"]()
-    except (RuntimeError, NotImplementedError, TypeError) as exc:  # no FP8 GEMM on this device or torch
-        del fns["fp8_scaled_mm"]
-        return fns, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    return fns, None
-
-
-def sampler(fn: Callable[[], Any], device: str, inner: int) -> Callable[[], float]:
-    """One sample: ``inner`` calls of ``fn``, in µs per call; CUDA events on a GPU, the house clock elsewhere."""
-    if device.startswith("cuda"):
-        def once() -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(inner):
-                fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) * 1e3 / inner  # elapsed_time is in ms
-        return once
-
-    def once() -> float:
-        t0 = timing.now(device)
-        for _ in range(inner):
-            fn()
-        return (timing.now(device) - t0) * 1e6 / inner
-    return once
-
-
-def warm(fns: dict[str, Callable[[], Any]], device: str) -> tuple[dict[str, float], dict[str, float]]:
-    """``WARMUP`` untimed calls each; (the first call of each, its slowest steady call), both in µs."""
-    first, steady = {}, {}
-    for name, fn in fns.items():
-        first[name] = sampler(fn, device, 1)()
-        steady[name] = max(sampler(fn, device, 1)() for _ in range(WARMUP - 1))
-    return first, steady
-
-
-def time_shape(m: int, k: int, n: int, device: str, act: torch.dtype, rounds: int, sample_s: float) -> dict[str, Any]:
-    """One shape: warm-up, then ``rounds`` interleaved rounds; the row of ``gemm_row`` plus what the run did."""
-    fns, fp8_error = calls(m, k, n, device, act)
-    first, steady = warm(fns, device)
-    # each variant's sample lasts about sample_s: enough calls to see past the clock's grain, few for slow ones
-    inner = {name: max(1, round(sample_s * 1e6 / max(call_us, 0.1))) for name, call_us in steady.items()}
-    us = timing.rounds({name: sampler(fn, device, inner[name]) for name, fn in fns.items()}, rounds)
-    return {**gemm_row(m, k, n, us, fp8_error), "first_us": first, "inner": inner, "rounds": rounds}
-
-
-def gemm_row(m: int, k: int, n: int, us: dict[str, list[float]], fp8_error: str | None = None) -> dict[str, Any]:
-    """A row from the µs-per-call samples of each variant timed: medians, TFLOP/s, each variant's speedup over
-    fp32 and bf16 (the baseline's median / the variant's) and its verdict. One sample each gives a ratio whose
-    verdict is "within noise" (nothing to judge its spread by)."""
-    flop = 2 * m * k * n
-    row: dict[str, Any] = {"M": m, "K": k, "N": n, "variants": [v for v in VARIANTS if v in us]}
-    for v in row["variants"]:
-        med = timing.Measurement.from_values(v, us[v], unit="us").median
-        row[f"{v}_us"] = med
-        row[f"{v}_tflops"] = flop / med / 1e6
-    row["fp8_error"] = fp8_error
-    for base in ("fp32", "bf16"):
-        if base not in us:
-            continue
-        judged = {v: verdict.compare(us[v], us[base], higher_is_better=False) for v in row["variants"] if v != base}
-        row[f"speedup_vs_{base}"] = {v: row[f"{base}_us"] / row[f"{v}_us"] for v in judged}
-        row[f"verdict_vs_{base}"] = {v: j.to_dict() for v, j in judged.items()}
-    row["samples"] = {v: list(us[v]) for v in row["variants"]}
-    return row
 
 
 def isa() -> dict[str, Any]:

@@ -90,6 +90,17 @@ def test_a_notebook_without_published_rows_says_so_in_one_line(reference_dir, ca
     assert "No published GPU figure for notebook 04" in out and "Published GPU figures" not in out
 
 
+def test_a_precision_filter_keeps_only_rows_in_that_format(capsys):
+    fp8 = [r for r in published.for_notebook("03") if "fp8" in r["precision"].lower()]
+    others = [r for r in published.for_notebook("03") if "fp8" not in r["precision"].lower()]
+    assert fp8 and others  # the filter has something to keep and something to drop
+    assert published.show("03", precision=("FP8",)) == len(fp8)
+    out = capsys.readouterr().out
+    assert all(r["source"] in out for r in fp8) and "Published GPU figures" in out
+    assert published.show("03", precision=("FP2",)) == 0
+    assert "No published GPU figure in FP2 for notebook 03" in capsys.readouterr().out
+
+
 def test_a_measured_reference_is_shown_alone_without_published_rows(reference_dir, capsys):
     env = {"device": "cuda", "hardware": {"gpu": "NVIDIA L4"}, "date": "2030-01-01", "command": "make reference",
            "versions": {"torch": "2.13.0"}}

@@ -26,3 +26,23 @@ def test_retime_interleaves_and_marks_a_variant_that_fails_to_reload(tiny_llama,
     assert len(fp32["samples"]["decode_tokens_per_s"]) == 4 and len(bf16["samples"]["tpot_s"]) == 3
     assert fp32["timed"] == bf16["timed"] == "interleaved rounds"
     assert drift == fp32["drift"] == bf16["drift"] and drift > 0
+
+
+def test_rounded_weight_rows_are_never_timed(tiny_llama, monkeypatch):
+    """A rounded-weight variant computes in fp32: the rounds load and time only the others, and its row keeps no
+    speed, so fp32's figure never appears under a format's name."""
+    model, tok = tiny_llama
+    loaded = []
+
+    def load(name, *a, **kw):
+        loaded.append(name)
+        return Variant(name, model=model, tokenizer=tok, backend="torch")
+
+    monkeypatch.setattr(variants, "load_variant", load)
+    rows = [{"variant": "fp32", "status": "ok", "decode_tokens_per_s": 1.0},
+            {"variant": "nvfp4", "status": "ok", "decode_tokens_per_s": None}]
+    inputs = Inputs(reference=None, eval_ids=[], questions=[], settings=Settings(new_tokens=6, repeats=2))
+    rounds.retime(rows, inputs)
+    assert loaded == ["fp32"]
+    assert rows[1]["decode_tokens_per_s"] is None and "samples" not in rows[1]
+    assert rows[0]["timed"] == "interleaved rounds"

@@ -139,16 +139,20 @@ def display_row(row: dict[str, Any]) -> dict[str, str]:
             "figures": figures, "source": row["source"], "date": row["date"]}
 
 
-def show(number: str) -> int:
-    """Print the heading and a table of notebook ``number``'s published rows, or one line saying none ships.
-    Returns how many rows were shown."""
+def show(number: str, precision: tuple[str, ...] = ()) -> int:
+    """Print the heading and a table of notebook ``number``'s published rows, or one line saying none ships;
+    ``precision`` keeps the rows whose precision names one of those words ("FP8", "FP4"). Returns how many rows
+    were shown."""
     try:
         rows = for_notebook(number)
     except FileNotFoundError as exc:
         print(f"No published GPU figures either: {exc}.")
         return 0
+    if precision:
+        rows = [r for r in rows if any(p.lower() in r["precision"].lower() for p in precision)]
     if not rows:
-        print(f"No published GPU figure for notebook {number} ships in data/published_gpu.json either.")
+        kind = f" in {' or '.join(precision)}" if precision else ""
+        print(f"No published GPU figure{kind} for notebook {number} ships in data/published_gpu.json either.")
         return 0
     import pandas as pd
 

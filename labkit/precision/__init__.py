@@ -7,6 +7,7 @@ loader that measures each precision's speed, memory and quality the same way.
 ``calibration``  static int8 scales from calibration prompts, scored on held-out ones
 ``kvquant``      a quantised KV cache at long context (transformers' ``QuantizedCache`` and the lab's own)
 ``formats``      FP8 (E4M3, E5M2), MXFP4 and NVFP4 written from their definitions: fake quantisation, bits per weight, error
+``fp8_gemm``     one linear layer in fp32, bf16, FP8 upcast and torch._scaled_mm, timed in interleaved rounds
 ``rounds``       every variant measured alone for memory and quality, then its decode timed in interleaved rounds
 
 precision knows nothing about serving or compiled engines: it never imports ``labkit.engines`` or

@@ -166,7 +166,8 @@ class Variant:
                 "weight_bytes_source": self.weight_bytes_source,
                 "predicted_weight_bytes": self.predicted_weight_bytes, "prepare_s": self.prepare_s,
                 "options": dict(self.options), "providers": list(self.providers), "note": self.note,
-                "cuda_resident_bytes": self.cuda_resident_bytes, "weight_error": self.weight_error}
+                "cuda_resident_bytes": self.cuda_resident_bytes, "weight_error": self.weight_error,
+                "layer_errors": list(self.layer_errors)}
 
 
 def _validate_options(name: str, options: dict[str, Any]) -> None:

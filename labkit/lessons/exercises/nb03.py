@@ -1,8 +1,10 @@
-"""Notebook 03's checks: the per-channel absmax scale, the int8 round trip, and the nearest NF4 code of a block."""
+"""Notebook 03's checks: the per-channel absmax scale, the int8 round trip, the nearest NF4 code of a block, and the
+FP8 and FP4 formats: E4M3 rounding, NVFP4 and MXFP4 block quantisers."""
 from __future__ import annotations
 
 from typing import Any
 
+from ...precision import formats
 from ...precision.quantisers import (
     NF4_CODE,
     absmax_scale,
@@ -154,3 +156,146 @@ def _nf4_quantize(fn: Any) -> None:
         x = (blocks[b, i] / absmax[b, 0]).item()
         raise Wrong(f"block {b}, value {i}: scaled to {x:.4f}, nearest code is index {want[b, i].item()} "
                     f"({code[want[b, i]].item():.4f}); you gave {idx[b, i].item()} ({code[idx[b, i]].item():.4f})")
+
+
+# ---------------------------------------------------------------- FP8 and FP4 (sections 11 and 12)
+
+
+def _uses_torch_cast(fn: Any, dtype_word: str) -> bool:
+    """Whether ``fn``'s code (or code nested in it) names a torch dtype starting with ``dtype_word``: the cast the
+    check compares with. Read from the compiled names, so it works where no source file exists."""
+    stack = [getattr(fn, "__code__", None)]
+    while stack:
+        code = stack.pop()
+        if code is None:
+            continue
+        if any(name.startswith(dtype_word) for name in code.co_names):
+            return True
+        stack += [c for c in code.co_consts if hasattr(c, "co_names")]
+    return False
+
+
+@exercise("03.e4m3_round", "round to the nearest FP8 E4M3 value")
+def _e4m3_round(fn: Any) -> None:
+    import torch
+
+    if _uses_torch_cast(fn, "float8"):
+        raise Wrong("that is torch's own cast, the answer this check compares with: write the rounding from the "
+                    "definition (binade, step 2^(e - 3), round, saturate)")
+    gen = torch.Generator().manual_seed(7)
+    spread = torch.randn(4000, generator=gen) * torch.exp2(torch.randint(-14, 10, (4000,), generator=gen).float())
+    fixed = torch.tensor([448.0, 464.0, 500.0, 1e6, -1e6, 2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -10, 0.0, 17.0, 18.0, 0.3,
+                          2.0 ** -6, 0.9 * 2.0 ** -6])
+    x = torch.cat([fixed, spread])
+    want = x.to(torch.float8_e4m3fn).float()  # torch's cast: saturating, ties to even, subnormals
+    got = call(fn, x.clone())
+    if not isinstance(got, torch.Tensor):
+        raise Wrong(f"return a tensor of rounded values, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(x.shape):
+        raise Wrong(f"shape {tuple(got.shape)}, expected {tuple(x.shape)}: round every value, keep the shape")
+    got = got.float()
+    if torch.isnan(got).any() or torch.isinf(got).any():
+        i = int((torch.isnan(got) | torch.isinf(got)).nonzero()[0])
+        raise Wrong(f"{x[i].item():g} became {got[i].item()}: clamp |x| to 448 first, E4M3 has no infinity "
+                    "(and a log2 of 0 needs a floor: clamp the magnitude to the smallest subnormal, 2^-9)")
+    if got[2].item() > 448 or got[3].item() > 448:
+        raise Wrong(f"500 became {got[2].item():g}: E4M3 saturates at ±448, its largest finite value")
+    if got[9].item() != want[9].item():
+        raise Wrong(f"17 became {got[9].item():g}, expected 16: 17 is a tie between 16 and 18, and a tie goes to the "
+                    "even mantissa (torch.round rounds half to even; floor(x + 0.5) does not)")
+    tiny = x.abs() < 2.0 ** -6
+    if not torch.equal(got[~tiny], want[~tiny]):
+        j = int((got[~tiny] != want[~tiny]).nonzero()[0])
+        raise Wrong(f"{x[~tiny][j].item():.6g} became {got[~tiny][j].item():.6g}, expected {want[~tiny][j].item():.6g}: "
+                    "three mantissa bits leave 8 values per binade, a step of 2^(floor(log2|x|) - 3)")
+    if not torch.equal(got[tiny], want[tiny]):
+        j = int((got[tiny] != want[tiny]).nonzero()[0])
+        raise Wrong(f"below the smallest normal (2^-6) the values are subnormals, evenly spaced by 2^-9 (ties to the "
+                    f"even one): {x[tiny][j].item():.6g} should round to {want[tiny][j].item():.6g}, got "
+                    f"{got[tiny][j].item():.6g} (clamp the exponent to at least -6)")
+    if not torch.equal(got, want):
+        j = int((got != want).nonzero()[0])
+        raise Wrong(f"{x[j].item():.6g} became {got[j].item():.6g}, expected {want[j].item():.6g}: three mantissa bits "
+                    "leave 8 values per binade, a step of 2^(floor(log2|x|) - 3)")
+
+
+def _blocks_with_a_zero(seed: int, block: int) -> Any:
+    """A (4, 4 × block) weight: rows of different ranges, one block all zeros, one block led by a negative outlier."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(4, 4 * block, generator=gen) * torch.tensor([[0.02], [0.3], [1.0], [5.0]])
+    w[1, block:2 * block] = 0.0  # a block whose absmax is zero: its scale is 0, and it must come back as zeros
+    w[2, 3] = -9.0  # block 0 of row 2: its absmax is negative
+    return w
+
+
+def _fp4_common(got: Any, w: Any, want: Any, block: int) -> Any:
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        raise Wrong(f"return the dequantised weight as a tensor, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(w.shape):
+        raise Wrong(f"shape {tuple(got.shape)}, expected {tuple(w.shape)}: reshape the blocks back to (out, in)")
+    got = got.float()
+    if torch.isnan(got).any():
+        raise Wrong("NaN in the result: a block of zeros has scale 0, and 0 / 0 is NaN; return zeros for it "
+                    "(torch.where(scale > 0, w / scale, 0))")
+    if got[1, block:2 * block].abs().max() > 0:
+        raise Wrong("row 1's second block is all zeros: it must come back as zeros")
+    return got
+
+
+@exercise("03.nvfp4_quantize", "NVFP4: blocks of 16, an E4M3 block scale, an fp32 tensor scale")
+def _nvfp4_quantize(fn: Any) -> None:
+    import torch
+
+    w = _blocks_with_a_zero(11, 16)
+    want = formats.fake_quant(w, "nvfp4")
+    got = _fp4_common(call(fn, w.clone()), w, want, 16)
+    if torch.allclose(got, want, rtol=1e-5, atol=1e-7):
+        return
+    b = w.reshape(w.shape[0], -1, 16)
+    amax = b.abs().amax(-1, keepdim=True)
+    ts = w.abs().amax() / (448 * 6)
+    for guess, why in (
+        ((formats.round_e2m1(torch.where(amax > 0, b / (amax / 6).clamp_min(1e-30), 0.0)) * amax / 6).reshape(w.shape),
+         "the block scale went unrounded (fp32): NVFP4 stores it as E4M3, round_e4m3(absmax / 6 / tensor_scale)"),
+        (formats.fake_quant(w, formats.Format("g32", "e2m1", "block", "e4m3", 32, True)),
+         "blocks of 32: NVFP4's blocks are 16 weights along the input dim"),
+        ((formats.round_e2m1(torch.where(amax > 0, b / (formats.round_e4m3(amax / 448 / ts) * ts).clamp_min(1e-30), 0.0))
+          * formats.round_e4m3(amax / 448 / ts) * ts).reshape(w.shape),
+         "the block's absmax should land on E2M1's largest value, 6: divide it by 6, not by 448"),
+    ):
+        if torch.allclose(got, guess.float(), rtol=1e-5, atol=1e-7):
+            raise Wrong(why)
+    close(got, want, "w_hat", rtol=1e-5, atol=1e-7)
+
+
+@exercise("03.mxfp4_quantize", "MXFP4: blocks of 32, a power-of-two E8M0 scale")
+def _mxfp4_quantize(fn: Any) -> None:
+    import torch
+
+    w = _blocks_with_a_zero(13, 32)
+    want = formats.fake_quant(w, "mxfp4")
+    got = _fp4_common(call(fn, w.clone()), w, want, 32)
+    if torch.allclose(got, want, rtol=1e-6, atol=0):
+        return
+    b = w.reshape(w.shape[0], -1, 32)
+    amax = b.abs().amax(-1, keepdim=True)
+    safe = amax.clamp_min(1e-30)
+    for scale, why in (
+        (amax / 6, "the scale absmax / 6 is not a power of two: E8M0 stores only an exponent, "
+                   "2^(floor(log2(absmax)) - 2)"),
+        (torch.exp2(torch.ceil(torch.log2(safe / 6))),
+         "2^ceil(log2(absmax / 6)) never saturates but wastes up to a binade: the OCP MX rule is "
+         "2^(floor(log2(absmax)) - 2), E2M1's largest power of two being 2^2"),
+        (torch.exp2(torch.floor(torch.log2(safe))), "2^floor(log2(absmax)) puts the absmax in [1, 2): subtract E2M1's "
+                                                     "largest exponent, 2, so it lands in [4, 8)"),
+    ):
+        guess = (formats.round_e2m1(torch.where(amax > 0, b / scale.clamp_min(1e-30), 0.0)) * scale).reshape(w.shape)
+        if torch.allclose(got, guess, rtol=1e-6, atol=0):
+            raise Wrong(why)
+    if torch.allclose(got, formats.fake_quant(w, formats.Format("g16", "e2m1", "block", "e8m0", 16)), rtol=1e-6, atol=0):
+        raise Wrong("blocks of 16: MXFP4's blocks are 32 weights along the input dim")
+    close(got, want, "w_hat", rtol=1e-6, atol=0)

@@ -1,0 +1,88 @@
+"""Notebook 03's FP8/FP4 sections: the four-corner split of NVFP4 against MXFP4, the formats table, the per-layer
+errors, the 4-bit winner judged on KL per prompt, and the GEMM table; every sentence follows its numbers."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from labkit.lessons.findings import Findings
+from labkit.lessons.findings import nb03 as f03
+from labkit.model import sizing
+from labkit.precision import formats, fp8_gemm
+
+
+def _w(seed=0):
+    return torch.randn(32, 128, generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_split_has_the_two_standards_at_their_corners():
+    w = _w()
+    split = f03.fp4_split(w)
+    assert split.loc[(16, "E4M3 + tensor scale"), "standard"] == "nvfp4"
+    assert split.loc[(32, "power of two (E8M0)"), "standard"] == "mxfp4"
+    assert split.loc[(16, "E4M3 + tensor scale"), "weight_error"] == pytest.approx(formats.relative_error(w, "nvfp4"))
+    assert split.loc[(32, "power of two (E8M0)"), "weight_error"] == pytest.approx(formats.relative_error(w, "mxfp4"))
+    assert split.loc[(32, "power of two (E8M0)"), "bits_per_weight"] == 4.25
+
+
+def _split(p2_16, e4_16, p2_32, e4_32):
+    idx = pd.MultiIndex.from_tuples([(16, "power of two (E8M0)"), (16, "E4M3 + tensor scale"),
+                                     (32, "power of two (E8M0)"), (32, "E4M3 + tensor scale")], names=["block", "scale"])
+    return pd.DataFrame({"weight_error": [p2_16, e4_16, p2_32, e4_32]}, index=idx)
+
+
+def test_the_split_sentence_names_the_difference_that_pays():
+    assert "comes from the E4M3 scale" in f03.split_sentence(_split(0.117, 0.094, 0.116, 0.100))
+    assert "comes from the smaller block" in f03.split_sentence(_split(0.080, 0.078, 0.116, 0.110))
+    said = f03.split_sentence(_split(0.117, 0.094, 0.116, 0.100))
+    assert f"{0.116 / 0.100:.2f}×" in said and f"{0.116 / 0.117:.2f}×" in said
+
+
+def _row(v, kl, per_prompt=None, **kw):
+    return {"variant": v, "status": "ok", "kl": kl, "kl_per_prompt": per_prompt or [kl], "agreement": 0.5,
+            "perplexity": 10.0, "weight_bytes": 100, "predicted_weight_bytes": 100, **kw}
+
+
+def test_the_formats_table_orders_eight_bits_then_four_and_takes_bits_from_sizing():
+    shape = sizing.shape("default")
+    rows = [_row("nvfp4", 0.3), _row("fp32", 0.0), _row("mxfp4", 0.7), _row("fp8-channel", 0.02),
+            {"variant": "bnb-nf4", "status": "cannot run here: no bitsandbytes"}]
+    t = f03.formats_table(rows, shape)
+    assert list(t.index) == ["fp32", "fp8-channel", "nvfp4", "mxfp4"]  # a row that did not run is left out
+    assert t.bits_per_weight["mxfp4"] == sizing.bits_per_weight(shape, "mxfp4") == pytest.approx(4.25)
+    assert t.bits_per_weight["fp32"] == 32
+
+
+def test_the_closest_4bit_row_is_named_only_when_its_kl_is_really_lower():
+    shape = sizing.shape("default")
+    clear = [_row("nvfp4", 0.3, [0.30, 0.31, 0.29, 0.30]), _row("mxfp4", 0.7, [0.70, 0.71, 0.69, 0.70])]
+    assert f03.closest_4bit(clear, f03.formats_table(clear, shape)) == ("nvfp4", "")
+    close = [_row("nvfp4", 0.3, [0.1, 0.5]), _row("mxfp4", 0.32, [0.5, 0.14])]
+    winner, why = f03.closest_4bit(close, f03.formats_table(close, shape))
+    assert winner is None and "nvfp4 and mxfp4" in why
+
+
+def test_layer_errors_read_the_rows_and_the_sentence_counts_them():
+    errs = {"nvfp4": [0.09, 0.10], "mxfp4": [0.12, 0.09]}
+    rows = [{"variant": v, "status": "ok", "layer_errors": [
+        {"layer": f"model.layers.{i}.mlp.down_proj", "relative_error": e} for i, e in enumerate(es)]} for v, es in errs.items()]
+    layers = f03.layer_errors(rows, ["nvfp4", "mxfp4"])
+    assert len(layers) == 4 and set(layers.kind) == {"down_proj"} and sorted(set(layers["index"])) == [0, 1]
+    said = f03.layer_sentence(layers)
+    assert "above nvfp4's in 1 of 2 layers" in said
+    assert "No per-layer errors" in f03.layer_sentence(layers[layers.variant == "nvfp4"])
+
+
+def test_the_gemm_table_and_takeaways_follow_the_rows():
+    us = {"fp32": [10.0, 10.2, 9.9], "bf16": [9.0, 9.1, 9.2], "fp8_upcast": [200.0, 210.0, 205.0],
+          "fp8_scaled_mm": [300.0, 290.0, 310.0]}
+    gemm = [{"what": "up", **fp8_gemm.gemm_row(1, 64, 32, us)}]
+    t = f03.gemm_table(gemm)
+    assert list(t.variant) == ["fp32", "bf16", "fp8_upcast", "fp8_scaled_mm"]
+    assert t.set_index("variant").verdict["fp8_scaled_mm"] == "worse"
+    found = f03.formats_findings(Findings(rows=[{"finding": "x", "value": 1.0}], sentences=[]),
+                                 f03.formats_table([_row("fp32", 0.0), _row("nvfp4", 0.3)], sizing.shape("default")),
+                                 None, gemm)
+    assert any("fp8_scaled_mm 0.03× (worse)" in s for s in found.sentences)
+    assert found.rows[-1]["finding"].startswith("fp8 _scaled_mm") and found.rows[-1]["verdict"] == "worse"
