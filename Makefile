@@ -176,9 +176,10 @@ test-unit: $(DEV_STAMP)
 	LABKIT_QUICK=1 $(PY) -m pytest -q tests
 
 # the set-up as a learner's machine sees it: pip's configuration off, PyPI and a CPU index only; both
-# environments resolved (pip install --dry-run), nothing installed (tests/test_setup_resolves.py)
+# environments resolved (pip install --dry-run), nothing installed (tests/test_setup_resolves.py); GPU=1 also
+# resolves a GPU machine's `make vllm` (the CUDA stack: about a minute more)
 test-setup: $(DEV_STAMP)
-	LABKIT_SETUP_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -m setup_resolve tests/test_setup_resolves.py
+	LABKIT_SETUP_TESTS=1 $(if $(filter 1,$(GPU)),LABKIT_SETUP_GPU=1) $(PY) -m pytest -q -p no:cacheprovider -m setup_resolve tests/test_setup_resolves.py
 
 test-notebooks: $(DEV_STAMP)
 	LABKIT_QUICK=1 $(PY) -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=$(NB_TIMEOUT) notebooks/*.ipynb

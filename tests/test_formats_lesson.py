@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 import torch
 
-from labkit.lessons.findings import Findings
-from labkit.lessons.findings import nb03 as f03
+from labkit.core import config, results
+from labkit.lessons.findings import nb03b as f03
 from labkit.model import sizing
 from labkit.precision import formats, fp8_gemm
 
@@ -81,8 +81,23 @@ def test_the_gemm_table_and_takeaways_follow_the_rows():
     t = f03.gemm_table(gemm)
     assert list(t.variant) == ["fp32", "bf16", "fp8_upcast", "fp8_scaled_mm"]
     assert t.set_index("variant").verdict["fp8_scaled_mm"] == "worse"
-    found = f03.formats_findings(Findings(rows=[{"finding": "x", "value": 1.0}], sentences=[]),
-                                 f03.formats_table([_row("fp32", 0.0), _row("nvfp4", 0.3)], sizing.shape("default")),
-                                 None, gemm)
+    hand = pd.DataFrame({"output_error": [0.0, 0.006, 0.016]}, index=["fp32", "int8 per-channel", "fp8 per-channel"])
+    rows = [_row("fp32", 0.0), _row("nvfp4", 0.3)]
+    found = f03.takeaways(hand=hand, fmt_table=f03.formats_table(rows, sizing.shape("default")), rows=rows,
+                                  split=None, layers=None, gemm=gemm)
     assert any("fp8_scaled_mm 0.03× (worse)" in s for s in found.sentences)
     assert found.rows[-1]["finding"].startswith("fp8 _scaled_mm") and found.rows[-1]["verdict"] == "worse"
+    assert any(f"{0.016 / 0.006:.2f}× int8 per-channel's" in s and "finer" in s for s in found.sentences)
+    assert found.headline["label"].startswith("KL against fp32 of the lowest-KL 4-bit row (nvfp4)")
+
+
+def test_the_gpu_sentence_reads_the_saved_h200_run_and_says_it_is_not_this_run():
+    h200 = results.load(config.DATA_DIR / "measured_gpu" / "fp8_gemm.nvidia-h200.json")
+    said = f03.gpu_gemm_sentence(h200)
+    big = max(h200.section("gemm"), key=lambda r: r["M"] * r["K"] * r["N"])
+    assert "NVIDIA H200" in said and "not this run" in said and "2026-12-04" in said
+    assert f"{big['speedup_vs_bf16']['fp8_scaled_mm']:.2f}× bf16's speed" in said
+    flat = results.Results.from_dict(h200.to_dict())
+    for r in flat.section("gemm"):
+        r["speedup_vs_bf16"]["fp8_scaled_mm"] = 0.5  # never faster: no claim that FP8 pays
+    assert "FP8 pays" not in f03.gpu_gemm_sentence(flat)

@@ -155,6 +155,9 @@ def test_the_local_wheel_is_taken_without_an_index_where_pip_reaches_one_and_ski
         assert here.returncode == 0, here.stderr[-2000:]
 
 
+@pytest.mark.skipif(os.environ.get("LABKIT_SETUP_GPU") != "1",
+                    reason="resolves the multi-GB CUDA stack (about a minute): `make test-setup GPU=1` runs it, as "
+                           "anyone changing VLLM_GPU_SPEC or the [gpu] extra should")
 def test_a_gpu_machines_vllm_environment_resolves_vllm_beside_the_lab(tmp_path):
     """`make vllm` on a GPU installs the GPU vLLM, then labkit's [lab,gpu] into the same environment: both halves
     resolved together must give that vLLM (not an older one that admits the lab's transformers) beside the lab's

@@ -67,7 +67,7 @@ def test_only_core_verdict_writes_within_noise_and_implausible():
 def test_every_notebook_records_its_takeaways_and_headline():
     for src in sorted((ROOT / "notebooks" / "src").glob("*.py")):
         text = src.read_text(encoding="utf-8")
-        nb = src.name[:2]
+        nb = src.name.split("_")[0]  # 03, 03b …
         assert f"from labkit.lessons.findings import nb{nb}" in text, src.name
         assert f"nb{nb}_findings.takeaways(" in text and "findings.record(res, " in text and "findings.show(" in text, src.name
         assert (ROOT / "labkit" / "lessons" / "findings" / f"nb{nb}.py").is_file()

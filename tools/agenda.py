@@ -2,6 +2,7 @@
 
     python tools/agenda.py                       # the table, from data/agenda.json's measured run times
     python tools/agenda.py --summary build/summary.json --write   # re-time from a run, rewrite docs/instructor.md's table
+    python tools/agenda.py --summary build/summary.json --merge --write   # a run of some notebooks: re-time those only
 
 A notebook's room time is the sum of
 - reading: its markdown words (presenter notes excluded) at ``WORDS_PER_MIN`` — technical prose read with care,
@@ -37,7 +38,7 @@ SESSION_MIN = 180
 BREAK_MIN = 10
 WRAP_UP_MIN = 10
 CORE = ("00_setup", "01_hardware_sizing", "02_fp16_bf16", "03_int8_int4", "05_kv_cache", "06_batching",
-        "04_warmup", "07_vllm", "10_beyond", "08_tensorrt", "09_capstone", "11_scale_out")  # the 3-hour order of preference
+        "04_warmup", "03b_fp8_fp4", "07_vllm", "10_beyond", "08_tensorrt", "09_capstone", "11_scale_out")  # the 3-hour order of preference
 TIMINGS = ROOT / "data" / "agenda.json"
 DOC = ROOT / "docs" / "instructor.md"
 START, END = "<!-- agenda:start (tools/agenda.py --write) -->", "<!-- agenda:end -->"
@@ -136,9 +137,20 @@ def timings_from(summary: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--summary", type=Path, help="a quick run's build/summary.json: re-time from it")
+    ap.add_argument("--merge", action="store_true", help="with --summary: keep the other notebooks' saved times "
+                                                         "(the run must come from the same machine)")
     ap.add_argument("--write", action="store_true", help="save the timings and rewrite docs/instructor.md's table")
     args = ap.parse_args(argv)
     timings = timings_from(args.summary) if args.summary else json.loads(TIMINGS.read_text(encoding="utf-8"))
+    if args.merge:
+        if not args.summary:
+            ap.error("--merge re-times the notebooks of one run: give it --summary build/summary.json")
+        saved = json.loads(TIMINGS.read_text(encoding="utf-8"))
+        if saved["machine"] != timings["machine"]:
+            raise SystemExit(f"{args.summary} ran on {timings['machine']}, {TIMINGS} on {saved['machine']}: "
+                             "re-time every notebook from one run instead (no --merge)")
+        timings = {**saved, "wall_s": {**saved["wall_s"], **timings["wall_s"]},
+                   "note": f"re-timed {sorted(timings['wall_s'])} on {timings['date']}"}
     text = markdown(table(timings), timings)
     if args.write:
         TIMINGS.write_text(json.dumps(timings, indent=1) + "\n", encoding="utf-8")

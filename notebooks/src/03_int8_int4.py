@@ -1,5 +1,5 @@
 # %% md slide
-# # 03 · INT8, INT4, FP8 and FP4: bitsandbytes, [ONNX Runtime](../docs/glossary.md#onnx-runtime) and the formats GPUs serve
+# # 03 · INT8 and INT4: bitsandbytes and [ONNX Runtime](../docs/glossary.md#onnx-runtime)
 #
 # Quantisation stores weights in 8 or 4 bits. Published summaries promise a lot — "INT8: −75 %
 # memory, about 2 % accuracy loss". Whether that holds depends on *how* a model is quantised and on
@@ -24,13 +24,10 @@
 # - Read which kernel bitsandbytes ran on this machine, and why: it depends on the CPU's
 #   [instruction sets](../docs/glossary.md#cpu-instruction-sets) (AVX2, AVX-512, VNNI, AMX).
 # - Tell the real ONNX Runtime quantisation API from the one articles invent, and test published claims.
-# - Write FP8 E4M3 rounding and the NVFP4 and MXFP4 block quantisers; put FP8 and FP4 beside int8, int4 and NF4
-#   in one quality table, and read from the per-layer errors why NVFP4 loses less than MXFP4.
-# - Time FP8 GEMMs on this CPU against fp32, and read why they are slower here than on Hopper and Blackwell.
 
 # %% md notes
-# Presenter: the first three exercises (per-channel scale, int8 round trip, nearest NF4 code) take ten minutes
-# together, the FP8/FP4 three (sections 11-12) another ten; the layer table uses them once they pass. Collect predictions of the per-tensor / per-channel
+# Presenter: the three exercises (per-channel scale, int8 round trip, nearest NF4 code) take ten minutes
+# together; the layer table uses them once they pass. Collect predictions of the per-tensor / per-channel
 # error ratio and of the bytes before the layer cell, and of the int8 speedup before the variants run,
 # which takes several minutes on a laptop CPU: talk through the kernel question (integers or floats?)
 # while it runs, then read the answer off the profiled operators. For "faster and wrong", show the
@@ -41,12 +38,11 @@
 # %% slide
 import labkit
 import pandas as pd
-from IPython.display import display
 import torch
-from labkit.core import config, cpu, env, machine, published, results
-from labkit.model import hardware, models, onnx, prompts, sizing
+from labkit.core import config, env, machine, results
+from labkit.model import hardware, models, onnx, prompts
 from labkit.decoding import quality
-from labkit.precision import formats, fp8_gemm, libraries, quantisers, rounds, variants
+from labkit.precision import libraries, quantisers, rounds, variants
 from labkit.lessons import exercises, findings, plots
 from labkit.lessons.findings import nb03 as nb03_findings
 
@@ -464,205 +460,13 @@ _ = results.show_gpu_references("03_int8_int4", "variants", ["variant", "status"
                                                         "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"])
 
 # %% md slide
-# ## 11 · FP8: E4M3, by hand
-#
-# On an H100, H200 or B200 the default way to serve is FP8: weights (and activations) as 8-bit *floats*.
-# An E4M3 value is a sign, 4 exponent bits (bias 7) and 3 mantissa bits: 8 values between two powers of two,
-# so the step doubles with every binade, up to 448 (no infinity: E4M3 saturates). Below the smallest normal,
-# 2^-6, the step stops shrinking at 2^-9 (the *subnormals*). E5M2 trades a mantissa bit for range. The table
-# derives each element format's range from its bits (`labkit.precision.formats`). Write the rounding: the binade
-# `floor(log2|x|)` (never below -6), the step `2^(binade − 3)`, the nearest multiple (ties to even:
-# `torch.round`), saturating at ±448.
-
-# %% fragment
-pd.DataFrame([{"element": e.name, "bits": e.bits, "exponent_bits": e.exponent_bits, "mantissa_bits": e.mantissa_bits,
-               "max": e.max, "min_normal": e.min_normal, "min_subnormal": e.min_subnormal}
-              for e in formats.ELEMENTS.values()]).set_index("element")
-
-# %% exercise 03.e4m3_round
-import torch
-
-
-def e4m3_round(x: torch.Tensor) -> torch.Tensor:
-    """fp32 values → the nearest FP8 E4M3 value of each, as fp32: ties to the even mantissa, saturating at ±448,
-    subnormals (step 2^-9) below 2^-6. Without torch's float8 dtype: the check compares with its cast."""
-    return None  # your code here
-
-
-# %% check
-exercises.check("03.e4m3_round", e4m3_round)
-
-# %% md subslide
-# ### Per channel, on the same layer
-#
-# FP8 weights get a scale like int8's: `absmax / 448` per tensor or per output row, so the largest weight lands
-# on E4M3's largest value. Both spend 8 bits a weight. Predict: on `PROBE_LAYER`, how many times int8
-# per-channel's output error is FP8 per-channel's? (Under 1: FP8 is closer to fp32.)
-
-# %% fragment
-PREDICT_FP8_OVER_INT8 = None  # your prediction: FP8 per-channel output error / int8 per-channel output error (×)
-
-# %% fragment mechanism
-e4m3 = exercises.use("03.e4m3_round", e4m3_round, formats.round_e4m3)
-
-
-def add_form(form: str, w_hat: torch.Tensor, fmt: str) -> None:
-    """A row of `hand`: the layer's bytes at the format's bits per weight (scales included), its errors vs fp32."""
-    stored = w.numel() * formats.bits_per_weight(fmt, shape=tuple(w.shape)) / 8
-    hand.loc[form] = {"bytes": stored, "weight_error": ((w_hat - w).norm() / w.norm()).item(),
-                      "output_error": ((x @ w_hat.T - y).norm() / y.norm()).item(),
-                      "fraction_of_fp32": stored / hand.bytes["fp32"]}
-
-
-for form, fmt, scale in (("fp8 per-tensor", "fp8-e4m3-tensor", w.abs().max().reshape(1, 1) / formats.E4M3.max),
-                         ("fp8 per-channel", "fp8-e4m3-channel", w.abs().amax(dim=1, keepdim=True) / formats.E4M3.max)):
-    add_form(form, e4m3(w / scale) * scale, fmt)  # quantise, dequantise: the scale brings each row into E4M3's range
-exercises.reveal("output error, FP8 per-channel / int8 per-channel", PREDICT_FP8_OVER_INT8,
-                 hand.output_error["fp8 per-channel"] / hand.output_error["per-channel"], "×")
-hand
-
-# %% md slide
-# ## 12 · FP4: NVFP4 and MXFP4, one scale per small block
-#
-# E2M1 (2 exponent bits, 1 mantissa bit) has 8 magnitudes: 0, 0.5, 1, 1.5, 2, 3, 4, 6. Too few for a whole row,
-# so every small block of weights along the input dim gets its own scale, as NF4's blocks of 64 did. Two standards:
-#
-# - **MXFP4** (OCP Microscaling): blocks of 32, the scale a power of two stored as E8M0 (an exponent alone),
-#   `2^(floor(log2(absmax)) − 2)`: the block's absmax lands in [4, 8), and above 6 it clips.
-# - **NVFP4** (Blackwell): blocks of 16, the scale an E4M3 number (`absmax / 6`, rounded to E4M3), and one fp32
-#   scale per tensor (`absmax / (448 × 6)`) that brings the block scales into E4M3's range.
-#
-# `round_e2m1` and `round_e4m3` are labkit's (the same as yours). Write both quantisers: (out, in) → the
-# dequantised (out, in); a block of zeros comes back as zeros.
-
-# %% fragment
-print("E2M1 values:", sorted(set(formats.e2m1_code_points())))
-pd.DataFrame([{"format": n, "element_bits": f.element_bits, "scale_format": f.scale_format,
-               "weights_per_scale": f.block or ("a row" if f.scale == "channel" else "the tensor"),
-               "bits_per_weight": formats.bits_per_weight(n, shape=tuple(w.shape))}  # on PROBE_LAYER's shape
-              for n, f in formats.FORMATS.items()]).set_index("format")
-
-# %% exercise 03.nvfp4_quantize
-import torch
-from labkit.precision.formats import round_e2m1, round_e4m3
-
-
-def nvfp4_quantize(w: torch.Tensor) -> torch.Tensor:
-    """(out, in) fp32 weight → its NVFP4 round trip (out, in): blocks of 16 along the input dim, each with an E4M3
-    scale (block absmax / 6, in units of the tensor scale absmax / (448 × 6)); E2M1 values; zero blocks stay zero."""
-    return None  # your code here
-
-
-# %% check
-exercises.check("03.nvfp4_quantize", nvfp4_quantize)
-
-# %% exercise 03.mxfp4_quantize
-import torch
-from labkit.precision.formats import round_e2m1
-
-
-def mxfp4_quantize(w: torch.Tensor) -> torch.Tensor:
-    """(out, in) fp32 weight → its MXFP4 round trip (out, in): blocks of 32 along the input dim, each with the
-    power-of-two scale 2^(floor(log2(absmax)) − 2); E2M1 values; zero blocks stay zero."""
-    return None  # your code here
-
-
-# %% check
-exercises.check("03.mxfp4_quantize", mxfp4_quantize)
-
-# %% md subslide
-# ### 4.5 bits against 4.25 on the same layer
-#
-# NVFP4 spends a quarter bit more per weight than MXFP4. Predict: how many times NVFP4's output error on
-# `PROBE_LAYER` is MXFP4's? Then the table splits the two differences apart (block size, scale format).
-
-# %% fragment
-PREDICT_MXFP4_OVER_NVFP4 = None  # your prediction: MXFP4 output error / NVFP4 output error (×)
-
-# %% fragment mechanism
-nvfp4 = exercises.use("03.nvfp4_quantize", nvfp4_quantize, lambda w: formats.fake_quant(w, "nvfp4"))
-mxfp4 = exercises.use("03.mxfp4_quantize", mxfp4_quantize, lambda w: formats.fake_quant(w, "mxfp4"))
-add_form("nvfp4", nvfp4(w), "nvfp4")
-add_form("mxfp4", mxfp4(w), "mxfp4")
-add_form("int4 g64", formats.fake_quant(w, "int4-g64"), "int4-g64")  # the lab's int4 layout, for scale
-exercises.reveal("output error, MXFP4 / NVFP4", PREDICT_MXFP4_OVER_NVFP4,
-                 hand.output_error["mxfp4"] / hand.output_error["nvfp4"], "×")
-split = nb03_findings.fp4_split(w)  # E2M1 in blocks of 16 or 32, with a power-of-two or an E4M3 scale
-display(hand)
-split
-
-# %% md slide
-# ## 13 · The whole model in each format, quality first
-#
-# Every linear layer of the decoder rounded to each format (`labkit.precision.variants`: `fp8-tensor`,
-# `fp8-channel`, `nvfp4`, `mxfp4`, `int4-g64`), the weights then held in fp32: what the format costs in answers,
-# on the same prompts and reference as section 6. No kernel for these formats runs on this CPU, so these rows
-# have no speed (section 14 times FP8). `stored_MiB` is what a checkpoint holds, scales included;
-# `predicted_MiB` is `labkit.model.sizing`'s figure for the format, what a serving engine holds. Predict: which
-# 4-bit row comes closest to fp32 in KL?
-
-# %% fragment
-PREDICT_BEST_4BIT = None  # your prediction: "nvfp4", "mxfp4", "int4-g64" or "bnb-nf4"
-
-# %% fragment
-FORMAT_VARIANTS = ["fp8-tensor", "fp8-channel", "nvfp4", "mxfp4", "int4-g64"]
-fmt_rows, _ = rounds.run(FORMAT_VARIANTS, inputs)  # memory and quality only: rounded weights are never timed
-fmt_table = nb03_findings.formats_table(rows + fmt_rows, sizing.shape(lm.model.config))
-closest, undecided = nb03_findings.closest_4bit(rows + fmt_rows, fmt_table)  # judged on KL per prompt
-exercises.reveal_choice("4-bit row closest to fp32 (lowest KL)", PREDICT_BEST_4BIT, closest,
-                        ["nvfp4", "mxfp4", "int4-g64", "bnb-nf4"], undecided=undecided)
-fmt_table
-
-# %% subslide
-# layer by layer: the same rows' weight errors, NVFP4 against MXFP4
-layers = nb03_findings.layer_errors(fmt_rows, ["nvfp4", "mxfp4"])
-plots.bar(layers.groupby(["kind", "variant"], as_index=False).relative_error.median(), x="kind", y="relative_error",
-          color="variant", title="Median weight error per kind of layer",
-          y_title="‖W − q(W)‖ / ‖W‖", text_auto=False).show()
-print(nb03_findings.layer_sentence(layers))
-
-# %% md slide
-# ## 14 · FP8's speed: here, and where the hardware has it
-#
-# FP8 weights read a quarter of fp32's bytes; an FP8 GEMM does twice bf16's tensor-core FLOPs on Hopper. Neither
-# helps without FP8 hardware: this CPU has none (`torch._scaled_mm` runs, emulated). Timed here on the model's
-# own MLP shapes, in interleaved rounds, each against fp32: bf16, FP8 weights stored as `float8_e4m3fn` and
-# upcast at every call (weight-only), and `torch._scaled_mm` (x and W both E4M3). At M = 1 (one decode step) a
-# variant gains at most its bytes (fp32's 4 against FP8's 1): a verdict beyond that says rerun. Predict:
-# `torch._scaled_mm`'s speed against fp32 here, at M = 1.
-
-# %% fragment
-PREDICT_SCALED_MM = None  # your prediction: fp8_scaled_mm speed / fp32 speed at M = 1 (×)
-
-# %% fragment
-machine.check("fp8 gemm")
-gemm = [{"what": what, **fp8_gemm.time_shape(m, k, n, "cpu", torch.float32, rounds=config.pick(5, 3),
-                                              sample_s=config.pick(0.05, 0.01))}
-        for m, k, n, what in fp8_gemm.model_shapes(config.pick((1, 16, 256), (1, 256)), models.resolve())]
-gemm_table = nb03_findings.gemm_table(gemm)
-one = next(r for r in gemm if r["M"] == 1)
-if "fp8_scaled_mm" in one["variants"]:
-    exercises.reveal("fp8_scaled_mm / fp32 speed at M = 1", PREDICT_SCALED_MM, one["speedup_vs_fp32"]["fp8_scaled_mm"], "×")
-else:
-    print("torch._scaled_mm does not run here:", one["fp8_error"])
-print("timed on", cpu.machine_line(env.environment()["hardware"]))  # the CPU and its instruction sets
-gemm_table
-
-# %% subslide
-# the same GEMMs on a lent H200 (one probe run; its provenance below), then published FP8 and FP4 figures
-h200 = results.load(config.DATA_DIR / "measured_gpu" / "fp8_gemm.nvidia-h200.json")
-print("Measured on a lent GPU, not in this run:", results.provenance(h200), "|", h200.notes["note"])
-display(nb03_findings.gemm_table(h200.section("gemm"), base="bf16"))
-_ = published.show("03", precision=("FP8", "FP4"))
-
-# %% md slide
 # ## Takeaways, from this run's numbers
 
 # %% fragment
 res = results.Results("03_int8_int4")
 res.notes.update(settings=settings.to_dict(), cpu_features=hardware.cpu_features(),
                  int8_saturation_risk=hardware.int8_saturation_risk(), export_s=export_s, bnb_routes=routes)
-res.replace("variants", [{k: v for k, v in r.items() if k != "layer_errors"} for r in rows + fmt_rows])
+res.replace("variants", [{k: v for k, v in r.items()} for r in rows])
 res.replace("hand_quantised", hand.reset_index().to_dict("records"))
 res.replace("library_agreement", agree.to_dict("records"))
 res.replace("layer_error", err.to_dict("records"))
@@ -670,10 +474,6 @@ res.replace("ort_api", claims_ort)
 res.replace("claims", checked.to_dict("records"))
 found = nb03_findings.takeaways(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), claims=checked,
                                 layers=err, probe_layer=PROBE_LAYER.split(".")[2], quick=config.quick())
-found = nb03_findings.formats_findings(found, fmt_table, split, gemm, h200)  # sections 11-14
-res.replace("formats", fmt_table.reset_index().to_dict("records"))
-res.replace("fp4_split", split.reset_index().to_dict("records"))
-res.replace("fp8_gemm", [{k: v for k, v in r.items() if k != "samples"} for r in gemm])
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)
@@ -681,16 +481,12 @@ findings.show(found)
 # %% md slide
 # ## Exercises
 #
-# The six exercises sit where their mechanism is taught: `03.per_channel_scale` and `03.int8_round_trip`
-# in section 1 (the layer table uses them), `03.nf4_quantize` in section 2, `03.e4m3_round` in section 11,
-# `03.nvfp4_quantize` and `03.mxfp4_quantize` in section 12. Change an answer, run its check cell again, then
-# the cells after it. To go further:
+# The three exercises sit where their mechanism is taught: `03.per_channel_scale` and `03.int8_round_trip`
+# in section 1 (the layer table uses them), `03.nf4_quantize` in section 2. Change an answer, run its check
+# cell again, then the cells after it. Notebook 03b takes the same ideas to FP8 and FP4, the formats Hopper and
+# Blackwell serve with. To go further:
 # 1. **Which layers hurt most?** Quantise one kind of layer at a time (q, k, v, o, gate, up, down,
 #    lm_head) with `libraries.layer_sensitivity` and rank them by KL. What is special about the inputs of
 #    the worst one?
 # 2. **Block size.** Re-run section 2 with `NF4_BLOCK = 32` and `256`: predict the error and the bytes of
 #    the absmax values first.
-# 3. **E5M2 for weights?** Add `fp8-e5m2-channel` to section 11's loop (`formats.round_e5m2`): predict its error
-#    against E4M3's first. Why do FP8 recipes keep E5M2 for gradients?
-# 4. **The MX clip.** Find the blocks of `PROBE_LAYER` whose absmax lands above 6 after MXFP4's scale: what
-#    fraction of the layer's weights saturate, and does moving to `2^ceil(log2(absmax / 6))` lower the error?

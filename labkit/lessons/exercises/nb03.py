@@ -1,5 +1,5 @@
-"""Notebook 03's checks: the per-channel absmax scale, the int8 round trip, the nearest NF4 code of a block, and the
-FP8 and FP4 formats: E4M3 rounding, NVFP4 and MXFP4 block quantisers."""
+"""Notebook 03's checks (the per-channel absmax scale, the int8 round trip, the nearest NF4 code of a block) and
+notebook 03b's (FP8 E4M3 rounding, the NVFP4 and MXFP4 block quantisers): both notebooks' ids start with 03."""
 from __future__ import annotations
 
 from typing import Any
@@ -158,7 +158,7 @@ def _nf4_quantize(fn: Any) -> None:
                     f"({code[want[b, i]].item():.4f}); you gave {idx[b, i].item()} ({code[idx[b, i]].item():.4f})")
 
 
-# ---------------------------------------------------------------- FP8 and FP4 (sections 11 and 12)
+# ---------------------------------------------------------------- notebook 03b: FP8 and FP4
 
 
 def _uses_torch_cast(fn: Any, dtype_word: str) -> bool:

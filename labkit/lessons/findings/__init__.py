@@ -12,6 +12,7 @@ headline) and the ``sentences`` they choose. The words for a difference and its 
 ``nb01``  sizing, bandwidth, roofline, decode gap  ``nb07``  paged KV, continuous batching, vLLM's engine
 ``nb02``  fp16/bf16: speed beside quality          ``nb08``  fusion, compile, ONNX Runtime, calibration
 ``nb03``  int8/int4: bytes, speed, agreement       ``nb09``  the capstone's before and after
+``nb03b`` FP8/FP4: formats, quality, FP8 GEMMs
 ``nb04``  warmup: cold start, compile pay-back     ``nb10``  lookup, prefix cache, chunked prefill, KV, engines
 ``nb05``  the KV cache                             ``nb11``  routing, capacity, cost, faults
 """
