@@ -282,7 +282,7 @@ gemm_table
 h200 = results.load(config.DATA_DIR / "measured_gpu" / "fp8_gemm.nvidia-h200.json")
 print("Measured on a lent GPU, not in this run:", results.provenance(h200), "|", h200.notes["note"])
 display(nb03b_findings.gemm_table(h200.section("gemm"), base="bf16"))
-_ = published.show("03", precision=("FP8", "FP4"))
+_ = published.show("03", precision=("FP8", "FP4"))  # vendor and project tables, each with its source and date
 
 # %% md slide
 # ## Takeaways, from this run's numbers
