@@ -265,8 +265,10 @@ PREDICT_SCALED_MM = None  # your prediction: fp8_scaled_mm speed / fp32 speed at
 
 # %% fragment
 machine.check("fp8 gemm")
-gemm = [{"what": what, **fp8_gemm.time_shape(m, k, n, "cpu", torch.float32, rounds=GEMM_ROUNDS,
-                                              sample_s=config.pick(0.05, 0.01))}
+on_gpu = str(lm.device).startswith("cuda")  # the model's device: a GPU times with CUDA events and bf16 activations
+gemm_device, act = (str(lm.device), torch.bfloat16) if on_gpu else ("cpu", torch.float32)
+gemm = [{"what": what, **fp8_gemm.time_shape(m, k, n, gemm_device, act, rounds=GEMM_ROUNDS,
+                                              sample_s=config.pick(0.005, 0.002) if on_gpu else config.pick(0.05, 0.01))}
         for m, k, n, what in fp8_gemm.model_shapes(GEMM_M, models.resolve())]
 gemm_table = nb03b_findings.gemm_table(gemm)
 one = next(r for r in gemm if r["M"] == 1)
@@ -274,7 +276,7 @@ if "fp8_scaled_mm" in one["variants"]:
     exercises.reveal("fp8_scaled_mm / fp32 speed at M = 1", PREDICT_SCALED_MM, one["speedup_vs_fp32"]["fp8_scaled_mm"], "×")
 else:
     print("torch._scaled_mm does not run here:", one["fp8_error"])
-print("timed on", cpu.machine_line(env.environment()["hardware"]))  # the CPU and its instruction sets
+print("timed on", torch.cuda.get_device_name(lm.device) if on_gpu else cpu.machine_line(env.environment()["hardware"]))
 gemm_table
 
 # %% subslide
@@ -297,7 +299,7 @@ res.replace("fp4_split", split.reset_index().to_dict("records"))
 res.replace("layer_errors", layers.to_dict("records"))
 res.replace("fp8_gemm", [{k: v for k, v in r.items() if k != "samples"} for r in gemm])
 found = nb03b_findings.takeaways(hand=hand, fmt_table=fmt_table, rows=rows, split=split, layers=layers, gemm=gemm,
-                                 gpu_gemm=h200)
+                                 gpu_gemm=h200, gemm_on=torch.cuda.get_device_name(lm.device) if on_gpu else "cpu")
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)

@@ -101,11 +101,12 @@ def gemm_table(rows: list[dict[str, Any]], base: str = "fp32") -> Any:
 
 
 def takeaways(*, hand: Any, fmt_table: Any, rows: list[dict[str, Any]], split: Any, layers: Any,
-                      gemm: list[dict[str, Any]], gpu_gemm: Any = None) -> Findings:
+                      gemm: list[dict[str, Any]], gpu_gemm: Any = None, gemm_on: str = "cpu") -> Findings:
     """Notebook 03b's takeaways, each read from its run: one layer by hand (``hand``: bytes and errors by form), the
     whole model per format (``fmt_table``, from ``rows``), the split of NVFP4's gain over MXFP4 (``split``) and
     the layers' (``layers``), FP8's GEMMs on this machine (``gemm``); ``gpu_gemm``, a saved GPU run of the same
-    GEMMs (a ``labkit.core.results.Results``), is said apart with its provenance."""
+    GEMMs (a ``labkit.core.results.Results``), is said apart with its provenance; ``gemm_on``: where ``gemm`` ran
+    ("cpu", or the GPU's name)."""
     out: list[dict[str, Any]] = []
     says: list[str] = []
     best, undecided = closest_4bit(rows, fmt_table)
@@ -135,10 +136,14 @@ def takeaways(*, hand: Any, fmt_table: Any, rows: list[dict[str, Any]], split: A
         if r["M"] == 1 and "verdict_vs_fp32" in r:
             judged = r["verdict_vs_fp32"]
             parts = [f"{v} {r['speedup_vs_fp32'][v]:.2f}× ({judged[v]['kind']})" for v in judged]
-            says.append(f"One decode step's GEMM ({r['M']}×{r['K']}×{r['N']}) against fp32 on this CPU: "
-                        + ", ".join(parts) + ". This CPU has no FP8 instructions: every FP8 weight is converted to "
-                        "fp32 before it is multiplied, so FP8 adds work here where Hopper's tensor cores multiply FP8 "
-                        "directly.")
+            if gemm_on == "cpu":
+                says.append(f"One decode step's GEMM ({r['M']}×{r['K']}×{r['N']}) against fp32 on this CPU: "
+                            + ", ".join(parts) + ". This CPU has no FP8 instructions: every FP8 weight is converted to "
+                            "fp32 before it is multiplied, so FP8 adds work here where Hopper's tensor cores multiply "
+                            "FP8 directly.")
+            else:
+                says.append(f"One decode step's GEMM ({r['M']}×{r['K']}×{r['N']}) against fp32 on {gemm_on}: "
+                            + ", ".join(parts) + ".")
             if "fp8_scaled_mm" in judged:
                 out.append({"finding": "fp8 _scaled_mm / fp32 speed at M = 1",
                             "value": r["speedup_vs_fp32"]["fp8_scaled_mm"], "verdict": judged["fp8_scaled_mm"]["kind"]})
