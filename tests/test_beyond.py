@@ -403,3 +403,6 @@ def test_beside_vllm_puts_each_figure_and_tokens_check_in_one_row():
     assert rows["draft tokens accepted, copy (share)"]["vllm"] == 1.0
     assert spec["vllm_verdict"] == "better" and stall["vllm_verdict"] == "better", "4 rounds each, apart"
     assert ttft["vllm_verdict"] == "better"
+    quick = {k: served[k] for k in ("prefix",)}  # quick mode: one vllm serve start, the prefix cache alone
+    only = beyond.beside_vllm(lab_prefix, lab_chunked, lab_lookup, quick, {**refs, "streams": {}}, {2})
+    assert {r["mechanism"] for r in only} == {"prefix caching"} and len(only) == 2

@@ -2,12 +2,14 @@
 workload through vLLM's pool, a server that dies mid-run, and vllm bench serve's command and results."""
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import pytest
 
 from labkit.serve import processes
+from labkit.serve.vllm import mechanisms as vm
 from labkit.serve.vllm import server as vs
 
 
@@ -305,3 +307,49 @@ def test_the_request_files_prompt_lengths_are_the_prepared_tokenizers():
     wrong = [(r.id, r.prompt_tokens, len(models.chat_ids(tok, r.prompt))) for r in paged.load_requests()
              if len(models.chat_ids(tok, r.prompt)) != r.prompt_tokens]
     assert not wrong, f"(id, recorded, now): {wrong}; run `python -m labkit requests`"
+
+
+def test_quick_modes_comparison_starts_one_server_and_says_what_it_skipped(monkeypatch):
+    """parts=("prefix",) starts the large-budget server alone and no n-gram one: one `vllm serve` start, as quick
+    mode's budget allows; a full comparison starts the two budgets together, then the n-gram server."""
+    started: list[list[str]] = []
+
+    class Srv:
+        start_s = 1.0
+
+        def platform(self):
+            return {"version": "x", "isa": "avx2", "platform": "cpu"}
+
+        def kv_blocks(self):
+            return {"block_size": 16}
+
+        def stop(self):
+            pass
+
+    @contextlib.contextmanager
+    def together(named, deadline_s=0):
+        started.append(sorted(named))
+        yield {n: Srv() for n in named}
+
+    @contextlib.contextmanager
+    def serve(settings, deadline_s=0, name=""):
+        started.append([name])
+        yield Srv()
+
+    monkeypatch.setattr(vm, "started_together", together)
+    monkeypatch.setattr(vm.vs, "serve", serve)
+    monkeypatch.setattr(vm, "prefix_rounds", lambda *a: {"with": {"errors": []}, "without": {"errors": []}})
+    monkeypatch.setattr(vm, "chunked_rounds", lambda *a: {"large": {"errors": []}, "small": {"errors": []}})
+    monkeypatch.setattr(vm, "speculative_rounds", lambda *a: {"copy": {"failed": 0}})
+    kw = dict(small_tokens=64, large_tokens=2048, speculative={"method": "ngram"}, prefix_prompts={}, prefix_max_tokens=2,
+              concurrency=2, stream_prompts=[], stream_tokens=4, long_prompt=[], lookup_tasks={}, lookup_tokens=4,
+              n_rounds=2)
+    base = vs.Settings(model="/m", max_num_seqs=3)
+    quick = vm.compare(base, parts=("prefix",), **kw)
+    assert started == [["large"]] and quick["status"] == "ok"
+    assert "prefix" in quick and quick["skipped"] == ["chunked", "speculative"]
+    started.clear()
+    full = vm.compare(base, **kw)
+    assert started == [["large", "small"], ["vllm-ngram"]] and full["skipped"] == []
+    with pytest.raises(ValueError, match="choose one or more of"):
+        vm.compare(base, parts=("paged",), **kw)

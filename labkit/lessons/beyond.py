@@ -103,57 +103,60 @@ def beside_vllm(prefix: list[dict[str, Any]], chunked: list[dict[str, Any]], loo
     """One row per figure: the lab's mechanism (rows of ``prefix_cache_run`` off/on, ``chunked_prefill_run``
     unchunked/chunked, ``compare_lookup`` per task) beside vLLM's (``vllm_mechanisms.compare``), each with its
     tokens check. ``references``: "prefix" and "streams" (transformers' greedy ids by request name, as
-    ``served`` names them), "lookup" (the lab's decoded ids by task)."""
+    ``served`` names them), "lookup" (the lab's decoded ids by task). A mechanism ``served`` lacks (quick mode runs
+    the prefix cache alone) has no rows."""
     rows = []
-    p_off, p_on = prefix
-    v_off, v_on = served["prefix"]["without"], served["prefix"]["with"]
-    pre_check = {m: vm.check_line(vm.tokens_check(served["prefix"][m]["answers"], references["prefix"], eos))
-                 for m in ("with", "without")}
-    prefix_tokens = f"with the cache {pre_check['with']}; without {pre_check['without']} (vs transformers)"
-    lab_prefix_tokens = "answers identical off / on" if p_off["texts"] == p_on["texts"] else "answers differ off / on"
-    rows.append({"mechanism": "prefix caching", "figure": "TTFT without / with the cached prefix (median, ×)",
-                 "labkit": _ratio(p_off["ttft_p50_s"], p_on["ttft_p50_s"]),
-                 "vllm": _ratio(v_off["ttft_p50_s"], v_on["ttft_p50_s"]),
-                 "vllm_verdict": _verdict(v_on["samples"]["ttft_p50_s"], v_off["samples"]["ttft_p50_s"]),
-                 "labkit_tokens": lab_prefix_tokens, "vllm_tokens": prefix_tokens,
-                 "note": f"labkit one run of {p_on['requests']} requests; vLLM the median of {v_on['rounds']} interleaved "
-                         f"rounds' medians ({len(v_on['samples']['ttft_s'])} requests per mode)"})
-    rows.append({"mechanism": "prefix caching", "figure": "prompt tokens read from the cache (share)",
-                 "labkit": p_on["token_hit_rate"], "vllm": v_on["token_hit_rate"],
-                 "labkit_tokens": lab_prefix_tokens, "vllm_tokens": prefix_tokens,
-                 "note": "labkit: /metrics labkit_prefix_cache_*; vLLM: /metrics vllm:prefix_cache_hits / _queries "
-                         f"(without the shared salt: {v_off['token_hit_rate'] or 0:.0%})"})
-    c_off, c_on = chunked
-    big, small = served["chunked"]["large"], served["chunked"]["small"]
-    chunk_check = {m: vm.check_line(vm.tokens_check(dict(zip(references["streams"], served["chunked"][m]["answers"])),
-                                                    references["streams"], eos)) for m in ("small", "large")}
-    lab_chunk_tokens = "answers identical unchunked / chunked" if c_off["texts"] == c_on["texts"] else "answers differ"
-    (lab_tail, lab_a), (_, lab_b) = _tail(c_off), _tail(c_on)
-    (v_tail, v_a), (_, v_b) = _tail(big), _tail(small)
-    if lab_tail != _tail(c_on)[0]:
-        lab_tail, lab_a, lab_b = "max", c_off["itl_max_s"], c_on["itl_max_s"]
-    if v_tail != _tail(small)[0]:
-        v_tail, v_a, v_b = "max", big["itl_max_s"], small["itl_max_s"]
-    rows.append({"mechanism": "chunked prefill", "figure": "running streams' ITL tail, whole / chunked prompt (×)",
-                 "labkit": _ratio(lab_a, lab_b), "vllm": _ratio(v_a, v_b), "labkit_tokens": lab_chunk_tokens,
-                 "vllm_tokens": f"small budget {chunk_check['small']}; large {chunk_check['large']} (vs transformers)",
-                 "note": f"labkit: ITL {lab_tail} of {c_off['itl_n']} gaps, chunks of {c_on['prefill_chunk_tokens']} vs "
-                         f"unchunked; vLLM: ITL {v_tail} of {big['itl_n']} gaps over {big['rounds']} rounds, "
-                         f"--max-num-batched-tokens {small['max_num_batched_tokens']} vs {big['max_num_batched_tokens']}"})
-    rows.append({"mechanism": "chunked prefill", "figure": "streams' worst gap while the long prompt prefills, whole / "
-                 "chunked (×)", "labkit": _ratio(c_off["itl_during_long_prefill_max_s"], c_on["itl_during_long_prefill_max_s"]),
-                 "vllm": _ratio(big["stall_p50_s"], small["stall_p50_s"]), "labkit_tokens": lab_chunk_tokens,
-                 "vllm_verdict": _verdict(small["samples"]["stall_s"], big["samples"]["stall_s"]),
-                 "vllm_tokens": f"small budget {chunk_check['small']}",
-                 "note": f"labkit one run; vLLM median of {len(small['samples']['stall_s'])} rounds"})
-    rows.append({"mechanism": "chunked prefill", "figure": "the long prompt's own TTFT, chunked / whole (×)",
-                 "labkit": _ratio(c_on["long_ttft_s"], c_off["long_ttft_s"]),
-                 "vllm": _ratio(small["long_ttft_p50_s"], big["long_ttft_p50_s"]),
-                 "labkit_tokens": lab_chunk_tokens, "vllm_tokens": f"small budget {chunk_check['small']}",
-                 "note": f"labkit one run; vLLM median of {len(small['samples']['long_ttft_s'])} rounds"})
+    if "prefix" in served:
+        p_off, p_on = prefix
+        v_off, v_on = served["prefix"]["without"], served["prefix"]["with"]
+        pre_check = {m: vm.check_line(vm.tokens_check(served["prefix"][m]["answers"], references["prefix"], eos))
+                     for m in ("with", "without")}
+        prefix_tokens = f"with the cache {pre_check['with']}; without {pre_check['without']} (vs transformers)"
+        lab_prefix_tokens = "answers identical off / on" if p_off["texts"] == p_on["texts"] else "answers differ off / on"
+        rows.append({"mechanism": "prefix caching", "figure": "TTFT without / with the cached prefix (median, ×)",
+                     "labkit": _ratio(p_off["ttft_p50_s"], p_on["ttft_p50_s"]),
+                     "vllm": _ratio(v_off["ttft_p50_s"], v_on["ttft_p50_s"]),
+                     "vllm_verdict": _verdict(v_on["samples"]["ttft_p50_s"], v_off["samples"]["ttft_p50_s"]),
+                     "labkit_tokens": lab_prefix_tokens, "vllm_tokens": prefix_tokens,
+                     "note": f"labkit one run of {p_on['requests']} requests; vLLM the median of {v_on['rounds']} interleaved "
+                             f"rounds' medians ({len(v_on['samples']['ttft_s'])} requests per mode)"})
+        rows.append({"mechanism": "prefix caching", "figure": "prompt tokens read from the cache (share)",
+                     "labkit": p_on["token_hit_rate"], "vllm": v_on["token_hit_rate"],
+                     "labkit_tokens": lab_prefix_tokens, "vllm_tokens": prefix_tokens,
+                     "note": "labkit: /metrics labkit_prefix_cache_*; vLLM: /metrics vllm:prefix_cache_hits / _queries "
+                             f"(without the shared salt: {v_off['token_hit_rate'] or 0:.0%})"})
+    if "chunked" in served:
+        c_off, c_on = chunked
+        big, small = served["chunked"]["large"], served["chunked"]["small"]
+        chunk_check = {m: vm.check_line(vm.tokens_check(dict(zip(references["streams"], served["chunked"][m]["answers"])),
+                                                        references["streams"], eos)) for m in ("small", "large")}
+        lab_chunk_tokens = "answers identical unchunked / chunked" if c_off["texts"] == c_on["texts"] else "answers differ"
+        (lab_tail, lab_a), (_, lab_b) = _tail(c_off), _tail(c_on)
+        (v_tail, v_a), (_, v_b) = _tail(big), _tail(small)
+        if lab_tail != _tail(c_on)[0]:
+            lab_tail, lab_a, lab_b = "max", c_off["itl_max_s"], c_on["itl_max_s"]
+        if v_tail != _tail(small)[0]:
+            v_tail, v_a, v_b = "max", big["itl_max_s"], small["itl_max_s"]
+        rows.append({"mechanism": "chunked prefill", "figure": "running streams' ITL tail, whole / chunked prompt (×)",
+                     "labkit": _ratio(lab_a, lab_b), "vllm": _ratio(v_a, v_b), "labkit_tokens": lab_chunk_tokens,
+                     "vllm_tokens": f"small budget {chunk_check['small']}; large {chunk_check['large']} (vs transformers)",
+                     "note": f"labkit: ITL {lab_tail} of {c_off['itl_n']} gaps, chunks of {c_on['prefill_chunk_tokens']} vs "
+                             f"unchunked; vLLM: ITL {v_tail} of {big['itl_n']} gaps over {big['rounds']} rounds, "
+                             f"--max-num-batched-tokens {small['max_num_batched_tokens']} vs {big['max_num_batched_tokens']}"})
+        rows.append({"mechanism": "chunked prefill", "figure": "streams' worst gap while the long prompt prefills, whole / "
+                     "chunked (×)", "labkit": _ratio(c_off["itl_during_long_prefill_max_s"], c_on["itl_during_long_prefill_max_s"]),
+                     "vllm": _ratio(big["stall_p50_s"], small["stall_p50_s"]), "labkit_tokens": lab_chunk_tokens,
+                     "vllm_verdict": _verdict(small["samples"]["stall_s"], big["samples"]["stall_s"]),
+                     "vllm_tokens": f"small budget {chunk_check['small']}",
+                     "note": f"labkit one run; vLLM median of {len(small['samples']['stall_s'])} rounds"})
+        rows.append({"mechanism": "chunked prefill", "figure": "the long prompt's own TTFT, chunked / whole (×)",
+                     "labkit": _ratio(c_on["long_ttft_s"], c_off["long_ttft_s"]),
+                     "vllm": _ratio(small["long_ttft_p50_s"], big["long_ttft_p50_s"]),
+                     "labkit_tokens": lab_chunk_tokens, "vllm_tokens": f"small budget {chunk_check['small']}",
+                     "note": f"labkit one run; vLLM median of {len(small['samples']['long_ttft_s'])} rounds"})
     for lab in lookup:
         task = lab["task"]
-        v = served["speculative"].get(task)
+        v = served.get("speculative", {}).get(task)
         if v is None:
             continue
         lab_ids = {task: references["lookup"][task]}

@@ -32,8 +32,9 @@
 # Presenter: each section is independent; pick two for a short session. Ask before each measurement:
 # how many tokens per forward pass prompt lookup will reach on the copying task and on chat, and how
 # far llama.cpp will be from the lab's best CPU path. The llama.cpp rows need `make llama` beforehand.
-# Section 6 starts `vllm serve` three times (about two and a half minutes on 2 cores); without `make vllm` it shows
-# the reference's rows.
+# Section 6 starts `vllm serve` three times in a full run (about two and a half minutes on 2 cores), once in quick
+# mode (the prefix cache; the other two mechanisms from the reference); without `make vllm` it shows the
+# reference's rows.
 
 # %% slide
 import pandas as pd
@@ -89,6 +90,7 @@ VLLM_ROUNDS = config.pick(5, 4)  # interleaved rounds per vLLM comparison (4 × 
 VLLM_KV_CACHE_GIB = 1  # KV cache of each vLLM server on a CPU, whole GiB (two run at once: about 4 GiB of RAM each)
 VLLM_GPU_FRACTION = 0.3  # on a GPU, the share of its memory each of the two vLLM servers running at once may take
 VLLM_START_DEADLINE_S = 300  # seconds each vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
+VLLM_PARTS = config.pick(vm.PARTS, ("prefix",))  # mechanisms held to vLLM: quick mode starts one server (the prefix cache)
 
 # %% fragment
 res = results.Results("10_beyond")
@@ -577,7 +579,8 @@ print(f"fastest lab path with agreement ≥ {QUALITY_FLOOR:.0%}: {best_lab['engi
 # same steps), and n-gram speculation (`--speculative-config '{"method": "ngram", ...}'`, the rule of section 1).
 # `make vllm` installs it in `.venv-vllm`. Three `vllm serve` starts: two servers that differ only in their token
 # budget start together and take the chunked-prefill rounds; the large one then takes the prefix-cache rounds and
-# stays up as the plain server beside one with n-gram speculation. Each runs the workload the lab's version ran
+# stays up as the plain server beside one with n-gram speculation (quick mode starts the large one alone, for the
+# prefix cache, and shows the reference's rows for the other two). Each runs the workload the lab's version ran
 # above, as chat-formatted token ids, in interleaved rounds, with `/metrics` read before and after every run.
 # Without the cache, each request carries a cache salt of its own (vLLM never shares blocks across salts); with
 # it, a round's requests share one. Every answer comes back as token ids, compared with transformers' greedy
@@ -601,7 +604,8 @@ served = (vm.compare(settings, small_tokens=VLLM_SMALL_BUDGET, large_tokens=VLLM
                      stream_prompts=list(stream_ids.values()), stream_tokens=STREAM_TOKENS,
                      long_prompt=list(models.chat_ids(tok, long_prompt)),
                      lookup_tasks={task: ids[0].tolist() for task, ids in task_ids.items()},
-                     lookup_tokens=LOOKUP_NEW_TOKENS, n_rounds=VLLM_ROUNDS, deadline_s=VLLM_START_DEADLINE_S)
+                     lookup_tokens=LOOKUP_NEW_TOKENS, n_rounds=VLLM_ROUNDS, deadline_s=VLLM_START_DEADLINE_S,
+                     parts=VLLM_PARTS)
           if vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
 vllm_ran = "prefix" in served
 if vllm_ran:
@@ -614,28 +618,32 @@ else:
 VLLM_TABLE_COLUMNS = ["mechanism", "figure", "labkit", "vllm", "vllm_verdict", "labkit_tokens", "vllm_tokens", "note"]
 if vllm_ran:
     refs = {"prefix": vm.greedy_references(lm, prefix_ids, PREFIX_MAX_TOKENS),  # transformers generate, each alone
-            "streams": vm.greedy_references(lm, stream_ids, STREAM_TOKENS),
+            "streams": vm.greedy_references(lm, stream_ids, STREAM_TOKENS) if "chunked" in served else {},
             "lookup": {task: mech_tokens[task] for task in task_ids}}  # section 1's loop: plain greedy decoding's tokens
     res.replace("vllm_mechanisms", beyond.beside_vllm(prefix_rows, chunk_rows, lookup_rows, served, refs, set(eos)))
-    for part in ("prefix", "chunked", "speculative"):
+    for part in (p for p in vm.PARTS if p in served):
         res.replace(f"vllm_{part}", [{k: v for k, v in row.items() if "answer" not in k} for row in served[part].values()])
     res.notes["vllm"] = {"platform": served["platform"], "start_s": served["start_s"], "settings": served["settings"]}
     display(res.frame("vllm_mechanisms")[VLLM_TABLE_COLUMNS].round(3))
+    if served["skipped"]:  # quick mode: one vllm serve start; the other mechanisms as a full run measured them
+        print(f"Not run here ({', '.join(served['skipped'])}: quick mode starts one vllm serve); the reference's rows:")
+        report.show_reference("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
 else:
     report.show_reference("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
 
 # %% fragment
 if vllm_ran:
-    pre, chk, spec = served["prefix"], served["chunked"], served["speculative"]
+    pre, chk, spec = served["prefix"], served.get("chunked"), served.get("speculative", {})
     print(f"vLLM's prefix cache shares whole blocks of {served['blocks']['block_size']} tokens (the lab's: {block}): it "
           f"read {pre['with']['token_hit_rate']:.0%} of the prompt tokens ({pre['without']['token_hit_rate'] or 0:.0%} "
           f"with a salt per request); median TTFT {pre['without']['ttft_p50_s'] * 1e3:.0f} ms → "
           f"{pre['with']['ttft_p50_s'] * 1e3:.0f} ms.")
-    print(f"vLLM's log: chunked prefill on in both servers: {chk['small']['logged_chunked_prefill']} and "
-          f"{chk['large']['logged_chunked_prefill']}, with budgets of {chk['small']['logged_budget']} and "
-          f"{chk['large']['logged_budget']} tokens per step. The streams' worst gap while the long prompt "
-          f"prefilled (median of {VLLM_ROUNDS} rounds): {chk['large']['stall_p50_s'] * 1e3:.0f} ms with the large budget, "
-          f"{chk['small']['stall_p50_s'] * 1e3:.0f} ms with the small one.")
+    if chk:
+        print(f"vLLM's log: chunked prefill on in both servers: {chk['small']['logged_chunked_prefill']} and "
+              f"{chk['large']['logged_chunked_prefill']}, with budgets of {chk['small']['logged_budget']} and "
+              f"{chk['large']['logged_budget']} tokens per step. The streams' worst gap while the long prompt "
+              f"prefilled (median of {VLLM_ROUNDS} rounds): {chk['large']['stall_p50_s'] * 1e3:.0f} ms with the large budget, "
+              f"{chk['small']['stall_p50_s'] * 1e3:.0f} ms with the small one.")
     for task, row in spec.items():
         print(f"n-gram, {task}: {row['accepted_tokens']:.0f} of {row['draft_tokens']:.0f} draft tokens accepted, decode "
               f"{row['plain_decode_tokens_per_s']:.1f} → {row['ngram_decode_tokens_per_s']:.1f} tokens/s "

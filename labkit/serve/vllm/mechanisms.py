@@ -363,33 +363,45 @@ def budgets(base: vs.Settings, small_tokens: int, large_tokens: int) -> dict[str
             "small": replace(base, max_num_batched_tokens=small_tokens)}
 
 
+PARTS = ("prefix", "chunked", "speculative")  # the mechanisms compare() can hold vLLM to
+
+
 def compare(base: vs.Settings, *, small_tokens: int, large_tokens: int, speculative: Mapping[str, Any],
             prefix_prompts: Mapping[str, Sequence[int]], prefix_max_tokens: int, concurrency: int,
             stream_prompts: Sequence[Sequence[int]], stream_tokens: int, long_prompt: Sequence[int],
             lookup_tasks: Mapping[str, Sequence[int]], lookup_tokens: int, n_rounds: int,
-            deadline_s: float = 300.0, long_after: int = 4) -> dict[str, Any]:
-    """All three mechanisms on three ``vllm serve`` starts: the large- and small-budget servers start together
-    and take the chunked-prefill rounds; the small one stops; the large one (prefix caching on) takes the
-    prefix rounds, then stays up as the plain server beside the n-gram one for the speculation rounds. Returns
-    ``status`` ("ok", or the one line saying why vLLM did not run) and each mechanism's rows."""
+            deadline_s: float = 300.0, long_after: int = 4, parts: Sequence[str] = PARTS) -> dict[str, Any]:
+    """The mechanisms of ``parts`` on as few ``vllm serve`` starts as they need: for "chunked" the large- and
+    small-budget servers start together and take the chunked-prefill rounds, then the small one stops; the large
+    one (prefix caching on) takes the "prefix" rounds, then stays up as the plain server beside an n-gram one for
+    the "speculative" rounds. ``parts=("prefix",)`` is one start (quick mode's budget). Returns ``status`` ("ok", or
+    the one line saying why vLLM did not run), each mechanism's rows under its name, and ``skipped``."""
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        raise ValueError(f"parts={list(parts)}: choose one or more of {list(PARTS)}")
     two = budgets(base, small_tokens, large_tokens)
     spec = replace(two["large"], speculative=dict(speculative))
+    named = two if "chunked" in parts else {"large": two["large"]}
+    out: dict[str, Any] = {}
     try:
-        with started_together(two, deadline_s) as servers:
+        with started_together(named, deadline_s) as servers:
             large = servers["large"]
             chosen, blocks = large.platform(), large.kv_blocks()
             start_s = {name: srv.start_s for name, srv in servers.items()}
-            chunked = chunked_rounds(servers, stream_prompts, stream_tokens, long_prompt, n_rounds, long_after)
-            servers.pop("small").stop()
-            prefix = prefix_rounds(large, prefix_prompts, prefix_max_tokens, concurrency, n_rounds)
-            with vs.serve(spec, deadline_s=deadline_s, name="vllm-ngram") as ngram:
-                start_s["ngram"] = ngram.start_s
-                lookup = speculative_rounds(large, ngram, lookup_tasks, lookup_tokens, n_rounds)
+            if "chunked" in parts:
+                out["chunked"] = chunked_rounds(servers, stream_prompts, stream_tokens, long_prompt, n_rounds, long_after)
+                servers.pop("small").stop()
+            if "prefix" in parts:
+                out["prefix"] = prefix_rounds(large, prefix_prompts, prefix_max_tokens, concurrency, n_rounds)
+            if "speculative" in parts:
+                with vs.serve(spec, deadline_s=deadline_s, name="vllm-ngram") as ngram:
+                    start_s["ngram"] = ngram.start_s
+                    out["speculative"] = speculative_rounds(large, ngram, lookup_tasks, lookup_tokens, n_rounds)
     except (vs.VLLMUnavailable, vs.VLLMStartError) as exc:
         return {"status": str(exc)}
-    errors = [e for rows in (prefix.values(), chunked.values()) for r in rows for e in r["errors"]]
-    failed = sum(r["failed"] for r in lookup.values())
+    errors = [e for part in ("prefix", "chunked") for r in out.get(part, {}).values() for e in r["errors"]]
+    failed = sum(r["failed"] for r in out.get("speculative", {}).values())
     status = "ok" if not errors and not failed else f"some requests failed: {(errors or ['see the rows'])[0]}"
-    return {"status": status, "prefix": prefix, "chunked": chunked, "speculative": lookup, "platform": chosen,
+    return {"status": status, **out, "skipped": [p for p in PARTS if p not in out], "platform": chosen,
             "blocks": blocks, "start_s": start_s, "settings": {"base": vs.recorded(base), "small_tokens": small_tokens,
                                              "large_tokens": large_tokens, "speculative": dict(speculative)}}
