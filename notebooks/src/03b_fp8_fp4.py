@@ -230,7 +230,7 @@ split
 PREDICT_BEST_4BIT = None  # your prediction: "nvfp4", "mxfp4", "int4-g64" or "bnb-nf4"
 
 # %% fragment
-settings = variants.Settings(new_tokens=2, repeats=1, answer_tokens=config.pick(24, 10), n_questions=config.pick(5, 1),
+settings = variants.Settings(new_tokens=2, repeats=1, answer_tokens=2, n_questions=1,  # answers: notebook 03
                              ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
                              ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)  # speed is section 4's, not this table's
 inputs = variants.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
@@ -285,6 +285,29 @@ h200 = results.load(config.DATA_DIR / "measured_gpu" / "fp8_gemm.nvidia-h200.jso
 print("Measured on a lent GPU, not in this run:", results.provenance(h200), "|", h200.notes["note"])
 display(nb03b_findings.gemm_table(h200.section("gemm"), base="bf16"))
 _ = published.show("03", precision=("FP8", "FP4"))  # vendor and project tables, each with its source and date
+
+# %% md slide
+# ## 5 · The real tools: llm-compressor writes the checkpoints, vLLM serves them
+#
+# What serves FP8 and FP4 in production is a checkpoint in the compressed-tensors format, written by
+# [llm-compressor](https://github.com/vllm-project/llm-compressor), and vLLM, which picks a kernel for it at load.
+# `make llmc` builds llm-compressor's own environment and `python bench/llm_compressor.py --save-to data/reference`
+# writes FP8_DYNAMIC, NVFP4A16 and MXFP4A16 checkpoints of this model and serves each beside the fp32 folder (six
+# `vllm serve` starts: not in this notebook's run). Below: the run that ships, with where and when it was measured.
+# On a GPU, `make gpu-check` runs vLLM's own FP8 (`--quantization fp8`) and an FP8 KV cache.
+
+# %% fragment
+tools_run = config.DATA_DIR / "reference" / "llm_compressor.json"
+if tools_run.is_file():
+    tools = results.load(tools_run)
+    print("Measured by bench/llm_compressor.py, not in this run:", results.provenance(tools))
+    display(tools.frame("checkpoints").reindex(columns=["scheme", "status", "format", "bytes", "seconds"]))
+    display(tools.frame("served").reindex(columns=["name", "status", "tokens_vs_fp32", "equal_tokens", "compared_tokens",
+                                                    "tpot_over_fp32", "kv_cache_tokens", "reason"]))
+    print("FP8 KV cache there:", tools.notes["fp8_kv_cache"])
+else:
+    print("No run of bench/llm_compressor.py ships: `make llmc vllm`, then `python bench/llm_compressor.py --save-to "
+          "data/reference`.")
 
 # %% md slide
 # ## Takeaways, from this run's numbers

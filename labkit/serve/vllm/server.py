@@ -243,7 +243,41 @@ def kv_cache_from_log(log_text: str) -> dict[str, int | None]:
             "log_blocks": int(blocks[-1].replace(",", "")) if blocks else None}
 
 
+def max_concurrency_from_log(log_text: str) -> dict[str, float | None]:
+    """vLLM's "Maximum concurrency for N tokens per request: X×": how many requests of N tokens its KV cache holds."""
+    found = re.findall(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", log_text)
+    if not found:
+        return {"tokens_per_request": None, "max_concurrency": None}
+    n, x = found[-1]
+    return {"tokens_per_request": int(n.replace(",", "")), "max_concurrency": float(x)}
+
+
 # ---------------------------------------------------------------------------------------- the server
+
+
+_EXCEPTION = re.compile(r"(?:^|\] |\s)([A-Za-z_.]*(?:Error|Exception): .*)$")
+_VLLM_PREFIX = re.compile(r"^\(\S+ pid=\d+\) [A-Z]+ \S+ \S+ \[[^\]]*\]")  # "(Worker pid=1) ERROR 12-04 19:25:50 [f.py:9]"
+_WRAPPERS = ("See root cause above", "See stack trace", "Errno 24", "EngineDeadError", "Engine core initialization failed")
+
+
+def root_cause(log_text: str) -> str | None:
+    """Why ``vllm serve`` failed to start: the first ``XxxError: message`` of the log that is not one of vLLM's
+    wrappers ("Engine core initialization failed. See root cause above." comes after the worker's own error), with
+    the "Reasons:" lines vLLM lists under a kernel it could not pick; None when the log names no error."""
+    lines = [ln.strip() for ln in processes.strip_colour(log_text).splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        m = _EXCEPTION.search(ln)
+        if m and not any(w in ln for w in _WRAPPERS):
+            message = m.group(1)
+            if message.rstrip().endswith("Reasons:"):  # the reasons follow on lines of the same process and level
+                who = ln.split(" ", 3)[:3]  # "(Worker", "pid=1)", "ERROR"
+                for nxt in lines[i + 1:i + 8]:
+                    reason = _VLLM_PREFIX.sub("", nxt).strip()
+                    if nxt.split(" ", 3)[:3] != who or not reason or _EXCEPTION.search(nxt):
+                        break
+                    message += " " + reason
+            return message[:600]
+    return None
 
 
 class VLLMServer(processes.Child):
@@ -254,6 +288,10 @@ class VLLMServer(processes.Child):
     settings: Settings
     port: int
     start_s: float | None = None
+
+    def error_line(self) -> str:
+        """The root cause of a failed start (``root_cause``), else the log's last error line."""
+        return root_cause(self.log()) or super().error_line()
 
     def version(self) -> str | None:
         try:
