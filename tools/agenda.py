@@ -66,7 +66,7 @@ def room_minutes(c: dict[str, Any], machine_s: float) -> dict[str, float]:
 
 def table(timings: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    for src in sorted((ROOT / "notebooks" / "src").glob("[0-9][0-9]_*.py")):
+    for src in sorted((ROOT / "notebooks" / "src").glob("[0-9][0-9]*_*.py")):
         name = src.stem
         if name not in timings["wall_s"]:
             raise SystemExit(f"{TIMINGS}: no run time for {name}: re-time with --summary build/summary.json --write")

@@ -34,7 +34,7 @@ OFF_BY = results.OFF_BY
 def headlines(results_dir: Path) -> list[dict[str, Any]]:
     """One record per results file in ``results_dir`` that saved a headline."""
     out = []
-    for p in sorted(Path(results_dir).glob("[0-9][0-9]_*.json")):
+    for p in sorted(Path(results_dir).glob("[0-9][0-9]*_*.json")):
         res = results.load(p)
         head = res.notes.get("headline")
         if not head or not isinstance(head.get("value"), (int, float)):

@@ -1,10 +1,9 @@
 # %% md slide
 # # 03b · FP8 and FP4: the formats Hopper and Blackwell serve with
 #
-# On an H100, H200 or B200 the default way to serve an LLM in 2026 is FP8: weights as 8-bit floats with a scale
-# per row, often an FP8 KV cache too; on Blackwell, 4-bit floats in small blocks (NVFP4, MXFP4). This notebook
-# writes each format, measures what it costs in answers on this machine, and times FP8 where there is no FP8
-# hardware, beside what GPUs that have it did.
+# H100, H200 and B200 serve LLMs in FP8: 8-bit floats with a scale per row. Blackwell adds 4-bit floats in small
+# blocks (NVFP4, MXFP4). Write each format, measure what it costs in answers, and time FP8 here, beside GPUs
+# that have it.
 
 # %% md notes
 # Notebook 03 came first: its absmax scales, blocks and NF4 are the ideas these formats refine. Every quality
@@ -28,7 +27,7 @@
 # before each reveal: FP8 against int8 on one layer (most guess FP8 is closer; per-channel int8 wins on a
 # trained layer), MXFP4 against NVFP4, the 4-bit row closest to fp32, and FP8's speed here (most guess
 # "faster": on a CPU it is far slower). The model-wide table takes about a minute in quick mode: talk through
-# the split table meanwhile. `make gpu-check` on a GPU runs vLLM's real FP8 path (`--quantization fp8`) and an
+# the split table meanwhile. `make gpu-check` on a GPU runs [vLLM](../docs/glossary.md#vllm)'s real FP8 path (`--quantization fp8`) and an
 # FP8 KV cache; `python bench/llm_compressor.py` writes real compressed-tensors checkpoints.
 
 # %% slide

@@ -575,7 +575,7 @@ def test_exported_deck_has_the_slides_prepare_counts(tmp_path: Path) -> None:
 def test_title_slides_hold_at_most_sixty_words() -> None:
     """The title slide says what the notebook is and why it matters; the detail is in the notes after it."""
     too_long = {}
-    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")):
         deck = slides.prepare(nbformat.read(path, as_version=4))
         first = next(i for i, c in enumerate(deck.cells) if slides._slide_type(c) != "notes")
         shown = [c for c in deck.cells[first:first + 1]]
