@@ -196,8 +196,9 @@ exercises.check("03.mxfp4_quantize", mxfp4_quantize)
 # %% md subslide
 # ### 4.5 bits against 4.25 on the same layer
 #
-# NVFP4 spends a quarter bit more per weight than MXFP4. Predict: how many times NVFP4's output error on
-# `PROBE_LAYER` is MXFP4's? Then the table splits the two differences apart (block size, scale format).
+# NVFP4 spends a quarter bit more per weight than MXFP4. Predict: MXFP4's output error on `PROBE_LAYER` as a
+# multiple of NVFP4's (above 1: MXFP4 is further from fp32). Then a table splits the two
+# differences apart: block size and scale format.
 
 # %% fragment
 PREDICT_MXFP4_OVER_NVFP4 = None  # your prediction: MXFP4 output error / NVFP4 output error (×)
@@ -217,9 +218,9 @@ split
 # %% md slide
 # ## 3 · The whole model in each format, quality first
 #
-# Every linear layer of the decoder rounded to each format (`FORMAT_VARIANTS`: `fp8-tensor`,
-# `fp8-channel`, `nvfp4`, `mxfp4`, `int4-g64`; quick mode the first three standards), the weights then held in fp32: what the format costs in answers,
-# on the same prompts, against fp32's own answers. No kernel for these formats runs on this CPU, so these rows
+# Every linear layer of the decoder rounded to each format (`FORMAT_VARIANTS`: `fp8-tensor`, `fp8-channel`,
+# `nvfp4`, `mxfp4`, `int4-g64`; quick mode runs `fp8-channel`, `nvfp4` and `mxfp4`), the weights then held in
+# fp32: what the format costs in answers, on the same prompts, against fp32's own answers. No kernel for these formats runs on this CPU, so these rows
 # have no speed (section 4 times FP8). `stored_MiB` is what a checkpoint holds, scales included;
 # `predicted_MiB` is `labkit.model.sizing`'s figure for the format, what a serving engine holds. bitsandbytes'
 # int8 and NF4 (notebook 03) run for real beside them. Predict: which
@@ -291,8 +292,8 @@ _ = published.show("03", precision=("FP8", "FP4"))  # vendor and project tables,
 # What serves FP8 and FP4 in production is a checkpoint in the compressed-tensors format, written by
 # [llm-compressor](https://github.com/vllm-project/llm-compressor), and vLLM, which picks a kernel for it at load.
 # `make llmc` builds llm-compressor's own environment and `python bench/llm_compressor.py --save-to data/reference`
-# writes FP8_DYNAMIC, NVFP4A16 and MXFP4A16 checkpoints of this model and serves each beside the fp32 folder (six
-# `vllm serve` starts: not in this notebook's run). Below: the run that ships, with where and when it was measured.
+# writes FP8_DYNAMIC, NVFP4A16 and MXFP4A16 checkpoints of this model and serves each beside the fp32 folder, then
+# tries an FP8 KV cache (five `vllm serve` starts: not in this notebook's run). Below: the run that ships, with where and when it was measured.
 # On a GPU, `make gpu-check` runs vLLM's own FP8 (`--quantization fp8`) and an FP8 KV cache.
 
 # %% fragment
@@ -336,5 +337,5 @@ findings.show(found)
 #    `formats.round_e5m2`: predict its error against E4M3's first. Why do FP8 recipes keep E5M2 for gradients?
 # 2. **The MX clip.** Find the blocks of `PROBE_LAYER` whose absmax lands above 6 after MXFP4's scale: what
 #    fraction of the layer's weights saturate, and does `2^ceil(log2(absmax / 6))` lower the error?
-# 3. **Which layers hurt most?** Round one kind of layer at a time to NVFP4 (`formats.quantise_linears` on a
-#    copy, filtered by name) and rank the kinds by KL against fp32.
+# 3. **Which layers hurt most?** On a copy of the model, round one kind of layer at a time to NVFP4
+#    (`formats.fake_quant` on each `nn.Linear` whose name ends in that kind) and rank the kinds by KL against fp32.
