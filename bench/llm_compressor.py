@@ -81,7 +81,7 @@ def serve_and_ask(name: str, model: Path, prompt_ids: dict[str, list[int]], toke
             return {"name": name, "status": "ok" if all(o.success for o in outs) else "some requests failed",
                     "start_s": srv.start_s, "answers": {k: list(o.token_ids) for k, o in zip(prompt_ids, outs)},
                     "tpot_median_s": statistics.median(tpot) if tpot else None,
-                    "kv_cache_tokens": vs.kv_cache_from_log(log)["kv_cache_tokens"], **vs.max_concurrency_from_log(log),
+                    **{k: v for k, v in vs.kv_cache_from_log(log).items() if k != "log_blocks"},
                     "platform": srv.platform(), "extra_args": list(extra_args)}
     except vs.VLLMStartError as exc:
         reason = re.sub(r"\s*\(log: [^)]*\)\s*$", "", vs.root_cause(str(exc)) or str(exc))  # the path is this machine's

@@ -378,6 +378,10 @@ def test_a_failed_start_is_explained_by_the_workers_error_not_vllms_wrapper(log,
 def test_the_kv_capacity_is_read_from_vllms_start_up_line():
     line = ("(EngineCore pid=22390) INFO 12-04 19:21:56 [kv_cache_utils.py:2327] CPU KV cache size: 23,296 tokens, "
             "Maximum concurrency for 2,048 tokens per request: 11.38x")
-    assert vs.kv_cache_from_log(line)["kv_cache_tokens"] == 23296
-    assert vs.max_concurrency_from_log(line) == {"tokens_per_request": 2048, "max_concurrency": 11.38}
-    assert vs.max_concurrency_from_log("no such line") == {"tokens_per_request": None, "max_concurrency": None}
+    got = vs.kv_cache_from_log(line)
+    assert got["kv_cache_tokens"] == 23296
+    assert {k: got[k] for k in ("tokens_per_request", "max_concurrency")} == {"tokens_per_request": 2048,
+                                                                             "max_concurrency": 11.38}
+    none = vs.kv_cache_from_log("no such line")
+    assert {k: none[k] for k in ("tokens_per_request", "max_concurrency")} == {"tokens_per_request": None,
+                                                                              "max_concurrency": None}

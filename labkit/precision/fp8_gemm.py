@@ -22,6 +22,7 @@ from ..core import timing, verdict
 from ..model import sizing
 from ..model.dtypes import DTYPE_BYTES
 from .formats import E4M3
+from .quantisers import absmax_scale
 
 VARIANTS = ("fp32", "bf16", "fp8_upcast", "fp8_scaled_mm")
 WARMUP = 5  # untimed calls per variant before the rounds, as the H200 probe
@@ -35,18 +36,13 @@ def model_shapes(ms: tuple[int, ...] = (1, 16, 256), model: str = "default") -> 
     return [(m, k, n, what) for k, n, what in mats for m in ms] + [(1024, 1024, 1024, "cube")]
 
 
-def row_scale(t: Any) -> Any:
-    """One fp32 scale per row, absmax / 448, so each row spans E4M3's range: shape (rows, 1)."""
-    return (t.abs().amax(dim=1, keepdim=True).float() / E4M3.max).clamp(min=1e-12)
-
-
 def calls(m: int, k: int, n: int, device: str, act: Any) -> tuple[dict[str, Callable[[], Any]], str | None]:
     """The four variants' ``y = x @ W.T`` on fresh random operands, and why ``fp8_scaled_mm`` cannot run (or None)."""
     import torch
 
     x, w = torch.randn(m, k, device=device), torch.randn(n, k, device=device)
     xb, wb, xa = x.bfloat16(), w.bfloat16(), x.to(act)
-    sw, sx = row_scale(w), row_scale(x)
+    sw, sx = (absmax_scale(t, per_channel=True, qmax=E4M3.max) for t in (w, x))  # (rows, 1): each row spans E4M3
     w8, x8 = (w / sw).to(torch.float8_e4m3fn), (x / sx).to(torch.float8_e4m3fn)
     sw_act = sw.to(act)
     fns: dict[str, Callable[[], Any]] = {

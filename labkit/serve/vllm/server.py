@@ -235,21 +235,16 @@ def kernel_library(pids: Sequence[int]) -> str | None:
     return specific[0] if specific else (next(iter(found)) if found else None)
 
 
-def kv_cache_from_log(log_text: str) -> dict[str, int | None]:
-    """The KV cache vLLM allocated: its size in tokens (``KV cache size: N tokens``) and the block count."""
+def kv_cache_from_log(log_text: str) -> dict[str, int | float | None]:
+    """The KV cache vLLM allocated: its size in tokens (``KV cache size: N tokens``), the block count, and the
+    same line's "Maximum concurrency for N tokens per request: X×" (how many requests of N tokens it holds)."""
     tokens = re.findall(r"KV cache size: ([\d,]+) tokens", log_text)
     blocks = re.findall(r"# (?:CPU|GPU) blocks: ([\d,]+)", log_text) or re.findall(r"num_gpu_blocks=([\d,]+)", log_text)
+    concurrency = re.findall(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", log_text)
     return {"kv_cache_tokens": int(tokens[-1].replace(",", "")) if tokens else None,
-            "log_blocks": int(blocks[-1].replace(",", "")) if blocks else None}
-
-
-def max_concurrency_from_log(log_text: str) -> dict[str, float | None]:
-    """vLLM's "Maximum concurrency for N tokens per request: X×": how many requests of N tokens its KV cache holds."""
-    found = re.findall(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", log_text)
-    if not found:
-        return {"tokens_per_request": None, "max_concurrency": None}
-    n, x = found[-1]
-    return {"tokens_per_request": int(n.replace(",", "")), "max_concurrency": float(x)}
+            "log_blocks": int(blocks[-1].replace(",", "")) if blocks else None,
+            "tokens_per_request": int(concurrency[-1][0].replace(",", "")) if concurrency else None,
+            "max_concurrency": float(concurrency[-1][1]) if concurrency else None}
 
 
 # ---------------------------------------------------------------------------------------- the server
