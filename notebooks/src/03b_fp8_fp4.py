@@ -73,12 +73,14 @@ hook.remove()
 w = mods[PROBE_LAYER].weight.detach().float()  # (out, in)
 x = seen["x"].float().reshape(1, -1, w.shape[1])  # (1, T, in) its real input (an expert sees its tokens flattened)
 y = x @ w.T  # the fp32 output, the reference
-q8, w_int8 = quantisers.int8_round_trip(w, quantisers.absmax_scale(w, per_channel=True))  # notebook 03's int8
-idx, amax = quantisers.nf4_quantize(w.reshape(-1, 64), torch.tensor(quantisers.NF4_CODE, device=w.device))
-w_nf4 = (torch.tensor(quantisers.NF4_CODE, device=w.device)[idx] * amax).reshape(w.shape)  # notebook 03's NF4
+s8 = quantisers.absmax_scale(w, per_channel=True)  # notebook 03's int8: one absmax / 127 per row
+q8, w_int8 = quantisers.int8_round_trip(w, s8)
+code = torch.tensor(quantisers.NF4_CODE, device=w.device)  # notebook 03's NF4: 16 values, blocks of 64
+idx, amax = quantisers.nf4_quantize(w.reshape(-1, 64), code)
+w_nf4 = (code[idx] * amax).reshape(w.shape)
 hand = pd.DataFrame(columns=["bytes", "weight_error", "output_error", "fraction_of_fp32"], dtype=float)
 hand.loc["fp32"] = {"bytes": w.numel() * w.element_size(), "weight_error": 0.0, "output_error": 0.0, "fraction_of_fp32": 1.0}
-for form, w_hat, stored in (("int8 per-channel", w_int8, q8.numel() + w.shape[0] * 4),
+for form, w_hat, stored in (("int8 per-channel", w_int8, q8.numel() * q8.element_size() + s8.numel() * s8.element_size()),
                             ("nf4", w_nf4, w.numel() // 2 + amax.numel() * amax.element_size())):
     hand.loc[form] = {"bytes": stored, "weight_error": ((w_hat - w).norm() / w.norm()).item(),
                       "output_error": ((x @ w_hat.T - y).norm() / y.norm()).item(),
@@ -137,8 +139,8 @@ def add_form(form: str, w_hat: torch.Tensor, fmt: str) -> None:
                       "fraction_of_fp32": stored / hand.bytes["fp32"]}
 
 
-for form, fmt, scale in (("fp8 per-tensor", "fp8-e4m3-tensor", w.abs().max().reshape(1, 1) / formats.E4M3.max),
-                         ("fp8 per-channel", "fp8-e4m3-channel", w.abs().amax(dim=1, keepdim=True) / formats.E4M3.max)):
+for form, fmt, per_channel in (("fp8 per-tensor", "fp8-e4m3-tensor", False), ("fp8 per-channel", "fp8-e4m3-channel", True)):
+    scale = quantisers.absmax_scale(w, per_channel, qmax=formats.E4M3.max)  # notebook 03's absmax, 448 for 127
     add_form(form, e4m3(w / scale) * scale, fmt)  # quantise, dequantise: the scale brings each row into E4M3's range
 exercises.reveal("output error, FP8 per-channel / int8 per-channel", PREDICT_FP8_OVER_INT8,
                  hand.output_error["fp8 per-channel"] / hand.output_error["int8 per-channel"], "×")
@@ -267,6 +269,7 @@ PREDICT_SCALED_MM = None  # your prediction: fp8_scaled_mm speed / fp32 speed at
 machine.check("fp8 gemm")
 on_gpu = str(lm.device).startswith("cuda")  # the model's device: a GPU times with CUDA events and bf16 activations
 gemm_device, act = (str(lm.device), torch.bfloat16) if on_gpu else ("cpu", torch.float32)
+gemm_on = torch.cuda.get_device_name(lm.device) if on_gpu else "cpu"
 gemm = [{"what": what, **fp8_gemm.time_shape(m, k, n, gemm_device, act, rounds=GEMM_ROUNDS,
                                               sample_s=config.pick(0.005, 0.002) if on_gpu else config.pick(0.05, 0.01))}
         for m, k, n, what in fp8_gemm.model_shapes(GEMM_M, models.resolve())]
@@ -276,7 +279,7 @@ if "fp8_scaled_mm" in one["variants"]:
     exercises.reveal("fp8_scaled_mm / fp32 speed at M = 1", PREDICT_SCALED_MM, one["speedup_vs_fp32"]["fp8_scaled_mm"], "×")
 else:
     print("torch._scaled_mm does not run here:", one["fp8_error"])
-print("timed on", torch.cuda.get_device_name(lm.device) if on_gpu else cpu.machine_line(env.environment()["hardware"]))
+print("timed on", gemm_on if on_gpu else cpu.machine_line(env.environment()["hardware"]))
 gemm_table
 
 # %% subslide
@@ -322,7 +325,7 @@ res.replace("fp4_split", split.reset_index().to_dict("records"))
 res.replace("layer_errors", layers.to_dict("records"))
 res.replace("fp8_gemm", [{k: v for k, v in r.items() if k != "samples"} for r in gemm])
 found = nb03b_findings.takeaways(hand=hand, fmt_table=fmt_table, rows=rows, split=split, layers=layers, gemm=gemm,
-                                 gpu_gemm=h200, gemm_on=torch.cuda.get_device_name(lm.device) if on_gpu else "cpu")
+                                 gpu_gemm=h200, gemm_on=gemm_on)
 findings.record(res, found)
 print("saved", res.save())
 findings.show(found)
