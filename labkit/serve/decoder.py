@@ -1,6 +1,7 @@
 """The batched greedy decode the server runs: ``decode_batch`` prefills a batch of ``Sequence``s and steps them
 together on the decode core's shared KV cache, dropping each sequence as soon as it finishes, and reports
-``BatchStats``. ``eos_ids`` gathers every end-of-sequence id a model and its tokenizer know.
+``BatchStats``. ``eos_ids`` gathers every end-of-sequence id a model and its tokenizer know. ``pick`` chooses
+each row's next token, after masking the rows of sequences held to a grammar (``decoding.grammar.Constraint``).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from ..core.checks import positive
 from ..decoding import decode
 from ..decoding.sampling import Sampling, choose
+from ..decoding.grammar import Constraint
 
 # ------------------------------------------------------------------------ the server's batched decoder
 
@@ -19,7 +21,8 @@ from ..decoding.sampling import Sampling, choose
 class Sequence:
     """One request inside ``decode_batch``. ``on_token(token_id, finish_reason)`` runs in the model thread;
     ``finish_reason`` is None until the last token ('stop' at end-of-sequence, 'length' at the limit).
-    Tokens are greedy unless ``sampling`` says otherwise (``labkit.decoding.sampling``)."""
+    Tokens are greedy unless ``sampling`` says otherwise (``labkit.decoding.sampling``); a ``constraint`` keeps
+    them inside its grammar (``pick`` masks the row, ``emit`` advances the grammar)."""
 
     prompt_ids: list[int]
     max_new_tokens: int
@@ -28,6 +31,7 @@ class Sequence:
     cancelled: Callable[[], bool] = lambda: False
     sampling: Sampling | None = None  # None: greedy
     owner: Any = None  # whoever submitted it (the server's request), for answering after a failure
+    constraint: Constraint | None = None  # None: any token may come next
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # stop | length | cancelled | aborted
 
@@ -35,7 +39,9 @@ class Sequence:
         """Record one generated token, set ``finish_reason`` when it ends the sequence, call ``on_token``;
         True while the sequence goes on."""
         self.tokens.append(token)
-        if token in eos and not self.ignore_eos:
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        if token in eos and (not self.ignore_eos or self.constraint is not None and self.constraint.terminated):
             self.finish_reason = "stop"
         elif len(self.tokens) >= self.max_new_tokens:
             self.finish_reason = "length"
@@ -73,6 +79,16 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
+def pick(logits: Any, seqs: list[Sequence]) -> Any:
+    """(B, V) logits → (B,) next tokens for ``seqs`` (row i is ``seqs[i]``): the row of each running sequence
+    with a ``constraint`` is masked in place first, then ``choose`` takes the greedy or sampled token. Rows of
+    unconstrained sequences are not touched."""
+    for row, s in enumerate(seqs):
+        if s.constraint is not None and s.finish_reason is None:
+            s.constraint.mask(logits[row:row + 1])
+    return choose(logits, [s.sampling for s in seqs])
+
+
 def decode_batch(model: Any, seqs: list[Sequence], eos: set[int], pad_id: int, *, drop_finished: bool = True,
                  should_abort: Callable[[], bool] = lambda: False) -> BatchStats:
     """Greedy-decode a batch of sequences together, streaming each token through ``Sequence.on_token``.
@@ -96,7 +112,7 @@ def decode_batch(model: Any, seqs: list[Sequence], eos: set[int], pad_id: int, *
     active = list(range(len(seqs)))  # row r of the batch holds seqs[active[r]]
     with torch.inference_mode():
         logits, cache = decode.prefill(model, input_ids, mask)
-        next_tokens = choose(logits, [s.sampling for s in seqs])
+        next_tokens = pick(logits, seqs)
         pos = decode.positions(mask)[:, -1]
         while True:
             stats.steps += 1
@@ -128,5 +144,5 @@ def decode_batch(model: Any, seqs: list[Sequence], eos: set[int], pad_id: int, *
             feed = next_tokens.masked_fill(done, pad_id)
             mask, pos = decode.extend(mask), pos + 1
             logits = decode.decode_one_token(model, feed, cache, pos, mask)
-            next_tokens = choose(logits, [seqs[i].sampling for i in active])
+            next_tokens = pick(logits, [seqs[i] for i in active])
     return stats

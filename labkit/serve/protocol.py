@@ -1,16 +1,19 @@
 """The server's options and the OpenAI wire format, without a network: ``ServerConfig`` (checked on
 construction), ``parse_body`` (one request body into ``Params``, or an ``ApiError`` naming the field),
 ``Detokenizer`` (token ids into text that never splits a UTF-8 character) and ``StopText`` (stop strings
-that may arrive split across tokens).
+that may arrive split across tokens). A ``response_format`` (json_schema, json_object or text) is checked here,
+schema included (``decoding.grammar.check_schema``), and kept on ``Params`` as a ``decoding.grammar.ResponseFormat``.
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..decoding.sampling import Sampling
+from ..decoding.grammar import ResponseFormat, check_schema
 
 TINY_RANDOM = "tiny-random"  # a 2-layer random Llama with the default tokenizer: fast tests, nonsense text
 DEFAULT_HOST = "127.0.0.1"
@@ -115,19 +118,20 @@ class Params:
     model: str | None = None
     sampling: Sampling | None = None  # None: greedy
     stop: list[str] = field(default_factory=list)
+    response_format: ResponseFormat | None = None  # None: free text
 
 
 _ROLES = ("system", "user", "assistant")
 MAX_STOP = 4  # as the OpenAI API
 # what this server does with every request parameter it knows; anything else is refused by name
 _ACCEPTED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "stream", "stream_options", "n",
-             "temperature", "top_p", "seed", "stop", "ignore_eos",
+             "temperature", "top_p", "seed", "stop", "ignore_eos", "response_format",
              "user", "metadata"}  # the last two only label a request: they change no output
 # parameters the API defines that this server does not implement: refused unless they ask for the default
 _UNSUPPORTED_DEFAULTS: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
                                          "logprobs": None, "top_logprobs": None, "best_of": 1, "echo": False,
                                          "suffix": None, "tools": None, "tool_choice": None, "functions": None,
-                                         "function_call": None, "response_format": None}
+                                         "function_call": None}
 
 
 def _number(body: dict[str, Any], name: str, low: float, high: float, low_open: bool = False) -> float | None:
@@ -165,6 +169,62 @@ def _stop(value: Any) -> list[str]:
     if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops) or len(stops) > MAX_STOP:
         raise ApiError(400, f"'stop' must be a non-empty string or a list of at most {MAX_STOP} of them", "stop")
     return [_utf8_text(x, "stop") for x in stops]
+
+
+_FORMAT_TYPES = ("json_schema", "json_object", "text")
+_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
+
+
+def _only(value: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    extra = sorted(set(value) - set(allowed))
+    if extra:
+        raise ApiError(400, f"unknown field {where}.{extra[0]}; {where} takes {list(allowed)}", f"{where}.{extra[0]}")
+
+
+def _response_format(value: Any) -> ResponseFormat | None:
+    """OpenAI's response_format: {"type": "json_schema", "json_schema": {"name", "schema", "strict"?,
+    "description"?}}, {"type": "json_object"} (any JSON object) or {"type": "text"} (no constraint)."""
+    where = "response_format"
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"'{where}' must be an object like {{\"type\": \"json_schema\", \"json_schema\": "
+                            "{\"name\": ..., \"schema\": {...}}}", where)
+    kind = value.get("type")
+    if kind not in _FORMAT_TYPES:
+        raise ApiError(400, f"{where}.type must be one of {list(_FORMAT_TYPES)}, got {json.dumps(kind)[:40]}",
+                       f"{where}.type")
+    if kind != "json_schema":
+        _only(value, ("type",), where)
+        return ResponseFormat.json_object() if kind == "json_object" else None
+    _only(value, ("type", "json_schema"), where)
+    spec = value.get("json_schema")
+    where += ".json_schema"
+    if not isinstance(spec, dict):
+        raise ApiError(400, f"{where} is required with type 'json_schema' and must be an object like {{\"name\": \"answer\", "
+                            "\"schema\": {\"type\": \"object\", ...}}", where)
+    _only(spec, ("name", "description", "schema", "strict"), where)
+    name = spec.get("name")
+    if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
+        raise ApiError(400, f"{where}.name is required: 1 to 64 letters, digits, '_' or '-'", f"{where}.name")
+    if not isinstance(spec.get("description", ""), str):
+        raise ApiError(400, f"{where}.description must be a string", f"{where}.description")
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ApiError(400, f"{where}.strict must be true, false or null", f"{where}.strict")
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise ApiError(400, f"{where}.schema must be a JSON Schema object like {{\"type\": \"object\", "
+                            f"\"properties\": {{...}}}}, got {json.dumps(schema)[:40]}", f"{where}.schema")
+    fmt = ResponseFormat.json_schema(schema, name=name, strict=strict)
+    try:
+        check_schema(fmt.schema)
+    except ValueError as exc:
+        raise ApiError(400, f"{where}.schema cannot be turned into a grammar (xgrammar: {exc}); fix or simplify "
+                            "the schema", f"{where}.schema") from None
+    except RuntimeError as exc:  # xgrammar is not installed
+        raise ApiError(400, f"{where}: structured outputs are not available on this server ({exc})", where) from None
+    return fmt
 
 
 def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
@@ -254,6 +314,10 @@ def parse_body(raw: bytes, chat: bool, cfg: ServerConfig) -> Params:
         raise ApiError(400, "'n' must be 1: this server returns one choice per request", "n")
     p.sampling = _sampling(body)
     p.stop = _stop(body.get("stop"))
+    p.response_format = _response_format(body.get("response_format"))
+    if p.response_format is not None and p.ignore_eos:
+        raise ApiError(400, "'ignore_eos' cannot be combined with a response_format (the answer ends where its JSON "
+                            "does); leave ignore_eos out", "ignore_eos")
     _refuse_unsupported(body, chat)
     model = body.get("model")
     if model is not None and not isinstance(model, str):

@@ -1,7 +1,9 @@
 """The lab's OpenAI-compatible server (aiohttp): ``/v1/completions`` and ``/v1/chat/completions``, streamed
 or not, ``/health``, ``/metrics`` and ``POST /flush_cache`` (SGLang's name: drop the prefix cache's entries, as a
 router's ``/flush_cache`` asks every worker to). ``Server`` validates each request (``protocol``), hands it to a batcher
-(dynamic or continuous, as ``ServerConfig.batching`` says) and streams its tokens back as they come.
+(dynamic or continuous, as ``ServerConfig.batching`` says) and streams its tokens back as they come. A request
+with a ``response_format`` has its grammar compiled (once per schema, ``decoding.grammar.GrammarCache``) off the event
+loop before it queues; /metrics counts the compiles, the cache hits and the seconds spent compiling.
 ``load_model`` loads the model it serves; ``tiny_random_model`` gives tests one without files.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from ..core.timing import clock
 from ..model import models
+from ..decoding import grammar as structured
 from .batchers import Batcher, ContinuousBatcher, Job, log
 from .metrics import Metrics
 from .protocol import TINY_RANDOM, ApiError, Params, ServerConfig, StopText, parse_body
@@ -83,6 +86,7 @@ class Server:
         self._stopped: asyncio.Event | None = None
         cfg_len = getattr(lm.model.config, "max_position_embeddings", None) or 4096
         self.max_model_len = int(cfg_len)
+        self.grammars: structured.GrammarCache | None = None  # built at the first response_format request
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> str:
@@ -169,8 +173,38 @@ class Server:
                   "labkit_max_batch_size": ("Configured max_batch_size", max_batch_size),
                   "labkit_max_wait_seconds": ("Configured max wait", max_wait_ms / 1e3)}
         gauges.update(self.batcher.gauges())
-        return web.Response(text=self.metrics.render(gauges, self.batcher.counters()), content_type="text/plain",
+        counters = {**self.batcher.counters(), **self._grammar_counters()}
+        return web.Response(text=self.metrics.render(gauges, counters), content_type="text/plain",
                             headers={"X-Prometheus-Format": "0.0.4"})
+
+    def _grammar_counters(self) -> dict[str, tuple[str, float]]:
+        g = self.grammars
+        if g is None:
+            return {}
+        return {"labkit_grammar_compiles_total": ("response_format grammars compiled (cache misses)", g.misses),
+                "labkit_grammar_cache_hits_total": ("response_format grammars reused from the cache", g.hits),
+                "labkit_grammar_compile_seconds_total": ("Seconds spent compiling grammars", g.compile_s_total)}
+
+    def _compile(self, fmt: structured.ResponseFormat) -> structured.Grammar:
+        """The grammar of ``fmt`` for the served tokenizer (a worker thread runs this: compiling takes a while)."""
+        if self.grammars is None:
+            config = self.lm.model.config
+            vocab = getattr(config, "vocab_size", None) or len(self.lm.tokenizer)
+            self.grammars = structured.grammars(self.lm.tokenizer, int(vocab))
+        return self.grammars.compile(fmt)
+
+    async def _grammar(self, p: Params) -> structured.Grammar | None:
+        if p.response_format is None:
+            return None
+        try:
+            return await asyncio.to_thread(self._compile, p.response_format)
+        except ValueError as exc:
+            param = "response_format" + (".json_schema.schema" if p.response_format.kind == "json_schema" else "")
+            raise ApiError(400, f"{param} cannot be compiled into a grammar (xgrammar: {exc}); fix or simplify "
+                                "the schema", param) from None
+        except RuntimeError as exc:  # xgrammar is not installed here
+            raise ApiError(400, f"response_format: structured outputs are not available on this server ({exc})",
+                           "response_format") from None
 
     async def flush_cache(self, request: Any) -> Any:
         """Drop the prefix cache's entries (its counters go on): between two experiments on one server."""
@@ -221,7 +255,8 @@ class Server:
         try:
             params = parse_body(await self._read(request), chat, self.cfg)
             prompt_ids = self._prompt_ids(params)
-            job = Job(prompt_ids, params, asyncio.get_running_loop())
+            job = Job(prompt_ids, params, asyncio.get_running_loop())  # arrival stamped: TTFT includes the compile
+            job.grammar = await self._grammar(params)
             self.batcher.submit(job)
         except ApiError as exc:
             self.metrics.count(endpoint, exc.status)
