@@ -14,7 +14,7 @@ EXERCISES = notebook_exercises()
 IDS = [ex_id for _, ex_id, _ in EXERCISES]
 SOLVED = all_cells(SOLUTIONS)
 WRONG = all_cells(MISTAKES)
-NOTEBOOKS_WITH_EXERCISES = [f"{n:02d}" for n in range(1, 12) if n != 9]  # 01 … 11 but the capstone: at least two each
+NOTEBOOKS_WITH_EXERCISES = [f"{n:02d}" for n in range(1, 13) if n != 9]  # 01 … 12 but the capstone: at least two each
 
 
 def _answer(ex_id: str, ns: dict):

@@ -97,6 +97,9 @@ TERMS: dict[str, str] = {
     "knee": r"(?i)\bknee\b",
     "routing-policies": r"(?i)routing polic|cache-aware|cache_aware|consistent hashing|round_robin",
     "rapl": r"\bRAPL\b",
+    "structured-outputs": r"(?i)structured outputs?\b|token mask",
+    "lora": r"\bLoRA\b",
+    "disaggregated-serving": r"(?i)disaggregat",
 }
 
 

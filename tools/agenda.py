@@ -38,7 +38,8 @@ SESSION_MIN = 180
 BREAK_MIN = 10
 WRAP_UP_MIN = 10
 CORE = ("00_setup", "01_hardware_sizing", "02_fp16_bf16", "03_int8_int4", "05_kv_cache", "06_batching",
-        "04_warmup", "03b_fp8_fp4", "07_vllm", "10_beyond", "08_tensorrt", "09_capstone", "11_scale_out")  # the 3-hour order of preference
+        "04_warmup", "03b_fp8_fp4", "07_vllm", "10_beyond", "08_tensorrt", "09_capstone", "11_scale_out",
+        "12_serving_features")  # the 3-hour order of preference
 TIMINGS = ROOT / "data" / "agenda.json"
 DOC = ROOT / "docs" / "instructor.md"
 START, END = "<!-- agenda:start (tools/agenda.py --write) -->", "<!-- agenda:end -->"

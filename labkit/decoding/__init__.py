@@ -7,6 +7,8 @@
 ``cache_variants``  transformers' cache and compile knobs that ``kv`` and the engines share
 ``sampling``        greedy or temperature/top-p choice of the next token, seeded per request
 ``speculative``     draft several tokens, check them in one forward pass
+``constrained``     structured outputs by hand: a token mask for a choice or a pattern, in the greedy loop
+``grammar``         structured outputs by xgrammar: schemas compiled once per tokenizer, per-sequence grammar masks
 ``profiling``       torch.profiler over one prefill and one decode step, grouped by operator kind
 
 decoding knows one model in one process: no quantiser, no exported engine, no request queue or HTTP.

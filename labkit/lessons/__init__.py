@@ -7,6 +7,8 @@
 ``report``     the capstone's precision choice and its report
 ``beyond``     notebook 10's workloads and headline figures
 ``scale_out``  notebook 11's policy rounds, capacity sweep and headline figures
+``features``   notebook 12's structured-output rounds against any OpenAI server, and its malformed requests
+``pd``         notebook 12's prefill-here-decode-there session: three vLLM servers, the proxy, bytes and stalls
 ``cost``       $ per million tokens from a throughput and the sourced price table (``data/prices.json``)
 
 lessons reads the packages below it and adds no mechanism of its own: a number a lesson prints was

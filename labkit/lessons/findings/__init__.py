@@ -15,6 +15,7 @@ headline) and the ``sentences`` they choose. The words for a difference and its 
 ``nb03b`` FP8/FP4: formats, quality, FP8 GEMMs
 ``nb04``  warmup: cold start, compile pay-back     ``nb10``  lookup, prefix cache, chunked prefill, KV, engines
 ``nb05``  the KV cache                             ``nb11``  routing, capacity, cost, faults
+                                                   ``nb12``  structured outputs, LoRA adapters, P/D split
 """
 from __future__ import annotations
 

@@ -1,0 +1,82 @@
+"""Checks for notebook 12 (serving features): the token mask of a choice among strings, and the disaggregated
+proxy's routing decision."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import Wrong, call, exercise
+
+_VOCAB = ["<eos>", "y", "ye", "yes", "es", "s", "n", "no", "o", "ne", "none", "", "x", "yess", "maybe", " yes"]
+_EOS = 0
+
+
+def _allowed(got: Any, what: str) -> list[bool]:
+    try:
+        values = [bool(v) for v in (got.tolist() if hasattr(got, "tolist") else list(got))]
+    except TypeError:
+        raise Wrong(f"{what}: return one True/False per vocabulary entry (a list or a bool tensor), "
+                    f"got {type(got).__name__}") from None
+    if len(values) != len(_VOCAB):
+        raise Wrong(f"{what}: return one entry per vocabulary entry ({len(_VOCAB)}), got {len(values)}")
+    return values
+
+
+def _names(flags: list[bool]) -> list[str]:
+    return [repr(_VOCAB[i]) for i, f in enumerate(flags) if f]
+
+
+@exercise("12.choice_mask", "token mask for a choice among strings")
+def _choice_mask(fn: Any) -> None:
+    cases = [  # (text so far, choices, what it tests)
+        ("", ["yes", "no"], "the start: any token that begins a choice"),
+        ("y", ["yes", "no"], "after 'y': tokens that continue 'yes', not ones that begin it again"),
+        ("ye", ["yes", "no"], "one letter left: 's' and 'es'... only 's' fits after 'ye'"),
+        ("yes", ["yes", "no"], "a whole choice: end-of-sequence, and nothing that runs past it"),
+        ("no", ["no", "none"], "'no' is a choice and the start of another: end-of-sequence and 'ne' both"),
+        ("", ["maybe"], "a choice one token long"),
+        ("x", ["yes", "no"], "text that left every choice: nothing is allowed"),
+    ]
+    for i, (text, choices, why) in enumerate(cases):
+        got = call(fn, text, list(choices), list(_VOCAB), _EOS) if i == 0 else fn(text, list(choices), list(_VOCAB), _EOS)
+        allowed = _allowed(got, f"text {text!r}")
+        want = [bool(p) and any(c.startswith(text + p) for c in choices) for p in _VOCAB]
+        want[_EOS] = text in choices
+        if allowed == want:
+            continue
+        if allowed[_EOS] != want[_EOS]:
+            raise Wrong(f"text {text!r}, choices {choices}: end-of-sequence (id {_EOS}) is "
+                        f"{'allowed' if allowed[_EOS] else 'refused'}; it must be allowed exactly when the text is "
+                        f"already a whole choice ({why}).")
+        if allowed[_VOCAB.index("")]:
+            raise Wrong("the empty token is allowed: it adds nothing, so a decode could pick it forever; refuse "
+                        "tokens whose text is empty")
+        extra = [a and not w for a, w in zip(allowed, want)]
+        missing = [w and not a for a, w in zip(allowed, want)]
+        raise Wrong(f"text {text!r}, choices {choices} ({why}): "
+                    + (f"allowed {', '.join(_names(extra))}, which cannot lead to a choice; " if any(extra) else "")
+                    + (f"refused {', '.join(_names(missing))}, which can; " if any(missing) else "")
+                    + "a token is allowed when the text so far plus the token's text is the start of some choice")
+
+
+@exercise("12.plan", "the disaggregated proxy's routing decision")
+def _pd_route(fn: Any) -> None:
+    split, local = ["prefill", "decode"], ["decode"]
+    cases = [  # (prompt tokens, threshold, prefill server up, expected, what it tests)
+        (512, 256, True, split, "a long prompt with the prefill server up: prefill there, then decode here"),
+        (64, 256, True, local, "a short prompt: its prefill costs less than the transfer, the decode server does it"),
+        (512, 256, False, local, "the prefill server is down: the decode server recomputes the prompt itself"),
+        (256, 256, True, split, "a prompt of exactly the threshold is long enough to split"),
+        (255, 256, True, local, "one token below the threshold stays local"),
+        (0, 0, True, split, "threshold 0: every request is split"),
+    ]
+    for i, (n, threshold, up, want, why) in enumerate(cases):
+        got = call(fn, n, threshold, up) if i == 0 else fn(n, threshold, up)
+        if not isinstance(got, (list, tuple)) or not all(isinstance(s, str) for s in got):
+            raise Wrong(f"return the steps as a list of names, e.g. {split} or {local}; got {got!r}")
+        if list(got) == want:
+            continue
+        if list(got) == ["decode", "prefill"]:
+            raise Wrong("the steps are in the wrong order: the prefill server writes the KV that the decode server "
+                        "then reads")
+        raise Wrong(f"{n} prompt tokens, threshold {threshold}, prefill server {'up' if up else 'down'}: you returned "
+                    f"{list(got)}, expected {want} ({why}).")

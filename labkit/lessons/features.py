@@ -1,0 +1,175 @@
+"""Notebook 12's measurements against any OpenAI-compatible server (the lab's, ``vllm serve``), shared with
+``bench/serving_features.py``.
+
+``ask_all``            one batch of chat requests sent together, each answer checked against a JSON schema: valid
+                       answers, tokens per answer, tokens/s per sequence, the batch's wall time.
+``structured_rounds``  free against constrained (and any other request variants), interleaved over rounds.
+``structured_table``   one row per variant: medians over the rounds, and the verdict on tokens/s per sequence and
+                       on the batch's wall time against the free variant.
+``malformed``          what a server answers to a malformed ``response_format``: the status and the error's text.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import aiohttp
+import jsonschema
+
+from ..core import timing, verdict
+
+PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                                  "city": {"type": "string"}},
+                 "required": ["name", "age", "city"], "additionalProperties": False}
+
+
+MALFORMED = {  # a malformed response_format, and what is wrong with it
+    "a schema that is not an object": {"type": "json_schema", "json_schema": {"name": "answer", "schema": "person"}},
+    "a type the schema language lacks": {"type": "json_schema", "json_schema": {
+        "name": "answer", "schema": {"type": "object", "properties": {"colour": {"type": "colour"}}}}},
+    "no json_schema": {"type": "json_schema"},
+    "an unknown response_format type": {"type": "yaml"},
+}
+
+
+def json_schema_format(schema: Mapping[str, Any], name: str = "answer") -> dict[str, Any]:
+    """OpenAI's ``response_format`` for a JSON schema."""
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": dict(schema), "strict": True}}
+
+
+def valid(text: str, schema: Mapping[str, Any] | None) -> bool:
+    """Whether ``text`` is JSON and, given a schema, valid against it."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    if schema is None:
+        return True
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+def _sync(coro_fn: Any) -> Any:
+    """Run a coroutine from synchronous code, also inside Jupyter (whose event loop already runs)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro_fn())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(coro_fn())).result()
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    t0 = timing.clock()
+    async with session.post(url + "/v1/chat/completions", json=dict(body)) as resp:
+        text = await resp.text()
+        elapsed = timing.clock() - t0
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = {"error": {"message": text[:300]}}
+        return {"status": resp.status, "data": data, "e2e_s": elapsed}
+
+
+def ask_all(url: str, prompts: Sequence[str], *, max_tokens: int, response_format: Mapping[str, Any] | None = None,
+            schema: Mapping[str, Any] | None = None, model: str | None = None, extra: Mapping[str, Any] | None = None,
+            timeout_s: float = 300.0) -> dict[str, Any]:
+    """Send one greedy chat request per prompt, all at once; check each answer against ``schema`` (JSON only when
+    None). Returns the batch's wall time, the answers and per-request rows."""
+    async def go() -> tuple[float, list[dict[str, Any]]]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            name = model
+            if name is None:
+                async with session.get(url + "/v1/models") as resp:
+                    name = (await resp.json())["data"][0]["id"]
+            bodies = [{"model": name, "messages": [{"role": "user", "content": p}], "max_tokens": max_tokens,
+                       "temperature": 0, **({"response_format": dict(response_format)} if response_format else {}),
+                       **dict(extra or {})} for p in prompts]
+            t0 = timing.clock()
+            outs = await asyncio.gather(*(_post(session, url, b) for b in bodies))
+            return timing.clock() - t0, list(outs)
+
+    wall, outs = _sync(go)
+    rows = []
+    for prompt, out in zip(prompts, outs):
+        ok = out["status"] == 200
+        text = out["data"]["choices"][0]["message"]["content"] if ok else ""
+        tokens = out["data"].get("usage", {}).get("completion_tokens", 0) if ok else 0
+        rows.append({"prompt": prompt, "status": out["status"], "text": text, "tokens": tokens,
+                     "valid": ok and valid(text, schema), "e2e_s": out["e2e_s"],
+                     "tokens_per_s": tokens / out["e2e_s"] if ok and out["e2e_s"] > 0 else None,
+                     "error": None if ok else str(out["data"].get("error", {}).get("message", out["data"]))[:200]})
+    return {"wall_s": wall, "rows": rows}
+
+
+def structured_rounds(url: str, prompts: Sequence[str], variants: Mapping[str, Mapping[str, Any]], *, max_tokens: int,
+                      rounds: int, schema: Mapping[str, Any], model: str | None = None) -> list[dict[str, Any]]:
+    """Each variant (name → ``ask_all`` keyword arguments, e.g. ``{"response_format": ...}``; ``{}`` is free
+    decoding) once per round, interleaved A B A B …; one row per variant and round."""
+    out = []
+    for r in range(rounds):
+        for name, kwargs in variants.items():
+            batch = ask_all(url, prompts, max_tokens=max_tokens, schema=schema, model=model, **dict(kwargs))
+            rows = batch["rows"]
+            answered = [x for x in rows if x["status"] == 200]
+            out.append({"variant": name, "round": r, "requests": len(rows), "answered": len(answered),
+                        "valid": sum(x["valid"] for x in rows), "tokens": sum(x["tokens"] for x in answered),
+                        "tokens_per_answer": statistics.mean(x["tokens"] for x in answered) if answered else None,
+                        "tokens_per_s_per_seq": statistics.median(x["tokens_per_s"] for x in answered
+                                                                  if x["tokens_per_s"]) if answered else None,
+                        "seq_rates": [x["tokens_per_s"] for x in answered if x["tokens_per_s"]],
+                        "wall_s": batch["wall_s"], "first_round": r == 0,
+                        "example": rows[0]["text"][:120] if rows else ""})
+    return out
+
+
+def structured_table(runs: Sequence[Mapping[str, Any]], base: str = "free") -> list[dict[str, Any]]:
+    """One row per variant: valid answers of all, tokens per answer, tokens/s per sequence and the batch's wall
+    time (medians over the rounds; the first round's wall time, which also paid the grammar's first compile, beside
+    them), with the verdicts against ``base``: tokens/s per sequence over every request, wall time over the rounds."""
+    names = list(dict.fromkeys(r["variant"] for r in runs))
+    if base not in names:
+        raise ValueError(f"base={base!r}: no such variant among {names}")
+    def of(name: str) -> list[Mapping[str, Any]]:
+        return [r for r in runs if r["variant"] == name]
+    table = []
+    for name in names:
+        rows = of(name)
+        row = {"variant": name, "rounds": len(rows), "valid": sum(r["valid"] for r in rows),
+               "requests": sum(r["requests"] for r in rows),
+               "tokens_per_answer": statistics.median(r["tokens_per_answer"] for r in rows
+                                                      if r["tokens_per_answer"] is not None),
+               "tokens_per_s_per_seq": statistics.median(x for r in rows for x in r["seq_rates"]),
+               "wall_s": statistics.median(r["wall_s"] for r in rows),
+               "first_wall_s": next(r["wall_s"] for r in rows if r["first_round"])}
+        row["valid_share"] = row["valid"] / row["requests"]
+        if name != base:
+            speed = verdict.compare([x for r in rows for x in r["seq_rates"]], [x for r in of(base) for x in r["seq_rates"]])
+            wall = verdict.compare([r["wall_s"] for r in rows], [r["wall_s"] for r in of(base)], higher_is_better=False)
+            row.update({"speed_ratio": speed.ratio, "speed_verdict": speed.word(), "speed_why": speed.reason,
+                        "wall_ratio": wall.ratio, "wall_verdict": wall.word("shorter", "longer"),
+                        "wall_why": wall.reason})
+        table.append(row)
+    return table
+
+
+def malformed(url: str, response_format: Any, model: str | None = None) -> dict[str, Any]:
+    """One chat request with ``response_format`` as given: the status and the error message a server answers."""
+    async def go() -> dict[str, Any]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            name = model
+            if name is None:
+                async with session.get(url + "/v1/models") as resp:
+                    name = (await resp.json())["data"][0]["id"]
+            return await _post(session, url, {"model": name, "max_tokens": 8, "response_format": response_format,
+                                              "messages": [{"role": "user", "content": "Hi"}]})
+    out = _sync(go)
+    err = out["data"].get("error", {}) if isinstance(out["data"].get("error"), dict) else {}
+    return {"status": out["status"], "message": str(err.get("message", out["data"]))[:300], "param": err.get("param")}

@@ -1,0 +1,80 @@
+"""Notebook 12's measurements and sentences: structured rounds against a live lab server, the table's verdicts, the
+P/D bytes ratio and the takeaways' words."""
+from __future__ import annotations
+
+import pytest
+
+from labkit.core import verdict
+from labkit.lessons import features, pd
+from labkit.lessons.findings import nb12
+from test_structured import SMALL
+
+
+def _run(variant, r, rates, valid=8, tokens=40.0, wall=5.0):
+    return {"variant": variant, "round": r, "requests": 8, "answered": 8, "valid": valid, "tokens": int(tokens * 8),
+            "tokens_per_answer": tokens, "tokens_per_s_per_seq": rates[0], "seq_rates": rates, "wall_s": wall,
+            "first_round": r == 0, "example": "{}"}
+
+
+def test_rounds_on_a_live_server_count_valid_answers_free_and_constrained(server):
+    runs = features.structured_rounds(server.url, ["Is it?", "Is it so?"], {
+        "free": {}, "constrained": {"response_format": features.json_schema_format(SMALL)}},
+        max_tokens=48, rounds=2, schema=SMALL, model="tiny")
+    assert [r["variant"] for r in runs] == ["free", "constrained", "free", "constrained"]  # interleaved
+    con = [r for r in runs if r["variant"] == "constrained"]
+    free = [r for r in runs if r["variant"] == "free"]
+    assert all(r["valid"] == 2 for r in con), con  # a random model held to the grammar: valid every time
+    assert all(r["valid"] == 0 for r in free), free  # and without it, never
+    bad = features.malformed(server.url, features.MALFORMED["no json_schema"], model="tiny")
+    assert bad["status"] == 400 and bad["param"] == "response_format.json_schema", bad
+
+
+def test_table_judges_speed_and_wall_time_against_free():
+    runs = [x for r in range(3) for x in (_run("free", r, [10.0, 10.2, 9.9], valid=1, tokens=60, wall=6.0 + r / 10),
+                                          _run("constrained", r, [8.0, 8.1, 7.9], tokens=30, wall=3.0 + r / 10))]
+    table = {row["variant"]: row for row in features.structured_table(runs)}
+    con = table["constrained"]
+    assert con["valid_share"] == 1 and table["free"]["valid_share"] == pytest.approx(3 / 24)
+    assert con["speed_verdict"] == "slower" and con["speed_ratio"] == pytest.approx(0.8)
+    assert con["wall_verdict"] == "shorter" and con["wall_ratio"] == pytest.approx(3.1 / 6.1)
+    said = nb12.structured_sentence(con, table["free"], "here")
+    assert "24 of 24 constrained" in said and "3 of 24 free" in said and "slower" in said
+    with pytest.raises(ValueError, match="no such variant"):
+        features.structured_table(runs, base="guided")
+
+
+def test_a_speed_within_noise_is_never_called_slower():
+    runs = [x for r in range(3) for x in (_run("free", r, [10.0, 8.0, 12.0]), _run("constrained", r, [9.5, 8.5, 11.0]))]
+    con = {row["variant"]: row for row in features.structured_table(runs)}["constrained"]
+    assert con["speed_verdict"] == verdict.NOISE
+    assert "slower" not in nb12.structured_sentence(con, con, "here").split("wall time")[0]
+
+
+def test_valid_needs_the_schema_not_only_json():
+    assert features.valid('{"answer": "yes", "ok": true}', SMALL)
+    assert not features.valid('{"answer": "maybe", "ok": true}', SMALL)
+    assert features.valid('{"answer": "maybe"}', None) and not features.valid("```json {}", None)
+
+
+def test_bytes_ratio_leaves_headers_out():
+    split = [{"files": [{"layer0_bytes": 196_696, "header0_bytes": 88, "formula0_bytes": 196_608}]},
+             {"files": [{"layer0_bytes": 393_304, "header0_bytes": 88, "formula0_bytes": 393_216}]}, {"files": []}]
+    assert pd.bytes_ratio(split) == 1.0
+    assert pd.bytes_ratio([{"files": []}]) is None
+
+
+def test_takeaways_headline_and_pd_words():
+    stall = {"gain": 50.0, "verdict": "better", "verdict_reason": "3+ samples each"}
+    split = [{"identical": True, "recomputed": False}, {"identical": True, "recomputed": True}]
+    said = nb12.pd_sentence(split, 1.0, stall)
+    assert "2 of 2 answers identical" in said and "loaded the KV of 1 of them" in said and "50.0× shorter" in said
+    costly = nb12.pd_sentence(split, 1.0, {**stall, "itl_p50_s": 0.067}, {"itl_p50_s": 0.053})
+    assert "1.26× one server's" in costly
+    noisy = nb12.pd_sentence(split, None, {**stall, "verdict": verdict.NOISE})
+    assert "shorter" not in noisy and verdict.NOISE in noisy
+    bytes_row = {"n": 10, "rank": 8, "base_plus_adapters_bytes": 556_492_032, "full_copies_bytes": 5_380_600_320}
+    found = nb12.takeaways(lab={"valid_share": 1.0, "speed_ratio": 0.9, "speed_verdict": "within noise"}, vllm_con=None,
+                           mask={"mask_ms_per_token": 100.0, "model_ms_per_token": 75.0}, bytes_row=bytes_row,
+                           lora=None, lora_gain=None, pd=None, structured=["lab sentence"])
+    assert found.headline["label"].startswith("valid JSON") and found.headline["value"] == 1.0
+    assert found.sentences[0] == "lab sentence"
