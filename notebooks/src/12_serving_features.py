@@ -1,10 +1,9 @@
 # %% md slide
-# # 12 · What production servers added: answers that parse, many adapters on one model, prefill here and decode there
+# # 12 · What production servers added
 #
-# Three features became standard in serving in 2025–26: answers that must parse
-# ([structured outputs](../docs/glossary.md#structured-outputs): JSON of a given schema, one of a few labels), one
-# base model serving many fine-tuned [LoRA](../docs/glossary.md#lora) adapters at once, and the prompt's prefill run
-# on other machines than the token-by-token decode. All three run here, on this machine, with the real engine.
+# Answers that must parse ([structured outputs](../docs/glossary.md#structured-outputs)), one base model serving
+# many [LoRA](../docs/glossary.md#lora) adapters at once, and prefill on another machine than decode: all three
+# standard since 2025–26, all three run here with the real engine.
 
 # %% md notes
 # Each section first builds the mechanism by hand (a token mask, a LoRA's bytes, a proxy's routing decision), then
