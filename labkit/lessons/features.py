@@ -14,13 +14,13 @@ import asyncio
 import json
 import statistics
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import aiohttp
 import jsonschema
 
 from ..core import timing, verdict
+from ..serve import loadgen
 
 PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                                   "city": {"type": "string"}},
@@ -56,16 +56,6 @@ def valid(text: str, schema: Mapping[str, Any] | None) -> bool:
     return True
 
 
-def _sync(coro_fn: Any) -> Any:
-    """Run a coroutine from synchronous code, also inside Jupyter (whose event loop already runs)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro_fn())
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(coro_fn())).result()
-
-
 async def _post(session: aiohttp.ClientSession, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
     t0 = timing.clock()
     async with session.post(url + "/v1/chat/completions", json=dict(body)) as resp:
@@ -85,10 +75,7 @@ def ask_all(url: str, prompts: Sequence[str], *, max_tokens: int, response_forma
     None). Returns the batch's wall time, the answers and per-request rows."""
     async def go() -> tuple[float, list[dict[str, Any]]]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            name = model
-            if name is None:
-                async with session.get(url + "/v1/models") as resp:
-                    name = (await resp.json())["data"][0]["id"]
+            name = model or await loadgen.discover_model(session, url)
             bodies = [{"model": name, "messages": [{"role": "user", "content": p}], "max_tokens": max_tokens,
                        "temperature": 0, **({"response_format": dict(response_format)} if response_format else {}),
                        **dict(extra or {})} for p in prompts]
@@ -96,7 +83,7 @@ def ask_all(url: str, prompts: Sequence[str], *, max_tokens: int, response_forma
             outs = await asyncio.gather(*(_post(session, url, b) for b in bodies))
             return timing.clock() - t0, list(outs)
 
-    wall, outs = _sync(go)
+    wall, outs = loadgen.run_sync(go)
     rows = []
     for prompt, out in zip(prompts, outs):
         ok = out["status"] == 200
@@ -164,12 +151,9 @@ def malformed(url: str, response_format: Any, model: str | None = None) -> dict[
     """One chat request with ``response_format`` as given: the status and the error message a server answers."""
     async def go() -> dict[str, Any]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-            name = model
-            if name is None:
-                async with session.get(url + "/v1/models") as resp:
-                    name = (await resp.json())["data"][0]["id"]
+            name = model or await loadgen.discover_model(session, url)
             return await _post(session, url, {"model": name, "max_tokens": 8, "response_format": response_format,
                                               "messages": [{"role": "user", "content": "Hi"}]})
-    out = _sync(go)
+    out = loadgen.run_sync(go)
     err = out["data"].get("error", {}) if isinstance(out["data"].get("error"), dict) else {}
     return {"status": out["status"], "message": str(err.get("message", out["data"]))[:300], "param": err.get("param")}

@@ -34,11 +34,12 @@ class Job:
     Events: ('token', token_id, finish_reason or None) and ('error', http_status, message).
     """
 
-    def __init__(self, prompt_ids: list[int], params: Params, loop: asyncio.AbstractEventLoop,
-                 grammar: structured.Grammar | None = None) -> None:
+    def __init__(self, prompt_ids: list[int], params: Params, loop: asyncio.AbstractEventLoop) -> None:
         self.prompt_ids = prompt_ids
         self.params = params
-        self.grammar = grammar  # params.response_format compiled for the served tokenizer; None: free text
+        # params.response_format compiled for the served tokenizer (the server sets it after stamping the arrival,
+        # so the compile counts in TTFT); None: free text
+        self.grammar: structured.Grammar | None = None
         self.loop = loop
         self.events: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
         self.arrival = clock()

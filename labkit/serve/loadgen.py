@@ -384,14 +384,20 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
     return BenchmarkResult(outputs=list(outputs), duration_s=duration, settings=settings, slo=slo)
 
 
-def run(base_url: str, prompts: Sequence[Prompt] | None = None, **kwargs: Any) -> BenchmarkResult:
-    """``run_async`` from synchronous code, also inside Jupyter (whose event loop is already running)."""
+def run_sync(coro_fn: Callable[[], Any]) -> Any:
+    """``coro_fn()``'s coroutine run to its end from synchronous code, also inside Jupyter (whose event loop is
+    already running: then on a fresh loop in a thread of its own)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(run_async(base_url, prompts, **kwargs))
-    with ThreadPoolExecutor(max_workers=1) as pool:  # a loop runs here: use a fresh one in a thread
-        return pool.submit(lambda: asyncio.run(run_async(base_url, prompts, **kwargs))).result()
+        return asyncio.run(coro_fn())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(coro_fn())).result()
+
+
+def run(base_url: str, prompts: Sequence[Prompt] | None = None, **kwargs: Any) -> BenchmarkResult:
+    """``run_async`` from synchronous code, also inside Jupyter (whose event loop is already running)."""
+    return run_sync(lambda: run_async(base_url, prompts, **kwargs))
 
 
 # --------------------------------------------------------------------------------------------- Locust

@@ -14,10 +14,8 @@ chunked prefill  a long prompt arrives while other answers stream. Unchunked, it
 """
 from __future__ import annotations
 
-import asyncio
 import statistics
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..core.checks import positive
@@ -109,15 +107,6 @@ async def _long_prompt_while_streaming(url: str, stream_prompts: Sequence[str], 
             "long_stamps": long.chunk_s}
 
 
-def _run_async(coro_fn: Any) -> Any:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro_fn())
-    with ThreadPoolExecutor(max_workers=1) as pool:  # inside Jupyter: a fresh loop in a thread
-        return pool.submit(lambda: asyncio.run(coro_fn())).result()
-
-
 def itl_stats(stamps: Sequence[Sequence[float]], window: tuple[float, float] | None = None) -> dict[str, Any]:
     """Inter-token gaps of every stream, pooled: p50, p99 (None below ``timing.P99_MIN_SAMPLES`` gaps, the lab's
     one percentile rule), max (seconds). ``window`` (start, end): only the gaps that overlap it (a stall that
@@ -142,7 +131,7 @@ def chunked_prefill_run(lm: Any, stream_prompts: Sequence[str], stream_tokens: i
                          "must arrive while the streams are still decoding")
     with launch.run_server(lm, port=0, batching="continuous", max_batch_size=len(stream_prompts) + 1,
                             prefill_chunk_tokens=prefill_chunk_tokens, max_prompt_tokens=8192) as srv:
-        raw = _run_async(lambda: _long_prompt_while_streaming(srv.url, stream_prompts, stream_tokens, long_prompt,
+        raw = loadgen.run_sync(lambda: _long_prompt_while_streaming(srv.url, stream_prompts, stream_tokens, long_prompt,
                                                                long_tokens, long_after))
     long_first = raw["long_stamps"][0] if raw["long_stamps"] else None
     itl = itl_stats(raw["stamps"])

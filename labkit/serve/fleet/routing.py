@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,12 +150,7 @@ async def run_async(url: str, conversations: Sequence[Conversation], max_tokens:
 
 def run(url: str, conversations: Sequence[Conversation], max_tokens: int, **kwargs: Any) -> list[dict[str, Any]]:
     """``run_async`` from synchronous code, also inside Jupyter (whose event loop is already running)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(run_async(url, conversations, max_tokens, **kwargs))
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(run_async(url, conversations, max_tokens, **kwargs))).result()
+    return loadgen.run_sync(lambda: run_async(url, conversations, max_tokens, **kwargs))
 
 
 # ---------------------------------------------------------------------------------------- what a policy did

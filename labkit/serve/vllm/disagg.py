@@ -450,7 +450,7 @@ def burst_while_streaming(base_url: str, stream_prompts: Sequence[Sequence[int]]
                 "burst_sent_s": sent, "burst_done_s": max(firsts) if len(firsts) == len(longs) else None,
                 "errors": [o.error for o in [*streams, *longs] if o.error]}
 
-    return prefill._run_async(go)
+    return loadgen.run_sync(go)
 
 
 def itl_rounds(targets: Mapping[str, str], stream_prompts: Sequence[Sequence[int]], stream_tokens: int,

@@ -30,7 +30,7 @@ from typing import Any
 from ...core.checks import positive
 from ...core.timing import clock, rounds as interleaved_rounds
 from ...model.adapters import adapter_rank
-from .. import loadgen, prefill
+from .. import loadgen
 from . import server as vs
 from .mechanisms import tokens_check
 
@@ -123,7 +123,7 @@ def send_models(base_url: str, prompts: Sequence[Sequence[int]], models: Sequenc
             outs = list(await asyncio.gather(*(one(p, m) for p, m in zip(prompts, models))))
             return outs, clock() - t0
 
-    return prefill._run_async(go)
+    return loadgen.run_sync(go)
 
 
 def lora_check(server: vs.VLLMServer, references: Mapping[str, Sequence[Sequence[int]]],

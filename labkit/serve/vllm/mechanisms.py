@@ -128,10 +128,6 @@ async def _model(session: Any, base_url: str) -> str | None:
     return await loadgen.discover_model(session, base_url)
 
 
-def _run(coro_fn: Any) -> Any:
-    return prefill._run_async(coro_fn)  # also inside Jupyter, whose event loop is already running
-
-
 def send(base_url: str, prompts: Sequence[Sequence[int]], max_tokens: int, concurrency: int,
          salts: Sequence[str | None] | None = None, timeout_s: float = 600.0) -> list[loadgen.RequestOutput]:
     """Streaming completions of ``prompts`` (token ids), at most ``concurrency`` in flight, each with its cache
@@ -155,7 +151,7 @@ def send(base_url: str, prompts: Sequence[Sequence[int]], max_tokens: int, concu
 
             return list(await asyncio.gather(*(one(p, s) for p, s in zip(prompts, salts))))
 
-    return _run(go)
+    return loadgen.run_sync(go)
 
 
 def _failures(outs: Sequence[loadgen.RequestOutput]) -> list[str]:
@@ -229,7 +225,7 @@ def long_prompt_while_streaming(base_url: str, stream_prompts: Sequence[Sequence
                 session, url, [_body(p, stream_tokens, model, salt) for p in stream_prompts],
                 _body(long_prompt, 1, model, salt), chat=False, long_after=long_after, timeout_s=timeout_s)
 
-    streams, long = _run(go)
+    streams, long = loadgen.run_sync(go)
     return {"stamps": [s.chunk_s for s in streams], "answers": [s.token_ids for s in streams],
             "long_sent_s": long.start_s, "long_first_token_s": long.chunk_s[0] if long.chunk_s else None,
             "long_answer": long.token_ids,
