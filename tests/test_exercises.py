@@ -72,3 +72,22 @@ def test_every_registered_check_is_used():
     unused = sorted(e.id for e in exercises.all_exercises()
                     if e.check.__module__.startswith("labkit.lessons.exercises.nb") and e.id not in IDS)
     assert not unused, f"checks no notebook uses: {unused}"
+
+
+@pytest.mark.parametrize("ex_id", IDS)
+def test_every_exercise_has_two_or_three_graded_hints(ex_id):
+    hints = exercises.get(ex_id).hints
+    assert 2 <= len(hints) <= 3, f"{ex_id}: write two or three hints (the idea first, nearly code last), not {len(hints)}"
+    assert all(len(h.split()) >= 8 for h in hints), f"{ex_id}: a hint of fewer than eight words helps nobody"
+    assert len(set(hints)) == len(hints), f"{ex_id}: two hints say the same"
+    assert "`" in hints[-1], f"{ex_id}: the last hint is nearly code: show it in backticks"
+
+
+@pytest.mark.parametrize("ex_id", IDS)
+def test_each_recorded_mistake_names_the_hint_written_for_it(ex_id):
+    n = len(exercises.get(ex_id).hints)
+    for i, source in enumerate(WRONG[ex_id]):
+        verdict = exercises.evaluate(ex_id, _answer(ex_id, run_cell(source, f"mistake {i} of {ex_id}")))
+        assert verdict.hint is not None and 1 <= verdict.hint <= n, \
+            f"mistake {i} of {ex_id}: raise Wrong(..., hint=k) (or close(..., hint=k)) naming the hint for it: {verdict.line}"
+        assert f'exercises.hint("{ex_id}", {verdict.hint})' in verdict.line, verdict.line

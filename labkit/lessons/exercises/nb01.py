@@ -17,7 +17,19 @@ def _number(got: Any, what: str) -> float:
     return got
 
 
-@exercise("01.weight_bytes", "weight bytes from a config")
+@exercise("01.weight_bytes", "weight bytes from a config", hints=(
+    "The bytes are the parameter count times bytes_per_param. Count the parameters part by part, as the markdown "
+    "lists them: the embedding; per layer four attention projections, three MLP matrices and two RMSNorm weights; "
+    "a final RMSNorm; and the output head.",
+    "Read the sizes from the config, not from hidden_size alone. k_proj and v_proj have num_key_value_heads heads, "
+    "fewer than q_proj's num_attention_heads under grouped-query attention. Every head is config.head_dim wide, "
+    "which a config may set to something other than hidden_size / num_attention_heads. A tied output head "
+    "(tie_word_embeddings) reuses the embedding and adds nothing.",
+    "With `h = config.hidden_size` and `hd = config.head_dim`, per layer `attn = 2 * h * config.num_attention_heads "
+    "* hd + 2 * h * config.num_key_value_heads * hd` and `per_layer = attn + 3 * h * config.intermediate_size + 2 * "
+    "h`. The total is the embedding `config.vocab_size * h`, the layers, the final norm `h` and `head = 0 if "
+    "config.tie_word_embeddings else config.vocab_size * h`, times `bytes_per_param`.",
+))
 def check_weight_bytes(fn: Any) -> None:
     from transformers import LlamaConfig
 
@@ -47,27 +59,36 @@ def check_weight_bytes(fn: Any) -> None:
             head = 0 if (cfg.tie_word_embeddings and tied) else V * h
             return V * h + L * per_layer + (h if norms else 0) + head
 
-        mistakes = {
-            total(kv_heads=heads) * b: f"k_proj and v_proj have {kv} key/value heads, not {heads}: grouped-query "
-                                       "attention shares them (config.num_key_value_heads)",
-            total(tied=False) * b: "this config ties the output head to the embedding (config.tie_word_embeddings): "
-                                   "the vocab × hidden matrix is stored once",
-            total(norms=False) * b: "the RMSNorm weights are missing: two per layer and one after the last layer, "
-                                    "hidden_size values each",
-            total(mlp=2) * b: "the MLP has three matrices (gate_proj, up_proj, down_proj), each hidden × intermediate",
-            total(head_dim=guess) * b: f"this config sets head_dim = {hd}, not hidden_size / num_attention_heads = "
-                                       f"{guess}: read config.head_dim",
-            want // b: f"that counts parameters, not bytes: multiply by the {b} bytes per parameter",
+        mistakes = {  # the value a slip gives: (why, the hint written for it)
+            total(kv_heads=heads) * b: (f"k_proj and v_proj have {kv} key/value heads, not {heads}: grouped-query "
+                                        "attention shares them (config.num_key_value_heads)", 2),
+            total(tied=False) * b: ("this config ties the output head to the embedding (config.tie_word_embeddings): "
+                                    "the vocab × hidden matrix is stored once", 2),
+            total(norms=False) * b: ("the RMSNorm weights are missing: two per layer and one after the last layer, "
+                                     "hidden_size values each", 1),
+            total(mlp=2) * b: ("the MLP has three matrices (gate_proj, up_proj, down_proj), each hidden × "
+                               "intermediate", 1),
+            total(head_dim=guess) * b: (f"this config sets head_dim = {hd}, not hidden_size / num_attention_heads = "
+                                        f"{guess}: read config.head_dim", 2),
+            want // b: (f"that counts parameters, not bytes: multiply by the {b} bytes per parameter", 1),
         }
         mistakes.pop(want, None)
         if got in mistakes:
-            raise Wrong(f"for {what}, {got:,} bytes: {mistakes[got]}")
+            why, hint = mistakes[got]
+            raise Wrong(f"for {what}, {got:,} bytes: {why}", hint=hint)
         raise Wrong(f"for {what} ({L} layers, hidden {h}, intermediate {inter}, {heads} heads, {kv} KV heads, "
                     f"head_dim {hd}, vocabulary {V}, tied {cfg.tie_word_embeddings}, {b} bytes per parameter) you gave "
-                    f"{got:,} bytes, expected {want:,} ({got / want:.3f}×)")
+                    f"{got:,} bytes, expected {want:,} ({got / want:.3f}×)", hint=3)
 
 
-@exercise("01.decode_ceiling", "decode ceiling: bandwidth ÷ bytes per step")
+@exercise("01.decode_ceiling", "decode ceiling: bandwidth ÷ bytes per step", hints=(
+    "Decode is bound by memory bandwidth: bandwidth ÷ the bytes one step reads is the steps per second. Each step "
+    "yields one token for every sequence of the batch, so the tokens per second are the batch times that.",
+    "Count the bytes one step reads. Every weight is read once for the whole batch, not once per sequence. Each "
+    "sequence reads its own KV cache, kv_bytes_per_token × context, so the KV bytes are multiplied by the batch.",
+    "`step_bytes = weight_bytes + kv_bytes_per_token * context * batch`, then `batch * bandwidth_bytes_per_s / "
+    "step_bytes`; bandwidth_bytes_per_s is already in bytes per second, so it needs no conversion.",
+))
 def check_decode_ceiling(fn: Any) -> None:
 
     cases = [  # (weight bytes, KV bytes per token, context, batch, bandwidth bytes/s)
@@ -81,24 +102,26 @@ def check_decode_ceiling(fn: Any) -> None:
         setting = (f"{w:,} weight bytes, {kv:,} KV bytes per token, context {ctx}, batch {batch}, "
                    f"{bw / 1e9:g} GB/s")
         step = w + kv * ctx * batch
-        mistakes = {
-            bw / step: "that is per sequence: one step reads the bytes once and yields one token for each of the "
-                       "batch's sequences, so multiply by the batch",
-            batch * bw / w: "the KV cache is missing: each step also reads every sequence's cached keys and values "
-                            "(KV bytes per token × context × batch)",
-            batch * bw / (w + kv * ctx): "each sequence has its own KV cache: multiply the KV bytes by the batch too",
-            bw / (w + kv * ctx): "the weights are read once per step for the whole batch, not once per sequence",
-            step / (batch * bw): "that is seconds per token: the ceiling is tokens per second, bandwidth ÷ bytes",
-            batch * bw / 2**30 * 1e9 / step: "bandwidth_bytes_per_s is already in bytes per second: no GiB conversion",
+        mistakes = {  # the value a slip gives: (why, the hint written for it)
+            bw / step: ("that is per sequence: one step reads the bytes once and yields one token for each of the "
+                        "batch's sequences, so multiply by the batch", 1),
+            batch * bw / w: ("the KV cache is missing: each step also reads every sequence's cached keys and values "
+                             "(KV bytes per token × context × batch)", 2),
+            batch * bw / (w + kv * ctx): ("each sequence has its own KV cache: multiply the KV bytes by the batch "
+                                          "too", 2),
+            bw / (w + kv * ctx): ("the weights are read once per step for the whole batch, not once per sequence", 2),
+            step / (batch * bw): ("that is seconds per token: the ceiling is tokens per second, bandwidth ÷ bytes", 1),
+            batch * bw / 2**30 * 1e9 / step: ("bandwidth_bytes_per_s is already in bytes per second: no GiB "
+                                              "conversion", 3),
         }
         mistakes.pop(want, None)
-        for value, reason in mistakes.items():
+        for value, (reason, hint) in mistakes.items():
             if abs(got - value) <= 1e-6 * abs(value):
-                raise Wrong(f"for {setting}: {got:.4g} tokens/s; {reason}")
+                raise Wrong(f"for {setting}: {got:.4g} tokens/s; {reason}", hint=hint)
         try:
             close(got, want, f"the ceiling for {setting}", rtol=1e-6)
         except Wrong as exc:
-            raise Wrong(f"{exc} tokens/s (batch × bandwidth ÷ bytes one step reads)") from None
+            raise Wrong(f"{exc} tokens/s (batch × bandwidth ÷ bytes one step reads)", hint=3) from None
 
 
 def _kv_cases() -> list[tuple[str, dict[str, Any], int, int]]:
@@ -113,7 +136,19 @@ def _kv_cases() -> list[tuple[str, dict[str, Any], int, int]]:
     return cases
 
 
-@exercise("01.kv_layer_by_layer", "KV-cache bytes layer by layer")
+@exercise("01.kv_layer_by_layer", "KV-cache bytes layer by layer", hints=(
+    "Sum over the layers, each sized by its kind in config['layer_types']: a full layer keeps every token of the "
+    "context, a sliding layer only its window, a linear-attention layer none. Each kept token costs a key and a "
+    "value: 2 × KV heads × head_dim values, times bytes_per_value.",
+    "A sliding layer keeps min(context, config['sliding_window']) tokens. A full layer uses "
+    "config['global_head_dim'] and config['num_global_key_value_heads'] where the config gives them, else head_dim "
+    "and num_key_value_heads (where missing: hidden_size // num_attention_heads, and num_attention_heads). A config "
+    "without layer_types is full everywhere, or sliding everywhere when it sets sliding_window.",
+    'Loop `for kind in types:` over `config.get("layer_types")` (or num_hidden_layers copies of one kind where it is '
+    'missing); on `"full_attention"` add `context * 2 * full_kv_heads * full_head_dim`, on `"sliding_attention"` '
+    'add `min(context, window) * 2 * kv_heads * head_dim`, and skip any other kind; multiply the total by '
+    '`bytes_per_value`.',
+))
 def check_kv_layer_by_layer(fn: Any) -> None:
     import copy
 
@@ -126,22 +161,23 @@ def check_kv_layer_by_layer(fn: Any) -> None:
         heads = cfg["num_attention_heads"]
         kv, hd = cfg.get("num_key_value_heads") or heads, cfg.get("head_dim") or cfg["hidden_size"] // heads
         n = cfg["num_hidden_layers"]
-        mistakes = {
-            2 * n * kv * hd * b * context: "that is the naive formula, every layer full attention of one size: read "
-                                           "config['layer_types'] and size each layer by its kind",
+        mistakes = {  # the value a slip gives: (why, the hint written for it)
+            2 * n * kv * hd * b * context: ("that is the naive formula, every layer full attention of one size: read "
+                                            "config['layer_types'] and size each layer by its kind", 1),
             sum(context * layer.per_token * b for layer in layers if layer.kind != "linear"):
-                "a sliding layer keeps at most config['sliding_window'] tokens: min(context, sliding_window)",
+                ("a sliding layer keeps at most config['sliding_window'] tokens: min(context, sliding_window)", 2),
             sum(layer.tokens_held(context) * 2 * kv * hd * b for layer in layers if layer.kind != "linear"):
-                "full layers here have their own size: config['global_head_dim'] and "
-                "config['num_global_key_value_heads'] where the config gives them",
+                ("full layers here have their own size: config['global_head_dim'] and "
+                 "config['num_global_key_value_heads'] where the config gives them", 2),
             sum(context * 2 * kv * hd * b for layer in layers if layer.kind == "linear") + want:
-                "a linear-attention layer keeps a fixed state, no tokens: leave it out",
-            want // 2: "each token keeps K and V: two vectors of KV heads × head_dim values",
+                ("a linear-attention layer keeps a fixed state, no tokens: leave it out", 1),
+            want // 2: ("each token keeps K and V: two vectors of KV heads × head_dim values", 1),
         }
         mistakes.pop(want, None)
         if got in mistakes:
-            raise Wrong(f"for {name} at {context:,} tokens, {got:,} bytes: {mistakes[got]}")
+            why, hint = mistakes[got]
+            raise Wrong(f"for {name} at {context:,} tokens, {got:,} bytes: {why}", hint=hint)
         kinds = ", ".join(f"{sum(layer.kind == k for layer in layers)} {k}" for k in ("full", "sliding", "linear")
                           if any(layer.kind == k for layer in layers))
         raise Wrong(f"for {name} at {context:,} tokens ({kinds} layers, {b} bytes per value) you gave {got:,} bytes, "
-                    f"expected {want:,} ({got / want:.3f}×)")
+                    f"expected {want:,} ({got / want:.3f}×)", hint=3)

@@ -30,7 +30,15 @@ def _as_float(got: Any, what: str) -> float:
     return float(got)
 
 
-@exercise("02.float_max", "largest finite value from the bits")
+@exercise("02.float_max", "largest finite value from the bits", hints=(
+    "The largest finite value pairs the largest usable exponent with the largest significand. The all-ones "
+    "exponent pattern is reserved for inf and NaN, so the largest usable pattern is one below it.",
+    "With e exponent bits the bias is 2^(e−1) − 1 and the largest usable pattern is 2^e − 2, so the top exponent "
+    "is 2^e − 2 − bias. The significand is the implicit leading 1 followed by m fraction bits all set to one, "
+    "1.11…1 in binary: 2 − 2^−m, one last-place step below 2.",
+    "`bias = 2 ** (exponent_bits - 1) - 1` and `top = 2**exponent_bits - 2 - bias`; the value is "
+    "`(2 - 2.0**-mantissa_bits) * 2.0**top`.",
+))
 def check_float_max(fn: Any) -> None:
     import torch
 
@@ -46,24 +54,32 @@ def check_float_max(fn: Any) -> None:
         if got == want:
             continue
         bias = 2 ** (e - 1) - 1
-        mistakes = {
-            (2 - 2**-m) * 2.0 ** (bias + 1): f"the exponent pattern of all ones ({e} ones) is reserved for inf and NaN: "
-                                             f"the largest usable exponent is 2^{e} − 2 − bias = {bias}",
-            2.0 ** (bias + 1): "the mantissa's bits are all ones at the maximum, so the significand is just below 2 "
-                               f"(2 − 2^−{m}), not 2",
-            2.0**bias: f"the significand at the maximum is 1.111…1 in binary (2 − 2^−{m}), not 1",
-            (1 - 2**-m) * 2.0**bias: "a normal number has an implicit leading 1: the significand is 1 + fraction, "
-                                     f"at most 2 − 2^−{m}",
-            (2 - 2**-m) * 2.0 ** (bias - 1): f"the bias is 2^({e}−1) − 1 = {bias}, and the largest exponent pattern "
-                                             f"(2^{e} − 2) minus the bias is {bias}",
+        mistakes = {  # the value a slip gives: (why, the hint written for it)
+            (2 - 2**-m) * 2.0 ** (bias + 1): (f"the exponent pattern of all ones ({e} ones) is reserved for inf and "
+                                              f"NaN: the largest usable exponent is 2^{e} − 2 − bias = {bias}", 1),
+            2.0 ** (bias + 1): ("the mantissa's bits are all ones at the maximum, so the significand is just below 2 "
+                                f"(2 − 2^−{m}), not 2", 2),
+            2.0**bias: (f"the significand at the maximum is 1.111…1 in binary (2 − 2^−{m}), not 1", 2),
+            (1 - 2**-m) * 2.0**bias: ("a normal number has an implicit leading 1: the significand is 1 + fraction, "
+                                      f"at most 2 − 2^−{m}", 2),
+            (2 - 2**-m) * 2.0 ** (bias - 1): (f"the bias is 2^({e}−1) − 1 = {bias}, and the largest exponent pattern "
+                                              f"(2^{e} − 2) minus the bias is {bias}", 2),
         }
-        for value, reason in mistakes.items():
+        for value, (reason, hint) in mistakes.items():
             if value != want and math.isclose(got, value, rel_tol=1e-9):
-                raise Wrong(f"for {what}, {got:.6g}: {reason}")
-        raise Wrong(f"for {what} ({e} exponent bits, {m} mantissa bits) you gave {got:.6g}, expected {want:.6g}")
+                raise Wrong(f"for {what}, {got:.6g}: {reason}", hint=hint)
+        raise Wrong(f"for {what} ({e} exponent bits, {m} mantissa bits) you gave {got:.6g}, expected {want:.6g}",
+                    hint=3)
 
 
-@exercise("02.accumulate", "running sum kept in a 16-bit format")
+@exercise("02.accumulate", "running sum kept in a 16-bit format", hints=(
+    "Every addition must round the running total to the format, as a 16-bit accumulator would. Adding exactly and "
+    "converting once at the end hides the effect, and so does torch.sum, which accumulates in a wider type inside.",
+    "Keep the total as a tensor of the given dtype and add the step to it n times, one addition at a time: "
+    "exactly n additions, no more and no fewer. Return the final total as a Python float (.item()).",
+    "`total = torch.tensor(start, dtype=dtype)` and `inc = torch.tensor(step, dtype=dtype)`, then "
+    "`for _ in range(n): total = total + inc`, and return `total.item()`.",
+))
 def check_accumulate(fn: Any) -> None:
     import torch
 
@@ -83,8 +99,9 @@ def check_accumulate(fn: Any) -> None:
         if math.isclose(got, once, rel_tol=1e-6) or math.isclose(got, exact, rel_tol=1e-6):
             raise Wrong(f"for {what}, {got:.6g}: that is the exact sum ({exact:.6g}) rounded once at the end (or not "
                         "at all). Keep the running total in the format itself and round after every addition, as a "
-                        "loop over torch tensors of that dtype does (torch.sum accumulates in a wider type inside)")
+                        "loop over torch tensors of that dtype does (torch.sum accumulates in a wider type inside)",
+                        hint=1)
         for k in (n - 1, n + 1):
             if got == running_sum(start, step, k, dtype):
-                raise Wrong(f"for {what}: {got:.6g} is the total after {k} additions, not {n}")
-        raise Wrong(f"for {what} you gave {got:.6g}, expected {want:.6g} (the exact sum is {exact:.6g})")
+                raise Wrong(f"for {what}: {got:.6g} is the total after {k} additions, not {n}", hint=2)
+        raise Wrong(f"for {what} you gave {got:.6g}, expected {want:.6g} (the exact sum is {exact:.6g})", hint=3)

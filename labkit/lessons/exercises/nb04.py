@@ -26,7 +26,16 @@ def _settle(latencies: list[float], until: float, window: int, spread: Any, end:
     return None
 
 
-@exercise("04.calls_until_settled", "calls before latency settles")
+@exercise("04.calls_until_settled", "calls before latency settles", hints=(
+    "Slide a window of consecutive calls, window of them, along the latencies and stop at the first one whose "
+    "window_spread is under until_spread. The answer is the number of calls before that window starts, the warmup "
+    "calls; when no window is steady, the answer is None.",
+    "Measure each window with the window_spread the cell imports, (p90 − p10) / median, not your own (max − min) / "
+    "median or a standard deviation. Each window holds exactly `window` calls; the one starting at index start has "
+    "start calls before it, and n latencies hold n − window + 1 windows.",
+    "`for start in range(len(latencies_s) - window + 1):` with `if window_spread(latencies_s[start:start + window]) "
+    "< until_spread: return start`; after the loop, `return None`.",
+))
 def _calls_until_settled(fn: Any) -> None:
 
     def max_min(xs: list[float]) -> float:
@@ -41,34 +50,43 @@ def _calls_until_settled(fn: Any) -> None:
         got = call(fn, list(lat), until, window)
         where = f"for latencies {lat} with until_spread={until}, window={window}"
         if isinstance(got, bool) or not isinstance(got, numbers.Integral):  # numpy integers count
-            raise Wrong(f"{where}: return a whole number of calls (or None when it never settles), got {got!r}")
+            raise Wrong(f"{where}: return a whole number of calls (or None when it never settles), got {got!r}",
+                        hint=1)
         if got == want:
             continue
-        slips = {
+        slips = {  # the answer a slip gives: (why, the hint written for it)
             _settle(lat, until, window, window_spread, end=True):
-                "that counts the steady window too: return the calls *before* it (the warmup calls)",
-            _settle(lat, until, window, max_min): "use the spread labkit uses, window_spread: (p90 - p10) / median, "
-                                                  "not (max - min) / median",
-            _settle(lat, until, window, stdev): "use window_spread ((p90 - p10) / median), not stdev / mean",
-            _settle(lat, until, window + 1, window_spread): f"the window is {window} calls, not {window + 1}",
-            _settle(lat, until, window - 1, window_spread): f"the window is {window} calls, not {window - 1}",
+                ("that counts the steady window too: return the calls *before* it (the warmup calls)", 1),
+            _settle(lat, until, window, max_min): ("use the spread labkit uses, window_spread: (p90 - p10) / median, "
+                                                   "not (max - min) / median", 2),
+            _settle(lat, until, window, stdev): ("use window_spread ((p90 - p10) / median), not stdev / mean", 2),
+            _settle(lat, until, window + 1, window_spread): (f"the window is {window} calls, not {window + 1}", 2),
+            _settle(lat, until, window - 1, window_spread): (f"the window is {window} calls, not {window - 1}", 2),
         }
         slips.pop(want, None)
         if got in slips:
-            raise Wrong(f"{where} you gave {got}, expected {want}: {slips[got]}")
+            why, hint = slips[got]
+            raise Wrong(f"{where} you gave {got}, expected {want}: {why}", hint=hint)
         raise Wrong(f"{where} you gave {got}, expected {want}: the first {window} calls in a row whose spread is "
-                    f"under {until} start after {want} calls")
+                    f"under {until} start after {want} calls", hint=3)
     lat, until, window = _NEVER
     got = fn(list(lat), until, window)  # the right answer here is None: called directly, not through call()
     if got is not None:
         raise Wrong(f"latencies {lat} alternate between 0.5 and 0.7 s and never settle (window {window}, bar {until}); "
-                    f"you gave {got!r}: return None when no window is steady")
+                    f"you gave {got!r}: return None when no window is steady", hint=1)
 
 
 _SHARE_CASES = ([2.0, 0.6, 0.52, 0.5, 0.5, 0.51, 0.5], [0.9, 0.3, 0.31, 0.3, 0.29, 0.3], [5.0, 4.0, 1.0, 1.1, 1.0, 0.9])
 
 
-@exercise("04.one_time_share", "share of the first call that is one-time cost")
+@exercise("04.one_time_share", "share of the first call that is one-time cost", hints=(
+    "The steady latency is what every call pays; what the first call pays on top of it happens once. The answer is "
+    "that extra as a fraction of the first call, between 0 and 1: divide by the first latency, not the steady one.",
+    "Steady is the median of the last `window` latencies. The second call may still be warming up, the median of "
+    "all calls includes the cold ones, and one slow call pulls a mean up.",
+    "`steady = statistics.median(latencies_s[-window:])`; the share is the first latency minus `steady`, divided by "
+    "`latencies_s[0]`.",
+))
 def _one_time_share(fn: Any) -> None:
 
     for lat in _SHARE_CASES:
@@ -78,19 +96,21 @@ def _one_time_share(fn: Any) -> None:
         got = call(fn, list(lat), window)
         where = f"for latencies {lat} (window {window})"
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
-            raise Wrong(f"{where}: return one number, a fraction between 0 and 1; got {type(got).__name__}")
-        slips = {
-            lat[0] / steady - 1: "that is (first - steady) / steady, a slowdown; the share of the first call is "
-                                 "(first - steady) / first",
-            steady / lat[0]: "that is the steady part's share: the one-time part is first minus steady, over first",
-            (lat[0] - lat[1]) / lat[0]: "the second call is not steady yet: take the median of the last `window` calls",
-            (lat[0] - statistics.median(lat)) / lat[0]: "the median of all calls includes the cold ones: take the "
-                                                        "median of the last `window` calls",
-            (lat[0] - statistics.mean(lat[-window:])) / lat[0]: "use the median of the last `window` calls, not "
-                                                                "their mean (one slow call would pull it up)",
-            100 * want: "return a fraction (0.75), not a percentage (75)",
+            raise Wrong(f"{where}: return one number, a fraction between 0 and 1; got {type(got).__name__}", hint=1)
+        slips = {  # the value a slip gives: (why, the hint written for it)
+            lat[0] / steady - 1: ("that is (first - steady) / steady, a slowdown; the share of the first call is "
+                                  "(first - steady) / first", 1),
+            steady / lat[0]: ("that is the steady part's share: the one-time part is first minus steady, over "
+                              "first", 1),
+            (lat[0] - lat[1]) / lat[0]: ("the second call is not steady yet: take the median of the last `window` "
+                                         "calls", 2),
+            (lat[0] - statistics.median(lat)) / lat[0]: ("the median of all calls includes the cold ones: take the "
+                                                         "median of the last `window` calls", 2),
+            (lat[0] - statistics.mean(lat[-window:])) / lat[0]: ("use the median of the last `window` calls, not "
+                                                                 "their mean (one slow call would pull it up)", 2),
+            100 * want: ("return a fraction (0.75), not a percentage (75)", 1),
         }
-        for value, why in slips.items():
+        for value, (why, hint) in slips.items():
             if abs(value - want) > 1e-9 and abs(got - value) < 1e-9:
-                raise Wrong(f"{where} you gave {got:.4g}, expected {want:.4g}: {why}")
-        close(float(got), want, f"one-time share {where}")
+                raise Wrong(f"{where} you gave {got:.4g}, expected {want:.4g}: {why}", hint=hint)
+        close(float(got), want, f"one-time share {where}", hint=3)

@@ -7,7 +7,15 @@ from ...decoding.decode import prefill
 from . import Wrong, call, close, exercise, tiny_llama
 
 
-@exercise("05.kv_bytes_per_token", "KV-cache bytes per token")
+@exercise("05.kv_bytes_per_token", "KV-cache bytes per token", hints=(
+    "Every layer keeps, for each position, one key and one value vector per key/value head, each head_dim numbers "
+    "wide, and each number takes bytes_per_value bytes. Multiply those counts together.",
+    "Read two numbers from the config with care. Grouped-query attention caches only config.num_key_value_heads "
+    "heads, fewer than num_attention_heads. A config may set head_dim itself, to something other than hidden_size "
+    "/ num_attention_heads: use config.head_dim where it is set.",
+    "`2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * bytes_per_value`, with `head_dim = "
+    "getattr(config, \"head_dim\", None) or config.hidden_size // config.num_attention_heads`.",
+))
 def check_kv_bytes_per_token(fn: Any) -> None:
     from transformers import LlamaConfig
 
@@ -26,28 +34,39 @@ def check_kv_bytes_per_token(fn: Any) -> None:
         want = 2 * n_layers * kv_heads * hd * b
         got = call(fn, cfg, b)
         if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise Wrong(f"return a number of bytes, got {type(got).__name__}")
+            raise Wrong(f"return a number of bytes, got {type(got).__name__}", hint=1)
         if got == want:
             continue
         guess = cfg.hidden_size // heads
-        mistakes = {
-            2 * n_layers * heads * hd * b: f"you counted all {heads} attention heads, but only the {kv_heads} key/value "
-                                           "heads are cached (grouped-query attention: config.num_key_value_heads)",
-            n_layers * kv_heads * hd * b: "that is half: each position keeps a key and a value, so count both",
-            2 * kv_heads * hd * b: f"that is one layer: each of the {n_layers} layers keeps its own keys and values "
-                                   "(config.num_hidden_layers)",
-            2 * n_layers * kv_heads * guess * b: f"this config sets head_dim = {hd}, not hidden_size / "
-                                                 f"num_attention_heads = {guess}: read config.head_dim",
-            2 * n_layers * kv_heads * hd: f"that counts values, not bytes: multiply by the {b} bytes per value",
+        mistakes = {  # the value a slip gives: (why, the hint written for it)
+            2 * n_layers * heads * hd * b: (f"you counted all {heads} attention heads, but only the {kv_heads} "
+                                            "key/value heads are cached (grouped-query attention: "
+                                            "config.num_key_value_heads)", 2),
+            n_layers * kv_heads * hd * b: ("that is half: each position keeps a key and a value, so count both", 1),
+            2 * kv_heads * hd * b: (f"that is one layer: each of the {n_layers} layers keeps its own keys and values "
+                                    "(config.num_hidden_layers)", 1),
+            2 * n_layers * kv_heads * guess * b: (f"this config sets head_dim = {hd}, not hidden_size / "
+                                                  f"num_attention_heads = {guess}: read config.head_dim", 2),
+            2 * n_layers * kv_heads * hd: (f"that counts values, not bytes: multiply by the {b} bytes per value", 1),
         }
         mistakes.pop(want, None)
         if got in mistakes:
-            raise Wrong(f"for {what}, {got:,} bytes: {mistakes[got]}")
-        raise Wrong(f"for {what} ({n_layers} layers, {heads} heads, {kv_heads} KV heads, head_dim {hd}, {b} bytes per "
-                    f"value) you gave {got:,} bytes, expected {want:,}")
+            why, hint = mistakes[got]
+            raise Wrong(f"for {what}, {got:,} bytes: {why}", hint=hint)
+        raise Wrong(f"for {what} ({n_layers} layers, {heads} heads, {kv_heads} KV heads, head_dim {hd}, {b} bytes "
+                    f"per value) you gave {got:,} bytes, expected {want:,}", hint=3)
 
 
-@exercise("05.decode_step", "decode step with the KV cache")
+@exercise("05.decode_step", "decode step with the KV cache", hints=(
+    "The cache already holds the keys and values of every earlier position, so the step feeds the model only the "
+    "new tokens, one per row, and hands it the cache: the new token attends to the cached positions and appends "
+    "its own key and value.",
+    "Mind the shapes. The model takes input_ids and position_ids as (B, L), and L is 1 here, so give the (B,) "
+    "tokens and positions a length-1 dimension. Its .logits come back (B, 1, V): return the last position's "
+    "logits as (B, V), not the chosen tokens.",
+    "Call the model with the keywords `input_ids=tokens[:, None]`, `position_ids=position_ids[:, None]`, "
+    "`past_key_values=cache` and `use_cache=True`; keep the last position of its logits, `out.logits[:, -1]`.",
+))
 def check_decode_step(fn: Any) -> None:
     import torch
 
@@ -60,21 +79,22 @@ def check_decode_step(fn: Any) -> None:
         got = call(fn, model, tokens, cache, torch.full_like(tokens, n_prompt))
         full = model(input_ids=torch.cat([ids, tokens[:, None]], dim=1), use_cache=False).logits[:, -1]
     if not isinstance(got, torch.Tensor):
-        raise Wrong(f"return the next-token logits, a (B, V) tensor; got {type(got).__name__}")
+        raise Wrong(f"return the next-token logits, a (B, V) tensor; got {type(got).__name__}", hint=2)
     if got.dim() == 1:
         raise Wrong(f"that is shape {tuple(got.shape)}: return the logits (B, V), not the chosen tokens (the loop "
-                    "takes the argmax)")
+                    "takes the argmax)", hint=2)
     if got.dim() == 3:
-        raise Wrong(f"the logits have shape {tuple(got.shape)}: keep the last position only, out.logits[:, -1] → (B, V)")
+        raise Wrong(f"the logits have shape {tuple(got.shape)}: keep the last position only, out.logits[:, -1] → "
+                    "(B, V)", hint=2)
     held = cache.get_seq_length()
     if held == n_prompt:
         raise Wrong("the cache did not grow, so the step ignored it: pass past_key_values=cache to the model, so "
-                    "the new token attends to the cached prompt and appends its own key and value")
+                    "the new token attends to the cached prompt and appends its own key and value", hint=1)
     if held != n_prompt + 1:
         raise Wrong(f"the cache grew by {held - n_prompt} positions, expected 1: feed only the new tokens, "
-                    "tokens[:, None] of shape (B, 1), not the whole sequence")
+                    "tokens[:, None] of shape (B, 1), not the whole sequence", hint=1)
     try:
         close(got, full, "next-token logits", rtol=1e-4, atol=1e-4)
     except Wrong as exc:
         raise Wrong(f"{exc}; the same step without a cache gives other logits: is the new token at position "
-                    f"{n_prompt} (position_ids), right after the prompt?") from None
+                    f"{n_prompt} (position_ids), right after the prompt?", hint=3) from None

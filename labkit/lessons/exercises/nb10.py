@@ -6,7 +6,16 @@ from ...precision.quantisers import quantize_kv
 from . import Wrong, call, close, exercise
 
 
-@exercise("10.accept", "speculative decoding's greedy acceptance rule")
+@exercise("10.accept", "speculative decoding's greedy acceptance rule", hints=(
+    "Keep the draft's longest prefix that the model agrees with, then add the model's own next token: its "
+    "logits come from the same verify pass, so every pass adds at least one token, even when no draft token "
+    "is accepted or the draft is empty.",
+    "Compare draft[i] with predicted[i] from i = 0 and stop at the first disagreement. A later match does not "
+    "count: that draft token was conditioned on a wrong one. With n tokens accepted, the model's token is "
+    "predicted[n]: it replaces the first rejected draft token, or follows a draft accepted in full.",
+    "From n = 0, count the agreement with `while n < len(draft) and draft[n] == predicted[n]: n += 1`; the "
+    "pass then adds `draft[:n]` followed by the model's `predicted[n]`.",
+))
 def _accept(fn) -> None:
     cases = [  # (draft, the model's greedy token after each prefix of it (one more than the draft), expected)
         ([5, 6, 7], [5, 6, 7, 8], [5, 6, 7, 8]),  # all accepted, plus the bonus token
@@ -18,19 +27,28 @@ def _accept(fn) -> None:
     for draft, predicted, want in cases:
         got = call(fn, list(draft), list(predicted))
         if not isinstance(got, list) or not all(isinstance(t, int) for t in got):
-            raise Wrong(f"return a list of token ids, got {type(got).__name__}")
+            raise Wrong(f"return a list of token ids, got {type(got).__name__}", hint=3)
         if got == want:
             continue
         if got == want[:-1] or (draft == predicted[:len(draft)] and got == draft):
             raise Wrong(f"draft {draft}, model {predicted}: got {got}, expected {want}; the model's own token "
-                        "after the accepted prefix comes for free (its logits are already computed)")
+                        "after the accepted prefix comes for free (its logits are already computed)", hint=1)
         if len(got) > len(want):
             raise Wrong(f"draft {draft}, model {predicted}: got {got}, expected {want}; stop at the first "
-                        "disagreement: every later draft token was conditioned on a wrong token")
-        raise Wrong(f"draft {draft}, model {predicted}: got {got}, expected {want}")
+                        "disagreement: every later draft token was conditioned on a wrong token", hint=2)
+        raise Wrong(f"draft {draft}, model {predicted}: got {got}, expected {want}", hint=2)
 
 
-@exercise("10.reusable_prefix", "the longest block-aligned prefix a prefix cache can reuse")
+@exercise("10.reusable_prefix", "the longest block-aligned prefix a prefix cache can reuse", hints=(
+    "Count the positions where the new prompt matches the cached one from the start, up to the first token "
+    "that differs. The cache keeps its KV in whole blocks, so only whole blocks of that shared prefix can be "
+    "taken: round the count down to a multiple of block.",
+    "At least one prompt token must still be prefilled, since the last token's logits give the first new "
+    "token. So the match may cover at most len(prompt) - 1 positions, and no more than len(cached). Apply that "
+    "limit before aligning down: a 40-token prompt the cache holds in full reuses 32 positions with block 8.",
+    "Count the match up to `limit = min(len(cached), len(prompt) - 1)`, comparing `cached[n] == prompt[n]`, "
+    "then return `n // block * block`.",
+))
 def _reusable_prefix(fn) -> None:
     cached = list(range(100, 140))  # 40 positions cached
     cases = [  # (prompt, block, expected)
@@ -43,19 +61,29 @@ def _reusable_prefix(fn) -> None:
     for prompt, block, want in cases:
         got = call(fn, cached, prompt, block)
         if isinstance(got, bool) or not isinstance(got, int):
-            raise Wrong(f"return a number of positions (int), got {type(got).__name__}")
+            raise Wrong(f"return a number of positions (int), got {type(got).__name__}", hint=3)
         if got == want:
             continue
         if got % block:
             raise Wrong(f"{got} positions reused with block {block}: the cache stores whole blocks, so align "
-                        "the shared length down to a multiple of the block size")
+                        "the shared length down to a multiple of the block size", hint=1)
         if len(prompt) <= len(cached) and prompt == cached[:len(prompt)] and got >= len(prompt):
             raise Wrong(f"the prompt is entirely cached and you reuse {got} of its {len(prompt)} positions: "
-                        "leave at least its last token to prefill, its logits give the first new token")
-        raise Wrong(f"cached {len(cached)} positions, prompt of {len(prompt)}, block {block}: got {got}, expected {want}")
+                        "leave at least its last token to prefill, its logits give the first new token", hint=2)
+        raise Wrong(f"cached {len(cached)} positions, prompt of {len(prompt)}, block {block}: got {got}, "
+                    f"expected {want}", hint=1)
 
 
-@exercise("10.quantize_kv", "per-channel int8 quantiser for the KV cache")
+@exercise("10.quantize_kv", "per-channel int8 quantiser for the KV cache", hints=(
+    "Give every channel its own scale: for each batch, head and channel, the absmax over the T tokens, divided "
+    "by 127, the largest int8 code. Then q is x / scale rounded to the nearest integer and stored as int8, "
+    "so that q * scale ≈ x.",
+    "A channel is one of the D values of head_dim: reduce over the tokens, dim -2, and keep that dimension, so "
+    "scale is (B, H, 1, D). Reducing over dim -1 gives one scale per token instead. Divide by 127, not 255: "
+    "int8 keeps 127 steps on each side of zero. Round before the cast and clamp to [-127, 127].",
+    "`scale = x.abs().amax(dim=-2, keepdim=True).clamp_min(1e-8) / 127`, then "
+    "`(x / scale).round().clamp(-127, 127).to(torch.int8)` gives q.",
+))
 def _quantize_kv(fn) -> None:
     import torch
 
@@ -64,18 +92,18 @@ def _quantize_kv(fn) -> None:
     x[..., 5] *= 30  # an outlier channel, as keys have
     got = call(fn, x.clone())
     if not isinstance(got, tuple) or len(got) != 2:
-        raise Wrong("return a pair (q, scale)")
+        raise Wrong("return a pair (q, scale)", hint=3)
     q, scale = got
     want_q, want_scale = quantize_kv(x)
     if not isinstance(q, torch.Tensor) or q.dtype != torch.int8:
-        raise Wrong(f"q should be an int8 tensor, got {getattr(q, 'dtype', type(q).__name__)}")
+        raise Wrong(f"q should be an int8 tensor, got {getattr(q, 'dtype', type(q).__name__)}", hint=1)
     if not isinstance(scale, torch.Tensor):
-        raise Wrong(f"scale should be a tensor, got {type(scale).__name__}")
+        raise Wrong(f"scale should be a tensor, got {type(scale).__name__}", hint=3)
     if tuple(scale.shape) == (1, 3, 40, 1):
         raise Wrong("you made one scale per token (absmax over head_dim); take it per channel: absmax over the "
-                    "tokens (dim -2), shape (B, H, 1, D), so an outlier channel gets its own scale")
-    close(scale, want_scale, "scale", rtol=1e-5)
-    close(q.to(torch.int16), want_q.to(torch.int16), "q", atol=1)  # rounding at .5 may go either way
+                    "tokens (dim -2), shape (B, H, 1, D), so an outlier channel gets its own scale", hint=2)
+    close(scale, want_scale, "scale", rtol=1e-5, hint=2)
+    close(q.to(torch.int16), want_q.to(torch.int16), "q", atol=1, hint=2)  # rounding at .5 may go either way
     err = (q.float() * scale - x).abs().max().item()
     if err > want_scale.max().item():
-        raise Wrong(f"dequantised q × scale is off by {err:.3g}: more than one step of the largest scale")
+        raise Wrong(f"dequantised q × scale is off by {err:.3g}: more than one step of the largest scale", hint=1)
