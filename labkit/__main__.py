@@ -17,6 +17,8 @@ from . import doctor, gpu_check
 from .core import env
 from .decoding import kv
 from .engines import warmup
+from .lessons import exercises
+from .lessons.exercises import progress
 from .model import models, onnx, sizing
 from .serve import loadgen, scheduler
 from .serve.launch import LISTENING
@@ -191,6 +193,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_progress(args: argparse.Namespace) -> int:
+    try:
+        if args.reset:
+            exercises.reset(args.reset)
+            return 0
+        rows = progress.table([e.id for e in exercises.all_exercises()])
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps({"file": str(progress.path()), "notebooks": rows}, indent=1) if args.json else progress.text(rows))
+    return 0
+
+
+def _configure_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="one JSON object (what tools/merge_results.py carries)")
+    p.add_argument("--reset", metavar="NN.name", help="forget one exercise's record and print its cell as shipped")
+
+
 def _configure_serve(p: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     p.add_argument("--model", default=None, help=f"'default', a directory, a hub id or '{TINY_RANDOM}'")
@@ -226,6 +245,8 @@ COMMANDS: dict[str, Command] = {
     "info": ("device, versions and what this machine can run", cmd_info, _configure_info),
     "size": ("weights, KV cache, fit and decode ceiling of a model", cmd_size, _configure_size),
     "prepare": ("convert the default model into the cache and export its ONNX graph (done by make setup)", cmd_prepare, _configure_prepare),
+    "progress": ("exercises done / wrong / not tried and predictions made, per notebook (LABKIT_PROGRESS: "
+                 "another record)", cmd_progress, _configure_progress),
     "serve": ("OpenAI-compatible server with dynamic or continuous batching (binds 127.0.0.1)", cmd_serve,
               _configure_serve),
 }

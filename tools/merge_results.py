@@ -1,6 +1,7 @@
 """Collect a class's measurements: each learner packs results/*.json, the instructor merges them.
 
     python tools/merge_results.py pack --name alice          # learner: build/labkit-results-alice.zip
+    python tools/merge_results.py pack --name alice --progress   # … and the exercise progress record (opt-in)
     python tools/merge_results.py merge submissions/         # instructor: build/class/{rows.csv,class.json,index.html}
 
 ``merge`` takes zip files and/or folders (a folder of zips, or one learner's results folder);
@@ -14,6 +15,8 @@ the roofline (01_hardware_sizing: bandwidth, decode), each precision's decode sp
 its greedy agreement with fp32 (02_fp16_bf16, 03_int8_int4: variants), and each learner's
 batching gain (06_batching: static, serving); then one table per notebook section. plotly.js is
 embedded in the page: it opens offline. A plot whose data no learner sent says so in one line.
+Where learners packed their progress (``--progress``: each exercise's last verdict, hints asked, solutions shown),
+the page then shows, per exercise, how many are done, wrong or not tried: where the room is stuck.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from labkit.core import config, results
 from labkit.core import cpu
 
 PACK_PREFIX = "labkit-results-"
+PROGRESS_MEMBER = "progress/progress.json"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 MAX_NUMERIC_COLUMNS = 6
 PLOT_HEIGHT_PX = 460
@@ -47,8 +51,8 @@ class Submission:
     res: results.Results
 
 
-def pack(name: str, results_dir: Path, out_dir: Path) -> Path:
-    """Zip every results file with a name the instructor's merge recognises."""
+def pack(name: str, results_dir: Path, out_dir: Path, progress_file: Path | None = None) -> Path:
+    """Zip every results file with a name the instructor's merge recognises (and the progress record, when given)."""
     if not _NAME.match(name):
         raise ValueError(f"name {name!r}: use letters, digits, '_', '-' or '.' (e.g. 'alice' or 'team-3')")
     files = sorted(results_dir.glob("*.json"))
@@ -59,7 +63,47 @@ def pack(name: str, results_dir: Path, out_dir: Path) -> Path:
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
         for f in files:
             zf.write(f, f"results/{f.name}")
+        if progress_file is not None:
+            if not progress_file.is_file():
+                raise ValueError(f"no progress record at {progress_file}: run an exercise's check first, or pack "
+                                 "without --progress")
+            zf.write(progress_file, PROGRESS_MEMBER)
     return out
+
+
+def collect_progress(sources: list[Path]) -> dict[str, dict[str, Any]]:
+    """Learner → the progress record packed in their zip (only those who packed one)."""
+    out: dict[str, dict[str, Any]] = {}
+    for src in sources:
+        zips = sorted(src.rglob("*.zip")) if src.is_dir() else [src] if src.suffix == ".zip" else []
+        for z in zips:
+            try:
+                with zipfile.ZipFile(z) as zf:
+                    if PROGRESS_MEMBER in zf.namelist():
+                        record = json.loads(zf.read(PROGRESS_MEMBER).decode("utf-8"))
+                        if isinstance(record, dict) and isinstance(record.get("exercises"), dict):
+                            out[_learner_from(z)] = record
+            except (zipfile.BadZipFile, OSError, ValueError):
+                continue  # listed as skipped by collect()
+    return out
+
+
+def progress_html(records: dict[str, dict[str, Any]]) -> str:
+    """Per exercise: learners done / wrong / not tried, hints asked and solutions shown."""
+    if not records:
+        return "<p class='none'>No learner packed a progress record (pack --progress).</p>"
+    ids = sorted({ex for r in records.values() for ex in r["exercises"]})
+    rows = []
+    for ex in ids:
+        entries = [r["exercises"].get(ex, {}) for r in records.values()]
+        count = {s: sum(e.get("status") == s for e in entries) for s in ("correct", "wrong")}
+        rows.append(f"<tr><td>{html.escape(ex)}</td><td>{count['correct']}</td><td>{count['wrong']}</td>"
+                    f"<td>{len(entries) - count['correct'] - count['wrong']}</td>"
+                    f"<td>{sum(int(e.get('hints', 0)) for e in entries)}</td>"
+                    f"<td>{sum(bool(e.get('solution')) for e in entries)}</td></tr>")
+    return (f"<h2 id='progress'>Where the room is stuck ({len(records)} learners packed their progress)</h2>"
+            "<table><tr><th>exercise</th><th>done</th><th>wrong</th><th>not tried</th><th>hints asked</th>"
+            "<th>solutions shown</th></tr>" + "".join(rows) + "</table>")
 
 
 def _learner_from(path: Path) -> str:
@@ -108,7 +152,7 @@ def _read_zip(src: Path, subs: list[Submission], skipped: list[str]) -> None:
     learner = _learner_from(src)
     try:
         with zipfile.ZipFile(src) as zf:
-            for member in sorted(n for n in zf.namelist() if n.endswith(".json")):
+            for member in sorted(n for n in zf.namelist() if n.endswith(".json") and n != PROGRESS_MEMBER):
                 try:
                     raw = zf.read(member)
                 except (zipfile.BadZipFile, OSError, RuntimeError, ValueError) as exc:  # damaged or encrypted member
@@ -335,7 +379,8 @@ def plots_html(subs: list[Submission]) -> tuple[str, dict[str, int]]:
     return "".join(parts), drawn
 
 
-def class_html(df, skipped: list[str], subs: list[Submission] | None = None) -> str:
+def class_html(df, skipped: list[str], subs: list[Submission] | None = None,
+               progress: dict[str, dict[str, Any]] | None = None) -> str:
     """The plots first (see ``PLOTS``), then per notebook and section one line per learner, the
     median of each numeric column. plotly.js is inlined once: the page needs no network."""
     from plotly.offline import get_plotlyjs
@@ -344,6 +389,8 @@ def class_html(df, skipped: list[str], subs: list[Submission] | None = None) -> 
              f"{df['notebook'].nunique()} notebooks</p>"] if len(df) else ["<p>no results merged</p>"]
     plots, _ = plots_html(subs or [])
     parts.append(plots)
+    if progress is not None:
+        parts.append(progress_html(progress))
     if skipped:
         parts.append("<p><b>skipped files</b></p><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in skipped) + "</ul>")
     parts.append("<h2 id='tables'>Every section, one line per learner</h2>")
@@ -372,14 +419,17 @@ def class_html(df, skipped: list[str], subs: list[Submission] | None = None) -> 
 
 def merge(sources: list[Path], out_dir: Path) -> dict[str, Any]:
     subs, skipped = collect(sources)
+    progress = collect_progress(sources)
     df = rows_table(subs)
     out_dir.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_dir / "rows.csv", index=False)
     results.write_json_atomic(out_dir / "class.json", {
         "learners": sorted({s.learner for s in subs}), "skipped": skipped,
-        "submissions": [{"learner": s.learner, "file": s.file, **s.res.to_dict()} for s in subs]})
-    (out_dir / "index.html").write_text(class_html(df, skipped, subs), encoding="utf-8")
-    return {"learners": sorted({s.learner for s in subs}), "files": len(subs), "rows": len(df), "skipped": skipped}
+        "submissions": [{"learner": s.learner, "file": s.file, **s.res.to_dict()} for s in subs],
+        "progress": progress})
+    (out_dir / "index.html").write_text(class_html(df, skipped, subs, progress), encoding="utf-8")
+    return {"learners": sorted({s.learner for s in subs}), "files": len(subs), "rows": len(df), "skipped": skipped,
+            "progress": sorted(progress)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,13 +439,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", required=True, help="your name or team (letters, digits, _ - .)")
     p.add_argument("--results", type=Path, default=None, help="results folder (default: LABKIT_RESULTS or results/)")
     p.add_argument("--out", type=Path, default=ROOT / "build")
+    p.add_argument("--progress", action="store_true", help="also pack your exercise progress record (labkit's "
+                   "cache, or LABKIT_PROGRESS), so the instructor sees where the room is stuck")
     m = sub.add_parser("merge", help="merge learners' zips or folders into build/class/")
     m.add_argument("sources", nargs="+", type=Path)
     m.add_argument("--out", type=Path, default=ROOT / "build" / "class")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "pack":
-            print(pack(args.name, args.results or config.results_dir(), args.out))
+            record = None
+            if args.progress:
+                from labkit.lessons.exercises import progress
+
+                record = progress.path()
+            print(pack(args.name, args.results or config.results_dir(), args.out, record))
         else:
             missing = [str(s) for s in args.sources if not s.exists()]
             if missing:

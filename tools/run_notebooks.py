@@ -14,7 +14,9 @@ the others still run; the exit status is 1 when any notebook failed.
 
 Exercises: every check cell prints one verdict line (``labkit.lessons.exercises``). As shipped, each must say
 "not attempted" (a notebook that says "correct" ships a solution); with ``--solutions`` each must say
-"correct". Anything else fails that notebook.
+"correct". Anything else fails that notebook. The checks also write the run's progress record,
+build/progress.json (``LABKIT_PROGRESS``: a headless run never touches the learner's own record); after the run,
+``python -m labkit progress`` on it must show no exercise done as shipped and every one done with ``--solutions``.
 """
 from __future__ import annotations
 
@@ -504,9 +506,25 @@ def save_reference(name: str, command: str, reference_dir: Path | None = None, s
     return ref.save(path)
 
 
+def progress_check(runs: list[NotebookRun], progress_file: Path, solutions: bool) -> tuple[str, bool]:
+    """The run's progress record against what the run must leave: (one line, whether it is right)."""
+    from labkit.lessons.exercises import progress
+
+    record = progress.load(progress_file)["exercises"]
+    ids = sorted(ex for r in runs if r.status == "ok" for ex in r.exercises)
+    done = [i for i in ids if record.get(i, {}).get("status") == "correct"]
+    ok = len(done) == len(ids) if solutions else not done
+    want = "every one" if solutions else "none"
+    return (f"progress ({progress_file}): {len(done)} of {len(ids)} exercises done; {want} expected"
+            + ("" if ok else f" — wrong: {sorted(set(ids) - set(done)) if solutions else done}"), ok)
+
+
 def run_all(paths: list[Path], build_dir: Path = BUILD_DIR, timeout_s: int = 900,
             solutions: bool = False) -> dict[str, Any]:
     runs = []
+    progress_file = (build_dir / "progress.json").resolve()
+    progress_file.unlink(missing_ok=True)
+    os.environ["LABKIT_PROGRESS"] = str(progress_file)  # the kernels inherit it
     t0 = time.perf_counter()
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.stem} …", flush=True)
@@ -517,7 +535,9 @@ def run_all(paths: list[Path], build_dir: Path = BUILD_DIR, timeout_s: int = 900
             fc = run.failed_cell
             print(f"    failing cell {fc.index}: {fc.error}\n" + "\n".join(f"    | {l}" for l in fc.source_excerpt.splitlines()),
                   flush=True)
-    return write_summary(runs, time.perf_counter() - t0, build_dir)
+    summary = write_summary(runs, time.perf_counter() - t0, build_dir)
+    summary["progress_line"], summary["progress_ok"] = progress_check(runs, progress_file, solutions)
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -553,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_all(paths, args.build_dir, args.timeout, solutions=args.solutions)
     ran = {p.stem for p in paths}
     failed = [n["name"] for n in summary["notebooks"] if n["name"] in ran and n["status"] != "ok"]
+    print(summary["progress_line"])
+    if not summary["progress_ok"]:
+        failed.append("progress record")
     print(f"summary: {args.build_dir / 'summary.html'} · {len(ran) - len(failed)}/{len(ran)} passed "
           f"in {summary['run_wall_s']:.1f} s" + (f" · failed: {', '.join(failed)}" if failed else ""))
     if args.reference:

@@ -13,6 +13,13 @@ and prints one line: ``Exercise 03.per_channel_scale · <title>: not attempted``
 so they judge the mechanism, not this run's numbers. Each notebook's checks live in
 ``labkit.lessons.exercises.nbNN``; the solutions live outside the learner's path, in ``notebooks/solutions/``.
 
+Stuck, one exercise at a time and only on request (no notebook calls these): ``hint("06.left_pad")`` prints the
+next of its two or three graded hints (the first names the idea, the last is nearly code; a wrong verdict names
+the hint written for that mistake), ``solution("06.left_pad")`` that exercise's solution only, ``reset(...)``
+forgets its record and prints the cell as shipped. ``progress`` keeps each check's verdict, hints asked and
+predictions made in a small JSON file in the lab's cache; ``show_progress()`` (every notebook's last cell) and
+``python -m labkit progress`` print it.
+
 A prediction is a variable the learner sets before a measurement (``None`` until then); ``reveal`` prints
 the prediction, the measurement and their ratio, or says that no prediction was made, and the notebook
 goes on.
@@ -24,7 +31,10 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from . import progress
 
 STATUSES = ("not attempted", "correct", "wrong")
 LINE = re.compile(r"^Exercise (?P<id>\d\d\.\w+) · .*?: (?P<status>not attempted|correct|wrong)")
@@ -35,7 +45,12 @@ class NotAttempted(Exception):
 
 
 class Wrong(Exception):
-    """The answer is off; the message says how, in terms the learner can act on."""
+    """The answer is off; the message says how, in terms the learner can act on. ``hint``: the number (1…) of the
+    exercise's hint written for this mistake, which the verdict names."""
+
+    def __init__(self, message: str, hint: int | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,7 @@ class Exercise:
     id: str  # "NN.name": notebook number and the name the learner fills in
     title: str
     check: Callable[[Any], None]  # raises Wrong (or NotAttempted); returns when the answer is right
+    hints: tuple[str, ...] = ()  # graded: the first names the idea, the last is nearly code
 
     @property
     def name(self) -> str:
@@ -55,6 +71,8 @@ class Verdict:
     title: str
     status: str  # one of STATUSES
     because: str = ""
+    hint: int | None = None  # the hint written for this mistake (wrong only)
+    n_hints: int = 0
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, f"unknown status {self.status!r}"
@@ -62,6 +80,10 @@ class Verdict:
     @property
     def line(self) -> str:
         tail = f", because {self.because}" if self.status == "wrong" else ""
+        if self.status == "wrong" and self.n_hints:
+            tail += (f". Stuck? hint {self.hint} of {self.n_hints} is about this: exercises.hint(\"{self.exercise}\", "
+                     f"{self.hint})" if self.hint else
+                     f". Stuck? exercises.hint(\"{self.exercise}\") gives the next of {self.n_hints} hints")
         hint = " (fill in the cell above, then run this one again)" if self.status == "not attempted" else ""
         return f"Exercise {self.exercise} · {self.title}: {self.status}{tail}{hint}"
 
@@ -69,14 +91,15 @@ class Verdict:
 _REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(exercise_id: str, title: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
-    """Register a check: ``@exercise("05.decode_step", "one decode step with the cache")``."""
+def exercise(exercise_id: str, title: str, hints: tuple[str, ...] = ()) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+    """Register a check: ``@exercise("05.decode_step", "one decode step with the cache", hints=(...))``; the
+    hints go from the idea to nearly code, and each recorded mistake's ``Wrong`` names the one written for it."""
     if not re.fullmatch(r"\d\d\.[A-Za-z_]\w*", exercise_id):
         raise ValueError(f"exercise id {exercise_id!r}: use 'NN.name' (notebook number, then the filled-in name)")
 
     def register(fn: Callable[[Any], None]) -> Callable[[Any], None]:
         assert exercise_id not in _REGISTRY, f"exercise {exercise_id} registered twice"
-        _REGISTRY[exercise_id] = Exercise(exercise_id, title, fn)
+        _REGISTRY[exercise_id] = Exercise(exercise_id, title, fn, tuple(hints))
         return fn
 
     return register
@@ -121,8 +144,8 @@ def evaluate(exercise_id: str, answer: Any) -> Verdict:
     """Run the check on ``answer``: not attempted, correct, or wrong with the reason."""
     ex = get(exercise_id)
 
-    def verdict(status: str, because: str = "") -> Verdict:
-        return Verdict(ex.id, ex.title, status, because)
+    def verdict(status: str, because: str = "", hint: int | None = None) -> Verdict:
+        return Verdict(ex.id, ex.title, status, because, hint, len(ex.hints))
 
     if answer is None or answer is Ellipsis:
         return verdict("not attempted")
@@ -131,15 +154,84 @@ def evaluate(exercise_id: str, answer: Any) -> Verdict:
     except (NotAttempted, NotImplementedError):
         return verdict("not attempted")
     except Wrong as exc:
-        return verdict("wrong", str(exc))
+        return verdict("wrong", str(exc), exc.hint if exc.hint and exc.hint <= len(ex.hints) else None)
     except Exception as exc:  # the learner's code raised: that is the answer being wrong, said plainly
         return verdict("wrong", f"it raised {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
     return verdict("correct")
 
 
 def check(exercise_id: str, answer: Any) -> None:
-    """Evaluate and print the verdict's one line (the check cell of an exercise; ``evaluate`` returns it)."""
-    print(evaluate(exercise_id, answer).line)
+    """Evaluate and print the verdict's one line (the check cell of an exercise; ``evaluate`` returns it), and keep
+    it in the learner's progress record."""
+    v = evaluate(exercise_id, answer)
+    print(v.line)
+    progress.record_check(exercise_id, v.status)
+
+
+# ------------------------------------------------------------------------------- the stuck learner's path
+
+_CELL = re.compile(r"^# %%(?P<head>.*)$", re.M)
+
+
+def _repo_cell(folder: str, exercise_id: str) -> tuple[Path, str] | None:
+    """The ``# %% exercise ID`` cell of notebook NN's file in the checkout's ``notebooks/<folder>/`` (its path and
+    source), or None when labkit runs outside a checkout of the repository."""
+    root = Path(__file__).resolve().parents[3] / "notebooks" / folder
+    for file in sorted(root.glob(f"{exercise_id[:2]}*_*.py")):
+        text = file.read_text(encoding="utf-8")
+        heads = list(_CELL.finditer(text))
+        for i, m in enumerate(heads):
+            if exercise_id in m.group("head").split():
+                end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+                return file, text[m.end():end].strip("\n") + "\n"
+    return None
+
+
+def hint(exercise_id: str, number: int | None = None) -> None:
+    """Print the exercise's next hint (the first names the idea, the last is nearly code), or hint ``number``."""
+    ex = get(exercise_id)
+    if not ex.hints:
+        raise ValueError(f"exercise {exercise_id} has no hints: exercises.solution({exercise_id!r}) shows its solution")
+    seen = progress.hints_seen(exercise_id)
+    n = number if number is not None else min(seen + 1, len(ex.hints))
+    if not 1 <= n <= len(ex.hints):
+        raise ValueError(f"exercise {exercise_id} has hints 1 to {len(ex.hints)}, not {number}")
+    print(f"Hint {n} of {len(ex.hints)} · exercise {exercise_id} · {ex.title}:\n{ex.hints[n - 1]}")
+    if n == len(ex.hints):
+        print(f"That is the last hint; exercises.solution({exercise_id!r}) shows this exercise's solution.")
+    else:
+        print(f"Still stuck? exercises.hint({exercise_id!r}) again gives hint {n + 1}.")
+    progress.record_hint(exercise_id, n)
+
+
+def solution(exercise_id: str) -> None:
+    """Print this exercise's solution only (from notebooks/solutions/), and note in the record that it was shown."""
+    ex = get(exercise_id)
+    found = _repo_cell("solutions", exercise_id)
+    if found is None:
+        raise FileNotFoundError(f"no notebooks/solutions/ beside this labkit ({Path(__file__).resolve().parents[3]}): "
+                                "the solutions ship with the repository, not the package; run the notebook from a "
+                                "clone (the first cell on Colab or Kaggle makes one)")
+    file, source = found
+    print(f"Solution of exercise {exercise_id} · {ex.title} ({file.name}); paste it over the cell and run the check:\n")
+    print(source)
+    progress.record_solution(exercise_id)
+
+
+def reset(exercise_id: str) -> None:
+    """Forget the exercise's verdict, hints and solution shown, and print its cell as shipped to paste back."""
+    get(exercise_id)
+    had = progress.forget(exercise_id)
+    found = _repo_cell("src", exercise_id)
+    print(f"Exercise {exercise_id}: {'record cleared' if had else 'nothing recorded yet'}." +
+          (" The cell as shipped, to paste back:\n" if found else ""))
+    if found:
+        print(found[1])
+
+
+def show_progress() -> None:
+    """Print every notebook's exercises (done / wrong / not tried) and predictions made: a notebook's last cell."""
+    print(progress.text(progress.table([e.id for e in all_exercises()])))
 
 
 def use(exercise_id: str, answer: Any, fallback: Any) -> Any:
@@ -171,8 +263,15 @@ def tiny_llama(vocab_size: int = 96, layers: int = 2, seed: int = 0) -> Any:
     return model
 
 
-def close(got: Any, want: Any, what: str, rtol: float = 1e-4, atol: float = 1e-6) -> None:
-    """Raise ``Wrong`` unless tensors (or numbers) ``got`` and ``want`` match in shape and value."""
+def close(got: Any, want: Any, what: str, rtol: float = 1e-4, atol: float = 1e-6, hint: int | None = None) -> None:
+    """Raise ``Wrong`` (naming ``hint``) unless tensors (or numbers) ``got`` and ``want`` match in shape and value."""
+    try:
+        _close(got, want, what, rtol, atol)
+    except Wrong as exc:
+        raise Wrong(str(exc), hint) from None
+
+
+def _close(got: Any, want: Any, what: str, rtol: float, atol: float) -> None:
     import torch
 
     if isinstance(want, (int, float)) and not isinstance(want, bool):
@@ -210,9 +309,11 @@ def reveal(what: str, predicted: float | None, measured: float, unit: str = "", 
     if predicted is None:
         print(f"{what}: no prediction made (set it in the prediction cell above and run this cell again); "
               f"{kind} {measured:.4g}{u}")
+        progress.record_prediction(what, None)
         return row
     if isinstance(predicted, bool) or not isinstance(predicted, (int, float)) or not math.isfinite(predicted):
         raise ValueError(f"the prediction for {what!r} must be a number (or None), got {predicted!r}")
+    progress.record_prediction(what, predicted)
     row["ratio"] = measured / predicted if predicted else None
     ratio = f"{row['ratio']:.2f}×" if row["ratio"] is not None else "undefined (you predicted 0)"
     print(f"{what}: predicted {predicted:.4g}{u}, {kind} {measured:.4g}{u}, {kind} / predicted = {ratio}")
@@ -228,6 +329,7 @@ def reveal_choice(what: str, predicted: str | None, actual: str | None, choices:
     larger of two noisy numbers."""
     if predicted is not None and predicted not in choices:
         raise ValueError(f"the prediction for {what!r} must be one of {choices} (or None), got {predicted!r}")
+    progress.record_prediction(what, predicted)
     if actual is None:
         row = {"quantity": what, "predicted": predicted, "measured": None, "unit": "", "ratio": None}
         said = f"you predicted {predicted}; " if predicted is not None else "no prediction made; "
