@@ -3,8 +3,9 @@
 Seven packages, each importing only from those below it (``pyproject.toml``'s import-linter contracts
 check this in ``make test-unit``)::
 
-    ``__main__``, ``gpu_check``, ``doctor``
-                              the command line, the GPU preflight, and a laptop's readiness for the workshop
+    ``__main__``, ``gpu_check``, ``doctor``, ``platforms``
+                              the command line, the GPU preflight, a laptop's readiness for the workshop, and the
+                              first cell's set-up on Colab, Kaggle or a laptop
     ``lessons``               what the notebooks show: exercises, takeaways, plots, widgets, reports
     ``precision`` | ``engines`` | ``serve``
                               quantisation; compiled and exported engines; the server, batching and vLLM
