@@ -70,6 +70,7 @@ help:
 	@echo "make gpu-check  GPU preflight: every CUDA path once, PASS/FAIL/SKIP per check -> build/gpu-check.json"
 	@echo "make gpu-smoke  borrowed GPU: [gpu] env, gpu-check, notebooks 02 05 06 03 quick -> \$$OUT (STAGES=\"setup check nb\"; dry: the plan)"
 	@echo "make test-browser  decks and the JupyterLab widget in chromium, network blocked"
+	@echo "make test-preinstalled  the notebooks' first cell over a platform's own torch (2.14.1, as on Colab/Kaggle): about 4 min, not in make test"
 	@echo "make wheelhouse  every wheel the room needs -> $(WHEELHOUSE)/ (then on each laptop: make setup vllm WHEELS=DIR)"
 	@echo "make doctor  is this laptop ready: PASS/FAIL per check and one summary line (FAST=1: no notebook, no vLLM)"
 
@@ -209,8 +210,18 @@ test-setup: $(DEV_STAMP)
 test-notebooks: $(DEV_STAMP)
 	LABKIT_QUICK=1 $(PY) -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=$(NB_TIMEOUT) notebooks/*.ipynb
 
+# the notebooks' first cell (labkit.platforms.setup_cell) where the platform's torch is already there, as on Colab or
+# Kaggle: a fresh Python 3.11 venv with torch 2.14.1 (not .venv's), the cell from nothing (clone, labkit --no-deps, the
+# rest with torch pinned), notebooks 00 and 02 in quick mode; fails unless torch is still 2.14.1. About 4 minutes and
+# several GB (torch's CUDA libraries, removed after): not part of make test. Last line: one JSON document.
+.PHONY: test-preinstalled
+test-preinstalled:
+	nice -n 10 tools/preinstalled_torch.sh
+
+# a quick run that passed on data/agenda.json's machine re-times those notebooks' objectives slides (tools/agenda.py)
 run: setup
 	$(PY) tools/run_notebooks.py --timeout $(NB_TIMEOUT) $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
+	$(PY) tools/agenda.py --summary build/summary.json --update
 
 node_modules/.package-lock.json: package.json package-lock.json
 	@command -v npm >/dev/null || { echo "npm is missing: install Node.js (Debian: apt-get install -y npm) for the offline decks" >&2; exit 1; }

@@ -27,7 +27,8 @@ def test_no_outputs(path):
 def test_notebook_shape(path):
     nb = json.loads(path.read_text())
     cells = nb["cells"]
-    assert cells[0]["cell_type"] == "markdown" and "".join(cells[0]["source"]).startswith("# ")
+    assert "Open in Colab" in "".join(cells[0]["source"]) and "setup" in cells[1]["metadata"].get("tags", [])
+    assert cells[2]["cell_type"] == "markdown" and "".join(cells[2]["source"]).startswith("# "), "then the title"
     assert all("slideshow" in c["metadata"] for c in cells), "every cell needs slide metadata"
     assert sum("parameters" in c["metadata"].get("tags", []) for c in cells) == 1, "exactly one parameters cell"
     text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").lower()

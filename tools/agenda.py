@@ -3,6 +3,8 @@
     python tools/agenda.py                       # the table, from data/agenda.json's measured run times
     python tools/agenda.py --summary build/summary.json --write   # re-time from a run, rewrite docs/instructor.md's table
     python tools/agenda.py --summary build/summary.json --merge --write   # a run of some notebooks: re-time those only
+    python tools/agenda.py --summary build/summary.json --update  # what `make run` does: --merge --write when the run
+                                                  # is quick, passed and ran on data/agenda.json's machine; else say why
 
 A notebook's room time is the sum of
 - reading: its markdown words (presenter notes excluded) at ``WORDS_PER_MIN`` — technical prose read with care,
@@ -11,6 +13,9 @@ A notebook's room time is the sum of
 - predictions: ``PREDICT_MIN`` per ``PREDICT_…`` variable (ask, write it down, reveal);
 - exercises: ``EXERCISE_MIN`` per exercise cell;
 - machine time: its quick-mode wall time, measured (``data/agenda.json`` records the run: machine, date, command).
+
+Each notebook's objectives slide states its time from ``data/agenda.json`` (``tools/nbbuild.py``); ``--update``
+rebuilds the notebooks whose .ipynb is as built (a notebook a learner has edited is named, never overwritten).
 
 The 3-hour agenda keeps the core notebooks in order while they fit between a break and the wrap-up; the rest are
 homework. ``--write`` rewrites the table between the agenda markers in docs/instructor.md.
@@ -131,8 +136,38 @@ def timings_from(summary: Path) -> dict[str, Any]:
     from labkit.core import cpu
 
     e = s.get("environment", {})
-    return {"machine": cpu.machine_line(e.get("hardware") or {}), "date": str(e.get("date", "?"))[:10],
+    hw = e.get("hardware") or {}
+    return {"machine": cpu.machine_line(hw), "cores": hw.get("cpu_cores_logical"), "date": str(e.get("date", "?"))[:10],
             "command": "LABKIT_QUICK=1 python tools/run_notebooks.py", "wall_s": {n["name"]: n["wall_s"] for n in s["notebooks"]}}
+
+
+def _machine(t: dict[str, Any]) -> tuple[Any, Any]:
+    return t["machine"], t.get("cores")
+
+
+def update(summary: Path) -> int:
+    """``make run``'s step: re-time the notebooks of this run and rebuild the objectives slides that state them."""
+    try:
+        new = timings_from(summary)
+    except SystemExit as exc:
+        print(f"agenda: notebook times kept ({exc})")
+        return 0
+    saved = json.loads(TIMINGS.read_text(encoding="utf-8"))
+    if _machine(saved) != _machine(new):
+        print(f"agenda: notebook times kept: this run's machine ({new['machine']}, {new.get('cores')} cores) is not "
+              f"{TIMINGS.name}'s ({saved['machine']}, {saved.get('cores')} cores); to time the lab on this machine "
+              f"instead: python tools/agenda.py --summary {summary} --write (after a run of every notebook)")
+        return 0
+    unedited = [src for src in sorted((ROOT / "notebooks" / "src").glob("*.py"))
+                if (ROOT / "notebooks" / f"{src.stem}.ipynb").read_text(encoding="utf-8") == nbbuild.dumps(nbbuild.build(src))]
+    main(["--summary", str(summary), "--merge", "--write"])
+    edited = sorted({p.stem for p in (ROOT / "notebooks" / "src").glob("*.py")} - {s.stem for s in unedited})
+    for src in unedited:
+        (ROOT / "notebooks" / f"{src.stem}.ipynb").write_text(nbbuild.dumps(nbbuild.build(src)), encoding="utf-8")
+    print(f"agenda: re-timed {sorted(new['wall_s'])}; objectives slides rebuilt"
+          + (f"; kept as you edited them: {edited} (python tools/nbbuild.py rebuilds them, replacing your edits)"
+             if edited else ""))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,13 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", action="store_true", help="with --summary: keep the other notebooks' saved times "
                                                          "(the run must come from the same machine)")
     ap.add_argument("--write", action="store_true", help="save the timings and rewrite docs/instructor.md's table")
+    ap.add_argument("--update", action="store_true", help="with --summary: --merge --write when the run can re-time "
+                    "(quick, every notebook passed, data/agenda.json's machine), then rebuild the unedited notebooks; "
+                    "otherwise keep the times and say why")
     args = ap.parse_args(argv)
+    if args.update:
+        if not args.summary:
+            ap.error("--update re-times from a run: give it --summary build/summary.json")
+        return update(args.summary)
     timings = timings_from(args.summary) if args.summary else json.loads(TIMINGS.read_text(encoding="utf-8"))
     if args.merge:
         if not args.summary:
             ap.error("--merge re-times the notebooks of one run: give it --summary build/summary.json")
         saved = json.loads(TIMINGS.read_text(encoding="utf-8"))
-        if saved["machine"] != timings["machine"]:
+        if _machine(saved) != _machine(timings):
             raise SystemExit(f"{args.summary} ran on {timings['machine']}, {TIMINGS} on {saved['machine']}: "
                              "re-time every notebook from one run instead (no --merge)")
         timings = {**saved, "wall_s": {**saved["wall_s"], **timings["wall_s"]},

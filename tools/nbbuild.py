@@ -11,6 +11,11 @@ Cell markers (one per cell):
                                                       only their output
 Solutions never live in a notebook: they are in notebooks/solutions/NN_name.py, with the same
 ``# %% exercise NN.name`` markers (``labkit.lessons.exercises``).
+
+Every notebook also gets, from one place each: first, its "Open in Colab / Kaggle" links and the set-up cell
+(``labkit.platforms.setup_cell``), both left out of the slides; in its "Learning objectives" cell, its time (quick
+mode's compute time from ``data/agenda.json``, the latest timed run, with its machine and date, and the reading and
+exercise time ``tools/agenda.py`` counts); last, the cell printing the learner's progress.
 Outputs are always empty: committed notebooks carry none. ``--check`` exits 1 when an
 .ipynb differs from what its source builds.
 """
@@ -73,9 +78,54 @@ def parse(text: str) -> list[nbformat.NotebookNode]:
     return cells
 
 
+OBJECTIVES = "## Learning objectives"
+PROGRESS_CELL = ("# Your progress: every notebook's exercises (done / wrong / not tried) and predictions made.\n"
+                 "# Stuck on one? exercises.hint(\"NN.name\") gives a hint, exercises.solution(\"NN.name\") its solution.\n"
+                 "from labkit.lessons import exercises\n\nexercises.show_progress()")
+
+
+def first_cells(stem: str) -> list[nbformat.NotebookNode]:
+    """The links that open this notebook on Colab and Kaggle, and the set-up cell (out of the slides)."""
+    sys.path.insert(0, str(ROOT))
+    from labkit import platforms
+
+    skip = {"slideshow": {"slide_type": "skip"}}
+    links = (f"[Open in Colab]({platforms.colab_url(stem)}) · [Open in Kaggle]({platforms.kaggle_url(stem)}) · "
+             "The next cell sets the lab up: on Colab or Kaggle it installs what is missing and keeps the torch that "
+             "is there; on a laptop after `make lab` it only checks.")
+    return [nbformat.v4.new_markdown_cell(links, metadata=skip),
+            nbformat.v4.new_code_cell(platforms.setup_cell(stem), metadata={**skip, "tags": ["setup"]})]
+
+
+def time_line(src: Path) -> str:
+    """How long the notebook takes: compute measured in quick mode (data/agenda.json), reading and exercises counted."""
+    import agenda
+
+    timings = json.loads(agenda.TIMINGS.read_text(encoding="utf-8"))
+    if src.stem not in timings["wall_s"]:
+        raise SystemExit(f"{agenda.TIMINGS} has no quick-mode time for {src.stem}: run it "
+                         f"(LABKIT_QUICK=1 make run NOTEBOOKS={src.stem[:2]}), then tools/agenda.py --summary "
+                         "build/summary.json --merge --write")
+    c = agenda.content(src)
+    m = agenda.room_minutes(c, timings["wall_s"][src.stem])
+    cores = f", {timings['cores']} cores" if timings.get("cores") else ""
+    work = [f"{c['exercises']} exercise{'s' if c['exercises'] != 1 else ''}"] if c["exercises"] else []
+    work += [f"{c['predictions']} prediction{'s' if c['predictions'] != 1 else ''}"] if c["predictions"] else []
+    return (f"**Time:** compute {m['machine']:.1f} min in quick mode on {timings['machine']}{cores} (measured "
+            f"{timings['date']}); about {m['reading'] + m['code']:.0f} min reading"
+            + (f" and {m['exercises'] + m['predictions']:.0f} min for {' and '.join(work)}" if work else "")
+            + " (`tools/agenda.py`).")
+
+
 def build(src: Path) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
-    nb.cells = parse(src.read_text(encoding="utf-8"))
+    cells = parse(src.read_text(encoding="utf-8"))
+    objectives = [c for c in cells if c.cell_type == "markdown" and c.source.startswith(OBJECTIVES)]
+    if len(objectives) != 1:
+        raise ValueError(f"{src.name}: needs one markdown cell starting '{OBJECTIVES}' (found {len(objectives)})")
+    objectives[0].source += "\n\n" + time_line(src)
+    last = nbformat.v4.new_code_cell(PROGRESS_CELL, metadata={"slideshow": {"slide_type": "skip"}, "tags": ["progress"]})
+    nb.cells = first_cells(src.stem) + cells + [last]
     for i, cell in enumerate(nb.cells):
         cell.id = f"{src.stem[:2]}-{i:03d}"
     nb.metadata = {

@@ -107,6 +107,20 @@ path = res.save()
 print("saved", path)
 
 # %% md slide
+# ## Working alone: hints, solutions, your progress
+#
+# From notebook 01 on, each exercise is a cell to fill in and a check that prints `not attempted`, `correct` or
+# `wrong, because …`. Stuck on one, ask in a new cell:
+#
+# - `exercises.hint("06.left_pad")`: the next of its two or three hints (the idea first, nearly code last); a wrong
+#   answer's line names the hint written for that mistake.
+# - `exercises.solution("06.left_pad")`: that exercise's solution, and no other.
+# - `exercises.reset("06.left_pad")`: start over (the record forgets it; the cell as shipped is printed).
+#
+# The last cell of every notebook prints your progress (done / wrong / not tried, predictions made), as does
+# `python -m labkit progress` in a terminal. It stays in your lab cache; `pack --progress` shares it with an instructor.
+
+# %% md slide
 # ## Takeaways
 
 # %% fragment
