@@ -32,7 +32,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +48,8 @@ except ImportError:  # a bare environment (torch alone): pip's own copy of the s
     from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
     from pip._vendor.packaging.specifiers import SpecifierSet  # type: ignore[no-redef]
     from pip._vendor.packaging.utils import canonicalize_name  # type: ignore[no-redef]
+
+from .core.timing import clock  # standard library only: safe before labkit's dependencies are installed
 
 if TYPE_CHECKING:  # imported by setup() through _lab() once labkit's dependencies are installed; named here for the
     from .lessons.exercises import progress  # noqa: F401  (reader and for lint-imports, which checks these too)
@@ -447,7 +448,7 @@ def _upgraded_and_imported(before: Facts) -> list[str]:
 def setup(stem: str) -> Plan:
     """The set-up cell's work for notebook ``stem``: the platform line, the installs the plan names, the default model,
     the GPU line; then the running notebook is filed for the progress record."""
-    t0 = time.perf_counter()
+    t0 = clock()
     f = facts()
     p = plan(f, constraints_file=CONSTRAINTS_FILE)
     print(p.platform_line, flush=True)
@@ -465,15 +466,15 @@ def setup(stem: str) -> Plan:
             raise SetupError(f"torch {f.version('torch')} became {torch_now} despite the constraints file "
                              f"{p.constraints_file}: restart the session, and report it at {DEFAULT_REPO}/issues")
         stale = _upgraded_and_imported(f)
-        print(f"  installed in {time.perf_counter() - t0:.0f} s; torch {f.torch} untouched" + (
+        print(f"  installed in {clock() - t0:.0f} s; torch {f.torch} untouched" + (
             f". Restart the session and run this cell again: {', '.join(stale)} were imported before their upgrade"
             if stale else ""), flush=True)
     models = _lab("model.models")
-    t1 = time.perf_counter()
+    t1 = clock()
     was_ready = models.prepared_format(models.default_dir()) >= models.PREPARED_FORMAT
     path = models.prepare_default()
     if not was_ready:
-        print(f"  default model ready: {path} (converted in {time.perf_counter() - t1:.0f} s; notebooks 03, 08 and 10 "
+        print(f"  default model ready: {path} (converted in {clock() - t1:.0f} s; notebooks 03, 08 and 10 "
               "export it to ONNX themselves when they first need it)", flush=True)
     print(p.gpu_line, flush=True)
     _lab("lessons.exercises.progress").here(stem)
