@@ -125,7 +125,7 @@ def setup_cell(stem: str) -> str:
         "    sys.path.insert(0, src)\n"
         "    importlib.invalidate_caches()\n"
         "import labkit.platforms\n"
-        f'_ = labkit.platforms.setup("{stem}")  # the plan it carried out\n')
+        f'labkit.platforms.setup("{stem}");  # ";": the plan it returns is not printed\n')
 
 
 # ------------------------------------------------------------------------------------ facts

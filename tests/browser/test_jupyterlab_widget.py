@@ -50,12 +50,14 @@ def _stand_in(path: Path) -> Path:
 
 
 def cells_for_widget(nb: nbformat.NotebookNode, marker: str) -> list[int]:
-    """What a learner jumping to the live section runs: the first code cell (imports), the
-    parameters cell, the model load, then the widget cell (positions in the notebook)."""
+    """What a learner jumping to the live section runs: the set-up cell, the first code cell after it (imports),
+    the parameters cell, the model load, then the widget cell (positions in the notebook)."""
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     widget = [i for i in code if marker in nb.cells[i].source]
     assert len(widget) == 1, f"expected one cell calling {marker!r}, found {len(widget)}"
-    needed = {code[0], widget[0]}
+    setup = [i for i in code if "setup" in nb.cells[i].metadata.get("tags", [])]
+    imports = next(i for i in code if i not in setup)
+    needed = {*setup, imports, widget[0]}
     needed |= {i for i in code if "parameters" in nb.cells[i].metadata.get("tags", [])
                or "models.load(" in nb.cells[i].source}
     return sorted(i for i in needed if i <= widget[0])
