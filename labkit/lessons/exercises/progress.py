@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ...core import config
+from ...core import config, results
 
 _NOTEBOOK: str | None = None  # the running notebook's stem, set by its first cell (labkit.platforms.setup)
 LABELS = {"correct": "done", "wrong": "wrong", "not attempted": "not tried"}
@@ -55,36 +54,23 @@ def load(file: Path | None = None) -> dict[str, Any]:
     return data
 
 
-def _save(data: dict[str, Any]) -> None:
-    file = path()
-    file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=".progress-", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, file)  # a reader never sees half a file
-
-
 def _now() -> str:
     return datetime.now().isoformat(timespec="seconds")
 
 
-def _update(exercise_id: str, **changes: Any) -> dict[str, Any]:
+def _update(exercise_id: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Load the record, apply ``change`` to the exercise's entry, stamp it and write the record back (atomically)."""
     data = load()
     entry = data["exercises"].setdefault(exercise_id, {"status": "not attempted", "checks": 0, "hints": 0,
                                                        "solution": False})
-    for key, value in changes.items():
-        entry[key] = entry.get(key, 0) + 1 if value is _INCREMENT else value
+    change(entry)
     entry["when"] = _now()
-    _save(data)
-    return entry
-
-
-_INCREMENT = object()
+    results.write_json_atomic(path(), data)
 
 
 def record_check(exercise_id: str, status: str) -> None:
     """A check ran: keep its verdict (the last one counts) and count it."""
-    _update(exercise_id, status=status, checks=_INCREMENT)
+    _update(exercise_id, lambda e: e.update(status=status, checks=e.get("checks", 0) + 1))
 
 
 def hints_seen(exercise_id: str) -> int:
@@ -93,11 +79,11 @@ def hints_seen(exercise_id: str) -> int:
 
 def record_hint(exercise_id: str, number: int) -> None:
     """Hint ``number`` was shown: the record keeps the furthest one."""
-    _update(exercise_id, hints=max(number, hints_seen(exercise_id)))
+    _update(exercise_id, lambda e: e.update(hints=max(number, int(e.get("hints", 0)))))
 
 
 def record_solution(exercise_id: str) -> None:
-    _update(exercise_id, solution=True)
+    _update(exercise_id, lambda e: e.update(solution=True))
 
 
 def record_prediction(what: str, predicted: Any) -> None:
@@ -106,7 +92,7 @@ def record_prediction(what: str, predicted: Any) -> None:
         return
     data = load()
     data["predictions"].setdefault(_NOTEBOOK, {})[what] = {"predicted": predicted, "when": _now()}
-    _save(data)
+    results.write_json_atomic(path(), data)
 
 
 def forget(exercise_id: str) -> bool:
@@ -114,7 +100,7 @@ def forget(exercise_id: str) -> bool:
     data = load()
     had = data["exercises"].pop(exercise_id, None) is not None
     if had:
-        _save(data)
+        results.write_json_atomic(path(), data)
     return had
 
 
