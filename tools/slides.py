@@ -33,6 +33,7 @@ import nbformat
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run_notebooks  # noqa: E402  (tools/ is not a package)
+from labkit.core import config, verdict  # noqa: E402
 from labkit.lessons.plots import readable  # noqa: E402  (one wording of a column's name for legends and tables)
 
 ROOT = run_notebooks.ROOT
@@ -139,7 +140,7 @@ TABLE_MAX_COLS = 10
 TEXT_MAX_LINES = 12
 CODE_SLIDE_LINES = 24  # a longer code listing (mechanism source, a listing output) is split over slides
 CODE_MAX_SLIDES = 2  # … over at most this many; the rest stays in the notebook
-BULLET_MAX_CHARS = 120  # a printed "- " line (a takeaway) on a slide: about one line of slide text
+BULLET_MAX_CHARS = 160  # a printed "- " line (a takeaway) on a slide: about a line and a half of slide text
 PROSE_MAX_CHARS = 240  # another printed line wider than the slide: about two lines of slide text
 TABLE_DIGITS = 4  # significant digits of a long number in a table
 TITLE_MAX_WORDS = 60  # a notebook's title slide: what it is and why it matters (the rest in a notes cell after it)
@@ -690,20 +691,60 @@ def drop_scaffolding(out: nbformat.NotebookNode) -> nbformat.NotebookNode | None
     return out
 
 
-def _clause_cut(text: str, limit: int) -> str:
-    """``text`` within ``limit`` characters: asides in parentheses dropped, longest first, then cut at the last
-    clause boundary (; , — :) past a third of the limit, else at a space, with "…"."""
+def _machine_names() -> list[str]:
+    """Every machine or instance name a takeaway may carry: CPU vendors, families and instruction sets, the GPU
+    catalog's names (data/gpus.json), the priced instances (data/prices.json)."""
+    names = ["AMD", "EPYC", "Intel", "Xeon", "Arm", "Graviton", "Apple", "NVIDIA", "avx2", "avx512", "AVX-512",
+             "AVX2", "AMX", "fma", "vnni", "cpu", "GPU"]
+    for file, key in (("gpus.json", "gpus"), ("prices.json", "prices")):
+        for row in json.loads((config.DATA_DIR / file).read_text(encoding="utf-8"))[key]:
+            names += [row["name"], *row["name"].split()[1:], *row.get("aliases", ())]
+    return sorted({n for n in names if len(n) > 1}, key=len, reverse=True)
+
+
+# what qualifies a number (the deck never drops it): a verdict word (the kinds, and the words a real difference
+# takes: faster, slower …), "not this run", "reference", "estimate",
+# "published", a bound, or a machine or instance name. A shortened line keeps every one of them, or moves whole to
+# the speaker notes.
+QUALIFIER = re.compile("|".join(
+    [r"(?<!\w)" + re.escape(w) + r"(?!\w)"
+     for w in (*verdict.KINDS, "implausible", "rerun", "anomalous", "tie", "faster", "slower", "shorter", "longer",
+               "sooner", "later", "lower", "higher", "not this run", "not in this run", "not measured here", "estimate",
+               "published", "lower bound", "upper bound", "at most", "at least", "≤", "≥", "bound",
+               *_machine_names())]
+    + [r"(?<!\w)reference(?!\w)(?! prompts?)"]), re.IGNORECASE)  # a reference run, not the reference prompts
+
+
+def qualifiers(text: str) -> set[str]:
+    """The qualifiers ``text`` carries (``QUALIFIER``), lower-cased."""
+    return {m.group(0).lower() for m in QUALIFIER.finditer(text)}
+
+
+def shorten(text: str, limit: int) -> str | None:
+    """``text`` within ``limit`` characters, keeping every qualifier it carries: asides in parentheses that carry
+    none are dropped (longest first), then clauses after a ";" that carry none, then the text is cut at the last
+    clause boundary (; , — :) past a third of the limit, else at a space, with "…". None when no such cut keeps
+    every qualifier: the caller moves the whole line to the speaker notes."""
+    kept = qualifiers(text)
     while len(text) > limit:
-        asides = re.findall(r"\s*\([^()]*\)", text)
+        asides = [a for a in re.findall(r"\s*\([^()]*\)", text) if not qualifiers(a)]
         if not asides:
             break
         text = text.replace(max(asides, key=len), "", 1)
+    while len(text) > limit:
+        clauses = text.split("; ")
+        spare = [i for i, c in enumerate(clauses) if i and not qualifiers(c)]
+        if not spare:
+            break
+        del clauses[spare[-1]]
+        text = "; ".join(clauses)
     if len(text) <= limit:
         return text
     head = text[:limit - 1]
     cuts = [m.start() for m in re.finditer(r"[;,:]\s| — ", head) if m.start() >= limit // 3]
     end = cuts[-1] if cuts else head.rfind(" ") if head.rfind(" ") > limit // 3 else limit - 1
-    return head[:end].rstrip(" ,;:—") + " …"
+    cut = head[:end].rstrip(" ,;:—") + " …"
+    return cut if qualifiers(cut) >= kept else None
 
 
 def printed_prose(out: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[str]]:
@@ -730,7 +771,11 @@ def printed_prose(out: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, li
     height, room, left = 0.0, BUDGET_PX - CONT_PX - H2_PX - NOTE_PX, 0
     for kind, texts in blocks:
         for text in texts:
-            shown = text if kind == "pre" else _clause_cut(text, BULLET_MAX_CHARS if kind == "ul" else PROSE_MAX_CHARS)
+            shown = text if kind == "pre" else shorten(text, BULLET_MAX_CHARS if kind == "ul" else PROSE_MAX_CHARS)
+            if shown is None:  # no cut keeps what qualifies its numbers: the whole line goes to the notes
+                left += 1
+                notes.append(text)
+                continue
             px = (CODE_LINE_PX * _wrapped_lines(shown, per_line) if kind == "pre"
                   else TEXT_LINE_PX * _wrapped_lines(shown, (CONTENT_W - (36 if kind == "ul" else 0)) / TEXT_CHAR_PX) + 10)
             if height + px > room:

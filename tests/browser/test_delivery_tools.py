@@ -610,6 +610,40 @@ def test_printed_takeaways_become_short_bullets_and_the_notes_hold_them_whole() 
     assert slides.output_px(out) <= slides.BUDGET_PX
 
 
+# the review's cuts: each lost what qualified its number
+QUALIFIED = [
+    ("bf16: weights 0.50× fp32's bytes; decode 8.20× fp32's speed (implausible — rerun (8.20× beats its bound 2.00×; "
+     "load 3.1 per core)); TTFT 0.90× fp32's (shorter); the decode-like matmul took 0.21× fp32's time, the prefill-like "
+     "one 0.30×. Quality: agreement 0.972, KL 0.0013 nats against fp32.", "implausible"),
+    ("On NVIDIA H200 (a probe run on 2026-12-04, not this run; 1 sample a cell, so no verdict on any of them), FP8 "
+     "_scaled_mm against bf16: compute-bound 4096×4096×4096 1.67×, 8192×8192×8192 1.64×; memory-bound 16×8192×28672 "
+     "1.18×; fixed cost 1×4096×4096 0.70×.", "not this run"),
+    ("Cost: $0.26 per million output tokens at AWS m7g.large's price (Arm), priced as if the instance made 87.1 "
+     "tokens/s from this run's 43.5 (one replica at the knee, 22.86 req/s; the line above the cost table says how).",
+     "arm"),
+]
+
+
+@pytest.mark.parametrize("text,word", QUALIFIED, ids=["verdict", "not this run", "instance"])
+def test_the_shortener_keeps_what_qualifies_a_number_or_moves_the_line_whole(text: str, word: str) -> None:
+    assert any(word in q for q in slides.qualifiers(text))
+    for limit in (80, 120, slides.BULLET_MAX_CHARS, slides.PROSE_MAX_CHARS):
+        short = slides.shorten(text, limit)
+        assert short is None or (len(short) <= limit and slides.qualifiers(short) >= slides.qualifiers(text)), short
+    assert slides.shorten(text, 40) is None  # no 40-character cut keeps them all: the whole line goes to the notes
+    deck = _deck([_md("## Takeaways", "slide"), _code("findings.show(found)", "-", [_out(f"- {text}\n- short one.\n")])])
+    page = deck.cells[1].outputs[0]["data"]["text/html"]
+    for item in re.findall(r"<li>(.*?)</li>", page):
+        assert slides.qualifiers(item) >= slides.qualifiers(text) or item == "short one.", item
+
+
+def test_the_old_cut_lost_a_qualifier_and_the_new_one_does_not() -> None:
+    """The review's case: "bf16 8.20× (implausible — rerun)" became "bf16 8.20×" on the slide."""
+    text = "bf16 8.20× fp32's decode speed (implausible — rerun) with half the bytes, agreement 0.972 over 24 tokens"
+    dropped = re.sub(r"\s*\([^()]*\)", "", text)  # what dropping asides alone does
+    assert "implausible" not in dropped and "implausible" in slides.shorten(text, 90)
+
+
 def test_a_code_listing_spans_at_most_code_max_slides() -> None:
     body = "\n\n".join(f"def step_{i}(x):\n    y = x + {i}\n    return y * 2" for i in range(40))
     listing = nbformat.v4.new_output("display_data", data={"text/html": f"<pre>{body}</pre>", "text/plain": body})
