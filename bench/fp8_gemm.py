@@ -36,7 +36,7 @@ import torch
 
 from labkit.core import config, cpu, env, machine, results
 from labkit.core.results import jsonable
-from labkit.precision.fp8_gemm import VARIANTS, WARMUP, model_shapes, time_shape
+from labkit.precision.fp8_gemm import VARIANTS, WARMUP, model_shapes, pair_twins, time_shape
 
 PROBE_SHAPES = ((1, 4096, 4096), (16, 4096, 4096), (256, 4096, 4096), (4096, 4096, 4096), (16, 8192, 28672),
                 (8192, 8192, 8192))
@@ -104,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
 
     machine.check("fp8_gemm")
     print(f"# weight bytes per value: fp32 4, bf16 2, fp8 1: a memory-bound M=1 GEMV gains at most 2× (bf16) and 4× "
-          f"(fp8) over fp32; fp8_upcast reads 1 byte but converts every weight at every call", flush=True)
+          f"(fp8, int8) over fp32; int8_upcast and fp8_upcast read 1 byte but convert every weight at every call", flush=True)
     rows = []
     for m, k, n, what in shapes:
         row = {"what": what, **time_shape(m, k, n, device, act, rounds, sample_s)}
         rows.append(row)
         print(json.dumps(jsonable({k2: v for k2, v in row.items() if k2 not in DROP})), flush=True)
+    rows = pair_twins(rows)  # an MLP's up and down matrices: each baseline held against its twin's
 
     environment = env.environment()
     environment["hardware"] = {**environment["hardware"], **{k: v for k, v in isa().items() if k == "compute_capability"}}

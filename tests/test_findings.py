@@ -51,7 +51,7 @@ def test_batching_findings_choose_their_words_by_the_numbers():
                   ({"case": "mixed", "wasted_fraction": 0.6, "ttft_s": 2.0, "agreement": 1.0},
                    {"case": "bucketed", "wasted_fraction": 0.1, "ttft_s": 1.0, "agreement": 1.0})]
     text = " ".join(_batching_findings(sweep=sweep, padding=single_pad).sentences)
-    assert "prefilled within noise of the mixed batch (2.00× its speed; 1 sample" in text
+    assert "prefilled with no verdict against the mixed batch (2.00× its speed; 1 sample" in text
     sweep = [_row(1, 10.0, 10.0), _row(4, 30.0, 7.5, agreement=0.75)]
     text = " ".join(_batching_findings(sweep=sweep, memory_bound_gain=3.9).sentences)
     assert "3.0× the total tokens/s" in text and "at batch 4 only 75% of the tokens" in text
@@ -89,10 +89,10 @@ def test_batching_findings_on_a_busy_machine_say_implausible_not_a_lesson():
     text = " ".join(_batching_findings(sweep=sweep, memory_bound_gain=7.8).sentences)
     assert "implausible — rerun" in text and "beats its bound 7.80×" in text and "gave 25.4×" not in text
     assert "3.18× batch 1's speed (implausible — rerun" in text
-    # one sample each: within noise, whatever the ratio says
+    # one sample each: no verdict, whatever the ratio says
     single = [{k: v for k, v in r.items() if k != "samples"} for r in (_row(1, 10.0, 10.0), _row(8, 50.0, 6.25))]
     text = " ".join(_batching_findings(sweep=single).sentences)
-    assert "within noise" in text and "1 sample" in text and "gave 5.0×" not in text
+    assert "no verdict" in text and "1 sample" in text and "gave 5.0×" not in text
     # batch 8 below batch 1: a batch cannot lose to one row at a time
     text = " ".join(_batching_findings(sweep=[_row(1, 10.0, 10.0), _row(8, 4.0, 0.5)]).sentences)
     assert "falls below its floor 1.00×" in text
@@ -210,7 +210,7 @@ def test_per_tensor_against_per_channel_says_quick_mode_has_too_few_tokens():
     """Recorded in quick mode (2 prompts × 12 tokens): both forms agreed 100%, KL 0.021 and 0.018: a flat demo. The
     sentence says the comparison is within noise and why, and only a real difference gets the word 'lower'."""
     quick = nb03.forms_sentence(_forms_table([0.020, 0.022], [0.017, 0.019]), quick=True)
-    assert "over 2 prompts × 12 tokens" in quick and "within noise (2 samples" in quick
+    assert "over 2 prompts × 12 tokens" in quick and "no verdict (2 samples" in quick
     assert "Quick mode scores 24 tokens in all: too few" in quick and "lower" not in quick
     full = nb03.forms_sentence(_forms_table([0.05, 0.06, 0.07, 0.08], [0.010, 0.012, 0.013, 0.015]), quick=False)
     assert "lower (4+ samples each" in full and "Quick mode" not in full and "0.19× per-tensor's" in full

@@ -96,7 +96,11 @@ def test_the_gpu_sentence_reads_the_saved_h200_run_and_says_it_is_not_this_run()
     said = f03.gpu_gemm_sentence(h200)
     big = max(h200.section("gemm"), key=lambda r: r["M"] * r["K"] * r["N"])
     assert "NVIDIA H200" in said and "not this run" in said and "2026-12-04" in said
-    assert f"{big['speedup_vs_bf16']['fp8_scaled_mm']:.2f}× bf16's speed" in said
+    assert f"{big['M']}×{big['K']}×{big['N']} {big['speedup_vs_bf16']['fp8_scaled_mm']:.2f}×" in said
+    assert "1 sample a cell, so no verdict on any of them" in said and "within noise" not in said
+    # the recorded rows: three small shapes at 25-37 µs in every precision (a launch), one memory-bound shape
+    assert "fixed cost: 1×4096×4096" in said and "256×4096×4096" in said.split("fixed cost:")[1]
+    assert "memory-bound: 16×8192×28672 1.18×" in said and "compute-bound: 4096×4096×4096 1.67×" in said
     flat = results.Results.from_dict(h200.to_dict())
     for r in flat.section("gemm"):
         r["speedup_vs_bf16"]["fp8_scaled_mm"] = 0.5  # never faster: no claim that FP8 pays

@@ -286,7 +286,7 @@ def test_bench_writes_the_same_file_shape(tmp_path, monkeypatch, capsys):
     assert bench.main(["--quick", "--rounds", "3", "--save-to", str(tmp_path)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["bench"] == "fp8_gemm" and summary["isa"]["torch_cpu_capability"] and len(summary["rows"]) == 2
-    assert set(summary["rows"][0]["verdict_vs_fp32"]) == {"bf16", "fp8_upcast", "fp8_scaled_mm"} or \
+    assert set(summary["rows"][0]["verdict_vs_fp32"]) == {"bf16", "int8_upcast", "fp8_upcast", "fp8_scaled_mm"} or \
         summary["fp8_scaled_mm"] != "ran"
     saved = results.Results.from_dict(json.loads(Path(summary["saved"]).read_text(encoding="utf-8")))
     h200 = results.Results.from_dict(json.loads(H200.read_text(encoding="utf-8")))

@@ -278,7 +278,7 @@ def test_findings_choose_their_words_by_the_verdicts():
 
     gap = hardware.decode_gap(0.0657, 532e6, 27.0, 1653, "cpu", matmul_s=0.85 * 0.0657)
     split3 = " ".join(_findings(gap=gap).sentences)
-    assert "The profiled step is 30% its bytes at the probe's bandwidth, 55% more because the matrix-vector kernel read" in split3
+    assert "The profiled step is 30% its bytes at the probe's bandwidth; 55% more because the matrix-vector kernel read" in split3
     assert "15% per-operator overhead (largest: kernel)" in split3
     assert "profiled step is" not in text  # no split without a gap
 

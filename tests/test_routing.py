@@ -119,7 +119,7 @@ def test_same_answers_compares_turn_by_turn():
     assert routing.same_answers(x, y)["identical"] == 1
 
 
-def test_headline_judges_ttft_over_rounds_and_says_within_noise_with_too_few():
+def test_headline_judges_ttft_over_rounds_and_gives_no_verdict_with_too_few():
     runs = [{"policy": p, "ttft_p50_s": t, "hit_rate": h, "token_hit_rate": h, "ttft_p90_s": t, "max_share": 0.5,
              "requests": 8, "failed": 0} for p, ts, h in (("round_robin", (1.0, 1.1, 1.05), 0.5),
                                                           ("cache_aware", (0.6, 0.65, 0.62), 0.75)) for t in ts]
@@ -127,7 +127,7 @@ def test_headline_judges_ttft_over_rounds_and_says_within_noise_with_too_few():
     assert head["ttft_verdict"] == "better" and head["ttft_p50_ratio_ca_over_rr"] == pytest.approx(0.62 / 1.05)
     assert head["cache_aware_hit_rate"] == 0.75 and head["answers_identical_to_one_server"] is True
     two = [r for r in runs if r["ttft_p50_s"] not in (1.1, 0.65)]
-    assert scale_out.headline(scale_out.policy_table(two), two, None, None, None)["ttft_verdict"] == "within noise"
+    assert scale_out.headline(scale_out.policy_table(two), two, None, None, None)["ttft_verdict"] == "no verdict"
 
 
 def test_flush_cache_endpoint_and_its_absence():

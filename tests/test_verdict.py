@@ -5,7 +5,7 @@ import pytest
 
 from labkit.core import verdict
 from labkit.core.timing import Measurement
-from labkit.core.verdict import BETTER, IMPLAUSIBLE, NOISE, WORSE
+from labkit.core.verdict import ANOMALOUS, BETTER, IMPLAUSIBLE, NO_VERDICT, NOISE, TIED, WORSE
 
 
 def _around(x, spread=0.02, n=3):
@@ -21,9 +21,17 @@ def test_quiet_pairs_are_better_or_worse_in_the_named_direction():
                            higher_is_better=False).kind == BETTER
 
 
-def test_within_noise_on_few_samples_overlapping_ranges_or_close_medians():
+def test_few_samples_give_no_verdict_or_a_tie_never_within_noise():
     v = verdict.compare([20.0, 21.0], [10.0, 10.5])
-    assert v.kind == NOISE and "2 samples" in v.reason and v.word() == "within noise" and not v.real
+    assert v.kind == NO_VERDICT and "2 samples" in v.reason and v.label == "no verdict (2 samples)" and not v.real
+    assert verdict.phrase(v, "x").startswith("2.00× x, no verdict (2 samples: at least 3")
+    one = verdict.compare([324.0], [344.0], higher_is_better=False)  # 04's request 1, warmed against cold, one each
+    assert one.kind == TIED and one.label == "tie (within 10%)" and "within 10%" in one.reason and not one.real
+    assert verdict.pick(one, better="faster", worse="slower", same="the same") == "the same"
+    assert verdict.compare([400.0], [300.0], higher_is_better=False).kind == NO_VERDICT  # 33 % apart, one sample
+
+
+def test_within_noise_on_overlapping_ranges_or_close_medians():
     v = verdict.compare([9.0, 12.0, 15.0], [10.0, 11.0, 14.0])
     assert v.kind == NOISE and "overlap" in v.reason
     v = verdict.compare(_around(10.1, 0.001), _around(10.0, 0.001))
@@ -77,3 +85,42 @@ def test_a_bound_is_a_model_with_slack_and_bad_input_is_refused():
 def test_samples_reads_a_rows_kept_samples_or_its_single_value():
     assert verdict.samples({"x": 2.0, "samples": {"x": [1.0, 2.0, 3.0]}}, "x") == [1.0, 2.0, 3.0]
     assert verdict.samples({"x": 2.0}, "x") == [2.0]
+
+
+def test_versus_ties_single_values_within_ten_percent_and_largest_names_the_tie():
+    assert verdict.versus(0.50, 0.49).kind == TIED  # 01's "memory-bound" on 50 % against 49 %
+    assert verdict.versus(0.60, 0.30).kind == BETTER and verdict.versus(0.3, 0.6).kind == WORSE
+    assert verdict.largest({"bandwidth": 0.50, "kernel": 0.49, "overhead": 0.01}) == ["bandwidth", "kernel"]
+    assert verdict.largest({"bandwidth": 0.2, "kernel": 0.7, "overhead": 0.1}) == ["kernel"]
+    assert verdict.smallest({"a": 0.185, "b": 0.184, "c": 0.30}) == ["b", "a"]
+
+
+def test_a_baseline_far_off_its_twin_is_anomalous():
+    """03b's M = 1 GEMM: fp32 took 765 µs on one matrix while its same-sized twin took 34 µs."""
+    fp8 = [1400.0, 1420.0, 1410.0]
+    v = verdict.compare(fp8, [765.0, 770.0, 760.0], higher_is_better=False, twin=[34.0, 35.0, 34.5])
+    assert v.kind == ANOMALOUS and "twin" in v.reason and v.word() == "baseline anomalous — rerun"
+    assert verdict.compare(fp8, [54.0, 55.0, 53.0], higher_is_better=False, twin=[50.0, 51.0, 49.0]).kind == WORSE
+
+
+def test_one_value_against_the_samples_it_should_match():
+    steady = [360.0, 362.0, 365.0, 361.0, 363.0]
+    assert verdict.against(398.0, steady, higher_is_better=False).kind == WORSE  # a first call that paid
+    assert verdict.against(362.5, steady, higher_is_better=False).kind == NOISE
+    assert verdict.against(398.0, steady[:2], higher_is_better=False).kind == TIED
+
+
+def test_doubts_flag_a_rough_spread_and_a_drift_on_any_machine():
+    assert verdict.doubts(spread=0.20, drift=1.04) == []
+    said = verdict.doubts(spread=0.60, drift=0.53)
+    assert len(said) == 2 and "spread 60%" in said[0] and "drift 0.53" in said[1]
+    assert verdict.doubts(drift=1.67) and not verdict.doubts(drift=1.25)
+
+
+def test_every_kind_has_words_and_said_never_repeats_them():
+    for kind in verdict.KINDS:
+        v = verdict.Verdict(kind, 1.0, 1.0, 2, "why")
+        assert verdict.said(v).count(v.word()) == 1 and "why" in verdict.said(v)
+        assert verdict.than(v) and verdict.pick(v, better="b", worse="w", same="s") in ("b", "w", "s")
+    with pytest.raises(AssertionError, match="unknown verdict kind"):
+        verdict.Verdict("faster-ish", 1.0, 1.0, 1, "")

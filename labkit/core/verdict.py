@@ -1,22 +1,35 @@
-"""The one verdict every takeaway sentence is chosen by: better, worse, within noise, or implausible.
+"""The one verdict every takeaway sentence is chosen by: better, worse, within noise, a tie, no verdict, implausible,
+or a baseline that is itself anomalous.
 
 ``compare(new, base)`` takes two sets of samples (raw values, or ``Measurement``) and answers
 
 - ``"implausible — rerun"`` when the gain beats its physical bound (``bound``: half the bytes caps a memory-bound
   decode at 2×, a batch cannot beat its own model) or falls below its floor (``floor``: batch-B throughput below
   batch 1's, per-user speed rising with the batch) by more than ``SLACK``: the machine, not the method, moved it;
-- ``"within noise"`` when either side has fewer than ``MIN_SAMPLES`` samples, their p10–p90 ranges overlap, or the
-  medians differ by less than ``TOLERANCE``;
+- ``"baseline anomalous"`` when the baseline disagrees with its ``twin`` (an independent measurement that should
+  take the same time: a same-sized shape, the same variant timed again) by more than ``ANOMALY``×: every ratio
+  against it would measure the anomaly, not the variant;
+- with fewer than ``MIN_SAMPLES`` samples on a side, ``"tie"`` when the medians lie within ``TIE`` of each other and
+  ``"no verdict"`` otherwise: one sample cannot tell a difference from noise, whatever its size;
+- ``"within noise"`` when the p10–p90 ranges overlap or the medians differ by less than ``TOLERANCE``;
 - otherwise ``"better"`` or ``"worse"``, in the direction ``higher_is_better`` names.
 
-A sentence never says "faster" on a pair that is within noise: it asks ``Verdict.word`` for its word, or lets
-``phrase`` (a ratio and what the verdict allows it to say) or ``than`` (the comparison words) write the words. These
-are the only places the words "within noise" and "implausible" are written: every takeaway in
-``labkit.lessons.findings`` and every notebook takes them from here.
+``versus(a, b)`` judges two single computed values that carry no noise of their own (shares of one step, two
+layers' errors, a measurement against a model's prediction): ``"tie"`` within ``TIE``, else better or worse.
+``largest(pieces)`` names the largest of several such values, or the ones tied for it. ``doubts(spread, drift)``
+names what makes a timed row rough (a spread over ``ROUGH_SPREAD``, a drift outside ``DRIFT_RANGE``).
+
+A sentence never says "faster" on a pair that is not a real difference: it asks ``Verdict.word`` for its word, or
+lets ``phrase`` (a ratio and what the verdict allows it to say) or ``than`` (the comparison words) write the words,
+or picks its clause by ``kind``. These are the only places the verdict words ("within noise", "implausible", "tie",
+"no verdict", "baseline anomalous") are written: every takeaway in ``labkit.lessons.findings`` and every notebook
+takes them from here, and no findings module compares a measured ratio against a threshold of its own
+(``tests/test_takeaways.py`` reads their sources).
 """
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,21 +39,45 @@ from .timing import percentile
 MIN_SAMPLES = 3  # fewer samples cannot tell a difference from noise
 TOLERANCE = 0.02  # medians closer than 2 % are the same number on any laptop
 SLACK = 0.10  # a bound is a model: beat it by more than 10 % before calling the run implausible
+TIE = 0.10  # two values within 10 % of each other, with no spread to judge them by, are a tie
+ANOMALY = 2.0  # a baseline more than 2× off its twin measures an anomaly, not the variant
+ROUGH_SPREAD = 0.25  # (p90 − p10) / median above this: the median is a rough figure
+DRIFT_RANGE = (0.8, 1.25)  # the baseline timed last over first, outside this: the machine moved during the run
+CLAIM_POINTS = 0.05  # a published share ("INT8: −75 % memory") holds when the measured share is within 5 points
 
 BETTER, WORSE, NOISE, IMPLAUSIBLE = "better", "worse", "within noise", "implausible — rerun"
+TIED, NO_VERDICT, ANOMALOUS = "tie", "no verdict", "baseline anomalous"
+KINDS = (BETTER, WORSE, NOISE, TIED, NO_VERDICT, IMPLAUSIBLE, ANOMALOUS)
+TIE_LABEL = f"{TIED} (within {TIE:.0%})"  # how a tie reads in a sentence or a table cell
 
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str  # BETTER, WORSE, NOISE or IMPLAUSIBLE
+    kind: str  # one of KINDS
     ratio: float  # median(new) / median(base), in the quantity's own unit
     gain: float  # the ratio in the direction of "better" (> 1 is better)
     n: int  # the smaller sample count
     reason: str  # why this verdict, in words a learner can check
 
+    def __post_init__(self) -> None:
+        assert self.kind in KINDS, f"unknown verdict kind {self.kind!r}"
+
     def word(self, better: str = "faster", worse: str = "slower") -> str:
-        """The word a sentence may use: ``better``/``worse`` only when the difference is real."""
-        return {BETTER: better, WORSE: worse}.get(self.kind, self.kind)
+        """The word a sentence may use: ``better``/``worse`` only when the difference is real, else the kind ("within
+        noise", "tie", "no verdict", …); its ``reason`` says the rest."""
+        return {BETTER: better, WORSE: worse, ANOMALOUS: f"{ANOMALOUS} — rerun"}.get(self.kind, self.kind)
+
+    @property
+    def label(self) -> str:
+        """The verdict as a table cell and a clause: "better", "within noise", "tie (within 10 %)", "no verdict
+        (1 sample)", "implausible — rerun", "baseline anomalous — rerun"."""
+        if self.kind == TIED:
+            return TIE_LABEL
+        if self.kind == NO_VERDICT:
+            return f"{NO_VERDICT} ({self.n} sample{'s' * (self.n != 1)})"
+        if self.kind == ANOMALOUS:
+            return f"{ANOMALOUS} — rerun"
+        return self.kind
 
     @property
     def real(self) -> bool:
@@ -52,19 +89,39 @@ class Verdict:
 
 def phrase(v: Verdict, what: str, better: str = "faster", worse: str = "slower") -> str:
     """``"{gain}× {what}"`` and what the verdict lets a sentence add: ``" (faster)"`` / ``" (slower)"`` when the
-    difference is real, ``", within noise (why)"``, or ``": implausible — rerun (why; this machine's load)"``."""
+    difference is real, ``", within noise (why)"``, ``", tie (within 10 %; why)"``, ``", no verdict (why)"``, or
+    ``": implausible — rerun (why; this machine's load)"`` / ``": baseline anomalous — rerun (why)"``."""
     ratio = f"{v.gain:.2f}×" + (f" {what}" if what else "")
     if v.kind == IMPLAUSIBLE:
         return f"{ratio}: {IMPLAUSIBLE} ({v.reason}; {machine.last_line()})"  # the load line: the likely cause
-    if v.kind == NOISE:
-        return f"{ratio}, {NOISE} ({v.reason})"
+    if v.kind == ANOMALOUS:
+        return f"{ratio}: {v.label} ({v.reason})"
+    if v.kind in (NOISE, TIED, NO_VERDICT):
+        return f"{ratio}, {v.kind} ({v.reason})"
     return f"{ratio} ({v.word(better, worse)})"
 
 
+def said(v: Verdict, better: str = "faster", worse: str = "slower") -> str:
+    """The verdict as a clause with its reason: "faster (3+ samples each, …)", "within noise (the p10–p90 ranges
+    overlap)", "tie (1 sample each, within 10 % of each other)", "no verdict (2 samples: …)"."""
+    return f"{v.word(better, worse)} ({v.reason})"
+
+
 def than(v: Verdict, better: str = "faster than", worse: str = "slower than") -> str:
-    """The comparison words: ``better``/``worse`` only when the difference is real, else "within noise of" or
-    "implausibly far from (rerun)"."""
-    return {BETTER: better, WORSE: worse, NOISE: f"{NOISE} of"}.get(v.kind, "implausibly far from (rerun)")
+    """The comparison words: ``better``/``worse`` only when the difference is real, else "within noise of", "tied
+    with", "with no verdict against", "implausibly far from (rerun)" or "with an anomalous baseline against"."""
+    return {BETTER: better, WORSE: worse, NOISE: f"{NOISE} of", TIED: "tied with",
+            NO_VERDICT: "with no verdict against", ANOMALOUS: "with an anomalous baseline against"}.get(
+        v.kind, "implausibly far from (rerun)")
+
+
+def pick(v: Verdict, *, better: str, worse: str, same: str, unsure: str | None = None, wild: str | None = None) -> str:
+    """The clause a sentence says for this verdict: ``better``/``worse`` for a real difference, ``same`` for a tie
+    or a difference within noise, ``unsure`` (default: ``same``) for no verdict, ``wild`` (default: ``unsure``)
+    for an implausible run or an anomalous baseline. The one place a findings module branches on a verdict's kind."""
+    unsure = same if unsure is None else unsure
+    return {BETTER: better, WORSE: worse, NOISE: same, TIED: same, NO_VERDICT: unsure}.get(
+        v.kind, unsure if wild is None else wild)
 
 
 def _values(x: Any) -> list[float]:
@@ -84,14 +141,19 @@ def samples(row: Any, key: str) -> list[float]:
     return list(kept) if kept else [float(row[key])]
 
 
+def _ratio(a: float, b: float, what: str) -> float:
+    if a <= 0 or b <= 0:
+        raise ValueError(f"{what} needs positive medians (got {a:g} and {b:g}): times, rates and sizes only")
+    return a / b
+
+
 def compare(new: Any, base: Any, *, higher_is_better: bool = True, bound: float | None = None, bound_why: str = "",
-            floor: float | None = None, floor_why: str = "") -> Verdict:
-    """Judge ``new`` against ``base`` (see the module docstring); ``bound``/``floor`` limit the gain."""
+            floor: float | None = None, floor_why: str = "", twin: Any = None, twin_why: str = "") -> Verdict:
+    """Judge ``new`` against ``base`` (see the module docstring); ``bound``/``floor`` limit the gain, ``twin`` is an
+    independent measurement the baseline should agree with."""
     a, b = _values(new), _values(base)
     med_a, med_b = statistics.median(a), statistics.median(b)
-    if med_a <= 0 or med_b <= 0:
-        raise ValueError(f"compare() needs positive medians (got {med_a:g} and {med_b:g}): times and rates only")
-    ratio = med_a / med_b
+    ratio = _ratio(med_a, med_b, "compare()")
     gain = ratio if higher_is_better else 1 / ratio
     n = min(len(a), len(b))
     if bound is not None and gain > bound * (1 + SLACK):
@@ -100,9 +162,18 @@ def compare(new: Any, base: Any, *, higher_is_better: bool = True, bound: float 
     if floor is not None and gain < floor / (1 + SLACK):
         why = f" ({floor_why})" if floor_why else ""
         return Verdict(IMPLAUSIBLE, ratio, gain, n, f"{gain:.2f}× falls below its floor {floor:.2f}×{why}")
+    if twin is not None:
+        med_t = statistics.median(_values(twin))
+        off = _ratio(med_b, med_t, "compare(twin=)")
+        if max(off, 1 / off) > ANOMALY:
+            why = f" ({twin_why})" if twin_why else ""
+            return Verdict(ANOMALOUS, ratio, gain, n, f"the baseline's median {med_b:.3g} is {off:.2f}× its twin's "
+                                                      f"{med_t:.3g}{why}, more than {ANOMALY:g}× apart")
     if n < MIN_SAMPLES:
-        return Verdict(NOISE, ratio, gain, n, f"{n} sample{'s' * (n != 1)}: at least {MIN_SAMPLES} tell a "
-                                              "difference from noise")
+        each = f"{n} sample{'s' * (n != 1)}"
+        if abs(gain - 1) < TIE:
+            return Verdict(TIED, ratio, gain, n, f"{each}, medians within {TIE:.0%} of each other")
+        return Verdict(NO_VERDICT, ratio, gain, n, f"{each}: at least {MIN_SAMPLES} tell a difference from noise")
     lo_a, hi_a, lo_b, hi_b = percentile(a, 10), percentile(a, 90), percentile(b, 10), percentile(b, 90)
     if lo_a <= hi_b and lo_b <= hi_a:
         return Verdict(NOISE, ratio, gain, n, "the p10–p90 ranges overlap")
@@ -110,3 +181,70 @@ def compare(new: Any, base: Any, *, higher_is_better: bool = True, bound: float 
         return Verdict(NOISE, ratio, gain, n, f"the medians differ by less than {TOLERANCE:.0%}")
     kind = BETTER if gain > 1 else WORSE
     return Verdict(kind, ratio, gain, n, f"{n}+ samples each, p10–p90 ranges apart")
+
+
+def against(value: float, base: Any, *, higher_is_better: bool = True) -> Verdict:
+    """One value (a first call, a lone run) against samples of the same quantity (the steady calls after it): better
+    or worse when it lies outside their p10–p90 range and off their median by ``TOLERANCE`` or more, within noise
+    inside it; with fewer than ``MIN_SAMPLES`` samples, a tie within ``TIE`` or no verdict."""
+    b = _values(base)
+    med_b = statistics.median(b)
+    ratio = _ratio(float(value), med_b, "against()")
+    gain = ratio if higher_is_better else 1 / ratio
+    n = len(b)
+    if n < MIN_SAMPLES:
+        each = f"{n} sample{'s' * (n != 1)} to judge it by"
+        if abs(gain - 1) < TIE:
+            return Verdict(TIED, ratio, gain, n, f"{each}, within {TIE:.0%} of its median")
+        return Verdict(NO_VERDICT, ratio, gain, n, f"{each}: at least {MIN_SAMPLES} tell a difference from noise")
+    if percentile(b, 10) <= value <= percentile(b, 90) or abs(ratio - 1) < TOLERANCE:
+        return Verdict(NOISE, ratio, gain, n, f"inside the p10–p90 range of the {n} it is held against")
+    return Verdict(BETTER if gain > 1 else WORSE, ratio, gain, n, f"outside the p10–p90 range of the {n} it is held "
+                                                                  "against")
+
+
+def versus(new: float, base: float, *, higher_is_better: bool = True) -> Verdict:
+    """Two single computed values with no noise of their own to judge them by (shares of one step, two layers'
+    errors, a measurement against a model's prediction): a tie within ``TIE``, else better or worse."""
+    ratio = _ratio(float(new), float(base), "versus()")
+    gain = ratio if higher_is_better else 1 / ratio
+    if abs(gain - 1) < TIE:
+        return Verdict(TIED, ratio, gain, 1, f"one value each, within {TIE:.0%} of each other")
+    return Verdict(BETTER if gain > 1 else WORSE, ratio, gain, 1, f"one value each, {abs(gain - 1):.0%} apart")
+
+
+def largest(pieces: Mapping[str, float]) -> list[str]:
+    """The name of the largest of ``pieces`` (positive values), or the names tied for it (within ``TIE`` of the
+    largest), largest first."""
+    if not pieces:
+        raise ValueError("largest() needs at least one piece")
+    ranked = sorted(pieces, key=pieces.get, reverse=True)
+    top = pieces[ranked[0]]
+    if top <= 0:
+        return ranked
+    return [k for k in ranked if pieces[k] > 0 and versus(pieces[k], top).kind == TIED]
+
+
+def holds(measured: float, claimed: float, points: float = CLAIM_POINTS) -> bool:
+    """Whether a published share (a memory change of −0.75, a rise of +0.02) holds: the measured share within
+    ``points`` of the claim, either side."""
+    return abs(measured - claimed) <= points
+
+
+def smallest(pieces: Mapping[str, float]) -> list[str]:
+    """The name of the smallest of ``pieces`` (positive values), or the names tied for it (within ``TIE``), smallest
+    first: ``largest`` of the inverses."""
+    return largest({k: 1 / v for k, v in pieces.items() if v > 0}) if any(v > 0 for v in pieces.values()) else list(pieces)
+
+
+def doubts(spread: float | None = None, drift: float | None = None) -> list[str]:
+    """What makes a timed row rough, in words: a spread ((p90 − p10) / median) over ``ROUGH_SPREAD``, a drift (the
+    baseline timed last over first) outside ``DRIFT_RANGE``; [] when neither. Shown beside the row on any machine,
+    quiet or not: a rough median is rough whatever the load line says."""
+    said = []
+    if spread is not None and spread == spread and spread > ROUGH_SPREAD:
+        said.append(f"spread {spread:.0%} (over {ROUGH_SPREAD:.0%}: a rough median)")
+    lo, hi = DRIFT_RANGE
+    if drift is not None and drift == drift and not lo <= drift <= hi:
+        said.append(f"drift {drift:.2f} (outside {lo:g}–{hi:g}: the machine's speed moved during the run)")
+    return said

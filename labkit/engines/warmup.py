@@ -21,7 +21,7 @@ from collections.abc import Callable  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
 
-from ..core import config, env, memory, timing
+from ..core import config, env, memory, timing, verdict
 from ..core.checks import model_device
 from ..core.timing import Measurement
 from ..decoding import cache_variants, generation
@@ -29,7 +29,6 @@ from ..decoding.cache_variants import cache_variant_kwargs
 from ..model import models
 
 _SPAWNED_AT = time.time()  # wall clock, comparable across processes: read first, before heavy imports
-NOISE_SHARE = 0.05  # a first-call excess below 5 % of its latency is within a CPU run's noise
 SPAWN_ENV = "LABKIT_SPAWN_TIME"
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
 PHASES = ("process_start_s", "import_s", "cuda_init_s", "load_s", "first_request_s", "second_request_s")
@@ -75,6 +74,19 @@ def one_time_share(latencies_s: list[float], window: int = 5) -> float:
         raise ValueError(f"{len(latencies_s)} latencies: need the first call and a steady window of {window} after it")
     steady = Measurement.from_values("steady", latencies_s[-window:]).median
     return (latencies_s[0] - steady) / latencies_s[0]
+
+
+def one_time_said(latencies_s: list[float], window: int, share: float) -> str:
+    """The first call's one-time cost in words, chosen by ``verdict.against`` (the first call against the last
+    ``window`` calls): a cost where it lies above their range, else what it was and that no cost shows."""
+    first = latencies_s[0]
+    steady = Measurement.from_values("steady", latencies_s[-window:]).median
+    v = verdict.against(first, latencies_s[-window:], higher_is_better=False)
+    extra_ms = (first - steady) * 1e3
+    if v.kind == verdict.WORSE:
+        return f"one-time cost: {share:.0%} of the first request ({extra_ms:.0f} ms of {first * 1e3:.0f} ms; {v.reason})"
+    return (f"the first request was {extra_ms:+.0f} ms against the steady median ({share:.0%} of it), {v.label} "
+            f"({v.reason}): no one-time cost shows above this run's noise")
 
 
 @dataclass

@@ -86,35 +86,44 @@ def pick_precision(rows: Sequence[dict[str, Any]], min_agreement: float) -> str:
 
 def choose_precision(models_by_precision: dict[str, Any], tokenizer: Any, prompts: Sequence[str], batch: int,
                      new_tokens: int, reference: str = "fp32", min_agreement: float = 0.9, ref_prompts: int = 3,
-                     ref_tokens: int = 12) -> tuple[list[dict[str, Any]], str]:
+                     ref_tokens: int = 12, repeats: int = 3) -> tuple[list[dict[str, Any]], str]:
     """Measure each precision on the serving shape and its cost in answers; return the rows and the choice.
 
     Speed: ``batch`` chat prompts decoded together for ``new_tokens`` each (``decoder.decode_batch``, the
-    servers' own loop, prefill included), after one untimed warmup batch. Quality: greedy agreement and KL
-    against ``reference`` on ``ref_prompts`` prompts. The choice is the fastest precision whose agreement
-    is at least ``min_agreement`` (``pick_precision``), so a faster precision that changes answers loses.
+    servers' own loop, prefill included), after one untimed warmup batch each, in ``repeats`` interleaved rounds
+    (fp32 bf16 fp16 fp32 …: a slowdown hits each alike); each row keeps its ``samples`` of tokens/s for the
+    verdicts and its median as ``tokens_per_s``. Quality: greedy agreement and KL against ``reference`` on
+    ``ref_prompts`` prompts. The choice is the fastest precision whose agreement is at least ``min_agreement``
+    (``pick_precision``), so a faster precision that changes answers loses.
     """
     if reference not in models_by_precision:
         raise ValueError(f"reference precision {reference!r} is not among {list(models_by_precision)}")
-    if batch < 1 or new_tokens < 1:
-        raise ValueError(f"batch={batch}, new_tokens={new_tokens}: both must be at least 1")
+    if batch < 1 or new_tokens < 1 or repeats < 1:
+        raise ValueError(f"batch={batch}, new_tokens={new_tokens}, repeats={repeats}: each must be at least 1")
     ids = [models.chat_inputs(tokenizer, p)["input_ids"][0].tolist() for p in cycle(prompts, batch)]
     ref = quality.reference(models_by_precision[reference], tokenizer, list(prompts[:ref_prompts]), new_tokens=ref_tokens)
-    rows = []
-    for name, model in models_by_precision.items():
+
+    def runner(model: Any, n: int) -> Callable[[], float]:
         eos = decoder.eos_ids(model, tokenizer)
 
-        def run(n: int) -> float:
+        def run() -> float:
             seqs = [decoder.Sequence(prompt_ids=list(x), max_new_tokens=n, ignore_eos=True) for x in ids]
             with timing.track(model.device) as watch:
                 decoder.decode_batch(model, seqs, eos, tokenizer.pad_token_id)
             return watch.seconds
+        return run
 
-        run(2)  # warmup: first calls pay allocation and kernel set-up
-        wall = run(new_tokens)
+    for model in models_by_precision.values():
+        runner(model, 2)()  # warmup: first calls pay allocation and kernel set-up
+    walls = timing.rounds({name: runner(model, new_tokens) for name, model in models_by_precision.items()}, repeats,
+                          again=False)
+    rows = []
+    for name, model in models_by_precision.items():
         q = quality.compare(model, ref)
-        rows.append({"precision": name, "batch": batch, "new_tokens": new_tokens, "seconds": wall,
-                     "tokens_per_s": batch * new_tokens / wall, "agreement": q.agreement, "kl": q.kl})
+        rates = [batch * new_tokens / w for w in walls[name]]
+        rows.append({"precision": name, "batch": batch, "new_tokens": new_tokens, "rounds": repeats,
+                     "seconds": statistics.median(walls[name]), "tokens_per_s": statistics.median(rates),
+                     "agreement": q.agreement, "kl": q.kl, "samples": {"tokens_per_s": rates}})
     return rows, pick_precision(rows, min_agreement)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import config, cpu, env, timing
+from ..core import config, cpu, env, timing, verdict
 from ..core.timing import Measurement
 from .dtypes import torch_dtype
 
@@ -117,7 +117,8 @@ def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_p
     3. ``overhead_s``: the rest, shared by the ``ops_per_step`` operators (Python, dispatch, small kernels; on a
        GPU, one launch each).
 
-    ``bound`` names the largest piece: "bandwidth", "kernel", or "overhead" ("launch" on a GPU). ``weight_bytes``
+    ``bound`` names the largest piece: "bandwidth", "kernel", or "overhead" ("launch" on a GPU); ``tied`` every piece
+    within ``verdict.TIE`` of it (``verdict.largest``: 50 % against 49 % names no single bound). ``weight_bytes``
     (default ``bytes_per_step``) are the bytes the matrix products read. ``profiled``: ``tpot_s`` is a profiled
     step's operator self time (no Python) and ``ops_per_step`` counts the operators besides the matrix products.
     Pieces never sum past the step: a kernel slower than the whole step is capped at what the bytes leave.
@@ -145,7 +146,8 @@ def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_p
     overhead_s = max(0.0, tpot_s - bytes_s - kernel_s)
     gpu = str(device).startswith("cuda")
     pieces = {"bandwidth": bytes_s, "kernel": kernel_s, ("launch" if gpu else "overhead"): overhead_s}
-    bound = max(pieces, key=pieces.get)
+    tied = verdict.largest(pieces)
+    bound = tied[0]
     per_op_us = overhead_s / ops_per_step * 1e6 if ops_per_step else None
     ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
     said = [f"of each {ms(tpot_s)} step, {ms(bytes_s)} is reading its {bytes_per_step / 1e6:.0f} MB at the probe's "
@@ -170,12 +172,29 @@ def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_p
         "launch": ("decode here is launch-bound: each operator is a kernel launch the GPU waits for; CUDA graphs or "
                    f"a bigger model (try LABKIT_MODEL={BIGGER_MODEL}) read more bytes per launch"),
     }[bound]
-    text = "; ".join(said) + f". Largest piece: {bound} ({pieces[bound] / tpot_s:.0%}): {verdict_}."
+    if len(tied) > 1:
+        shares = " and ".join(f"{p} ({pieces[p] / tpot_s:.0%})" for p in tied)
+        text = "; ".join(said) + (f". Largest pieces: {shares}, a {verdict.TIE_LABEL}: no single "
+                                  "piece bounds decode here, so shrinking one of them leaves the rest as large as they were.")
+    else:
+        text = "; ".join(said) + f". Largest piece: {bound} ({pieces[bound] / tpot_s:.0%}): {verdict_}."
     text = text[0].upper() + text[1:]
     return {"device": str(device), "step_s": tpot_s, "bytes_s": bytes_s, "bytes_share": bytes_s / tpot_s,
             "kernel_s": kernel_s, "kernel_share": kernel_s / tpot_s, "matmul_gbs": matmul_gbs,
             "overhead_s": overhead_s, "overhead_share": overhead_s / tpot_s,
-            "ops_per_step": ops_per_step, "overhead_us_per_op": per_op_us, "bound": bound, "explanation": text}
+            "ops_per_step": ops_per_step, "overhead_us_per_op": per_op_us, "per_op_basis": per_op_basis(profiled),
+            "bound": bound, "tied": tied, "explanation": text}
+
+
+def per_op_basis(profiled: bool) -> str:
+    """What one operator's cost in ``decode_gap`` is measured over: notebooks 01 and 10 divide a wall-clock step's rest
+    by every operator it dispatched (Python and dispatch included); notebook 05 divides the profiler's self time of
+    the operators besides the matrix products (no Python in it), so its figure is the lower of the two."""
+    return ("the profiler's self time of the operators besides the matrix products, no Python in it (notebooks 01 and "
+            "10 divide a wall-clock step by every operator it dispatched, Python included, so theirs is higher)"
+            if profiled else
+            "a wall-clock step's rest over every operator it dispatched, Python and dispatch included (notebook 05 "
+            "divides the profiler's self time, no Python in it, so its figure is lower)")
 
 
 _HALF_FLAGS = ("f16c", "avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16",
@@ -278,6 +297,18 @@ def native_half(device: str | None = None) -> dict[str, bool]:
         return {"fp16": bool(f["fp16_tensor_cores"]), "bf16": bool(f["bf16_native"])}
     return {"fp16": any(f.get(k, False) for k in ("avx512_fp16", "amx_fp16", "asimdhp")),
             "bf16": any(f.get(k, False) for k in ("avx512_bf16", "amx_bf16", "bf16"))}
+
+
+def native_half_said(device: str | None = None) -> str:
+    """Per format, whether ``device`` (default: the device notebooks use) computes it natively (``native_half``), in
+    one line: "native: bf16; converted to fp32 as it computes: fp16" (an AVX-512 CPU with AVX512_BF16 and no
+    AVX512_FP16 has one and not the other)."""
+    native = native_half(device)
+    yes = [f for f, ok in native.items() if ok]
+    no = [f for f, ok in native.items() if not ok]
+    parts = ([f"native: {', '.join(yes)}"] if yes else []) + (
+        [f"converted to fp32 as it computes (it saves bytes, not arithmetic): {', '.join(no)}"] if no else [])
+    return "; ".join(parts)
 
 
 def int8_saturation_risk() -> bool:

@@ -164,6 +164,36 @@ def reference_note(name: str | None = None) -> str:
             f"checkpoint's. For the original weights: LABKIT_MODEL={ORIGINAL_WEIGHTS} (a hub download).")
 
 
+def four_bit_note(name: str | None = None) -> str:
+    """What the default model's Q4_1-gridded "fp32" does to a 4-bit comparison: every reference weight already sits on
+    one of Q4_1's 16 levels per block of 32, so a 4-bit format re-rounds a 4-bit grid onto its own, and a format whose
+    blocks line up with Q4_1's is favoured; its error here is not its error against the original weights. "" for
+    any other model."""
+    if (name or os.environ.get("LABKIT_MODEL") or "default") != "default":
+        return ""
+    return ("4-bit rows against this reference: every fp32 weight already sits on one of Q4_1's 16 levels per block "
+            "of 32 (a scale and a minimum each), so a 4-bit format here re-rounds one 4-bit grid onto another; formats "
+            "whose blocks line up with Q4_1's 32 are favoured, and no row's error is its error against the original "
+            f"bf16 weights. In full mode, ORIGINAL_WEIGHTS = True loads {ORIGINAL_WEIGHTS} (a hub download) as the "
+            "reference instead.")
+
+
+def use_original_weights(wanted: bool, quick: bool) -> str:
+    """Make the default model's original bf16 checkpoint (``ORIGINAL_WEIGHTS``, a hub download) the model every later
+    load in this process uses, where ``wanted`` and not ``quick`` and no other ``LABKIT_MODEL`` is set; one line
+    saying what was done. Quick mode never downloads."""
+    if not wanted:
+        return ""
+    if quick:
+        return (f"ORIGINAL_WEIGHTS is set, but quick mode never downloads: the reference stays the GGUF's fp32 "
+                f"(LABKIT_QUICK=0 loads {ORIGINAL_WEIGHTS})")
+    current = os.environ.get("LABKIT_MODEL")
+    if current and current != ORIGINAL_WEIGHTS:
+        return f"ORIGINAL_WEIGHTS is set, but LABKIT_MODEL={current} already names the model: kept"
+    os.environ["LABKIT_MODEL"] = ORIGINAL_WEIGHTS
+    return f"the reference is the original checkpoint: LABKIT_MODEL={ORIGINAL_WEIGHTS} (downloaded from the hub once)"
+
+
 def display_name(name: str | None = None) -> str:
     name = name or os.environ.get("LABKIT_MODEL") or "default"
     return DEFAULT_MODEL_NAME if name == "default" else name

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core import verdict
+
+RIDGE = "at the ridge"  # an intensity within verdict.TIE of the ridge: both roofs bind, neither is the answer
+RIDGE_WHY = f"{RIDGE}: its intensity is within {verdict.TIE:.0%} of the ridge, so both roofs bind"
+
 # ------------------------------------------------------------------ the roofline: two roofs, and where a matmul sits
 
 
@@ -59,3 +64,28 @@ def roof_gflops(intensity: float, bandwidth_gbs: float, peak_gflops: float) -> f
     if intensity <= 0:
         raise ValueError(f"intensity={intensity}: must be positive (FLOPs per byte)")
     return min(bandwidth_gbs * intensity, peak_gflops)
+
+
+def bound(intensity: float, ridge: float) -> str:
+    """Which roof limits a kernel of this intensity: "memory-bound" below the ridge, "compute-bound" above it, and
+    ``RIDGE`` within ``verdict.TIE`` of it (a verdict of ``versus``: 4.0 against 4.1 FLOPs per byte names neither)."""
+    if intensity <= 0 or ridge <= 0:
+        raise ValueError(f"intensity={intensity}, ridge={ridge}: both must be positive (FLOPs per byte)")
+    return verdict.pick(verdict.versus(intensity, ridge), better="compute-bound", worse="memory-bound", same=RIDGE)
+
+
+FIXED_COST = "fixed cost"  # a call that takes several times its roofline time: launch and latency, not bytes or FLOPs
+FIXED_COST_FACTOR = 2.0  # a call this many times its roofline time (or more) is bound by its fixed cost
+
+
+def gemm_regime(m: int, k: int, n: int, seconds: float, bandwidth_gbs: float, peak_flops: float,
+                bytes_per_value: float = 2) -> str:
+    """What bounds one (m, k) × (k, n) GEMM call that took ``seconds``: ``FIXED_COST`` when it took at least
+    ``FIXED_COST_FACTOR`` × its roofline time (the larger of its bytes at ``bandwidth_gbs`` and its FLOPs at
+    ``peak_flops``: a kernel launch and its latency, which no precision shortens), else "memory-bound" or
+    "compute-bound" by ``bound`` (its intensity against the ridge)."""
+    flops, moved = matmul_cost(m, n, k, bytes_per_value)
+    roof_s = max(flops / peak_flops, moved / (bandwidth_gbs * 1e9))
+    if seconds >= FIXED_COST_FACTOR * roof_s:
+        return FIXED_COST
+    return bound(flops / moved, ridge_intensity(bandwidth_gbs, peak_flops / 1e9))

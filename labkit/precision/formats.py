@@ -14,6 +14,8 @@ are the subnormals. The formats (``FORMATS``, by name):
     nvfp4                        blocks of 16, E2M1 elements, an E4M3 block scale, one fp32 scale per tensor
                                  (absmax / (448 × 6)) that brings the block scales into E4M3's range
     int4-g32                     the house's symmetric int4 (absmax / 7 per block of 32, ``quantisers``) to compare
+    int8-channel                 weights-only int8 (absmax / 127 per output row): FP8 per-channel's twin in bytes,
+                                 an even grid where E4M3's steps double every binade
 
 Everything here is fake quantisation: quantise, then dequantise to the input's dtype, so the error can be measured
 and a model run unchanged. It says nothing about speed: a real kernel keeps the codes and scales packed.
@@ -67,6 +69,8 @@ E5M2 = Element("e5m2", exponent_bits=5, mantissa_bits=2, bias=15, specials="ieee
 E2M1 = Element("e2m1", exponent_bits=2, mantissa_bits=1, bias=1, specials="none")  # max 6
 ELEMENTS = {e.name: e for e in (E4M3, E5M2, E2M1)}
 INT4_BITS, INT4_QMAX = 4, 7  # symmetric int4: codes -7 … 7 in a nibble
+INT8_BITS, INT8_QMAX = 8, 127  # symmetric int8: codes -127 … 127 in a byte
+INTEGERS = {"int4": (INT4_BITS, INT4_QMAX), "int8": (INT8_BITS, INT8_QMAX)}  # integer elements: bits, largest code
 # a scale's width: fp32; E8M0 (the MX scale: 8 exponent bits, no sign, no mantissa: a power of two); E4M3
 SCALE_BITS = {"fp32": 32, "e8m0": 8, "e4m3": E4M3.bits}
 
@@ -131,7 +135,7 @@ class Format:
 
     @property
     def element_bits(self) -> int:
-        return INT4_BITS if self.element == "int4" else ELEMENTS[self.element].bits
+        return INTEGERS[self.element][0] if self.element in INTEGERS else ELEMENTS[self.element].bits
 
     @property
     def scale_bits(self) -> int:
@@ -151,6 +155,8 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
            description="symmetric int4 (±7), one fp32 absmax scale per block of 32"),
     Format("int4-g64", "int4", "block", "fp32", block=64,
            description="symmetric int4 (±7), one fp32 absmax scale per block of 64 (the lab's int4 layout)"),
+    Format("int8-channel", "int8", "channel", "fp32",
+           description="weights-only int8 (±127), one fp32 absmax scale per output row"),
 )}
 
 
@@ -252,6 +258,8 @@ def fake_quant(w: Any, fmt: str | Format) -> Any:
     w32 = w.detach().float()
     if f.element == "int4":
         out = int4_fake_quant(w32, f.block)
+    elif f.element == "int8":  # one absmax scale per output row: notebook 03's per-channel int8, weights only
+        out = int8_round_trip(w32, absmax_scale(w32, True, INT8_QMAX), INT8_QMAX)[1]
     elif f.element == "e2m1":
         out = mxfp4_fake_quant(w32, f.block) if f.scale_format == "e8m0" else nvfp4_fake_quant(w32, f.block)
     else:

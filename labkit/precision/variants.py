@@ -7,7 +7,7 @@
     ort-fp32          exported to ONNX by transformers' exporter, run by ONNX Runtime
     ort-int8-tensor   ONNX Runtime dynamic int8, one scale per weight tensor
     ort-int8-channel  ONNX Runtime dynamic int8, one scale per output channel
-    fp8-tensor, fp8-channel, nvfp4, mxfp4, int4-g64: the linear weights rounded to that format
+    fp8-tensor, fp8-channel, int8-channel, nvfp4, mxfp4, int4-g64: the linear weights rounded to that format
                       (labkit.precision.formats), held in fp32: its answer quality where no kernel runs it; no timing
 
 Each variant is one ``Spec`` in ``SPECS`` (description, sizing dtype, loader, capabilities, devices, options);
@@ -87,6 +87,7 @@ SPECS: dict[str, Spec] = {s.name: s for s in (
     *(Spec(name, f"{formats.FORMATS[fmt].description} (rounded, computed in fp32)", dtype, "_load_fake",
            fake_format=fmt)
       for name, fmt, dtype in (("fp8-tensor", "fp8-e4m3-tensor", "fp8"), ("fp8-channel", "fp8-e4m3-channel", "fp8"),
+                               ("int8-channel", "int8-channel", "int8"),
                                ("nvfp4", "nvfp4", "nvfp4"), ("mxfp4", "mxfp4", "mxfp4"),
                                ("int4-g64", "int4-g64", "int4"))),
 )}

@@ -364,12 +364,14 @@ roof = pd.DataFrame(points, columns=["label", "rows", "flops", "bytes", "seconds
 roof["intensity"] = roof.flops / roof.bytes
 roof["gflops"] = roof.flops / roof.seconds / 1e9
 roof["roof_gflops"] = [roofline.roof_gflops(i, bw.gbs, peak_gflops) for i in roof.intensity]
-roof["bound"] = ["compute-bound" if i > ridge else "memory-bound" for i in roof.intensity]
+roof["bound"] = [roofline.bound(i, ridge) for i in roof.intensity]  # near the ridge: both roofs bind
 roof["of_roof"] = roof.gflops / roof.roof_gflops
 plots.roofline(bw.gbs, peak_gflops, roof, f"Roofline on {lm.device}: this run's probes and steps").show()
 choices = ["memory-bound", "compute-bound"]
-exercises.reveal_choice("decode at batch 1", PREDICT_DECODE_BOUND, roof.bound.iloc[1], choices)
-exercises.reveal_choice(f"prefill of {PREFILL_TOKENS} tokens", PREDICT_PREFILL_BOUND, roof.bound.iloc[0], choices)
+for what, guess, found in (("decode at batch 1", PREDICT_DECODE_BOUND, roof.bound.iloc[1]),
+                           (f"prefill of {PREFILL_TOKENS} tokens", PREDICT_PREFILL_BOUND, roof.bound.iloc[0])):
+    exercises.reveal_choice(what, guess, None if found == roofline.RIDGE else found, choices,
+                            undecided=roofline.RIDGE_WHY)
 res.replace("roofline", roof.to_dict("records"))
 roof.round(3)
 

@@ -287,7 +287,7 @@ for v in (v for v in ok.index if v != "fp32"):
     print(f"{v}: TTFT {ttft_v.ratio:.2f}× fp32's ({ttft_v.word('shorter', 'longer')}), "
           f"decode speed {dec_v.ratio:.2f}× fp32's ({dec_v.word()})")
 reason = hardware.fast_half_matmul_reason()
-print("half-precision matmul hardware:", reason or f"{device} reports native fp16/bf16 matmul support")
+print(f"half-precision arithmetic on {device}:", hardware.native_half_said(device))
 
 # %% md slide
 # ## 6 · Quality: did halving the bytes change the answers?

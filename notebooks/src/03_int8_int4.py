@@ -39,7 +39,7 @@
 import labkit
 import pandas as pd
 import torch
-from labkit.core import config, env, machine, results
+from labkit.core import config, env, machine, results, verdict
 from labkit.model import hardware, models, onnx, prompts
 from labkit.decoding import quality
 from labkit.precision import libraries, quantisers, rounds, variants
@@ -67,8 +67,12 @@ ANSWER_TOKENS = config.pick(24, 10)  # tokens per answer
 LAYER_STEP = config.pick(1, 3)  # section 7 probes every LAYER_STEP-th decoder layer
 PROBE_LAYER = "model.layers.0.mlp.down_proj"  # the Linear quantised by hand in sections 1-3
 NF4_BLOCK = 64  # weights per NF4 block (one absmax each), as bitsandbytes stores them
+ORIGINAL_WEIGHTS = False  # full mode: True makes the original bf16 checkpoint the reference (a hub download)
 
 # %% fragment
+original = models.use_original_weights(ORIGINAL_WEIGHTS, config.quick())  # "" unless ORIGINAL_WEIGHTS is set
+if original:
+    print(original)
 lm = models.load(dtype="fp32")  # the fp32 reference, whose layers are quantised by hand below
 print(models.reference_note())
 qs = prompts.load_prompts("questions")[:QUESTIONS]
@@ -216,6 +220,7 @@ hand.loc["nf4"] = {"bytes": w.numel() // 2 + amax.numel() * amax.element_size(),
                    "fraction_of_fp32": (w.numel() // 2 + amax.numel() * amax.element_size()) / hand.bytes["fp32"]}
 exercises.reveal("output error, NF4 / per-channel int8", PREDICT_NF4_OVER_INT8,
                  hand.output_error["nf4"] / hand.output_error["per-channel"], "×")
+print(models.four_bit_note())  # what the reference's own 4-bit grid does to a 4-bit row ("" for your own model)
 hand
 
 # %% md slide
@@ -337,7 +342,7 @@ if fast is not None:
               f"{table.decode_tokens_per_s[same_engine] / base.decode_tokens_per_s:.2f}× PyTorch fp32's speed")
     print(f"{fast}: greedy agreement with fp32 {table.agreement[fast]:.0%}, KL {table.kl[fast]:.3g} nats/token")
     v8 = nb03_findings.int8_verdict(table, fast)
-    print(f"verdict against {nb03_findings.int8_base(table, fast)} (the same engine's fp32): {v8.kind} ({v8.reason})")
+    print(f"verdict against {nb03_findings.int8_base(table, fast)} (the same engine's fp32): {v8.label} ({v8.reason})")
 
 # %% md subslide
 # ### Which kernel did bitsandbytes run?
@@ -437,7 +442,7 @@ for variant, label, mem_claim, loss_claim in claims:
     mem = r["weight_bytes"] / base.weight_bytes - 1
     loss = r["perplexity"] / base.perplexity - 1
     checked.append({"variant": r["variant"], "claim": label, "memory_change": mem, "memory_claim": mem_claim,
-                    "memory_holds": abs(mem - mem_claim) <= 0.05, "perplexity_rise": loss, "loss_claim": loss_claim,
+                    "memory_holds": verdict.holds(mem, mem_claim), "perplexity_rise": loss, "loss_claim": loss_claim,
                     "accuracy_holds": loss <= loss_claim, "top1_disagreement": 1 - r["agreement"],
                     "embedding_share": embed_share, "tied_embedding": tied,
                     "memory_if_embedding_kept": nb03_findings.embedding_kept_change(mem_claim, embed_share)})

@@ -49,8 +49,9 @@ print("FP8/FP4 dtypes in this torch:", [d for d in ("float8_e4m3fn", "float8_e5m
                                         if hasattr(torch, d)])
 
 # %% subslide parameters
-FORMAT_VARIANTS = config.pick(["fp8-tensor", "fp8-channel", "nvfp4", "mxfp4", "int4-g64"],  # rounded weights
-                              ["fp8-channel", "nvfp4", "mxfp4"])  # (labkit.precision.variants); quick: the three standards
+FORMAT_VARIANTS = config.pick(["fp8-tensor", "fp8-channel", "int8-channel", "nvfp4", "mxfp4", "int4-g64"],  # rounded
+                              ["fp8-channel", "int8-channel", "nvfp4", "mxfp4"])  # (labkit.precision.variants); quick:
+# the three standards and weights-only int8 beside FP8 (the same bytes, an even grid)
 LIBRARY_VARIANTS = ["bnb-int8", "bnb-nf4"]  # the real int8 and NF4 of notebook 03, measured the same way
 PPL_WINDOW = 512  # tokens per perplexity window
 PPL_MAX_TOKENS = config.pick(None, 128)  # tokens of data/eval text scored (None: all of it)
@@ -59,8 +60,12 @@ REF_NEW_TOKENS = config.pick(32, 12)  # reference continuation tokens per prompt
 GEMM_M = config.pick((1, 16, 256), (1, 256))  # GEMM rows timed: 1 is one decode step, 256 a prefill
 GEMM_ROUNDS = config.pick(5, 3)  # interleaved rounds per shape
 PROBE_LAYER = "model.layers.0.mlp.down_proj"  # the Linear quantised by hand, as in notebook 03
+ORIGINAL_WEIGHTS = False  # full mode: True makes the original bf16 checkpoint the reference (a hub download)
 
 # %% fragment
+original = models.use_original_weights(ORIGINAL_WEIGHTS, config.quick())  # "" unless ORIGINAL_WEIGHTS is set
+if original:
+    print(original)
 lm = models.load(dtype="fp32")  # the fp32 reference
 print(models.reference_note())
 PROBE_LAYER = models.down_proj_of(lm.model, PROBE_LAYER)  # a mixture of experts: that layer's shared or first expert's
@@ -221,8 +226,10 @@ split
 # ## 3 · The whole model in each format, quality first
 #
 # Every linear layer of the decoder rounded to each format (`FORMAT_VARIANTS`: `fp8-tensor`, `fp8-channel`,
-# `nvfp4`, `mxfp4`, `int4-g64`; quick mode runs `fp8-channel`, `nvfp4` and `mxfp4`), the weights then held in
-# fp32: what the format costs in answers, on the same prompts, against fp32's own answers. No kernel for these formats runs on this CPU, so these rows
+# `int8-channel`, `nvfp4`, `mxfp4`, `int4-g64`; quick mode runs `fp8-channel`, `int8-channel`, `nvfp4` and `mxfp4`),
+# the weights then held in fp32: what the format costs in answers, on the same prompts, against fp32's own answers.
+# `int8-channel` is weights-only int8 with one scale per row, FP8 per-channel's twin in bytes: an even grid against
+# E4M3's. No kernel for these formats runs on this CPU, so these rows
 # have no speed (section 4 times FP8). `stored_MiB` is what a checkpoint holds, scales included;
 # `predicted_MiB` is `labkit.model.sizing`'s figure for the format, what a serving engine holds. bitsandbytes'
 # int8 and NF4 (notebook 03) run for real beside them. Predict: which
@@ -242,6 +249,7 @@ fmt_table = nb03b_findings.formats_table(rows, sizing.shape(lm.model.config))
 closest, undecided = nb03b_findings.closest_4bit(rows, fmt_table)  # judged on KL per prompt
 exercises.reveal_choice("4-bit row closest to fp32 (lowest KL)", PREDICT_BEST_4BIT, closest,
                         ["nvfp4", "mxfp4", "int4-g64", "bnb-nf4"], undecided=undecided)
+print(models.four_bit_note())  # the reference's own 4-bit grid and what it does to these rows ("" for your own model)
 fmt_table
 
 # %% subslide
@@ -257,10 +265,12 @@ print(nb03b_findings.layer_sentence(layers))
 #
 # FP8 weights read a quarter of fp32's bytes; an FP8 GEMM does twice bf16's tensor-core FLOPs on Hopper. Neither
 # helps without FP8 hardware: this CPU has none (`torch._scaled_mm` runs, emulated). Timed here on the model's
-# own MLP shapes, in interleaved rounds, each against fp32: bf16, FP8 weights stored as `float8_e4m3fn` and
-# upcast at every call (weight-only), and `torch._scaled_mm` (x and W both E4M3). At M = 1 (one decode step) a
-# variant gains at most its bytes (fp32's 4 against FP8's 1): a verdict beyond that says rerun. Predict:
-# `torch._scaled_mm`'s speed against fp32 here, at M = 1.
+# own MLP shapes, in interleaved rounds, each against fp32: bf16, int8 and FP8 weights stored in one byte and
+# upcast at every call (weight-only: the same bytes, two grids), and `torch._scaled_mm` (x and W both E4M3). At
+# M = 1 (one decode step) a variant gains at most its bytes (fp32's 4 against FP8's 1): a verdict beyond that says
+# rerun. The up and down matrices read the same bytes, so each one's fp32 is held against the other's: a baseline
+# far off its twin is called anomalous. Predict: `torch._scaled_mm`'s speed against fp32 here, at M = 1 (the
+# median over both matrices).
 
 # %% fragment
 PREDICT_SCALED_MM = None  # your prediction: fp8_scaled_mm speed / fp32 speed at M = 1 (×)
@@ -273,12 +283,13 @@ gemm_on = torch.cuda.get_device_name(lm.device) if on_gpu else "cpu"
 gemm = [{"what": what, **fp8_gemm.time_shape(m, k, n, gemm_device, act, rounds=GEMM_ROUNDS,
                                               sample_s=config.pick(0.005, 0.002) if on_gpu else config.pick(0.05, 0.01))}
         for m, k, n, what in fp8_gemm.model_shapes(GEMM_M, models.resolve())]
+gemm = fp8_gemm.pair_twins(gemm)  # up and down read the same bytes: each baseline is held against its twin's
 gemm_table = nb03b_findings.gemm_table(gemm)
-one = next(r for r in gemm if r["M"] == 1)
-if "fp8_scaled_mm" in one["variants"]:
-    exercises.reveal("fp8_scaled_mm / fp32 speed at M = 1", PREDICT_SCALED_MM, one["speedup_vs_fp32"]["fp8_scaled_mm"], "×")
+scaled_mm_x = fp8_gemm.decode_step_gain(gemm, "fp8_scaled_mm")  # the median over both M = 1 shapes
+if scaled_mm_x is not None:
+    exercises.reveal("fp8_scaled_mm / fp32 speed at M = 1", PREDICT_SCALED_MM, scaled_mm_x, "×")
 else:
-    print("torch._scaled_mm does not run here:", one["fp8_error"])
+    print("torch._scaled_mm does not run here:", next(r for r in gemm if r["M"] == 1)["fp8_error"])
 print("timed on", gemm_on if on_gpu else cpu.machine_line(env.environment()["hardware"]))
 gemm_table
 

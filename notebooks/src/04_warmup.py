@@ -106,9 +106,7 @@ exercises.check("04.one_time_share", one_time_share)
 # %% fragment
 share = exercises.use("04.one_time_share", one_time_share, warmup.one_time_share)(cold.requests_s, WINDOW)
 extra_ms = (cold.first_request_s - steady_s) * 1e3
-print(f"one-time cost: {share:.0%} of the first request ({extra_ms:.0f} ms of {cold.first_request_s * 1e3:.0f} ms)"
-      if share > warmup.NOISE_SHARE else f"the first request was {extra_ms:+.0f} ms against the steady median "
-      f"({share:.0%} of it): no one-time cost shows above this run's noise")
+print(warmup.one_time_said(cold.requests_s, WINDOW, share))  # the share beside the verdict on the first call
 
 # %% md slide
 # ## 3 · Where did the first request's extra memory come from?

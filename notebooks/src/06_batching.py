@@ -388,7 +388,7 @@ res.replace("open_loop", open_rows)
 poisson, bursty = open_rows
 worse, burst_v = nb06_findings.worse_ttft(open_rows)  # the takeaway's verdict on the per-request TTFTs
 exercises.reveal_choice("worse TTFT p90", PREDICT_WORSE_TTFT, worse, ["Poisson", "bursty"],
-                        undecided=f"{burst_v.kind} ({burst_v.reason})")
+                        undecided=f"{burst_v.label} ({burst_v.reason})")
 server.stop()  # queued requests would get an explicit 503; running ones finish first
 res.frame("open_loop")[["arrivals", "completed", "failed", "request_throughput", "goodput", "ttft_p50_s",
                         "ttft_p90_s", "itl_p50_s", "e2e_p90_s"]].round(3)

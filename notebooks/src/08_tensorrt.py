@@ -343,7 +343,9 @@ summary = pd.DataFrame(cal.summary()).T
 res.replace("calibration", [dict(cal.to_dict(), method=k, **v) for k, v in cal.summary().items()])
 print(f"{cal.layer}: absmax {cal.absmax:.2f}, p{PERCENTILE:g} {cal.percentile_value:.2f} over "
       f"{cal.calibration_values:,} calibration values")
-exercises.reveal_choice("lowest mean KL", PREDICT_BEST_SCALE, summary.kl.idxmin(), SCALE_CHOICES)
+kl_by_method = cal.frame().groupby("method").kl.apply(list).to_dict()  # each held-out prompt's KL, per scale
+best_scale, calibration_line = nb08_findings.calibration_said(kl_by_method, PERCENTILE)
+exercises.reveal_choice("lowest mean KL", PREDICT_BEST_SCALE, best_scale, SCALE_CHOICES, undecided=calibration_line)
 summary.round(5)
 
 # %% fragment
@@ -359,8 +361,7 @@ if prompt_max.max_at_token.nunique() == 1 and (prompt_max.scale * 127 - cal.absm
     print(f"every prompt peaks at the same token, {at} ({peak!r}), at the calibration absmax: "
           "the per-prompt scale is the absmax scale")
 clip = summary.loc[f"static, p{PERCENTILE:g} scale"].kl / summary.loc["static, absmax scale"].kl
-print(f"clipping at p{PERCENTILE:g} gives {clip:.2f}× absmax's mean KL: "
-      + ("clipping the outliers helps this layer" if clip < 1 else "the outliers it clips carry signal this layer needs"))
+print(calibration_line)  # the best scale and what clipping did, each by the verdict on the prompts' KL
 per_prompt.round(5)
 
 # %% md slide
@@ -426,7 +427,7 @@ compiled_row = None if tc is None else {"where": tc["where"], "build_s": tc.buil
 found = nb08_findings.takeaways(fusion=big, fusion_rows=FUSION_ROWS, max_abs_diff=fusion_table.max_abs_diff.max(),
                                 compiled=compiled_row, story=story if tc is not None and tc["where"] == "reference" else None,
                                 levels=(first, last), ort=(ort_rows[0], ort_rows[-1]), layer=cal.layer,
-                                kl_by_method=summary.kl.to_dict(), percentile=PERCENTILE, clip=clip,
+                                kl_by_method=kl_by_method, percentile=PERCENTILE, clip=clip,
                                 rounds=[rows[0]] + ort_rows,  # timed in the same interleaved rounds
                                 sizes=fusion_table.to_dict("records"), cache=(cache_bytes, cache_source),
                                 all_levels=list(ORT_LEVELS))

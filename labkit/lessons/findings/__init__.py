@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...core import verdict
+
 SUMMARY = "summary"  # the results section holding a notebook's findings rows
 HEADLINE = "headline"  # the results note holding the first row: {"label", "value"} (and "verdict" where judged)
 
@@ -68,7 +70,7 @@ def sweep_end(value: float | None, levels: Any, reached: bool | None = None) -> 
     levels = sorted(float(x) for x in levels)
     if value is None:
         return "below"
-    if reached is False or (reached is None and float(value) >= levels[-1]):
+    if reached is False or (reached is None and float(value) >= levels[-1]):  # fact: the knee is the top level tried
         return "above"
     return None
 
@@ -92,8 +94,14 @@ def show(found: Findings) -> None:
 
 
 def step_split(gap: Any) -> str:
-    """One decode step in ``hardware.decode_gap``'s three pieces, the clause notebooks 01, 05 and 10 share."""
-    kernel = (f", {gap['kernel_share']:.0%} more because the matrix-vector kernel read the weights at "
-              f"{gap['matmul_gbs']:.1f} GB/s, not the probe's" if gap.get("matmul_gbs") else "")
-    return (f"{gap['bytes_share']:.0%} its bytes at the probe's bandwidth{kernel} and {gap['overhead_share']:.0%} "
-            f"per-operator overhead (largest: {gap['bound']})")
+    """One decode step in ``hardware.decode_gap``'s three pieces, the clause notebooks 01, 05 and 10 share: each share,
+    the largest piece (or the pieces tied for it) and what one operator's cost is measured over."""
+    kernel = (f"; {gap['kernel_share']:.0%} more because the matrix-vector kernel read the weights at "
+              f"{gap['matmul_gbs']:.1f} GB/s, below the probe's" if gap.get("matmul_gbs") else "")
+    tied = gap.get("tied") or [gap["bound"]]
+    largest = (f"largest: {tied[0]}" if len(tied) == 1 else
+               f"largest: {' and '.join(tied)}, a {verdict.TIE_LABEL}")
+    per_op = (f"; one operator costs about {gap['overhead_us_per_op']:.1f} µs, measured as {gap['per_op_basis']}"
+              if gap.get("overhead_us_per_op") and gap.get("per_op_basis") else "")
+    return (f"{gap['bytes_share']:.0%} its bytes at the probe's bandwidth{kernel}; {gap['overhead_share']:.0%} "
+            f"per-operator overhead ({largest}){per_op}")

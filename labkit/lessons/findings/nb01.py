@@ -33,8 +33,9 @@ def takeaways(*, weights_mib: Mapping[str, float], model: str, big: Mapping[str,
         (f"On {device}: {gbs:.1f} GB/s and {peak_gflops:.0f} GFLOP/s (fp32), so the roofs meet at {ridge:.1f} FLOPs "
          "per byte.", "ridge point (FLOPs per byte)", ridge),
         (f"Decode at batch 1 does {decode['intensity']:.2f} FLOPs per byte, "
-         + (f"{ridge / decode['intensity']:.0f}× below the ridge: memory-bound" if decode["bound"] == "memory-bound"
-            else "above the ridge: compute-bound") + f"; it reached {decode['of_roof']:.0%} of its roof.",
+         + {"memory-bound": f"{ridge / decode['intensity']:.0f}× below the ridge: memory-bound",
+            "compute-bound": "above the ridge: compute-bound"}.get(decode["bound"], f"at the ridge: {decode['bound']}")
+         + f"; it reached {decode['of_roof']:.0%} of its roof.",
          "decode intensity, batch 1 (FLOPs per byte)", decode["intensity"]),
         (f"A {prefill_tokens}-token prefill does {prefill['intensity']:.0f} FLOPs per byte: {prefill['bound']}, at "
          f"{prefill['gflops']:.0f} GFLOP/s ({prefill['of_roof']:.0%} of its roof).",
@@ -46,14 +47,22 @@ def takeaways(*, weights_mib: Mapping[str, float], model: str, big: Mapping[str,
         (f"Batching from {int(first['batch'])} to {int(last['batch'])}: aggregate tokens/s {said}; the time per token "
          f"beyond the bytes went {first['overhead_ms_per_token']:.1f} → {last['overhead_ms_per_token']:.1f} ms {shared}"
          + (f"; the ratio to the ceiling went {first['ratio']:.2f} → {last['ratio']:.2f}"
-            + (" (the ceiling grows with the batch, one weight read per step: throughput grew less)"
-               if last["ratio"] < first["ratio"] else "") if "ratio" in first and "ratio" in last else "") + ".",
+            + ceiling_words(first["ratio"], last["ratio"]) if "ratio" in first and "ratio" in last else "") + ".",
          f"aggregate tokens/s, batch {int(last['batch'])} / batch {int(first['batch'])}", batch_v.gain),
     ]
     rows = [{"finding": label, "value": value} for _, label, value in found]
     rows[-1]["verdict"] = batch_v.kind
     rows.insert(0, rows.pop(4))  # the headline: how close decode came to what the bytes allow
     return Findings(rows=rows, sentences=[s for s, _, _ in found])
+
+
+def ceiling_words(first_ratio: float, last_ratio: float) -> str:
+    """What the ratio to the ceiling did as the batch grew, in the words ``verdict.versus`` allows: the ceiling grows
+    with the batch (one weight read per step), so a ratio that fell means throughput grew less than the ceiling."""
+    v = verdict.versus(last_ratio, first_ratio)
+    return verdict.pick(v, better=" (throughput grew faster than the ceiling, which grows with the batch)",
+                        worse=" (the ceiling grows with the batch, one weight read per step: throughput grew less)",
+                        same=f" (a {verdict.TIED}: throughput grew as the ceiling did)")
 
 
 def batch_verdict(first: Mapping[str, Any], last: Mapping[str, Any]) -> verdict.Verdict:

@@ -3,11 +3,13 @@ what the formats do to single numbers and to a long sum.
 """
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...core import verdict
 from . import Findings
+from .nb03 import kl_per_prompt
 
 
 def takeaways(*, rows: Sequence[Mapping[str, Any]], matmul_s: Mapping[str, Mapping[str, float]], half_reason: str | None,
@@ -37,11 +39,7 @@ def takeaways(*, rows: Sequence[Mapping[str, Any]], matmul_s: Mapping[str, Mappi
                      + bandwidth_said(v, matmul_s, matmul_gbs or {}))
     closer = []
     if {"fp16", "bf16"} <= set(ok):
-        best = "fp16" if ok["fp16"]["kl"] < ok["bf16"]["kl"] else "bf16"
-        why = (f"bf16 keeps {mantissa_bits['bfloat16']} mantissa bits to fp16's {mantissa_bits['float16']}"
-               if best == "fp16" else "fp16's three extra mantissa bits did not make it the closer one in this run")
-        closer.append(f"{best} stayed closer to fp32 (KL fp16 {ok['fp16']['kl']:.2g}, bf16 {ok['bf16']['kl']:.2g} nats); "
-                      f"{why}.")
+        closer.append(closer_sentence(ok["fp16"], ok["bf16"], mantissa_bits))
     rows_out += [{"finding": s, "value": None} for s in closer + formats]  # sentences without a number of their own
     return Findings(rows=rows_out, sentences=formats + speed + closer)
 
@@ -61,12 +59,7 @@ def _variant_sentence(v: str, r: Mapping[str, Any], fp32: Mapping[str, Any], d: 
     pre = matmul_s[v]["prefill"] / matmul_s["fp32"]["prefill"]
     step = matmul_s[v]["decode"] / matmul_s["fp32"]["decode"]
     ttft = verdict.compare(verdict.samples(r, "ttft_s"), verdict.samples(fp32, "ttft_s"), higher_is_better=False)
-    why = {verdict.BETTER: ("Reading half the bytes paid off in decode here" + (
-               f", and the decode-like matmul itself ran {1 / step:.2f}× fp32's speed." if step < 1 else ".")),
-           verdict.WORSE: ("Half the bytes did not make decode faster here: " + (
-               f"{half_reason}." if half_reason and step >= 1 else
-               f"the decode-like matmul ran {1 / step:.2f}× fp32's speed, so the rest of each step (conversions, "
-               "small operators) lost more than the weights gained."))}.get(d.kind, "")
+    why = decode_why(v, d, step, fp32["weight_bytes"] / r["weight_bytes"], half_reason)
     return (f"{v}: weights {r['weight_bytes'] / fp32['weight_bytes']:.2f}× fp32's bytes; decode "
             + verdict.phrase(d, "fp32's speed") + f", TTFT {r['ttft_s'] / fp32['ttft_s']:.2f}× fp32's "
             f"({ttft.word('shorter', 'longer')}); the decode-like matmul took {step:.2f}× fp32's time, the prefill-like "
@@ -83,9 +76,48 @@ def bandwidth_said(v: str, matmul_s: Mapping[str, Mapping[str, float]], gbs: Map
     byte_x = speed * gbs["fp32"] / gbs[v]  # speed = bytes ratio × GB/s ratio
     said = (f" The decode-like matmul ran {speed:.2f}× fp32's speed reading {byte_x:.1f}× fewer bytes: {v}'s kernel "
             f"reached {gbs[v]:.1f} GB/s, fp32's {gbs['fp32']:.1f} GB/s")
-    if speed > byte_x * (1 + verdict.SLACK):
-        return said + (f", so beyond the bytes, fp32's kernel used a smaller share of the bandwidth than {v}'s in these "
-                       "repeats (notebook 01's layout probe times the fp32 kernel alone, with more repeats).")
-    if speed * (1 + verdict.SLACK) < byte_x:
-        return said + f", so {v}'s kernel used less of the bandwidth: the bytes saved did not all turn into speed."
-    return said + ": the same share of the bandwidth, so the bytes alone set the ratio."
+    return said + verdict.pick(
+        verdict.versus(speed, byte_x),
+        better=(f", so beyond the bytes, fp32's kernel used a smaller share of the bandwidth than {v}'s in these "
+                "repeats (notebook 01's layout probe times the fp32 kernel alone, with more repeats)."),
+        worse=f", so {v}'s kernel used less of the bandwidth: the bytes saved did not all turn into speed.",
+        same=f": the same share of the bandwidth ({verdict.TIE_LABEL}), so the bytes alone set the ratio.")
+
+
+def decode_why(v: str, d: verdict.Verdict, step: float, byte_x: float, half_reason: str | None) -> str:
+    """Why ``v``'s decode moved (``d``), chosen by the decode-like matmul's own verdict (``step``: its median time over
+    fp32's, ``verdict.versus``) beside the bytes it no longer reads (``byte_x``): a causal clause only where both
+    verdicts are real, and it credits the bytes only when the matmul itself sped up."""
+    k = verdict.versus(1 / step, 1.0)  # the matmul's speed over fp32's
+    if d.kind == verdict.BETTER:
+        return verdict.pick(
+            k, better=(f"The matrix-vector product decode waits on sped up with it ({k.gain:.2f}× fp32's speed, reading "
+                       f"{byte_x:.1f}× fewer bytes)."),
+            worse=(f"Decode gained although its decode-like matmul, timed alone, ran {k.gain:.2f}× fp32's speed: the "
+                   "matmul probe does not explain this gain, so this run cannot say where it came from."),
+            same=(f"Decode gained although its decode-like matmul, timed alone, was a {verdict.TIED} with fp32's "
+                  f"({k.gain:.2f}×): the matmul probe does not explain this gain."))
+    if d.kind == verdict.WORSE:
+        return "Half the bytes did not make decode faster here: " + verdict.pick(
+            k, better=(f"the decode-like matmul ran {k.gain:.2f}× fp32's speed, so the rest of each step (conversions, "
+                       "small operators) lost more than the weights gained."),
+            worse=f"the decode-like matmul itself ran {k.gain:.2f}× fp32's speed" + (
+                f" ({half_reason})." if half_reason else "."),
+            same=f"the decode-like matmul was a {verdict.TIED} with fp32's ({k.gain:.2f}×), so the bytes bought nothing.")
+    return ""
+
+
+def closer_sentence(fp16: Mapping[str, Any], bf16: Mapping[str, Any], mantissa_bits: Mapping[str, int]) -> str:
+    """Which half precision stayed closer to fp32, by the verdict on their KL per reference prompt (lower is better),
+    and why fp16 can: its three extra mantissa bits."""
+    kl16, klb = (kl_per_prompt(r) for r in (fp16, bf16))
+    said = f"KL against fp32: fp16 {fp16['kl']:.2g}, bf16 {bf16['kl']:.2g} nats"
+    if min(statistics.median(kl16), statistics.median(klb)) <= 0:
+        return said + ": one of them matched fp32 exactly."
+    v = verdict.compare(kl16, klb, higher_is_better=False)
+    return said + "; " + verdict.pick(
+        v, better=(f"fp16 stayed closer ({v.reason}): it keeps {mantissa_bits['float16']} mantissa bits to bf16's "
+                   f"{mantissa_bits['bfloat16']}."),
+        worse=(f"bf16 stayed closer ({v.reason}), although fp16 keeps {mantissa_bits['float16']} mantissa bits to its "
+               f"{mantissa_bits['bfloat16']}."),
+        same=f"neither stayed closer: {v.label} ({v.reason}).")

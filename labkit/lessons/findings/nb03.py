@@ -59,8 +59,11 @@ def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], laye
             engine = verdict.compare(verdict.samples(table.loc[against], "decode_tokens_per_s"),
                                      verdict.samples(base, "decode_tokens_per_s"))
             says.append(f"That compares int8 with fp32 in the same engine; the engine itself, {against} against PyTorch "
-                        "fp32, decoded " + verdict.phrase(engine, "PyTorch's speed") + ": that part is ONNX Runtime's "
-                        "gain, not int8's.")
+                        "fp32, decoded " + verdict.phrase(engine, "PyTorch's speed") + verdict.pick(
+                            engine, better=": that part is ONNX Runtime's gain, not int8's.",
+                            worse=": ONNX Runtime's fp32 was slower than PyTorch's, so against PyTorch int8 gains less.",
+                            same=": the engine itself added nothing this run could see; the gain is int8's.",
+                            unsure=": no gain of the engine can be read from it."))
     loses = _where_int8_loses(table, hand, layers, probe_layer)
     if loses:
         says.append(loses)
@@ -68,16 +71,15 @@ def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], laye
     for kind, route in routes.items():
         says.append(f"bitsandbytes {kind} on this machine: {route}.")
     if layer_error:
-        lo = min(layer_error, key=layer_error.get)
-        tied = [k for k, v in layer_error.items() if v <= layer_error[lo] * (1 + verdict.SLACK)]  # one sample a layer
+        tied = verdict.smallest(layer_error)  # one sample a layer: a tie within verdict.TIE names no winner
         others = ", ".join(f"{k} {v:.3f}" for k, v in layer_error.items() if k not in tied)
         if len(tied) > 1:
             says.append(f"In ONNX Runtime's kernel the worst-layer errors of {' and '.join(tied)} tie "
-                        f"({', '.join(f'{layer_error[k]:.3f}' for k in tied)}: within {verdict.SLACK:.0%} of each other, "
-                        "one sample a layer)" + (f"; {others}" if others else "") + ".")
+                        f"({', '.join(f'{layer_error[k]:.3f}' for k in tied)}; one sample a layer: a {verdict.TIE_LABEL})"
+                        + (f"; {others}" if others else "") + ".")
         else:
-            says.append(f"In ONNX Runtime's kernel the lowest worst-layer error came from {lo} "
-                        f"({layer_error[lo]:.3f}, against {others}).")
+            says.append(f"In ONNX Runtime's kernel the lowest worst-layer error came from {tied[0]} "
+                        f"({layer_error[tied[0]]:.3f}, against {others}).")
     if "memory_holds" in claims:
         held = claims.dropna(subset=["memory_holds"])
         both = held[held.memory_holds.astype(bool) & held.accuracy_holds.astype(bool)]
@@ -215,7 +217,7 @@ def forms_sentence(table: Any, quick: bool = False) -> str:
     said += f"; per-channel's KL per prompt was {v.ratio:.2f}× per-tensor's"
     if v.real:
         return said + f", {v.word('lower', 'higher')} ({v.reason})."
-    said += f", {v.kind} ({v.reason})"
+    said += f", {verdict.said(v)}"
     if quick:
         return (said + f". Quick mode scores {tokens or 'few'} tokens in all: too few for the two forms' difference "
                 "to rise above the spread between prompts; a full run scores more prompts and tokens.")
@@ -231,13 +233,13 @@ def embedding_kept_change(claim_change: float, share: float, kept_fraction: floa
 def memory_reason(change: float, claim_change: float, share: float | None, tied: bool) -> str:
     """Why a memory claim missed, where the tied embedding explains it: '' when it held (within 5 points) or the model
     does not tie its embedding to lm_head."""
-    if abs(change - claim_change) <= 0.05 or not tied or share is None:
+    if verdict.holds(change, claim_change) or not tied or share is None:
         return ""
     kept = embedding_kept_change(claim_change, share)
     said = (f"this model ties its input embedding to lm_head, one matrix holding {share:.0%} of the weights, which "
             f"stays at 2 bytes a weight (bitsandbytes leaves embeddings in fp16; ONNX Runtime's int8 graph stores it "
             f"twice, for the lookup and transposed for lm_head), so {claim_change:+.0%} becomes {kept:+.0%} at best")
-    if abs(change - kept) <= 0.05:
+    if verdict.holds(change, kept):
         return said + f", which the measured {change:+.0%} matches"
     return said + f"; the measured {change:+.0%} is further off still, so more than the embedding is kept wide"
 
@@ -251,8 +253,8 @@ def peak_sentence(table: Any) -> str:
     parts = []
     for v, r in table[table.status == "ok"].iterrows():
         load, run, prep = r["load_peak_memory_bytes"], r["run_peak_memory_bytes"], r.get("prepare_s")
-        if load is None or load != load or run is None or run != run or load <= run * 1.05:
-            continue
+        if load is None or load != load or run is None or run != run or verdict.versus(load, run).kind != verdict.BETTER:
+            continue  # a load peak within verdict.TIE of the runs' is the runs' peak
         if prep is not None and prep == prep and prep > 0:
             cause = f"it exported or quantised the model now ({prep:.0f} s, once: later runs reuse the file)"
         elif str(v).startswith("bnb"):

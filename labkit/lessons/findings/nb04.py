@@ -7,7 +7,7 @@ from typing import Any
 
 from ...core import verdict
 from ...core.timing import Measurement
-from ...engines.warmup import GROWTH_SOURCES, NOISE_SHARE, ColdStart, settle_point, window_spread
+from ...engines.warmup import GROWTH_SOURCES, ColdStart, settle_point, window_spread
 from . import Findings
 
 
@@ -26,14 +26,15 @@ def settle_words(latencies_s: list[float], until_spread: float, window: int) -> 
     spread, median = window_spread(steady), Measurement.from_values("steady", steady).median
     first = latencies_s[0]
     paid = (first - median) / first  # the one-time share, against this steady window's median
+    first_v = verdict.against(first, steady, higher_is_better=False)  # one call against the window's calls
     kept = (f"no call had to be discarded by {rule} (its first {window} calls spread {spread:.1%})" if n == 0 else
             f"{n} call(s) were discarded by {rule} (calls {n + 1}–{n + window} spread {spread:.1%})")
-    if paid > NOISE_SHARE:
-        pays = (f"; the first call still paid {paid:.1%} one-time cost (against that window's median): the rule kept "
-                f"it because a spread from p10 to p90 over {window} calls only partly sees one slow call" if n == 0 else
-                f"; the first call paid {paid:.1%} one-time cost against that window's median")
-    else:
-        pays = f"; the first call was within {max(paid, 0):.0%} of that window's median"
+    pays = verdict.pick(
+        first_v, worse=(f"; the first call still paid {paid:.1%} one-time cost (against that window's median): the rule "
+                        f"kept it because a spread from p10 to p90 over {window} calls only partly sees one slow call"
+                        if n == 0 else f"; the first call paid {paid:.1%} one-time cost against that window's median"),
+        better=f"; the first call was {-paid:.1%} faster than that window's median ({first_v.reason})",
+        same=f"; the first call was {first_v.label} against that window's calls ({paid:+.1%}: {first_v.reason})")
     return kept + pays
 
 
@@ -65,13 +66,19 @@ def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_ti
     grew = ("; ".join(f"{GROWTH_SOURCES[src]} grew by {b / 2**20:.0f} MiB, {b / weight_bytes:.2f}× the weights"
                       for src, b in measured.items()) or
             "no memory source could be read here: " + ", ".join(memory_growth))
+    first_v = verdict.against(cold.first_request_s, cold.requests_s[-window:], higher_is_better=False)
     says = [f"The largest phase of this cold start was {largest.removesuffix('_s').replace('_', ' ')} "
             f"({phases[largest]:.2f} s); {before:.2f} s passed before the first request.",
-            (f"The first request took {ratio:.1f}× a steady one ({cold.first_request_s * 1e3:.0f} vs "
-             f"{steady_s * 1e3:.0f} ms): {one_time_share:.0%} of it was one-time cost (the cold process's first "
-             f"request against the median of its last requests)." if one_time_share > NOISE_SHARE else
-             f"The first request was no slower than a steady one ({cold.first_request_s * 1e3:.0f} vs "
-             f"{steady_s * 1e3:.0f} ms): no one-time cost showed above this run's noise.")
+            verdict.pick(first_v,
+                         worse=(f"The first request took {ratio:.1f}× a steady one ({cold.first_request_s * 1e3:.0f} vs "
+                                f"{steady_s * 1e3:.0f} ms): {one_time_share:.0%} of it was one-time cost (the cold "
+                                f"process's first request against the median of its last {window} requests: "
+                                f"{first_v.reason})."),
+                         better=(f"The first request was faster than the steady ones ({cold.first_request_s * 1e3:.0f} "
+                                 f"vs {steady_s * 1e3:.0f} ms: {first_v.reason}): the machine sped up during the run."),
+                         same=(f"The first request was {first_v.label} against the steady ones "
+                               f"({cold.first_request_s * 1e3:.0f} vs {steady_s * 1e3:.0f} ms; {first_v.reason}): no "
+                               "one-time cost showed above this run's noise."))
             + f" During it {grew}."]
     if loop_latencies_s is not None and until_spread is not None:
         says.append(f"The warmup loop written here: {settle_words(loop_latencies_s, until_spread, window)}.")
@@ -82,12 +89,14 @@ def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_ti
                     f"({loop_calls} calls with the steady window).")
     c, w = summary.loc["cold"], summary.loc["warmed"]
     gain = c.first_s / w.first_s
-    rows.append({"finding": "request 1, cold / after warmup", "value": gain})
-    word = "faster" if gain > 1.05 else "slower" if gain < 0.95 else "about as fast"
+    after = verdict.compare([w.first_s], [c.first_s], higher_is_better=False)  # one request 1 in each process
+    rows.append({"finding": "request 1, cold / after warmup", "value": gain, "verdict": after.kind})
     same = "identical answers" if min(c.agreement, w.agreement) == 1 else \
         f"greedy agreement down to {min(c.agreement, w.agreement):.0%}"
-    says.append(f"After a warmup, request 1 was {word} ({w.first_s * 1e3:.0f} ms vs {c.first_s * 1e3:.0f} ms cold), with "
-                f"{same} against the cold process's first answer.")
+    says.append(f"After a warmup, request 1 took {w.first_s * 1e3:.0f} ms against {c.first_s * 1e3:.0f} ms cold: "
+                + verdict.pick(after, better="faster", worse="slower", same=after.label,
+                               unsure=f"{after.label}, one request in each process")
+                + f", with {same} against the cold process's first answer.")
     if warmed.warmup is not None:
         rep = warmed.warmup
         says.append(f"labkit's warmup in the second process: {settle_words(rep.latencies_s, rep.until_spread, rep.window)}.")
@@ -98,7 +107,7 @@ def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_ti
                   if timed and timed.get("compiled_s") and timed.get("eager_s") else None)
         if steady is not None and steady.kind not in (verdict.BETTER, verdict.WORSE):
             be = None  # a steady gain within noise pays back nothing this run can show
-        pay = (f"no measurable steady gain ({steady.kind}: {steady.reason}), so no pay-back can be read from this run"
+        pay = (f"no measurable steady gain ({steady.label}: {steady.reason}), so no pay-back can be read from this run"
                if steady is not None and be is None and steady.kind not in (verdict.BETTER, verdict.WORSE) else
                "never pays back (compiled calls were not faster)" if be is None or be != be else
                f"pays back after {be * per_call:,.0f} tokens" if per_call and per_call == per_call else

@@ -7,7 +7,7 @@ import statistics
 from typing import Any
 
 from ...core import verdict
-from ...core.verdict import NOISE, Verdict
+from ...core.verdict import Verdict
 from ...model import kvlayout, sizing
 from . import Findings, step_split
 
@@ -25,7 +25,7 @@ def faster_of(rows: Any, names: list[str], key: str) -> tuple[str | None, str]:
         return names[1], ""
     if v.kind == verdict.WORSE:
         return names[0], ""
-    return None, f"{v.kind} ({v.reason})"
+    return None, f"{v.label} ({v.reason})"
 
 
 def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speedup: float,
@@ -75,23 +75,33 @@ def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speed
     else:
         why = split_said.reason if split_said is not None else "one group recorded no time"
         where_time = f"this run cannot say which dominates ({why}: raise REPEATS, close other programs)."
+    cache_v = verdict.versus(speedup, 1.0)  # one timed loop each way
+    # without the cache, did a step grow, and more than with it? (a step that got faster grew nothing)
+    grows = verdict.versus(off_g, on_g) if verdict.versus(off_g, 1.0).kind == verdict.BETTER else verdict.versus(1.0, 1.0)
     sentences = [
-        f"With the cache your loop made {tokens} tokens {speedup:.1f}× {'faster' if speedup > 1 else 'slower'} than "
-        f"without it. From the first decode steps to the last, a step's time changed {on_g:.2f}× with the cache and "
+        f"With the cache your loop made {tokens} tokens {speedup:.1f}× "
+        + verdict.pick(cache_v, better="faster than", worse="slower than", same=f"({cache_v.label}) against")
+        + f" without it. From the first decode steps to the last, a step's time changed {on_g:.2f}× with the cache and "
         f"{off_g:.2f}× without: "
-        + ("without the cache each step grows with the sequence it recomputes." if off_g > max(1.1, on_g * 1.1) else
-           "this run cannot tell the two apart (too few tokens, or a noisy machine: raise LOOP_TOKENS)."),
+        + verdict.pick(grows, better="without the cache each step grows with the sequence it recomputes.",
+                       worse="the cached steps grew more, which the cache should prevent: rerun on a quiet machine.",
+                       same=(f"this run cannot tell the two apart ({grows.label}: too few tokens, or a noisy machine: "
+                             "raise LOOP_TOKENS).")),
         f"Your loop agreed with generate on {loop_agreement:.0%} of its tokens, and labkit's decode core gave "
         f"{'the same tokens as' if core_identical else 'different tokens from'} generate.",
         f"The cache holds {bytes_per_position:,} bytes per position and sequence; the tensors measured "
         f"{fit.min():.3f}–{fit.max():.3f}× the formula"
-        + (" — the formula is the cache." if fit.min() > 0.99 and fit.max() < 1.01 else
+        + (" — the formula is the cache." if fit.min() > 0.99 and fit.max() < 1.01 else  # fact: bytes counted, not timed
            " — not the formula: look at the positions each cache holds."),
         f"A {prompt_x:.0f}× longer prompt made TTFT {ttft_x:.1f}× longer and TPOT {tpot_x:.2f}×"
         + (f" (the bytes a step reads predict {predicted:.2f}×)" if predicted else "") + ": prefill "
-        f"{'grows with the prompt' if ttft_x > 1.5 else 'barely grew'}; a decode step "
-        + ({verdict.WORSE: "grew (each step reads the whole, longer cache)", NOISE: f"did not change ({tpot_said.kind}: "
-            f"{tpot_said.reason})"}.get(tpot_said.kind, f"got faster, which no cache can do ({tpot_said.reason}): rerun"))
+        + verdict.pick(verdict.versus(ttft_x, 1.0), better="grows with the prompt", worse="got shorter, which no prompt "
+                       "can do: rerun", same="barely grew")
+        + "; a decode step "
+        + verdict.pick(tpot_said, worse="grew (each step reads the whole, longer cache)",
+                       same=f"did not change ({tpot_said.label}: {tpot_said.reason})",
+                       better=f"got faster, which no cache can do ({tpot_said.reason}): rerun",
+                       wild=f"got faster, which no cache can do ({tpot_said.label}: {tpot_said.reason})")
         + ".",
         (f"Without compiling, the static cache decoded {verdict.than(static_said)} the dynamic one "
          f"({static_x:.2f}× its time per token; {static_said.reason}), with "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...core import verdict
-from ...core.verdict import IMPLAUSIBLE, NOISE, Verdict
+from ...core.verdict import Verdict
 from . import Findings
 
 
@@ -49,7 +49,9 @@ def takeaways(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding:
         f"batch's tokens equal the bucketed ones on {mixed['agreement']:.0%}.",
         f"With {clients} clients, max_batch_size {many['max_batch_size']} served {serve_x:.1f}× the tokens/s of "
         f"max_batch_size {one['max_batch_size']} (mean batch {many['mean_batch_size']:.1f}), each token coming "
-        f"{tpot_x:.1f}× {'slower' if tpot_x > 1 else 'faster'}; {one['failed'] + many['failed']} requests failed.",
+        f"{tpot_x:.1f}× " + verdict.pick(verdict.versus(many["tpot_p50_s"], one["tpot_p50_s"], higher_is_better=False),
+                                         better="faster", worse="slower", same=f"as fast ({verdict.TIE_LABEL})")
+        + f"; {one['failed'] + many['failed']} requests failed.",
         f"At {request_rate:g} requests/s, bursty arrivals made the TTFT p90 {burst_x:.1f}× Poisson's; per request, "
         f"their TTFTs were {burst_v.word('shorter', 'longer')} ({burst_v.reason}); goodput {poisson['goodput']:.2f} "
         f"(Poisson) and {bursty['goodput']:.2f} (bursty) requests/s.",
@@ -94,13 +96,11 @@ def batch_verdicts(first: dict[str, Any], last: dict[str, Any], memory_bound_gai
 
 def throughput_sentence(batch: int, v: Verdict, model_gain: float) -> str:
     """The sentence a batch's total-throughput verdict chooses (never 'gave more' on noise)."""
-    if v.kind == IMPLAUSIBLE:
-        return (f"Batch {batch}'s total tokens/s came out " + verdict.phrase(v, "batch 1's")
-                + ": the machine, not batching, moved this number.")
-    if v.kind == NOISE:
-        return (f"Batch {batch} gave " + verdict.phrase(v, "batch 1's total tokens/s")
-                + ": raise SWEEP_REPEATS or close other programs.")
-    if v.kind == verdict.WORSE:
-        return f"Batch {batch} gave less total throughput than batch 1 ({v.gain:.2f}×)."
-    return (f"Batch {batch} gave {v.gain:.1f}× the total tokens/s of batch 1 "
-            f"(the memory-bound model allows up to {model_gain:.1f}×).")
+    return verdict.pick(
+        v, better=(f"Batch {batch} gave {v.gain:.1f}× the total tokens/s of batch 1 "
+                   f"(the memory-bound model allows up to {model_gain:.1f}×)."),
+        worse=f"Batch {batch} gave less total throughput than batch 1 ({v.gain:.2f}×).",
+        same=(f"Batch {batch} gave " + verdict.phrase(v, "batch 1's total tokens/s")
+              + ": raise SWEEP_REPEATS or close other programs."),
+        wild=(f"Batch {batch}'s total tokens/s came out " + verdict.phrase(v, "batch 1's")
+              + ": the machine, not batching, moved this number."))

@@ -48,13 +48,15 @@ def takeaways(*, paged: Mapping[str, Any], contiguous: Mapping[str, Any], big_mo
                           f"prompt to the longest; a step of {batch} rows cost {step_x:.1f}× a one-row step here, so the "
                           "shared weight reads did not pay for the waste.",
            verdict.BETTER: "Sharing each step's weight reads outweighed the rows wasted on finished requests and "
-                           "padding."}.get(static_v.kind, "No lesson from it until the verdict is real.")
+                           "padding."}.get(static_v.kind, f"No lesson from it until the verdict is real ({static_v.label}).")
     says = [f"Reserving up to the model's limit left {contiguous['waste_fraction']:.0%} of the KV memory empty; blocks "
             f"left {paged['waste_fraction']:.1%} (under one block per request), so {fit:.0f}× as many {big_model} "
             f"requests fit on a {big_gpu}.",
             "Continuous batching gave " + verdict.phrase(cb, "the static throughput")
             + (f", within the {cb_bound:.1f}× its own model allows," if cb.real else "")
-            + f" and answered short requests {short:.1f}× {'sooner' if short > 1 else 'later'}: static batches made "
+            + f" and answered short requests {short:.1f}× " + verdict.pick(
+                verdict.versus(static["mean_latency_short_s"], continuous["mean_latency_short_s"]),
+                better="sooner", worse="later", same=f"as soon ({verdict.TIE_LABEL})") + ": static batches made "
             f"{static['wasted_row_fraction']:.0%} of their rows compute for finished requests, continuous "
             f"{continuous['wasted_row_fraction']:.0%}.",
             results.beside_reference("continuous ÷ static throughput", cb.gain, reference, ref_x),

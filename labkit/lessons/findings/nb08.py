@@ -3,6 +3,7 @@ graph levels, int8 calibration's scale choices, and the fastest engine timed bes
 """
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,13 +20,14 @@ def fusion_verdict(row: Mapping[str, Any]) -> verdict.Verdict:
 
 def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: float, compiled: Mapping[str, Any] | None,
               story: Any, levels: tuple[str, str], ort: tuple[Mapping[str, Any], Mapping[str, Any]], layer: str,
-              kl_by_method: Mapping[str, float], percentile: float, clip: float, rounds: list[Mapping[str, Any]],
+              kl_by_method: Mapping[str, list[float]], percentile: float, clip: float, rounds: list[Mapping[str, Any]],
               sizes: list[Mapping[str, Any]] | None = None, cache: tuple[int, str] | None = None,
               all_levels: list[str] | None = None) -> Findings:
     """``fusion``: the largest shape's fusion row (eager_ops, fused_kernels, speedup, eager_us/compiled_us/copy_us
     with samples); ``compiled``: the compiled decode row (where, build_s, gain, break_even tokens) or None, told
     through ``story`` where it is a reference; ``levels``/``ort``: ONNX Runtime's first and last graph level and their
-    rows (decode_tokens_per_s with samples, agreement); ``kl_by_method``: the calibration's mean KL per scale;
+    rows (decode_tokens_per_s with samples, agreement); ``kl_by_method``: the calibration's KL per held-out prompt, per
+    scale (``calibration_said`` judges them);
     ``clip``: the percentile scale's KL over absmax's; ``rounds``: the rows timed in one set of interleaved rounds,
     eager PyTorch first (engine, decode_tokens_per_s with samples, agreement, kl). The headline: the fastest of
     those rounds over eager. ``sizes``/``cache``: every fusion row and the last-level cache (bytes, source), for
@@ -36,7 +38,6 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
     base = rounds[0]
     best = max(rounds, key=lambda r: r["decode_tokens_per_s"])
     best_v = verdict.compare(verdict.samples(best, "decode_tokens_per_s"), verdict.samples(base, "decode_tokens_per_s"))
-    lowest = min(kl_by_method, key=kl_by_method.get)
     if compiled is None:
         compile_said = "torch.compile: not measured here (no reference of this GPU ships)."
     elif compiled["where"] == "reference":
@@ -45,15 +46,15 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
         compile_said = (f"The whole decode step compiled ({compiled['where']}): {compiled['gain']:.2f}× eager after a "
                         f"{compiled['build_s']:.0f} s build; " + (f"it pays back after {compiled['break_even']:,.0f} tokens "
                         "there." if compiled["break_even"] else "no gain to pay the build back."))
-    says = [f"Fusion: RMSNorm's {int(fusion['eager_ops'])} eager kernels became {int(fusion['fused_kernels'])}; on "
-            f"{fusion_rows} rows {v_big.word('faster', 'slower')} ({fusion['speedup']:.2f}×; {v_big.reason}), with "
+    says = [f"Fusion, one operator chain timed alone (not a whole decode step): RMSNorm's {int(fusion['eager_ops'])} "
+            f"eager kernels became {int(fusion['fused_kernels'])}; on {fusion_rows} rows "
+            f"{v_big.word('faster', 'slower')} ({fusion['speedup']:.2f}×; {v_big.reason}), with "
             f"outputs equal to {max_abs_diff:.1g}.",
             compile_said,
             f"ONNX Runtime '{last}' against '{first}': {ort_v.word()} ({ort_v.ratio:.2f}×; {ort_v.reason}), agreement "
             f"{ort[1]['agreement']:.3f}: " + ("its rewrites kept the answers." if ort[1]["agreement"] == 1
                                              else "its rewrites changed some answers."),
-            f"int8 on {layer}: {lowest} disturbed the outputs least (mean KL {kl_by_method[lowest]:.2g} nats); "
-            f"clipping at p{percentile:g} gave {clip:.2f}× absmax's KL.",
+            f"int8 on {layer}: " + calibration_said(kl_by_method, percentile)[1],
             "Fastest decode in this run's interleaved rounds: " + (
                 "eager PyTorch itself (dynamic cache): no engine timed beside it beat it." if best is base else
                 f"{best['engine']}, {verdict.than(best_v)} eager ({best_v.ratio:.2f}×; {best_v.reason}), agreement "
@@ -64,6 +65,7 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
     said = cache_sentence(list(sizes or []), *cache) if cache else ""
     if said:
         says.insert(1, said)
+    says.insert(0, says.pop())  # the whole decode step first: one operator chain's fusion is a smaller claim
     rows = [{"finding": f"fastest decode in the rounds ({best['engine']}) / eager (×)", "value": best_v.ratio,
              "verdict": best_v.kind},
             {"finding": f"fused RMSNorm speedup, {fusion_rows} rows (×)", "value": fusion["speedup"], "verdict": v_big.kind},
@@ -88,13 +90,14 @@ def levels_sentence(rounds: list[Mapping[str, Any]], last: str) -> str:
     if v.kind == verdict.BETTER:
         return ""
     said = f"ONNX Runtime '{last}' decoded {verdict.than(v)} '{lower}' ({v.ratio:.2f}×; {v.reason}): "
-    if v.kind == verdict.WORSE:
-        return said + ("more fusions are not always faster: a fused or re-laid-out kernel can take a slower path on "
-                       "this CPU and shape than the plain operators it replaced, at one token a step.")
-    if v.kind == verdict.NOISE:
-        return said + ("its extra fusions bought no speed this run could see on this CPU and shape, and the gap "
-                       "between the two levels is no larger than the spread of the rounds.")
-    return said + "the machine moved between rounds, so no level's rewrites can be read from it."
+    return said + verdict.pick(
+        v, better="",
+        worse=("more fusions are not always faster: a fused or re-laid-out kernel can take a slower path on this CPU "
+               "and shape than the plain operators it replaced, at one token a step."),
+        same=("its extra fusions bought no speed this run could see on this CPU and shape, and the gap between the two "
+              "levels is no larger than the spread of the rounds."),
+        unsure="too few rounds to tell the two levels apart: raise ROUNDS.",
+        wild="the machine moved between rounds, so no level's rewrites can be read from it.")
 
 
 def steps_sentence(rounds: list[Mapping[str, Any]], levels: list[str]) -> str:
@@ -121,11 +124,12 @@ def cache_sentence(sizes: list[Mapping[str, Any]], cache_bytes: int, cache_sourc
     fusion rows (input, working_set_bytes, fused_gbs); '' without them."""
     if not sizes:
         return ""
-    size = lambda b: f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.1f} KiB"  # noqa: E731
+    size = lambda b: f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.1f} KiB"  # noqa: E731  # fact: a unit
     parts = [f"{r['input']} ({size(r['working_set_bytes'])} in and out, "
-             f"{'inside' if r['working_set_bytes'] <= cache_bytes else 'above'} the cache) {r['fused_gbs']:.1f} GB/s"
+             f"{'inside' if r['working_set_bytes'] <= cache_bytes else 'above'} the cache) "  # fact: bytes, not timed
+             f"{r['fused_gbs']:.1f} GB/s"
              for r in sizes]
-    inside = [r for r in sizes if r["working_set_bytes"] <= cache_bytes]
+    inside = [r for r in sizes if r["working_set_bytes"] <= cache_bytes]  # fact: bytes against the cache's size
     said = (f"The fused kernel's achieved bandwidth against a {cache_bytes / 2**20:.0f} MiB last-level cache "
             f"({cache_source}): " + "; ".join(parts) + ".")
     small = (" A size inside the cache may read faster than DRAM allows, but a small one is held back by each call's "
@@ -136,3 +140,23 @@ def cache_sentence(sizes: list[Mapping[str, Any]], cache_bytes: int, cache_sourc
     if inside:
         return said + small + " Every size fits in the cache: none of these GB/s measures DRAM."
     return said
+
+
+def calibration_said(kl_by_method: Mapping[str, list[float]], percentile: float) -> tuple[str | None, str]:
+    """Which activation scale disturbed the model least, judged on the KL of each held-out prompt (lower is better):
+    (the best method, or None where the verdict against the runner-up is not real, and the sentence, which also
+    says what clipping at ``percentile`` did against absmax by the same verdict)."""
+    mean = {m: statistics.fmean(v) for m, v in kl_by_method.items()}
+    best, second = sorted(mean, key=mean.get)[:2]
+    v = verdict.compare(kl_by_method[best], kl_by_method[second], higher_is_better=False)
+    said = (f"{best} disturbed the outputs least (mean KL {mean[best]:.2g} nats; against {second}: {v.reason})" if v.real
+            else f"no scale can be named best: {best} (mean KL {mean[best]:.2g} nats) against {second}, {v.label} "
+                 f"({v.reason})")
+    clipped, absmax = f"static, p{percentile:g} scale", "static, absmax scale"
+    if clipped in kl_by_method and absmax in kl_by_method:
+        c = verdict.compare(kl_by_method[clipped], kl_by_method[absmax], higher_is_better=False)
+        said += (f"; clipping at p{percentile:g} gave {mean[clipped] / mean[absmax]:.2f}× absmax's mean KL: "
+                 + verdict.pick(c, better="clipping the outliers helps this layer",
+                                worse="the outliers it clips carry signal this layer needs",
+                                same=f"{c.label} ({c.reason}), so this run cannot say whether clipping helps"))
+    return (best if v.real else None), said + "."

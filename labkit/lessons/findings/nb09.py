@@ -58,7 +58,7 @@ def precision_sentence(probe: Sequence[Mapping[str, Any]], half_reason: str | No
                        native: Mapping[str, bool] | None = None) -> str:
     """Each half precision's batched decode speed over fp32's, and why it moved that way on this hardware.
 
-    ``probe``: ``report.choose_precision``'s rows (precision, batch, tokens_per_s; one run each); ``half_reason``:
+    ``probe``: ``report.choose_precision``'s rows (precision, batch, tokens_per_s with its samples); ``half_reason``:
     ``hardware.fast_half_matmul_reason()`` ('' where the device has native fp16/bf16 arithmetic); ``native``:
     ``hardware.native_half()``, per format (None: every format follows ``half_reason``). Without native arithmetic
     each half-precision matmul converts to fp32 as it goes: at batch 1 (notebook 02) a decode step is memory-bound
@@ -68,27 +68,31 @@ def precision_sentence(probe: Sequence[Mapping[str, Any]], half_reason: str | No
     by = {r["precision"]: r for r in probe}
     if "fp32" not in by or not by["fp32"].get("tokens_per_s"):
         return ""
-    base, batch = by["fp32"]["tokens_per_s"], by["fp32"]["batch"]
-    x = {p: r["tokens_per_s"] / base for p, r in by.items() if p != "fp32" and r.get("tokens_per_s")}
-    if not x:
+    batch, rounds = by["fp32"]["batch"], by["fp32"].get("rounds", 1)
+    judged = {p: verdict.compare(verdict.samples(r, "tokens_per_s"), verdict.samples(by["fp32"], "tokens_per_s"))
+              for p, r in by.items() if p != "fp32" and r.get("tokens_per_s")}
+    if not judged:
         return ""
-    said = (f"At batch {batch}, " + ", ".join(f"{p} made {v:.2f}× fp32's tokens/s" for p, v in x.items())
-            + " (prefill included, one run each).")
-    slow = [p for p, v in x.items() if v < 1 / (1 + verdict.SLACK)]  # beyond the slack any model of one run allows
+    said = (f"At batch {batch}, " + ", ".join(f"{p} made " + verdict.phrase(v, "fp32's tokens/s") for p, v in judged.items())
+            + f" (prefill included, {rounds} interleaved round{'s' * (rounds != 1)}).")
+    slow = [p for p, v in judged.items() if v.kind == verdict.WORSE]
+    unsure = [p for p, v in judged.items() if not v.real and v.kind not in (verdict.NOISE, verdict.TIED)]
     if not slow:
-        return said + " Half precision did not cost this batch its speed here."
+        return said + (f" Whether {' and '.join(unsure)} cost this batch its speed cannot be read from it: rerun with "
+                       "more rounds." if unsure else " No half precision was slower than fp32 at this batch here.")
     emulated = [p for p in slow if (not native.get(p, False) if native is not None else bool(half_reason))]
     if emulated:
+        which = " and ".join(emulated)
         why = half_reason or f"this device has no native {' or '.join(emulated)} arithmetic"
-        said += (f" {' and '.join(emulated)} lost to fp32 although {'they read' if len(emulated) > 1 else 'it reads'} "
-                 f"half the bytes: {why}. At batch 1 (notebook 02) a decode step is a matrix-vector product that "
-                 f"waits on memory, so half the bytes can win; with {batch} rows PyTorch takes its matrix-matrix path, "
-                 "where without native half arithmetic fp16/bf16 run several times fp32's time (notebook 02's "
-                 "prefill-like matmul): that kernel, not the bytes, sets the speed.")
+        said += (f" {which} lost to fp32 although {'they read' if len(emulated) > 1 else 'it reads'} half the bytes: "
+                 f"{why}. At batch 1 (notebook 02) a decode step is a matrix-vector product that waits on memory, so "
+                 f"half the bytes can win; with {batch} rows PyTorch takes its matrix-matrix path, where {which} without "
+                 "native arithmetic runs several times fp32's time (notebook 02's prefill-like matmul): that kernel, not "
+                 "the bytes, sets the speed.")
     rest = [p for p in slow if p not in emulated]
     if rest:
         said += (f" {' and '.join(rest)} lost to fp32 on hardware that computes {'them' if len(rest) > 1 else 'it'} "
-                 "natively: one run each, so rerun before reading it as the hardware's answer.")
+                 "natively: rerun before reading it as the hardware's answer.")
     return said
 
 
@@ -107,7 +111,7 @@ def lab_winner(configs: Sequence[Mapping[str, Any]], best: str) -> tuple[str | N
     if best in ("dynamic", "continuous") and {"dynamic", "continuous"} <= set(kind):
         v = continuous_vs_dynamic(kind["dynamic"], kind["continuous"])
         if v.kind not in (verdict.BETTER, verdict.WORSE):
-            return None, f"dynamic and continuous batching {v.kind} per request ({v.reason}; one run each)"
+            return None, f"dynamic and continuous batching per request: {v.label} ({v.reason}; one run each)"
     return best, ""
 
 
@@ -122,7 +126,7 @@ def sweep_disagrees(configs: Sequence[Mapping[str, Any]], sweep: Sequence[Mappin
         if not s or not c.get("completed") or not s.get("completed"):
             continue
         a, b = c["good_requests"] / c["completed"], s["good_requests"] / s["completed"]
-        if abs(a - b) >= 0.5:
+        if abs(a - b) >= 0.5:  # fact: shares of counted requests, half of them or more apart
             out.append(f"{c['config']} at {c['concurrency']} clients: {c['good_requests']} of {c['completed']} requests met "
                        f"the SLO in the same-load run, {s['good_requests']} of {s['completed']} in the sweep (TPOT p50 "
                        f"{c['tpot_p50_s']:.2f} vs {s['tpot_p50_s']:.2f} s). The same server at the same load: the "

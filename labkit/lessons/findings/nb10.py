@@ -25,15 +25,17 @@ def lookup_why(row: Mapping[str, Any], v: verdict.Verdict | None = None) -> str:
     Its speed over plain decoding is (tokens per forward pass) ÷ (a verification pass's time over a plain step's):
     a pass that checks k drafted tokens costs more than a one-token step, so it pays only when enough drafts are
     accepted. Empty when lookup was at least as fast; ``v`` (``lookup_verdict``) says whether "slower" is real."""
-    if row["decode_speedup"] >= 1:
-        return ""
+    if verdict.versus(row["decode_speedup"], 1.0).kind == verdict.BETTER:
+        return ""  # lookup beat plain decoding: nothing to explain
     # the decode time spans the passes after the prefill's: one fewer than the forward passes counted
     step_s = row["plain_decode_s"] / max(1, row["plain_forward_passes"] - 1)
     pass_s = row["lookup_decode_s"] / max(1, row["lookup_forward_passes"] - 1)
     cost, tpf = pass_s / step_s, row["tokens_per_forward"]
     matched = "never matched" if row["acceptance_rate"] == 0 else "rarely matched"
-    rare = (f"the drafts {matched} (acceptance {row['acceptance_rate']:.0%}, {tpf:.2f} tokens per pass, near 1)"
-            if tpf < 1.5 else f"{tpf:.2f} tokens per pass (acceptance {row['acceptance_rate']:.0%})")
+    rare = verdict.pick(verdict.versus(tpf, 1.0),
+                        same=f"the drafts {matched} (acceptance {row['acceptance_rate']:.0%}, {tpf:.2f} tokens per pass, "
+                             "near 1)",
+                        better=f"{tpf:.2f} tokens per pass (acceptance {row['acceptance_rate']:.0%})", worse="")
     word = ("slower" if v is not None and v.kind == verdict.WORSE else
             f"at {row['decode_speedup']:.2f}× plain decoding's speed")
     task = row.get("task") or getattr(row, "name", None)  # a frame's row keeps the task as its name
@@ -49,7 +51,7 @@ def worst_gaps(stamps: Sequence[Sequence[float]]) -> list[float]:
 
 def _said(v: verdict.Verdict) -> str:
     """A time's verdict in words: 'shorter' / 'longer' when the difference is real, and why."""
-    return f"{v.word('shorter', 'longer')} ({v.reason})"
+    return verdict.said(v, "shorter", "longer")
 
 
 def kv_ranked(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -169,14 +171,14 @@ def same_file_elsewhere(here: Mapping[str, Any], here_base: Mapping[str, Any], t
     rel_here = here["decode_tokens_per_s"] / here_base["decode_tokens_per_s"]
     rel_there = there["decode_tokens_per_s"] / there_base["decode_tokens_per_s"]
     base_x = here_base["decode_tokens_per_s"] / there_base["decode_tokens_per_s"]  # did the machine itself move?
-    same_base = abs(base_x - 1) <= verdict.SLACK
-    same_rel = max(rel_here, rel_there) / min(rel_here, rel_there) <= 1 + verdict.SLACK
+    same_base = verdict.versus(here_base["decode_tokens_per_s"], there_base["decode_tokens_per_s"]).kind == verdict.TIED
+    same_rel = verdict.versus(rel_here, rel_there).kind == verdict.TIED
     head = (f"The same file: {here['decode_tokens_per_s']:.1f} tokens/s here ({here_how}), "
             f"{there['decode_tokens_per_s']:.1f} in {there_name} ({there_how}): here "
             + verdict.phrase(tps, f"{there_name}'s speed") + ". ")
     rel = (f"Over each notebook's own PyTorch fp32: {rel_here:.2f}× here, {rel_there:.2f}× there; PyTorch fp32 itself "
            f"ran {base_x:.2f}× as fast here")
-    if tps.kind == verdict.NOISE:
+    if not tps.real:
         return head + rel + "."
     if same_rel and not same_base:
         return head + rel + ": the same gain, so the machine ran at another speed between the two notebooks, not the engine."

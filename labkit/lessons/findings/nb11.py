@@ -19,16 +19,18 @@ def work_words(head: Mapping[str, Any]) -> str:
     ratio further below the expectation than ``verdict.SLACK`` is more than the work explains, and the rest is
     queueing (round-robin's uncached prefills also wait behind each other)."""
     ca, rr, measured = head["cache_aware_token_hit_rate"], head["round_robin_token_hit_rate"], head["ttft_p50_ratio_ca_over_rr"]
-    if rr >= 1:
+    if rr >= 1:  # fact: a share of positions, all of them reused
         return "round-robin reused every prompt position: no prefill work is left to compare"
     expected = (1 - ca) / (1 - rr)
     says = (f"the prompt positions reused predict a TTFT ratio of about {expected:.2f} from prefill work alone "
             f"((1 − {ca:.0%}) / (1 − {rr:.0%})); measured {measured:.2f}")
-    if measured < expected / (1 + verdict.SLACK):
-        return (says + ", below what the work allows: the rest is queueing (round-robin's uncached prefills also "
-                "queue behind each other, so each waits for the others' prefill too)")
-    return says + (", within what the work explains (the part of a TTFT that is not prefill does not shrink with "
-                   "the cache)")
+    return says + verdict.pick(
+        verdict.versus(measured, expected, higher_is_better=False),
+        better=(", below what the work allows: the rest is queueing (round-robin's uncached prefills also queue "
+                "behind each other, so each waits for the others' prefill too)"),
+        worse=(", within what the work explains (the part of a TTFT that is not prefill does not shrink with the "
+               "cache)"),
+        same=f", a {verdict.TIE_LABEL} with what the work alone predicts")
 
 
 def capacity_words(capacity_reason: str, arithmetic: str | None, knee_rps: float | None, reached: bool | None,
@@ -66,7 +68,7 @@ def takeaways(*, head: Mapping[str, Any], capacity_reason: str, arithmetic: str 
         f"Cost: ${chosen['usd_per_million_tokens']:.2f} per million output tokens at {chosen['name']}'s price, priced "
         + (f"as if the instance made {chosen['tokens_per_s']:.1f} tokens/s from this run's {tokens_per_s:.1f} (one replica "
            f"{priced_at}; the line above the cost table says how)." if chosen.get("tokens_per_s")
-           and abs(chosen["tokens_per_s"] - tokens_per_s) > 1e-9 else
+           and chosen["tokens_per_s"] != tokens_per_s else
            f"from this run's {tokens_per_s:.1f} tokens/s (one replica {priced_at})."),
         f"Faults: a replica killed mid-run left {answered} of {requests} requests answered and the rest counted; the "
         "router refused a bad configuration and both ports in use, each in one line.",

@@ -158,7 +158,7 @@ def compare(bench: Sequence[dict[str, Any]], labkit: Sequence[loadgen.BenchmarkR
                    "same_records_ratio": statistics.median(same) if same else None}
     agree = all(r["ratio"] is not None and abs(r["ratio"] - 1) <= AGREE for r in rows.values())
     beyond = [m for m, r in rows.items() if r["ratio"] is None or (abs(r["ratio"] - 1) > AGREE
-                                                                   and r["verdict"] != verdict.NOISE)]
+                                                                   and r["verdict"] in (verdict.BETTER, verdict.WORSE))]
     return {"metrics": rows, "agree_within": AGREE, "agree": agree, "beyond_noise": beyond,
             "definitions_identical": all(r["same_records_ratio"] is not None and abs(r["same_records_ratio"] - 1) < 1e-9
                                          for r in rows.values())}
