@@ -102,7 +102,8 @@ def against(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
 
 
 def kv_line(fp8: dict[str, Any], base: dict[str, Any]) -> str:
-    """One line on the FP8 KV cache: its capacity against the default cache's, or why vLLM refused it here."""
+    """One line on the FP8 KV cache in this run's printed summary (the saved file keeps the rows, not this line): its
+    capacity against the default cache's, or why vLLM refused it here."""
     if fp8.get("status") == "refused":
         return f"refused on this CPU ({', '.join(cpu.cpu_isa())}): {fp8['reason']}"
     if fp8.get("kv_cache_tokens") and base.get("kv_cache_tokens"):
@@ -173,14 +174,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def save(written: list[dict[str, Any]], served: dict[str, dict[str, Any]], summary: dict[str, Any], folder: Path) -> Path:
-    """The run as a labkit results file: sections "checkpoints" and "served" (answers left out), the summary's
-    sentences in the notes, the environment that measured them."""
+    """The run as a labkit results file: sections "checkpoints" and "served" (answers left out: each row's status,
+    reason and KV capacity are the facts a notebook renders its sentences from, never a stored sentence), the
+    environment that measured them."""
     environment = env.environment()
     environment["command"] = "python bench/llm_compressor.py " + " ".join(sys.argv[1:])
     environment["versions"] = {**environment.get("versions", {}), **(summary.get("versions") or {}),
                                "vllm": summary.get("vllm")}
     res = results.Results("llm_compressor", env=environment,
-                          notes={"fp8_kv_cache": summary.get("fp8_kv_cache"), "hardware": summary["hardware"],
+                          notes={"hardware": summary["hardware"],
                                  "method": "checkpoints by tools/llmc_compress.py (model_free_ptq, no data); each served "
                                            "alone by vllm serve with the lab's CPU flags, greedy, ignore_eos; servers "
                                            "one after another (decode times: one run each)"})

@@ -78,3 +78,33 @@ def test_takeaways_headline_and_pd_words():
                            lora=None, lora_gain=None, pd=None, structured=["lab sentence"])
     assert found.headline["label"].startswith("valid JSON") and found.headline["value"] == 1.0
     assert found.sentences[0] == "lab sentence"
+
+
+def test_a_split_shown_from_the_reference_says_so_and_names_its_machine():
+    from labkit.core import results
+    from labkit.lessons import pd as pd_lesson
+
+    ref = results.reference("12_serving_features")
+    row = nb12.pd_reference_row(ref, pd_lesson.bytes_ratio(ref.section("pd_split")))
+    assert row["sentence"].startswith("The prefill/decode split did not start in this run; from the reference: ")
+    assert "AMD EPYC" in row["sentence"] and "this run shows" not in row["sentence"]
+    found = nb12.takeaways(lab=None, vllm_con=None, mask={"mask_ms_per_token": 40.0, "model_ms_per_token": 40.0},
+                           bytes_row={"n": 2, "rank": 8, "base_plus_adapters_bytes": 1.0, "full_copies_bytes": 2.0},
+                           lora=None, lora_gain=None, pd=row)
+    assert any("(reference: AMD EPYC" in r["finding"] for r in found.rows)
+    assert nb12.pd_reference_row(results.Results("x"), None) is None
+
+
+def test_a_stall_that_was_not_shorter_claims_no_isolation():
+    split = [{"identical": True, "recomputed": False}]
+    said = nb12.pd_sentence(split, 1.0, {"gain": 1.1, "verdict": "within noise", "verdict_reason": "overlap"}, None)
+    assert "shows no latency isolation" in said and "isolated the short streams" not in said
+
+
+def test_a_forced_choice_is_the_form_not_the_answer():
+    from labkit.decoding import constrained
+
+    said = constrained.form_not_answer("This review is neutral.", "positive", ["positive", "negative", "neutral"])
+    assert said.startswith("a mask guarantees the form, not the answer") and "'neutral'" in said and "'positive'" in said
+    plain = constrained.form_not_answer("I think so.", "positive", ["positive", "negative", "neutral"])
+    assert "one of the choices by construction" in plain

@@ -486,7 +486,7 @@ def save_reference(name: str, command: str, reference_dir: Path | None = None, s
     section) and its notes entry, where the run has them, each recorded with this run's provenance under
     ``notes["section_env"]``; the rest of the reference stays as it was (sections that need software this
     machine lacks keep the run that had it)."""
-    res = results.load(config.results_dir() / f"{name}.json")
+    res = results.as_reference(results.load(config.results_dir() / f"{name}.json"))  # rows name their machine
     res.env["command"] = command
     path = (reference_dir or results.reference_dir()) / f"{results.reference_name(name, res.env)}.json"
     if not sections:

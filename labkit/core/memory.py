@@ -76,6 +76,19 @@ def rss_peak() -> Reading:
     return Reading("rss_peak", maxrss if sys.platform == "darwin" else maxrss * 1024)
 
 
+def sources_said(sources: Any) -> str:
+    """The memory sources of several rows in one line: rows whose source differs only in how many samples the RSS
+    sampler took read as one source with the range of counts ("… 13–38 samples a row …"), not once per row."""
+    import re
+
+    counts: dict[str, list[int]] = {}
+    for s in (str(x) for x in sources if x):
+        key = re.sub(r"\b\d+ samples\b", "{n} samples", s)
+        counts.setdefault(key, []).extend(int(n) for n in re.findall(r"\b(\d+) samples\b", s))
+    return "; ".join(key.replace("{n} samples", f"{min(ns)}–{max(ns)} samples a row" if min(ns) != max(ns)
+                                 else f"{ns[0]} samples") if ns else key for key, ns in counts.items())
+
+
 class RSSSampler:
     """A process's resident set sampled every ``interval_s`` by a thread; ``peak_bytes`` is the highest seen.
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import config, cpu, env, machine, published
+from . import config, cpu, env, machine, published, verdict
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-.")
 
@@ -130,6 +130,33 @@ def load(path_or_name: str | Path) -> Results:
     return Results.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
+HERE = "this run"  # a row's ``where`` when the run that shows it measured it
+REFERENCE = "reference"  # how a reference row's ``where`` begins: "reference: <its machine>, <its date>"
+
+
+def where_of(res: "Results") -> str:
+    """The ``where`` of a row a reference measured: "reference: AMD EPYC (avx2 fma), 2 cores, 2026-12-05", its machine
+    and date, never "this run" (it was that run, not the one showing it)."""
+    hw = res.env.get("hardware") or {}
+    cores = f", {hw['cpu_cores_logical']} cores" if hw.get("cpu_cores_logical") and not hw.get("gpu") else ""
+    return f"{REFERENCE}: {cpu.machine_line(hw)}{cores}, {str(res.env.get('date') or 'date not recorded')[:10]}"
+
+
+def is_reference(where: Any) -> bool:
+    """Whether a row's ``where`` says a reference measured it (``where_of``, or the bare word of older files)."""
+    return str(where).startswith(REFERENCE)
+
+
+def as_reference(res: "Results") -> "Results":
+    """``res`` as a reference stores it: every row's ``where`` that said ``HERE`` names the machine instead
+    (``where_of``), so no stored row says "this run" of a run that is not the reader's. In place; returns ``res``."""
+    mine = where_of(res)
+    for row in res.rows:
+        if row.get("where") == HERE:
+            row["where"] = mine
+    return res
+
+
 def reference_dir() -> Path:
     return config.DATA_DIR / "reference"
 
@@ -184,11 +211,28 @@ def show_gpu_references(name: str, sections: str | list[str], columns: list[str]
             df = ref.frame(section)
             if df.empty:
                 continue
-            df = df[[c for c in columns if c in df.columns]] if columns else compact(df)
+            df = with_doubts(df[[c for c in columns if c in df.columns]] if columns else compact(df))
+            if "where" in df.columns:  # a stored "this run" (older files) is the reference's run: name its machine
+                df["where"] = [where_of(ref) if w in (HERE, REFERENCE) else w for w in df["where"]]
             if len(wanted) > 1:
                 print(f"{section}:")
             display(df)
     return len(refs)
+
+
+SPREADS = ("decode_spread", "tpot_spread", "spread")  # the columns a timed row keeps its (p90 − p10) / median in
+
+
+def with_doubts(df):
+    """``df`` with a ``doubts`` column where it has a spread or a drift (``verdict.doubts``: a spread over a quarter
+    of the median, a baseline that drifted): a stored row is as rough as it was when measured, wherever it is shown."""
+    spread = next((c for c in SPREADS if c in df.columns), None)
+    if spread is None and "drift" not in df.columns:
+        return df
+    df = df.copy()
+    df["doubts"] = ["; ".join(verdict.doubts(r.get(spread) if spread else None, r.get("drift")))
+                    for r in df.to_dict("records")]
+    return df
 
 
 def compact(df):

@@ -71,7 +71,7 @@ class CompileStory:
     """torch.compile of the decode step against eager, both with a static cache, from one result file: decode
     speed in tokens/s, the first call (compilation included) in seconds, the pay-back in tokens."""
 
-    where: str  # "reference" or "this run"
+    where: str  # results.HERE, or results.where_of(the reference): "reference: <machine>, <date>"
     provenance: str
     new_tokens: int
     eager_tokens_per_s: float  # static cache, eager
@@ -151,7 +151,7 @@ def compile_story(ref: Any = None, device: str | None = None) -> CompileStory | 
     if missing:
         raise ValueError(f"{ref.name}: no cache_variants rows for {missing}; rerun `python -m labkit kv reference`")
     eager, comp = rows["static"], rows["static+compile"]
-    return CompileStory(where="reference", provenance=results.provenance(ref), new_tokens=int(eager["new_tokens"]),
+    return CompileStory(where=results.where_of(ref), provenance=results.provenance(ref), new_tokens=int(eager["new_tokens"]),
                         eager_tokens_per_s=eager["decode_tokens_per_s"], compiled_tokens_per_s=comp["decode_tokens_per_s"],
                         eager_first_s=eager["first_call_s"], compiled_first_s=comp["first_call_s"],
                         agreement=comp.get("agreement"))

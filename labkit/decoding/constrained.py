@@ -117,3 +117,15 @@ def constrained_greedy(model: Any, tokenizer: Any, prompt_ids: Sequence[int], ma
             logits = decode.decode_one_token(model, torch.tensor([token], device=device), cache, pos, attn)
             out.step_s.append(timing.now(device) - t0)
     return out
+
+
+def form_not_answer(free_text: str, forced_text: str, choices: Sequence[str]) -> str:
+    """What the mask guaranteed and what it did not, from one question answered free and forced: the forced answer
+    is one of ``choices`` by construction (the form); whether it is the right one is the model's (the answer). Where
+    the free answer named another choice, say which: the mask changed the answer, it did not check it."""
+    named = [c for c in choices if regex.search(rf"\b{regex.escape(c)}\b", free_text, flags=regex.IGNORECASE)]
+    said = "a mask guarantees the form, not the answer"
+    if named and forced_text not in named:
+        return (f"{said}: the free answer named {', '.join(repr(c) for c in named)}, the mask forced {forced_text!r}, "
+                "one of the choices and nothing more: no mask checks which choice is right")
+    return f"{said}: {forced_text!r} is one of the choices by construction; whether it is right is the model's to get"

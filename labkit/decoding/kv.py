@@ -393,7 +393,8 @@ def write_compile_reference(new_tokens: int = 64, repeats: int = 3, path: Any = 
                           "first_call_s includes compilation. Shown by notebook 05 in quick mode.")
     res.replace("cache_variants", compare_cache_variants(lm.model, lm.tokenizer, CACHE_VARIANTS,
                                                          new_tokens=new_tokens, repeats=repeats))
-    res.env = env.environment()
+    res.env = {**env.environment(), "command": f"python -m labkit kv reference --new-tokens {new_tokens} --repeats {repeats}"}
+    results.as_reference(res)
     # on a GPU the file is 05_kv_cache_compile.<gpu>.json: the CPU reference the notebooks read stays as it is
     return res.save(path or results.reference_dir() / f"{results.reference_name(REFERENCE_COMPILE, res.env)}.json")
 

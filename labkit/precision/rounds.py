@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ..core import verdict
 from ..decoding import generation
 from . import variants as _variants
 from .variants import Inputs, check_providers, session_providers
@@ -56,6 +57,7 @@ def retime(rows: list[dict[str, Any]], inputs: Inputs, *, model_name: str | None
                              samples={k: t["samples"][k] for k in ("decode_tokens_per_s", "tpot_s", "ttft_s")})
     for r in ok:
         r["drift"] = drift
+        r["doubts"] = "; ".join(verdict.doubts(r.get("decode_spread"), drift))  # a rough median, a moving machine
     return drift
 
 

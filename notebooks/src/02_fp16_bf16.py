@@ -237,7 +237,8 @@ print(f"decode timed in {REPEATS} interleaved rounds (fp32 fp16 bf16 …), fp32 
       f"last / first = {drift:.2f}" if drift else "decode timed in interleaved rounds")
 table = pd.DataFrame(rows).set_index("variant")
 table[["status", "load_s", "weight_bytes", "predicted_weight_bytes", "ttft_s", "decode_tokens_per_s",
-       "decode_spread", "perplexity", "agreement", "kl"]]  # decode_spread: (p90 − p10) / median of the timed rounds
+       "decode_spread", "doubts", "perplexity", "agreement", "kl"]]  # decode_spread: (p90 − p10) / median of the timed
+# rounds; doubts: what makes a row rough on any machine, a wide spread or a drifting baseline (verdict.doubts)
 
 # %% subslide
 ok = table[table.status == "ok"]

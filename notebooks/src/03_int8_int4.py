@@ -39,7 +39,7 @@
 import labkit
 import pandas as pd
 import torch
-from labkit.core import config, env, machine, results, verdict
+from labkit.core import config, env, machine, memory, results, verdict
 from labkit.model import hardware, models, onnx, prompts
 from labkit.decoding import quality
 from labkit.precision import libraries, quantisers, rounds, variants
@@ -310,9 +310,10 @@ table["weight_MiB"] = table.weight_bytes / 2**20
 table["peak_MiB"] = table.peak_memory_bytes / 2**20
 for phase in ("load", "run"):  # on a CPU: the load's peak (a one-time export or quantisation) apart from the runs'
     table[f"{phase}_peak_MiB"] = pd.to_numeric(table[f"{phase}_peak_memory_bytes"], errors="coerce") / 2**20
-cols = ["status", "device", "weight_MiB", "peak_MiB", "ttft_s", "decode_tokens_per_s", "decode_spread", "perplexity",
-        "agreement", "kl", "load_peak_MiB", "run_peak_MiB"]  # decode_spread: (p90 − p10) / median of the timed rounds
-print("peak memory source:", "; ".join(sorted(set(table.peak_memory_source.dropna()))))
+cols = ["status", "device", "weight_MiB", "peak_MiB", "ttft_s", "decode_tokens_per_s", "decode_spread", "doubts",
+        "perplexity", "agreement", "kl", "load_peak_MiB", "run_peak_MiB"]  # decode_spread: (p90 − p10) / median of the
+# timed rounds; doubts: what makes a row rough on any machine, a wide spread or a drifting baseline (verdict.doubts)
+print("peak memory source:", memory.sources_said(table.peak_memory_source.dropna()))
 print(nb03_findings.peak_sentence(table))
 for v, note in table.note.items():
     if note:

@@ -318,7 +318,7 @@ if tools_run.is_file():
     display(tools.frame("checkpoints").reindex(columns=["scheme", "status", "format", "bytes", "seconds"]))
     display(tools.frame("served").reindex(columns=["name", "status", "tokens_vs_fp32", "equal_tokens", "compared_tokens",
                                                     "tpot_over_fp32", "kv_cache_tokens", "reason"]))
-    print("FP8 KV cache there:", tools.notes["fp8_kv_cache"])
+    print(nb03b_findings.fp8_kv_said(tools, cpu.cpu_isa()))  # its facts, rendered against this machine's ISA
 else:
     print("No run of bench/llm_compressor.py ships: `make llmc vllm`, then `python bench/llm_compressor.py --save-to "
           "data/reference`.")

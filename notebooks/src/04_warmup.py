@@ -238,7 +238,7 @@ if cap.available:
     with torch.inference_mode():  # the same module and shapes: dynamo reuses the code compiled above
         first = lambda y: y[0] if isinstance(y, tuple) else y  # a mixture-of-experts block also returns router logits
         mlp_cost["max_abs_diff"] = (first(torch.compile(mlp)(x)) - first(mlp(x))).abs().max().item()
-    res.add("compile", target="one MLP layer", where="this run", **mlp_cost)
+    res.add("compile", target="one MLP layer", where=results.HERE, **mlp_cost)
     print(f"one MLP: eager first {mlp_cost['eager_first_s'] * 1e3:.1f} ms · compiled first {mlp_cost['compiled_first_s']:.2f} s "
           f"· then {mlp_cost['compiled_s'] * 1e3:.2f} ms compiled vs {mlp_cost['eager_s'] * 1e3:.2f} ms eager; "
           f"outputs differ by at most {mlp_cost['max_abs_diff']:.2g}")
@@ -248,7 +248,7 @@ else:
 # %% fragment
 if cap.available and COMPILE_MODEL:
     comp = warmup.cold_start(requests=3, max_new_tokens=REQUEST_TOKENS, compile=True)
-    res.add("compile", target="whole model (static cache)", where="this run", compiled_first_s=comp.first_request_s,
+    res.add("compile", target="whole model (static cache)", where=results.HERE, compiled_first_s=comp.first_request_s,
             compiled_s=comp.requests_s[-1], eager_first_s=cold.first_request_s, eager_s=cold.requests_s[-1],
             tokens_per_call=REQUEST_TOKENS,
             agreement=min(quality.token_agreement(lm.tokenizer, t, reference_answer) for t in comp.texts))
@@ -259,7 +259,7 @@ else:
     if story is None:
         print(f"Whole-model compile not run here ({why}), and no compile reference of this GPU ships.")
     else:
-        res.add("compile", target=f"whole model (static cache, {story.new_tokens} tokens)", where="reference",
+        res.add("compile", target=f"whole model (static cache, {story.new_tokens} tokens)", where=story.where,
                 compiled_first_s=story.compiled_first_s, eager_first_s=story.eager_first_s,
                 compiled_s=story.new_tokens / story.compiled_tokens_per_s,
                 eager_s=story.new_tokens / story.eager_tokens_per_s, agreement=story.agreement,

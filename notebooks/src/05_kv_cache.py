@@ -285,7 +285,7 @@ PREDICT_FASTER_CACHE = None  # your prediction: "dynamic" or "static"
 # %% fragment
 variants = ["dynamic"] + ([] if static_why else ["static"]) + (
     ["static+compile"] if COMPILE_HERE and not static_why and env.capability("torch.compile").available else [])
-vrows = [dict(r, where="this run") for r in
+vrows = [dict(r, where=results.HERE) for r in
          kv.compare_cache_variants(lm.model, lm.tokenizer, variants, PROMPT, VARIANT_TOKENS, repeats=REPEATS)]
 if "static+compile" not in variants and not static_why:
     why = cache_variants.compile_here()[1] or "COMPILE_HERE = False"
@@ -293,12 +293,12 @@ if "static+compile" not in variants and not static_why:
     print(f"torch.compile of the decode step not run here ({why}); " + (
         f"reference rows from {results.provenance(ref)}" if ref is not None else "no compile reference of this GPU ships"))
     if ref is not None:
-        vrows += [dict(r, where="reference") for r in ref.frame("cache_variants").to_dict("records")]
+        vrows += [dict(r, where=results.where_of(ref)) for r in ref.frame("cache_variants").to_dict("records")]
         print(findings.compile_sentence(cache_variants.compile_story(ref)))
 vdf = pd.DataFrame(vrows)
 plots.bar(vdf, x="variant", y="tpot_s", color="where", title="Decode time per token by cache", y_title="seconds",
           facet="where").show()
-here = vdf[vdf["where"] == "this run"].set_index("variant")
+here = vdf[vdf["where"] == results.HERE].set_index("variant")
 won, why = (nb05_findings.faster_of(here, ["dynamic", "static"], "tpot_s") if not static_why  # the takeaways' verdict
             else (None, f"no static cache here: {static_why}"))
 exercises.reveal_choice("faster decode", PREDICT_FASTER_CACHE, won, ["dynamic", "static"], undecided=why)

@@ -222,10 +222,10 @@ rows = []
 eager = compiled.StaticDecoder(lm.model, MAX_CACHE_LEN)
 m = compiled.measure_decoder(eager, ids, NEW_TOKENS, REPEATS)
 q = compiled.decoder_quality(eager, ref)
-rows.append({"engine": "PyTorch eager, static cache", "where": "this run", "build_s": None, "ttft_s": m["ttft_s"],
+rows.append({"engine": "PyTorch eager, static cache", "where": results.HERE, "build_s": None, "ttft_s": m["ttft_s"],
              "decode_tokens_per_s": m["decode_tokens_per_s"], "agreement": q.agreement, "kl": q.kl})
 dyn = generation.measure_decode(lm.model, lm.tokenizer, new_tokens=NEW_TOKENS, repeats=REPEATS, prompt=PROMPT)
-rows.insert(0, {"engine": "PyTorch eager, dynamic cache", "where": "this run", "build_s": None, "ttft_s": dyn["ttft_s"],
+rows.insert(0, {"engine": "PyTorch eager, dynamic cache", "where": results.HERE, "build_s": None, "ttft_s": dyn["ttft_s"],
                 "decode_tokens_per_s": dyn["decode_tokens_per_s"], "agreement": 1.0, "kl": 0.0})
 pd.DataFrame(rows).round(4)
 
@@ -234,7 +234,7 @@ if COMPILE_HERE and env.capability("torch.compile").available:
     compiled_dec = compiled.StaticDecoder(lm.model, MAX_CACHE_LEN, compile=True)  # an empty inductor cache: a cold build
     m = compiled.measure_decoder(compiled_dec, ids, NEW_TOKENS, REPEATS)
     q = compiled.decoder_quality(compiled_dec, ref)
-    rows.append({"engine": "torch.compile (inductor), static cache", "where": "this run", "build_s": m["build_s"],
+    rows.append({"engine": "torch.compile (inductor), static cache", "where": results.HERE, "build_s": m["build_s"],
                  "ttft_s": m["ttft_s"], "decode_tokens_per_s": m["decode_tokens_per_s"], "agreement": q.agreement,
                  "kl": q.kl, "ir_nodes_before_fusion": m["ir_nodes_before_fusion"],
                  "generated_kernels": m["generated_kernels"], "eager_ops_per_step": n_ops})
@@ -243,9 +243,9 @@ else:
     story = cache_variants.compile_story()  # this kind of machine's reference (notebooks 04 and 05 show it too)
     print(f"torch.compile not run here ({why}); " + (f"the compiled row and the eager row it is compared with both "
           f"come from {story.provenance}" if story is not None else "no compile reference of this GPU ships"))
-    rows += [{"engine": "PyTorch eager, static cache", "where": "reference", "build_s": None,
+    rows += [{"engine": "PyTorch eager, static cache", "where": story.where, "build_s": None,
               "decode_tokens_per_s": story.eager_tokens_per_s, "agreement": 1.0},
-             {"engine": "torch.compile (inductor), static cache", "where": "reference", "build_s": story.extra_first_s,
+             {"engine": "torch.compile (inductor), static cache", "where": story.where, "build_s": story.extra_first_s,
               "decode_tokens_per_s": story.compiled_tokens_per_s, "agreement": story.agreement}] if story is not None else []
 torch_rows = pd.DataFrame(rows)
 torch_rows.drop(columns=["section"], errors="ignore").round(4)
@@ -262,7 +262,7 @@ gain_s_per_token = 1 / st.decode_tokens_per_s - 1 / tc.decode_tokens_per_s if tc
 break_even = tc.build_s / gain_s_per_token if gain_s_per_token > 0 else None
 if tc is None:
     print("no compiled decode step to compare: not compiled here, and no reference of this GPU ships")
-elif tc["where"] == "reference":
+elif results.is_reference(tc["where"]):
     print(findings.compile_sentence(story))
 else:
     print(f"{tc['where']}: inductor fused {tc.ir_nodes_before_fusion:.0f} IR nodes into {tc.generated_kernels:.0f} kernels; "
@@ -293,7 +293,7 @@ timed = generation.decode_variants({eager_name: (lm.model, lm.tokenizer),
 ort_rows = []
 for level, b in built.items():
     d, q = timed[f"ONNX Runtime, {level}"], quality.compare(b["model"], ref)
-    ort_rows.append({"engine": f"ONNX Runtime, {level}", "where": "this run", "build_s": b["build_s"], "ttft_s": d["ttft_s"],
+    ort_rows.append({"engine": f"ONNX Runtime, {level}", "where": results.HERE, "build_s": b["build_s"], "ttft_s": d["ttft_s"],
                      "decode_tokens_per_s": d["decode_tokens_per_s"], "agreement": q.agreement, "kl": q.kl,
                      "graph_ops": sum(b["ops"].values()), "samples": d["samples"]})
 del built
@@ -374,7 +374,7 @@ per_prompt.round(5)
 trt_rows = tensorrt.tensorrt_rows(new_tokens=NEW_TOKENS, repeats=REPEATS, ref=ref, prompt=PROMPT)
 for r in trt_rows:
     print(f"{r['engine']}: {'built' if r['status'] == 'ok' else 'not run — ' + r['status']}")
-trt_rows = [dict(r, where="this run") for r in trt_rows if r["status"] == "ok"]
+trt_rows = [dict(r, where=results.HERE) for r in trt_rows if r["status"] == "ok"]
 
 # %% md subslide
 # ## Read in articles: `TensorRTForCausalLM.from_pretrained(...)`
@@ -425,7 +425,7 @@ _ = results.show_gpu_references("08_tensorrt", "engines", ["engine", "where", "s
 compiled_row = None if tc is None else {"where": tc["where"], "build_s": tc.build_s, "gain": compile_gain,
                                         "break_even": break_even}
 found = nb08_findings.takeaways(fusion=big, fusion_rows=FUSION_ROWS, max_abs_diff=fusion_table.max_abs_diff.max(),
-                                compiled=compiled_row, story=story if tc is not None and tc["where"] == "reference" else None,
+                                compiled=compiled_row, story=story if tc is not None and results.is_reference(tc["where"]) else None,
                                 levels=(first, last), ort=(ort_rows[0], ort_rows[-1]), layer=cal.layer,
                                 kl_by_method=kl_by_method, percentile=PERCENTILE, clip=clip,
                                 rounds=[rows[0]] + ort_rows,  # timed in the same interleaved rounds

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...core import verdict
+from ...core import results, verdict
 
 SUMMARY = "summary"  # the results section holding a notebook's findings rows
 HEADLINE = "headline"  # the results note holding the first row: {"label", "value"} (and "verdict" where judged)
@@ -56,7 +56,8 @@ def compile_sentence(story: Any) -> str:
     sentence notebooks 04, 05 and 08 print where the compile ran here or ships as a reference."""
     pay = (f"pays back after {story.break_even_tokens:,.0f} tokens" if story.break_even_tokens is not None
            else "never pays back (the compiled decode was not faster)")
-    return (f"torch.compile of the decode step ({story.where}: {story.provenance}): {story.gain:.2f}× eager's decode "
+    where = f"reference, not this run: {story.provenance}" if results.is_reference(story.where) else story.where
+    return (f"torch.compile of the decode step ({where}): {story.gain:.2f}× eager's decode "
             f"tokens/s, both with a static cache ({story.compiled_tokens_per_s:.1f} vs {story.eager_tokens_per_s:.1f}); "
             f"its first {story.new_tokens}-token call took {story.compiled_first_s:.1f} s against "
             f"{story.eager_first_s:.1f} s eager, so it {pay}")

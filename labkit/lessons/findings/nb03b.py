@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ...core import verdict
+from ...core import cpu, verdict
 from ...model import gpus, roofline, sizing
 from ...precision import formats, fp8_gemm, variants
 from . import Findings
@@ -227,6 +227,33 @@ def gpu_gemm_sentence(res: Any) -> str:
                  f"{roofline.FIXED_COST_FACTOR:g}× their roofline time or more: no precision shortens a launch.")
     return said + (" Compute-bound shapes are where FP8's doubled tensor-core FLOPs can pay, memory-bound ones where its "
                    "halved bytes can; only a verdict from repeated samples says whether they did.")
+
+
+FP8_KV_ISA = ("avx512f", "amx_bf16", "amx_int8")  # vLLM's CPU FP8 KV cache: "x86 with AVX-512 or AMX"
+
+
+def fp8_kv_said(ref: Any, here_isa: list[str]) -> str:
+    """What the shipped llm-compressor run (``ref``: its "served" rows) found of vLLM's FP8 KV cache, rendered now
+    from its facts: on which machine (its recorded CPU and instruction sets), what vLLM answered, and where this
+    machine (``here_isa``: ``cpu.cpu_isa()``) differs in what that answer turns on, how to run it here."""
+    row = next((r for r in ref.section("served") if r.get("name") == "fp32-fp8-kv"), None)
+    there = cpu.machine_line(ref.env.get("hardware") or {})
+    if row is None:
+        return f"The reference run (on {there}) did not try an FP8 KV cache."
+    base = next((r for r in ref.section("served") if r.get("name") == "fp32"), {})
+    if row.get("status") != "refused":
+        said = f"On the reference machine ({there}) vLLM served an FP8 KV cache"
+        if row.get("kv_cache_tokens") and base.get("kv_cache_tokens"):
+            said += (f": {row['kv_cache_tokens']:,} KV tokens against {base['kv_cache_tokens']:,} "
+                     f"({row['kv_cache_tokens'] / base['kv_cache_tokens']:.2f}×)")
+        return said + "."
+    said = f"On the reference machine ({there}) vLLM refused an FP8 KV cache: {str(row.get('reason')).rstrip('.')}."
+    there_isa = set((ref.env.get("hardware") or {}).get("cpu_isa") or ())
+    has = [f for f in FP8_KV_ISA if f in here_isa]
+    if has and not there_isa & set(FP8_KV_ISA):
+        return said + (f" This machine has {', '.join(has)}, which that check asks for: run it here with `make llmc "
+                       "vllm`, then `python bench/llm_compressor.py` (or `--kv-cache-dtype fp8` on any `vllm serve`).")
+    return said + (" This machine lacks them too." if not has else "")
 
 
 def closest_4bit(rows: list[dict[str, Any]], table: Any) -> tuple[str | None, str]:

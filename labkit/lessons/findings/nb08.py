@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from ...core import verdict
+from ...core import results, verdict
 from . import Findings, compile_sentence
 
 
@@ -40,7 +40,7 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
     best_v = verdict.compare(verdict.samples(best, "decode_tokens_per_s"), verdict.samples(base, "decode_tokens_per_s"))
     if compiled is None:
         compile_said = "torch.compile: not measured here (no reference of this GPU ships)."
-    elif compiled["where"] == "reference":
+    elif results.is_reference(compiled["where"]):
         compile_said = f"{compile_sentence(story)}."
     else:
         compile_said = (f"The whole decode step compiled ({compiled['where']}): {compiled['gain']:.2f}× eager after a "

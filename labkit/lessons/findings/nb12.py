@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ...core import results, verdict
 from . import Findings
 
 
@@ -43,15 +44,31 @@ def pd_sentence(split: Sequence[Mapping[str, Any]], bytes_ratio: float | None, i
             f"loaded the KV of {loaded} of them")
     if bytes_ratio is not None:
         says += f", and each layer file held {bytes_ratio:.3f}× the sizing formula's bytes (headers aside)"
+    isolated = itl is not None and itl.get("verdict") == verdict.BETTER
     if itl is not None and itl.get("gain") is not None:
         says += (f". Under a burst of long prompts, the short streams' longest stall was {itl['gain']:.1f}× shorter "
-                 f"split than on one server ({itl['verdict']}: {itl['verdict_reason']})" if itl["verdict"] == "better"
+                 f"split than on one server ({itl['verdict']}: {itl['verdict_reason']})" if isolated
                  else f". Under a burst of long prompts, the short streams' stall: {itl['verdict']} "
                       f"({itl['verdict_reason']})")
     if itl is not None and plain is not None and itl.get("itl_p50_s") and plain.get("itl_p50_s"):
         says += (f"; the median gap between their tokens was {itl['itl_p50_s'] / plain['itl_p50_s']:.2f}× one "
                  "server's (the decode server has one core, one server both)")
-    return says + ": on shared cores the split isolates latency, it adds no throughput."
+    return says + (": on shared cores the split isolated the short streams' latency; it adds no throughput." if isolated
+                   else ": this run shows no latency isolation; on shared cores the split adds no throughput either.")
+
+
+def pd_reference_row(ref: Any, bytes_ratio: float | None) -> dict[str, Any] | None:
+    """The split's takeaway where it did not start in this run: ``pd_sentence`` on the reference's rows (``ref``: the
+    notebook's shipped reference; ``bytes_ratio``: its files' bytes over the formula's), saying first that the rows
+    are the reference's and on which machine. None where the reference holds no split."""
+    split = ref.section("pd_split") if ref is not None else []
+    if not split:
+        return None
+    itl = {r["target"]: r for r in ref.section("pd_itl")}
+    said = pd_sentence(split, bytes_ratio, itl.get("split"), itl.get("plain"))
+    where = results.where_of(results.Results(ref.name, env=(ref.notes.get("section_env") or {}).get("pd_split") or ref.env))
+    return {"bytes_ratio": bytes_ratio, "where": where,
+            "sentence": f"The prefill/decode split did not start in this run; from the {where}: {said[0].lower()}{said[1:]}"}
 
 
 def takeaways(*, lab: Mapping[str, Any] | None, vllm_con: Mapping[str, Any] | None, mask: Mapping[str, Any],
@@ -80,6 +97,7 @@ def takeaways(*, lab: Mapping[str, Any] | None, vllm_con: Mapping[str, Any] | No
         rows.append({"finding": "mixed adapters ÷ base, tokens/s (vLLM)", "value": lora_gain})
         said.append(lora)
     if pd is not None:
-        rows.append({"finding": "KV bytes moved per request ÷ the sizing formula", "value": pd["bytes_ratio"]})
+        rows.append({"finding": "KV bytes moved per request ÷ the sizing formula"
+                     + (f" ({pd['where']})" if pd.get("where") else ""), "value": pd["bytes_ratio"]})
         said.append(pd["sentence"])
     return Findings(rows=rows, sentences=said)
