@@ -12,7 +12,7 @@ Prints one JSON line per section, the last line one JSON document with every hea
 LABKIT_QUICK=1 shrinks rounds, prompts and request counts (the same code paths). On a laptop the replicas share
 the cores: the figures are about cache locality and latency, not throughput.
 
-    python bench/scale_out.py [--price "AWS m7g.large"]
+    python bench/scale_out.py [--price "AWS m7i.xlarge"]
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import sys
 from labkit.core import config, env
 from labkit.core.results import jsonable
 from labkit.lessons import cost, report, scale_out
-from labkit.model import models
+from labkit.model import hardware, models
 from labkit.serve import loadgen
 from labkit.serve.fleet import capacity
 from labkit.serve.fleet import router
@@ -40,12 +40,13 @@ def _emit(section: str, rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the policy comparison (at least 3 for a verdict)")
-    ap.add_argument("--price", default="AWS m7g.large", help="a row of data/prices.json")
+    ap.add_argument("--price", default=None, help="a row of data/prices.json (default: the first CPU row of this "
+                                                  "machine's architecture)")
     args = ap.parse_args(argv)
     if args.rounds <= 0:
         ap.error("--rounds must be positive")
     prices = {p["name"]: p for p in cost.load_prices()}
-    if args.price not in prices:
+    if args.price is not None and args.price not in prices:
         ap.error(f"--price {args.price!r}: choose one of {sorted(prices)}")
     pick = config.pick
     policies = pick(("round_robin", "cache_aware", "consistent_hashing"), ("round_robin", "cache_aware"))
@@ -72,23 +73,22 @@ def main(argv: list[str] | None = None) -> int:
         alone = loadgen.run(server.url, prompts, num_requests=3, max_concurrency=1, max_tokens=n_tokens,
                             endpoint="chat", ignore_eos=True, warmup=0).summary()
         slo, slo_why = report.slo_from_baseline(loadgen.SLO(ttft_s=1.0, tpot_s=0.25), alone, 3)
-        sweep = []
-        for m in pick((0.5, 1, 2, 3, 4, 6, 8), (1, 2, 4, 8)):
-            server.flush_cache()
-            sweep.append(scale_out.capacity_point(server.url, prompts, round(m / alone["e2e_p50_s"], 2),
-                                                  pick(24, 8), n_tokens, slo))
+        rates = [round(m / alone["e2e_p50_s"], 2) for m in pick((0.5, 1, 1.5, 2, 3, 4), (1, 1.5, 2, 3))]
+        swept = scale_out.capacity_sweep(server, prompts, rates, pick(20, 6), n_tokens, slo)
+    sweep, knee, held = swept["points"], swept["knee"], swept["held"]
     _emit("capacity", sweep)
-    knee = capacity.find_knee([r["offered_rps"] for r in sweep], [r["goodput_rps"] for r in sweep])
     at_knee = [r for r in sweep if r["offered_rps"] <= (knee["knee_rps"] or sweep[0]["offered_rps"])][-1]
-    price = prices[args.price]
-    usd = cost.usd_per_million_tokens(at_knee["output_tokens_per_s"], price["hourly_usd"])
-    row = {"name": price["name"], "usd_per_million_tokens": usd, "tokens_per_s": at_knee["output_tokens_per_s"],
+    price = prices[args.price or cost.price_for("cpu", hardware.cpu_arch())]
+    tps = held["output_tokens_per_s"] or at_knee["output_tokens_per_s"]
+    usd = cost.usd_per_million_tokens(tps, price["hourly_usd"])
+    row = {"name": price["name"], "usd_per_million_tokens": usd, "tokens_per_s": tps,
            "hourly_usd": price["hourly_usd"], "source": price["source"], "date": price["date"]}
     _emit("cost", [row])
     head = scale_out.headline(table, cmp["runs"], knee, row, identical)
-    need = capacity.replicas_needed(200, 2, knee["knee_rps"]) if knee["knee_rps"] else None
+    need = capacity.replicas_needed(200, 2, held["rps"]) if held["rps"] else None
     summary = {"bench": "scale_out", "quick": config.quick(), **head, "slo": slo_why,
                "replicas_for_200_users_at_2_rpm": need["replicas"] if need else None,
+               "sustained_rps": held["rps"], "ceiling_rps": held["ceiling_rps"],
                "note": "the replicas share this machine's cores: cache locality and latency, not throughput",
                "hardware": env.hardware(), "versions": {**env.versions(("torch", "transformers")),
                                                         **env.versions(("smg",))}}

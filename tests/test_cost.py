@@ -151,3 +151,11 @@ def test_cpu_rows_are_priced_as_if_each_vcpu_did_one_core_here():
         cost.cpu_as_if(37.0, 0)
     with pytest.raises(ValueError, match="per_core_tokens_per_s"):
         cost.cpu_as_if(0.0, 2)
+
+
+def test_the_default_price_row_follows_this_machines_architecture():
+    """An x86 laptop was priced as an Arm instance (m7g.large) by default; the default now matches its arch."""
+    assert cost.price_for("cpu", "x86") == "AWS m7i.xlarge" and cost.price_for("cpu", "arm") == "AWS m7g.large"
+    assert cost.price_for("gpu") == next(r["name"] for r in cost.load_prices() if r["kind"] == "gpu")
+    with pytest.raises(ValueError, match="HOURLY_USD"):
+        cost.price_for("cpu", "riscv")

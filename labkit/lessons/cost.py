@@ -71,6 +71,18 @@ def load_prices(path: str | Path | None = None) -> list[dict[str, Any]]:
     return load_rows(path if path is not None else prices_path(), "prices", check_row, "name", "price table")
 
 
+def price_for(kind: str, arch: str | None = None, prices: Sequence[dict[str, Any]] | None = None) -> str:
+    """The price row a run on this machine is priced at by default: the first ``kind`` row ("cpu" or "gpu") of the
+    table, for a CPU the first whose ``arch`` is this machine's ("x86", "arm"), so an x86 laptop is not priced as an
+    Arm instance. ``ValueError`` when the table has none."""
+    rows = [check_row(r, i) for i, r in enumerate(load_prices() if prices is None else prices)]
+    mine = [r for r in rows if r["kind"] == kind and (kind != "cpu" or arch is None or r.get("arch") == arch)]
+    if not mine:
+        raise ValueError(f"data/prices.json has no {kind} row{f' for {arch}' if arch else ''}: add one, or set "
+                         "HOURLY_USD to this machine's own price")
+    return mine[0]["name"]
+
+
 def usd_per_million_tokens(tokens_per_s: float, hourly_usd: float) -> float:
     """Dollars per million tokens for an instance producing ``tokens_per_s`` while it costs ``hourly_usd``."""
     for name, value in (("tokens_per_s", tokens_per_s), ("hourly_usd", hourly_usd)):

@@ -3,11 +3,10 @@
 ``compare_policies``  the router's policies on the shared-prefix workload, interleaved in rounds (each round on
                       fresh system prompts, every replica's prefix cache flushed before each run), one row per
                       run and one per replica and run.
-``capacity_point``    one server under open-loop Poisson arrivals at one rate, the run judged against an SLO:
-                      goodput as vLLM's bench counts it (good requests ÷ the run's duration) and the share of
-                      requests that met the SLO, whose product with the offered rate is what the knee is read
-                      from (a short run's ramp-down would otherwise count against every rate); the callers flush
-                      the replica's prefix cache before each rate.
+``capacity_point``    one server under open-loop Poisson arrivals at one rate for ``seconds`` of arrivals (a
+                      queue builds only over time), judged against an SLO: goodput over the arrival window and the
+                      rate really completed (``capacity.sweep_point``), beside vLLM bench's good requests ÷ the
+                      run's duration; the callers flush the replica's prefix cache before each rate.
 ``headline``          the figures a takeaway quotes and the benchmark prints, each with its sample count.
 """
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import Any
 
 from ..core import timing, verdict
 from ..serve import loadgen
-from ..serve.fleet import routing
+from ..serve.fleet import capacity, routing
 
 ROUTING_KEYS = {"consistent_hashing": "conversation", "manual": "conversation"}  # session affinity per conversation
 
@@ -63,18 +62,29 @@ def policy_table(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def capacity_point(url: str, prompts: Sequence[str], rate: float, n: int, max_tokens: int, slo: loadgen.SLO,
+def capacity_point(url: str, prompts: Sequence[str], rate: float, seconds: float, max_tokens: int, slo: loadgen.SLO,
                    seed: int = 0) -> dict[str, Any]:
-    """One open-loop run: ``n`` requests arriving as a Poisson process at ``rate`` per second."""
+    """One open-loop run: Poisson arrivals at ``rate`` per second for ``seconds`` (``capacity.steady_requests``)."""
+    n = capacity.steady_requests(rate, seconds)
     res = loadgen.run(url, list(prompts), num_requests=n, request_rate=rate, burstiness=1.0, max_tokens=max_tokens,
                       endpoint="chat", ignore_eos=True, slo=slo, seed=seed, warmup=0)
     s = res.summary()
-    share = s["good_requests"] / n
-    return {"offered_rps": rate, "requests": n, "completed": s["completed"], "failed": s["failed"],
-            "good_requests": s["good_requests"], "slo_share": share, "goodput_rps": share * rate,
-            "goodput_over_run_rps": s["goodput"], "duration_s": s["duration_s"], "ttft_p50_s": s["ttft_p50_s"],
-            "ttft_p90_s": s["ttft_p90_s"], "tpot_p50_s": s["tpot_p50_s"], "output_tokens": s["output_tokens"],
-            "output_tokens_per_s": s["output_tokens_per_s"]}
+    return {**capacity.sweep_point(res.outputs, rate, slo), "goodput_over_run_rps": s["goodput"],
+            "duration_s": s["duration_s"], "ttft_p50_s": s["ttft_p50_s"], "ttft_p90_s": s["ttft_p90_s"],
+            "tpot_p50_s": s["tpot_p50_s"], "output_tokens": s["output_tokens"]}
+
+
+def capacity_sweep(server: Any, prompts: Sequence[str], rates: Sequence[float], seconds: float, max_tokens: int,
+                   slo: loadgen.SLO, follow: float = 0.9) -> dict[str, Any]:
+    """The capacity sweep notebook 11 and ``bench/scale_out.py`` share: each rate for ``seconds`` of arrivals
+    (``capacity_point``), the replica's prefix cache flushed first; then the knee (``capacity.find_knee`` on the
+    goodput) and what one replica holds (``capacity.sustained``). Returns ``points``, ``knee``, ``held``."""
+    points = []
+    for rate in rates:
+        server.flush_cache()  # each rate starts from an empty prefix cache
+        points.append(capacity_point(server.url, prompts, rate, seconds, max_tokens, slo))
+    knee = capacity.find_knee([p["offered_rps"] for p in points], [p["goodput_rps"] for p in points], follow)
+    return {"points": points, "knee": knee, "held": capacity.sustained(points, knee)}
 
 
 def headline(table: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], knee: dict[str, Any] | None,

@@ -43,7 +43,7 @@ from IPython.display import display
 
 import labkit
 from labkit.core import config, cpu, energy, env, machine, results
-from labkit.model import models, parallel, prompts
+from labkit.model import hardware, models, parallel, prompts
 from labkit.serve import loadgen
 from labkit.serve.fleet import capacity
 from labkit.serve.fleet import router
@@ -73,13 +73,14 @@ ROUTE_THRESHOLD = 4  # your routing rule's load threshold, requests in flight
 VLLM_REPLICAS = config.pick(2, 0)  # vllm serve replicas for the same comparison, where `make vllm` built vLLM (0: none)
 TARGET_SLO = loadgen.SLO(ttft_s=1.0, tpot_s=0.25)  # the latency target a request must meet (seconds)
 SLO_FACTOR = 3  # where one request alone misses the target: the SLO is this many times its own TTFT and TPOT
-RATE_MULTIPLES = config.pick((0.5, 1, 2, 3, 4, 6, 8), (1, 2, 4, 8))  # offered rates, × one request's own rate
-SWEEP_REQUESTS = config.pick(24, 8)  # requests per offered rate
+RATE_MULTIPLES = config.pick((0.5, 1, 1.5, 2, 3, 4), (1, 1.5, 2, 3))  # offered rates, × one request's own rate
+SWEEP_SECONDS = config.pick(20, 6)  # seconds of arrivals at each rate: long enough for a queue to build past the SLO
 SWEEP_MAX_TOKENS = config.pick(24, 8)  # tokens per answer in the sweep
 FOLLOW = 0.9  # goodput follows the offered rate while it is at least this fraction of it
-USERS, REQUESTS_PER_MIN_PER_USER, HEADROOM = 200, 2, 0.8  # the load to plan for; load replicas to 80 % of the knee
+USERS, REQUESTS_PER_MIN_PER_USER, HEADROOM = 200, 2, 0.8  # the load to plan for; load replicas to 80 % of what
+# one holds within the SLO
 TP_MODEL, TP_GPU, TP_DTYPE, TP_CONTEXT = "Llama-3.1-8B", "L4", "bf16", 8192  # a public config (data/configs), a GPU from data/gpus.json
-PRICE_NAME = "AWS m7g.large"  # a row of data/prices.json; or set HOURLY_USD to your own price for this machine
+PRICE_NAME = None  # a row of data/prices.json (None: the first of this machine's architecture); or set HOURLY_USD
 HOURLY_USD = None  # US dollars per hour (None: the row above)
 MACHINE_WATTS = 30  # your machine's power draw under load, W: used only where no energy counter can be read
 
@@ -231,9 +232,10 @@ pd.DataFrame(replayed)[lambda d: ~d.agree][["conversation", "turn", "router", "r
 # ## 3 · Capacity against an SLO
 #
 # One server, requests arriving as a Poisson process (open loop: arrivals do not wait for answers) at rising
-# rates. A request is *good* when its TTFT and TPOT meet the SLO; *goodput* follows the offered rate while the
-# server keeps up, and falls away past its **knee**. Rates are multiples of one request's own rate (1 ÷ its
-# latency alone), so the sweep fits the machine.
+# rates, each for `SWEEP_SECONDS` of arrivals: a short burst meets any SLO a batch can clear, only a load that
+# lasts builds a queue. A request is *good* when its TTFT and TPOT meet the SLO; *goodput* (good requests ÷ the
+# arrival window) follows the offered rate while the server keeps up, and falls away past its **knee**. Rates are
+# multiples of one request's own rate (1 ÷ its latency alone), so the sweep fits the machine.
 #
 # Predict: at how many requests per second does this one server stop keeping up?
 
@@ -254,23 +256,21 @@ print(f"{slo_why}. One request alone takes {alone['e2e_p50_s']:.2f} s: {one_rate
 
 # %% fragment
 machine.check("capacity sweep")
-with energy.EnergyMeter() as meter:
-    sweep = []
-    for rate in rates:
-        server.flush_cache()  # each rate starts from an empty prefix cache
-        sweep.append(scale_out.capacity_point(server.url, sweep_prompts, rate, SWEEP_REQUESTS, SWEEP_MAX_TOKENS, SLO))
-res.replace("capacity", sweep)
+with energy.EnergyMeter() as meter:  # every rate for SWEEP_SECONDS of arrivals, the prefix cache flushed before each
+    swept = scale_out.capacity_sweep(server, sweep_prompts, rates, SWEEP_SECONDS, SWEEP_MAX_TOKENS, SLO, FOLLOW)
+res.replace("capacity", swept["points"])
 cap_df = res.frame("capacity")
-cap_df[["offered_rps", "completed", "good_requests", "slo_share", "goodput_rps", "goodput_over_run_rps", "ttft_p90_s",
-        "tpot_p50_s", "output_tokens_per_s"]].round(3)
+cap_df[["offered_rps", "requests", "window_s", "good_requests", "goodput_rps", "completed_rps", "goodput_over_run_rps",
+        "ttft_p90_s", "tpot_p50_s", "output_tokens_per_s"]].round(3)
 
 # %% md subslide
 # ## The knee, from the measurements
 #
 # Sorted by offered rate, the knee is the last rate whose goodput still follows it (goodput ≥ `FOLLOW` ×
-# offered). Goodput here is the offered rate × the share of requests that met the SLO: a run of a few
-# requests ends with a ramp-down that vLLM's good-requests-per-second would count against every rate (that
-# figure, good requests ÷ the run's duration as `vllm bench serve` reports it, is the `goodput_over_run_rps` column).
+# offered): the first level that does not follow is where the server stopped keeping up. Goodput is good requests
+# ÷ the arrival window; `completed_rps` is every request completed ÷ the time from the first arrival to the last
+# answer: past the knee, the most the server completes, SLO or not (its ceiling). `goodput_over_run_rps` is good
+# requests ÷ the whole run, as `vllm bench serve` reports it, the drain after the last arrival included.
 
 # %% exercise 11.knee
 def knee(offered, goodput, follow):
@@ -284,7 +284,7 @@ exercises.check("11.knee", knee)
 
 # %% mechanism
 knee_fn = exercises.use("11.knee", knee, lambda o, g, f: capacity.find_knee(o, g, f)["knee_rps"])
-found = capacity.find_knee(list(cap_df.offered_rps), list(cap_df.goodput_rps), FOLLOW)
+found, held = swept["knee"], swept["held"]  # the knee (capacity.find_knee) and what one replica holds
 knee_rps = knee_fn(list(cap_df.offered_rps), list(cap_df.goodput_rps), FOLLOW)
 res.replace("knee", [{k: v for k, v in found.items() if k != "points"}])
 print(found["reason"])
@@ -295,10 +295,11 @@ fig = plots.line(cap_df, x="offered_rps", y=["offered_rps", "goodput_rps"], titl
 fig.show()
 
 # %% fragment
-if knee_rps is None:
+print(capacity.held_said(held))  # within the SLO at the knee, and the ceiling past it
+if held["rps"] is None:
     print(f"no knee: the slowest rate already missed the SLO ({found['reason']}); add smaller RATE_MULTIPLES")
 else:
-    need = capacity.replicas_needed(USERS, REQUESTS_PER_MIN_PER_USER, knee_rps, HEADROOM)
+    need = capacity.replicas_needed(USERS, REQUESTS_PER_MIN_PER_USER, held["rps"], HEADROOM)
     res.replace("replicas_needed", [need])
     print(need["arithmetic"] + ("" if found["reached"] else " (an upper bound: the knee is a lower bound, so fewer "
                                 "may do; add larger RATE_MULTIPLES to find the knee)"))
@@ -334,23 +335,24 @@ _ = results.show_gpu_references("11_scale_out", ["tp_run"])  # a GPU reference o
 # ## 5 · What a token costs: dollars and joules
 #
 # An instance that produces `T` tokens per second for an hour at `P` dollars costs `P / (T × 3600) × 10⁶`
-# dollars per million tokens. `T` is this run's: one replica at the knee (or, where the sweep found none, its
-# best throughput, labelled as missing the SLO). Prices are public list prices
+# dollars per million tokens. `T` is this run's: what one replica sustained at the knee, within the SLO (or, where
+# the sweep found none, its best throughput, labelled as missing the SLO). Prices are public list prices
 # in `data/prices.json`, each with its page and date. Energy comes from a counter where one can be read
 # ([RAPL](../docs/glossary.md#rapl), the CPU's energy counters, on a CPU; NVML on a GPU); elsewhere from the wattage you set, labelled an estimate.
 
 # %% fragment
-if knee_rps is not None:
-    at_knee = cap_df[cap_df.offered_rps <= knee_rps].iloc[-1]
-    priced_at = f"at the knee, {at_knee.offered_rps:.2f} req/s"
+if held["rps"] is not None:
+    at_knee = cap_df[cap_df.offered_rps == held["at_rps"]].iloc[-1]
+    priced_at = f"at the knee, {at_knee.offered_rps:.2f} req/s offered, {held['rps']:.2f} req/s within the SLO"
 else:  # no rate met the SLO: price the sweep's best throughput, and say it missed the SLO
     at_knee = cap_df.loc[cap_df.output_tokens_per_s.idxmax()]
     priced_at = f"at {at_knee.offered_rps:.2f} req/s, the sweep's best throughput, which missed the SLO (no knee)"
 tps = at_knee.output_tokens_per_s
 prices = cost.load_prices()
+kind = "gpu" if env.device().startswith("cuda") else "cpu"
+PRICE_NAME = PRICE_NAME or cost.price_for(kind, hardware.cpu_arch(), prices)  # this machine's kind and architecture
 if PRICE_NAME not in {p["name"] for p in prices}:
     raise ValueError(f"PRICE_NAME={PRICE_NAME!r}: choose one of {[p['name'] for p in prices]}")
-kind = "gpu" if env.device().startswith("cuda") else "cpu"
 if kind == "cpu":  # the whole machine: one single-thread replica per core, as section 2 runs them
     priced, as_if = cost.cpu_as_if(tps, machine.cores(), where=priced_at)
 else:
@@ -427,9 +429,10 @@ for what, start in {
 head = scale_out.headline(res.section("policies"), cmp["runs"], found, chosen.to_dict() | {"name": chosen.name},
                           {"all_identical": all(s["all_identical"] for s in same.values())})
 found_11 = nb11_findings.takeaways(head=head, capacity_reason=found["reason"],
-                                   arithmetic=need["arithmetic"] if knee_rps is not None else None,
+                                   arithmetic=need["arithmetic"] if held["rps"] is not None else None,
                                    chosen=chosen.to_dict() | {"name": chosen.name}, tokens_per_s=at_knee.output_tokens_per_s,
-                                   answered=answered, requests=len(fault), rates=rates, priced_at=priced_at)
+                                   answered=answered, requests=len(fault), rates=rates, priced_at=priced_at,
+                                   held=capacity.held_said(held))
 findings.record(res, found_11)
 res.notes["versions"] = env.versions(("smg",))
 res.save()

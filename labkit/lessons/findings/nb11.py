@@ -34,7 +34,7 @@ def work_words(head: Mapping[str, Any]) -> str:
 
 
 def capacity_words(capacity_reason: str, arithmetic: str | None, knee_rps: float | None, reached: bool | None,
-                   rates: Sequence[float] = (), param: str = "RATE_MULTIPLES") -> str:
+                   rates: Sequence[float] = (), param: str = "RATE_MULTIPLES", held: str = "") -> str:
     """The capacity sentence: the knee finder's reason, where the sweep's ends cut it (the true knee beyond the
     highest rate, or under the lowest) and which parameter widens the sweep, then the replica sum, marked a bound
     when the knee is one (a knee above the sweep means fewer replicas may do)."""
@@ -42,6 +42,8 @@ def capacity_words(capacity_reason: str, arithmetic: str | None, knee_rps: float
     says = f"Capacity: {capacity_reason}"
     if end and rates:
         says += f"; {beyond_sweep(end, rates, 'req/s', param)}"
+    if held:
+        says += f". {held.rstrip('.')}"
     if arithmetic:
         says += (f"; {arithmetic} — an upper bound on the replicas, since the knee is only a lower bound" if end == "above"
                  else f"; {arithmetic}")
@@ -50,7 +52,7 @@ def capacity_words(capacity_reason: str, arithmetic: str | None, knee_rps: float
 
 def takeaways(*, head: Mapping[str, Any], capacity_reason: str, arithmetic: str | None, chosen: Mapping[str, Any],
               tokens_per_s: float, answered: int, requests: int, rates: Sequence[float] = (),
-              priced_at: str = "at the knee") -> Findings:
+              priced_at: str = "at the knee", held: str = "") -> Findings:
     """``head``: ``scale_out.headline``'s figures (its ``ttft_verdict`` from ``core.verdict``); ``capacity_reason``:
     the knee finder's reason; ``arithmetic``: the replicas-needed sum, or None where no knee was found; ``chosen``:
     the price row (name, usd_per_million_tokens, tokens_per_s: what it was priced at); ``tokens_per_s``: one replica's output at the priced point (``priced_at``, in words: the knee, or the sweep's best where none was found);
@@ -64,7 +66,7 @@ def takeaways(*, head: Mapping[str, Any], capacity_reason: str, arithmetic: str 
         f"{head['ttft_p50_ratio_ca_over_rr']:.2f}× round-robin's ({word} over {head['rounds']} rounds); "
         f"{work_words(head)}. Answers "
         f"identical to one server's: {head['answers_identical_to_one_server']}.",
-        capacity_words(capacity_reason, arithmetic, head.get("knee_rps"), head.get("knee_reached"), rates),
+        capacity_words(capacity_reason, arithmetic, head.get("knee_rps"), head.get("knee_reached"), rates, held=held),
         f"Cost: ${chosen['usd_per_million_tokens']:.2f} per million output tokens at {chosen['name']}'s price, priced "
         + (f"as if the instance made {chosen['tokens_per_s']:.1f} tokens/s from this run's {tokens_per_s:.1f} (one replica "
            f"{priced_at}; the line above the cost table says how)." if chosen.get("tokens_per_s")

@@ -13,7 +13,14 @@ dip, not taken as the knee. Two cases are said plainly instead of being forced i
 followed (the knee lies above the highest rate tried: ``knee_rps`` is that rate, a lower bound), and no rate
 followed (the first rate already failed: ``knee_rps`` is None; sweep lower rates).
 
-This module knows nothing about HTTP or models: it reads numbers (or ``loadgen`` summaries) and does arithmetic.
+Each rate must be offered long enough for a queue to build (``steady_requests``: a duration's worth of arrivals,
+never a short burst the server clears before any request waits past the SLO), and goodput is what the server
+delivered within the SLO over the arrival window (``sweep_point``: good requests ÷ the window's length), not the
+offered rate scaled by a share. A level that does not follow its offered rate marks the knee. ``sustained``
+reads what one replica holds: the goodput at the knee (within the SLO, the figure replicas and prices are planned
+from) and the ceiling (the most requests per second it completed at any level, SLO or not).
+
+This module knows nothing about HTTP or models: it reads numbers (or ``loadgen`` results) and does arithmetic.
 """
 from __future__ import annotations
 
@@ -48,6 +55,68 @@ def _points(offered_rps: Sequence[float], goodput_rps: Sequence[float], follow: 
             raise ValueError(f"offered rate {a:g} req/s appears twice: average the repeats into one point "
                              "(or keep the later run) before looking for the knee")
     return [{"offered_rps": o, "goodput_rps": g, "ratio": g / o, "follows": g >= follow * o} for o, g in pairs]
+
+
+def steady_requests(rate_rps: float, seconds: float, at_least: int = 8) -> int:
+    """Requests to offer at ``rate_rps`` so arrivals last ``seconds`` (a queue builds only over time: a burst of a
+    few requests meets any SLO a batch can clear), and never fewer than ``at_least``."""
+    rate, s = _number("rate_rps", rate_rps, positive=True), _number("seconds", seconds, positive=True)
+    return max(int(at_least), math.ceil(rate * s))
+
+
+def sweep_point(outputs: Sequence[Any], rate_rps: float, slo: Any) -> dict[str, Any]:
+    """One offered rate's figures from its requests (``loadgen.RequestOutput``: ``start_s`` from the run's start,
+    ``e2e_s``, ``success``) and the ``slo`` that judges them (``met(output)``):
+
+    ``window_s``     the arrival window, n ÷ the offered rate: the time over which the load was offered (the
+                     realised first-to-last arrival is ``arrival_span_s``; Poisson gaps make it wander);
+    ``goodput_rps``  good requests ÷ the window: what the server delivered within the SLO while the load lasted;
+    ``completed_rps`` requests completed ÷ the first arrival to the last completion: the rate it really served,
+                     SLO or not (past the knee, the server's ceiling);
+    ``follows``      is left to ``find_knee``."""
+    rate = _number("rate_rps", rate_rps, positive=True)
+    if not outputs:
+        raise ValueError("sweep_point needs the requests of one offered rate: none were sent")
+    starts = sorted(o.start_s for o in outputs)
+    n = len(starts)
+    window = n / rate
+    done = [o for o in outputs if o.success]
+    busy = max((o.start_s + o.e2e_s for o in done), default=starts[0]) - starts[0]
+    good = sum(bool(slo.met(o)) for o in outputs)
+    return {"offered_rps": rate, "requests": n, "window_s": window, "arrival_span_s": starts[-1] - starts[0],
+            "completed": len(done),
+            "failed": n - len(done), "good_requests": good, "slo_share": good / n, "goodput_rps": good / window,
+            "completed_rps": len(done) / busy if busy > 0 else None,
+            "output_tokens_per_s": sum(o.output_tokens for o in done) / busy if busy > 0 else None}
+
+
+def sustained(points: Sequence[Mapping[str, Any]], knee: Mapping[str, Any]) -> dict[str, Any]:
+    """What one replica holds, from a sweep's ``sweep_point`` rows and its ``find_knee``: ``rps`` the goodput at the
+    knee (requests per second delivered within the SLO, never more than the ceiling: a replica cannot hold within
+    the SLO more than it completes at all; replicas and prices are planned from it) and its
+    ``output_tokens_per_s``; ``ceiling_rps`` the most requests per second completed at any level, SLO or not;
+    ``saturated`` whether a level failed to follow (else the sweep never found the ceiling: both are lower bounds).
+    None figures where no rate followed."""
+    by = {float(p["offered_rps"]): p for p in points}
+    ceiling = max((p["completed_rps"] for p in points if p.get("completed_rps")), default=None)
+    if knee.get("knee_rps") is None:
+        return {"rps": None, "output_tokens_per_s": None, "ceiling_rps": ceiling, "saturated": True, "at_rps": None}
+    at = by[float(knee["knee_rps"])]
+    rps = min(at["goodput_rps"], ceiling) if ceiling and knee.get("reached") else at["goodput_rps"]
+    return {"rps": rps, "output_tokens_per_s": at.get("output_tokens_per_s"), "ceiling_rps": ceiling,
+            "saturated": bool(knee.get("reached")), "at_rps": at["offered_rps"]}
+
+
+def held_said(held: Mapping[str, Any]) -> str:
+    """``sustained``'s figures in one sentence: within the SLO at the knee, and the ceiling past it (or that the
+    sweep never reached one, so both are lower bounds)."""
+    ceiling = (f"it completed at most {held['ceiling_rps']:.2f} req/s at any rate, SLO or not"
+               if held.get("ceiling_rps") else "no rate completed a request")
+    if held.get("rps") is None:
+        return f"One replica held no rate of this sweep within the SLO; {ceiling}."
+    said = (f"One replica held {held['rps']:.2f} req/s within the SLO (goodput at the knee, {held['at_rps']:g} req/s "
+            f"offered); {ceiling}")
+    return said + ("." if held.get("saturated") else ": the sweep never saturated it, so both are lower bounds.")
 
 
 def find_knee(offered_rps: Sequence[float], goodput_rps: Sequence[float], follow: float = 0.9) -> dict[str, Any]:
