@@ -3,6 +3,8 @@ recorded mistake 'wrong' — so each check can fail. Solutions are run here, cel
 whole notebooks."""
 from __future__ import annotations
 
+import ast
+import difflib
 import re
 
 import pytest
@@ -39,7 +41,7 @@ def test_solution_is_correct(ex_id):
 
 @pytest.mark.parametrize("ex_id", IDS)
 def test_each_recorded_mistake_is_called_wrong(ex_id):
-    assert WRONG.get(ex_id), f"tests/exercise_mistakes/ needs at least one wrong answer for {ex_id}"
+    assert len(WRONG.get(ex_id, [])) >= 2, f"tests/exercise_mistakes/ needs at least two common mistakes for {ex_id}"
     for i, source in enumerate(WRONG[ex_id]):
         verdict = exercises.evaluate(ex_id, _answer(ex_id, run_cell(source, f"mistake {i} of {ex_id}")))
         assert verdict.status == "wrong" and verdict.because, f"mistake {i}: {verdict.line}"
@@ -91,3 +93,38 @@ def test_each_recorded_mistake_names_the_hint_written_for_it(ex_id):
         assert verdict.hint is not None and 1 <= verdict.hint <= n, \
             f"mistake {i} of {ex_id}: raise Wrong(..., hint=k) (or close(..., hint=k)) naming the hint for it: {verdict.line}"
         assert f'exercises.hint("{ex_id}", {verdict.hint})' in verdict.line, verdict.line
+
+
+TOKEN = re.compile(r"[A-Za-z_]\w*|\d+(?:\.\d+)?|\*\*|//|==|>=|<=|!=|[^\s\w]")
+REVEAL_AT_MOST = 0.5  # a hint may show fragments of the solution's code, never most of it
+
+
+def _solution_tokens(ex_id: str) -> list[str]:
+    """The tokens of the solution's function body (its docstring and imports left out)."""
+    fn = next(n for n in ast.parse(SOLVED[ex_id][0]).body
+              if isinstance(n, ast.FunctionDef) and n.name == exercises.get(ex_id).name)
+    body = fn.body[1:] if isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) else fn.body
+    return TOKEN.findall("\n".join(ast.unparse(s) for s in body if not isinstance(s, (ast.Import, ast.ImportFrom))))
+
+
+def revealed(solution: list[str], hint: str) -> float:
+    """The share of the solution's tokens a hint's code (its backticked pieces) reproduces, in runs of 3 or more."""
+    shown = [t for piece in re.findall(r"`([^`]+)`", hint) for t in [*TOKEN.findall(piece), "\0"]]
+    blocks = difflib.SequenceMatcher(None, solution, shown, autojunk=False).get_matching_blocks()
+    return sum(b.size for b in blocks if b.size >= 3) / max(1, len(solution))
+
+
+@pytest.mark.parametrize("ex_id", IDS)
+def test_every_hint_stays_a_step_short_of_the_solution(ex_id):
+    """The last hint used to be the solution's code (07.grow_table, 11.knee …): a learner who asks for every hint still
+    writes the code themselves."""
+    solution = _solution_tokens(ex_id)
+    for n, hint in enumerate(exercises.get(ex_id).hints, start=1):
+        share = revealed(solution, hint)
+        assert share <= REVEAL_AT_MOST, f"{ex_id} hint {n} reproduces {share:.0%} of the solution's code: {hint}"
+
+
+def test_the_step_short_rule_catches_a_hint_that_is_the_code():
+    solution = TOKEN.findall("if length % block_size == 0:\n    table.append(free.pop(0))\nreturn table")
+    assert revealed(solution, "When `length % block_size == 0`, do `table.append(free.pop(0))`; then return it.") > 0.5
+    assert revealed(solution, "Test the position with the remainder operator `%`, then `pop` the first free block.") < 0.5

@@ -96,3 +96,48 @@ def test_checks_take_numpy_scalars_as_numbers():
     for ex_id, wrap in as_numpy.items():
         verdict = exercises.evaluate(ex_id, wrap(solutions[ex_id]))
         assert verdict.status == "correct", verdict.line
+
+
+@exercises.exercise("98.triple", "triple a number", hints=(
+    "Multiply the number by three: the same number added to itself twice over.",
+    "A product, not a sum with one: x + 3 is not three times x, and neither is x * x * x.",
+    "Return the product of the number and the integer `3`, keeping its type.",
+))
+def _triple(fn):
+    got = exercises.call(fn, 7)
+    if got == 10:
+        raise exercises.Wrong("10 is 7 + 3: multiply, do not add", hint=2)
+    exercises.close(got, 21, "triple(7)")  # any other answer: a mistake no hint was written for
+
+
+def test_a_mistake_no_hint_was_written_for_names_the_next_hint_not_seen(monkeypatch, tmp_path, capsys):
+    """A catch-all wrong answer used to send the learner to the last hint, the code; it now names the next one."""
+    monkeypatch.setenv("LABKIT_PROGRESS", str(tmp_path / "progress.json"))
+    known = exercises.evaluate("98.triple", lambda x: x + 3)
+    assert known.hint == 2 and 'exercises.hint("98.triple", 2)' in known.line
+    first = exercises.evaluate("98.triple", lambda x: x * x)
+    assert first.hint is None and first.next_hint == 1 and "hint 1 of 3 is the next you have not seen" in first.line
+    exercises.hint("98.triple")  # the learner reads hint 1, then hint 2
+    exercises.hint("98.triple")
+    assert "hint 3 of 3 is the next" in exercises.evaluate("98.triple", lambda x: x * x).line
+    exercises.hint("98.triple", 3)
+    done = exercises.evaluate("98.triple", lambda x: x * x).line
+    assert "seen all 3 hints" in done and 'exercises.solution("98.triple")' in done
+    capsys.readouterr()
+
+
+def test_e4m3_is_judged_by_what_it_computes_not_by_the_names_it_uses():
+    """03.e4m3_round refused any answer naming a float8 dtype, even one reading 448 from torch.finfo; it now refuses
+    only a float8 cast, found by running the answer with such casts switched off."""
+    def from_finfo(x):
+        top = torch.finfo(torch.float8_e4m3fn).max  # 448, read, not cast
+        a = x.abs().clamp(max=top)
+        e = torch.floor(torch.log2(a.clamp_min(2.0 ** -9))).clamp_min(-6)
+        step = torch.exp2(e - 3)
+        return torch.copysign((torch.round(a / step) * step).clamp(max=top), x)
+
+    assert exercises.evaluate("03.e4m3_round", from_finfo).status == "correct"
+    cast = exercises.evaluate("03.e4m3_round", lambda x: x.to(torch.float8_e4m3fn).float())
+    assert cast.status == "wrong" and "torch's own cast" in cast.because
+    typed = exercises.evaluate("03.e4m3_round", lambda x: x.type(torch.float8_e4m3fn).float())
+    assert typed.status == "wrong" and "torch's own cast" in typed.because

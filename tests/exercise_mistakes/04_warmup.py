@@ -51,3 +51,10 @@ def one_time_share(latencies_s, window):
 def one_time_share(latencies_s, window):
     # takes the second call as steady
     return (latencies_s[0] - latencies_s[1]) / latencies_s[0]
+
+
+# %% exercise 04.calls_until_settled
+def calls_until_settled(latencies_s, until_spread, window):
+    # says None (never settles) unless the very first window settles
+    from labkit.engines.warmup import window_spread
+    return 0 if window_spread(latencies_s[:window]) < until_spread else None

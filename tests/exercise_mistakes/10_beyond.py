@@ -46,3 +46,19 @@ import torch
 def quantize_kv(x):  # divides by 255: uses half of int8's range
     scale = x.abs().amax(dim=-2, keepdim=True).clamp_min(1e-8) / 255
     return (x / scale).round().clamp(-127, 127).to(torch.int8), scale
+
+
+# %% exercise 10.reusable_prefix
+def reusable_prefix(cached, prompt, block):  # counts matching positions anywhere, not a shared prefix
+    limit = min(len(cached), len(prompt) - 1)
+    n = sum(cached[i] == prompt[i] for i in range(limit))
+    return n // block * block
+
+
+# %% exercise 10.quantize_kv
+import torch
+
+
+def quantize_kv(x):  # truncates toward zero instead of rounding to the nearest code
+    scale = x.abs().amax(dim=-2, keepdim=True).clamp_min(1e-8) / 127
+    return (x / scale).trunc().clamp(-127, 127).to(torch.int8), scale

@@ -49,3 +49,12 @@ def knee(offered, goodput, follow):  # the first rate that fails, instead of the
         if g < follow * o:
             return o
     return max(offered)
+
+
+# %% exercise 11.knee
+def knee(offered, goodput, follow):  # reads the sweep in the order given: the last rate listed that follows
+    found = None
+    for o, g in zip(offered, goodput):
+        if g >= follow * o:
+            found = o
+    return found

@@ -51,3 +51,10 @@ def plan(prompt_tokens, threshold, prefill_up):  # a prompt of exactly the thres
 # %% exercise 12.plan
 def plan(prompt_tokens, threshold, prefill_up):  # splits the short prompts, keeps the long ones
     return ["prefill", "decode"] if prefill_up and prompt_tokens < threshold else ["decode"]
+
+
+# %% exercise 12.choice_mask
+def choice_mask(text, choices, vocab, eos_id):  # a token anywhere inside a choice, not the start of one
+    allowed = [len(p) > 0 and any((text + p) in c for c in choices) for p in vocab]
+    allowed[eos_id] = text in choices
+    return allowed

@@ -14,8 +14,9 @@ so they judge the mechanism, not this run's numbers. Each notebook's checks live
 ``labkit.lessons.exercises.nbNN``; the solutions live outside the learner's path, in ``notebooks/solutions/``.
 
 Stuck, one exercise at a time and only on request (no notebook calls these): ``hint("06.left_pad")`` prints the
-next of its two or three graded hints (the first names the idea, the last is nearly code; a wrong verdict names
-the hint written for that mistake), ``solution("06.left_pad")`` that exercise's solution only, ``reset(...)``
+next of its two or three graded hints (the first names the idea, the last one step short of the code; a wrong
+verdict names the hint written for that mistake, or, for a mistake no hint was written for, the next one the
+learner has not seen), ``solution("06.left_pad")`` that exercise's solution only, ``reset(...)``
 forgets its record and prints the cell as shipped. ``progress`` keeps each check's verdict, hints asked and
 predictions made in a small JSON file in the lab's cache; ``show_progress()`` (every notebook's last cell) and
 ``python -m labkit progress`` print it.
@@ -73,6 +74,7 @@ class Verdict:
     because: str = ""
     hint: int | None = None  # the hint written for this mistake (wrong only)
     n_hints: int = 0
+    next_hint: int | None = None  # a mistake no hint was written for: the next hint the learner has not seen
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, f"unknown status {self.status!r}"
@@ -81,9 +83,15 @@ class Verdict:
     def line(self) -> str:
         tail = f", because {self.because}" if self.status == "wrong" else ""
         if self.status == "wrong" and self.n_hints:
-            tail += (f". Stuck? hint {self.hint} of {self.n_hints} is about this: exercises.hint(\"{self.exercise}\", "
-                     f"{self.hint})" if self.hint else
-                     f". Stuck? exercises.hint(\"{self.exercise}\") gives the next of {self.n_hints} hints")
+            if self.hint:
+                tail += (f". Stuck? hint {self.hint} of {self.n_hints} is about this: exercises.hint(\"{self.exercise}\", "
+                         f"{self.hint})")
+            elif self.next_hint:
+                tail += (f". Stuck? hint {self.next_hint} of {self.n_hints} is the next you have not seen: "
+                         f"exercises.hint(\"{self.exercise}\", {self.next_hint})")
+            else:
+                tail += (f". You have seen all {self.n_hints} hints: exercises.solution(\"{self.exercise}\") shows this "
+                         "exercise's solution")
         hint = " (fill in the cell above, then run this one again)" if self.status == "not attempted" else ""
         return f"Exercise {self.exercise} · {self.title}: {self.status}{tail}{hint}"
 
@@ -145,7 +153,9 @@ def evaluate(exercise_id: str, answer: Any) -> Verdict:
     ex = get(exercise_id)
 
     def verdict(status: str, because: str = "", hint: int | None = None) -> Verdict:
-        return Verdict(ex.id, ex.title, status, because, hint, len(ex.hints))
+        unseen = progress.hints_seen(ex.id) + 1 if status == "wrong" and not hint else None  # a catch-all's next step
+        return Verdict(ex.id, ex.title, status, because, hint, len(ex.hints),
+                       unseen if unseen is not None and unseen <= len(ex.hints) else None)
 
     if answer is None or answer is Ellipsis:
         return verdict("not attempted")

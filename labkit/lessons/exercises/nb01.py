@@ -78,7 +78,7 @@ def check_weight_bytes(fn: Any) -> None:
             raise Wrong(f"for {what}, {got:,} bytes: {why}", hint=hint)
         raise Wrong(f"for {what} ({L} layers, hidden {h}, intermediate {inter}, {heads} heads, {kv} KV heads, "
                     f"head_dim {hd}, vocabulary {V}, tied {cfg.tie_word_embeddings}, {b} bytes per parameter) you gave "
-                    f"{got:,} bytes, expected {want:,} ({got / want:.3f}×)", hint=3)
+                    f"{got:,} bytes, expected {want:,} ({got / want:.3f}×)")
 
 
 @exercise("01.decode_ceiling", "decode ceiling: bandwidth ÷ bytes per step", hints=(
@@ -86,8 +86,9 @@ def check_weight_bytes(fn: Any) -> None:
     "yields one token for every sequence of the batch, so the tokens per second are the batch times that.",
     "Count the bytes one step reads. Every weight is read once for the whole batch, not once per sequence. Each "
     "sequence reads its own KV cache, kv_bytes_per_token × context, so the KV bytes are multiplied by the batch.",
-    "`step_bytes = weight_bytes + kv_bytes_per_token * context * batch`, then `batch * bandwidth_bytes_per_s / "
-    "step_bytes`; bandwidth_bytes_per_s is already in bytes per second, so it needs no conversion.",
+    "Two lines. First the bytes one step reads: `weight_bytes` once, plus the KV of every token of every sequence "
+    "(kv_bytes_per_token, context and batch multiplied). Then divide the bandwidth by it, and multiply by the tokens "
+    "one step yields, one per sequence. The bandwidth is already in bytes per second.",
 ))
 def check_decode_ceiling(fn: Any) -> None:
 
@@ -121,7 +122,7 @@ def check_decode_ceiling(fn: Any) -> None:
         try:
             close(got, want, f"the ceiling for {setting}", rtol=1e-6)
         except Wrong as exc:
-            raise Wrong(f"{exc} tokens/s (batch × bandwidth ÷ bytes one step reads)", hint=3) from None
+            raise Wrong(f"{exc} tokens/s (batch × bandwidth ÷ bytes one step reads)") from None
 
 
 def _kv_cases() -> list[tuple[str, dict[str, Any], int, int]]:
@@ -180,4 +181,4 @@ def check_kv_layer_by_layer(fn: Any) -> None:
         kinds = ", ".join(f"{sum(layer.kind == k for layer in layers)} {k}" for k in ("full", "sliding", "linear")
                           if any(layer.kind == k for layer in layers))
         raise Wrong(f"for {name} at {context:,} tokens ({kinds} layers, {b} bytes per value) you gave {got:,} bytes, "
-                    f"expected {want:,} ({got / want:.3f}×)", hint=3)
+                    f"expected {want:,} ({got / want:.3f}×)")

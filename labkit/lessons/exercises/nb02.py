@@ -36,8 +36,10 @@ def _as_float(got: Any, what: str) -> float:
     "With e exponent bits the bias is 2^(e−1) − 1 and the largest usable pattern is 2^e − 2, so the top exponent "
     "is 2^e − 2 − bias. The significand is the implicit leading 1 followed by m fraction bits all set to one, "
     "1.11…1 in binary: 2 − 2^−m, one last-place step below 2.",
-    "`bias = 2 ** (exponent_bits - 1) - 1` and `top = 2**exponent_bits - 2 - bias`; the value is "
-    "`(2 - 2.0**-mantissa_bits) * 2.0**top`.",
+    "Three quantities: the bias, `2 ** (e - 1) - 1` for e exponent bits; the largest exponent field that still holds "
+    "a number (all ones is inf and NaN, so one less), minus the bias; and the largest significand, 1.m with every "
+    "mantissa bit set, which is 2 less one step of the mantissa. The value is the significand times two to that "
+    "exponent.",
 ))
 def check_float_max(fn: Any) -> None:
     import torch
@@ -68,8 +70,7 @@ def check_float_max(fn: Any) -> None:
         for value, (reason, hint) in mistakes.items():
             if value != want and math.isclose(got, value, rel_tol=1e-9):
                 raise Wrong(f"for {what}, {got:.6g}: {reason}", hint=hint)
-        raise Wrong(f"for {what} ({e} exponent bits, {m} mantissa bits) you gave {got:.6g}, expected {want:.6g}",
-                    hint=3)
+        raise Wrong(f"for {what} ({e} exponent bits, {m} mantissa bits) you gave {got:.6g}, expected {want:.6g}")
 
 
 @exercise("02.accumulate", "running sum kept in a 16-bit format", hints=(
@@ -77,8 +78,9 @@ def check_float_max(fn: Any) -> None:
     "converting once at the end hides the effect, and so does torch.sum, which accumulates in a wider type inside.",
     "Keep the total as a tensor of the given dtype and add the step to it n times, one addition at a time: "
     "exactly n additions, no more and no fewer. Return the final total as a Python float (.item()).",
-    "`total = torch.tensor(start, dtype=dtype)` and `inc = torch.tensor(step, dtype=dtype)`, then "
-    "`for _ in range(n): total = total + inc`, and return `total.item()`.",
+    "Keep the running total as a one-element tensor made with `torch.tensor(..., dtype=dtype)`, and the step too; add "
+    "the step to the total n times in a plain `for` loop, so that every addition rounds to dtype; return a Python "
+    "number with `.item()`.",
 ))
 def check_accumulate(fn: Any) -> None:
     import torch
@@ -104,4 +106,4 @@ def check_accumulate(fn: Any) -> None:
         for k in (n - 1, n + 1):
             if got == running_sum(start, step, k, dtype):
                 raise Wrong(f"for {what}: {got:.6g} is the total after {k} additions, not {n}", hint=2)
-        raise Wrong(f"for {what} you gave {got:.6g}, expected {want:.6g} (the exact sum is {exact:.6g})", hint=3)
+        raise Wrong(f"for {what} you gave {got:.6g}, expected {want:.6g} (the exact sum is {exact:.6g})")

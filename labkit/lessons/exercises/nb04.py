@@ -10,6 +10,7 @@ from . import Wrong, call, close, exercise
 
 # (latencies in seconds, until_spread, window): each settles, and each usual slip gives another answer on one of them
 _SETTLE_CASES = (
+    ([0.50, 0.51, 0.50, 0.52, 0.50, 0.51], 0.10, 5),  # steady from the first call: 0 warmup calls, not None
     ([2.4, 0.9, 0.61, 0.52, 0.50, 0.51, 0.50, 0.52, 0.50, 0.51, 0.50], 0.10, 5),
     ([1.5, 0.30, 0.26, 0.25, 0.25, 0.31, 0.25, 0.25, 0.26, 0.25], 0.10, 4),
     ([0.8, 0.42, 0.40, 0.41, 0.40, 0.40, 0.40], 0.05, 3),
@@ -33,8 +34,9 @@ def _settle(latencies: list[float], until: float, window: int, spread: Any, end:
     "Measure each window with the window_spread the cell imports, (p90 − p10) / median, not your own (max − min) / "
     "median or a standard deviation. Each window holds exactly `window` calls; the one starting at index start has "
     "start calls before it, and n latencies hold n − window + 1 windows.",
-    "`for start in range(len(latencies_s) - window + 1):` with `if window_spread(latencies_s[start:start + window]) "
-    "< until_spread: return start`; after the loop, `return None`.",
+    "A window can start at every index from 0 up to `len(latencies_s) - window`; slice `window` latencies from there, "
+    "measure them with `window_spread`, and return the start of the first window under until_spread. Return None only "
+    "after trying every start.",
 ))
 def _calls_until_settled(fn: Any) -> None:
 
@@ -44,11 +46,15 @@ def _calls_until_settled(fn: Any) -> None:
     def stdev(xs: list[float]) -> float:
         return statistics.pstdev(xs) / statistics.mean(xs)
 
-    for lat, until, window in _SETTLE_CASES:
+    for i, (lat, until, window) in enumerate(_SETTLE_CASES):
         want = settle_point(lat, until, window)
         assert want is not None
-        got = call(fn, list(lat), until, window)
+        # the first case: None is the placeholder; after it, None is an answer (never settles), judged as one
+        got = call(fn, list(lat), until, window) if i == 0 else fn(list(lat), until, window)
         where = f"for latencies {lat} with until_spread={until}, window={window}"
+        if got is None:
+            raise Wrong(f"{where} you returned None (never settles), expected {want}: calls {want + 1}–{want + window} "
+                        f"spread under {until}; look at every window, not only the first", hint=1)
         if isinstance(got, bool) or not isinstance(got, numbers.Integral):  # numpy integers count
             raise Wrong(f"{where}: return a whole number of calls (or None when it never settles), got {got!r}",
                         hint=1)
@@ -68,7 +74,7 @@ def _calls_until_settled(fn: Any) -> None:
             why, hint = slips[got]
             raise Wrong(f"{where} you gave {got}, expected {want}: {why}", hint=hint)
         raise Wrong(f"{where} you gave {got}, expected {want}: the first {window} calls in a row whose spread is "
-                    f"under {until} start after {want} calls", hint=3)
+                    f"under {until} start after {want} calls")
     lat, until, window = _NEVER
     got = fn(list(lat), until, window)  # the right answer here is None: called directly, not through call()
     if got is not None:
@@ -84,8 +90,9 @@ _SHARE_CASES = ([2.0, 0.6, 0.52, 0.5, 0.5, 0.51, 0.5], [0.9, 0.3, 0.31, 0.3, 0.2
     "that extra as a fraction of the first call, between 0 and 1: divide by the first latency, not the steady one.",
     "Steady is the median of the last `window` latencies. The second call may still be warming up, the median of "
     "all calls includes the cold ones, and one slow call pulls a mean up.",
-    "`steady = statistics.median(latencies_s[-window:])`; the share is the first latency minus `steady`, divided by "
-    "`latencies_s[0]`.",
+    "The steady latency is the median of the last `window` latencies (`statistics.median` of a slice from the end); "
+    "the one-time cost is what the first call paid above it, and the share divides that cost by the first call's own "
+    "latency.",
 ))
 def _one_time_share(fn: Any) -> None:
 
@@ -113,4 +120,4 @@ def _one_time_share(fn: Any) -> None:
         for value, (why, hint) in slips.items():
             if abs(value - want) > 1e-9 and abs(got - value) < 1e-9:
                 raise Wrong(f"{where} you gave {got:.4g}, expected {want:.4g}: {why}", hint=hint)
-        close(float(got), want, f"one-time share {where}", hint=3)
+        close(float(got), want, f"one-time share {where}")

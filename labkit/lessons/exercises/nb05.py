@@ -54,7 +54,7 @@ def check_kv_bytes_per_token(fn: Any) -> None:
             why, hint = mistakes[got]
             raise Wrong(f"for {what}, {got:,} bytes: {why}", hint=hint)
         raise Wrong(f"for {what} ({n_layers} layers, {heads} heads, {kv_heads} KV heads, head_dim {hd}, {b} bytes "
-                    f"per value) you gave {got:,} bytes, expected {want:,}", hint=3)
+                    f"per value) you gave {got:,} bytes, expected {want:,}")
 
 
 @exercise("05.decode_step", "decode step with the KV cache", hints=(
@@ -64,8 +64,9 @@ def check_kv_bytes_per_token(fn: Any) -> None:
     "Mind the shapes. The model takes input_ids and position_ids as (B, L), and L is 1 here, so give the (B,) "
     "tokens and positions a length-1 dimension. Its .logits come back (B, 1, V): return the last position's "
     "logits as (B, V), not the chosen tokens.",
-    "Call the model with the keywords `input_ids=tokens[:, None]`, `position_ids=position_ids[:, None]`, "
-    "`past_key_values=cache` and `use_cache=True`; keep the last position of its logits, `out.logits[:, -1]`.",
+    "One model call with four keyword arguments: the tokens and the positions each get a sequence dimension of length "
+    "1 (indexing with `[:, None]`), the cache goes in as `past_key_values`, and the model must keep using the cache. "
+    "Its logits are (B, 1, V): keep the last position, (B, V).",
 ))
 def check_decode_step(fn: Any) -> None:
     import torch
@@ -97,4 +98,4 @@ def check_decode_step(fn: Any) -> None:
         close(got, full, "next-token logits", rtol=1e-4, atol=1e-4)
     except Wrong as exc:
         raise Wrong(f"{exc}; the same step without a cache gives other logits: is the new token at position "
-                    f"{n_prompt} (position_ids), right after the prompt?", hint=3) from None
+                    f"{n_prompt} (position_ids), right after the prompt?") from None

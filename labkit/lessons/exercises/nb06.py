@@ -63,8 +63,9 @@ def check_left_pad(fn: Any) -> None:
     "A row with n real tokens puts its next token at position n, not n - 1 and not the column index T. Count "
     "the ones of each row of the mask, and return one position per row, shape (B,), not (B, 1). The check "
     "also passes a mask on torch's 'meta' device: make new tensors on attention_mask.device.",
-    "`torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=1)` grows the mask; "
-    "`attention_mask.sum(-1)` counts each row's real tokens, which is the new token's position.",
+    "The mask grows by one column of ones on the right: make that column with `attention_mask.new_ones(...)` (same "
+    "dtype and device) and join it with `torch.cat` along dim 1. The new token's position is how many real tokens its "
+    "row held before it: a sum over the mask's last dimension.",
 ))
 def check_step_inputs(fn: Any) -> None:
     import torch

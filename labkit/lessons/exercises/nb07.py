@@ -14,8 +14,8 @@ _BLOCK_CASES = ((1, 16), (15, 16), (16, 16), (17, 16), (33, 16), (48, 16), (5, 4
     "Rounding up is not `tokens // block_size + 1`: that takes one block too many whenever tokens is an exact "
     "multiple of block_size (16 tokens fill exactly one block of 16), and gives an empty sequence a block. "
     "Return a whole number, an int: math.ceil of a division is one, but a count times 1.0 is a float.",
-    "Round up in integers, with no float in between: `-(-tokens // block_size)`, or the same written as "
-    "`(tokens + block_size - 1) // block_size`.",
+    "A partial block costs a whole block, so this is a division rounded up, in integers only: for positive integers, "
+    "ceil(a / b) equals floor((a + b − 1) / b), and Python's integer division `//` floors.",
 ))
 def _blocks_needed(fn: Any) -> None:
     for tokens, block_size in _BLOCK_CASES:
@@ -46,8 +46,7 @@ def _grow_case(fn: Any, table: list[int], length: int, free: list[int], block_si
     want_free = before_free[1:] if opens else before_free
     where = f"a {length}-token sequence with table {before_table}, block_size {block_size}, free {before_free}"
     if not isinstance(got, list):
-        raise Wrong(f"for {where}: return the block table as a list of block ids, got {type(got).__name__}",
-                    hint=3)
+        raise Wrong(f"for {where}: return the block table as a list of block ids, got {type(got).__name__}")
     if got == want and free == want_free:
         return
     if opens and len(got) == len(before_table):
@@ -62,8 +61,7 @@ def _grow_case(fn: Any, table: list[int], length: int, free: list[int], block_si
     if got == want and free != want_free:
         raise Wrong(f"for {where}: block {want[-1]} is now in the table but free is {free}: remove it from the "
                     "free list (free.pop(0)), or two sequences will write to the same block", hint=2)
-    raise Wrong(f"for {where}: expected table {want} and free {want_free}, got table {got} and free {free}",
-                hint=3)
+    raise Wrong(f"for {where}: expected table {want} and free {want_free}, got table {got} and free {free}")
 
 
 @exercise("07.grow_table", "one token into a block table", hints=(
@@ -73,8 +71,9 @@ def _grow_case(fn: Any, table: list[int], length: int, free: list[int], block_si
     "The new block is the first one in free, and it leaves the free list: take it out of that very list, in "
     "place, so no other sequence is handed the same block. free.pop() takes the last one; the pool hands "
     "blocks out from the front.",
-    "The whole step is one test and one move: when `length % block_size == 0`, do "
-    "`table.append(free.pop(0))`; then return the table.",
+    "A new block is needed exactly when the position being written, length, falls at the start of a block: test that "
+    "with the remainder operator `%`. Then take the first block out of the free list (`pop` with an index) and append "
+    "it to the table; return the table either way.",
 ))
 def _grow_table(fn: Any) -> None:
     _grow_case(fn, [], 0, [7, 3, 5], 4)

@@ -8,9 +8,9 @@ from . import Wrong, call, exercise
 
 def _index(got: Any, n: int, what: str) -> int:
     if isinstance(got, bool) or not isinstance(got, int):
-        raise Wrong(f"{what}: return a replica's index (an int), got {type(got).__name__}", hint=3)
+        raise Wrong(f"{what}: return a replica's index (an int), got {type(got).__name__}")
     if not 0 <= got < n:
-        raise Wrong(f"{what}: index {got} is out of range: there are {n} replicas (0 to {n - 1})", hint=3)
+        raise Wrong(f"{what}: index {got} is out of range: there are {n} replicas (0 to {n - 1})")
     return got
 
 
@@ -61,8 +61,9 @@ def _route(fn: Any) -> None:
     "Sort the (offered, goodput) pairs first: the sweep may come out of order. Then go through all of them: "
     "the knee is not the first rate that fails, nor the rate of the highest goodput, and a rate that dips may "
     "be followed by one that holds again. At least means ≥: goodput of exactly follow × offered follows.",
-    "Start from `found = None`, and in `for o, g in sorted(zip(offered, goodput)):` set `found = o` whenever "
-    "`g >= follow * o`; return found after the loop.",
+    "Sort the pairs by offered rate with `sorted(zip(offered, goodput))`, keep an answer that starts as None, and "
+    "overwrite it with the offered rate of every pair whose goodput follows; what is left after the last pair is the "
+    "last rate that followed.",
 ))
 def _knee(fn: Any) -> None:
     cases = [  # (offered req/s, goodput req/s, expected knee, what it tests, the hint for it)
@@ -71,6 +72,8 @@ def _knee(fn: Any) -> None:
         ([1.0, 2.0, 3.0], [1.0, 1.9, 2.8], 3.0, "every rate follows: the highest one tried (a lower bound)", 1),
         ([1.0, 2.0], [0.5, 0.4], None, "no rate follows: None (sweep lower rates)", 1),
         ([4.0, 1.0, 2.0], [1.0, 1.0, 1.95], 2.0, "the sweep came out of order: read it by rising rate", 2),
+        ([2.0, 4.0, 1.0], [1.95, 1.0, 1.0], 2.0, "out of order again: the last rate listed that follows (1.0) is "
+                                                "not the highest rate that follows", 2),
         ([1.0, 2.0, 3.0, 4.0], [1.0, 1.2, 2.9, 1.0], 3.0, "2.0 req/s dipped but 3.0 held: the last rate that follows",
          2),
         ([1.0, 2.0], [0.9, 1.79], 1.0, "0.9 × 1.0 = 0.9 counts as following (≥), 1.79 < 1.8 does not", 2),
@@ -84,7 +87,7 @@ def _knee(fn: Any) -> None:
                             hint=hint)
             continue
         if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise Wrong(f"return the knee's offered rate (a number), or None; got {type(got).__name__}", hint=3)
+            raise Wrong(f"return the knee's offered rate (a number), or None; got {type(got).__name__}")
         if abs(got - want) > 1e-9:
             fails = [o for o, g in sorted(zip(offered, goodput)) if g < 0.9 * o]
             if fails and got == fails[0]:

@@ -15,9 +15,9 @@ def _allowed(got: Any, what: str) -> list[bool]:
         values = [bool(v) for v in (got.tolist() if hasattr(got, "tolist") else list(got))]
     except TypeError:
         raise Wrong(f"{what}: return one True/False per vocabulary entry (a list or a bool tensor), "
-                    f"got {type(got).__name__}", hint=3) from None
+                    f"got {type(got).__name__}") from None
     if len(values) != len(_VOCAB):
-        raise Wrong(f"{what}: return one entry per vocabulary entry ({len(_VOCAB)}), got {len(values)}", hint=3)
+        raise Wrong(f"{what}: return one entry per vocabulary entry ({len(_VOCAB)}), got {len(values)}")
     return values
 
 
@@ -32,8 +32,9 @@ def _names(flags: list[bool]) -> list[str]:
     "Two tokens are special. End-of-sequence is allowed exactly when the text is already a whole choice, even "
     "when it is also the start of a longer one ('no' among 'no' and 'none'). The empty token is the start of "
     "every string, so it would always pass the test: refuse it, or a decode could pick it forever.",
-    "For each piece of vocab, allow `len(piece) > 0 and any(c.startswith(text + piece) for c in choices)`; then "
-    "set `allowed[eos_id] = text in choices`.",
+    "For each token's text: allowed when it is not empty and the text so far followed by it is the beginning of at "
+    "least one choice (`str.startswith`, with `any` over the choices). End-of-sequence is the exception: "
+    "`allowed[eos_id]` is whether the text so far already is a whole choice.",
 ))
 def _choice_mask(fn: Any) -> None:
     cases = [  # (text so far, choices, what it tests)
@@ -73,8 +74,9 @@ def _choice_mask(fn: Any) -> None:
     "Split a request only when both hold: the prompt is long enough to be worth the transfer, and the prefill "
     "server answers. Otherwise the decode server does everything, prefill included. A split lists the prefill "
     "server first, since it writes the KV that the decode server then reads.",
-    "Long enough means at least the threshold, so a prompt of exactly threshold tokens is split: split when "
-    "`prefill_up and prompt_tokens >= threshold`, and send everything else to `[\"decode\"]` alone.",
+    "Two conditions must both hold to split: the prefill server is up, and the prompt is long enough, where exactly "
+    "threshold tokens already counts as long enough (`>=`). A split plan lists both servers in the order a request "
+    "visits them; every other request goes to the decode server alone.",
 ))
 def _pd_route(fn: Any) -> None:
     split, local = ["prefill", "decode"], ["decode"]
