@@ -49,7 +49,8 @@ except ImportError:  # a bare environment (torch alone): pip's own copy of the s
     from pip._vendor.packaging.specifiers import SpecifierSet  # type: ignore[no-redef]
     from pip._vendor.packaging.utils import canonicalize_name  # type: ignore[no-redef]
 
-from .core.timing import clock  # standard library only: safe before labkit's dependencies are installed
+from .core import config  # standard library only: safe before labkit's dependencies are installed
+from .core.timing import clock
 
 if TYPE_CHECKING:  # imported by setup() through _lab() once labkit's dependencies are installed; named here for the
     from .lessons.exercises import progress  # noqa: F401  (reader and for lint-imports, which checks these too)
@@ -70,7 +71,7 @@ ORT_GPU_CUDA_MAJOR = 13  # onnxruntime-gpu 1.31.1 is built for CUDA 13 (pyprojec
 PINNED = ("torch", "torchvision", "torchaudio")  # the platform's CUDA builds: pinned as installed, never installed
 # Colab and Kaggle run notebooks in their own front end: JupyterLab (make lab's) would only move the Jupyter server
 # packages their front end was built with
-HOSTED, FRONT_END = ("colab", "kaggle"), ("jupyterlab",)
+HOSTED, FRONT_END = tuple(config.HOSTED), ("jupyterlab",)
 # compute capabilities (major, minor): what the lab's GPU paths need. FP8's lives in labkit.serve.vllm.offline.
 FP16_TENSOR_CORES = (7, 0)  # Volta on: below it the GPU paths are not worth taking (Kaggle's P100 is 6.0)
 BF16_NATIVE = (8, 0)  # Ampere on; torch.cuda.is_bf16_supported() also says True where bf16 is emulated (a T4)
@@ -97,6 +98,12 @@ def _notebook_path(stem: str) -> str:
     return f"{slug}/blob/main/notebooks/{stem}.ipynb"
 
 
+def docs_url() -> str:
+    """Where the project's docs/ folder is read on the web (``REPO_URL``'s, on its main branch), ending in "/"."""
+    slug = github_slug(REPO_URL) or github_slug(DEFAULT_REPO)  # a local LABKIT_REPO (a test) links the public one
+    return f"https://github.com/{slug}/blob/main/docs/"
+
+
 def colab_url(stem: str) -> str:
     """The link that opens notebook ``stem`` (e.g. "00_setup") on Colab."""
     return f"https://colab.research.google.com/github/{_notebook_path(stem)}"
@@ -119,8 +126,10 @@ def setup_cell(stem: str) -> str:
         'if importlib.util.find_spec("labkit") is None:\n'
         f'    src = os.path.abspath("{CLONE_DIR}")\n'
         "    if not os.path.isdir(src):\n"
-        f'        subprocess.run(["git", "clone", "-q", "--depth", "1", os.environ.get("LABKIT_REPO", {REPO_URL!r}), '
-        "src], check=True)\n"
+        f'        if subprocess.run(["git", "clone", "-q", "--depth", "1", os.environ.get("LABKIT_REPO", {REPO_URL!r}), '
+        "src]).returncode:\n"
+        '            raise SystemExit("could not fetch labkit: on Kaggle switch Internet on (Settings → Internet), '
+        'on Colab check the connection, then run this cell again")\n'
         '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", src], check=True)\n'
         "    sys.path.insert(0, src)\n"
         "    importlib.invalidate_caches()\n"
@@ -171,20 +180,7 @@ class Facts:
         return self.distributions.get(canonicalize_name(name))
 
 
-def detect_platform(environ: Mapping[str, str] | None = None, colab_module: bool | None = None) -> str:
-    """"colab" (COLAB_RELEASE_TAG, or google.colab importable), "kaggle" (KAGGLE_KERNEL_RUN_TYPE or KAGGLE_URL_BASE),
-    else "laptop" (any other machine: a laptop, a workstation, a cloud VM)."""
-    environ = os.environ if environ is None else environ
-    if environ.get("COLAB_RELEASE_TAG"):
-        return "colab"
-    if environ.get("KAGGLE_KERNEL_RUN_TYPE") or environ.get("KAGGLE_URL_BASE"):
-        return "kaggle"
-    if colab_module is None:
-        try:
-            colab_module = importlib.util.find_spec("google.colab") is not None
-        except (ImportError, ValueError):
-            colab_module = False
-    return "colab" if colab_module else "laptop"
+detect_platform = config.platform  # "colab", "kaggle" or "laptop": core.config decides it, for every module
 
 
 def labkit_requires() -> list[str]:

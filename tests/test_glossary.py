@@ -100,6 +100,15 @@ TERMS: dict[str, str] = {
     "structured-outputs": r"(?i)structured outputs?\b|token mask",
     "lora": r"\bLoRA\b",
     "disaggregated-serving": r"(?i)disaggregat",
+    "fp8": r"\bFP8\b|\bfp8\b|E4M3|e4m3",
+    "nvfp4": r"NVFP4|nvfp4",
+    "mxfp4": r"MXFP4|mxfp4",
+    "e8m0": r"E8M0|e8m0",
+    "token-mask": r"(?i)token mask",
+    "kv-connector": r"(?i)KV connector|ExampleConnector",
+    "mixture-of-experts": r"(?i)mixture of experts|\bMoE\b",
+    "latent-attention": r"(?i)latent attention|kv_lora_rank",
+    "sliding-window": r"(?i)sliding[- ]window",
 }
 
 
@@ -214,3 +223,13 @@ def test_the_checks_catch_a_late_definition_and_a_broken_link():
 @pytest.mark.parametrize("doc", ["README.md", "docs/instructor.md"])
 def test_readme_and_instructor_guide_link_the_glossary(doc):
     assert "glossary.md" in (ROOT / doc).read_text(encoding="utf-8"), f"{doc} does not link docs/glossary.md"
+
+
+def test_built_notebooks_link_the_docs_wherever_they_run():
+    """A relative ../docs link breaks on Colab, on Kaggle and in a deck: the built notebooks link the project's copy."""
+    built = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+    assert built
+    relative = [p.name for p in built if "](../" in p.read_text(encoding="utf-8")]
+    assert not relative, f"relative links in {relative}: build them with tools/nbbuild.py"
+    linked = [p for p in built if "../docs/glossary.md#" in (ROOT / "notebooks" / "src" / f"{p.stem}.py").read_text("utf-8")]
+    assert linked and all("/blob/main/docs/glossary.md#" in p.read_text(encoding="utf-8") for p in linked)

@@ -15,6 +15,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from labkit import platforms
+from labkit.core import config
 from labkit.platforms import GPU, Facts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -254,7 +255,8 @@ def test_the_setup_cell_without_labkit_clones_and_installs_labkit_alone(monkeypa
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "labkit" else real_find_spec(name, *a))
-    monkeypatch.setattr(subprocess, "run", lambda argv, **k: runs.append(list(argv)))
+    monkeypatch.setattr(subprocess, "run",
+                        lambda argv, **k: runs.append(list(argv)) or subprocess.CompletedProcess(argv, 0))
     monkeypatch.setattr(platforms, "setup", lambda stem: calls.append(stem))
     monkeypatch.setenv("LABKIT_REPO", "https://github.com/someone/fork")
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -264,6 +266,23 @@ def test_the_setup_cell_without_labkit_clones_and_installs_labkit_alone(monkeypa
     assert runs[0] == ["git", "clone", "-q", "--depth", "1", "https://github.com/someone/fork", src]
     assert runs[1] == [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", src]
     assert sys.path[0] == src and calls == ["00_setup"]
+
+
+def test_a_clone_that_fails_names_kaggles_internet_switch(monkeypatch, tmp_path):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "labkit" else real_find_spec(name, *a))
+    monkeypatch.setattr(subprocess, "run", lambda argv, **k: subprocess.CompletedProcess(argv, 128))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="on Kaggle switch Internet on"):
+        exec(compile(platforms.setup_cell("00_setup"), "<setup cell>", "exec"), {})
+
+
+def test_hosted_notebooks_are_never_told_to_run_make():
+    for where in ("colab", "kaggle"):
+        said = config.needs_make("vllm", "vLLM not installed here", "it needs an environment of its own", where)
+        assert "make" not in said and "reference rows stand in" in said
+    assert config.needs_make("vllm", "vLLM not installed here", "x", "laptop") == "vLLM not installed here: run `make vllm`"
 
 
 def test_links_open_the_notebook_on_colab_and_kaggle():

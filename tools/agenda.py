@@ -9,16 +9,20 @@
 A notebook's room time is the sum of
 - reading: its markdown words (presenter notes excluded) at ``WORDS_PER_MIN`` — technical prose read with care,
   an assumption stated as one, not a measurement of your room;
+- printed output: the words its quick run printed (tables' and lines' text, charts left out, counted by
+  tools/run_notebooks.py) at ``OUTPUT_WORDS_PER_MIN``, a faster read;
 - code reading: the lines of its ``mechanism`` cells (the code the lesson is about) at ``CODE_LINES_PER_MIN``;
 - predictions: ``PREDICT_MIN`` per ``PREDICT_…`` variable (ask, write it down, reveal);
 - exercises: ``EXERCISE_MIN`` per exercise cell;
-- machine time: its quick-mode wall time, measured (``data/agenda.json`` records the run: machine, date, command).
+- machine time: its quick-mode wall time, measured (``data/agenda.json`` records the run: machine, date, command);
+then ``SLACK`` on top (questions, a slow laptop in the room), and rounded up to 5 minutes.
 
 Each notebook's objectives slide states its time from ``data/agenda.json`` (``tools/nbbuild.py``); ``--update``
 rebuilds the notebooks whose .ipynb is as built (a notebook a learner has edited is named, never overwritten).
 
 The 3-hour agenda keeps the core notebooks in order while they fit between a break and the wrap-up; the rest are
-homework. ``--write`` rewrites the table between the agenda markers in docs/instructor.md.
+homework. The 1-day agenda (09:00 to 17:30, two breaks and lunch) keeps ``DAY``'s order while notebooks fit; the rest
+are a second day or homework. ``--write`` rewrites both tables between their markers in docs/instructor.md.
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import nbbuild  # noqa: E402
 
 WORDS_PER_MIN = 150  # careful reading of technical prose
+OUTPUT_WORDS_PER_MIN = 200  # printed results: sentences and tables, read faster than the prose around them
+SLACK = 0.12  # on top of every notebook's sum: questions, a laptop slower than the timed machine
 CODE_LINES_PER_MIN = 10  # reading code that is the lesson
 PREDICT_MIN = 1.5  # ask, write the number down, reveal
 EXERCISE_MIN = 6  # one fill-in function and its check
@@ -48,6 +54,29 @@ CORE = ("00_setup", "01_hardware_sizing", "02_fp16_bf16", "03_int8_int4", "05_kv
 TIMINGS = ROOT / "data" / "agenda.json"
 DOC = ROOT / "docs" / "instructor.md"
 START, END = "<!-- agenda:start (tools/agenda.py --write) -->", "<!-- agenda:end -->"
+DAY_START, DAY_END = "<!-- day:start (tools/agenda.py --write) -->", "<!-- day:end -->"
+DAY = ("00_setup", "01_hardware_sizing", "02_fp16_bf16", "03_int8_int4", "03b_fp8_fp4", "05_kv_cache", "06_batching",
+       "07_vllm", "12_serving_features", "04_warmup", "10_beyond", "08_tensorrt", "09_capstone",
+       "11_scale_out")  # the 1-day order of preference
+DAY_OPEN_MIN, DAY_CLOSE_MIN = 9 * 60, 17 * 60 + 30  # 09:00 to 17:30
+DAY_BREAKS = ((10 * 60 + 30, "break", 15), (12 * 60 + 15, "lunch", 60), (15 * 60, "break", 15))  # once reached
+FOCUS = {
+    "00_setup": "install check, capabilities, first measured answer; how results files are saved",
+    "01_hardware_sizing": "sizing model, roofline ceiling, measured bandwidth; sizing panel exercises",
+    "02_fp16_bf16": "precision vs bytes vs speed vs quality",
+    "03_int8_int4": "bitsandbytes int8/nf4, ONNX Runtime dynamic int8, the per-channel lesson",
+    "03b_fp8_fp4": "E4M3 by hand, NVFP4 against MXFP4, FP8 GEMMs here beside a GPU's",
+    "04_warmup": "cold start vs warm, what the first call pays, why benchmarks exclude warmup",
+    "05_kv_cache": "KV bytes, cache vs no cache, attention implementations",
+    "06_batching": "static sweep, padding, dynamic batching server, load tests; live panel",
+    "07_vllm": "paged KV and continuous batching, then vLLM's engine on every laptop (`make vllm`)",
+    "08_tensorrt": "fusion, torch.compile, ONNX Runtime's levels, calibration; TensorRT on GPU machines",
+    "09_capstone": "each learner picks the best configuration for an SLO on their machine; merge and discuss",
+    "10_beyond": "prompt-lookup decoding, prefix caching, chunked prefill, a quantised KV cache, llama.cpp",
+    "11_scale_out": "replicas behind a router, the knee under an SLO, cost and energy per token",
+    "12_serving_features": "structured outputs, LoRA adapters, prefill/decode split",
+}
+DAY_WRAP_MIN = 15  # the day's last slot: pack results, the class table
 
 
 def content(src: Path) -> dict[str, Any]:
@@ -63,11 +92,11 @@ def content(src: Path) -> dict[str, Any]:
     return {"words": words, "mechanism_lines": mech, "predictions": predicts, "exercises": exercises}
 
 
-def room_minutes(c: dict[str, Any], machine_s: float) -> dict[str, float]:
-    parts = {"reading": c["words"] / WORDS_PER_MIN, "code": c["mechanism_lines"] / CODE_LINES_PER_MIN,
-             "predictions": c["predictions"] * PREDICT_MIN, "exercises": c["exercises"] * EXERCISE_MIN,
-             "machine": machine_s / 60}
-    return {**parts, "total": sum(parts.values())}
+def room_minutes(c: dict[str, Any], machine_s: float, output_words: int = 0) -> dict[str, float]:
+    parts = {"reading": c["words"] / WORDS_PER_MIN, "output": output_words / OUTPUT_WORDS_PER_MIN,
+             "code": c["mechanism_lines"] / CODE_LINES_PER_MIN, "predictions": c["predictions"] * PREDICT_MIN,
+             "exercises": c["exercises"] * EXERCISE_MIN, "machine": machine_s / 60}
+    return {**parts, "total": sum(parts.values()) * (1 + SLACK)}
 
 
 def table(timings: dict[str, Any]) -> list[dict[str, Any]]:
@@ -77,8 +106,12 @@ def table(timings: dict[str, Any]) -> list[dict[str, Any]]:
         if name not in timings["wall_s"]:
             raise SystemExit(f"{TIMINGS}: no run time for {name}: re-time with --summary build/summary.json --write")
         c = content(src)
-        rows.append({"notebook": name, **c, "machine_s": timings["wall_s"][name],
-                     **{f"{k}_min": v for k, v in room_minutes(c, timings["wall_s"][name]).items()}})
+        words = (timings.get("output_words") or {}).get(name)
+        if words is None:
+            raise SystemExit(f"{TIMINGS}: no printed-output count for {name}: re-time with --summary build/summary.json "
+                             "--write after a run of every notebook")
+        rows.append({"notebook": name, **c, "output_words": words, "machine_s": timings["wall_s"][name],
+                     **{f"{k}_min": v for k, v in room_minutes(c, timings["wall_s"][name], words).items()}})
     return rows
 
 
@@ -101,27 +134,67 @@ def markdown(rows: list[dict[str, Any]], timings: dict[str, Any]) -> str:
     kept, homework = plan(rows)
     by = {r["notebook"]: r for r in rows}
     lines = [f"Machine times: quick mode on {timings['machine']} ({timings['date']}, `{timings['command']}`). Reading at "
-             f"{WORDS_PER_MIN} words/min, code at {CODE_LINES_PER_MIN} lines/min, {PREDICT_MIN:g} min per prediction and "
-             f"{EXERCISE_MIN} per exercise: assumptions, not measurements of your room (`python tools/agenda.py`).", "",
-             "| time | notebook | minutes | reading | code | predictions | exercises | machine |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"{WORDS_PER_MIN} words/min, printed output at {OUTPUT_WORDS_PER_MIN}, code at {CODE_LINES_PER_MIN} lines/min, "
+             f"{PREDICT_MIN:g} min per prediction and {EXERCISE_MIN} per exercise, then {SLACK:.0%} slack: assumptions, "
+             "not measurements of your room (`python tools/agenda.py`).", "",
+             "| time | notebook | minutes | reading | printed | code | predictions | exercises | machine |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     t, half = 0, (SESSION_MIN - BREAK_MIN - WRAP_UP_MIN) / 2
     broke = False
     for k in kept:
         if not broke and t >= half:
-            lines.append(f"| {t // 60}:{t % 60:02d} | break | {BREAK_MIN} | | | | | |")
+            lines.append(f"| {t // 60}:{t % 60:02d} | break | {BREAK_MIN} | | | | | | |")
             t, broke = t + BREAK_MIN, True
         r = by[k["notebook"]]
         lines.append(f"| {t // 60}:{t % 60:02d} | {k['notebook']} | {k['minutes']} | {r['reading_min']:.0f} | "
-                     f"{r['code_min']:.0f} | {r['predictions']} ({r['predictions_min']:.0f}) | {r['exercises']} "
-                     f"({r['exercises_min']:.0f}) | {r['machine_min']:.1f} |")
+                     f"{r['output_min']:.0f} | {r['code_min']:.0f} | {r['predictions']} ({r['predictions_min']:.0f}) | "
+                     f"{r['exercises']} ({r['exercises_min']:.0f}) | {r['machine_min']:.1f} |")
         t += k["minutes"]
     if not broke:
-        lines.append(f"| {t // 60}:{t % 60:02d} | break | {BREAK_MIN} | | | | | |")
+        lines.append(f"| {t // 60}:{t % 60:02d} | break | {BREAK_MIN} | | | | | | |")
         t += BREAK_MIN
-    lines.append(f"| {t // 60}:{t % 60:02d} | wrap-up: pack results, the class table | {WRAP_UP_MIN} | | | | | |")
+    lines.append(f"| {t // 60}:{t % 60:02d} | wrap-up: pack results, the class table | {WRAP_UP_MIN} | | | | | | |")
     lines += ["", "Homework (each notebook's own time): " + ", ".join(
         f"{n} ({5 * math.ceil(by[n]['total_min'] / 5)} min)" for n in homework) + "."]
+    return "\n".join(lines)
+
+
+def day_plan(rows: list[dict[str, Any]]) -> tuple[list[tuple[int, str, int]], list[str]]:
+    """The 1-day agenda: (start minute, notebook or break, minutes) in ``DAY``'s order while each notebook ends before
+    the wrap-up, each break or lunch once its time is reached; and the notebooks left for a second day."""
+    by = {r["notebook"]: r for r in rows}
+    slots: list[tuple[int, str, int]] = []
+    t, left, breaks = DAY_OPEN_MIN, [], list(DAY_BREAKS)
+    for name in DAY:
+        while breaks and t >= breaks[0][0]:
+            _, what, minutes = breaks.pop(0)
+            slots.append((t, what, minutes))
+            t += minutes
+        need = 5 * math.ceil(by[name]["total_min"] / 5)
+        if left or t + need > DAY_CLOSE_MIN - DAY_WRAP_MIN:
+            left.append(name)
+            continue
+        slots.append((t, name, need))
+        t += need
+    for _, what, minutes in breaks:
+        if t + minutes <= DAY_CLOSE_MIN - DAY_WRAP_MIN:
+            slots.append((t, what, minutes))
+            t += minutes
+    slots.append((t, "wrap-up: pack results, the class table", DAY_WRAP_MIN))
+    return slots, left
+
+
+def day_markdown(rows: list[dict[str, Any]]) -> str:
+    slots, left = day_plan(rows)
+    lines = ["| time | notebook | minutes | focus |", "| --- | --- | --- | --- |"]
+    for t, what, minutes in slots:
+        lines.append(f"| {t // 60:02d}:{t % 60:02d} | {what} | {minutes} | {FOCUS.get(what, '')} |")
+    end = slots[-1][0] + slots[-1][2]
+    lines.append(f"| {end // 60:02d}:{end % 60:02d} | end | | |")
+    if left:
+        by = {r["notebook"]: r for r in rows}
+        lines += ["", "A second day, or homework: " + ", ".join(
+            f"{n} ({5 * math.ceil(by[n]['total_min'] / 5)} min)" for n in left) + "."]
     return "\n".join(lines)
 
 
@@ -138,7 +211,8 @@ def timings_from(summary: Path) -> dict[str, Any]:
     e = s.get("environment", {})
     hw = e.get("hardware") or {}
     return {"machine": cpu.machine_line(hw), "cores": hw.get("cpu_cores_logical"), "date": str(e.get("date", "?"))[:10],
-            "command": "LABKIT_QUICK=1 python tools/run_notebooks.py", "wall_s": {n["name"]: n["wall_s"] for n in s["notebooks"]}}
+            "command": "LABKIT_QUICK=1 python tools/run_notebooks.py", "wall_s": {n["name"]: n["wall_s"] for n in s["notebooks"]},
+            "output_words": {n["name"]: n.get("output_words") for n in s["notebooks"]}}
 
 
 def _machine(t: dict[str, Any]) -> tuple[Any, Any]:
@@ -193,16 +267,20 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{args.summary} ran on {timings['machine']}, {TIMINGS} on {saved['machine']}: "
                              "re-time every notebook from one run instead (no --merge)")
         timings = {**saved, "wall_s": {**saved["wall_s"], **timings["wall_s"]},
+                   "output_words": {**(saved.get("output_words") or {}), **timings["output_words"]},
                    "note": f"re-timed {sorted(timings['wall_s'])} on {timings['date']}"}
-    text = markdown(table(timings), timings)
+    rows = table(timings)
+    text, day = markdown(rows, timings), day_markdown(rows)
     if args.write:
         TIMINGS.write_text(json.dumps(timings, indent=1) + "\n", encoding="utf-8")
         doc = DOC.read_text(encoding="utf-8")
-        if START not in doc or END not in doc:
-            raise SystemExit(f"{DOC}: no agenda markers ({START} … {END}) to write between")
-        a, b = doc.index(START) + len(START), doc.index(END)
-        DOC.write_text(doc[:a] + "\n" + text + "\n" + doc[b:], encoding="utf-8")
-    print(text)
+        for start, end, body in ((START, END, text), (DAY_START, DAY_END, day)):
+            if start not in doc or end not in doc:
+                raise SystemExit(f"{DOC}: no markers ({start} … {end}) to write between")
+            a, b = doc.index(start) + len(start), doc.index(end)
+            doc = doc[:a] + "\n" + body + "\n" + doc[b:]
+        DOC.write_text(doc, encoding="utf-8")
+    print(text + "\n\n" + day)
     return 0
 
 

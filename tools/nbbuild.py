@@ -91,8 +91,10 @@ def first_cells(stem: str) -> list[nbformat.NotebookNode]:
 
     skip = {"slideshow": {"slide_type": "skip"}}
     links = (f"[Open in Colab]({platforms.colab_url(stem)}) · [Open in Kaggle]({platforms.kaggle_url(stem)}) · "
-             "The next cell sets the lab up: on Colab or Kaggle it installs what is missing and keeps the torch that "
-             "is there; on a laptop after `make lab` it only checks.")
+             "The next cell sets the lab up: on Colab or Kaggle it fetches labkit and installs what is missing, keeping "
+             "the torch that is there, a few minutes the first time in a session and seconds after; on a laptop "
+             "after `make lab` it only checks. On Kaggle, switch Internet on first (the notebook's Settings → "
+             "Internet, which asks for a phone-verified account): without it nothing can be fetched.")
     return [nbformat.v4.new_markdown_cell(links, metadata=skip),
             nbformat.v4.new_code_cell(platforms.setup_cell(stem), metadata={**skip, "tags": ["setup"]})]
 
@@ -107,14 +109,24 @@ def time_line(src: Path) -> str:
                          f"(LABKIT_QUICK=1 make run NOTEBOOKS={src.stem[:2]}), then tools/agenda.py --summary "
                          "build/summary.json --merge --write")
     c = agenda.content(src)
-    m = agenda.room_minutes(c, timings["wall_s"][src.stem])
+    m = agenda.room_minutes(c, timings["wall_s"][src.stem], (timings.get("output_words") or {}).get(src.stem, 0))
     cores = f", {timings['cores']} cores" if timings.get("cores") else ""
     work = [f"{c['exercises']} exercise{'s' if c['exercises'] != 1 else ''}"] if c["exercises"] else []
     work += [f"{c['predictions']} prediction{'s' if c['predictions'] != 1 else ''}"] if c["predictions"] else []
     return (f"**Time:** compute {m['machine']:.1f} min in quick mode on {timings['machine']}{cores} (measured "
-            f"{timings['date']}); about {m['reading'] + m['code']:.0f} min reading"
+            f"{timings['date']}); about {m['reading'] + m['output'] + m['code']:.0f} min reading, its printed results "
+            "included,"
             + (f" and {m['exercises'] + m['predictions']:.0f} min for {' and '.join(work)}" if work else "")
             + " (`tools/agenda.py`).")
+
+
+def absolute_links(text: str) -> str:
+    """Links into the checkout's docs (``](../docs/glossary.md#ttft)``) as links to the project's own copy, which
+    resolve wherever the notebook runs: from a checkout, on Colab or Kaggle, in a deck."""
+    sys.path.insert(0, str(ROOT))
+    from labkit import platforms
+
+    return text.replace("](../docs/", f"]({platforms.docs_url()}")
 
 
 def build(src: Path) -> nbformat.NotebookNode:
@@ -126,6 +138,9 @@ def build(src: Path) -> nbformat.NotebookNode:
     objectives[0].source += "\n\n" + time_line(src)
     last = nbformat.v4.new_code_cell(PROGRESS_CELL, metadata={"slideshow": {"slide_type": "skip"}, "tags": ["progress"]})
     nb.cells = first_cells(src.stem) + cells + [last]
+    for cell in nb.cells:  # a notebook opened on Colab or Kaggle, or shown as a deck, has no ../docs beside it
+        if cell.cell_type == "markdown":
+            cell.source = absolute_links(cell.source)
     for i, cell in enumerate(nb.cells):
         cell.id = f"{src.stem[:2]}-{i:03d}"
     nb.metadata = {

@@ -85,6 +85,7 @@ class NotebookRun:
     failed_cell: FailedCell | None = None
     results: list[dict[str, Any]] = field(default_factory=list)
     exercises: dict[str, str] = field(default_factory=dict)  # exercise id -> the verdict its check printed
+    output_words: int = 0  # words the run printed for a reader (printed text, tables as text; charts not counted)
 
     @property
     def ok(self) -> bool:
@@ -333,7 +334,27 @@ def run_notebook(path: Path, executed_dir: Path, timeout_s: int, kernel_name: st
         executed_path=str(executed.relative_to(ROOT) if executed.is_relative_to(ROOT) else executed),
         status=status, wall_s=round(wall_s, 2), quick=config.quick(), finished_at=finished_at, n_cells=len(nb.cells),
         n_code_cells=sum(c.cell_type == "code" for c in nb.cells), slowest_cells=_slowest(nb),
-        failed_cell=failed, results=key_results(path.stem, started_epoch_s), exercises=exercise_verdicts(nb))
+        failed_cell=failed, results=key_results(path.stem, started_epoch_s), exercises=exercise_verdicts(nb),
+        output_words=output_words(nb))
+
+
+def output_words(nb: nbformat.NotebookNode) -> int:
+    """Words a learner reads in ``nb``'s outputs: printed text and the text of tables (``text/plain``), left out the
+    charts (plotly HTML), widgets and progress bars, which are looked at, not read word by word."""
+    words = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stdout":
+                text = "".join(out.get("text", ""))
+            elif out.get("output_type") in ("display_data", "execute_result"):
+                data = out.get("data", {})
+                if "application/vnd.jupyter.widget-view+json" in data or "plotly" in "".join(data.get("text/html", ""))[:2000]:
+                    continue
+                text = "".join(data.get("text/plain", ""))
+            else:
+                continue
+            words += len(re.findall(r"[A-Za-z][A-Za-z'’-]+", _ANSI.sub("", text)))  # a word: two letters or more
+    return words
 
 
 def summary_dict(runs: list[NotebookRun], run_wall_s: float, previous: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -8,7 +8,9 @@ LABKIT_SERVER_URL the room's shared vllm serve (http://HOST:PORT), read and chec
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parents[2]
@@ -39,3 +41,32 @@ def results_dir() -> Path:
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_CONFIG_DIR = DATA_DIR / "configs" / "SmolLM2-135M-Instruct"
+
+
+HOSTED = {"colab": "Colab", "kaggle": "Kaggle"}  # notebooks run in the platform's own front end, with no make
+
+
+def platform(environ: Mapping[str, str] | None = None, colab_module: bool | None = None) -> str:
+    """"colab" (COLAB_RELEASE_TAG, or google.colab importable), "kaggle" (KAGGLE_KERNEL_RUN_TYPE or KAGGLE_URL_BASE),
+    else "laptop" (any other machine: a laptop, a workstation, a cloud VM)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("COLAB_RELEASE_TAG"):
+        return "colab"
+    if environ.get("KAGGLE_KERNEL_RUN_TYPE") or environ.get("KAGGLE_URL_BASE"):
+        return "kaggle"
+    if colab_module is None:
+        try:
+            colab_module = importlib.util.find_spec("google.colab") is not None
+        except (ImportError, ValueError):
+            colab_module = False
+    return "colab" if colab_module else "laptop"
+
+
+def needs_make(target: str, missing: str, hosted_why: str, where: str | None = None) -> str:
+    """What to do about ``missing`` (a sentence start: "vLLM not installed here"): in a checkout of the lab,
+    ``make TARGET``; on Colab or Kaggle (``where``: ``platform()`` by default), which have no make and give a notebook no
+    environment of its own, why not (``hosted_why``) and that the section's reference rows stand in."""
+    where = where or platform()
+    if where in HOSTED:
+        return f"{missing}: on {HOSTED[where]} {hosted_why}; the reference rows stand in"
+    return f"{missing}: run `make {target}`"

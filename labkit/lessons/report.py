@@ -298,8 +298,9 @@ def show_reference(name: str, section: str, columns: Sequence[str], keep: Any = 
     ref = results.reference(name) if path.is_file() else None
     rows = [r for r in (ref.section(section) if ref else []) if keep is None or keep(r)]
     if not rows:
-        print(f"No reference of it ships yet (data/reference/{name}.json, section {section!r}): `make vllm`, then "
-              f"`make reference NOTEBOOKS={name.split('_')[0]}`.")
+        print(f"No reference of it ships yet (data/reference/{name}.json, section {section!r})"
+              + ("." if config.platform() in config.HOSTED else
+                 f": `make vllm`, then `make reference NOTEBOOKS={name.split('_')[0]}`."))
         return 0
     vllm_version = (ref.notes.get("vllm") or {}).get("platform", {}).get("version")
     print("Reference, measured elsewhere:", results.section_provenance(ref, section)

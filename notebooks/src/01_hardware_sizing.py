@@ -17,7 +17,8 @@
 # ## Learning objectives
 #
 # - Compute weight bytes per precision from a config (exercise): [fp16](../docs/glossary.md#fp16) and [bf16](../docs/glossary.md#bf16) are
-#   16-bit floats, [int8](../docs/glossary.md#int8) 8-bit integers, [NF4](../docs/glossary.md#nf4) 4-bit codes. Then KV-cache bytes per token,
+#   16-bit floats, [int8](../docs/glossary.md#int8) 8-bit integers, [NF4](../docs/glossary.md#nf4) 4-bit codes; [FP8](../docs/glossary.md#fp8), [NVFP4](../docs/glossary.md#nvfp4)
+#   and [MXFP4](../docs/glossary.md#mxfp4) are 8- and 4-bit floats with scales. Then KV-cache bytes per token,
 #   with grouped-query attention ([GQA](../docs/glossary.md#gqa): query heads share key/value heads).
 # - See how the KV cache grows with context and batch until it dwarfs the weights.
 # - Read a GPU catalog: which GPU fits which model.
@@ -136,11 +137,11 @@ print(f"{big.model} at {big.context:,} tokens × batch {big.batch}: KV {big.kv_g
 # ### The models of 2026 break the formula
 #
 # Each layer keeps what its kind keeps, and config.json says which kind it is (`layer_types`):
-# - **sliding-window** layers keep only the last `sliding_window` tokens (Gemma 4: 25 of 30 layers, window 1024;
+# - **[sliding-window](../docs/glossary.md#sliding-window)** layers keep only the last `sliding_window` tokens (Gemma 4: 25 of 30 layers, window 1024;
 #   its 5 full layers use their own `global_head_dim` 512 and `num_global_key_value_heads`);
 # - **linear-attention** layers (Qwen3.5's Gated DeltaNet, 3 of every 4 layers) keep a fixed-size state per
 #   sequence, whatever the context;
-# - **latent attention** (DeepSeek-V3, Kimi K2, `kv_lora_rank`): a serving engine keeps one latent of
+# - **[latent attention](../docs/glossary.md#latent-attention)** (DeepSeek-V3, Kimi K2, `kv_lora_rank`): a serving engine keeps one latent of
 #   `kv_lora_rank + qk_rope_head_dim` = 576 values per token and layer, no × 2 for K and V (transformers 4.57's
 #   own cache kept the expanded keys and values instead; `transformers_gib` says what this run's transformers keeps).
 #
@@ -182,7 +183,7 @@ def kv_layer_by_layer(config, context, bytes_per_value):
 exercises.check("01.kv_layer_by_layer", kv_layer_by_layer)
 
 # %% md subslide
-# ### A mixture of experts reads only its active experts
+# ### A [mixture of experts](../docs/glossary.md#mixture-of-experts) reads only its active experts
 #
 # Each token is routed to `num_experts_per_tok` of the `n_routed_experts` experts in every MoE layer: a decode
 # step at batch 1 reads the active parameters, not all of them, and the bandwidth ceiling follows the active bytes.

@@ -277,7 +277,7 @@ pred  # labkit.model.sizing's prediction, from the config alone
 # %% fragment
 folder, export_s = onnx.export_onnx()
 print(f"{folder}: {onnx.onnx_bytes(folder) / 2**20:.0f} MiB",
-      f"exported in {export_s:.1f} s" if export_s is not None else "(reused from the cache: `make setup` exports it)")
+      f"exported in {export_s:.1f} s" if export_s is not None else "(reused from the cache: the set-up exports it once)")
 
 # %% md slide
 # ## 6 · Measure every variant, one after another

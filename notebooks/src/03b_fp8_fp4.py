@@ -15,7 +15,7 @@
 #
 # - Write FP8 E4M3 rounding from its definition (binades, a 3-bit mantissa, subnormals, saturation at 448) and
 #   use it with a per-channel scale on a real layer.
-# - Write the NVFP4 and MXFP4 block quantisers (E2M1 values; an E4M3 or a power-of-two scale per block) and
+# - Write the NVFP4 and MXFP4 block quantisers (E2M1 values; an E4M3 or a power-of-two, [E8M0](../docs/glossary.md#e8m0), scale per block) and
 #   compute each format's bits per weight, scales included.
 # - Put FP8 and FP4 beside int8, int4 and NF4 on the whole model in one quality table (perplexity, agreement,
 #   KL against fp32), and read from the per-layer errors why NVFP4 loses less than MXFP4.

@@ -595,8 +595,8 @@ settings = vllm_server.Settings(model=vllm.models_path(lm), dtype=vllm.VLLM_DTYP
 ngram = {"method": "ngram", "num_speculative_tokens": LOOKUP_DRAFT_TOKENS, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
 # not on a shared server (LABKIT_SERVER_URL): the comparison is between servers started with different flags
 if local := shared.local_only("This section", "it compares vllm serve started with different flags (two token "
-                              "budgets, n-gram speculation), which one shared server cannot be; without `make vllm` "
-                              "here it shows the reference"):
+                              "budgets, n-gram speculation), which one shared server cannot be; without vLLM "
+                              "installed here it shows the reference"):
     print(local)
 machine.check("vllm serve")
 served = (vm.compare(settings, small_tokens=VLLM_SMALL_BUDGET, large_tokens=VLLM_LARGE_BUDGET, speculative=ngram,

@@ -260,17 +260,18 @@ with energy.EnergyMeter() as meter:  # every rate for SWEEP_SECONDS of arrivals,
     swept = scale_out.capacity_sweep(server, sweep_prompts, rates, SWEEP_SECONDS, SWEEP_MAX_TOKENS, SLO, FOLLOW)
 res.replace("capacity", swept["points"])
 cap_df = res.frame("capacity")
-cap_df[["offered_rps", "requests", "window_s", "good_requests", "goodput_rps", "completed_rps", "goodput_over_run_rps",
+cap_df[["offered_rps", "requests", "good_requests", "completed_rps", "pace", "goodput_rps", "goodput_over_run_rps",
         "ttft_p90_s", "tpot_p50_s", "output_tokens_per_s"]].round(3)
 
 # %% md subslide
 # ## The knee, from the measurements
 #
 # Sorted by offered rate, the knee is the last rate whose goodput still follows it (goodput ≥ `FOLLOW` ×
-# offered): the first level that does not follow is where the server stopped keeping up. Goodput is good requests
-# ÷ the arrival window; `completed_rps` is every request completed ÷ the time from the first arrival to the last
-# answer: past the knee, the most the server completes, SLO or not (its ceiling). `goodput_over_run_rps` is good
-# requests ÷ the whole run, as `vllm bench serve` reports it, the drain after the last arrival included.
+# offered): the first level that does not follow is where the server stopped keeping up. `completed_rps` is the
+# pace answers came out at, and `pace` that over the pace requests arrived at: below 1 a queue grows, and a queue
+# that grows breaks any SLO once the load lasts; goodput is good requests ÷ the arrival window, at most that pace.
+# Past the knee, `completed_rps` is the most the server completes, SLO or not (its ceiling). `goodput_over_run_rps`
+# is good requests ÷ the whole run, as `vllm bench serve` reports it, the drain after the last arrival included.
 
 # %% exercise 11.knee
 def knee(offered, goodput, follow):

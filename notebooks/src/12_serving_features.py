@@ -7,7 +7,7 @@
 # servers, so quick mode shows it from a reference run, named with its machine.
 
 # %% md notes
-# Each section first builds the mechanism by hand (a token mask, a LoRA's bytes, a proxy's routing decision), then
+# Each section first builds the mechanism by hand (a [token mask](../docs/glossary.md#token-mask), a LoRA's bytes, a proxy's routing decision), then
 # runs vLLM doing the same thing, checked against the lab's own result: the same tokens where the mechanism says
 # they must be the same.
 
@@ -301,7 +301,7 @@ vllm_stack.close()  # the server of sections 1 and 2 stops here
 # ## 3 · Prefill here, decode there
 #
 # [Disaggregated](../docs/glossary.md#disaggregated-serving) serving runs a prompt's prefill on one server and
-# its decode on another. vLLM's ExampleConnector passes the KV cache through a folder: the prefill server (one core)
+# its decode on another. vLLM's ExampleConnector (a [KV connector](../docs/glossary.md#kv-connector)) passes the KV cache through a folder: the prefill server (one core)
 # answers the request with `max_tokens=1` and writes each layer's KV; the decode server (the other core) finds the
 # folder, loads the KV and decodes without prefilling. The lab's proxy sits in front and decides, per request,
 # where it goes. On a laptop both servers share the same few cores: what the split can buy here is **latency

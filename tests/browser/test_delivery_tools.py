@@ -678,3 +678,14 @@ def test_unmade_exercises_and_a_bare_returned_number_stay_off_the_slides() -> No
     assert texts == ["using your decode ceiling (exercise 01.decode_ceiling)\nfp16 weights: 257 MiB\n",
                      "No GPU reference of 02 ships yet.\n"]
 
+
+
+def test_printed_words_are_counted_for_the_agenda_and_charts_are_not() -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print(...)", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="decode 26.8 tokens/s at batch one\n"),
+        nbformat.v4.new_output("stream", name="stderr", text="a warning nobody reads here\n"),
+        nbformat.v4.new_output("display_data", data={"text/html": "<div class='plotly'>…</div>", "text/plain": "Figure"}),
+        nbformat.v4.new_output("execute_result", data={"text/plain": "   variant  tokens\n0     fp32    26.8"},
+                               execution_count=1)])]
+    assert run_notebooks.output_words(nb) == 5 + 3  # "decode tokens at batch one"; the table's "variant tokens fp"

