@@ -19,7 +19,13 @@ backends such as bitsandbytes, onnxruntime, vllm or tensorrt.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
+
+# bitsandbytes' CPU backend, on a CPU with AVX512-BF16, tries to fetch an optional gemm kernel from the Hugging Face
+# hub (through the `kernels` package) and logs a warning when it cannot. The lab fetches nothing at run time: its fused
+# gemv_4bit runs instead, which notebook 03's profile shows. One line of the logging module, no import of bitsandbytes.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 __version__ = "0.1.0"
 

@@ -354,7 +354,7 @@ def platform_line(f: Facts, missing: Sequence[str]) -> str:
     what is missing and that make setup installs it)."""
     where = {"colab": "Colab", "kaggle": "Kaggle"}.get(f.platform, "this machine")
     if f.makefile_env:
-        where += f" (make setup's environment, {f.prefix})"
+        where += f" (make setup's environment, {config.shown(f.prefix)})"
     torch = f"torch {f.torch} ({f'CUDA {f.torch_cuda}' if f.torch_cuda else 'CPU build'}), kept" if f.torch else \
         "no torch"
     if not missing:

@@ -289,3 +289,14 @@ def test_worst_layer_errors_within_slack_tie_instead_of_naming_a_winner():
     assert "per-channel, 8-bit 5.208" in tie and "lowest worst-layer error came from" not in tie
     apart = said({"per-channel, 7-bit": 0.05, "per-tensor": 0.19})
     assert "lowest worst-layer error came from per-channel, 7-bit (0.050, against per-tensor 0.190)" in apart
+
+
+def test_bitsandbytes_int8_speed_is_explained_by_its_verdict():
+    """bnb-int8 at 0.4× fp32 (the AVX2 machines): the passes LLM.int8 adds; faster where the int8 matmul outran them."""
+    slow = nb03.bnb_int8_speed(_quant_table(20.0))
+    assert "0.40× fp32's speed (slower)" in slow and "to save GPU memory, not time" in slow
+    fast_table = _quant_table(20.0)
+    fast_table.at["bnb-int8", "samples"] = {"decode_tokens_per_s": [13.9, 14.0, 14.1]}
+    fast_table.at["bnb-int8", "decode_tokens_per_s"] = 14.0
+    assert "outran the passes" in nb03.bnb_int8_speed(fast_table)
+    assert nb03.bnb_int8_speed(_quant_table(20.0).drop(index="bnb-int8")) == ""

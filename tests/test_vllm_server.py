@@ -205,3 +205,17 @@ def test_answers_are_compared_up_to_eos_and_the_first_difference_is_named():
     body = loadgen._payload("completions", [1, 2], None, 4, False, return_token_ids=True)
     assert body["return_token_ids"] is True and "ignore_eos" not in body
     assert "return_token_ids" not in loadgen._payload("completions", [1, 2], None, 4, False), "only when asked"
+
+
+def test_a_measurements_samples_leave_the_warm_up_out():
+    """Notebook 06 printed /metrics after the run: the client's warm-up request counted as a batch of one beside
+    the run's batch of eight. The delta of two scrapes keeps the run alone, bucket by bucket."""
+    from labkit.serve import metrics as prom
+
+    warm = prom.parse_prometheus('labkit_batch_size_bucket{le="1"} 1\nlabkit_batch_size_bucket{le="8"} 1\n'
+                                 "labkit_batch_size_count 1\nlabkit_batch_size_sum 1\nlabkit_queue_depth 0\n")
+    after = prom.parse_prometheus('labkit_batch_size_bucket{le="1"} 1\nlabkit_batch_size_bucket{le="8"} 2\n'
+                                  "labkit_batch_size_count 2\nlabkit_batch_size_sum 9\nlabkit_queue_depth 3\n")
+    got = {(n, tuple(sorted(lb.items()))): v for n, lb, v in prom.samples_delta(warm, after)}
+    assert got[("labkit_batch_size_count", ())] == 1 and got[("labkit_batch_size_sum", ())] == 8
+    assert got[("labkit_batch_size_bucket", (("le", "1"),))] == 0 and got[("labkit_queue_depth", ())] == 3

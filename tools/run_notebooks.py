@@ -546,6 +546,7 @@ def run_all(paths: list[Path], build_dir: Path = BUILD_DIR, timeout_s: int = 900
     progress_file = (build_dir / "progress.json").resolve()
     progress_file.unlink(missing_ok=True)
     os.environ["LABKIT_PROGRESS"] = str(progress_file)  # the kernels inherit it
+    os.environ["LABKIT_HEADLESS"] = "1"  # no progress bars: a saved notebook would keep them at 0 %
     t0 = time.perf_counter()
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.stem} …", flush=True)

@@ -5,6 +5,7 @@ LABKIT_MODEL      a hub id or a local model directory instead of the default mod
 LABKIT_CACHE      where converted models and exported ONNX files live (default ~/.cache/labkit)
 LABKIT_RESULTS    where notebooks write their JSON results (default <repo>/results)
 LABKIT_SERVER_URL the room's shared vllm serve (http://HOST:PORT), read and checked by labkit.serve.shared
+LABKIT_HEADLESS=1 a headless run (tools/run_notebooks.py): no progress bars, whose saved state would read 0 %
 """
 from __future__ import annotations
 
@@ -25,6 +26,24 @@ def quick() -> bool:
 def pick(full: int, quick_value: int) -> int:
     """Choose a repeat or token count: ``quick_value`` in quick mode, else ``full``."""
     return quick_value if quick() else full
+
+
+def progress_bars() -> bool:
+    """Whether labkit shows progress bars: in a live session yes; in a headless run (``LABKIT_HEADLESS``, set by
+    tools/run_notebooks.py) no, since a saved notebook keeps a bar's first state, a frozen 0 %, and never its end."""
+    return os.environ.get("LABKIT_HEADLESS", "").strip().lower() in ("", "0", "false", "no")
+
+
+def shown(path: str | Path) -> str:
+    """A path as a notebook prints it: relative to the lab's checkout where it lies inside it, "~/…" under the home
+    folder, else as it is, so a saved output carries no one machine's absolute layout."""
+    p = Path(path).expanduser()
+    for root, label in ((REPO_DIR, ""), (Path.home(), "~/")):
+        try:
+            return label + str(p.resolve().relative_to(root.resolve()))
+        except ValueError:
+            continue
+    return str(path)
 
 
 def cache_dir() -> Path:

@@ -178,6 +178,8 @@ def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_p
                                   "piece bounds decode here, so shrinking one of them leaves the rest as large as they were.")
     else:
         text = "; ".join(said) + f". Largest piece: {bound} ({pieces[bound] / tpot_s:.0%}): {verdict_}."
+    if per_op_us is not None:  # notebooks 01, 05 and 10 each print one; this line says how they relate
+        text += f" Per operator: {per_op_basis(profiled)}."
     text = text[0].upper() + text[1:]
     return {"device": str(device), "step_s": tpot_s, "bytes_s": bytes_s, "bytes_share": bytes_s / tpot_s,
             "kernel_s": kernel_s, "kernel_share": kernel_s / tpot_s, "matmul_gbs": matmul_gbs,

@@ -238,7 +238,9 @@ def load(name: str | None = None, dtype: str = "fp32", device: str | None = None
          attn_implementation: str | None = None, **kwargs: Any) -> Loaded:
     """Load a causal LM and its tokenizer in ``dtype`` on ``device`` (default: ``env.device()``)."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # loads take seconds; a bar would only freeze at 0 % in a saved notebook
     td = torch_dtype(dtype)
     device = device or env.device()
     path = resolve(name)

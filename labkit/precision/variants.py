@@ -473,7 +473,7 @@ def run(variant_names: Sequence[str] | None = None, settings: Settings | None = 
 
 
 def _progress(items: list[str], enabled: bool) -> Any:
-    if not enabled:
+    if not enabled or not config.progress_bars():
         return items
     from tqdm.auto import tqdm
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
-from ..core import timing
+from ..core import config, timing
 from ..core.checks import positive
 from ..decoding import decode, generation
 from ..decoding.quality import TokenRecorder, agreement
@@ -217,7 +217,7 @@ def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None =
         return True
 
     # rounds: 1 2 4 8 1 2 4 8 … then batch 1 once more, so drift hits every size alike and shows in batch 1
-    for i in tqdm(range(repeats), desc="sweep rounds", disable=not progress):
+    for i in tqdm(range(repeats), desc="sweep rounds", disable=not progress or not config.progress_bars()):
         for b in sizes:
             if i == 0 and auto and any(r["status"] == "oom" for r in rows.values()):
                 break  # on a GPU the default sizes stop growing after the first out-of-memory

@@ -174,6 +174,15 @@ def metrics_delta(before: Mapping[str, float], after: Mapping[str, float]) -> di
 
 
 
+def samples_delta(before: Sequence[tuple[str, dict[str, str], float]],
+                  after: Sequence[tuple[str, dict[str, str], float]]) -> list[tuple[str, dict[str, str], float]]:
+    """``scrape``'s samples of one measurement alone: every counter and histogram bucket, sum and count as after −
+    before (a warm-up answered before ``before`` is left out), every gauge as after."""
+    was = {(name, tuple(sorted(labels.items()))): value for name, labels, value in before}
+    return [(name, labels, value - was.get((name, tuple(sorted(labels.items()))), 0.0)
+             if name.endswith((*_CUMULATIVE, "_bucket")) else value) for name, labels, value in after]
+
+
 def scrape(url: str, timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
     """Every sample of the ``/metrics`` a server at ``url`` serves (the lab's, vLLM's, the router's)."""
     with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as resp:  # 127.0.0.1 only

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..core import config
+
 _LIVE: set["Child"] = set()  # children not yet stopped: stopped at interpreter exit too
 C = TypeVar("C", bound="Child")
 
@@ -192,13 +194,13 @@ def wait_ready(child: Child, ready: Callable[[], bool], deadline_s: float, what:
         while True:
             if not child.alive():
                 raise error(f"{child.name} exited with {child.proc.returncode} before {what}: "
-                            f"{child.error_line()} (log: {child.log_path})")
+                            f"{child.error_line()} (log: {config.shown(child.log_path)})")
             with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
                 if ready():
                     return time.monotonic() - t0
             if time.monotonic() - t0 > deadline_s:
                 raise error(f"{child.name} did not {what} within {deadline_s:.0f} s: {child.error_line()} "
-                            f"(log: {child.log_path})")
+                            f"(log: {config.shown(child.log_path)})")
             time.sleep(poll_s)
     except BaseException:
         child.stop(grace_s=2.0)

@@ -60,7 +60,7 @@ print(f"{predicted.model}: {predicted.n_params:,} parameters → predicted weigh
 # %% subslide
 lm = models.load(dtype=DTYPE)
 measured = memory.param_bytes(lm.model)
-print(f"loaded {lm.name} on {lm.device} in {lm.load_seconds:.2f} s from {models.resolve()}")
+print(f"loaded {lm.name} on {lm.device} in {lm.load_seconds:.2f} s from {config.shown(models.resolve())}")
 print(models.reference_note())  # what "fp32" means for this model (empty for your own LABKIT_MODEL)
 print(f"parameter bytes: measured {measured.mib:.1f} MiB, predicted {predicted.weight_bytes / 2**20:.1f} MiB, "
       f"ratio {measured.bytes / predicted.weight_bytes:.3f}")
@@ -104,7 +104,7 @@ found = nb00_findings.takeaways(model=lm.name, device=lm.device, load_s=lm.load_
                                 same_answer=first.text == second.text)
 findings.record(res, found)
 path = res.save()
-print("saved", path)
+print("saved", config.shown(path))
 
 # %% md slide
 # ## Working alone: hints, solutions, your progress

@@ -187,15 +187,20 @@ exercises.check("01.kv_layer_by_layer", kv_layer_by_layer)
 #
 # Each token is routed to `num_experts_per_tok` of the `n_routed_experts` experts in every MoE layer: a decode
 # step at batch 1 reads the active parameters, not all of them, and the bandwidth ceiling follows the active bytes.
-# The memory still has to hold every expert.
+# The memory still has to hold every expert. The ceilings below are one GPU's (`MOE_GPU`, its datasheet bandwidth):
+# what its memory could stream if the weights fit, not a measurement.
 
 # %% fragment
-moe = [sizing.estimate(str(config.DATA_DIR / "configs" / m), "bf16", context=4096, gpu="H200")
+MOE_GPU, MOE_CONTEXT = "H200", 4096  # the GPU whose datasheet bandwidth the ceilings divide (data/gpus.json); tokens
+moe = [sizing.estimate(str(config.DATA_DIR / "configs" / m), "bf16", context=MOE_CONTEXT, gpu=MOE_GPU)
        for m in ("DeepSeek-V3", "Kimi-K2-Instruct")]
+print(f"decode ceilings at batch 1 on one {MOE_GPU} ({moe[0].bandwidth_gbs:,.0f} GB/s, the datasheet's), bf16, "
+      f"{MOE_CONTEXT:,} tokens of context: an upper bound from bytes, not a measurement")
 pd.DataFrame([{"model": pathlib.Path(e.model).name, "params_b": e.n_params / 1e9, "active_b": e.active_params / 1e9,
                "weights_gib": e.weight_bytes / 2**30, "read_per_token_gib": e.active_weight_bytes / 2**30,
-               "ceiling_tokens_per_s (active)": e.decode_tokens_per_s_ceiling,
-               "ceiling if all were read": e.bandwidth_gbs * 1e9 / (e.weight_bytes + e.kv_bytes)} for e in moe]).round(1)
+               f"ceiling on {MOE_GPU}, tokens/s (active)": e.decode_tokens_per_s_ceiling,
+               f"ceiling on {MOE_GPU} if all were read": e.bandwidth_gbs * 1e9 / (e.weight_bytes + e.kv_bytes)}
+              for e in moe]).round(1)
 
 # %% md slide
 # ## 3 · Which GPU fits which model?
@@ -445,7 +450,7 @@ found = nb01_findings.takeaways(weights_mib=fp.to_dict(), model="SmolLM2-135M", 
                                 peak_gflops=peak_gflops, ridge=ridge, decode=d1, prefill=pf, prefill_tokens=PREFILL_TOKENS,
                                 ceiling=one, operators=len(ops), linear=n_linear, gap=gap, first=first, last=last)
 findings.record(res, found)
-print("saved", res.save())
+print("saved", config.shown(res.save()))
 findings.show(found)
 dec[["batch", "ceiling_tokens_per_s", "measured_tokens_per_s", "ratio", "overhead_ms_per_token", "spread"]].round(3)
 

@@ -323,7 +323,7 @@ found = nb02_findings.takeaways(rows=rows, matmul_s=matmul_times, half_reason=re
                                 accumulation=(ACCUM_START, ACCUM_STEP, ACCUM_STEPS),
                                 matmul_gbs=mm["decode-like GB/s"].to_dict())
 findings.record(res, found)
-print("saved", res.save())
+print("saved", config.shown(res.save()))
 findings.show(found)
 res.frame("variants")[["variant", "weight_bytes", "load_s", "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"]]
 

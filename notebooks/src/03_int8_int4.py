@@ -276,7 +276,7 @@ pred  # labkit.model.sizing's prediction, from the config alone
 
 # %% fragment
 folder, export_s = onnx.export_onnx()
-print(f"{folder}: {onnx.onnx_bytes(folder) / 2**20:.0f} MiB",
+print(f"{config.shown(folder)}: {onnx.onnx_bytes(folder) / 2**20:.0f} MiB",
       f"exported in {export_s:.1f} s" if export_s is not None else "(reused from the cache: the set-up exports it once)")
 
 # %% md slide
@@ -481,7 +481,7 @@ res.replace("claims", checked.to_dict("records"))
 found = nb03_findings.takeaways(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), claims=checked,
                                 layers=err, probe_layer=PROBE_LAYER.split(".")[2], quick=config.quick())
 findings.record(res, found)
-print("saved", res.save())
+print("saved", config.shown(res.save()))
 findings.show(found)
 
 # %% md slide

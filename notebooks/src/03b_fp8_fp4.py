@@ -338,7 +338,7 @@ res.replace("fp8_gemm", [{k: v for k, v in r.items() if k != "samples"} for r in
 found = nb03b_findings.takeaways(hand=hand, fmt_table=fmt_table, rows=rows, split=split, layers=layers, gemm=gemm,
                                  gpu_gemm=h200, gemm_on=gemm_on)
 findings.record(res, found)
-print("saved", res.save())
+print("saved", config.shown(res.save()))
 findings.show(found)
 
 # %% md slide

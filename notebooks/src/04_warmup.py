@@ -290,7 +290,7 @@ found = nb04_findings.takeaways(cold=cold, warmed=warmed, steady_s=steady_s, one
                                 summary=summary, compile_rows=comp_df, loop_latencies_s=latencies,
                                 until_spread=UNTIL_SPREAD, window=WINDOW)
 findings.record(res, found)
-print("saved", res.save())
+print("saved", config.shown(res.save()))
 findings.show(found)
 
 # %% md slide

@@ -394,7 +394,7 @@ found = nb05_findings.takeaways(loop_agreement=min(loop_agreement.values()), cor
                                 decode_shares=profiles[1].share_samples,
                                 weight_bytes=weight_bytes, gap=gap, static_reason=static_why)
 findings.record(res, found)
-print("saved", res.save())
+print("saved", config.shown(res.save()))
 findings.show(found)
 
 # %% md slide

@@ -285,9 +285,9 @@ for max_batch in (1, 8):
     server.configure(max_batch_size=max_batch)
     loadgen.run(server.url, num_requests=CLIENTS, max_concurrency=CLIENTS, max_tokens=4)  # warm this shape
     server.reset_stats()
-    before = {}  # the server's counters once loadgen's warm-up request is answered: after − before is this run alone
+    before, scraped = {}, []  # the counters once loadgen's warm-up request is answered: after − before is this run
     run = loadgen.run(server.url, num_requests=SERVE_REQUESTS, max_concurrency=CLIENTS, max_tokens=SERVE_TOKENS,
-                      on_start=lambda: before.update(server.stats()))
+                      on_start=lambda: (before.update(server.stats()), scraped.append(prom.scrape(server.url))))
     serve_rows.append({"max_batch_size": max_batch, "mean_batch_size": prom.mean_batch_between(before, server.stats()),
                        **{k: v for k, v in run.summary().items() if k != "errors"}})
 res.replace("serving", serve_rows)
@@ -299,10 +299,11 @@ res.frame("serving")[["max_batch_size", "mean_batch_size", "completed", "failed"
                       "ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "e2e_p90_s"]].round(3)
 
 # %% md subslide
-# The server's own view, from `/metrics` (Prometheus text format): how big the batches really were.
+# The server's own view, from `/metrics` (Prometheus text format): how big the batches of the last run above really
+# were, its counters after the run minus before it (the client's warm-up request left out).
 
 # %% fragment
-for name, labels, value in prom.scrape(server.url):  # every sample: name, its labels (a histogram's bucket), value
+for name, labels, value in prom.samples_delta(scraped[0], prom.scrape(server.url)):  # name, labels (a bucket), value
     if name.startswith(("labkit_batch_size", "labkit_queue")):
         print(name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""), f"{value:g}")
 
@@ -415,7 +416,7 @@ _ = results.show_gpu_references("06_batching", ["static", "serving"])
 found = nb06_findings.takeaways(sweep=sweep, memory_bound_gain=memory_bound, padding=pad, serving=serve_rows,
                                 open_loop=open_rows, clients=CLIENTS, request_rate=REQUEST_RATE)
 findings.record(res, found)
-print("saved", res.save())
+print("saved", config.shown(res.save()))
 findings.show(found)
 
 # %% md slide

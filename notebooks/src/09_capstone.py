@@ -264,7 +264,7 @@ findings.show(found)
 
 # %% fragment
 paths = report.write(res, figures=[fig_configs, fig_latency, fig_sweep], title="labkit capstone: before and after")
-print({k: str(v) for k, v in paths.items()}, f"| HTML {paths['html'].stat().st_size / 2**20:.1f} MiB")
+print({k: config.shown(v) for k, v in paths.items()}, f"| HTML {paths['html'].stat().st_size / 2**20:.1f} MiB")
 
 # %% md slide
 # ## 6 · Class results
@@ -276,7 +276,7 @@ print({k: str(v) for k, v in paths.items()}, f"| HTML {paths['html'].stat().st_s
 # %% fragment
 reference_file = results.reference_dir() / "09_capstone.json"
 files = [paths["json"]] + ([reference_file] if reference_file.is_file() else [])
-print("merging", [str(f) for f in files])
+print("merging", [config.shown(f) for f in files])
 class_df = report.merge(files)
 report.merge_figure(class_df, metric="request_throughput").show()
 class_df[["learner", "hardware", "quick", "config", "request_throughput", "e2e_mean_s", "e2e_p90_s"]].round(3)

@@ -219,7 +219,8 @@ if HAS_VLLM:
                                     extra_args=lora.lora_args(adapter_dirs))
     vllm_srv = vllm_stack.enter_context(vllm_server.serve(settings))
     print(f"vllm serve started in {vllm_srv.start_s:.0f} s: {vllm_srv.platform()}")
-    print("LoRA on this platform, as the log says:", lora.lora_logged(vllm_srv.log()))
+    logged = lora.lora_logged(vllm_srv.log())  # its "lines" stay in the server's log
+    print("LoRA on this platform, as the log says:", {k: v for k, v in logged.items() if k != "lines"})
 else:
     print(f"{vllm_server.MISSING}: sections 1 and 2 on vLLM show the reference's rows")
 

@@ -1,5 +1,7 @@
 """Every slide of every deck fits the screen: at 1280×720 and 1920×1080, with all its fragments shown,
-nothing runs past the slide's edges and nothing is clipped inside it (a code line, a table).
+nothing runs past the slide's edges, nothing is clipped inside it (a code line, a table), and the slide's own box,
+its padding included, is no taller than the slide (content ending on the last pixel once passed the element check
+while its section ran 739 px tall).
 
 One browser page per screen size visits every slide of every deck (no restart per slide). A failure
 names the deck, the slide (its number as the deck shows it, and reveal's h/v indices) and what
@@ -69,6 +71,10 @@ async () => {
       if (cs.overflowY !== 'visible' && el.scrollHeight > el.clientHeight + 1)
         note('clipped at the bottom', (el.scrollHeight - el.clientHeight) * scale, el);
     }
+    // the slide's own box, its padding included: content that ends on the slide's last pixel still pushes the
+    // section (and its bottom padding) past the slide, as a reader measuring the section sees it
+    const sectionPx = slide.scrollHeight - Reveal.getConfig().height;
+    if (sectionPx > 1.5) note('section taller than the slide', sectionPx * scale, slide);
     out.push({number: n + 1, h: idx.h, v: idx.v || 0, problems: Object.values(worst)});
   }
   return out;

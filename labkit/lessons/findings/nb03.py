@@ -69,7 +69,7 @@ def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], laye
         says.append(loses)
     says += [s for s in (forms_sentence(table, quick), peak_sentence(table)) if s]
     for kind, route in routes.items():
-        says.append(f"bitsandbytes {kind} on this machine: {route}.")
+        says.append(f"bitsandbytes {kind} on this machine: {route}." + (bnb_int8_speed(table) if kind == "int8" else ""))
     if layer_error:
         tied = verdict.smallest(layer_error)  # one sample a layer: a tie within verdict.TIE names no winner
         others = ", ".join(f"{k} {v:.3f}" for k, v in layer_error.items() if k not in tied)
@@ -95,6 +95,24 @@ def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], laye
 
 
 INT8_VARIANTS = ("bnb-int8", "ort-int8-tensor", "ort-int8-channel")
+
+
+def bnb_int8_speed(table: Any) -> str:
+    """bitsandbytes int8's decode against PyTorch fp32's, and why LLM.int8 is no speed-up on a CPU where it is not:
+    every call quantises the activations row by row, splits out the outlier columns to multiply them in fp16,
+    multiplies the rest as int8 (or, without an int8 kernel, converts back to floating point), dequantises the result
+    and adds the two: passes fp32's single matmul does not make. '' where either row did not run."""
+    ok = table[table.status == "ok"]
+    if not {"bnb-int8", "fp32"} <= set(ok.index):
+        return ""
+    v = verdict.compare(verdict.samples(ok.loc["bnb-int8"], "decode_tokens_per_s"),
+                        verdict.samples(ok.loc["fp32"], "decode_tokens_per_s"))
+    return " It decoded " + verdict.phrase(v, "fp32's speed") + verdict.pick(
+        v, better=": the int8 matmul outran the passes LLM.int8 adds around it on this CPU.",
+        worse=(": LLM.int8 wraps every matmul in more passes (quantise the activations row by row, split the outlier "
+               "columns out to fp16, dequantise the product and add them back), which a CPU pays in full; it was made "
+               "to save GPU memory, not time."),
+        same=": the int8 matmul saved about what the passes around it cost.")
 
 
 def _device_kind(device: Any) -> str:
