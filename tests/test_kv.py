@@ -290,17 +290,27 @@ def test_one_compile_story_in_one_unit_for_notebooks_04_05_08():
     from labkit.decoding import cache_variants
 
     ref = results.Results("r", rows=[
-        {"section": "cache_variants", "variant": "static", "new_tokens": 64, "first_call_s": 2.0, "decode_tokens_per_s": 10.0},
+        {"section": "cache_variants", "variant": "static", "new_tokens": 64, "first_call_s": 2.0, "decode_tokens_per_s": 10.0,
+         "samples": {"decode_tokens_per_s": [9.9, 10.0, 10.1]}},
         {"section": "cache_variants", "variant": "static+compile", "new_tokens": 64, "first_call_s": 52.0,
-         "decode_tokens_per_s": 12.5, "agreement": 1.0}])
+         "decode_tokens_per_s": 12.5, "agreement": 1.0, "samples": {"decode_tokens_per_s": [12.4, 12.5, 12.6]}}])
     story = cache_variants.compile_story(ref)
     assert story.gain == pytest.approx(1.25) and story.extra_first_s == pytest.approx(50.0)
     assert story.break_even_tokens == pytest.approx(50.0 / (0.1 - 0.08))  # 2,500 tokens
     assert "1.25× eager's decode tokens/s" in findings.compile_sentence(story) and "pays back after 2,500 tokens" in findings.compile_sentence(story)
-    slower = cache_variants.compile_story(results.Results("r", rows=[dict(r, decode_tokens_per_s=8.0)
-                                                                      if r["variant"] == "static+compile" else r
-                                                                      for r in ref.rows]))
+    slower = cache_variants.compile_story(results.Results("r", rows=[
+        dict(r, decode_tokens_per_s=8.0, samples={"decode_tokens_per_s": [7.9, 8.0, 8.1]})
+        if r["variant"] == "static+compile" else r for r in ref.rows]))
     assert slower.break_even_tokens is None and "never pays back" in findings.compile_sentence(slower)
+    # a gain inside the runs' spread (the medians 9 % apart, the ranges overlapping) pays back nothing a run can read
+    noisy = cache_variants.compile_story(results.Results("r", rows=[
+        dict(r, decode_tokens_per_s=10.9, samples={"decode_tokens_per_s": [9.8, 10.9, 11.0]})
+        if r["variant"] == "static+compile" else r for r in ref.rows]))
+    said = findings.compile_sentence(noisy)
+    assert noisy.break_even_tokens is not None and "pays back after" not in said and "within noise" in said, said
+    one_each = cache_variants.compile_story(results.Results("r", rows=[
+        {k: v for k, v in r.items() if k != "samples"} for r in ref.rows]))
+    assert "pays back after" not in findings.compile_sentence(one_each) and "no verdict" in findings.compile_sentence(one_each)
     with pytest.raises(ValueError, match="static\\+compile"):
         cache_variants.compile_story(results.Results("r", rows=ref.rows[:1]))
     shipped = cache_variants.compile_story()  # the reference that ships

@@ -12,7 +12,7 @@ from contextlib import contextmanager  # noqa: E402
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import config, env, results
+from ..core import config, env, results, verdict
 from ..core.checks import model_device
 
 CACHE_VARIANTS = ("dynamic", "static", "static+compile")
@@ -79,10 +79,19 @@ class CompileStory:
     eager_first_s: float  # first call of a new_tokens request
     compiled_first_s: float  # the same, compilation included
     agreement: float | None = None
+    eager_samples: tuple[float, ...] = ()  # each timed run's decode tokens/s, where the file keeps them
+    compiled_samples: tuple[float, ...] = ()
 
     @property
     def gain(self) -> float:
         return self.compiled_tokens_per_s / self.eager_tokens_per_s
+
+    @property
+    def steady(self) -> verdict.Verdict:
+        """The compiled decode's speed against eager's, judged on the timed runs (one median each where the file
+        kept no samples: a tie or no verdict)."""
+        return verdict.compare(list(self.compiled_samples) or [self.compiled_tokens_per_s],
+                               list(self.eager_samples) or [self.eager_tokens_per_s])
 
     @property
     def extra_first_s(self) -> float:
@@ -154,4 +163,6 @@ def compile_story(ref: Any = None, device: str | None = None) -> CompileStory | 
     return CompileStory(where=results.where_of(ref), provenance=results.provenance(ref), new_tokens=int(eager["new_tokens"]),
                         eager_tokens_per_s=eager["decode_tokens_per_s"], compiled_tokens_per_s=comp["decode_tokens_per_s"],
                         eager_first_s=eager["first_call_s"], compiled_first_s=comp["first_call_s"],
-                        agreement=comp.get("agreement"))
+                        agreement=comp.get("agreement"),
+                        eager_samples=tuple(verdict.samples(eager, "decode_tokens_per_s")),
+                        compiled_samples=tuple(verdict.samples(comp, "decode_tokens_per_s")))

@@ -117,7 +117,8 @@ def measure_decoder(dec: StaticDecoder, input_ids: Any, new_tokens: int = 32, re
     tpot = Measurement.from_values("tpot", [r.tpot_s for r, _, _ in runs if r.tpot_s is not None])
     return {"ttft_s": min(r.ttft_s for r, _, _ in runs), "tpot_s": tpot.median, "tpot_spread": tpot.spread,
             "decode_tokens_per_s": 1 / tpot.median, "new_tokens": new_tokens, "repeats": repeats,
-            "build_s": dec.build_s, **dec.kernels, "tokens": runs[0][1]}
+            "build_s": dec.build_s, **dec.kernels, "tokens": runs[0][1],
+            "samples": {"decode_tokens_per_s": [1 / r.tpot_s for r, _, _ in runs if r.tpot_s]}}
 
 
 def decoder_quality(dec: StaticDecoder, ref: Any) -> Any:

@@ -210,11 +210,11 @@ summary
 # %% fragment
 rep = warmed.warmup
 warmup.settle_figure(rep).show()
-cold_point = warmup.settle_point(cold.requests_s, UNTIL_SPREAD, WINDOW)
 print("labkit's warmup:", nb04_findings.settle_words(rep.latencies_s, rep.until_spread, rep.window))
 print(f"steady latency {rep.steady_s * 1e3:.0f} ms" if rep.settled else
       f"last spread {rep.final_spread:.1%}: the machine is noisy")
-print("the cold series above settles after", cold_point, "request(s)" if cold_point is not None else "(never)")
+cold_point = warmup.settle_point(cold.requests_s, UNTIL_SPREAD, WINDOW)  # saved with the results
+print("the cold series above, by the same rule:", nb04_findings.settle_words(cold.requests_s, UNTIL_SPREAD, WINDOW))
 
 # %% md slide
 # ## 6 · torch.compile: what does its first call cost?
@@ -263,7 +263,9 @@ else:
                 compiled_first_s=story.compiled_first_s, eager_first_s=story.eager_first_s,
                 compiled_s=story.new_tokens / story.compiled_tokens_per_s,
                 eager_s=story.new_tokens / story.eager_tokens_per_s, agreement=story.agreement,
-                tokens_per_call=story.new_tokens)
+                tokens_per_call=story.new_tokens,
+                samples={"compiled_s": [story.new_tokens / x for x in story.compiled_samples],
+                         "eager_s": [story.new_tokens / x for x in story.eager_samples]})
         print(f"Whole-model compile not run here ({why}). " + findings.compile_sentence(story))
 comp_df = res.frame("compile")
 comp_df["break_even_calls"] = [warmup.break_even_calls(r.compiled_first_s, r.compiled_s, r.eager_first_s, r.eager_s)

@@ -54,11 +54,15 @@ def record(res: Any, found: Findings) -> None:
 def compile_sentence(story: Any) -> str:
     """torch.compile of the decode step against eager (a ``cache_variants.CompileStory``), with its pay-back: the
     sentence notebooks 04, 05 and 08 print where the compile ran here or ships as a reference."""
-    pay = (f"pays back after {story.break_even_tokens:,.0f} tokens" if story.break_even_tokens is not None
-           else "never pays back (the compiled decode was not faster)")
+    v = story.steady
+    pay = verdict.pick(v, better=(f"pays back after {story.break_even_tokens:,.0f} tokens" if story.break_even_tokens
+                                  else "never pays back"),
+                       worse="never pays back (the compiled decode was slower)",
+                       same="shows no pay-back this run can read (its steady decode was not faster than eager's)",
+                       unsure="shows no pay-back this run can read (too few timed runs for a verdict)")
     where = f"reference, not this run: {story.provenance}" if results.is_reference(story.where) else story.where
-    return (f"torch.compile of the decode step ({where}): {story.gain:.2f}× eager's decode "
-            f"tokens/s, both with a static cache ({story.compiled_tokens_per_s:.1f} vs {story.eager_tokens_per_s:.1f}); "
+    return (f"torch.compile of the decode step ({where}): " + verdict.phrase(v, "eager's decode tokens/s")
+            + f", both with a static cache ({story.compiled_tokens_per_s:.1f} vs {story.eager_tokens_per_s:.1f}); "
             f"its first {story.new_tokens}-token call took {story.compiled_first_s:.1f} s against "
             f"{story.eager_first_s:.1f} s eager, so it {pay}")
 

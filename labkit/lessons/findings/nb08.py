@@ -24,7 +24,8 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
               sizes: list[Mapping[str, Any]] | None = None, cache: tuple[int, str] | None = None,
               all_levels: list[str] | None = None) -> Findings:
     """``fusion``: the largest shape's fusion row (eager_ops, fused_kernels, speedup, eager_us/compiled_us/copy_us
-    with samples); ``compiled``: the compiled decode row (where, build_s, gain, break_even tokens) or None, told
+    with samples); ``compiled``: the compiled decode row (where, build_s, gain, break_even tokens, the verdict on its
+    decode speed against eager's) or None, told
     through ``story`` where it is a reference; ``levels``/``ort``: ONNX Runtime's first and last graph level and their
     rows (decode_tokens_per_s with samples, agreement); ``kl_by_method``: the calibration's KL per held-out prompt, per
     scale (``calibration_said`` judges them);
@@ -43,9 +44,13 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
     elif results.is_reference(compiled["where"]):
         compile_said = f"{compile_sentence(story)}."
     else:
-        compile_said = (f"The whole decode step compiled ({compiled['where']}): {compiled['gain']:.2f}× eager after a "
-                        f"{compiled['build_s']:.0f} s build; " + (f"it pays back after {compiled['break_even']:,.0f} tokens "
-                        "there." if compiled["break_even"] else "no gain to pay the build back."))
+        v = compiled["verdict"]  # compiled against eager decode tokens/s, on their timed runs
+        compile_said = (f"The whole decode step compiled ({compiled['where']}): " + verdict.phrase(v, "eager's speed")
+                        + f" after a {compiled['build_s']:.0f} s build; " + verdict.pick(
+                            v, better=(f"it pays back after {compiled['break_even']:,.0f} tokens there."
+                                       if compiled["break_even"] else "no gain to pay the build back."),
+                            worse="no gain to pay the build back.",
+                            same="no gain this run can read to pay the build back."))
     says = [f"Fusion, one operator chain timed alone (not a whole decode step): RMSNorm's {int(fusion['eager_ops'])} "
             f"eager kernels became {int(fusion['fused_kernels'])}; on {fusion_rows} rows "
             f"{v_big.word('faster', 'slower')} ({fusion['speedup']:.2f}×; {v_big.reason}), with "
