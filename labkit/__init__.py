@@ -20,12 +20,17 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from typing import Any
 
 # bitsandbytes' CPU backend, on a CPU with AVX512-BF16, tries to fetch an optional gemm kernel from the Hugging Face
 # hub (through the `kernels` package) and logs a warning when it cannot. The lab fetches nothing at run time: its fused
 # gemv_4bit runs instead, which notebook 03's profile shows. One line of the logging module, no import of bitsandbytes.
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+# torch.profiler's Kineto (torch 2.13) prints a "USDT: … profiler_start" / "profiler_stop" pair to the process's stderr
+# at every profile, below its own log levels: 9 is above all of them. Read when a profile starts; a value already set
+# is kept.
+os.environ.setdefault("KINETO_LOG_LEVEL", "9")
 
 __version__ = "0.1.0"
 

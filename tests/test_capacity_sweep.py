@@ -94,3 +94,15 @@ def test_steady_requests_last_the_window_and_a_point_counts_over_it() -> None:
     assert lag["pace"] == pytest.approx(0.5) and lag["goodput_rps"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="none were sent"):
         capacity.sweep_point([], 2.0, SLO)
+
+
+def test_what_a_replica_holds_never_exceeds_what_it_completed_even_without_a_knee() -> None:
+    """Poisson arrivals can run slower than offered: goodput read against the offered rate may then exceed the
+    rate answers came out at. Held within the SLO is never more than completed, knee reached or not."""
+    points = [{"offered_rps": 4.0, "goodput_rps": 3.9, "completed_rps": 4.1, "output_tokens_per_s": 30.0},
+              {"offered_rps": 8.0, "goodput_rps": 7.6, "completed_rps": 6.9, "output_tokens_per_s": 50.0}]
+    knee = capacity.find_knee([p["offered_rps"] for p in points], [p["goodput_rps"] for p in points])
+    assert knee["reached"] is False and knee["knee_rps"] == 8.0
+    held = capacity.sustained(points, knee)
+    assert held["rps"] == pytest.approx(6.9) and held["ceiling_rps"] == pytest.approx(6.9) and not held["saturated"]
+    assert "held 6.90 req/s" in capacity.held_said(held)

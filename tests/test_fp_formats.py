@@ -292,3 +292,14 @@ def test_bench_writes_the_same_file_shape(tmp_path, monkeypatch, capsys):
     h200 = results.Results.from_dict(json.loads(H200.read_text(encoding="utf-8")))
     assert set(h200.section("gemm")[0]) - {"speedup_vs_fp32", "verdict_vs_fp32"} <= set(saved.section("gemm")[0])
     assert {"method", "variants", "baseline", "note"} <= set(saved.notes) and saved.env["command"]
+
+
+def test_a_variant_judged_differently_on_two_shapes_names_each_shape():
+    from labkit.lessons.findings import nb03b
+
+    shapes = [fp8_gemm.gemm_row(1, 64, 32, {"fp32": [50.0, 51.0, 50.5], "bf16": [40.0, 41.0, 40.5]}),
+              fp8_gemm.gemm_row(1, 32, 64, {"fp32": [50.0, 51.0, 50.5], "bf16": [49.0, 50.0, 51.0]})]
+    judged = [verdict.Verdict(**r["verdict_vs_fp32"]["bf16"]) for r in shapes]
+    said = nb03b.shape_labels(judged, shapes)
+    assert said == f"{judged[0].label} at 1×64×32, {judged[1].label} at 1×32×64" and judged[0].label != judged[1].label
+    assert nb03b.shape_labels(judged[:1] * 2, shapes) == judged[0].label

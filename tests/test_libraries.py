@@ -70,3 +70,18 @@ def test_bnb_layer_reports_the_kernel_this_machine_runs():
     cond = libraries.bnb_cpu_conditions()
     int8_ops = libraries.ops_called(libraries.bnb_layer(w, "int8"), torch.randn(1, 1, 128))
     assert ("aten::_int_mm" in int8_ops) == (cond["torch >= 2.6"] and cond["torch CPU capability"] == "AVX512")
+
+
+def test_a_profile_after_importing_labkit_prints_nothing_to_stderr():
+    """Kineto prints a "USDT: … profiler_start/stop" pair to stderr at every torch.profiler profile: an executed
+    notebook would carry it under every operator list. Importing labkit sets its log level above them."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch, labkit\n"
+            "with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):\n"
+            "    torch.ones(3) + 1\n")
+    env_vars = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_vars, check=True)
+    assert "profiler_start" not in run.stderr and "USDT" not in run.stderr, run.stderr

@@ -243,7 +243,7 @@ def test_nb07_noise_and_implausible():
 # ------------------------------------------------------------------------------------------------- notebook 08
 
 
-def _nb08(compiled_us: list[float], ort_all: list[float], ort_disabled: float = 24.0):
+def _nb08(compiled_us: list[float], ort_all: list[float], ort_disabled: float = 24.0, compiled=None):
     fusion = {"eager_ops": 7, "fused_kernels": 1, "speedup": 100.0 / compiled_us[1], "eager_us": 100.0,
               "compiled_us": compiled_us[1], "copy_us": 40.0,
               "samples": {"eager_us": _spread(100.0), "compiled_us": compiled_us}}
@@ -253,7 +253,7 @@ def _nb08(compiled_us: list[float], ort_all: list[float], ort_disabled: float = 
                 "samples": {"decode_tokens_per_s": _spread(ort_disabled)}}
     every = {"engine": "ONNX Runtime, all", "decode_tokens_per_s": ort_all[1], "agreement": 1.0, "kl": 2e-9,
              "samples": {"decode_tokens_per_s": ort_all}}
-    return nb08.takeaways(fusion=fusion, fusion_rows=4096, max_abs_diff=2e-6, compiled=None, story=None,
+    return nb08.takeaways(fusion=fusion, fusion_rows=4096, max_abs_diff=2e-6, compiled=compiled, story=None,
                           levels=("disabled", "all"), ort=(disabled, every), layer="model.layers.0.mlp.down_proj",
                           kl_by_method={"static, absmax scale": _spread(3e-4), "static, p99.9 scale": _spread(2e-4),
                                         "dynamic, per-token scale": _spread(1e-5)}, percentile=99.9, clip=0.67,
@@ -273,6 +273,19 @@ def test_nb08_engines_judged_in_one_set_of_rounds():
     noisy_best = _nb08(_spread(55.0), [15.0, 24.0, 33.0], ort_disabled=16.0).sentences[0]
     assert "ONNX Runtime, all, within noise of eager (1.20×" in noisy_best and "dynamic, per-token scale disturbed" in text
     assert "torch.compile: not measured here" in text
+
+
+def test_nb08_a_compile_measured_here_pays_back_only_on_its_verdict():
+    from labkit.core import verdict
+
+    row = {"where": "this run", "build_s": 40.0, "gain": 1.05, "break_even": 8000.0}
+    noisy = verdict.compare([20.0, 21.5, 23.0], [19.5, 20.5, 22.0])  # compiled, eager: the ranges overlap
+    text = _text(_nb08(_spread(55.0), _spread(30.0), compiled={**row, "verdict": noisy}))
+    assert "The whole decode step compiled (this run): 1.05× eager's speed, within noise" in text
+    assert "no gain this run can read to pay the build back" in text and "pays back after" not in text
+    real = verdict.compare(_spread(25.0), _spread(20.0))
+    text = _text(_nb08(_spread(55.0), _spread(30.0), compiled={**row, "gain": 1.25, "verdict": real}))
+    assert "1.25× eager's speed (faster) after a 40 s build; it pays back after 8,000 tokens there." in text
     noise = _text(_nb08([50.0, 100.0, 150.0], [20.0, 24.0, 28.0]))
     assert "on 4096 rows within noise (1.00×" in noise and "'all' against 'disabled': within noise" in noise
     wild = _text(_nb08(_spread(20.0), _spread(30.0)))  # 5× from a fused kernel no faster than a copy's 2.5×
@@ -391,7 +404,7 @@ def test_nb10_on_the_reference_run_judges_each_mechanism():
     assert found.headline == {"label": "prompt lookup / plain decode tokens/s, copying task (×)",
                               "value": pytest.approx(2.80, abs=0.01), "verdict": "no verdict"}
     assert "median TTFT without / with it 9.05×" in text and "TTFTs with it were shorter" in text
-    assert "each stream's worst gap was shorter (3+ samples each" in text
+    assert "each stream's worst gap with chunks against without: shorter (3+ samples each" in text
     assert "the long prompt's own TTFT 1.9× unchunked's, no verdict (1 sample" in text
     assert "decode steps 0.76× the speed (slower)" in text and "llama.cpp Q4_1 decodes 2.77× as fast" in text
 
@@ -518,8 +531,8 @@ def test_nb11_a_knee_at_the_sweeps_end_is_a_bound_and_so_is_the_replica_count():
     top = capacity.find_knee(rates, [0.5, 1.0, 1.95, 3.9])
     need = capacity.replicas_needed(200, 2, top["knee_rps"], 0.8)
     words = nb11.capacity_words(top["reason"], need["arithmetic"], top["knee_rps"], top["reached"], rates)
-    assert "the highest level tried (4 req/s) still held, so the true capacity lies beyond the sweep" in words
-    assert "add higher levels to RATE_MULTIPLES" in words
+    assert "so the knee is above it (this is a lower bound" in words and words.count("lower bound") == 2  # + replicas
+    assert "add higher levels to RATE_MULTIPLES to find it" in words
     assert f"{need['arithmetic']} — an upper bound on the replicas, since the knee is only a lower bound." in words
     inside = capacity.find_knee(rates, [0.5, 1.0, 1.95, 1.0])
     words = nb11.capacity_words(inside["reason"], "⌈3.333 / 1.6⌉ = 3 replicas", inside["knee_rps"], inside["reached"], rates)

@@ -128,7 +128,7 @@ print(slo_why)
 
 # %% fragment
 PREDICT_BEST_SERVER = None  # your prediction: "one at a time", "dynamic" or "continuous"
-PREDICT_BEST_GAIN = None  # your prediction: its requests/s ÷ the one-at-a-time server's
+PREDICT_BEST_GAIN = None  # your prediction: the best lab server's requests/s ÷ the one-at-a-time server's (vLLM not counted)
 
 # %% md subslide
 # ## 2 · Measure: the same load against each configuration
@@ -202,7 +202,7 @@ lab_best = lab.loc[lab.request_throughput.idxmax(), "config"]
 won, why = nb09_findings.lab_winner(rows, "one at a time" if "one at a time" in lab_best else lab_best.split(" batching")[0])
 exercises.reveal_choice("highest requests/s", PREDICT_BEST_SERVER, won, ["one at a time", "dynamic", "continuous"],
                         undecided=why)  # the verdict the takeaways use
-_ = exercises.reveal("best ÷ one at a time, requests/s", PREDICT_BEST_GAIN,
+_ = exercises.reveal("the lab's best server ÷ one at a time, requests/s", PREDICT_BEST_GAIN,
                      lab.request_throughput.max() / cfg_df.set_index("config").request_throughput[next(iter(configs))], "×")
 
 # %% md slide

@@ -131,7 +131,7 @@ def text(rows: list[dict[str, Any]], where: Path | None = None) -> str:
     done = sum(r["done"] for r in rows)
     total = sum(r["total"] for r in rows)
     made = sum(r.get("predictions_made", 0) for r in rows)
-    lines = [f"Progress ({where or path()}): {done} of {total} exercises done, {made} predictions made",
+    lines = [f"Progress ({config.shown(where or path())}): {done} of {total} exercises done, {made} predictions made",
              f"{'nb':<3} {'predictions':<26} exercises"]
     for r in rows:
         said = (f"{r['predictions_made']} made of {r['predictions_revealed']} revealed"

@@ -59,7 +59,7 @@ def _variant_sentence(v: str, r: Mapping[str, Any], fp32: Mapping[str, Any], d: 
     pre = matmul_s[v]["prefill"] / matmul_s["fp32"]["prefill"]
     step = matmul_s[v]["decode"] / matmul_s["fp32"]["decode"]
     ttft = verdict.compare(verdict.samples(r, "ttft_s"), verdict.samples(fp32, "ttft_s"), higher_is_better=False)
-    why = decode_why(v, d, step, fp32["weight_bytes"] / r["weight_bytes"], half_reason)
+    why = decode_why(v, d, step, half_reason)
     return (f"{v}: weights {r['weight_bytes'] / fp32['weight_bytes']:.2f}× fp32's bytes; decode "
             + verdict.phrase(d, "fp32's speed") + f", TTFT {r['ttft_s'] / fp32['ttft_s']:.2f}× fp32's "
             f"({ttft.word('shorter', 'longer')}); the decode-like matmul took {step:.2f}× fp32's time, the prefill-like "
@@ -84,15 +84,14 @@ def bandwidth_said(v: str, matmul_s: Mapping[str, Mapping[str, float]], gbs: Map
         same=f": the same share of the bandwidth ({verdict.TIE_LABEL}), so the bytes alone set the ratio.")
 
 
-def decode_why(v: str, d: verdict.Verdict, step: float, byte_x: float, half_reason: str | None) -> str:
+def decode_why(v: str, d: verdict.Verdict, step: float, half_reason: str | None) -> str:
     """Why ``v``'s decode moved (``d``), chosen by the decode-like matmul's own verdict (``step``: its median time over
-    fp32's, ``verdict.versus``) beside the bytes it no longer reads (``byte_x``): a causal clause only where both
-    verdicts are real, and it credits the bytes only when the matmul itself sped up."""
+    fp32's, ``verdict.versus``): a causal clause only where both verdicts are real, and it credits the matrix-vector
+    product only when that matmul itself sped up (its numbers are in the sentence around it)."""
     k = verdict.versus(1 / step, 1.0)  # the matmul's speed over fp32's
     if d.kind == verdict.BETTER:
         return verdict.pick(
-            k, better=(f"The matrix-vector product decode waits on sped up with it ({k.gain:.2f}× fp32's speed, reading "
-                       f"{byte_x:.1f}× fewer bytes)."),
+            k, better="The matrix-vector product decode waits on sped up with it.",
             worse=(f"Decode gained although its decode-like matmul, timed alone, ran {k.gain:.2f}× fp32's speed: the "
                    "matmul probe does not explain this gain, so this run cannot say where it came from."),
             same=(f"Decode gained although its decode-like matmul, timed alone, was a {verdict.TIED} with fp32's "

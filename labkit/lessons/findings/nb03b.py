@@ -148,8 +148,8 @@ def takeaways(*, hand: Any, fmt_table: Any, rows: list[dict[str, Any]], split: A
         where = "this CPU" if gemm_on == "cpu" else gemm_on
         judged = {v: [verdict.Verdict(**r["verdict_vs_fp32"][v]) for r in ones] for v in ones[0]["verdict_vs_fp32"]}
         shapes = " and ".join(f"{r['M']}×{r['K']}×{r['N']}" for r in ones)
-        parts = [f"{v} {statistics.median(r['speedup_vs_fp32'][v] for r in ones):.2f}× ("
-                 + ", ".join(dict.fromkeys(j.label for j in js)) + ")" for v, js in judged.items()]
+        parts = [f"{v} {statistics.median(r['speedup_vs_fp32'][v] for r in ones):.2f}× ({shape_labels(js, ones)})"
+                 for v, js in judged.items()]
         said = f"One decode step's GEMMs ({shapes}) against fp32 on {where}, median over them: " + ", ".join(parts)
         fp8 = [v for v in judged if v.startswith("fp8")]
         if gemm_on == "cpu" and fp8 and all(j.kind == verdict.WORSE for v in fp8 for j in judged[v]):
@@ -165,6 +165,14 @@ def takeaways(*, hand: Any, fmt_table: Any, rows: list[dict[str, Any]], split: A
     if gpu_gemm is not None:
         says.append(gpu_gemm_sentence(gpu_gemm))
     return Findings(rows=out, sentences=says)
+
+
+def shape_labels(judged: list[verdict.Verdict], shapes: list[dict[str, Any]]) -> str:
+    """One variant's verdicts over the GEMM shapes they judged (one each, in order): one label where they agree, else
+    each label beside its shape, so "better" and "within noise" are never read as one verdict."""
+    if len({j.label for j in judged}) == 1:
+        return judged[0].label
+    return ", ".join(f"{j.label} at {r['M']}×{r['K']}×{r['N']}" for j, r in zip(judged, shapes))
 
 
 def split_sentence(split: Any) -> str:

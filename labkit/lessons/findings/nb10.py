@@ -137,7 +137,7 @@ def takeaways(*, head: Mapping[str, Any], lookup: tuple[Mapping[str, Any], Mappi
         f"of prompts hitting; per request, TTFTs with it were {_said(ttft_v)}; answers identical: "
         f"{head['prefix_cache_outputs_identical']}.",
         f"Chunked prefill: the running streams' ITL {tail} unchunked / chunked {itl_x:.1f}×; each stream's worst gap "
-        f"was {_said(stall_v)} with chunks; the long prompt's own TTFT {long_v.ratio:.1f}× unchunked's, "
+        f"with chunks against without: {_said(stall_v)}; the long prompt's own TTFT {long_v.ratio:.1f}× unchunked's, "
         f"{_said(long_v)}; answers identical: {head['chunked_prefill_outputs_identical']}.",
         f"KV cache ({best['cache']}): {best['bytes_ratio']:.1f}× fewer bytes, decode steps "
         + verdict.phrase(kv_v, "the speed") + f", KL {best['kl']:.2e}, agreement {best['agreement']:.1%}."

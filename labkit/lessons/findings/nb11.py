@@ -40,7 +40,9 @@ def capacity_words(capacity_reason: str, arithmetic: str | None, knee_rps: float
     when the knee is one (a knee above the sweep means fewer replicas may do)."""
     end = sweep_end(knee_rps, rates, reached) if rates else ("above" if reached is False else None)
     says = f"Capacity: {capacity_reason}"
-    if end and rates:
+    if end == "above" and rates:  # the knee finder's reason already says the knee lies above: name the parameter
+        says += f"; add higher levels to {param} to find it"
+    elif end and rates:
         says += f"; {beyond_sweep(end, rates, 'req/s', param)}"
     if held:
         says += f". {held.rstrip('.')}"

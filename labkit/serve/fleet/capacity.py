@@ -106,7 +106,7 @@ def sustained(points: Sequence[Mapping[str, Any]], knee: Mapping[str, Any]) -> d
     if knee.get("knee_rps") is None:
         return {"rps": None, "output_tokens_per_s": None, "ceiling_rps": ceiling, "saturated": True, "at_rps": None}
     at = by[float(knee["knee_rps"])]
-    rps = min(at["goodput_rps"], ceiling) if ceiling and knee.get("reached") else at["goodput_rps"]
+    rps = min(at["goodput_rps"], ceiling) if ceiling else at["goodput_rps"]  # knee reached or not
     return {"rps": rps, "output_tokens_per_s": at.get("output_tokens_per_s"), "ceiling_rps": ceiling,
             "saturated": bool(knee.get("reached")), "at_rps": at["offered_rps"]}
 
