@@ -68,15 +68,19 @@ def test_without_the_environment_it_says_which_make_target_builds_it(bench, monk
 def test_a_saved_run_keeps_its_provenance_and_drops_the_answers(bench, tmp_path):
     written = [{"scheme": "FP8_DYNAMIC", "status": "ok", "bytes": 5, "versions": {"llmcompressor": "0.14.0.1"}}]
     served = {"fp32": {"name": "fp32", "status": "ok", "answers": {"q0": [1]}},
-              "NVFP4A16": {"name": "NVFP4A16", "status": "refused", "reason": "ValueError: Marlin FP4 not available"}}
+              "NVFP4A16": {"name": "NVFP4A16", "status": "refused", "reason": "ValueError: Marlin FP4 not available"},
+              "fp32-fp8-kv": {"name": "fp32-fp8-kv", "status": "refused",
+                              "reason": "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."}}
     summary = {"hardware": "AMD EPYC (avx2 fma)", "versions": {"llmcompressor": "0.14.0.1"}, "vllm": "0.32.0",
                "fp8_kv_cache": "refused on this CPU (avx2): NotImplementedError: …"}
     path = bench.save(written, served, summary, tmp_path)
     res = results.load(path)
     assert path.name == "llm_compressor.json" and res.env["versions"]["vllm"] == "0.32.0"
     assert res.env["command"].startswith("python bench/llm_compressor.py")
-    assert [r["name"] for r in res.section("served")] == ["fp32", "NVFP4A16"]
-    assert all("answers" not in r for r in res.section("served")) and res.notes["fp8_kv_cache"].startswith("refused")
+    assert [r["name"] for r in res.section("served")] == ["fp32", "NVFP4A16", "fp32-fp8-kv"]
+    assert all("answers" not in r for r in res.section("served"))
+    # the FP8 KV cache is kept as its row (status and vLLM's reason), never as a sentence about the CPU that ran it
+    assert res.section("served")[-1]["reason"].startswith("NotImplementedError") and "fp8_kv_cache" not in res.notes
 
 
 def test_a_refused_start_keeps_vllms_reason_without_this_machines_log_path(bench, monkeypatch):

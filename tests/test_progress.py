@@ -149,8 +149,9 @@ def test_the_objectives_state_the_measured_time(src):
     line = objectives.splitlines()[-1]
     assert f"compute {timings['wall_s'][src.stem] / 60:.1f} min in quick mode on {timings['machine']}" in line
     assert f"measured {timings['date']}" in line
-    minutes = agenda.room_minutes(agenda.content(src), 0)
-    assert f"about {minutes['reading'] + minutes['code']:.0f} min reading" in line
+    minutes = agenda.room_minutes(agenda.content(src), 0, timings["output_words"][src.stem])
+    assert f"about {minutes['reading'] + minutes['output'] + minutes['code']:.0f} min reading, its printed results " \
+           "included" in line and ", (" not in line
 
 
 def test_the_instructor_sees_where_the_room_is_stuck_when_learners_pack_progress(tmp_path, record, capsys):

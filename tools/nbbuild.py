@@ -115,8 +115,8 @@ def time_line(src: Path) -> str:
     work += [f"{c['predictions']} prediction{'s' if c['predictions'] != 1 else ''}"] if c["predictions"] else []
     return (f"**Time:** compute {m['machine']:.1f} min in quick mode on {timings['machine']}{cores} (measured "
             f"{timings['date']}); about {m['reading'] + m['output'] + m['code']:.0f} min reading, its printed results "
-            "included,"
-            + (f" and {m['exercises'] + m['predictions']:.0f} min for {' and '.join(work)}" if work else "")
+            "included"
+            + (f", and {m['exercises'] + m['predictions']:.0f} min for {' and '.join(work)}" if work else "")
             + " (`tools/agenda.py`).")
 
 

@@ -3,13 +3,15 @@
 #
 # Answers that must parse ([structured outputs](../docs/glossary.md#structured-outputs)), one base model serving
 # many [LoRA](../docs/glossary.md#lora) adapters at once, and prefill on another machine than decode: all three
-# standard since 2025–26. The first two run here with the real engine in every mode; the split starts two more
-# servers, so quick mode shows it from a reference run, named with its machine.
+# standard since 2025–26. The first two run here on the real engine in every mode; quick mode shows
+# the split from a reference run, named with its machine.
 
 # %% md notes
 # Each section first builds the mechanism by hand (a [token mask](../docs/glossary.md#token-mask), a LoRA's bytes, a proxy's routing decision), then
 # runs vLLM doing the same thing, checked against the lab's own result: the same tokens where the mechanism says
 # they must be the same.
+#
+# The split starts two more servers, so quick mode reads it from the reference and full mode (`PD = 1`) runs it.
 
 # %% md subslide
 # ## Learning objectives
