@@ -134,6 +134,7 @@ H1_PX, H2_PX, H3_PX = 60, 50, 40  # heading lines with their margins
 CODE_LINE_PX, CODE_CHAR_PX = 22, 9.7  # 16px monospace, line-height 1.35
 TABLE_ROW_PX, TABLE_CHAR_PX, TABLE_HEAD_CHAR_PX, TABLE_CELL_PAD_PX = 29, 7.9, 9.2, 14  # 15px text, bold headers
 TABLE_CELL_CHARS = 48  # a longer cell wraps; its text is cut at TABLE_CELL_MAX_CHARS
+TABLE_W = 1152  # the widest a table renders on a slide (measured in a deck: 96 % of the content width)
 TABLE_CELL_MAX_CHARS = 120
 TABLE_MAX_ROWS = 15
 TABLE_MAX_COLS = 10
@@ -396,9 +397,41 @@ def _col_width(grid: _Grid, col: int, rows: list[int]) -> float:
     return max(_col_chars(grid, col, rows) * TABLE_CHAR_PX, max(words + [0]) * TABLE_HEAD_CHAR_PX) + TABLE_CELL_PAD_PX
 
 
-def _row_lines(grid: _Grid, r: int, cols: list[int]) -> int:
-    return max([max(1, math.ceil(min(len(_plain(grid.cells[r][c][2])), TABLE_CELL_MAX_CHARS) / TABLE_CELL_CHARS))
-                for c in cols] + [1])
+def _row_lines(grid: _Grid, r: int, cols: list[int], allotted: dict[int, float] | None = None) -> int:
+    """The lines a body row takes: each cell's text at its column's ``allotted`` width (``_allotted``), or at
+    TABLE_CELL_CHARS a line where no widths are given."""
+    def lines(c: int) -> int:
+        n = min(len(_plain(grid.cells[r][c][2])), TABLE_CELL_MAX_CHARS)
+        if allotted is None:
+            return max(1, math.ceil(n / TABLE_CELL_CHARS))
+        return max(1, math.ceil(n * TABLE_CHAR_PX / max(allotted[c] - TABLE_CELL_PAD_PX, TABLE_CHAR_PX)))
+    return max([lines(c) for c in cols] + [1])
+
+
+def _allotted(grid: _Grid, cols: list[int], rows: list[int], width_px: float) -> dict[int, float]:
+    """The width a browser's automatic table layout gives each column: its one-line width where all fit
+    ``width_px``; else its narrowest (longest word) plus a share of the room left, in proportion to how much wider
+    its one-line text is, so a long text column is squeezed and wraps while numbers keep their line."""
+    def words(text: str) -> list[int]:  # a browser may break a line at a space or after a hyphen ("2025-01-|08")
+        return [len(w) for w in re.split(r"\s+|(?<=-)", text) if w]
+
+    def widest_word(c: int) -> float:
+        body = max([n for r in rows for n in words(_plain(grid.cells[r][c][2]))] + [0]) * TABLE_CHAR_PX
+        head = max([n for r in range(grid.head) for n in words(_plain(grid.cells[r][c][2]))] + [0])
+        return max(body, head * TABLE_HEAD_CHAR_PX) + TABLE_CELL_PAD_PX
+
+    def one_line(c: int) -> float:
+        body = max([min(len(_plain(grid.cells[r][c][2])), TABLE_CELL_MAX_CHARS) for r in rows] + [0]) * TABLE_CHAR_PX
+        head = max([len(_plain(grid.cells[r][c][2])) for r in range(grid.head)] + [0]) * TABLE_HEAD_CHAR_PX
+        return max(body, head) + TABLE_CELL_PAD_PX
+
+    low, high = {c: widest_word(c) for c in cols}, {c: max(one_line(c), widest_word(c)) for c in cols}
+    if sum(high.values()) <= width_px:
+        return high
+    room, stretch = width_px - sum(low.values()), sum(high[c] - low[c] for c in cols)
+    if room <= 0 or stretch <= 0:
+        return low
+    return {c: low[c] + room * (high[c] - low[c]) / stretch for c in cols}
 
 
 def _header_lines(grid: _Grid, r: int, cols: list[int]) -> int:
@@ -430,7 +463,7 @@ class TrimmedTable:
     cut: str  # what was left out, for the note ("" when nothing)
 
 
-def trim_table(table_html: str, max_rows: int = TABLE_MAX_ROWS, width_px: float = CONTENT_W,
+def trim_table(table_html: str, max_rows: int = TABLE_MAX_ROWS, width_px: float = TABLE_W,
                height_px: float | None = None) -> TrimmedTable | None:
     """The rows and columns of a table that fit: row labels always, then data columns in order while
     they fit ``width_px`` (at most TABLE_MAX_COLS; when the table is too wide, a column with one value
@@ -472,8 +505,9 @@ def trim_table(table_html: str, max_rows: int = TABLE_MAX_ROWS, width_px: float 
     budget = height_px if height_px is not None else math.inf
     head_px = sum(_header_lines(grid, r, cols) * TABLE_ROW_PX for r in range(grid.head))
     rows, height = [], head_px
+    allotted = _allotted(grid, cols, body_rows, width_px)
     for r in body_rows:
-        px = _row_lines(grid, r, cols) * TABLE_ROW_PX
+        px = _row_lines(grid, r, cols, allotted) * TABLE_ROW_PX
         if len(rows) >= max_rows or (rows and height + px > budget):
             break
         rows.append(r)

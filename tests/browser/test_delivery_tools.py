@@ -508,6 +508,22 @@ def test_tables_keep_the_columns_that_fit_and_say_what_was_cut() -> None:
     assert 0 < kept < 12 and f"{12 - kept} more columns" in t.cut and "measurement number 11 tokens/s" in t.cut
 
 
+def test_a_text_column_squeezed_by_the_others_is_counted_at_the_lines_it_wraps_to() -> None:
+    """A browser's automatic table layout gives the numbers their line and squeezes the one text column, which
+    wraps (03's "doubts" column took three lines a row in the deck): the height estimate counts those lines, so
+    the packer moves what follows to a continuation slide instead of into the slide's margin."""
+    numbers = {f"peak memory {k} (MiB)": [1234.5 + i for i in range(3)] for k in range(7)}
+    doubts = [f"spread {n}% (over 25%: a rough median)" for n in (34, 38, 44)]  # one line where nothing squeezes it
+    wide = slides.trim_table(_frame_html(3, {"variant": ["a", "b", "c"], **numbers, "doubts": doubts}))
+    short = slides.trim_table(_frame_html(3, {"variant": ["a", "b", "c"], **numbers, "doubts": ["ok", "fine", "good"]}))
+    assert "doubts" in wide.html and wide.cut == short.cut == ""
+    assert wide.height_px >= short.height_px + 3 * slides.TABLE_ROW_PX, (wide.height_px, short.height_px)
+    grid = slides.tidy_table(slides.read_table(_frame_html(2, {"date": ["2025-01-08", "2026-12-06"]})))
+    (date,) = [c for c in range(len(grid.cells[0])) if "date" in slides._plain(grid.cells[0][c][2])]
+    squeezed = slides._allotted(grid, [date], list(range(grid.head, len(grid.cells))), 10)
+    assert squeezed[date] < 10 * slides.TABLE_CHAR_PX  # a date may break after its hyphens, as a browser breaks it
+
+
 def test_a_table_that_fits_keeps_all_its_columns() -> None:
     t = slides.trim_table(_frame_html(4, {"gpu": ["T4", "L4", "A10G", "H200"], "fits fp16": [False, True, True, True],
                                           "fits nf4": True}))

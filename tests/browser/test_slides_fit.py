@@ -52,6 +52,9 @@ async () => {
     const scale = box.height / Reveal.getConfig().height;
     const tol = 1.5 * scale;
     const worst = {};
+    // the slide's bottom padding is the slide's margin: visible content must end above it (a trailing margin,
+    // invisible, may run into it, as it may run past the slide)
+    const padBottom = parseFloat(getComputedStyle(slide).paddingBottom) * scale;
     const note = (kind, px, el) => {
       px = Math.round(px / scale);
       if (!worst[kind] || px > worst[kind].px) worst[kind] = {kind, px, what: describe(el)};
@@ -63,6 +66,7 @@ async () => {
       const r = el.getBoundingClientRect();
       if (r.width === 0 && r.height === 0) continue;
       if (r.bottom > box.bottom + tol) note('past the bottom', r.bottom - box.bottom, el);
+      else if (r.bottom > box.bottom - padBottom + tol) note('into the bottom margin', r.bottom - (box.bottom - padBottom), el);
       if (r.right > box.right + tol) note('past the right edge', r.right - box.right, el);
       if (r.left < box.left - tol) note('past the left edge', box.left - r.left, el);
       const cs = getComputedStyle(el);
@@ -71,10 +75,6 @@ async () => {
       if (cs.overflowY !== 'visible' && el.scrollHeight > el.clientHeight + 1)
         note('clipped at the bottom', (el.scrollHeight - el.clientHeight) * scale, el);
     }
-    // the slide's own box, its padding included: content that ends on the slide's last pixel still pushes the
-    // section (and its bottom padding) past the slide, as a reader measuring the section sees it
-    const sectionPx = slide.scrollHeight - Reveal.getConfig().height;
-    if (sectionPx > 1.5) note('section taller than the slide', sectionPx * scale, slide);
     out.push({number: n + 1, h: idx.h, v: idx.v || 0, problems: Object.values(worst)});
   }
   return out;
