@@ -397,13 +397,10 @@ def _col_width(grid: _Grid, col: int, rows: list[int]) -> float:
     return max(_col_chars(grid, col, rows) * TABLE_CHAR_PX, max(words + [0]) * TABLE_HEAD_CHAR_PX) + TABLE_CELL_PAD_PX
 
 
-def _row_lines(grid: _Grid, r: int, cols: list[int], allotted: dict[int, float] | None = None) -> int:
-    """The lines a body row takes: each cell's text at its column's ``allotted`` width (``_allotted``), or at
-    TABLE_CELL_CHARS a line where no widths are given."""
+def _row_lines(grid: _Grid, r: int, cols: list[int], allotted: dict[int, float]) -> int:
+    """The lines a body row takes: each cell's text at its column's ``allotted`` width (``_allotted``)."""
     def lines(c: int) -> int:
         n = min(len(_plain(grid.cells[r][c][2])), TABLE_CELL_MAX_CHARS)
-        if allotted is None:
-            return max(1, math.ceil(n / TABLE_CELL_CHARS))
         return max(1, math.ceil(n * TABLE_CHAR_PX / max(allotted[c] - TABLE_CELL_PAD_PX, TABLE_CHAR_PX)))
     return max([lines(c) for c in cols] + [1])
 

@@ -55,8 +55,8 @@ def compile_sentence(story: Any) -> str:
     """torch.compile of the decode step against eager (a ``cache_variants.CompileStory``), with its pay-back: the
     sentence notebooks 04, 05 and 08 print where the compile ran here or ships as a reference."""
     v = story.steady
-    pay = verdict.pick(v, better=(f"pays back after {story.break_even_tokens:,.0f} tokens" if story.break_even_tokens
-                                  else "never pays back"),
+    pay = verdict.pick(v, better=(f"pays back after {story.break_even_tokens:,.0f} tokens"
+                                  if story.break_even_tokens is not None else "never pays back"),
                        worse="never pays back (the compiled decode was slower)",
                        same="shows no pay-back this run can read (its steady decode was not faster than eager's)",
                        unsure="shows no pay-back this run can read (too few timed runs for a verdict)")

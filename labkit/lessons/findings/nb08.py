@@ -48,7 +48,7 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
         compile_said = (f"The whole decode step compiled ({compiled['where']}): " + verdict.phrase(v, "eager's speed")
                         + f" after a {compiled['build_s']:.0f} s build; " + verdict.pick(
                             v, better=(f"it pays back after {compiled['break_even']:,.0f} tokens there."
-                                       if compiled["break_even"] else "no gain to pay the build back."),
+                                       if compiled["break_even"] is not None else "no gain to pay the build back."),
                             worse="no gain to pay the build back.",
                             same="no gain this run can read to pay the build back."))
     says = [f"Fusion, one operator chain timed alone (not a whole decode step): RMSNorm's {int(fusion['eager_ops'])} "
