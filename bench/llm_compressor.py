@@ -36,6 +36,7 @@ from typing import Any
 
 from labkit.core import config, cpu, env, machine, results, timing
 from labkit.core.results import jsonable
+from labkit.decoding import quality
 from labkit.model import models, prompts
 from labkit.serve.vllm import mechanisms as vm
 from labkit.serve.vllm import server as vs
@@ -93,10 +94,10 @@ def against(row: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     decode time per token over fp32's (one run each)."""
     if row.get("status") != "ok" or base.get("status") != "ok":
         return {}
-    check = vm.tokens_check(row["answers"], base["answers"], set())
-    pairs = [(a, b) for k in row["answers"] for a, b in zip(row["answers"][k], base["answers"].get(k, []))]
-    return {"tokens_vs_fp32": vm.check_line(check), "equal_tokens": sum(a == b for a, b in pairs),
-            "compared_tokens": len(pairs),
+    check = quality.answers_check(row["answers"], base["answers"], set())
+    same, compared = quality.equal_tokens([row["answers"][k] for k in row["answers"]],
+                                          [base["answers"].get(k, []) for k in row["answers"]])
+    return {"tokens_vs_fp32": quality.check_line(check), "equal_tokens": same, "compared_tokens": compared,
             "tpot_over_fp32": (row["tpot_median_s"] / base["tpot_median_s"]
                                if row.get("tpot_median_s") and base.get("tpot_median_s") else None)}
 

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit.core import config, machine, verdict
 from labkit.core.results import jsonable
 from labkit.lessons.beyond import QUESTIONS, copy_prompt
+from labkit.decoding import quality
 from labkit.model import models
 from labkit.serve import decoder, loadgen, paged, prefill, scheduler
 from labkit.serve.vllm import offline as vllm
@@ -65,7 +66,7 @@ def lab_phase(lm: Any, model_dir: str) -> dict[str, Any]:
     work = scheduler.mixed_workload(lm.tokenizer, N_REQUESTS, 4, SHORT_TOKENS, LONG_TOKENS)
     lab_first = scheduler.run_continuous(lm.model, work, eos, pad, max_batch_size=BATCH)  # warmup, and the reference
     refs = {"transformers": vllm.hf_greedy(lm, work),
-            "continuous": {k: vllm.until_eos(v, eos) for k, v in lab_first.outputs().items()}}
+            "continuous": {k: quality.until_eos(v, eos) for k, v in lab_first.outputs().items()}}
     longest = max(len(r.prompt_ids) + r.max_new_tokens for r in work)
     blocks = BATCH * paged.blocks_for(longest, BLOCK_SIZE) + 1  # and the block vLLM keeps back
     squeeze = paged.blocks_for(longest, BLOCK_SIZE) * BLOCK_SIZE - min(len(r.prompt_ids) for r in work) + 2
@@ -175,7 +176,8 @@ def ngram_phase(lm: Any, model_dir: str, without: dict[str, list[int]]) -> dict[
     m = run.metrics
     drafted, accepted = m.get("vllm:spec_decode_num_draft_tokens_total", 0.0), m.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
     got = {r.id: o.token_ids for r, o in zip(run.work, run.result.outputs)}
-    same = sum(got[k] == v for k, v in without.items()) if without else None
+    check = quality.answers_check(got, without, set()) if without else None
+    same = check["compared"] - len(check["first_differences"]) if check else None
     return emit("ngram", {"status": "ok", "start_s": start_s, "speculative": NGRAM, "requests": len(copies),
                           "drafted_tokens": drafted, "accepted_tokens": accepted,
                           "acceptance_rate": accepted / drafted if drafted else None,

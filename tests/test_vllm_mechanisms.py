@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from labkit.decoding import quality
 from labkit.serve import processes
 from labkit.serve.vllm import mechanisms as vm
 from labkit.serve import metrics as prom
@@ -50,13 +51,13 @@ def test_chunked_prefill_is_read_from_the_log():
 
 def test_tokens_check_cuts_at_eos_and_names_the_first_difference():
     eos = {2}
-    same = vm.tokens_check({"a": [5, 6, 2, 9], "b": [7]}, {"a": [5, 6], "b": [7, 2]}, eos)
-    assert same["identical"] and vm.check_line(same) == "identical (2 of 2)"
-    diff = vm.tokens_check({"a": [5, 6, 8], "b": [7]}, {"a": [5, 6, 9], "b": [7]}, eos)
+    same = quality.answers_check({"a": [5, 6, 2, 9], "b": [7]}, {"a": [5, 6], "b": [7, 2]}, eos)
+    assert same["identical"] and quality.check_line(same) == "identical (2 of 2)"
+    diff = quality.answers_check({"a": [5, 6, 8], "b": [7]}, {"a": [5, 6, 9], "b": [7]}, eos)
     assert not diff["identical"] and diff["first_differences"] == {"a": 2}
-    assert vm.check_line(diff) == "differ: a from token 2"
-    short = vm.tokens_check({"a": [5]}, {"a": [5, 6], "b": [1]}, eos)
-    assert not short["identical"] and "b missing" in vm.check_line(short) and "a from token 1" in vm.check_line(short)
+    assert quality.check_line(diff) == "differ: a from token 2"
+    short = quality.answers_check({"a": [5]}, {"a": [5, 6], "b": [1]}, eos)
+    assert not short["identical"] and "b missing" in quality.check_line(short) and "a from token 1" in quality.check_line(short)
 
 
 def test_budgets_differ_in_the_token_budget_only():

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from processes import gone
 
+from labkit.decoding import quality
 from labkit.serve import processes
 from labkit.serve import metrics as prom
 from labkit.serve.vllm import server as vs
@@ -198,10 +199,10 @@ def test_answers_are_compared_up_to_eos_and_the_first_difference_is_named():
     from labkit.serve import loadgen
     from labkit.serve.vllm import offline as vllm
 
-    assert vllm.until_eos([5, 6, 2, 7], {2}) == [5, 6] and vllm.until_eos([5, 6], {2}) == [5, 6]
-    assert vllm.first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert vllm.first_difference([1, 2, 3], [1, 9, 3]) == 1
-    assert vllm.first_difference([1, 2], [1, 2, 3]) == 2, "a shorter answer differs where it ends"
+    assert quality.until_eos([5, 6, 2, 7], {2}) == [5, 6] and quality.until_eos([5, 6], {2}) == [5, 6]
+    assert quality.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert quality.first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert quality.first_difference([1, 2], [1, 2, 3]) == 2, "a shorter answer differs where it ends"
     body = loadgen._payload("completions", [1, 2], None, 4, False, return_token_ids=True)
     assert body["return_token_ids"] is True and "ignore_eos" not in body
     assert "return_token_ids" not in loadgen._payload("completions", [1, 2], None, 4, False), "only when asked"

@@ -11,13 +11,16 @@ perplexity   exp(mean next-token negative log-likelihood) on ``data/eval/`` text
              scored once, with up to ``window_tokens - stride_tokens`` tokens of context before it
 agreement    the fraction of positions where the variant's argmax equals the reference's greedy token
 kl           mean over positions of KL(reference || variant) of the next-token distributions, in nats
+answers      two greedy answers compared, the one home of it: ``until_eos``, ``first_difference``,
+             ``equal_tokens``, ``answers_check`` and its phrase ``check_line`` (every engine, server and bench
+             script compares answers through these)
 Agreement and KL are teacher-forced on the reference's own greedy continuation of each prompt,
 so both models see exactly the same tokens and one early difference does not derail the rest.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,3 +294,53 @@ def token_agreement(tokenizer: Any, text: str, reference: str) -> float:
     if not ref:
         return 1.0 if not got else 0.0
     return sum(a == b for a, b in zip(got, ref)) / max(len(ref), len(got))
+
+# ------------------------------------------------------------------------ two greedy answers compared
+# The one home of "are these the same answer?": every engine, server and bench script compares through here.
+
+
+def until_eos(tokens: Sequence[int], eos: set[int]) -> list[int]:
+    """A greedy answer up to its end-of-sequence token (excluded): what every engine is compared on."""
+    out: list[int] = []
+    for t in tokens:
+        if t in eos:
+            break
+        out.append(int(t))
+    return out
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first token position where two answers differ (a length difference counts); None when identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def equal_tokens(got: Sequence[Sequence[int]], ref: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """Answers paired in order: (tokens equal at the same position, positions compared over the shorter of each
+    pair)."""
+    pairs = list(zip(got, ref))
+    return (sum(a == b for x, y in pairs for a, b in zip(x, y)), sum(min(len(x), len(y)) for x, y in pairs))
+
+
+def answers_check(got: Mapping[str, Sequence[int]], ref: Mapping[str, Sequence[int]],
+                  eos: set[int]) -> dict[str, Any]:
+    """Each named answer against its reference, both cut at end-of-sequence: identical for all, or where the first
+    difference is (request name and token position), and which names only one side has."""
+    diffs = {name: first_difference(until_eos(ids, eos), until_eos(ref[name], eos))
+             for name, ids in got.items() if name in ref}
+    differ = {name: pos for name, pos in diffs.items() if pos is not None}
+    missing = sorted(set(got) ^ set(ref))
+    return {"identical": not differ and not missing and bool(diffs), "compared": len(diffs),
+            "first_differences": differ, "missing": missing}
+
+
+def check_line(check: Mapping[str, Any]) -> str:
+    """One phrase for an ``answers_check``: "identical (4 of 4)" or "differ: q2 from token 7"."""
+    if check["identical"]:
+        return f"identical ({check['compared']} of {check['compared']})"
+    parts = [f"{name} from token {pos}" for name, pos in check["first_differences"].items()]
+    parts += [f"{name} missing" for name in check["missing"]]
+    return "differ: " + ", ".join(parts) if parts else "nothing compared"
+

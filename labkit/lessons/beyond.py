@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core import verdict
+from ..decoding import quality
 from ..serve.vllm import mechanisms as vm
 from ..serve.prefill import document_text
 
@@ -109,7 +110,7 @@ def beside_vllm(prefix: list[dict[str, Any]], chunked: list[dict[str, Any]], loo
     if "prefix" in served:
         p_off, p_on = prefix
         v_off, v_on = served["prefix"]["without"], served["prefix"]["with"]
-        pre_check = {m: vm.check_line(vm.tokens_check(served["prefix"][m]["answers"], references["prefix"], eos))
+        pre_check = {m: quality.check_line(quality.answers_check(served["prefix"][m]["answers"], references["prefix"], eos))
                      for m in ("with", "without")}
         prefix_tokens = f"with the cache {pre_check['with']}; without {pre_check['without']} (vs transformers)"
         lab_prefix_tokens = "answers identical off / on" if p_off["texts"] == p_on["texts"] else "answers differ off / on"
@@ -128,7 +129,7 @@ def beside_vllm(prefix: list[dict[str, Any]], chunked: list[dict[str, Any]], loo
     if "chunked" in served:
         c_off, c_on = chunked
         big, small = served["chunked"]["large"], served["chunked"]["small"]
-        chunk_check = {m: vm.check_line(vm.tokens_check(dict(zip(references["streams"], served["chunked"][m]["answers"])),
+        chunk_check = {m: quality.check_line(quality.answers_check(dict(zip(references["streams"], served["chunked"][m]["answers"])),
                                                         references["streams"], eos)) for m in ("small", "large")}
         lab_chunk_tokens = "answers identical unchunked / chunked" if c_off["texts"] == c_on["texts"] else "answers differ"
         (lab_tail, lab_a), (_, lab_b) = _tail(c_off), _tail(c_on)
@@ -160,8 +161,8 @@ def beside_vllm(prefix: list[dict[str, Any]], chunked: list[dict[str, Any]], loo
         if v is None:
             continue
         lab_ids = {task: references["lookup"][task]}
-        spec_check = vm.check_line(vm.tokens_check({task: v["ngram_answer"]}, lab_ids, eos))
-        plain_check = vm.check_line(vm.tokens_check({task: v["plain_answer"]}, lab_ids, eos))
+        spec_check = quality.check_line(quality.answers_check({task: v["ngram_answer"]}, lab_ids, eos))
+        plain_check = quality.check_line(quality.answers_check({task: v["plain_answer"]}, lab_ids, eos))
         lab_tokens = ("identical to plain decoding" if lab["identical"] and lab.get("mechanism_tokens_match", True)
                       else "differ from plain decoding")
         vllm_tokens = f"n-gram {spec_check}; plain {plain_check} (vs the lab's)"

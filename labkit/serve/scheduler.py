@@ -27,6 +27,7 @@ from ..core import config, env, timing
 from ..core.checks import model_device, positive
 from ..core.results import write_json_atomic
 from ..core.timing import now
+from ..decoding.quality import answers_check
 from ..model import models
 from ..model.models import chat_ids
 from . import decoder, paged
@@ -262,7 +263,7 @@ def mixed_workload(tokenizer: Any, n_requests: int = 8, long_every: int = 4, sho
 def compare_outputs(runs: Sequence[Run], reference: Run) -> dict[str, bool]:
     """For each run: are all its requests' tokens identical to the reference run's?"""
     ref = reference.outputs()
-    return {r.mode: r.outputs() == ref for r in runs}
+    return {r.mode: answers_check(r.outputs(), ref, set())["identical"] for r in runs}
 
 
 def timeline_figure(runs: Sequence[Run], title: str = "When each request ran and when its response was ready"):

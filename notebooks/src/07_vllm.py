@@ -46,7 +46,7 @@ from IPython.display import display
 import labkit
 from labkit.core import config, env, machine, results, verdict, vllm_env
 from labkit.model import dtypes, gpus, models, prompts, sizing
-
+from labkit.decoding import quality
 from labkit.serve import decoder, paged, scheduler
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import lab as vllm_lab
@@ -354,7 +354,7 @@ columns = ["engine", "mode", "tokens_per_s", "mean_latency_short_s", "mean_laten
            "same_tokens_as_transformers", "same_tokens_as_continuous"]
 if engine_ok:
     refs = {"transformers": vllm.hf_greedy(lm, work),  # generate, each request alone: what vLLM's tokens must equal
-            "continuous": {k: vllm.until_eos(v, eos) for k, v in runs["continuous"].outputs().items()}}
+            "continuous": {k: quality.until_eos(v, eos) for k, v in runs["continuous"].outputs().items()}}
     chose = engine["platform"]
     res.notes["vllm"] = {**chose, "start_s": engine["start_s"], "settings": engine["settings"]}
     res.replace("vllm_requests", engine["runs"][vllm_lab.ALL][0].rows(eos, refs))
@@ -362,7 +362,7 @@ if engine_ok:
         {"engine": f"vLLM {chose['version']} ({chose['platform']}, {chose['isa'] or chose['kernel_library']} kernels)",
          **vllm_lab.mode_row(m, engine["runs"][m], eos, refs, BATCH)} for m in (vllm_lab.ONE, vllm_lab.ALL)])
     lab_rows = [{"engine": "labkit scheduler (section 4, in process)", "mode": m, **lab.loc[lab_modes[m], columns[2:6]].to_dict(),
-                 "same_tokens_as_transformers": all(vllm.first_difference(vllm.until_eos(v, eos), refs["transformers"][k])
+                 "same_tokens_as_transformers": all(quality.first_difference(quality.until_eos(v, eos), refs["transformers"][k])
                                                     is None for k, v in runs[lab_modes[m]].outputs().items())}
                 for m in lab_modes]
     display(pd.concat([res.frame("vllm_engine")[columns], pd.DataFrame(lab_rows)]).round(3))

@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...decoding.quality import first_difference, until_eos
 from .. import loadgen, paged
 from . import server as vs
 from ..metrics import metrics_delta
 from ..processes import last_error_line
-from .offline import first_difference, until_eos
 
 READ_TIMEOUT_S = 300.0  # a stream silent this long fails its request (a queued request waits for its first token)
 ONE, ALL = "one at a time", "all at once"

@@ -29,10 +29,10 @@ from typing import Any
 
 from ...core.checks import positive
 from ...core.timing import clock, rounds as interleaved_rounds
+from ...decoding.quality import answers_check
 from ...model.adapters import adapter_rank
 from .. import loadgen
 from . import server as vs
-from .mechanisms import tokens_check
 
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks: --max-lora-rank's choices
 MODES = ("base", "one", "mixed")
@@ -130,7 +130,7 @@ def lora_check(server: vs.VLLMServer, references: Mapping[str, Sequence[Sequence
                prompts: Sequence[Sequence[int]], max_tokens: int, eos: set[int],
                concurrency: int = 1) -> dict[str, dict[str, Any]]:
     """Each of ``references``' models (``"base"`` or an adapter's name; e.g. ``adapters.greedy_table``) asked the
-    ``prompts`` greedily, its answers against the references, both cut at ``eos`` (``mechanisms.tokens_check``)."""
+    ``prompts`` greedily, its answers against the references, both cut at ``eos`` (``quality.answers_check``)."""
     base = served_models(server.url)["base"]
     out = {}
     for name, ref in references.items():
@@ -139,7 +139,7 @@ def lora_check(server: vs.VLLMServer, references: Mapping[str, Sequence[Sequence
         model = base if name == "base" else name
         outs, _ = send_models(server.url, prompts, [model] * len(prompts), max_tokens, concurrency, ignore_eos=False)
         got = {f"p{i}": o.token_ids for i, o in enumerate(outs)}
-        check = tokens_check(got, {f"p{i}": list(r) for i, r in enumerate(ref)}, eos)
+        check = answers_check(got, {f"p{i}": list(r) for i, r in enumerate(ref)}, eos)
         out[name] = {**check, "equal": len(prompts) - len(check["first_differences"]) - len(check["missing"]),
                      "answers": [o.token_ids for o in outs], "errors": [o.error for o in outs if not o.success]}
     return out

@@ -85,29 +85,6 @@ def chunked_prefill_logged(log_text: str) -> dict[str, Any]:
             "budget": int(budget[-1]) if budget else None}
 
 
-# ---------------------------------------------------------------------------------------- tokens check
-
-
-def tokens_check(got: Mapping[str, Sequence[int]], ref: Mapping[str, Sequence[int]], eos: set[int]) -> dict[str, Any]:
-    """Each answer against its reference, both cut at end-of-sequence: identical for all, or where the first
-    difference is (request name and token position)."""
-    diffs = {name: vllm_engine.first_difference(vllm_engine.until_eos(ids, eos), vllm_engine.until_eos(ref[name], eos))
-             for name, ids in got.items() if name in ref}
-    differ = {name: pos for name, pos in diffs.items() if pos is not None}
-    missing = sorted(set(got) ^ set(ref))
-    return {"identical": not differ and not missing and bool(diffs), "compared": len(diffs),
-            "first_differences": differ, "missing": missing}
-
-
-def check_line(check: Mapping[str, Any]) -> str:
-    """One phrase for a ``tokens_check``: "identical (4 of 4)" or "differ: q2 from token 7"."""
-    if check["identical"]:
-        return f"identical ({check['compared']} of {check['compared']})"
-    parts = [f"{name} from token {pos}" for name, pos in check["first_differences"].items()]
-    parts += [f"{name} missing" for name in check["missing"]]
-    return "differ: " + ", ".join(parts) if parts else "nothing compared"
-
-
 def greedy_references(lm: Any, prompts: Mapping[str, Sequence[int]], new_tokens: int) -> dict[str, list[int]]:
     """transformers ``generate``, greedy, each prompt alone (``vllm.hf_greedy``): the ids up to end-of-sequence."""
     work = [SimpleNamespace(id=name, prompt_ids=list(ids), max_new_tokens=new_tokens) for name, ids in prompts.items()]

@@ -17,6 +17,7 @@ from typing import Any
 from ...core import env
 from ...core.timing import clock
 from ...decoding import generation
+from ...decoding.quality import equal_tokens, until_eos
 from ...model import models
 from ...model.models import chat_ids, release_gpu
 from .. import decoder, loadgen
@@ -75,9 +76,8 @@ def fp8_path(capability: tuple[int, int]) -> str:
 
 def same_tokens(row: dict[str, Any], reference: dict[str, Any]) -> str:
     """How many of two ``vllm_offline`` runs' output tokens are equal, position by position."""
-    pairs = list(zip(row["token_ids"], reference["token_ids"]))
-    same = sum(a == b for x, y in pairs for a, b in zip(x, y))
-    return f"{same} of {sum(min(len(x), len(y)) for x, y in pairs)} tokens as vLLM's fp16 run"
+    same, compared = equal_tokens(row["token_ids"], reference["token_ids"])
+    return f"{same} of {compared} tokens as vLLM's fp16 run"
 
 
 def vllm_offline(model_path: str, prompt_ids: Sequence[Sequence[int]], max_tokens: int = 64, dtype: str = "float16",
@@ -170,24 +170,6 @@ def vllm_server(model_path: str, dtype: str = "float16", tensor_parallel_size: i
 # ------------------------------------------------------------------------ vLLM's engine on the lab's workload
 
 VLLM_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # labkit's names -> vLLM's --dtype
-
-
-def until_eos(tokens: Sequence[int], eos: set[int]) -> list[int]:
-    """A greedy answer up to its end-of-sequence token (excluded): what every engine is compared on."""
-    out: list[int] = []
-    for t in tokens:
-        if t in eos:
-            break
-        out.append(int(t))
-    return out
-
-
-def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """The first token position where two answers differ (a length difference counts); None when identical."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def hf_greedy(lm: Any, work: Sequence[Any]) -> dict[str, list[int]]:
