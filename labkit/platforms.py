@@ -49,13 +49,12 @@ except ImportError:  # a bare environment (torch alone): pip's own copy of the s
     from pip._vendor.packaging.specifiers import SpecifierSet  # type: ignore[no-redef]
     from pip._vendor.packaging.utils import canonicalize_name  # type: ignore[no-redef]
 
-from .core import config  # standard library only: safe before labkit's dependencies are installed
+from .core import config, gpu_features  # standard library only: safe before labkit's dependencies are installed
 from .core.timing import clock
 
 if TYPE_CHECKING:  # imported by setup() through _lab() once labkit's dependencies are installed; named here for the
     from .lessons.exercises import progress  # noqa: F401  (reader and for lint-imports, which checks these too)
     from .model import models  # noqa: F401
-    from .serve.vllm import offline  # noqa: F401
 
 DEFAULT_REPO = "https://github.com/labkit-lab/labkit"
 REPO_URL = os.environ.get("LABKIT_REPO") or DEFAULT_REPO  # a fork builds its notebooks with LABKIT_REPO=its URL
@@ -72,10 +71,6 @@ PINNED = ("torch", "torchvision", "torchaudio")  # the platform's CUDA builds: p
 # Colab and Kaggle run notebooks in their own front end: JupyterLab (make lab's) would only move the Jupyter server
 # packages their front end was built with
 HOSTED, FRONT_END = tuple(config.HOSTED), ("jupyterlab",)
-# compute capabilities (major, minor): what the lab's GPU paths need. FP8's lives in labkit.serve.vllm.offline.
-FP16_TENSOR_CORES = (7, 0)  # Volta on: below it the GPU paths are not worth taking (Kaggle's P100 is 6.0)
-BF16_NATIVE = (8, 0)  # Ampere on; torch.cuda.is_bf16_supported() also says True where bf16 is emulated (a T4)
-FLASH_ATTENTION_2 = (8, 0)  # flash-attn's kernels: Ampere on
 KAGGLE_ACCELERATOR = "GPU T4 x2"
 _GPU_DEVICE_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg")  # the driver is there (Linux, WSL2)
 
@@ -391,20 +386,19 @@ def gpu_line(f: Facts) -> str:
     count = f"{same}× {first.name}" + (f" (and {len(f.gpus) - same} other GPU(s); notebooks use cuda:0)"
                                         if same < len(f.gpus) else "")
     cc = f"compute capability {first.major}.{first.minor}, {first.memory_bytes / 2**30:.0f} GiB"
-    if first.capability < FP16_TENSOR_CORES:
+    if not gpu_features.has(gpu_features.LAB_MINIMUM, first.capability):
         where = (f'on Kaggle pick the "{KAGGLE_ACCELERATOR}" accelerator (Settings → Accelerator)'
-                 if f.platform == "kaggle" else "on a GPU of compute capability 7.0 or newer (Colab's T4)")
-        return (f"GPU: {count} ({cc}) is too old for the lab's GPU paths (no fp16 tensor cores; they need 7.0+): "
+                 if f.platform == "kaggle" else
+                 f"on a GPU of {gpu_features.capability_text(gpu_features.FEATURES[gpu_features.LAB_MINIMUM].minimum)}"
+                 " or newer (Colab's T4)")
+        return (f"GPU: {count} ({cc}) is too old for the lab's GPU paths (no fp16 tensor cores; they need "
+                f"{gpu_features.needs(gpu_features.LAB_MINIMUM)}): "
                 f"run on the CPU (LABKIT_DEVICE=cpu), or {where}")
-    fp8_cores = tuple(_lab("serve.vllm.offline").FP8_TENSOR_CORES)
-    bf16_why = "native from 8.0, Ampere" + ("; torch.cuda.is_bf16_supported() answers True here: emulated, slow"
-                                            if f.bf16_supported else "")
-    parts = [
-        "fp16 yes",
-        _yes_no(first.capability >= BF16_NATIVE, "bf16", bf16_why),
-        _yes_no(first.capability >= FLASH_ATTENTION_2, "FlashAttention-2", "needs 8.0, Ampere"),
-        _yes_no(first.capability >= fp8_cores, "FP8", f"FP8 tensor cores from {fp8_cores[0]}.{fp8_cores[1]}"),
-    ]
+    emulated = "; torch.cuda.is_bf16_supported() answers True here: emulated, slow" if f.bf16_supported else ""
+    parts = ["fp16 yes"] + [
+        _yes_no(gpu_features.has(feature, first.capability), label,
+                f"needs {gpu_features.needs(feature)}" + (emulated if feature == "bf16" else ""))
+        for feature, label in (("bf16", "bf16"), ("flash_attention_2", "FlashAttention-2"), ("fp8", "FP8"))]
     return f"GPU: {count} ({cc}) · " + " · ".join(parts)
 
 

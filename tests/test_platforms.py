@@ -219,10 +219,14 @@ def test_no_gpu_says_the_cpu_paths():
 
 
 def test_fp8_threshold_is_the_one_vllm_offline_uses():
+    from labkit.core import gpu_features
     from labkit.serve.vllm import offline
 
-    just_below = synthetic(GPU("x", offline.FP8_TENSOR_CORES[0], offline.FP8_TENSOR_CORES[1] - 1, 2**34))
+    fp8 = gpu_features.FEATURES["fp8"].minimum
+    just_below = synthetic(GPU("x", fp8[0], fp8[1] - 1, 2**34))
     assert "FP8 no" in platforms.gpu_line(just_below)
+    assert "FP8 yes" in platforms.gpu_line(synthetic(GPU("x", *fp8, 2**34)))
+    assert offline.fp8_path(fp8).startswith("W8A8") and offline.fp8_path((fp8[0], fp8[1] - 1)).startswith("weight-only")
 
 
 # ------------------------------------------------------------------------------------ the set-up cell

@@ -3,6 +3,7 @@
 ``config``   paths and run-mode switches (``LABKIT_QUICK``, ``LABKIT_CACHE`` …), read from the environment
 ``env``      this machine and what it can run: the device, the one capability API (``capability(name)`` →
              available, reason) that ``python -m labkit info``, the notebooks and ``make gpu-check`` read
+``gpu_features`` what a GPU can do: each feature's minimum compute capability, MPS's row, one wording of why not
 ``cpu``      the CPU: its /proc/cpuinfo lines, model name and instruction sets, and the line results name it with
 ``vllm_env`` vLLM's own environment (``make vllm``): its python, its version, whether it can serve here
 ``compiler`` whether a C compiler builds a Python extension (what torch.compile's first use needs)

@@ -20,7 +20,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-from . import config, machine
+from . import config, gpu_features, machine
 from . import vllm_env
 from .compiler import c_compiler_reason  # noqa: F401  (env.c_compiler_reason: the probe _torch_compile calls)
 from .cpu import cpu_isa, cpu_name
@@ -206,10 +206,8 @@ def _bf16(dev: str | None = None) -> Capability:
         name = torch.cuda.get_device_name(index)
         major, minor = torch.cuda.get_device_capability(index)
         # torch.cuda.is_bf16_supported() also counts emulation (a T4 or V100 "supports" bf16, slowly)
-        ok = major >= 8
-        return Capability("bf16", ok, f"{name}, compute capability {major}.{minor}",
-                          "" if ok else f"{name} (compute capability {major}.{minor}) has no native bf16: "
-                                        "it needs an Ampere GPU or newer (compute capability 8.0+)")
+        lacks = gpu_features.why_not("bf16", (major, minor), name)
+        return Capability("bf16", not lacks, f"{name}, {gpu_features.capability_text((major, minor))}", lacks)
     # CPUs run bf16 everywhere, but fast only with native instructions (see labkit.precision.variants)
     return Capability("bf16", True, "CPU (emulated unless the CPU has native bf16 instructions)", "")
 

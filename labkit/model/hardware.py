@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import config, cpu, env, timing, verdict
+from ..core import config, cpu, env, gpu_features, timing, verdict
 from ..core.timing import Measurement
 from .dtypes import torch_dtype
 
@@ -252,7 +252,8 @@ def half_precision_features(device: str | None = None) -> dict[str, Any]:
         index = env.cuda_index(device)
         major, minor = torch.cuda.get_device_capability(index)
         return {"device": torch.cuda.get_device_name(index), "compute_capability": f"{major}.{minor}",
-                "fp16_tensor_cores": major >= 7, "bf16_native": major >= 8}
+                "fp16_tensor_cores": gpu_features.has("fp16", (major, minor)),
+                "bf16_native": gpu_features.has("bf16", (major, minor))}
     half = {"x86": ("f16c", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"),
             "arm": ("fphp", "asimdhp", "bf16")}.get(cpu_arch(), ())
     feats = cpu_features()
@@ -265,13 +266,13 @@ def fast_half_matmul_reason(device: str | None = None) -> str:
     device = device or env.device()
     if device.startswith("cuda"):
         f = half_precision_features(device)
+        cc = tuple(int(x) for x in f["compute_capability"].split("."))
         if f["bf16_native"]:
             return ""
         if f["fp16_tensor_cores"]:
-            return (f"{f['device']} (compute capability {f['compute_capability']}) has fp16 tensor cores but no native "
-                    "bf16 (it needs Ampere, 8.0+): fp16 speeds up, bf16 does not run natively")
-        return (f"{f['device']} (compute capability {f['compute_capability']}) has no tensor cores: "
-                "half precision saves bytes, not arithmetic")
+            return (f"{f['device']} ({gpu_features.capability_text(cc)}) has fp16 tensor cores but no native bf16 (it "
+                    f"needs {gpu_features.needs('bf16')}): fp16 speeds up, bf16 does not run natively")
+        return f"{gpu_features.why_not('fp16', cc, f['device'])}: half precision saves bytes, not arithmetic"
     arch = cpu_arch()
     feats = cpu_features()
     if arch == "x86":

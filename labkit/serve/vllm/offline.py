@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...core import env
+from ...core import env, gpu_features
 from ...core.timing import clock
 from ...decoding import generation
 from ...decoding.quality import equal_tokens, until_eos
@@ -58,20 +58,16 @@ def shutdown_vllm(llm: Any) -> None:
     gc.collect()
 
 
-FP8_TENSOR_CORES = (8, 9)  # Ada (8.9) and Hopper (9.0) on: FP8 matmuls on tensor cores
-FP8_MARLIN = (8, 0)  # Ampere on: vLLM's FP8 runs weight-only through its Marlin kernel (weights upcast to 16 bits)
-
-
 def fp8_path(capability: tuple[int, int]) -> str:
     """How vLLM's ``quantization="fp8"`` runs on a GPU of compute ``capability``; ``ValueError`` below 8.0."""
-    name = f"compute capability {capability[0]}.{capability[1]}"
-    if tuple(capability) >= FP8_TENSOR_CORES:
+    name = gpu_features.capability_text(capability)
+    if gpu_features.has("fp8", capability):
         return f"W8A8 FP8 on FP8 tensor cores ({name}): weights per channel, activations per token"
-    if tuple(capability) >= FP8_MARLIN:
+    if gpu_features.has("fp8_marlin", capability):
         return (f"weight-only FP8 through vLLM's Marlin kernel ({name} has no FP8 tensor cores: the weights are "
                 "upcast to 16 bits for each matmul, so memory is saved and no FLOP/s gained)")
-    raise ValueError(f"{name}: vLLM's FP8 needs 8.0 or later (Marlin weight-only) and 8.9 or later for FP8 tensor "
-                     "cores")
+    raise ValueError(f"{gpu_features.why_not('fp8_marlin', capability)}, and {gpu_features.needs('fp8')} for FP8 "
+                     "tensor cores")
 
 
 def same_tokens(row: dict[str, Any], reference: dict[str, Any]) -> str:
