@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from labkit.serve import launch, loadgen, protocol
+from labkit.serve import launch, client, loadgen, protocol
 from labkit.lessons import widgets
 
 WAIT_S = 30
@@ -157,7 +157,7 @@ def _fake_loadgen(monkeypatch: pytest.MonkeyPatch, durations: list[float], fail:
     def run(url, num_requests, max_concurrency, max_tokens, ignore_eos, warmup, progress=None):
         d = durations[min(len(calls), len(durations) - 1)]
         calls.append(num_requests)
-        outs = [loadgen.RequestOutput(success=not fail, output_tokens=0 if fail else 4, ttft_s=0.1 * d, e2e_s=d,
+        outs = [client.RequestOutput(success=not fail, output_tokens=0 if fail else 4, ttft_s=0.1 * d, e2e_s=d,
                                       status=503 if fail else 200, error="queue full" if fail else "")
                 for _ in range(num_requests)]
         if progress:

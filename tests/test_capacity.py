@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from labkit.serve import loadgen
+from labkit.serve import client, loadgen
 from labkit.serve.fleet import capacity
 
 
@@ -96,7 +96,7 @@ def test_follow_must_be_a_fraction():
 
 
 def _run(rate, good, n=10, duration=None):
-    outs = [loadgen.RequestOutput(success=True, output_tokens=4, ttft_s=0.1 if i < good else 9.0, e2e_s=1.0)
+    outs = [client.RequestOutput(success=True, output_tokens=4, ttft_s=0.1 if i < good else 9.0, e2e_s=1.0)
             for i in range(n)]
     return loadgen.BenchmarkResult(outputs=outs, duration_s=duration or n / rate, settings={"request_rate": rate},
                                    slo=loadgen.SLO(ttft_s=0.5))

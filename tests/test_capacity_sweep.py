@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from labkit.lessons import scale_out
-from labkit.serve import loadgen
+from labkit.serve import client, loadgen
 from labkit.serve.fleet import capacity
 from labkit.serve.vllm.disagg import BackgroundApp
 
@@ -83,12 +83,12 @@ def test_a_burst_per_rate_meets_the_slo_everywhere_and_finds_no_knee(capped) -> 
 
 def test_steady_requests_last_the_window_and_a_point_counts_over_it() -> None:
     assert capacity.steady_requests(5.0, 6.0) == 30 and capacity.steady_requests(0.5, 6.0) == 8
-    outs = [loadgen.RequestOutput(success=True, start_s=i * 0.5, e2e_s=0.2, ttft_s=0.1, output_tokens=2)
+    outs = [client.RequestOutput(success=True, start_s=i * 0.5, e2e_s=0.2, ttft_s=0.1, output_tokens=2)
             for i in range(5)]
     point = capacity.sweep_point(outs, 2.0, SLO)  # answers as fast as they arrive: full pace
     assert point["window_s"] == pytest.approx(2.5) and point["goodput_rps"] == pytest.approx(2.0)
     assert point["arrival_span_s"] == pytest.approx(2.0) and point["completed_rps"] == pytest.approx(2.0)
-    behind = [loadgen.RequestOutput(success=True, start_s=i * 0.5, e2e_s=0.2 + i * 0.5, ttft_s=0.1, output_tokens=2)
+    behind = [client.RequestOutput(success=True, start_s=i * 0.5, e2e_s=0.2 + i * 0.5, ttft_s=0.1, output_tokens=2)
               for i in range(5)]  # each answer waits longer: they come out once a second, arrivals twice
     lag = capacity.sweep_point(behind, 2.0, SLO)
     assert lag["pace"] == pytest.approx(0.5) and lag["goodput_rps"] == pytest.approx(1.0)

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 
 from labkit.model import sizing
-from labkit.serve import loadgen
+from labkit.serve import client, loadgen
 from labkit.serve.metrics import metrics_delta, parse_prometheus
 from labkit.serve.processes import free_port
 from labkit.serve.vllm import disagg
@@ -156,7 +156,7 @@ def test_the_stream_passes_through_and_the_decode_ttft_is_kept(servers):
     fakes, urls = servers
     fakes["decode"].delay_s = 0.05
     with disagg.proxy(urls["prefill"], urls["decode"], 130) as p:
-        body = loadgen._payload("completions", LONG, None, 5, ignore_eos=True, return_token_ids=True)
+        body = client.payload("completions", LONG, None, 5, ignore_eos=True, return_token_ids=True)
         out = loadgen.run_sync(lambda: _stream(p.url, body))
     assert out.success and out.token_ids == [0, 1, 2, 3, 4] and len(out.chunk_s) == 5
     assert "stream_options" not in fakes["prefill"].bodies[0] and fakes["prefill"].bodies[0]["stream"] is False
@@ -169,7 +169,7 @@ async def _stream(url, body):
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
-        return await loadgen.send_request(session, url + "/v1/completions", body, False, 0.0)
+        return await client.send_request(session, url + "/v1/completions", body, False, 0.0)
 
 
 @pytest.mark.parametrize("mode", ["down", "fail", "hang"])
@@ -217,7 +217,7 @@ def test_a_decode_stream_cut_off_reaches_the_client_as_a_failed_request(servers)
     fakes, urls = servers
     fakes["decode"].mode = "cut"
     with disagg.proxy(urls["prefill"], urls["decode"], 130) as p:
-        body = loadgen._payload("completions", SHORT, None, 5, ignore_eos=True)
+        body = client.payload("completions", SHORT, None, 5, ignore_eos=True)
         out = loadgen.run_sync(lambda: _stream(p.url, body))
     assert not out.success and out.error and len(out.chunk_s) == 2
 

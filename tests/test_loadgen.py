@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from labkit.serve import launch, loadgen, protocol
+from labkit.serve import launch, client, loadgen, protocol
 
 
 def test_arrival_gaps_follow_the_rate_and_burstiness():
@@ -22,7 +22,7 @@ def test_arrival_gaps_follow_the_rate_and_burstiness():
 
 
 def _out(ttft, e2e, n, ok=True, status=200):
-    return loadgen.RequestOutput(success=ok, output_tokens=n, ttft_s=ttft, e2e_s=e2e, status=status,
+    return client.RequestOutput(success=ok, output_tokens=n, ttft_s=ttft, e2e_s=e2e, status=status,
                                  itl_s=[(e2e - ttft) / (n - 1)] * (n - 1) if ok and n > 1 else [],
                                  error="" if ok else "HTTP 503")
 
@@ -120,11 +120,11 @@ def test_locust_headless_against_the_server(server):
 
 
 def test_token_id_prompts_go_to_the_completions_endpoint_as_they_are():
-    body = loadgen._payload("completions", (1, 2, 3), "m", 4, True)
+    body = client.payload("completions", (1, 2, 3), "m", 4, True)
     assert body["prompt"] == [1, 2, 3] and body["max_tokens"] == 4 and "messages" not in body
-    assert loadgen._payload("completions", "Hi", "m", 4, True)["prompt"] == "Hi"
+    assert client.payload("completions", "Hi", "m", 4, True)["prompt"] == "Hi"
     with pytest.raises(ValueError, match="completions"):
-        loadgen._payload("chat", [1, 2, 3], "m", 4, True)
+        client.payload("chat", [1, 2, 3], "m", 4, True)
 
 
 def test_mean_batch_between_two_snapshots_leaves_the_warm_up_out():

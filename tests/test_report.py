@@ -12,7 +12,7 @@ import pytest
 
 from labkit.core import results
 from labkit.lessons import report
-from labkit.serve import loadgen
+from labkit.serve import client, loadgen
 from labkit.serve import processes
 
 
@@ -158,7 +158,7 @@ def test_same_load_interleaves_the_servers_and_takes_medians(monkeypatch) -> Non
     def fake_run(url, **options):
         calls.append(url)
         n = calls.count(url)
-        out = [loadgen.RequestOutput(success=True, output_tokens=4, ttft_s=0.1 * n, e2e_s=0.1 * n + 0.3)]
+        out = [client.RequestOutput(success=True, output_tokens=4, ttft_s=0.1 * n, e2e_s=0.1 * n + 0.3)]
         return loadgen.BenchmarkResult(outputs=out, duration_s=1.0 if url == "a" else 0.5, slo=options.get("slo"))
 
     monkeypatch.setattr(report.loadgen, "run", fake_run)

@@ -85,12 +85,12 @@ def test_one_percentile_rule_everywhere():
     """p99 only from at least timing.P99_MIN_SAMPLES values: Measurement, generation.aggregate and loadgen agree."""
     from labkit.core import timing
     from labkit.decoding import generation
-    from labkit.serve import loadgen
+    from labkit.serve import client, loadgen
 
     few, many = [float(i) for i in range(1, 33)], [float(i) for i in range(1, 201)]
     assert timing.p99(few) is None and Measurement.from_values("x", few).p99 is None
     assert timing.p99(many) == pytest.approx(198.01) == Measurement.from_values("x", many).p99
-    outs = [loadgen.RequestOutput(success=True, output_tokens=2, ttft_s=v, e2e_s=2 * v) for v in few]
+    outs = [client.RequestOutput(success=True, output_tokens=2, ttft_s=v, e2e_s=2 * v) for v in few]
     s = loadgen.BenchmarkResult(outputs=outs, duration_s=10.0).summary()
     assert s["ttft_p99_s"] is None and s["ttft_p90_s"] == pytest.approx(timing.percentile(few, 90))
     results = [generation.GenerationResult(n_prompt=3, n_out=2, ttft_s=v, e2e_s=2 * v) for v in few]
@@ -171,7 +171,7 @@ def test_sync_never_creates_a_cuda_context_for_a_host_interval(monkeypatch):
 
 def test_one_latency_summary_for_the_load_generator_the_panel_and_the_router():
     from labkit.core import timing
-    from labkit.serve import loadgen
+    from labkit.serve import client, loadgen
 
     values = [0.1, 0.2, 0.3, 0.4, 1.0]
     got = timing.latency_summary("ttft", values)
@@ -180,6 +180,6 @@ def test_one_latency_summary_for_the_load_generator_the_panel_and_the_router():
     assert timing.latency_summary("e2e", [], ("p10", "p50")) == {"e2e_p10_s": None, "e2e_p50_s": None}
     with pytest.raises(ValueError, match="choose from"):
         timing.latency_summary("e2e", values, ("p95",))
-    outs = [loadgen.RequestOutput(success=True, output_tokens=2, ttft_s=v, e2e_s=2 * v) for v in values]
+    outs = [client.RequestOutput(success=True, output_tokens=2, ttft_s=v, e2e_s=2 * v) for v in values]
     summary = loadgen.BenchmarkResult(outs, duration_s=1.0).summary()
     assert {k: summary[k] for k in got} == got

@@ -14,6 +14,7 @@ import pytest
 from processes import gone
 
 from labkit.decoding import quality
+from labkit.serve import client
 from labkit.serve import processes
 from labkit.serve import metrics as prom
 from labkit.serve.vllm import server as vs
@@ -196,16 +197,13 @@ def test_the_log_says_what_vllm_chose():
 
 
 def test_answers_are_compared_up_to_eos_and_the_first_difference_is_named():
-    from labkit.serve import loadgen
-    from labkit.serve.vllm import offline as vllm
-
     assert quality.until_eos([5, 6, 2, 7], {2}) == [5, 6] and quality.until_eos([5, 6], {2}) == [5, 6]
     assert quality.first_difference([1, 2, 3], [1, 2, 3]) is None
     assert quality.first_difference([1, 2, 3], [1, 9, 3]) == 1
     assert quality.first_difference([1, 2], [1, 2, 3]) == 2, "a shorter answer differs where it ends"
-    body = loadgen._payload("completions", [1, 2], None, 4, False, return_token_ids=True)
+    body = client.payload("completions", [1, 2], None, 4, False, return_token_ids=True)
     assert body["return_token_ids"] is True and "ignore_eos" not in body
-    assert "return_token_ids" not in loadgen._payload("completions", [1, 2], None, 4, False), "only when asked"
+    assert "return_token_ids" not in client.payload("completions", [1, 2], None, 4, False), "only when asked"
 
 
 def test_a_measurements_samples_leave_the_warm_up_out():

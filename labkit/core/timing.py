@@ -94,6 +94,19 @@ def percentile(samples: list[float], q: float) -> float:
 LATENCY_STATS = ("mean", "p50", "p90", "p99")  # what a latency summary reports unless asked otherwise
 
 
+def gaps(stamps: Sequence[float]) -> list[float]:
+    """The gaps between consecutive stamps of one stream (seconds): its inter-token (or inter-chunk) latencies.
+    The one place the lab turns arrival stamps into gaps."""
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def pooled_gaps(streams: Sequence[Sequence[float]], window: tuple[float, float] | None = None) -> list[float]:
+    """Every stream's ``gaps``, pooled; ``window`` (start, end): only the gaps that overlap it (a stall that began
+    before the window's start and ended after it counts)."""
+    return [g for s in streams for a, b, g in zip(s, s[1:], gaps(s))
+            if window is None or (b > window[0] and a < window[1])]
+
+
 def latency_summary(prefix: str, values: Sequence[float], stats: Sequence[str] = LATENCY_STATS) -> dict[str, Any]:
     """``{prefix}_{stat}_s`` for each of ``stats`` (mean, p10, p50, p90, p99) from a ``Measurement`` of ``values``:
     the one latency summary of the load generator, the batching panel and the router's runs. Each is None when

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..core import timing
 from ..core.checks import positive
-from ..core.timing import Measurement, now, p99, percentile
+from ..core.timing import Measurement, gaps, now, p99, percentile
 from ..model.models import chat_inputs
 
 TIMED_PROMPT = "Write a short story about a lighthouse keeper."  # the request every decode-speed figure times
@@ -93,7 +93,7 @@ class GenerationResult:
     def from_stamps(cls, start: float, stamps: list[float], n_prompt: int, text: str = "", batch: int = 1) -> "GenerationResult":
         if not stamps:
             raise ValueError("no tokens were generated: raise max_new_tokens")
-        itl = [b - a for a, b in zip(stamps, stamps[1:])]
+        itl = gaps(stamps)
         return cls(n_prompt=n_prompt, n_out=len(stamps), ttft_s=stamps[0] - start,
                    e2e_s=stamps[-1] - start, itl_s=itl, text=text, batch=batch)
 

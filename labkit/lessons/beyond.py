@@ -10,7 +10,6 @@ from typing import Any
 
 from ..core import verdict
 from ..decoding import quality
-from ..serve.vllm import mechanisms as vm
 from ..serve.prefill import document_text
 
 COPY_INSTRUCTION = "Correct any spelling mistakes in the following text and return the whole text."

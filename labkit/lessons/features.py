@@ -20,7 +20,7 @@ import aiohttp
 import jsonschema
 
 from ..core import timing, verdict
-from ..serve import loadgen
+from ..serve import client, loadgen
 
 PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                                   "city": {"type": "string"}},
@@ -56,18 +56,6 @@ def valid(text: str, schema: Mapping[str, Any] | None) -> bool:
     return True
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    t0 = timing.clock()
-    async with session.post(url + "/v1/chat/completions", json=dict(body)) as resp:
-        text = await resp.text()
-        elapsed = timing.clock() - t0
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = {"error": {"message": text[:300]}}
-        return {"status": resp.status, "data": data, "e2e_s": elapsed}
-
-
 def ask_all(url: str, prompts: Sequence[str], *, max_tokens: int, response_format: Mapping[str, Any] | None = None,
             schema: Mapping[str, Any] | None = None, model: str | None = None, extra: Mapping[str, Any] | None = None,
             timeout_s: float = 300.0) -> dict[str, Any]:
@@ -75,12 +63,12 @@ def ask_all(url: str, prompts: Sequence[str], *, max_tokens: int, response_forma
     None). Returns the batch's wall time, the answers and per-request rows."""
     async def go() -> tuple[float, list[dict[str, Any]]]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            name = model or await loadgen.discover_model(session, url)
+            name = model or await client.discover_model(session, url)
             bodies = [{"model": name, "messages": [{"role": "user", "content": p}], "max_tokens": max_tokens,
                        "temperature": 0, **({"response_format": dict(response_format)} if response_format else {}),
                        **dict(extra or {})} for p in prompts]
             t0 = timing.clock()
-            outs = await asyncio.gather(*(_post(session, url, b) for b in bodies))
+            outs = await asyncio.gather(*(client.post_json(session, url + client.ENDPOINTS["chat"], b) for b in bodies))
             return timing.clock() - t0, list(outs)
 
     wall, outs = loadgen.run_sync(go)
@@ -151,9 +139,10 @@ def malformed(url: str, response_format: Any, model: str | None = None) -> dict[
     """One chat request with ``response_format`` as given: the status and the error message a server answers."""
     async def go() -> dict[str, Any]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-            name = model or await loadgen.discover_model(session, url)
-            return await _post(session, url, {"model": name, "max_tokens": 8, "response_format": response_format,
-                                              "messages": [{"role": "user", "content": "Hi"}]})
+            name = model or await client.discover_model(session, url)
+            body = {"model": name, "max_tokens": 8, "response_format": response_format,
+                    "messages": [{"role": "user", "content": "Hi"}]}
+            return await client.post_json(session, url + client.ENDPOINTS["chat"], body)
     out = loadgen.run_sync(go)
     err = out["data"].get("error", {}) if isinstance(out["data"].get("error"), dict) else {}
     return {"status": out["status"], "message": str(err.get("message", out["data"]))[:300], "param": err.get("param")}

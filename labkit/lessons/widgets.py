@@ -14,7 +14,7 @@ from typing import Any
 from ..core import config, timing
 from ..core.checks import positive
 from ..model import dtypes, gpus, sizing
-from ..serve import loadgen
+from ..serve import client, loadgen
 
 CONFIGS_DIR = config.DATA_DIR / "configs"
 
@@ -108,7 +108,7 @@ def measure_point(server: Any, max_batch_size: int, max_wait_ms: float, clients:
     server.configure(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
     per_round = clients * requests_per_client
     tps: list[float] = []
-    outputs: list[loadgen.RequestOutput] = []
+    outputs: list[client.RequestOutput] = []
     duration_s, done_rounds = 0.0, 0
     while True:
         if superseded is not None and superseded():
@@ -140,7 +140,7 @@ def measure_point(server: Any, max_batch_size: int, max_wait_ms: float, clients:
 
 
 def summarise(max_batch_size: int, max_wait_ms: float, clients: int, tps: list[float],
-              outputs: list[loadgen.RequestOutput], rounds: int, duration_s: float, partial: bool = False
+              outputs: list[client.RequestOutput], rounds: int, duration_s: float, partial: bool = False
               ) -> dict[str, Any]:
     """One point from the rounds measured so far: median tokens/s with p10/p90, latency percentiles."""
     ok = [o for o in outputs if o.success]

@@ -25,7 +25,7 @@ import random
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,31 +34,10 @@ from typing import Any
 from ..core.results import jsonable
 from ..core.timing import P99_MIN_SAMPLES, clock, latency_summary
 from ..model.prompts import load_prompts
+from . import client
+from .client import ENDPOINTS, Prompt, RequestOutput, discover_model, send_request
 
-ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-
-
-@dataclass
-class RequestOutput:
-    """One request as the client saw it (seconds)."""
-
-    success: bool = False
-    output_tokens: int = 0
-    ttft_s: float = 0.0
-    itl_s: list[float] = field(default_factory=list)
-    e2e_s: float = 0.0
-    start_s: float = 0.0  # when it was sent, from the benchmark's start
-    status: int | None = None
-    error: str = ""
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)  # the answer's ids, where the server sends them
-    headers: dict[str, str] = field(default_factory=dict)  # response headers asked for (a router's choice of worker)
-    chunk_s: list[float] = field(default_factory=list)  # each content chunk's arrival, seconds from the run's start
-
-    @property
-    def tpot_s(self) -> float | None:
-        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1) if self.output_tokens > 1 else None
 
 
 @dataclass
@@ -149,140 +128,6 @@ class BenchmarkResult:
         return pd.DataFrame([{**asdict(o), "tpot_s": o.tpot_s, "itl_s": None, "chunk_s": None} for o in self.outputs])
 
 
-Prompt = str | Sequence[int]  # text, or token ids (already chat-formatted: sent as they are)
-
-
-def _payload(endpoint: str, prompt: Prompt, model: str | None, max_tokens: int, ignore_eos: bool,
-             return_token_ids: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {"temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
-    if model:
-        body["model"] = model
-    if not isinstance(prompt, str):  # token ids: the completions endpoint takes them as the prompt, untokenised
-        if endpoint != "completions":
-            raise ValueError(f"token-id prompts go to endpoint 'completions', not {endpoint!r}: the chat endpoint "
-                             "takes messages")
-        body.update(prompt=[int(i) for i in prompt], max_tokens=max_tokens)
-    elif endpoint == "chat":
-        body.update(messages=[{"role": "user", "content": prompt}], max_completion_tokens=max_tokens)
-    else:
-        body.update(prompt=prompt, max_tokens=max_tokens)
-    if ignore_eos:
-        body["ignore_eos"] = True  # a vLLM extension: exactly max_tokens tokens
-    if return_token_ids:
-        body["return_token_ids"] = True  # a vLLM extension: each chunk carries its token ids
-    return body
-
-
-async def sse_messages(resp: Any) -> AsyncIterator[dict[str, Any] | None]:
-    """The JSON messages of an OpenAI-style event stream (``aiohttp`` response), one per ``data:`` line, then
-    ``None`` for the closing ``[DONE]``: a stream that stops without it was cut off."""
-    async for raw in resp.content:  # one SSE line at a time
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            yield None
-            return
-        yield json.loads(data)
-
-
-async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bool, t0: float,
-                       headers: dict[str, str] | None = None, keep_headers: Sequence[str] = (),
-                       on_chunk: Callable[[int], None] | None = None) -> RequestOutput:
-    """POST one streaming request: the one streaming client. It stamps every chunk (``chunk_s``, from ``t0``; TTFT
-    and ITL from them) and keeps its text and token ids. ``headers`` go with the request (a router's routing key);
-    the response headers named in ``keep_headers`` are kept; ``on_chunk(n)`` is called after the n-th chunk."""
-    import aiohttp
-
-    out = RequestOutput()
-    start = clock()
-    out.start_s = start - t0
-    last = start
-    chunks = 0
-    finished = False  # the server's closing [DONE]: a stream cut off before it is a failed request
-    parts: list[str] = []
-    try:
-        async with session.post(url, json=payload, headers=headers) as resp:
-            out.status = resp.status
-            out.headers = {name: resp.headers[name] for name in keep_headers if name in resp.headers}
-            if resp.status != 200:
-                out.error = (await resp.text())[:300]
-                return out
-            async for msg in sse_messages(resp):
-                if msg is None:
-                    finished = True
-                    break
-                if "error" in msg:
-                    out.error = str(msg["error"].get("message", msg["error"]))[:300]
-                    return out
-                stamp = clock()
-                if msg.get("choices"):
-                    choice = msg["choices"][0]
-                    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                    if chunks == 0:
-                        out.ttft_s = stamp - start
-                    else:
-                        out.itl_s.append(stamp - last)
-                    last = stamp
-                    chunks += 1
-                    out.chunk_s.append(stamp - t0)
-                    parts.append(text or "")
-                    out.token_ids.extend(int(t) for t in choice.get("token_ids") or ())
-                    if on_chunk is not None:
-                        on_chunk(chunks)
-                if msg.get("usage"):
-                    out.output_tokens = int(msg["usage"].get("completion_tokens") or 0)
-        out.e2e_s = last - start
-        out.output_tokens = out.output_tokens or chunks
-        out.text = "".join(parts)
-        out.success = chunks > 0 and finished
-        if not chunks:
-            out.error = "the stream ended without a token"
-        elif not finished:
-            out.error = f"the stream was cut off after {chunks} chunks, before [DONE] (the server closed it)"
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        out.error = f"{type(exc).__name__}: {exc}"[:300]
-    return out
-
-
-async def long_prompt_while_streaming(session: Any, url: str, stream_payloads: Sequence[dict[str, Any]],
-                                      long_payload: dict[str, Any], *, chat: bool, long_after: int,
-                                      timeout_s: float) -> tuple[list[RequestOutput], RequestOutput]:
-    """The experiment of chunked prefill, for any server: the streams start together; once the first has
-    received ``long_after`` chunks (or ended early) the long prompt is sent. (streams, long), every chunk stamped
-    from one clock (``chunk_s``, ``start_s``)."""
-    t0, seen = clock(), asyncio.Event()
-
-    def first(n: int) -> None:
-        if n >= long_after:
-            seen.set()
-
-    async def stream(i: int, payload: dict[str, Any]) -> RequestOutput:
-        try:
-            return await send_request(session, url, payload, chat, t0, on_chunk=first if i == 0 else None)
-        finally:
-            if i == 0:
-                seen.set()  # a stream that ended early must not leave the long prompt waiting
-
-    streams = [asyncio.create_task(stream(i, p)) for i, p in enumerate(stream_payloads)]
-    await asyncio.wait_for(seen.wait(), timeout=timeout_s)  # the streams are decoding: now the long prompt comes
-    long = await send_request(session, url, long_payload, chat, t0)
-    return list(await asyncio.gather(*streams)), long
-
-
-async def discover_model(session: Any, base_url: str) -> str | None:
-    """The first model the server lists at /v1/models (vLLM requires the name in every request)."""
-    import aiohttp
-
-    try:
-        async with session.get(base_url.rstrip("/") + "/v1/models") as resp:
-            if resp.status == 200:
-                data = (await resp.json()).get("data") or []
-                return data[0]["id"] if data else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
-        return None
-    return None
 
 
 def _check(num_requests: int, request_rate: float, burstiness: float, max_concurrency: int | None,
@@ -346,7 +191,7 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_read=read_timeout_s)) as session:
         model = model or await discover_model(session, base_url)
         for _ in range(warmup):  # one untimed request: fails fast when the server is not there
-            test = await send_request(session, url, _payload(endpoint, prompts[0], model, min(limits[0], 4),
+            test = await send_request(session, url, client.payload(endpoint, prompts[0], model, min(limits[0], 4),
                                                              ignore_eos), chat, clock())
             if not test.success:
                 raise RuntimeError(f"{url} did not answer the test request (HTTP {test.status}): {test.error}")
@@ -355,7 +200,7 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
 
         async def one(i: int, t0: float) -> RequestOutput:
             nonlocal done
-            payload = _payload(endpoint, prompts[i % len(prompts)], model, limits[i % len(limits)], ignore_eos,
+            payload = client.payload(endpoint, prompts[i % len(prompts)], model, limits[i % len(limits)], ignore_eos,
                                return_token_ids)
             if gate is None:
                 out = await send_request(session, url, payload, chat, t0)

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.checks import positive
-from ..core.timing import p99, percentile
+from ..core.timing import p99, percentile, pooled_gaps
 from ..model.prompts import eval_tokens
-from . import launch, loadgen
+from . import launch, client, loadgen
 from . import metrics as prom
 
 
@@ -97,9 +97,9 @@ async def _long_prompt_while_streaming(url: str, stream_prompts: Sequence[str], 
                 "ignore_eos": True}
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        streams, long = await loadgen.long_prompt_while_streaming(
-            session, url + loadgen.ENDPOINTS["chat"], [body(p, stream_tokens) for p in stream_prompts],
-            body(long_prompt, long_tokens), chat=True, long_after=long_after, timeout_s=300)
+        streams, (long,), _sent = await client.burst_while_streaming(
+            session, url + client.ENDPOINTS["chat"], [body(p, stream_tokens) for p in stream_prompts],
+            [body(long_prompt, long_tokens)], chat=True, after=long_after, timeout_s=300)
     failed = [o.error for o in [*streams, long] if not o.success]
     if failed:
         raise RuntimeError(f"a request of the chunked-prefill run failed: {failed[0]}")
@@ -111,7 +111,7 @@ def itl_stats(stamps: Sequence[Sequence[float]], window: tuple[float, float] | N
     """Inter-token gaps of every stream, pooled: p50, p99 (None below ``timing.P99_MIN_SAMPLES`` gaps, the lab's
     one percentile rule), max (seconds). ``window`` (start, end): only the gaps that overlap it (a stall that
     began before the long prompt's first token and ended after it counts)."""
-    gaps = [b - a for s in stamps for a, b in zip(s, s[1:]) if window is None or (b > window[0] and a < window[1])]
+    gaps = pooled_gaps(stamps, window)
     if not gaps:
         return {"n": 0, "p50_s": None, "p99_s": None, "max_s": None, "mean_s": None}
     return {"n": len(gaps), "p50_s": percentile(gaps, 50), "p99_s": p99(gaps), "max_s": max(gaps),

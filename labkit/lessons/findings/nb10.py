@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...core import cpu, verdict
+from ...core import cpu, timing, verdict
 from ...engines.cpu import best_lab_row
 from . import Findings
 
@@ -46,7 +46,7 @@ def lookup_why(row: Mapping[str, Any], v: verdict.Verdict | None = None) -> str:
 
 def worst_gaps(stamps: Sequence[Sequence[float]]) -> list[float]:
     """Each stream's worst inter-token gap (seconds): one sample per running stream."""
-    return [max(b - a for a, b in zip(s, s[1:])) for s in stamps if len(s) > 1]
+    return [max(timing.gaps(s)) for s in stamps if len(s) > 1]
 
 
 def _said(v: verdict.Verdict) -> str:

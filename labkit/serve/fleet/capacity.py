@@ -65,7 +65,7 @@ def steady_requests(rate_rps: float, seconds: float, at_least: int = 8) -> int:
 
 
 def sweep_point(outputs: Sequence[Any], rate_rps: float, slo: Any) -> dict[str, Any]:
-    """One offered rate's figures from its requests (``loadgen.RequestOutput``: ``start_s`` from the run's start,
+    """One offered rate's figures from its requests (``client.RequestOutput``: ``start_s`` from the run's start,
     ``e2e_s``, ``success``) and the ``slo`` that judges them (``met(output)``):
 
     ``arrival_rps``    the pace requests arrived at, (n − 1) ÷ the first-to-last arrival (Poisson gaps make it

@@ -29,7 +29,7 @@ from typing import Any
 from ...core.checks import positive
 from ...core.timing import clock, latency_summary
 from ...model.prompts import eval_tokens
-from .. import loadgen
+from .. import client, loadgen
 from .router import ROUTED_HEADER, ROUTING_KEY_HEADER
 
 # each group's name starts with its own letter, so two groups' prompts share no first character
@@ -114,7 +114,7 @@ async def _converse(session: Any, url: str, conv: Conversation, max_tokens: int,
         payload = {"messages": list(messages), "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                    "stream_options": {"include_usage": True}, **({"model": model} if model else {})}
         async with gate:
-            out = await loadgen.send_request(session, url, payload, True, t0, headers, (ROUTED_HEADER,))
+            out = await client.send_request(session, url, payload, True, t0, headers, (ROUTED_HEADER,))
         rows.append({**base, "ok": out.success, "status": out.status, "error": out.error,
                      "worker": out.headers.get(ROUTED_HEADER), "start_s": out.start_s, "ttft_s": out.ttft_s,
                      "e2e_s": out.e2e_s, "end_s": out.start_s + out.e2e_s, "output_tokens": out.output_tokens,
@@ -140,9 +140,9 @@ async def run_async(url: str, conversations: Sequence[Conversation], max_tokens:
     gate = asyncio.Semaphore(concurrency or len(conversations))
     timeout = aiohttp.ClientTimeout(total=timeout_s)  # a hung worker becomes a failed request, never a hang
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        model = model or await loadgen.discover_model(session, url)
+        model = model or await client.discover_model(session, url)
         t0 = clock()
-        done = await asyncio.gather(*(_converse(session, url.rstrip("/") + loadgen.ENDPOINTS["chat"], c, max_tokens,
+        done = await asyncio.gather(*(_converse(session, url.rstrip("/") + client.ENDPOINTS["chat"], c, max_tokens,
                                                 t0, model, routing_key, gate, i * stagger_s)
                                       for i, c in enumerate(conversations)))
     return [row for rows in done for row in rows]

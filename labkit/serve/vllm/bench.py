@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core import verdict
-from .. import loadgen
+from .. import client, loadgen
 from . import server as vs
 from ..processes import last_error_line
 
@@ -118,7 +118,7 @@ def as_loadgen(result: dict[str, Any]) -> loadgen.BenchmarkResult:
     n = len(result["ttfts"])
     errors = result.get("errors") or [""] * n
     start = min(result["start_times"]) if result.get("start_times") else 0.0
-    outputs = [loadgen.RequestOutput(success=not errors[i], output_tokens=int(result["output_lens"][i]),
+    outputs = [client.RequestOutput(success=not errors[i], output_tokens=int(result["output_lens"][i]),
                                      ttft_s=float(result["ttfts"][i]), itl_s=[float(x) for x in result["itls"][i]],
                                      e2e_s=float(result["latencies"][i]),
                                      start_s=float(result["start_times"][i]) - start if result.get("start_times") else 0.0,

@@ -29,10 +29,10 @@ from aiohttp import web
 
 from ...core import verdict
 from ...core.checks import positive
-from ...core.timing import clock, percentile, rounds as interleaved_rounds
+from ...core.timing import clock, percentile, pooled_gaps, rounds as interleaved_rounds
 from ...model import sizing
 from ...model.dtypes import DTYPE_BYTES, normalize_dtype
-from .. import loadgen, prefill
+from .. import client, loadgen, prefill
 from ..metrics import metric_totals
 from . import server as vs
 
@@ -423,28 +423,18 @@ def burst_while_streaming(base_url: str, stream_prompts: Sequence[Sequence[int]]
     arrive at once. Every stream's chunk stamps, and when the burst was sent and its last first token came."""
     if not 0 < long_after < stream_tokens:
         raise ValueError(f"long_after={long_after}: between 1 and stream_tokens - 1, the burst comes while still decoding")
-    url = base_url.rstrip("/") + loadgen.ENDPOINTS["completions"]
+    url = base_url.rstrip("/") + client.ENDPOINTS["completions"]
 
     async def go() -> dict[str, Any]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            model, t0, seen = await loadgen.discover_model(session, base_url), clock(), asyncio.Event()
+            model = await client.discover_model(session, base_url)
 
             def body(ids: Sequence[int], n: int) -> dict[str, Any]:
-                return loadgen._payload("completions", list(ids), model, n, ignore_eos=True, return_token_ids=True)
+                return client.payload("completions", list(ids), model, n, ignore_eos=True, return_token_ids=True)
 
-            async def stream(i: int, ids: Sequence[int]) -> loadgen.RequestOutput:
-                hook = (lambda n: seen.set() if n >= long_after else None) if i == 0 else None
-                try:
-                    return await loadgen.send_request(session, url, body(ids, stream_tokens), False, t0, on_chunk=hook)
-                finally:
-                    seen.set()
-
-            tasks = [asyncio.create_task(stream(i, p)) for i, p in enumerate(stream_prompts)]
-            await asyncio.wait_for(seen.wait(), timeout=timeout_s)
-            sent = clock() - t0
-            longs = await asyncio.gather(*(loadgen.send_request(session, url, body(p, long_tokens), False, t0)
-                                           for p in long_prompts))
-            streams = await asyncio.gather(*tasks)
+            streams, longs, sent = await client.burst_while_streaming(
+                session, url, [body(p, stream_tokens) for p in stream_prompts], [body(p, long_tokens) for p in long_prompts],
+                chat=False, after=long_after, timeout_s=timeout_s)
         firsts = [o.chunk_s[0] for o in longs if o.chunk_s]
         return {"stamps": [s.chunk_s for s in streams], "answers": [s.token_ids for s in streams],
                 "burst_sent_s": sent, "burst_done_s": max(firsts) if len(firsts) == len(longs) else None,
@@ -474,7 +464,7 @@ def itl_rounds(targets: Mapping[str, str], stream_prompts: Sequence[Sequence[int
         return burst_while_streaming(url, stream_prompts, stream_tokens, longs, 1, long_after)
 
     done = interleaved_rounds({name: (lambda u=url: one(u)) for name, url in targets.items()}, n_rounds, again=False)
-    p90 = {name: [percentile(g, 90) for r in runs if (g := _gaps(r["stamps"]))] for name, runs in done.items()}
+    p90 = {name: [percentile(g, 90) for r in runs if (g := pooled_gaps(r["stamps"]))] for name, runs in done.items()}
     stall = {name: [m for r in runs if r["burst_done_s"] is not None and (m := prefill.itl_stats(
         r["stamps"], (r["burst_sent_s"], r["burst_done_s"]))["max_s"]) is not None] for name, runs in done.items()}
     base, rows = next(iter(targets)), []
@@ -493,6 +483,3 @@ def itl_rounds(targets: Mapping[str, str], stream_prompts: Sequence[Sequence[int
                      "errors": [e for r in runs for e in r["errors"]][:3]})
     return rows
 
-
-def _gaps(stamps: Sequence[Sequence[float]]) -> list[float]:
-    return [b - a for s in stamps for a, b in zip(s, s[1:])]

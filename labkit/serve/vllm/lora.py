@@ -31,7 +31,7 @@ from ...core.checks import positive
 from ...core.timing import clock, rounds as interleaved_rounds
 from ...decoding.quality import answers_check
 from ...model.adapters import adapter_rank
-from .. import loadgen
+from .. import client, loadgen
 from . import server as vs
 
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks: --max-lora-rank's choices
@@ -108,7 +108,7 @@ def send_models(base_url: str, prompts: Sequence[Sequence[int]], models: Sequenc
     positive("concurrency", concurrency)
     if len(models) != len(prompts):
         raise ValueError(f"{len(models)} model names for {len(prompts)} prompts: give one per prompt")
-    url = base_url.rstrip("/") + loadgen.ENDPOINTS["completions"]
+    url = base_url.rstrip("/") + client.ENDPOINTS["completions"]
 
     async def go() -> tuple[list[Any], float]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
@@ -116,9 +116,9 @@ def send_models(base_url: str, prompts: Sequence[Sequence[int]], models: Sequenc
 
             async def one(ids: Sequence[int], model: str) -> Any:
                 async with gate:
-                    body = loadgen._payload("completions", list(ids), model, max_tokens, ignore_eos,
+                    body = client.payload("completions", list(ids), model, max_tokens, ignore_eos,
                                             return_token_ids=True)
-                    return await loadgen.send_request(session, url, body, False, t0)
+                    return await client.send_request(session, url, body, False, t0)
 
             outs = list(await asyncio.gather(*(one(p, m) for p, m in zip(prompts, models))))
             return outs, clock() - t0

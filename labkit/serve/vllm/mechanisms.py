@@ -36,7 +36,7 @@ from typing import Any
 from ...core import verdict
 from ...core.checks import positive
 from ...core.timing import clock, percentile, rounds as interleaved_rounds
-from .. import loadgen, prefill
+from .. import client, loadgen, prefill
 from . import offline as vllm_engine
 from . import server as vs
 from ..metrics import metrics_delta
@@ -95,18 +95,18 @@ def greedy_references(lm: Any, prompts: Mapping[str, Sequence[int]], new_tokens:
 
 
 def _body(prompt_ids: Sequence[int], max_tokens: int, model: str | None, salt: str | None) -> dict[str, Any]:
-    body = loadgen._payload("completions", list(prompt_ids), model, max_tokens, ignore_eos=True, return_token_ids=True)
+    body = client.payload("completions", list(prompt_ids), model, max_tokens, ignore_eos=True, return_token_ids=True)
     if salt is not None:
         body["cache_salt"] = salt  # a vLLM extension: blocks hashed under another salt are never shared
     return body
 
 
 async def _model(session: Any, base_url: str) -> str | None:
-    return await loadgen.discover_model(session, base_url)
+    return await client.discover_model(session, base_url)
 
 
 def send(base_url: str, prompts: Sequence[Sequence[int]], max_tokens: int, concurrency: int,
-         salts: Sequence[str | None] | None = None, timeout_s: float = 600.0) -> list[loadgen.RequestOutput]:
+         salts: Sequence[str | None] | None = None, timeout_s: float = 600.0) -> list[client.RequestOutput]:
     """Streaming completions of ``prompts`` (token ids), at most ``concurrency`` in flight, each with its cache
     salt; loadgen's client measures each (TTFT, ITL, E2E, the answer's token ids)."""
     import aiohttp
@@ -116,22 +116,22 @@ def send(base_url: str, prompts: Sequence[Sequence[int]], max_tokens: int, concu
     salts = list(salts) if salts is not None else [None] * len(prompts)
     if len(salts) != len(prompts):
         raise ValueError(f"{len(salts)} salts for {len(prompts)} prompts: give one per prompt (None: no salt)")
-    url = base_url.rstrip("/") + loadgen.ENDPOINTS["completions"]
+    url = base_url.rstrip("/") + client.ENDPOINTS["completions"]
 
-    async def go() -> list[loadgen.RequestOutput]:
+    async def go() -> list[client.RequestOutput]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
             model, gate, t0 = await _model(session, base_url), asyncio.Semaphore(concurrency), clock()
 
-            async def one(ids: Sequence[int], salt: str | None) -> loadgen.RequestOutput:
+            async def one(ids: Sequence[int], salt: str | None) -> client.RequestOutput:
                 async with gate:
-                    return await loadgen.send_request(session, url, _body(ids, max_tokens, model, salt), False, t0)
+                    return await client.send_request(session, url, _body(ids, max_tokens, model, salt), False, t0)
 
             return list(await asyncio.gather(*(one(p, s) for p, s in zip(prompts, salts))))
 
     return loadgen.run_sync(go)
 
 
-def _failures(outs: Sequence[loadgen.RequestOutput]) -> list[str]:
+def _failures(outs: Sequence[client.RequestOutput]) -> list[str]:
     return [o.error or "failed" for o in outs if not o.success]
 
 
@@ -193,14 +193,15 @@ def long_prompt_while_streaming(base_url: str, stream_prompts: Sequence[Sequence
     if not 0 < long_after < stream_tokens:
         raise ValueError(f"long_after={long_after} must be between 1 and stream_tokens={stream_tokens} - 1: the long "
                          "prompt must arrive while the streams are still decoding")
-    url = base_url.rstrip("/") + loadgen.ENDPOINTS["completions"]
+    url = base_url.rstrip("/") + client.ENDPOINTS["completions"]
 
-    async def go() -> tuple[list[loadgen.RequestOutput], loadgen.RequestOutput]:
+    async def go() -> tuple[list[client.RequestOutput], client.RequestOutput]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
             model = await _model(session, base_url)
-            return await loadgen.long_prompt_while_streaming(
+            streams, (long,), _sent = await client.burst_while_streaming(
                 session, url, [_body(p, stream_tokens, model, salt) for p in stream_prompts],
-                _body(long_prompt, 1, model, salt), chat=False, long_after=long_after, timeout_s=timeout_s)
+                [_body(long_prompt, 1, model, salt)], chat=False, after=long_after, timeout_s=timeout_s)
+            return streams, long
 
     streams, long = loadgen.run_sync(go)
     return {"stamps": [s.chunk_s for s in streams], "answers": [s.token_ids for s in streams],
@@ -250,7 +251,7 @@ def chunked_rounds(servers: Mapping[str, vs.VLLMServer], stream_prompts: Sequenc
 # ---------------------------------------------------------------------------------------- n-gram speculation
 
 
-def decode_rate(out: loadgen.RequestOutput) -> float | None:
+def decode_rate(out: client.RequestOutput) -> float | None:
     """Decode tokens/s of one answer, 1 / TPOT: the tokens after the first over the time after it. Tokens are
     counted from the ids the server sent (a speculative step sends several in one chunk), else its usage count."""
     n = len(out.token_ids) or out.output_tokens
@@ -267,7 +268,7 @@ def speculative_rounds(plain: vs.VLLMServer, ngram: vs.VLLMServer, tasks: Mappin
     positive("n_rounds", n_rounds)
     out = {}
     for task, ids in tasks.items():
-        def timed(server: vs.VLLMServer, ids: Sequence[int] = ids) -> tuple[loadgen.RequestOutput, dict[str, float]]:
+        def timed(server: vs.VLLMServer, ids: Sequence[int] = ids) -> tuple[client.RequestOutput, dict[str, float]]:
             before = server.metrics()
             o = send(server.url, [ids], new_tokens, 1)[0]
             return o, metrics_delta(before, server.metrics())

@@ -1,0 +1,195 @@
+"""One request to an OpenAI-compatible server (labkit's, ``vllm serve``, a router, a proxy), as its client sees it.
+
+``payload``               a greedy streaming body for the completions or chat endpoint (text or token ids)
+``send_request``          the one streaming client: every chunk stamped on arrival (``chunk_s``), TTFT and the gaps
+                          between chunks (ITL, through ``timing.gaps``) from those stamps, its text and token ids
+``burst_while_streaming`` prompts sent while others decode (chunked prefill, prefill/decode split)
+``discover_model``        the model a server lists at /v1/models
+``post_json``             one non-streaming POST and its JSON answer
+
+The load (arrivals, runs, SLOs, summaries, Locust) is ``loadgen``'s; this module sends one request at a time.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.timing import clock, gaps
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+@dataclass
+class RequestOutput:
+    """One request as the client saw it (seconds)."""
+
+    success: bool = False
+    output_tokens: int = 0
+    ttft_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)
+    e2e_s: float = 0.0
+    start_s: float = 0.0  # when it was sent, from the benchmark's start
+    status: int | None = None
+    error: str = ""
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)  # the answer's ids, where the server sends them
+    headers: dict[str, str] = field(default_factory=dict)  # response headers asked for (a router's choice of worker)
+    chunk_s: list[float] = field(default_factory=list)  # each content chunk's arrival, seconds from the run's start
+
+    @property
+    def tpot_s(self) -> float | None:
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
+
+Prompt = str | Sequence[int]  # text, or token ids (already chat-formatted: sent as they are)
+
+
+def payload(endpoint: str, prompt: Prompt, model: str | None, max_tokens: int, ignore_eos: bool,
+             return_token_ids: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    if not isinstance(prompt, str):  # token ids: the completions endpoint takes them as the prompt, untokenised
+        if endpoint != "completions":
+            raise ValueError(f"token-id prompts go to endpoint 'completions', not {endpoint!r}: the chat endpoint "
+                             "takes messages")
+        body.update(prompt=[int(i) for i in prompt], max_tokens=max_tokens)
+    elif endpoint == "chat":
+        body.update(messages=[{"role": "user", "content": prompt}], max_completion_tokens=max_tokens)
+    else:
+        body.update(prompt=prompt, max_tokens=max_tokens)
+    if ignore_eos:
+        body["ignore_eos"] = True  # a vLLM extension: exactly max_tokens tokens
+    if return_token_ids:
+        body["return_token_ids"] = True  # a vLLM extension: each chunk carries its token ids
+    return body
+
+
+async def sse_messages(resp: Any) -> AsyncIterator[dict[str, Any] | None]:
+    """The JSON messages of an OpenAI-style event stream (``aiohttp`` response), one per ``data:`` line, then
+    ``None`` for the closing ``[DONE]``: a stream that stops without it was cut off."""
+    async for raw in resp.content:  # one SSE line at a time
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            yield None
+            return
+        yield json.loads(data)
+
+
+async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bool, t0: float,
+                       headers: dict[str, str] | None = None, keep_headers: Sequence[str] = (),
+                       on_chunk: Callable[[int], None] | None = None) -> RequestOutput:
+    """POST one streaming request: the one streaming client. It stamps every chunk (``chunk_s``, from ``t0``; TTFT
+    and ITL from them) and keeps its text and token ids. ``headers`` go with the request (a router's routing key);
+    the response headers named in ``keep_headers`` are kept; ``on_chunk(n)`` is called after the n-th chunk."""
+    import aiohttp
+
+    out = RequestOutput()
+    start = clock()
+    out.start_s = start - t0
+    last = start
+    chunks = 0
+    finished = False  # the server's closing [DONE]: a stream cut off before it is a failed request
+    parts: list[str] = []
+    try:
+        async with session.post(url, json=payload, headers=headers) as resp:
+            out.status = resp.status
+            out.headers = {name: resp.headers[name] for name in keep_headers if name in resp.headers}
+            if resp.status != 200:
+                out.error = (await resp.text())[:300]
+                return out
+            async for msg in sse_messages(resp):
+                if msg is None:
+                    finished = True
+                    break
+                if "error" in msg:
+                    out.error = str(msg["error"].get("message", msg["error"]))[:300]
+                    return out
+                stamp = clock()
+                if msg.get("choices"):
+                    choice = msg["choices"][0]
+                    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                    if chunks == 0:
+                        out.ttft_s = stamp - start
+                    last = stamp
+                    chunks += 1
+                    out.chunk_s.append(stamp - t0)
+                    parts.append(text or "")
+                    out.token_ids.extend(int(t) for t in choice.get("token_ids") or ())
+                    if on_chunk is not None:
+                        on_chunk(chunks)
+                if msg.get("usage"):
+                    out.output_tokens = int(msg["usage"].get("completion_tokens") or 0)
+        out.e2e_s = last - start
+        out.itl_s = gaps(out.chunk_s)
+        out.output_tokens = out.output_tokens or chunks
+        out.text = "".join(parts)
+        out.success = chunks > 0 and finished
+        if not chunks:
+            out.error = "the stream ended without a token"
+        elif not finished:
+            out.error = f"the stream was cut off after {chunks} chunks, before [DONE] (the server closed it)"
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"[:300]
+    return out
+
+
+async def burst_while_streaming(session: Any, url: str, stream_payloads: Sequence[dict[str, Any]],
+                                burst_payloads: Sequence[dict[str, Any]], *, chat: bool, after: int,
+                                timeout_s: float) -> tuple[list[RequestOutput], list[RequestOutput], float]:
+    """Prompts arriving while others decode, for any server: the streams start together; once the first has
+    received ``after`` chunks (or ended early) the burst is sent, all at once. (streams, burst, when the burst was
+    sent), every chunk stamped from one clock (``chunk_s``, ``start_s``, seconds from the streams' start)."""
+    t0, seen = clock(), asyncio.Event()
+
+    def first(n: int) -> None:
+        if n >= after:
+            seen.set()
+
+    async def stream(i: int, body: dict[str, Any]) -> RequestOutput:
+        try:
+            return await send_request(session, url, body, chat, t0, on_chunk=first if i == 0 else None)
+        finally:
+            if i == 0:
+                seen.set()  # a stream that ended early must not leave the burst waiting
+
+    streams = [asyncio.create_task(stream(i, p)) for i, p in enumerate(stream_payloads)]
+    await asyncio.wait_for(seen.wait(), timeout=timeout_s)  # the streams are decoding: now the burst comes
+    sent = clock() - t0
+    burst = await asyncio.gather(*(send_request(session, url, p, chat, t0) for p in burst_payloads))
+    return list(await asyncio.gather(*streams)), list(burst), sent
+
+
+async def discover_model(session: Any, base_url: str) -> str | None:
+    """The first model the server lists at /v1/models (vLLM requires the name in every request)."""
+    import aiohttp
+
+    try:
+        async with session.get(base_url.rstrip("/") + "/v1/models") as resp:
+            if resp.status == 200:
+                data = (await resp.json()).get("data") or []
+                return data[0]["id"] if data else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
+        return None
+    return None
+
+
+async def post_json(session: Any, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """One non-streaming POST: the status, the JSON answer (an error's text as ``{"error": {"message": …}}`` when
+    the answer is not JSON) and the seconds it took."""
+    t0 = clock()
+    async with session.post(url, json=dict(body)) as resp:
+        text = await resp.text()
+        elapsed = clock() - t0
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = {"error": {"message": text[:300]}}
+        return {"status": resp.status, "data": data, "e2e_s": elapsed}
