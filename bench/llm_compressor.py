@@ -38,7 +38,7 @@ from labkit.core import config, cpu, env, machine, results, timing
 from labkit.core.results import jsonable
 from labkit.decoding import quality
 from labkit.model import models, prompts
-from labkit.serve.vllm import mechanisms as vm
+from labkit.serve import client
 from labkit.serve.vllm import server as vs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +76,7 @@ def serve_and_ask(name: str, model: Path, prompt_ids: dict[str, list[int]], toke
                            extra_args=tuple(extra_args))
     try:
         with vs.serve(settings, name=f"vllm-{name}") as srv:
-            outs = vm.send(srv.url, list(prompt_ids.values()), tokens, concurrency=1)
+            outs, _wall = client.send_ids(srv.url, list(prompt_ids.values()), tokens, concurrency=1)
             log = srv.log()
             tpot = [o.tpot_s for o in outs if o.success and o.tpot_s]
             return {"name": name, "status": "ok" if all(o.success for o in outs) else "some requests failed",

@@ -28,7 +28,6 @@ from labkit.model import adapters, models, prompts
 from labkit.serve import launch
 from labkit.serve.decoder import eos_ids
 from labkit.serve.vllm import lora
-from labkit.serve.vllm import mechanisms as vm
 from labkit.serve.vllm import server as vs
 
 PEOPLE = ["a teacher from Lyon", "a retired sailor", "a nurse in Osaka", "a young painter", "a baker in Quebec",
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         text = prompts.eval_tokens(tok)
         storage = tempfile.mkdtemp(prefix="kv-", dir=config.cache_dir())
         base = vs.Settings(model=path, max_model_len=1024, max_num_seqs=8, prefix_caching=False)
-        with vm.started_together(pd.pd_servers(base, storage), deadline_s=400) as servers:
+        with vs.started_together(pd.pd_servers(base, storage), deadline_s=400) as servers:
             out = pd.pd_session(servers, storage, path, [text[300 * i:300 * i + n] for i, n in enumerate((140, 180, 260))],
                                 missing_prompt=text[1200:1400], short_prompts=[text[1600:1620], text[1700:1720]],
                                 long_prompt=text[2000:2500], n_long=2, itl_rounds=args.rounds, kill_prompt=text[3000:3300])

@@ -35,7 +35,7 @@ def test_adapter_bytes_are_the_tensors_of_the_file_written(tiny_llama, written):
     assert ad.adapter_bytes(model.config, RANK, ("q_proj", "v_proj"), "fp32") == 2 * (4 * 128 + 4 * 96) * 4 == 7168
     for folder in written.values():
         weights = folder / ad.WEIGHTS_FILE
-        assert ad.tensor_bytes(weights) == 7168
+        assert ad.weights_bytes(weights) == 7168
         with safe_open(str(weights), "pt") as f:  # the header's offsets are the tensors' real sizes
             assert sum(f.get_tensor(k).numel() * 4 for k in f.keys()) == 7168
             assert len(list(f.keys())) == 2 * 2 * 2  # layers x targets x (A, B)
@@ -46,7 +46,7 @@ def test_adapter_bytes_are_the_tensors_of_the_file_written(tiny_llama, written):
 def test_every_target_shape_matches_peft(tiny_llama, tiny_dir, tmp_path):
     model, _ = tiny_llama
     folder = ad.make_adapters(str(tiny_dir), tmp_path, ["every"], rank=2, targets=ad.TARGETS)["every"]
-    assert ad.tensor_bytes(folder) == ad.adapter_bytes(model.config, 2, ad.TARGETS, "fp32")
+    assert ad.weights_bytes(folder) == ad.adapter_bytes(model.config, 2, ad.TARGETS, "fp32")
 
 
 def test_n_adapters_against_n_copies(tiny_llama):

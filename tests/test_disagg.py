@@ -14,7 +14,8 @@ import urllib.error
 import urllib.request
 
 from labkit.model import sizing
-from labkit.serve import client, loadgen
+from labkit.serve import client, launch
+from labkit.serve.fleet import pd_proxy
 from labkit.serve.metrics import metrics_delta, parse_prometheus
 from labkit.serve.processes import free_port
 from labkit.serve.vllm import disagg
@@ -76,7 +77,7 @@ class Fake:
 def servers():
     """A fake prefill and a fake decode server, up for the test."""
     fakes = {"prefill": Fake("prefill"), "decode": Fake("decode")}
-    apps = {name: disagg.BackgroundApp(f.app) for name, f in fakes.items()}
+    apps = {name: launch.BackgroundApp(f.app) for name, f in fakes.items()}
     yield fakes, {name: a.url for name, a in apps.items()}
     for a in apps.values():
         a.stop()
@@ -133,7 +134,7 @@ def test_connector_settings_give_each_server_its_role_folder_and_core(tmp_path):
 
 def test_a_split_prefills_one_token_then_sends_the_whole_request_to_decode(servers):
     fakes, urls = servers
-    with disagg.proxy(urls["prefill"], urls["decode"], 130) as p:
+    with pd_proxy.proxy(urls["prefill"], urls["decode"], 130) as p:
         status, text = post(p.url, {"prompt": LONG, "max_tokens": 4, "temperature": 0.0})
     assert status == 200 and json.loads(text)["choices"][0]["token_ids"] == [0, 1, 2, 3]
     assert fakes["prefill"].bodies == [{"prompt": LONG, "max_tokens": 1, "temperature": 0.0, "stream": False}]
@@ -145,7 +146,7 @@ def test_a_split_prefills_one_token_then_sends_the_whole_request_to_decode(serve
 
 def test_a_short_prompt_skips_the_prefill_server(servers):
     fakes, urls = servers
-    with disagg.proxy(urls["prefill"], urls["decode"], 130) as p:
+    with pd_proxy.proxy(urls["prefill"], urls["decode"], 130) as p:
         assert post(p.url, {"prompt": SHORT, "max_tokens": 3})[0] == 200
         assert post(p.url, {"prompt": "a few words", "max_tokens": 3})[0] == 200  # counted by /tokenize: 3
     assert fakes["prefill"].bodies == [] and len(fakes["decode"].bodies) == 2
@@ -155,9 +156,9 @@ def test_a_short_prompt_skips_the_prefill_server(servers):
 def test_the_stream_passes_through_and_the_decode_ttft_is_kept(servers):
     fakes, urls = servers
     fakes["decode"].delay_s = 0.05
-    with disagg.proxy(urls["prefill"], urls["decode"], 130) as p:
+    with pd_proxy.proxy(urls["prefill"], urls["decode"], 130) as p:
         body = client.payload("completions", LONG, None, 5, ignore_eos=True, return_token_ids=True)
-        out = loadgen.run_sync(lambda: _stream(p.url, body))
+        out = client.run_sync(lambda: _stream(p.url, body))
     assert out.success and out.token_ids == [0, 1, 2, 3, 4] and len(out.chunk_s) == 5
     assert "stream_options" not in fakes["prefill"].bodies[0] and fakes["prefill"].bodies[0]["stream"] is False
     assert fakes["decode"].bodies[0]["stream"] is True
@@ -177,7 +178,7 @@ def test_a_failed_prefill_goes_on_with_decode_alone_and_is_counted(servers, mode
     fakes, urls = servers
     fakes["prefill"].mode = mode
     prefill_url = dead_url() if mode == "down" else urls["prefill"]
-    with disagg.proxy(prefill_url, urls["decode"], 130, prefill_timeout_s=0.5, retry_prefill_s=60) as p:
+    with pd_proxy.proxy(prefill_url, urls["decode"], 130, prefill_timeout_s=0.5, retry_prefill_s=60) as p:
         status, text = post(p.url, {"prompt": LONG, "max_tokens": 2})
         assert status == 200 and json.loads(text)["choices"][0]["token_ids"] == [0, 1]
         assert p.fallbacks == 1 and p.records[0]["fallback"] and "prefill server" in p.records[0]["reason"]
@@ -192,7 +193,7 @@ def test_a_failed_prefill_goes_on_with_decode_alone_and_is_counted(servers, mode
 def test_the_prefill_server_is_tried_again_after_its_retry_window(servers):
     fakes, urls = servers
     fakes["prefill"].mode = "fail"
-    with disagg.proxy(urls["prefill"], urls["decode"], 130, retry_prefill_s=0.0) as p:
+    with pd_proxy.proxy(urls["prefill"], urls["decode"], 130, retry_prefill_s=0.0) as p:
         post(p.url, {"prompt": LONG, "max_tokens": 2})
         fakes["prefill"].mode = "ok"
         post(p.url, {"prompt": LONG, "max_tokens": 2})
@@ -205,7 +206,7 @@ def test_a_failed_decode_answers_502_with_one_line_of_reason(servers, mode):
     fakes["decode"].mode = mode
     decode_url = dead_url() if mode == "down" else urls["decode"]
     t0 = time.monotonic()
-    with disagg.proxy(urls["prefill"], decode_url, 130, timeout_s=1.0) as p:
+    with pd_proxy.proxy(urls["prefill"], decode_url, 130, timeout_s=1.0) as p:
         status, text = post(p.url, {"prompt": SHORT, "max_tokens": 2})
     reason = json.loads(text)["error"]["message"]
     assert status == 502 and "decode server" in reason and "\n" not in reason and time.monotonic() - t0 < 10
@@ -216,34 +217,34 @@ def test_a_failed_decode_answers_502_with_one_line_of_reason(servers, mode):
 def test_a_decode_stream_cut_off_reaches_the_client_as_a_failed_request(servers):
     fakes, urls = servers
     fakes["decode"].mode = "cut"
-    with disagg.proxy(urls["prefill"], urls["decode"], 130) as p:
+    with pd_proxy.proxy(urls["prefill"], urls["decode"], 130) as p:
         body = client.payload("completions", SHORT, None, 5, ignore_eos=True)
-        out = loadgen.run_sync(lambda: _stream(p.url, body))
+        out = client.run_sync(lambda: _stream(p.url, body))
     assert not out.success and out.error and len(out.chunk_s) == 2
 
 
 def test_a_plan_that_returns_nonsense_is_named():
-    with disagg.proxy(dead_url(), dead_url(), 130, decide=lambda n, t, up: ["decode", "prefill"]) as p:
+    with pd_proxy.proxy(dead_url(), dead_url(), 130, decide=lambda n, t, up: ["decode", "prefill"]) as p:
         status, text = post(p.url, {"prompt": SHORT, "max_tokens": 2})
     assert status == 500 and "return ['prefill', 'decode'] or ['decode']" in text
-    with disagg.proxy(dead_url(), dead_url(), 130) as p:
+    with pd_proxy.proxy(dead_url(), dead_url(), 130) as p:
         status, text = post(p.url, {"prompt": {"not": "a prompt"}})
     assert status == 400 and "string or a list of token ids" in text
-    with disagg.proxy(dead_url(), dead_url(), 130) as p:
+    with pd_proxy.proxy(dead_url(), dead_url(), 130) as p:
         status, text = post(p.url, {"prompt": [1000], "max_tokens": 2})
     assert status == 400 and "send 2 or more" in text, "a one-token prompt would kill the decode server's engine"
 
 
 def test_the_proxy_refuses_a_request_without_deadline():
     with pytest.raises(ValueError, match="deadline"):
-        disagg.Proxy("http://a", "http://b", 130, timeout_s=0)
+        pd_proxy.Proxy("http://a", "http://b", 130, timeout_s=0)
     with pytest.raises(ValueError, match="threshold"):
-        disagg.Proxy("http://a", "http://b", 0)
+        pd_proxy.Proxy("http://a", "http://b", 0)
 
 
 def test_the_summary_counts_routes_and_fallbacks(servers):
     fakes, urls = servers
-    with disagg.proxy(urls["prefill"], urls["decode"], 130) as p:
+    with pd_proxy.proxy(urls["prefill"], urls["decode"], 130) as p:
         post(p.url, {"prompt": LONG, "max_tokens": 2})
         post(p.url, {"prompt": SHORT, "max_tokens": 2})
     s = p.summary()
@@ -327,7 +328,7 @@ def test_transfer_metrics_take_the_connector_counters_apart_by_source():
 def test_itl_rounds_judge_each_target_against_the_first(servers):
     fakes, urls = servers
     fakes["decode"].delay_s, fakes["prefill"].delay_s = 0.01, 0.03  # "prefill" plays the slower server here
-    rows = disagg.itl_rounds({"one": urls["prefill"], "split": urls["decode"]}, [SHORT, SHORT], 5, LONG, n_long=2,
+    rows = pd_proxy.itl_rounds({"one": urls["prefill"], "split": urls["decode"]}, [SHORT, SHORT], 5, LONG, n_long=2,
                              n_rounds=3, long_after=2)
     by = {r["target"]: r for r in rows}
     assert by["one"]["verdict"] == "baseline" and len(by["split"]["samples"]["stall_s"]) == 3
@@ -337,4 +338,4 @@ def test_itl_rounds_judge_each_target_against_the_first(servers):
     longs = [b["prompt"] for b in fakes["decode"].bodies if b["max_tokens"] == 1]
     assert len(longs) == 6 and len({tuple(p) for p in longs}) == 6, "every long prompt is new"
     with pytest.raises(ValueError, match="still decoding"):
-        disagg.burst_while_streaming(urls["decode"], [SHORT], 3, [LONG], long_after=3)
+        pd_proxy.burst_while_streaming(urls["decode"], [SHORT], 3, [LONG], long_after=3)

@@ -336,7 +336,7 @@ def test_quick_modes_comparison_starts_one_server_and_says_what_it_skipped(monke
         started.append([name])
         yield Srv()
 
-    monkeypatch.setattr(vm, "started_together", together)
+    monkeypatch.setattr(vm.vs, "started_together", together)
     monkeypatch.setattr(vm.vs, "serve", serve)
     monkeypatch.setattr(vm, "prefix_rounds", lambda *a: {"with": {"errors": []}, "without": {"errors": []}})
     monkeypatch.setattr(vm, "chunked_rounds", lambda *a: {"large": {"errors": []}, "small": {"errors": []}})

@@ -268,7 +268,7 @@ def test_servers_started_together_are_all_stopped_and_a_failed_start_stops_the_o
     monkeypatch.setattr(vs, "check_memory", lambda gib: None)
     named = {"a": vs.Settings(model="/m"), "b": vs.Settings(model="/m", max_num_batched_tokens=128)}
     monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(good))
-    with vm.started_together(named, deadline_s=30) as servers:
+    with vs.started_together(named, deadline_s=30) as servers:
         assert set(servers) == {"a", "b"} and all(s.alive() for s in servers.values())
         assert servers["a"].port != servers["b"].port
         leaders = [s.proc.pid for s in servers.values()]
@@ -283,7 +283,7 @@ def test_servers_started_together_are_all_stopped_and_a_failed_start_stops_the_o
         return started[-1]
     monkeypatch.setattr(vs, "start", start)
     with pytest.raises(vs.VLLMStartError, match="no engine"):
-        with vm.started_together(named, deadline_s=30):
+        with vs.started_together(named, deadline_s=30):
             pytest.fail("the block must not run when a server failed to start")
     assert started and gone(started[0].proc.pid) and not [c for c in processes._LIVE if isinstance(c, vs.VLLMServer)], "the server that did start is stopped"
 

@@ -10,17 +10,15 @@
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import aiohttp
 import jsonschema
 
-from ..core import timing, verdict
-from ..serve import client, loadgen
+from ..core import verdict
+from ..serve import client
 
 PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                                   "city": {"type": "string"}},
@@ -61,17 +59,10 @@ def ask_all(url: str, prompts: Sequence[str], *, max_tokens: int, response_forma
             timeout_s: float = 300.0) -> dict[str, Any]:
     """Send one greedy chat request per prompt, all at once; check each answer against ``schema`` (JSON only when
     None). Returns the batch's wall time, the answers and per-request rows."""
-    async def go() -> tuple[float, list[dict[str, Any]]]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            name = model or await client.discover_model(session, url)
-            bodies = [{"model": name, "messages": [{"role": "user", "content": p}], "max_tokens": max_tokens,
-                       "temperature": 0, **({"response_format": dict(response_format)} if response_format else {}),
-                       **dict(extra or {})} for p in prompts]
-            t0 = timing.clock()
-            outs = await asyncio.gather(*(client.post_json(session, url + client.ENDPOINTS["chat"], b) for b in bodies))
-            return timing.clock() - t0, list(outs)
-
-    wall, outs = loadgen.run_sync(go)
+    bodies = [{"model": model, "messages": [{"role": "user", "content": p}], "max_tokens": max_tokens,
+               "temperature": 0, **({"response_format": dict(response_format)} if response_format else {}),
+               **dict(extra or {})} for p in prompts]
+    wall, outs = client.post_all(url, bodies, timeout_s=timeout_s)
     rows = []
     for prompt, out in zip(prompts, outs):
         ok = out["status"] == 200
@@ -137,12 +128,8 @@ def structured_table(runs: Sequence[Mapping[str, Any]], base: str = "free") -> l
 
 def malformed(url: str, response_format: Any, model: str | None = None) -> dict[str, Any]:
     """One chat request with ``response_format`` as given: the status and the error message a server answers."""
-    async def go() -> dict[str, Any]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-            name = model or await client.discover_model(session, url)
-            body = {"model": name, "max_tokens": 8, "response_format": response_format,
-                    "messages": [{"role": "user", "content": "Hi"}]}
-            return await client.post_json(session, url + client.ENDPOINTS["chat"], body)
-    out = loadgen.run_sync(go)
+    body = {"model": model, "max_tokens": 8, "response_format": response_format,
+            "messages": [{"role": "user", "content": "Hi"}]}
+    (_wall, (out,)) = client.post_all(url, [body], timeout_s=60)
     err = out["data"].get("error", {}) if isinstance(out["data"].get("error"), dict) else {}
     return {"status": out["status"], "message": str(err.get("message", out["data"]))[:300], "param": err.get("param")}

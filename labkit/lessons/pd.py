@@ -5,7 +5,7 @@
 ``pd_session``  on those servers, behind the lab's proxy: each prompt's greedy tokens against the plain server's,
                 the KV bytes the prefill wrote per layer against the sizing formula, whether the decode server
                 loaded them (its log) or recomputed; a prompt the prefill never saw (the decode server recomputes);
-                the short streams' stalls under a burst of long prompts, split against plain (``disagg.itl_rounds``);
+                the short streams' stalls under a burst of long prompts, split against plain (``pd_proxy.itl_rounds``);
                 and the prefill server killed mid-run (every request answered by decode alone, or counted failed)
 """
 from __future__ import annotations
@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..serve.metrics import metrics_delta
+from ..serve.fleet import pd_proxy
 from ..serve.vllm import disagg
-from ..serve.vllm import mechanisms as vm
+from ..serve import client
 from ..serve.vllm import server as vs
 
 
@@ -58,14 +59,14 @@ def pd_session(servers: Mapping[str, vs.VLLMServer], storage: str | Path, model:
     P, D, plain = servers["prefill"], servers["decode"], servers["plain"]
     block = D.kv_blocks()["block_size"] or disagg.CPU_BLOCK_SIZE
     threshold = disagg.min_split_tokens(block) if threshold is None else threshold
-    ref = [o.token_ids for o in vm.send(plain.url, [list(p) for p in prompts], max_tokens, 1)]
+    ref = [o.token_ids for o in client.send_ids(plain.url, [list(p) for p in prompts], max_tokens, 1)[0]]
     out: dict[str, Any] = {"block_size": block, "threshold": threshold}
-    with disagg.proxy(P.url, D.url, threshold, decide) as px:
+    with pd_proxy.proxy(P.url, D.url, threshold, decide) as px:
         split = []
         for p, want in zip(prompts, ref):
             log0, m0, folders = len(D.log()), disagg.transfer_metrics(D.scrape()), {
                 r["folder"] for r in disagg.kv_files(storage)}
-            got = vm.send(px.url, [list(p)], max_tokens, 1)[0]
+            got = client.send_ids(px.url, [list(p)], max_tokens, 1)[0][0]
             time.sleep(0.5)  # the worker's log line lands after the answer
             log = D.log()[log0:]
             split.append({"prompt_tokens": len(p), "route": px.records[-1]["route"] if px.records else None,
@@ -78,21 +79,21 @@ def pd_session(servers: Mapping[str, vs.VLLMServer], storage: str | Path, model:
         out["split"] = split
         if missing_prompt:
             log0 = len(D.log())
-            got = vm.send(D.url, [list(missing_prompt)], max_tokens, 1)[0]
-            want = vm.send(plain.url, [list(missing_prompt)], max_tokens, 1)[0]
+            got = client.send_ids(D.url, [list(missing_prompt)], max_tokens, 1)[0][0]
+            want = client.send_ids(plain.url, [list(missing_prompt)], max_tokens, 1)[0][0]
             time.sleep(0.5)
             log = D.log()[log0:]
             out["missing"] = {"prompt_tokens": len(missing_prompt), "recomputed": disagg.recomputed(log),
                               **disagg.kv_log(log), "identical": got.token_ids == want.token_ids, "error": got.error}
         if short_prompts and long_prompt:
-            rows = disagg.itl_rounds({"plain": plain.url, "split": px.url}, short_prompts, stream_tokens, long_prompt,
+            rows = pd_proxy.itl_rounds({"plain": plain.url, "split": px.url}, short_prompts, stream_tokens, long_prompt,
                                      n_long=n_long, n_rounds=itl_rounds)
             out["itl"] = [{k: v for k, v in r.items() if k != "answers"} | {"answers_equal": r["answers"] == rows[0]["answers"]}
                           for r in rows]
         if kill_prompt:
             P.kill()
-            outs = vm.send(px.url, [list(kill_prompt)] * 2, max_tokens, 1)
-            want = vm.send(plain.url, [list(kill_prompt)], max_tokens, 1)[0]
+            outs, _wall = client.send_ids(px.url, [list(kill_prompt)] * 2, max_tokens, 1)
+            want = client.send_ids(plain.url, [list(kill_prompt)], max_tokens, 1)[0][0]
             out["kill"] = {"requests": len(outs), "answered": sum(o.success for o in outs),
                            "failed": sum(not o.success for o in outs), "fallbacks": px.fallbacks,
                            "identical": all(o.token_ids == want.token_ids for o in outs if o.success),

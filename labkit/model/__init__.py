@@ -11,6 +11,7 @@
 ``prompts``   the lab's prompts and evaluation text from ``data/``
 ``onnx``      the exported ONNX model (transformers' exporter) and its quantised forms, cached, and the providers a
               session got
+``tensorfile`` a safetensors file's header, read without loading it: the one reader
 ``adapters``  LoRA adapters in PEFT's layout (seeded), their bytes against full copies, merged greedy answers
 ``ort_decoder`` the exported model in an ONNX Runtime session, answering as a transformers model does (logits,
               greedy ``generate``)

@@ -10,7 +10,7 @@ nothing, so each adapter gets its own seeded ``A`` and ``B``, scaled so that eve
 norm ``strength × ‖W‖``: a seeded nudge, the same size for every adapter, that moves greedy answers away from the
 base's and from each other's (``train_steps`` > 0 trains ``B`` from zero on the lab's text instead).
 
-``adapter_bytes`` / ``n_adapters_vs_copies`` are the arithmetic, from the model's config; ``tensor_bytes`` reads
+``adapter_bytes`` / ``n_adapters_vs_copies`` are the arithmetic, from the model's config; ``weights_bytes`` reads
 what a written file holds. ``merged_greedy`` is the reference for a server's answers: transformers and PEFT,
 the adapter merged into the weights (``merge_and_unload``), greedy, each prompt alone.
 """
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.checks import positive
+from . import tensorfile
 from .dtypes import DTYPE_BYTES, normalize_dtype, torch_dtype
 from .prompts import eval_text
 from .sizing import shape, weight_bytes
@@ -82,16 +83,15 @@ def n_adapters_vs_copies(n: int, config: Any, rank: int = 8, targets: Sequence[s
             "full_copies_bytes": n * base, "saving": n * base / (base + n * one)}
 
 
-def tensor_bytes(path: str | Path) -> int:
-    """Bytes of the tensors a safetensors file holds, read from its header (the file is the header plus these)."""
+def weights_bytes(path: str | Path) -> int:
+    """Bytes of the tensors an adapter's weights file holds (``path``: the file, or the adapter's folder), read
+    from its safetensors header (the file is the header plus these)."""
     path = Path(path)
     if path.is_dir():
         path = path / WEIGHTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no adapter weights there; write them with make_adapters()")
-    with path.open("rb") as f:
-        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    return sum(end - start for key, t in header.items() if key != "__metadata__" for start, end in [t["data_offsets"]])
+    return tensorfile.payload_bytes(path)
 
 
 # ---------------------------------------------------------------------------------------- writing adapters

@@ -12,7 +12,8 @@
 ``batching``   the static batch-size sweep and the cost of padding
 ``paged``      PagedAttention's memory argument, simulated
 ``prefill``    prefix caching and chunked prefill, measured
-``loadgen``    load against any OpenAI-compatible server (an async client, and Locust)
+``client``     one request to any OpenAI-compatible server: its payload, its stream stamped chunk by chunk, bursts
+``loadgen``    the load on any OpenAI-compatible server: arrivals, runs, SLOs, summaries, and Locust
 ``locustfile`` the Locust users ``loadgen.run_locust`` runs against the server
 ``shared``     the room's one ``vllm serve`` (``LABKIT_SERVER_URL``): checked, asked its model, labelled as elsewhere
 

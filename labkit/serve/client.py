@@ -4,8 +4,11 @@
 ``send_request``          the one streaming client: every chunk stamped on arrival (``chunk_s``), TTFT and the gaps
                           between chunks (ITL, through ``timing.gaps``) from those stamps, its text and token ids
 ``burst_while_streaming`` prompts sent while others decode (chunked prefill, prefill/decode split)
+``send_ids``              token-id prompts streamed, at most N in flight, each to its model and with its cache salt
+``burst_ids``             ``burst_while_streaming`` for token-id prompts, from synchronous code
 ``discover_model``        the model a server lists at /v1/models
-``post_json``             one non-streaming POST and its JSON answer
+``post_json``             one non-streaming POST and its JSON answer; ``post_all``, several sent at once
+``run_sync``              any of these from synchronous code, a notebook's cell included
 
 The load (arrivals, runs, SLOs, summaries, Locust) is ``loadgen``'s; this module sends one request at a time.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +53,10 @@ Prompt = str | Sequence[int]  # text, or token ids (already chat-formatted: sent
 
 
 def payload(endpoint: str, prompt: Prompt, model: str | None, max_tokens: int, ignore_eos: bool,
-             return_token_ids: bool = False) -> dict[str, Any]:
+            return_token_ids: bool = False, cache_salt: str | None = None) -> dict[str, Any]:
+    """A greedy streaming request body for ``endpoint`` ("completions" or "chat"): ``prompt`` as text, or as token
+    ids (completions only); usage in the last chunk; vLLM's ``ignore_eos``, ``return_token_ids`` and ``cache_salt``
+    when asked."""
     body: dict[str, Any] = {"temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
@@ -66,6 +73,8 @@ def payload(endpoint: str, prompt: Prompt, model: str | None, max_tokens: int, i
         body["ignore_eos"] = True  # a vLLM extension: exactly max_tokens tokens
     if return_token_ids:
         body["return_token_ids"] = True  # a vLLM extension: each chunk carries its token ids
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt  # a vLLM extension: blocks hashed under another salt are never shared
     return body
 
 
@@ -193,3 +202,98 @@ async def post_json(session: Any, url: str, body: Mapping[str, Any]) -> dict[str
         except ValueError:
             data = {"error": {"message": text[:300]}}
         return {"status": resp.status, "data": data, "e2e_s": elapsed}
+
+
+def send_ids(base_url: str, prompts: Sequence[Sequence[int]], max_tokens: int, concurrency: int, *,
+             models: Sequence[str | None] | None = None, salts: Sequence[str | None] | None = None,
+             ignore_eos: bool = True, timeout_s: float = 600.0) -> tuple[list[RequestOutput], float]:
+    """Streaming completions of ``prompts`` (token ids), greedy, at most ``concurrency`` in flight; request i goes to
+    ``models[i]`` (default: the model the server lists first) with cache salt ``salts[i]`` (None: no salt). Each
+    answer's measurement (TTFT, ITL, E2E, its token ids) and the wall seconds of all."""
+    import aiohttp
+
+    for name, value in (("max_tokens", max_tokens), ("concurrency", concurrency)):
+        if not (isinstance(value, int) and value > 0):
+            raise ValueError(f"{name}={value!r}: a positive whole number")
+    models = list(models) if models is not None else [None] * len(prompts)
+    salts = list(salts) if salts is not None else [None] * len(prompts)
+    if len(models) != len(prompts) or len(salts) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts, {len(models)} model names and {len(salts)} salts: give one of each "
+                         "per prompt (None: the server's model, no salt)")
+    url = base_url.rstrip("/") + ENDPOINTS["completions"]
+
+    async def go() -> tuple[list[RequestOutput], float]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            served = None if all(models) else await discover_model(session, base_url)
+            gate, t0 = asyncio.Semaphore(concurrency), clock()
+
+            async def one(ids: Sequence[int], model: str | None, salt: str | None) -> RequestOutput:
+                body = payload("completions", list(ids), model or served, max_tokens, ignore_eos,
+                               return_token_ids=True, cache_salt=salt)
+                async with gate:
+                    return await send_request(session, url, body, False, t0)
+
+            outs = list(await asyncio.gather(*(one(p, m, s) for p, m, s in zip(prompts, models, salts))))
+            return outs, clock() - t0
+
+    return run_sync(go)
+
+
+def burst_ids(base_url: str, stream_prompts: Sequence[Sequence[int]], stream_tokens: int,
+              burst_prompts: Sequence[Sequence[int]], burst_tokens: int = 1, after: int = 4, salt: str | None = None,
+              timeout_s: float = 600.0) -> tuple[list[RequestOutput], list[RequestOutput], float]:
+    """``burst_while_streaming`` for token-id prompts on the completions endpoint, from synchronous code: streams
+    of ``stream_tokens`` each (``ignore_eos``), the burst sent after the first stream's ``after``-th chunk, every
+    request with cache salt ``salt``. (streams, burst, when the burst was sent)."""
+    import aiohttp
+
+    if not (isinstance(stream_tokens, int) and 0 < after < stream_tokens):
+        raise ValueError(f"after={after}, stream_tokens={stream_tokens}: need 0 < after < stream_tokens, so the burst "
+                         "comes while the streams are still decoding")
+    url = base_url.rstrip("/") + ENDPOINTS["completions"]
+
+    async def go() -> tuple[list[RequestOutput], list[RequestOutput], float]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            model = await discover_model(session, base_url)
+
+            def body(ids: Sequence[int], n: int) -> dict[str, Any]:
+                return payload("completions", list(ids), model, n, ignore_eos=True, return_token_ids=True,
+                               cache_salt=salt)
+
+            return await burst_while_streaming(
+                session, url, [body(p, stream_tokens) for p in stream_prompts],
+                [body(p, burst_tokens) for p in burst_prompts], chat=False, after=after, timeout_s=timeout_s)
+
+    return run_sync(go)
+
+
+def post_all(base_url: str, bodies: Sequence[Mapping[str, Any]], *, endpoint: str = "chat",
+             timeout_s: float = 300.0) -> tuple[float, list[dict[str, Any]]]:
+    """Every body POSTed to ``endpoint`` at once, not streamed; a body without a "model" gets the one the server
+    lists first. (The wall seconds from the first send to the last answer, each ``post_json`` result in order.)"""
+    import aiohttp
+
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint={endpoint!r}: choose one of {sorted(ENDPOINTS)}")
+    url = base_url.rstrip("/") + ENDPOINTS[endpoint]
+
+    async def go() -> tuple[float, list[dict[str, Any]]]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            model = None if all(b.get("model") for b in bodies) else await discover_model(session, base_url)
+            full = [{**b, "model": b.get("model") or model} for b in bodies]
+            t0 = clock()
+            outs = await asyncio.gather(*(post_json(session, url, b) for b in full))
+            return clock() - t0, list(outs)
+
+    return run_sync(go)
+
+
+def run_sync(coro_fn: Callable[[], Any]) -> Any:
+    """``coro_fn()``'s coroutine run to its end from synchronous code, also inside Jupyter (whose event loop is
+    already running: then on a fresh loop in a thread of its own)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro_fn())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(coro_fn())).result()

@@ -1,7 +1,7 @@
 """Starting and stopping the lab's server: in a thread of this process (``start_server``, a ``ServerHandle``)
 or in its own process (``start_process``, a ``ProcessHandle``), and ``run_server``, a context manager for
 either that always stops what it started and lets the model go; ``run_in_child``, one call in a fresh
-process's main thread.
+process's main thread; ``Background`` and ``BackgroundApp``, an async app on a thread and loop of its own.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import fields
 from typing import Any
 
@@ -25,6 +25,81 @@ from .server import Server, load_model
 
 LISTENING = "labkit serve: listening on "  # the line a subprocess prints once its port is bound
 LOG_DIR = config.REPO_DIR / "build" / "serve"  # start_process's logs
+
+
+# ------------------------------------------------------------------------- an async app on a thread of its own
+
+
+class Background:
+    """``start()`` then ``serve()``, two coroutines, on an event loop of their own in a daemon thread: the one way
+    the lab runs an async app (the lab's server, a proxy) beside a notebook's own loop. ``wait_started`` returns
+    once ``start`` returned or raised (``failure``); the loop closes when ``serve`` ends."""
+
+    def __init__(self, start: Callable[[], Awaitable[Any]], serve: Callable[[], Awaitable[Any]], name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.failure: BaseException | None = None
+        self._started = threading.Event()
+
+        def main() -> None:
+            asyncio.set_event_loop(self.loop)
+            try:
+                try:
+                    self.loop.run_until_complete(start())
+                except BaseException as exc:  # noqa: BLE001  every start-up failure goes back to the caller
+                    self.failure = exc
+                    return
+                finally:
+                    self._started.set()
+                self.loop.run_until_complete(serve())
+            finally:
+                self.loop.close()
+
+        self.thread = threading.Thread(target=main, name=name, daemon=True)
+        self.thread.start()
+
+    def wait_started(self, timeout_s: float) -> bool:
+        """True once ``start`` returned or raised (see ``failure``); False when ``timeout_s`` passed first."""
+        return self._started.wait(timeout_s)
+
+
+class BackgroundApp:
+    """An aiohttp app on 127.0.0.1, on a free port, served by a ``Background`` thread; ``url`` once started,
+    ``stop()`` closes it."""
+
+    def __init__(self, make_app: Callable[[], Any], startup_timeout_s: float = 10.0, name: str = "labkit-app") -> None:
+        from aiohttp import web
+
+        self.url, self._runner = "", None
+        self._stopped: asyncio.Event | None = None
+
+        async def start() -> None:
+            self._stopped = asyncio.Event()
+            self._runner = web.AppRunner(make_app(), handle_signals=False, access_log=None, shutdown_timeout=2.0)
+            await self._runner.setup()
+            try:
+                await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+            except BaseException:
+                await self._runner.cleanup()
+                raise
+            self.url = "http://127.0.0.1:%d" % self._runner.addresses[0][1]
+
+        async def serve() -> None:
+            try:
+                await self._stopped.wait()
+            finally:
+                await self._runner.cleanup()
+
+        self._bg = Background(start, serve, name)
+        if not self._bg.wait_started(startup_timeout_s) or self._bg.failure is not None:
+            self.stop()
+            raise RuntimeError(f"the app did not start: {self._bg.failure or 'no port within the timeout'}")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._bg.thread.is_alive() and self._stopped is not None:
+            self._bg.loop.call_soon_threadsafe(self._stopped.set)
+        self._bg.thread.join(timeout_s)
+        if self._bg.thread.is_alive():
+            raise RuntimeError(f"the app at {self.url} did not stop within {timeout_s:g} s")
 
 
 # ------------------------------------------------------------------------- running it: thread/process
@@ -89,37 +164,17 @@ def start_server(model: Any = None, *, server_class: type[Server] | None = None,
     cfg = server_config(**{"port": 0, **options})
     lm = load_model(model if model is not None else cfg.model, cfg.dtype)
     server = (server_class or Server)(lm, cfg)
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    failure: list[BaseException] = []
-
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(server.start())
-        except BaseException as exc:  # every start-up failure goes back to the caller, none is swallowed
-            failure.append(exc)
-            started.set()
-            loop.close()
-            return
-        started.set()
-        try:
-            loop.run_until_complete(server.serve_until_stopped())
-        finally:
-            loop.close()
-
-    thread = threading.Thread(target=main, name="labkit-server", daemon=True)
-    thread.start()
-    if not started.wait(startup_timeout_s):
-        loop.call_soon_threadsafe(server.request_stop)
+    bg = Background(server.start, server.serve_until_stopped, "labkit-server")
+    if not bg.wait_started(startup_timeout_s):
+        bg.loop.call_soon_threadsafe(server.request_stop)
         raise RuntimeError(f"the server did not start within {startup_timeout_s:g} s; raise startup_timeout_s "
                            "on a slow machine, or look for a stuck model load")
-    if failure:
-        exc = failure[0]
+    if bg.failure is not None:
+        exc = bg.failure
         if isinstance(exc, OSError):  # the port is taken or the host cannot be bound
             raise ValueError(f"cannot listen on {cfg.host}:{cfg.port} ({exc}); choose another port, or port=0") from exc
         raise RuntimeError(f"the server failed to start: {type(exc).__name__}: {exc}") from exc
-    return ServerHandle(server, loop, thread)
+    return ServerHandle(server, bg.loop, bg.thread)
 
 
 class ProcessHandle(processes.Child):

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from ..core.results import jsonable
 from ..core.timing import P99_MIN_SAMPLES, clock, latency_summary
 from ..model.prompts import load_prompts
 from . import client
-from .client import ENDPOINTS, Prompt, RequestOutput, discover_model, send_request
+from .client import ENDPOINTS, Prompt, RequestOutput, discover_model, run_sync, send_request
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
@@ -227,17 +226,6 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
                 "concurrency": max_concurrency, "max_tokens": limits[0] if len(limits) == 1 else f"{min(limits)}-{max(limits)}",
                 "ignore_eos": ignore_eos}
     return BenchmarkResult(outputs=list(outputs), duration_s=duration, settings=settings, slo=slo)
-
-
-def run_sync(coro_fn: Callable[[], Any]) -> Any:
-    """``coro_fn()``'s coroutine run to its end from synchronous code, also inside Jupyter (whose event loop is
-    already running: then on a fresh loop in a thread of its own)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro_fn())
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(coro_fn())).result()
 
 
 def run(base_url: str, prompts: Sequence[Prompt] | None = None, **kwargs: Any) -> BenchmarkResult:

@@ -131,7 +131,7 @@ def chunked_prefill_run(lm: Any, stream_prompts: Sequence[str], stream_tokens: i
                          "must arrive while the streams are still decoding")
     with launch.run_server(lm, port=0, batching="continuous", max_batch_size=len(stream_prompts) + 1,
                             prefill_chunk_tokens=prefill_chunk_tokens, max_prompt_tokens=8192) as srv:
-        raw = loadgen.run_sync(lambda: _long_prompt_while_streaming(srv.url, stream_prompts, stream_tokens, long_prompt,
+        raw = client.run_sync(lambda: _long_prompt_while_streaming(srv.url, stream_prompts, stream_tokens, long_prompt,
                                                                long_tokens, long_after))
     long_first = raw["long_stamps"][0] if raw["long_stamps"] else None
     itl = itl_stats(raw["stamps"])

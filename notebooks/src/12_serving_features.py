@@ -196,7 +196,7 @@ PREDICT_ADAPTER_SHARE = None  # your prediction: (base + N adapters) ÷ (N full 
 model_path = models.resolve()
 adapter_dirs = adapters.make_adapters(model_path, config.cache_dir() / "adapters", ADAPTERS, rank=LORA_RANK)
 cfg = lm.model.config
-one_file = adapters.tensor_bytes(adapter_dirs[ADAPTERS[0]] / "adapter_model.safetensors")
+one_file = adapters.weights_bytes(adapter_dirs[ADAPTERS[0]] / "adapter_model.safetensors")
 byte_row = adapters.n_adapters_vs_copies(N_VARIANTS, cfg, rank=LORA_RANK)
 res.replace("adapter_bytes", [{**byte_row, "file_tensor_bytes": one_file}])
 print(f"one adapter: {cfg.num_hidden_layers} layers × (q_proj {LORA_RANK}×({cfg.hidden_size}+{cfg.hidden_size}) + "
@@ -349,7 +349,7 @@ if PD and HAS_VLLM:
     pd_prompts = [text_ids[300 * i:300 * i + n] for i, n in enumerate(PD_PROMPT_TOKENS)]
     storage = tempfile.mkdtemp(prefix="kv-", dir=config.cache_dir())
     base = vllm_server.Settings(model=model_path, max_model_len=1024, max_num_seqs=8, prefix_caching=False)
-    with vm.started_together(pd.pd_servers(base, storage), deadline_s=400) as pd_srv:
+    with vllm_server.started_together(pd.pd_servers(base, storage), deadline_s=400) as pd_srv:
         pd_out = pd.pd_session(pd_srv, storage, model_path, pd_prompts, decide=decide, missing_prompt=text_ids[1200:1400],
                                short_prompts=[text_ids[1600:1620], text_ids[1700:1720]],
                                long_prompt=text_ids[2000:2000 + PD_LONG_TOKENS], n_long=PD_LONG,

@@ -29,7 +29,7 @@ from typing import Any
 from ...core.checks import positive
 from ...core.timing import clock, latency_summary
 from ...model.prompts import eval_tokens
-from .. import client, loadgen
+from .. import client
 from .router import ROUTED_HEADER, ROUTING_KEY_HEADER
 
 # each group's name starts with its own letter, so two groups' prompts share no first character
@@ -150,7 +150,7 @@ async def run_async(url: str, conversations: Sequence[Conversation], max_tokens:
 
 def run(url: str, conversations: Sequence[Conversation], max_tokens: int, **kwargs: Any) -> list[dict[str, Any]]:
     """``run_async`` from synchronous code, also inside Jupyter (whose event loop is already running)."""
-    return loadgen.run_sync(lambda: run_async(url, conversations, max_tokens, **kwargs))
+    return client.run_sync(lambda: run_async(url, conversations, max_tokens, **kwargs))
 
 
 # ---------------------------------------------------------------------------------------- what a policy did

@@ -18,7 +18,6 @@ Prompts go as chat-formatted token ids to the completions endpoint and answers c
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import statistics
@@ -28,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from ...core.checks import positive
-from ...core.timing import clock, rounds as interleaved_rounds
+from ...core.timing import rounds as interleaved_rounds
 from ...decoding.quality import answers_check
 from ...model.adapters import adapter_rank
-from .. import client, loadgen
+from .. import client
 from . import server as vs
 
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks: --max-lora-rank's choices
@@ -98,34 +97,6 @@ def lora_metrics(server: vs.VLLMServer) -> list[dict[str, str]]:
 # ---------------------------------------------------------------------------------------- requests
 
 
-def send_models(base_url: str, prompts: Sequence[Sequence[int]], models: Sequence[str], max_tokens: int,
-                concurrency: int, ignore_eos: bool = True, timeout_s: float = 600.0) -> tuple[list[Any], float]:
-    """Streaming completions of ``prompts`` (token ids), request i to ``models[i]`` (the base's or an adapter's
-    name), at most ``concurrency`` in flight: loadgen's measurement of each, and the wall time of all (seconds)."""
-    import aiohttp
-
-    positive("max_tokens", max_tokens)
-    positive("concurrency", concurrency)
-    if len(models) != len(prompts):
-        raise ValueError(f"{len(models)} model names for {len(prompts)} prompts: give one per prompt")
-    url = base_url.rstrip("/") + client.ENDPOINTS["completions"]
-
-    async def go() -> tuple[list[Any], float]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            gate, t0 = asyncio.Semaphore(concurrency), clock()
-
-            async def one(ids: Sequence[int], model: str) -> Any:
-                async with gate:
-                    body = client.payload("completions", list(ids), model, max_tokens, ignore_eos,
-                                            return_token_ids=True)
-                    return await client.send_request(session, url, body, False, t0)
-
-            outs = list(await asyncio.gather(*(one(p, m) for p, m in zip(prompts, models))))
-            return outs, clock() - t0
-
-    return loadgen.run_sync(go)
-
-
 def lora_check(server: vs.VLLMServer, references: Mapping[str, Sequence[Sequence[int]]],
                prompts: Sequence[Sequence[int]], max_tokens: int, eos: set[int],
                concurrency: int = 1) -> dict[str, dict[str, Any]]:
@@ -137,7 +108,8 @@ def lora_check(server: vs.VLLMServer, references: Mapping[str, Sequence[Sequence
         if len(ref) != len(prompts):
             raise ValueError(f"{name}: {len(ref)} reference answers for {len(prompts)} prompts; one per prompt")
         model = base if name == "base" else name
-        outs, _ = send_models(server.url, prompts, [model] * len(prompts), max_tokens, concurrency, ignore_eos=False)
+        outs, _ = client.send_ids(server.url, prompts, max_tokens, concurrency, models=[model] * len(prompts),
+                                  ignore_eos=False)
         got = {f"p{i}": o.token_ids for i, o in enumerate(outs)}
         check = answers_check(got, {f"p{i}": list(r) for i, r in enumerate(ref)}, eos)
         out[name] = {**check, "equal": len(prompts) - len(check["first_differences"]) - len(check["missing"]),
@@ -171,8 +143,8 @@ def lora_rounds(server: vs.VLLMServer, adapters: Sequence[str], prompts: Sequenc
     prompts = [list(p) for p in prompts]
 
     def run(mode: str) -> dict[str, Any]:
-        outs, wall = send_models(server.url, prompts, _mode_models(mode, listed["base"], adapters, len(prompts)),
-                                 max_tokens, concurrency)
+        outs, wall = client.send_ids(server.url, prompts, max_tokens, concurrency,
+                                     models=_mode_models(mode, listed["base"], adapters, len(prompts)))
         ok = [o for o in outs if o.success]
         return {"tokens_per_s": sum(o.output_tokens for o in ok) / wall if ok else None,
                 "ttft_p50_s": statistics.median(o.ttft_s for o in ok) if ok else None,

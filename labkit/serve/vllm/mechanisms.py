@@ -22,25 +22,21 @@ This module knows nothing of the lab's own servers: the notebook puts the two si
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 import statistics
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 from ...core import verdict
 from ...core.checks import positive
-from ...core.timing import clock, percentile, rounds as interleaved_rounds
-from .. import client, loadgen, prefill
+from ...core.timing import percentile, rounds as interleaved_rounds
+from .. import client, prefill
 from . import offline as vllm_engine
 from . import server as vs
 from ..metrics import metrics_delta
-from ..processes import free_ports
 
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"  # prompt tokens, not requests
 DRAFTS, DRAFT_TOKENS, ACCEPTED = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
@@ -94,43 +90,6 @@ def greedy_references(lm: Any, prompts: Mapping[str, Sequence[int]], new_tokens:
 # ---------------------------------------------------------------------------------------- requests
 
 
-def _body(prompt_ids: Sequence[int], max_tokens: int, model: str | None, salt: str | None) -> dict[str, Any]:
-    body = client.payload("completions", list(prompt_ids), model, max_tokens, ignore_eos=True, return_token_ids=True)
-    if salt is not None:
-        body["cache_salt"] = salt  # a vLLM extension: blocks hashed under another salt are never shared
-    return body
-
-
-async def _model(session: Any, base_url: str) -> str | None:
-    return await client.discover_model(session, base_url)
-
-
-def send(base_url: str, prompts: Sequence[Sequence[int]], max_tokens: int, concurrency: int,
-         salts: Sequence[str | None] | None = None, timeout_s: float = 600.0) -> list[client.RequestOutput]:
-    """Streaming completions of ``prompts`` (token ids), at most ``concurrency`` in flight, each with its cache
-    salt; loadgen's client measures each (TTFT, ITL, E2E, the answer's token ids)."""
-    import aiohttp
-
-    positive("max_tokens", max_tokens)
-    positive("concurrency", concurrency)
-    salts = list(salts) if salts is not None else [None] * len(prompts)
-    if len(salts) != len(prompts):
-        raise ValueError(f"{len(salts)} salts for {len(prompts)} prompts: give one per prompt (None: no salt)")
-    url = base_url.rstrip("/") + client.ENDPOINTS["completions"]
-
-    async def go() -> list[client.RequestOutput]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            model, gate, t0 = await _model(session, base_url), asyncio.Semaphore(concurrency), clock()
-
-            async def one(ids: Sequence[int], salt: str | None) -> client.RequestOutput:
-                async with gate:
-                    return await client.send_request(session, url, _body(ids, max_tokens, model, salt), False, t0)
-
-            return list(await asyncio.gather(*(one(p, s) for p, s in zip(prompts, salts))))
-
-    return loadgen.run_sync(go)
-
-
 def _failures(outs: Sequence[client.RequestOutput]) -> list[str]:
     return [o.error or "failed" for o in outs if not o.success]
 
@@ -153,7 +112,7 @@ def prefix_rounds(server: vs.VLLMServer, prompts: Mapping[str, Sequence[int]], m
 
     def run(mode: str, r: int) -> None:
         before = server.metrics()
-        outs = send(server.url, ids, max_tokens, concurrency, salts[mode](r))
+        outs, _wall = client.send_ids(server.url, ids, max_tokens, concurrency, salts=salts[mode](r))
         delta = metrics_delta(before, server.metrics())
         k = kept[mode]
         ttfts = [o.ttft_s for o in outs if o.success]
@@ -187,23 +146,12 @@ def long_prompt_while_streaming(base_url: str, stream_prompts: Sequence[Sequence
                                 timeout_s: float = 600.0) -> dict[str, Any]:
     """Streams decoding ``stream_tokens`` each; after the first stream's ``long_after``-th chunk the long prompt
     arrives (one token asked). Stamps of every stream, when the long prompt was sent, when its token came."""
-    import aiohttp
-
     positive("stream_tokens", stream_tokens)
     if not 0 < long_after < stream_tokens:
         raise ValueError(f"long_after={long_after} must be between 1 and stream_tokens={stream_tokens} - 1: the long "
                          "prompt must arrive while the streams are still decoding")
-    url = base_url.rstrip("/") + client.ENDPOINTS["completions"]
-
-    async def go() -> tuple[list[client.RequestOutput], client.RequestOutput]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            model = await _model(session, base_url)
-            streams, (long,), _sent = await client.burst_while_streaming(
-                session, url, [_body(p, stream_tokens, model, salt) for p in stream_prompts],
-                [_body(long_prompt, 1, model, salt)], chat=False, after=long_after, timeout_s=timeout_s)
-            return streams, long
-
-    streams, long = loadgen.run_sync(go)
+    streams, (long,), _sent = client.burst_ids(base_url, stream_prompts, stream_tokens, [long_prompt], 1, long_after,
+                                               salt, timeout_s)
     return {"stamps": [s.chunk_s for s in streams], "answers": [s.token_ids for s in streams],
             "long_sent_s": long.start_s, "long_first_token_s": long.chunk_s[0] if long.chunk_s else None,
             "long_answer": long.token_ids,
@@ -270,12 +218,12 @@ def speculative_rounds(plain: vs.VLLMServer, ngram: vs.VLLMServer, tasks: Mappin
     for task, ids in tasks.items():
         def timed(server: vs.VLLMServer, ids: Sequence[int] = ids) -> tuple[client.RequestOutput, dict[str, float]]:
             before = server.metrics()
-            o = send(server.url, [ids], new_tokens, 1)[0]
+            o = client.send_ids(server.url, [ids], new_tokens, 1)[0][0]
             return o, metrics_delta(before, server.metrics())
 
         done = interleaved_rounds({"plain": lambda: timed(plain), "ngram": lambda: timed(ngram)}, n_rounds, again=False)
         rate = {m: [1 / t for o, d in runs if o.success and (t := engine_tpot(d))] for m, runs in done.items()}
-        client = {m: [r for o, _d in runs if (r := decode_rate(o)) is not None] for m, runs in done.items()}
+        seen = {m: [r for o, _d in runs if (r := decode_rate(o)) is not None] for m, runs in done.items()}
         spec = {k: sum(d.get(k, 0.0) for _o, d in done["ngram"]) for k in (DRAFTS, DRAFT_TOKENS, ACCEPTED)}
         v = verdict.compare(rate["ngram"], rate["plain"]) if all(rate.values()) else None
         out[task] = {"task": task, "prompt_tokens": len(ids), "new_tokens": new_tokens, "rounds": n_rounds,
@@ -284,46 +232,14 @@ def speculative_rounds(plain: vs.VLLMServer, ngram: vs.VLLMServer, tasks: Mappin
                      "decode_speedup": v.gain if v else None, "verdict": v.kind if v else "not measured",
                      "verdict_reason": v.reason if v else "a run failed", **acceptance(spec),
                      "samples": {"plain_decode_tokens_per_s": rate["plain"], "ngram_decode_tokens_per_s": rate["ngram"],
-                                 "client_plain_decode_tokens_per_s": client["plain"],
-                                 "client_ngram_decode_tokens_per_s": client["ngram"]},
+                                 "client_plain_decode_tokens_per_s": seen["plain"],
+                                 "client_ngram_decode_tokens_per_s": seen["ngram"]},
                      "plain_answer": done["plain"][0][0].token_ids, "ngram_answer": done["ngram"][0][0].token_ids,
                      "failed": sum(len(_failures([o for o, _d in runs])) for runs in done.values())}
     return out
 
 
 # ---------------------------------------------------------------------------------------- servers
-
-
-@contextlib.contextmanager
-def started_together(named: Mapping[str, vs.Settings], deadline_s: float = 300.0) -> Iterator[dict[str, vs.VLLMServer]]:
-    """Start several ``vllm serve`` at once (their start-ups overlap), after one memory check for all of them;
-    every one is stopped at the end of the block, and those that started are stopped when another fails."""
-    cpu_kv = sum(s.kv_cache_gib for s in named.values() if s.device == "cpu")
-    if cpu_kv:
-        vs.check_memory(cpu_kv + vs.RUNTIME_OVERHEAD_GIB * (len(named) - 1))  # check_memory adds one overhead
-    ports = dict(zip(named, free_ports(len(named))))  # two free_port() calls at once may get the same port
-    pool = ThreadPoolExecutor(max_workers=len(named))
-    futures = {name: pool.submit(vs.start, s, ports[name], None, deadline_s, None, f"vllm-{name}")
-               for name, s in named.items()}
-    try:
-        pool.shutdown(wait=True)
-    except BaseException:  # interrupted while they start: each stops as soon as its start returns
-        for fut in futures.values():
-            fut.add_done_callback(lambda f: f.exception() is None and f.result().stop(grace_s=5.0))
-        raise
-    servers, errors = {}, []
-    for name, fut in futures.items():
-        try:
-            servers[name] = fut.result()
-        except BaseException as exc:  # noqa: BLE001  stop the others before raising the first failure
-            errors.append(exc)
-    try:
-        if errors:
-            raise errors[0]
-        yield servers
-    finally:
-        for srv in servers.values():
-            srv.stop()
 
 
 def budgets(base: vs.Settings, small_tokens: int, large_tokens: int) -> dict[str, vs.Settings]:
@@ -358,7 +274,7 @@ def compare(base: vs.Settings, *, small_tokens: int, large_tokens: int, speculat
     named = two if "chunked" in parts else {"large": two["large"]}
     out: dict[str, Any] = {}
     try:
-        with started_together(named, deadline_s) as servers:
+        with vs.started_together(named, deadline_s) as servers:
             large = servers["large"]
             chosen, blocks = large.platform(), large.kv_blocks()
             start_s = {name: srv.start_s for name, srv in servers.items()}

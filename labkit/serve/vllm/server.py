@@ -18,6 +18,7 @@ import re
 import sys
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from ...model import hardware
 from .. import metrics as prom
 from .. import processes
 from ..metrics import metric_info, metric_totals
-from ..processes import free_port, group_pids
+from ..processes import free_port, free_ports, group_pids
 
 LOG_DIR = config.REPO_DIR / "build" / "vllm"
 MISSING = config.needs_make("vllm", "vLLM not installed here", "it cannot be: vLLM needs an environment of its own "
@@ -363,3 +364,35 @@ def _main(argv: Sequence[str] | None = None) -> int:  # python -m labkit.serve.v
 
 if __name__ == "__main__":
     raise SystemExit(_main())
+
+
+@contextlib.contextmanager
+def started_together(named: Mapping[str, Settings], deadline_s: float = 300.0) -> Iterator[dict[str, VLLMServer]]:
+    """Start several ``vllm serve`` at once (their start-ups overlap), after one memory check for all of them;
+    every one is stopped at the end of the block, and those that started are stopped when another fails."""
+    cpu_kv = sum(s.kv_cache_gib for s in named.values() if s.device == "cpu")
+    if cpu_kv:
+        check_memory(cpu_kv + RUNTIME_OVERHEAD_GIB * (len(named) - 1))  # check_memory adds one overhead
+    ports = dict(zip(named, free_ports(len(named))))  # two free_port() calls at once may get the same port
+    pool = ThreadPoolExecutor(max_workers=len(named))
+    futures = {name: pool.submit(start, s, ports[name], None, deadline_s, None, f"vllm-{name}")
+               for name, s in named.items()}
+    try:
+        pool.shutdown(wait=True)
+    except BaseException:  # interrupted while they start: each stops as soon as its start returns
+        for fut in futures.values():
+            fut.add_done_callback(lambda f: f.exception() is None and f.result().stop(grace_s=5.0))
+        raise
+    servers, errors = {}, []
+    for name, fut in futures.items():
+        try:
+            servers[name] = fut.result()
+        except BaseException as exc:  # noqa: BLE001  stop the others before raising the first failure
+            errors.append(exc)
+    try:
+        if errors:
+            raise errors[0]
+        yield servers
+    finally:
+        for srv in servers.values():
+            srv.stop()
