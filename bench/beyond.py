@@ -22,7 +22,7 @@ from labkit.core import config, env
 from labkit.core.results import jsonable
 from labkit.decoding import quality, speculative
 from labkit.engines import cpu, llamacpp
-from labkit.lessons import beyond
+from labkit.lessons.runs import nb10 as nb10_runs
 from labkit.model import models, onnx, prompts
 from labkit.precision import kvquant, variants
 from labkit.serve import prefill
@@ -45,18 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     lm = models.load(dtype="fp32" if env.device() == "cpu" else "fp16")
     tok, device = lm.tokenizer, lm.model.device
 
-    tasks = {"copy": beyond.copy_prompt(tok, pick(240, 96)), "chat": beyond.FREE_CHAT}
+    tasks = {"copy": nb10_runs.copy_prompt(tok, pick(240, 96)), "chat": nb10_runs.FREE_CHAT}
     lookup = [speculative.compare_lookup(lm.model, models.chat_inputs(tok, p, device=str(device))["input_ids"],
                                          pick(64, 24), 5, repeats=args.repeats, label=t) for t, p in tasks.items()]
     _emit("lookup", lookup)
 
     doc = prefill.document_text(tok, pick(768, 256))
-    shared = prefill.shared_prefix_prompts(doc, beyond.QUESTIONS[:pick(8, 4)])
+    shared = prefill.shared_prefix_prompts(doc, nb10_runs.QUESTIONS[:pick(8, 4)])
     prefix = [prefill.prefix_cache_run(lm, shared, pick(16, 2), 2, n) for n in (0, 4096)]
     _emit("prefix_cache", prefix)
 
     long_prompt = prefill.document_text(tok, pick(1536, 512))
-    chunked = [prefill.chunked_prefill_run(lm, list(beyond.STREAM_PROMPTS[:pick(3, 2)]), pick(48, 16), long_prompt, n)
+    chunked = [prefill.chunked_prefill_run(lm, list(nb10_runs.STREAM_PROMPTS[:pick(3, 2)]), pick(48, 16), long_prompt, n)
                for n in (0, 128)]
     _emit("chunked_prefill", chunked)
 
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                    else cpu.failed_row("llama.cpp", "Q4_1", cap.reason))
     _emit("cpu_engines", engines)
 
-    head = beyond.headline(lookup, prefix, chunked, kv, engines, kv_name=kv_name)
+    head = nb10_runs.headline(lookup, prefix, chunked, kv, engines, kv_name=kv_name)
     summary = {"bench": "beyond", "model": lm.name, "device": lm.device, "quick": config.quick(), **head,
                "hardware": env.hardware(),
                "versions": env.versions(("torch", "transformers", "onnxruntime", "optimum-quanto", "onnx-ir",

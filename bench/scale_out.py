@@ -22,7 +22,8 @@ import sys
 
 from labkit.core import config, env
 from labkit.core.results import jsonable
-from labkit.lessons import cost, report, scale_out
+from labkit.lessons import cost
+from labkit.lessons.runs import nb11 as nb11_runs
 from labkit.model import hardware, models
 from labkit.serve import loadgen
 from labkit.serve.fleet import capacity
@@ -56,13 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             works = [routing.workload(tok, 4, 2, pick(4, 3), pick(512, 256), tag=f"-{r}", document_tokens=pick(256, 128))
                      for r in range(args.rounds)]
-            cmp = scale_out.compare_policies(routers, reps, works, pick(16, 6), stagger_s=0.3)
+            cmp = nb11_runs.compare_policies(routers, reps, works, pick(16, 6), stagger_s=0.3)
             single = routing.run_policy(reps[0].url, "one server", reps[:1], works[0][:4], pick(16, 6), stagger_s=0.3)
         finally:
             router.stop_all(list(routers.values()))
         identical = {"all_identical": all(routing.same_answers(single["records"], recs[0])["all_identical"]
                                           for recs in cmp["records"].values())}
-        table = scale_out.policy_table(cmp["runs"])
+        table = nb11_runs.policy_table(cmp["runs"])
         _emit("policy_runs", cmp["runs"])
         _emit("policies", table)
 
@@ -72,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         loadgen.run(server.url, prompts, num_requests=2, max_concurrency=1, max_tokens=4, endpoint="chat")
         alone = loadgen.run(server.url, prompts, num_requests=3, max_concurrency=1, max_tokens=n_tokens,
                             endpoint="chat", ignore_eos=True, warmup=0).summary()
-        slo, slo_why = report.slo_from_baseline(loadgen.SLO(ttft_s=1.0, tpot_s=0.25), alone, 3)
+        slo, slo_why = loadgen.slo_from_baseline(loadgen.SLO(ttft_s=1.0, tpot_s=0.25), alone, 3)
         rates = [round(m / alone["e2e_p50_s"], 2) for m in pick((0.5, 1, 1.5, 2, 3, 4), (1, 1.5, 2, 3))]
-        swept = scale_out.capacity_sweep(server, prompts, rates, pick(20, 6), n_tokens, slo)
+        swept = nb11_runs.capacity_sweep(server, prompts, rates, pick(20, 6), n_tokens, slo)
     sweep, knee, held = swept["points"], swept["knee"], swept["held"]
     _emit("capacity", sweep)
     at_knee = [r for r in sweep if r["offered_rps"] <= (knee["knee_rps"] or sweep[0]["offered_rps"])][-1]
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     row = {"name": price["name"], "usd_per_million_tokens": usd, "tokens_per_s": tps,
            "hourly_usd": price["hourly_usd"], "source": price["source"], "date": price["date"]}
     _emit("cost", [row])
-    head = scale_out.headline(table, cmp["runs"], knee, row, identical)
+    head = nb11_runs.headline(table, cmp["runs"], knee, row, identical)
     need = capacity.replicas_needed(200, 2, held["rps"]) if held["rps"] else None
     summary = {"bench": "scale_out", "quick": config.quick(), **head, "slo": slo_why,
                "replicas_for_200_users_at_2_rpm": need["replicas"] if need else None,

@@ -23,7 +23,7 @@ import tempfile
 
 from labkit.core import config, cpu, env
 from labkit.core.results import jsonable
-from labkit.lessons import features, pd
+from labkit.lessons.runs import nb12 as nb12_runs
 from labkit.model import adapters, models, prompts
 from labkit.serve import launch
 from labkit.serve.decoder import eos_ids
@@ -51,13 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     lm = models.load(dtype="fp32")
     tok, path = lm.tokenizer, models.resolve()
     asks = [f"Give JSON with the name, age and city of {who}." for who in PEOPLE]
-    variants = {"free": {}, "constrained": {"response_format": features.json_schema_format(features.PERSON_SCHEMA)}}
+    variants = {"free": {}, "constrained": {"response_format": nb12_runs.json_schema_format(nb12_runs.PERSON_SCHEMA)}}
     have_vllm = vs.vllm_python().exists()
     if "structured" not in args.skip:
         with launch.start_server(lm, port=0, max_batch_size=len(asks)) as srv:
-            runs = features.structured_rounds(srv.url, asks, variants, max_tokens=64, rounds=args.rounds,
-                                              schema=features.PERSON_SCHEMA)
-        for row in features.structured_table(runs):
+            runs = nb12_runs.structured_rounds(srv.url, asks, variants, max_tokens=64, rounds=args.rounds,
+                                              schema=nb12_runs.PERSON_SCHEMA)
+        for row in nb12_runs.structured_table(runs):
             _emit("structured_lab", {k: row.get(k) for k in KEEP})
             if row["variant"] == "constrained":
                 head["lab_structured"] = {k: row.get(k) for k in KEEP}
@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         with vs.serve(vs.Settings(model=path, device=vs.default_device(), max_num_seqs=8,
                                   extra_args=lora.lora_args(dirs))) as srv:
             if "structured" not in args.skip:
-                runs = features.structured_rounds(srv.url, asks, variants, max_tokens=64, rounds=args.rounds,
-                                                  schema=features.PERSON_SCHEMA, model=path)
-                for row in features.structured_table(runs):
+                runs = nb12_runs.structured_rounds(srv.url, asks, variants, max_tokens=64, rounds=args.rounds,
+                                                  schema=nb12_runs.PERSON_SCHEMA, model=path)
+                for row in nb12_runs.structured_table(runs):
                     _emit("structured_vllm", {k: row.get(k) for k in KEEP})
                     if row["variant"] == "constrained":
                         head["vllm_structured"] = {k: row.get(k) for k in KEEP}
@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         text = prompts.eval_tokens(tok)
         storage = tempfile.mkdtemp(prefix="kv-", dir=config.cache_dir())
         base = vs.Settings(model=path, max_model_len=1024, max_num_seqs=8, prefix_caching=False)
-        with vs.started_together(pd.pd_servers(base, storage), deadline_s=400) as servers:
-            out = pd.pd_session(servers, storage, path, [text[300 * i:300 * i + n] for i, n in enumerate((140, 180, 260))],
+        with vs.started_together(nb12_runs.pd_servers(base, storage), deadline_s=400) as servers:
+            out = nb12_runs.pd_session(servers, storage, path, [text[300 * i:300 * i + n] for i, n in enumerate((140, 180, 260))],
                                 missing_prompt=text[1200:1400], short_prompts=[text[1600:1620], text[1700:1720]],
                                 long_prompt=text[2000:2500], n_long=2, itl_rounds=args.rounds, kill_prompt=text[3000:3300])
         for r in out["split"]:
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             _emit("pd_itl", r)
         split = next((r for r in out.get("itl", []) if r["target"] == "split"), {})
         head["pd"] = {"identical": sum(r["identical"] for r in out["split"]), "requests": len(out["split"]),
-                      "bytes_over_formula": pd.bytes_ratio(out["split"]),
+                      "bytes_over_formula": nb12_runs.bytes_ratio(out["split"]),
                       "bytes_per_request": [sum(f["bytes"] for f in r["files"]) for r in out["split"]],
                       "stall_plain_over_split": split.get("gain"), "stall_verdict": split.get("verdict"),
                       "missing_kv_recomputed": out["missing"]["recomputed"], "kill": out["kill"]}

@@ -14,7 +14,7 @@ from labkit.decoding import decode, speculative
 from labkit.precision import kvquant, quantisers
 from labkit.engines import cpu, llamacpp
 from labkit.serve import continuous, prefill, server
-from labkit.lessons import beyond
+from labkit.lessons.runs import nb10 as nb10_runs
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 
@@ -143,7 +143,7 @@ def test_itl_stats_window_counts_a_stall_that_overlaps_it():
 def test_prefix_cache_run_hits_and_answers_the_same():
     lm = server.tiny_random_model()
     doc = prefill.document_text(lm.tokenizer, 120)
-    prompts = prefill.shared_prefix_prompts(doc, beyond.QUESTIONS[:4])
+    prompts = prefill.shared_prefix_prompts(doc, nb10_runs.QUESTIONS[:4])
     off = prefill.prefix_cache_run(lm, prompts, max_tokens=3, concurrency=2, prefix_cache_tokens=0)
     on = prefill.prefix_cache_run(lm, prompts, max_tokens=3, concurrency=2, prefix_cache_tokens=2048)
     assert off["texts"] == on["texts"] and all(on["texts"])
@@ -156,7 +156,7 @@ def test_prefix_cache_run_hits_and_answers_the_same():
 def test_chunked_prefill_run_streams_through_the_long_prefill():
     lm = server.tiny_random_model()
     long_prompt = prefill.document_text(lm.tokenizer, 600)
-    prompts = list(beyond.STREAM_PROMPTS[:2])
+    prompts = list(nb10_runs.STREAM_PROMPTS[:2])
     off = prefill.chunked_prefill_run(lm, prompts, 20, long_prompt, 0, long_after=3)
     on = prefill.chunked_prefill_run(lm, prompts, 20, long_prompt, 64, long_after=3)
     assert off["texts"] == on["texts"]
@@ -244,7 +244,7 @@ def test_compare_turns_a_failing_cache_into_a_row_and_runs_the_others(tiny_llama
     assert by["broken int4"]["status"].startswith("failed here: RuntimeError: quantize: no kernel")
     assert by["broken int4"]["kv_bytes"] is None and by["broken int4"]["bytes_ratio"] is None
     assert by["int8"]["status"] == "ok" and by["int8"]["bytes_ratio"] > 1 and rows[0]["status"] == "ok"
-    head = beyond.headline([], [], [], rows, [])
+    head = nb10_runs.headline([], [], [], rows, [])
     assert head["kv_quant_cache"] == "int8", "a failed cache is never the headline"
 
     def bug(x):
@@ -342,18 +342,18 @@ def test_best_lab_row_and_headline():
     kv = [{"cache": "fp32", "bytes_ratio": 1.0, "decode_tokens_per_s": 20.0, "agreement": 1.0, "kl": 0.0},
           {"cache": "quanto int4", "bytes_ratio": 6.0, "decode_tokens_per_s": 10.0, "agreement": 0.9, "kl": 0.01},
           {"cache": "quanto int2", "bytes_ratio": 8.0, "decode_tokens_per_s": 10.0, "agreement": 0.5, "kl": 0.3}]
-    h = beyond.headline(lookup, prefix, chunked, kv, engines, kv_name="quanto int4", quality_floor=0.5)
+    h = nb10_runs.headline(lookup, prefix, chunked, kv, engines, kv_name="quanto int4", quality_floor=0.5)
     assert h["lookup_copy_decode_speedup"] == 2.5 and h["lookup_identical_to_greedy"]
     assert h["prefix_cache_ttft_ratio"] == 4.0 and h["prefix_cache_outputs_identical"]
     assert h["chunked_prefill_itl_p99_ratio"] == 4.0 and h["chunked_prefill_long_ttft_ratio"] == 2.0
     assert h["chunked_prefill_itl_max_ratio"] == 6.0
     few = [{**r, "itl_p99_s": None} for r in chunked]  # fewer than 100 gaps: no p99 to compare
-    assert beyond.headline([], [], few, kv, engines)["chunked_prefill_itl_p99_ratio"] is None
+    assert nb10_runs.headline([], [], few, kv, engines)["chunked_prefill_itl_p99_ratio"] is None
     assert h["kv_quant_bytes_ratio"] == 6.0 and h["kv_quant_speed_ratio"] == 0.5
     assert h["lab_best_over_llamacpp_decode"] == 0.75 and h["llamacpp_agreement"] == 0.95
-    assert beyond.headline([], [], [], kv, engines[:2])["llamacpp_reason"] == "not run"
-    assert beyond.headline([], [], [], kv, engines)["lab_best_engine"] == "PyTorch fp32", "0.8 agreement is below 0.9"
-    assert beyond.headline([], [], [], kv, engines)["kv_quant_cache"] == "quanto int2"
+    assert nb10_runs.headline([], [], [], kv, engines[:2])["llamacpp_reason"] == "not run"
+    assert nb10_runs.headline([], [], [], kv, engines)["lab_best_engine"] == "PyTorch fp32", "0.8 agreement is below 0.9"
+    assert nb10_runs.headline([], [], [], kv, engines)["kv_quant_cache"] == "quanto int2"
 
 
 def test_nbits_reason_and_bad_settings():
@@ -388,7 +388,7 @@ def test_beside_vllm_puts_each_figure_and_tokens_check_in_one_row():
               "speculative": {"copy": {"acceptance_rate": 1.0, "decode_speedup": 4.0, "rounds": 4, "verdict": "better",
                                        "ngram_answer": [1, 2, 3], "plain_answer": [1, 2, 3]}}}
     refs = {"prefix": {"q0": [5, 6]}, "streams": {"stream 0": [7, 8]}, "lookup": {"copy": [1, 2, 3]}}
-    rows = {r["figure"]: r for r in beyond.beside_vllm(lab_prefix, lab_chunked, lab_lookup, served, refs, {2})}
+    rows = {r["figure"]: r for r in nb10_runs.beside_vllm(lab_prefix, lab_chunked, lab_lookup, served, refs, {2})}
     ttft = rows["TTFT without / with the cached prefix (median, ×)"]
     assert (ttft["labkit"], ttft["vllm"]) == (pytest.approx(2.0), pytest.approx(3.0))
     assert ttft["vllm_tokens"].startswith("with the cache identical (1 of 1)")
@@ -404,5 +404,5 @@ def test_beside_vllm_puts_each_figure_and_tokens_check_in_one_row():
     assert spec["vllm_verdict"] == "better" and stall["vllm_verdict"] == "better", "4 rounds each, apart"
     assert ttft["vllm_verdict"] == "better"
     quick = {k: served[k] for k in ("prefix",)}  # quick mode: one vllm serve start, the prefix cache alone
-    only = beyond.beside_vllm(lab_prefix, lab_chunked, lab_lookup, quick, {**refs, "streams": {}}, {2})
+    only = nb10_runs.beside_vllm(lab_prefix, lab_chunked, lab_lookup, quick, {**refs, "streams": {}}, {2})
     assert {r["mechanism"] for r in only} == {"prefix caching"} and len(only) == 2

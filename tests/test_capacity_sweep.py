@@ -10,7 +10,7 @@ import json
 import pytest
 from aiohttp import web
 
-from labkit.lessons import scale_out
+from labkit.lessons.runs import nb11 as nb11_runs
 from labkit.serve import client, loadgen
 from labkit.serve.fleet import capacity
 from labkit.serve.vllm.disagg import BackgroundApp
@@ -59,7 +59,7 @@ def capped():
 
 
 def test_a_sweep_of_steady_loads_finds_the_servers_known_rate(capped) -> None:
-    swept = scale_out.capacity_sweep(capped, ["Capital of France?"], [8.0, 14.0, 28.0, 40.0], seconds=3.0,
+    swept = nb11_runs.capacity_sweep(capped, ["Capital of France?"], [8.0, 14.0, 28.0, 40.0], seconds=3.0,
                                      max_tokens=2, slo=SLO)
     knee, held = swept["knee"], swept["held"]
     assert knee["reached"] and knee["knee_rps"] < CAP_RPS < 28.0, knee["reason"]  # the first rate past it fails

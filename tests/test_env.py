@@ -77,7 +77,7 @@ def test_gpu_engines_say_why_not_here():
         with pytest.raises(ValueError, match="vLLM cannot run here"):
             vllm.vllm_offline("some/model", ["hi"])
         with pytest.raises(ValueError, match="vLLM cannot run here"):
-            with vllm.vllm_server("some/model"):
+            with vllm.serve_here("some/model"):
                 pass
         rows = tensorrt.tensorrt_rows()
         assert len(rows) == 2 and all(r["status"] != "ok" for r in rows)

@@ -135,3 +135,41 @@ def test_no_package_directory_holds_more_than_15_modules():
     crowded = {str(d.relative_to(root.parent)): n for d in [root, *[p for p in root.rglob("*") if p.is_dir()]]
                if (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > 15}
     assert not crowded, crowded
+
+
+# ------------------------------------------------------------------------ names a notebook's reader relies on
+
+LIBRARY_ALIASES = {"pd", "np", "plt", "px", "go", "torch", "F", "nn", "json", "time", "os", "sys", "math"}
+
+
+def test_no_labkit_module_is_named_like_a_library_alias():
+    """Notebook 12 imported pandas as ``pd`` and then labkit's ``pd`` over it: ``pd.DataFrame`` failed there."""
+    clash = sorted(str(p.relative_to(ROOT)) for p in _modules() if p.stem in LIBRARY_ALIASES)
+    assert not clash, f"rename these (a notebook imports a library under that name): {clash}"
+
+
+def imported_twice(source: str) -> list[str]:
+    """Names that two top-level imports of one source bind to different things."""
+    bound: dict[str, str] = {}
+    twice = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                name = a.asname or a.name.split(".")[0]
+                what = f"{getattr(node, 'module', '') or ''}.{a.name}"
+                if name in bound and bound[name] != what:
+                    twice.append(f"{name}: {bound[name]} then {what}")
+                bound[name] = what
+    return twice
+
+
+def test_no_notebook_binds_one_name_to_two_imports():
+    sources = sorted((ROOT / "notebooks" / "src").glob("*.py"))
+    assert len(sources) >= 14, sources
+    bad = {p.name: hit for p in sources if (hit := imported_twice(p.read_text(encoding="utf-8")))}
+    assert not bad, bad
+
+
+def test_the_import_twice_check_catches_pandas_shadowed():
+    assert imported_twice("import pandas as pd\nfrom labkit.lessons import exercises, pd\n") == [
+        "pd: .pandas then labkit.lessons.pd"]

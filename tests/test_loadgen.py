@@ -142,7 +142,7 @@ def test_mean_batch_between_two_snapshots_leaves_the_warm_up_out():
 
 
 def test_on_start_runs_after_the_warm_up_so_a_difference_counts_the_measured_requests(server):
-    from labkit.lessons import report
+    from labkit.lessons.runs import nb09 as nb09_runs
 
     calls = []
 
@@ -152,7 +152,7 @@ def test_on_start_runs_after_the_warm_up_so_a_difference_counts_the_measured_req
         return snap
 
     server.reset_stats()
-    row = report.load_point(server.url, ["Hi"], concurrency=2, num_requests=4, max_tokens=3, stats=stats,
+    row = nb09_runs.load_point(server.url, ["Hi"], concurrency=2, num_requests=4, max_tokens=3, stats=stats,
                             endpoint="completions", warmup=2)
     before, after = calls
     assert before["sequences_batched"] == 2  # the two warm-up requests, answered before the measured run began

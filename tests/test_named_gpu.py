@@ -14,7 +14,7 @@ from test_devices import mock_gpu
 
 from labkit import gpu_check
 from labkit.core import memory, timing
-from labkit.lessons import report
+from labkit.lessons.runs import nb09 as nb09_runs
 from labkit.serve import batchers, launch, scheduler
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.metrics import Metrics
@@ -93,8 +93,8 @@ def test_scheduler_stamps_wait_on_the_models_gpu(monkeypatch):
 
 def test_load_point_reads_the_servers_gpu_peak(cuda_threads, monkeypatch):
     run = types.SimpleNamespace(summary=lambda: {"completed": 1, "errors": {}, "slo": None}, outputs=[])
-    monkeypatch.setattr(report.loadgen, "run", lambda *a, **kw: run)
-    row = report.load_point("http://127.0.0.1:1", ["Hi"], concurrency=1, num_requests=1, max_tokens=2)
+    monkeypatch.setattr(nb09_runs.loadgen, "run", lambda *a, **kw: run)
+    row = nb09_runs.load_point("http://127.0.0.1:1", ["Hi"], concurrency=1, num_requests=1, max_tokens=2)
     peaks = [i for call, i in cuda_threads if call in ("peak", "reset")]
     assert peaks and set(peaks) == {1}, f"peak memory read on cuda:{set(peaks)}, the server runs on cuda:1"
     assert row["cuda_peak_bytes"] == 7 * 2**20

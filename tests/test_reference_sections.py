@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from labkit.core import config, results
-from labkit.lessons import report
+from labkit.lessons import references
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import run_notebooks  # noqa: E402
@@ -54,9 +54,9 @@ def test_a_whole_run_still_replaces_the_reference(dirs):
 
 def test_show_reference_prints_the_sections_provenance_and_rows(dirs, capsys):
     run_notebooks.save_reference("10_beyond", "sections run", sections=["vllm_mechanisms"])
-    assert report.show_reference("10_beyond", "vllm_mechanisms", ["figure", "vllm"]) == 1
+    assert references.show_reference("10_beyond", "vllm_mechanisms", ["figure", "vllm"]) == 1
     out = capsys.readouterr().out
     assert "new CPU" in out and "sections run" in out
-    assert report.show_reference("10_beyond", "vllm_same_load", ["server"]) == 0
+    assert references.show_reference("10_beyond", "vllm_same_load", ["server"]) == 0
     assert "No reference of it ships yet" in capsys.readouterr().out
-    assert report.show_reference("06_batching", "vllm_same_load", ["server"]) == 0, "no file at all: one line"
+    assert references.show_reference("06_batching", "vllm_same_load", ["server"]) == 0, "no file at all: one line"

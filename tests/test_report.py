@@ -10,8 +10,10 @@ import time
 
 import pytest
 
-from labkit.core import results
+from labkit.core import memory, results
 from labkit.lessons import report
+from labkit.lessons.runs import nb06 as nb06_runs
+from labkit.lessons.runs import nb09 as nb09_runs
 from labkit.serve import client, loadgen
 from labkit.serve import processes
 
@@ -126,7 +128,7 @@ def test_choose_precision_measures_speed_and_answers(tiny_llama) -> None:
     with torch.no_grad():
         for p in broken.parameters():
             p.add_(torch.randn_like(p) * 0.5)
-    rows, choice = report.choose_precision({"fp32": model, "noisy": broken}, tok, ["Hi there", "What is 2+2?"],
+    rows, choice = nb09_runs.choose_precision({"fp32": model, "noisy": broken}, tok, ["Hi there", "What is 2+2?"],
                                            batch=3, new_tokens=4, ref_prompts=2, ref_tokens=6)
     by = {r["precision"]: r for r in rows}
     assert by["fp32"]["agreement"] == 1.0 and by["fp32"]["kl"] < 1e-6
@@ -134,7 +136,7 @@ def test_choose_precision_measures_speed_and_answers(tiny_llama) -> None:
     assert all(r["tokens_per_s"] > 0 and r["batch"] == 3 for r in rows)
     assert choice == "fp32"  # the only one that keeps the answers
     with pytest.raises(ValueError, match="reference precision"):
-        report.choose_precision({"noisy": broken}, tok, ["Hi"], batch=1, new_tokens=1)
+        nb09_runs.choose_precision({"noisy": broken}, tok, ["Hi"], batch=1, new_tokens=1)
 
 
 def test_slo_comes_from_one_request_alone_when_the_target_is_out_of_reach():
@@ -142,14 +144,14 @@ def test_slo_comes_from_one_request_alone_when_the_target_is_out_of_reach():
 
     target = SLO(ttft_s=2.0, tpot_s=0.25)
     quick = {"ttft_p50_s": 0.4, "tpot_p50_s": 0.05, "completed": 3}
-    slo, why = report.slo_from_baseline(target, quick, factor=3)
+    slo, why = loadgen.slo_from_baseline(target, quick, factor=3)
     assert slo is target and "reachable here" in why and "TTFT 0.40 s" in why
     slow = {"ttft_p50_s": 1.5, "tpot_p50_s": 0.4, "completed": 3}  # TPOT alone misses 0.25 s
-    slo, why = report.slo_from_baseline(target, slow, factor=3)
+    slo, why = loadgen.slo_from_baseline(target, slow, factor=3)
     assert slo.ttft_s == pytest.approx(4.5) and slo.tpot_s == pytest.approx(1.2)
     assert "unreachable here" in why and "3× that" in why
     with pytest.raises(ValueError, match="did its requests complete"):
-        report.slo_from_baseline(target, {"ttft_p50_s": None, "tpot_p50_s": None})
+        loadgen.slo_from_baseline(target, {"ttft_p50_s": None, "tpot_p50_s": None})
 
 
 def test_same_load_interleaves_the_servers_and_takes_medians(monkeypatch) -> None:
@@ -161,8 +163,8 @@ def test_same_load_interleaves_the_servers_and_takes_medians(monkeypatch) -> Non
         out = [client.RequestOutput(success=True, output_tokens=4, ttft_s=0.1 * n, e2e_s=0.1 * n + 0.3)]
         return loadgen.BenchmarkResult(outputs=out, duration_s=1.0 if url == "a" else 0.5, slo=options.get("slo"))
 
-    monkeypatch.setattr(report.loadgen, "run", fake_run)
-    rows = report.same_load({"lab": "a", "vllm": "b"}, 3, num_requests=1, slo=loadgen.SLO(ttft_s=0.25))
+    monkeypatch.setattr(nb06_runs.loadgen, "run", fake_run)
+    rows = nb06_runs.same_load({"lab": "a", "vllm": "b"}, 3, num_requests=1, slo=loadgen.SLO(ttft_s=0.25))
     assert calls == ["a", "b"] * 3, "one run of each per round"
     lab, vllm = rows
     assert lab["server"] == "lab" and lab["rounds"] == 3 and lab["requests"] == 3 and lab["failed"] == 0
@@ -175,7 +177,7 @@ def test_beside_vllm_without_vllm_says_run_make_vllm(tmp_path, monkeypatch) -> N
     from labkit.serve.vllm import server as vllm_server
 
     monkeypatch.setenv("LABKIT_VLLM_PYTHON", str(tmp_path / "none" / "python"))
-    out = report.beside_vllm(vllm_server.Settings(model="/m"), {"lab": "http://127.0.0.1:9"}, 3)
+    out = nb06_runs.beside_vllm(vllm_server.Settings(model="/m"), {"lab": "http://127.0.0.1:9"}, 3)
     assert "rows" not in out and "run `make vllm`" in out["status"]
 
 
@@ -195,7 +197,7 @@ def test_a_servers_memory_counts_pages_its_processes_share_once():
         members = processes.group_pids(proc.pid)
         assert len(members) == 2, members
         rss = sum(psutil.Process(p).memory_info().rss for p in members)
-        held, source = report.group_memory(proc.pid)
+        held, source = memory.processes_memory(processes.group_pids(proc.pid))
         assert source.startswith("PSS"), source
         assert 100 * 2**20 < held < 0.75 * rss, (held, rss)
     finally:
@@ -204,4 +206,4 @@ def test_a_servers_memory_counts_pages_its_processes_share_once():
     deadline = time.monotonic() + 10  # the forked child belongs to init now: gone once init has reaped it
     while processes.group_pids(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert report.group_memory(proc.pid) == (None, "no process of vllm serve's group could be read")
+    assert memory.processes_memory(processes.group_pids(proc.pid)) == (None, "no process of vllm serve's group could be read")

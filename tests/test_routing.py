@@ -1,4 +1,4 @@
-"""labkit.serve.fleet.routing and labkit.lessons.scale_out without a router: the workload's shape, the routing rule,
+"""labkit.serve.fleet.routing and labkit.lessons.runs.nb11 without a router: the workload's shape, the routing rule,
 its replay against recorded choices, the per-replica counters, and the headline's verdict; and the lab server's
 additions for replicas (POST /flush_cache, --threads)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from labkit.lessons import scale_out
+from labkit.lessons.runs import nb11 as nb11_runs
 from labkit.model import models
 from labkit.serve import launch, protocol
 from labkit.serve.fleet import routing
@@ -123,11 +123,11 @@ def test_headline_judges_ttft_over_rounds_and_gives_no_verdict_with_too_few():
     runs = [{"policy": p, "ttft_p50_s": t, "hit_rate": h, "token_hit_rate": h, "ttft_p90_s": t, "max_share": 0.5,
              "requests": 8, "failed": 0} for p, ts, h in (("round_robin", (1.0, 1.1, 1.05), 0.5),
                                                           ("cache_aware", (0.6, 0.65, 0.62), 0.75)) for t in ts]
-    head = scale_out.headline(scale_out.policy_table(runs), runs, None, None, {"all_identical": True})
+    head = nb11_runs.headline(nb11_runs.policy_table(runs), runs, None, None, {"all_identical": True})
     assert head["ttft_verdict"] == "better" and head["ttft_p50_ratio_ca_over_rr"] == pytest.approx(0.62 / 1.05)
     assert head["cache_aware_hit_rate"] == 0.75 and head["answers_identical_to_one_server"] is True
     two = [r for r in runs if r["ttft_p50_s"] not in (1.1, 0.65)]
-    assert scale_out.headline(scale_out.policy_table(two), two, None, None, None)["ttft_verdict"] == "no verdict"
+    assert nb11_runs.headline(nb11_runs.policy_table(two), two, None, None, None)["ttft_verdict"] == "no verdict"
 
 
 def test_flush_cache_endpoint_and_its_absence():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from labkit.core import verdict
-from labkit.lessons import features, pd
+from labkit.lessons.runs import nb12 as nb12_runs
 from labkit.lessons.findings import nb12
 from test_structured import SMALL
 
@@ -17,22 +17,22 @@ def _run(variant, r, rates, valid=8, tokens=40.0, wall=5.0):
 
 
 def test_rounds_on_a_live_server_count_valid_answers_free_and_constrained(server):
-    runs = features.structured_rounds(server.url, ["Is it?", "Is it so?"], {
-        "free": {}, "constrained": {"response_format": features.json_schema_format(SMALL)}},
+    runs = nb12_runs.structured_rounds(server.url, ["Is it?", "Is it so?"], {
+        "free": {}, "constrained": {"response_format": nb12_runs.json_schema_format(SMALL)}},
         max_tokens=48, rounds=2, schema=SMALL, model="tiny")
     assert [r["variant"] for r in runs] == ["free", "constrained", "free", "constrained"]  # interleaved
     con = [r for r in runs if r["variant"] == "constrained"]
     free = [r for r in runs if r["variant"] == "free"]
     assert all(r["valid"] == 2 for r in con), con  # a random model held to the grammar: valid every time
     assert all(r["valid"] == 0 for r in free), free  # and without it, never
-    bad = features.malformed(server.url, features.MALFORMED["no json_schema"], model="tiny")
+    bad = nb12_runs.malformed(server.url, nb12_runs.MALFORMED["no json_schema"], model="tiny")
     assert bad["status"] == 400 and bad["param"] == "response_format.json_schema", bad
 
 
 def test_table_judges_speed_and_wall_time_against_free():
     runs = [x for r in range(3) for x in (_run("free", r, [10.0, 10.2, 9.9], valid=1, tokens=60, wall=6.0 + r / 10),
                                           _run("constrained", r, [8.0, 8.1, 7.9], tokens=30, wall=3.0 + r / 10))]
-    table = {row["variant"]: row for row in features.structured_table(runs)}
+    table = {row["variant"]: row for row in nb12_runs.structured_table(runs)}
     con = table["constrained"]
     assert con["valid_share"] == 1 and table["free"]["valid_share"] == pytest.approx(3 / 24)
     assert con["speed_verdict"] == "slower" and con["speed_ratio"] == pytest.approx(0.8)
@@ -40,27 +40,27 @@ def test_table_judges_speed_and_wall_time_against_free():
     said = nb12.structured_sentence(con, table["free"], "here")
     assert "24 of 24 constrained" in said and "3 of 24 free" in said and "slower" in said
     with pytest.raises(ValueError, match="no such variant"):
-        features.structured_table(runs, base="guided")
+        nb12_runs.structured_table(runs, base="guided")
 
 
 def test_a_speed_within_noise_is_never_called_slower():
     runs = [x for r in range(3) for x in (_run("free", r, [10.0, 8.0, 12.0]), _run("constrained", r, [9.5, 8.5, 11.0]))]
-    con = {row["variant"]: row for row in features.structured_table(runs)}["constrained"]
+    con = {row["variant"]: row for row in nb12_runs.structured_table(runs)}["constrained"]
     assert con["speed_verdict"] == verdict.NOISE
     assert "slower" not in nb12.structured_sentence(con, con, "here").split("wall time")[0]
 
 
 def test_valid_needs_the_schema_not_only_json():
-    assert features.valid('{"answer": "yes", "ok": true}', SMALL)
-    assert not features.valid('{"answer": "maybe", "ok": true}', SMALL)
-    assert features.valid('{"answer": "maybe"}', None) and not features.valid("```json {}", None)
+    assert nb12_runs.valid('{"answer": "yes", "ok": true}', SMALL)
+    assert not nb12_runs.valid('{"answer": "maybe", "ok": true}', SMALL)
+    assert nb12_runs.valid('{"answer": "maybe"}', None) and not nb12_runs.valid("```json {}", None)
 
 
 def test_bytes_ratio_leaves_headers_out():
     split = [{"files": [{"layer0_bytes": 196_696, "header0_bytes": 88, "formula0_bytes": 196_608}]},
              {"files": [{"layer0_bytes": 393_304, "header0_bytes": 88, "formula0_bytes": 393_216}]}, {"files": []}]
-    assert pd.bytes_ratio(split) == 1.0
-    assert pd.bytes_ratio([{"files": []}]) is None
+    assert nb12_runs.bytes_ratio(split) == 1.0
+    assert nb12_runs.bytes_ratio([{"files": []}]) is None
 
 
 def test_takeaways_headline_and_pd_words():
@@ -82,10 +82,9 @@ def test_takeaways_headline_and_pd_words():
 
 def test_a_split_shown_from_the_reference_says_so_and_names_its_machine():
     from labkit.core import results
-    from labkit.lessons import pd as pd_lesson
 
     ref = results.reference("12_serving_features")
-    row = nb12.pd_reference_row(ref, pd_lesson.bytes_ratio(ref.section("pd_split")))
+    row = nb12.pd_reference_row(ref, nb12_runs.bytes_ratio(ref.section("pd_split")))
     assert row["sentence"].startswith("The prefill/decode split did not start in this run; from the reference: ")
     assert "AMD EPYC" in row["sentence"] and "this run shows" not in row["sentence"]
     found = nb12.takeaways(lab=None, vllm_con=None, mask={"mask_ms_per_token": 40.0, "model_ms_per_token": 40.0},

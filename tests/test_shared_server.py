@@ -1,4 +1,4 @@
-"""labkit.serve.shared: LABKIT_SERVER_URL checked as text and asked over HTTP, and the vLLM load of notebooks 06 and 09
+"""labkit.serve.vllm.shared: LABKIT_SERVER_URL checked as text and asked over HTTP, and the vLLM load of notebooks 06 and 09
 sent to the room's server instead of a local ``vllm serve``, labelled as another machine's. The room's server is a
 fake OpenAI server in a thread; the vLLM launcher fails the test if anything calls it."""
 from __future__ import annotations
@@ -14,8 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from labkit.lessons import report
-from labkit.serve import loadgen, processes, shared
+from labkit.lessons.runs import nb06 as nb06_runs
+from labkit.lessons.runs import nb09 as nb09_runs
+from labkit.serve import loadgen, processes
+from labkit.serve.vllm import shared
 from labkit.serve.vllm import server as vs
 
 MODEL = "room/SmolLM2-135M-Instruct"
@@ -194,7 +196,7 @@ def test_the_same_load_of_06_goes_to_the_shared_server_and_starts_nothing(room_s
     url, room = room_server
     srv = shared.shared_server({shared.ENV: url})
     with _fake_server() as (lab_url, lab):  # the lab's server on this laptop, in the notebook
-        same = report.beside_vllm(SETTINGS, {"labkit serve (max_batch_size 8)": lab_url}, 1, shared=srv,
+        same = nb06_runs.beside_vllm(SETTINGS, {"labkit serve (max_batch_size 8)": lab_url}, 1, shared=srv,
                                   warmup_requests=2, num_requests=3, max_concurrency=2, max_tokens=4)
     assert same["status"] == "ok", same
     names = [r["server"] for r in same["rows"]]
@@ -211,7 +213,7 @@ def test_the_same_load_of_06_goes_to_the_shared_server_and_starts_nothing(room_s
 def test_the_capstone_load_of_09_goes_to_the_shared_server_and_starts_nothing(room_server, no_launch):
     url, room = room_server
     srv = shared.shared_server({shared.ENV: url})
-    served = report.vllm_load(SETTINGS, ["Hello?", "Why is the sky blue?"], concurrency=2, num_requests=4,
+    served = nb09_runs.vllm_load(SETTINGS, ["Hello?", "Why is the sky blue?"], concurrency=2, num_requests=4,
                               max_tokens=3, slo=loadgen.SLO(ttft_s=30.0), levels=(1, 2), requests_per_client=1,
                               warmup_requests=2,
                               shared=srv)
@@ -229,4 +231,4 @@ def test_the_capstone_load_of_09_goes_to_the_shared_server_and_starts_nothing(ro
 def test_without_a_shared_server_the_launcher_is_what_runs(no_launch):
     """The other side of the switch: with no shared server, vllm_load asks the launcher (here: a failing one)."""
     with pytest.raises(AssertionError, match="local vllm serve was started"):
-        report.vllm_load(SETTINGS, ["Hello?"], 1, 1, 2, None)
+        nb09_runs.vllm_load(SETTINGS, ["Hello?"], 1, 1, 2, None)

@@ -4,7 +4,7 @@ LABKIT_QUICK=1    quick mode (CI): fewer repeats and tokens, the same code path
 LABKIT_MODEL      a hub id or a local model directory instead of the default model
 LABKIT_CACHE      where converted models and exported ONNX files live (default ~/.cache/labkit)
 LABKIT_RESULTS    where notebooks write their JSON results (default <repo>/results)
-LABKIT_SERVER_URL the room's shared vllm serve (http://HOST:PORT), read and checked by labkit.serve.shared
+LABKIT_SERVER_URL the room's shared vllm serve (http://HOST:PORT), read and checked by labkit.serve.vllm.shared
 LABKIT_HEADLESS=1 a headless run (tools/run_notebooks.py): no progress bars, whose saved state would read 0 %
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -323,3 +323,27 @@ def frame(readings: dict[str, Reading]):
     import pandas as pd
 
     return pd.DataFrame([r.to_dict() for r in readings.values()])
+
+
+def processes_memory(pids: Iterable[int], what: str = "vllm serve") -> tuple[int | None, str]:
+    """Memory of several processes (a process group's ``pids``: ``vllm serve``'s front end, engine core, workers)
+    and its source: the processes'
+    PSS summed (Linux: a shared page counted once, split among the processes that map it, so the sum is what the
+    group holds), else their USS (macOS: private pages only), else their RSS (shared pages counted in every process:
+    an overcount). ``(None, reason)`` when none of its processes can be read."""
+    import psutil
+
+    totals: dict[str, int] = {}
+    for member in pids:
+        try:
+            full = psutil.Process(member).memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        for kind in ("pss", "uss", "rss"):
+            if getattr(full, kind, None) is not None:
+                totals[kind] = totals.get(kind, 0) + getattr(full, kind)
+    for kind, words in (("pss", "PSS (shared pages counted once)"), ("uss", "USS (private pages only)"),
+                        ("rss", "RSS (shared pages counted in each process)")):
+        if kind in totals:
+            return totals[kind], f"{words} of {what}'s processes, summed after the run"
+    return None, f"no process of {what}'s group could be read"

@@ -15,7 +15,6 @@
 ``client``     one request to any OpenAI-compatible server: its payload, its stream stamped chunk by chunk, bursts
 ``loadgen``    the load on any OpenAI-compatible server: arrivals, runs, SLOs, summaries, and Locust
 ``locustfile`` the Locust users ``loadgen.run_locust`` runs against the server
-``shared``     the room's one ``vllm serve`` (``LABKIT_SERVER_URL``): checked, asked its model, labelled as elsewhere
 
 ``vllm``       vLLM beside the lab: ``vllm serve`` started and measured, offline vLLM, its mechanisms, its bench
 ``fleet``      replicas behind a router, routing policies and their caches, capacity against an SLO

@@ -148,6 +148,21 @@ def _check(num_requests: int, request_rate: float, burstiness: float, max_concur
         raise ValueError(f"endpoint={endpoint!r}: choose one of {sorted(ENDPOINTS)}")
 
 
+def slo_from_baseline(target: Any, baseline: dict[str, Any], factor: float = 3.0) -> tuple[Any, str]:
+    """The SLO a load test on this machine can use, from one request measured alone (``baseline``: a
+    load test's summary at concurrency 1): ``target`` when one request alone meets it, else ``factor`` × the
+    baseline's median TTFT and TPOT, with a sentence saying which and why."""
+    ttft, tpot = baseline.get("ttft_p50_s"), baseline.get("tpot_p50_s")
+    if not ttft or not tpot:
+        raise ValueError("the baseline has no TTFT/TPOT medians: did its requests complete? (see its 'errors')")
+    alone = f"one request alone: TTFT {ttft:.2f} s, TPOT {tpot:.3f} s (median of {baseline.get('completed')})"
+    if (target.ttft_s is None or ttft <= target.ttft_s) and (target.tpot_s is None or tpot <= target.tpot_s):
+        return target, f"SLO TTFT ≤ {target.ttft_s} s, TPOT ≤ {target.tpot_s} s: reachable here ({alone})"
+    slo = SLO(ttft_s=factor * ttft, tpot_s=factor * tpot)
+    return slo, (f"The target SLO (TTFT ≤ {target.ttft_s} s, TPOT ≤ {target.tpot_s} s) is unreachable here: {alone}. "
+                 f"This run's SLO is {factor:g}× that: TTFT ≤ {slo.ttft_s:.2f} s, TPOT ≤ {slo.tpot_s:.3f} s")
+
+
 def arrival_gaps(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
     """Seconds to wait after each request before the next: gamma(shape=burstiness, mean=1/rate), as vLLM."""
     if math.isinf(request_rate):

@@ -46,11 +46,13 @@ import labkit
 from labkit.core import config, env, machine, results
 from labkit.model import models
 from labkit.decoding import decode
-from labkit.serve import batching, launch, loadgen, shared
+from labkit.serve import batching, launch, loadgen
+from labkit.serve.vllm import shared
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
 from labkit.serve import metrics as prom
-from labkit.lessons import exercises, findings, plots, report
+from labkit.lessons import exercises, findings, plots, references
+from labkit.lessons.runs import nb06 as nb06_runs
 from labkit.lessons.findings import nb06 as nb06_findings
 from labkit.lessons.widgets import panel as batch_widget
 
@@ -333,7 +335,7 @@ if SHARED is None and not vllm_server.vllm_python().exists():
 elif SHARED is None and not VLLM_LIVE:
     same = {"status": "vllm serve not started here (VLLM_LIVE = False; set it True to measure this table here)"}
 else:
-    same = report.beside_vllm(vllm_settings, {"labkit serve (max_batch_size 8)": server.url}, VLLM_ROUNDS,
+    same = nb06_runs.beside_vllm(vllm_settings, {"labkit serve (max_batch_size 8)": server.url}, VLLM_ROUNDS,
                               VLLM_START_DEADLINE_S, shared=SHARED, num_requests=SERVE_REQUESTS,
                               max_concurrency=CLIENTS, max_tokens=SERVE_TOKENS, slo=SLO)
 if "rows" in same:
@@ -346,11 +348,11 @@ if "rows" in same:
     print(f"vLLM {same['platform']['version']} ({same['platform']['platform']}); status: {same['status']}; medians of "
           f"{VLLM_ROUNDS} interleaved rounds: vLLM {vllm_row['output_tokens_per_s'] / lab_row['output_tokens_per_s']:.2f}× "
           "the lab's output tokens/s" + (f"; vLLM ran on the {SHARED.provenance()['where']}" if SHARED else ""))
-    display(res.frame("vllm_same_load")[["server", *report.SAME_LOAD_FIGURES]].round(3))
+    display(res.frame("vllm_same_load")[["server", *nb06_runs.SAME_LOAD_FIGURES]].round(3))
 else:
     print(same["status"] if same["status"].startswith(("vLLM not installed", "vllm serve not started"))
           else f"vLLM did not run here: {same['status']}")
-    report.show_reference("06_batching", "vllm_same_load", ["server", *report.SAME_LOAD_FIGURES])
+    references.show_reference("06_batching", "vllm_same_load", ["server", *nb06_runs.SAME_LOAD_FIGURES])
 
 # %% md slide
 # ## 7 · Load testing two ways

@@ -33,10 +33,12 @@ import pandas as pd
 import labkit
 from labkit.core import config, env, machine, memory, results
 from labkit.model import hardware, models
-from labkit.serve import launch, loadgen, paged, shared
+from labkit.serve import launch, loadgen, paged
+from labkit.serve.vllm import shared
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
-from labkit.lessons import exercises, findings, plots, report
+from labkit.lessons import exercises, findings, plots, references, report
+from labkit.lessons.runs import nb09 as nb09_runs
 from labkit.lessons.findings import nb09 as nb09_findings
 
 plots.setup_offline()
@@ -80,7 +82,7 @@ print(f"{len(prompts)} prompts; {base_lm.name} loaded in {PRECISIONS}")
 # greedy tokens still agree with fp32's at least `MIN_AGREEMENT` of the time.
 
 # %% fragment
-probe, best_dtype = report.choose_precision({p: c.model for p, c in candidates.items()}, base_lm.tokenizer, prompts,
+probe, best_dtype = nb09_runs.choose_precision({p: c.model for p, c in candidates.items()}, base_lm.tokenizer, prompts,
                                             BATCH, PROBE_TOKENS, min_agreement=MIN_AGREEMENT)
 res.replace("precision_choice", probe)
 del candidates, base_lm  # each server below loads its own model: its memory readings hold that model, no other
@@ -109,10 +111,10 @@ print(f"configurations: {list(configs)}")
 lm = models.load(dtype="fp32")
 with launch.start_server(lm, max_batch_size=1) as srv:
     loadgen.run(srv.url, prompts, num_requests=2, max_concurrency=1, max_tokens=4, endpoint="chat")  # warm up
-    alone = report.load_point(srv.url, prompts, 1, 3, MAX_TOKENS, TARGET_SLO)
+    alone = nb09_runs.load_point(srv.url, prompts, 1, 3, MAX_TOKENS, TARGET_SLO)
 del lm, srv
 memory.free()
-SLO, slo_why = report.slo_from_baseline(TARGET_SLO, alone, SLO_FACTOR)
+SLO, slo_why = loadgen.slo_from_baseline(TARGET_SLO, alone, SLO_FACTOR)
 res.add("slo_baseline", **alone)
 res.notes.update(slo=f"TTFT ≤ {SLO.ttft_s:.3g} s and TPOT ≤ {SLO.tpot_s:.3g} s for at least {MIN_GOOD:.0%} of requests",
                  slo_why=slo_why)
@@ -139,7 +141,7 @@ for name, (dtype, start) in configs.items():
     lm = models.load(dtype=dtype)  # the only model loaded while this server is measured
     with start(lm) as srv:
         loadgen.run(srv.url, prompts, num_requests=BATCH, max_concurrency=BATCH, max_tokens=4, endpoint="chat")  # warm up
-        row = report.load_point(srv.url, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO, stats=srv.stats)
+        row = nb09_runs.load_point(srv.url, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO, stats=srv.stats)
         rows.append({"config": name, **row})  # mean_batch_size: the measured requests only (stats before/after)
     del lm, srv
     memory.free()
@@ -166,7 +168,7 @@ vllm_settings = vllm_server.Settings(model=models.resolve(), dtype=vllm.VLLM_DTY
                                      device=vllm_server.default_device(), max_num_seqs=BATCH,
                                      kv_cache_gib=VLLM_KV_CACHE_GIB, gpu_memory_utilization=VLLM_GPU_FRACTION)
 machine.check("vllm serve")
-served = (report.vllm_load(vllm_settings, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO, SWEEP, REQUESTS_PER_CLIENT,
+served = (nb09_runs.vllm_load(vllm_settings, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO, SWEEP, REQUESTS_PER_CLIENT,
                            MIN_GOOD, BATCH, VLLM_START_DEADLINE_S, shared=SHARED)
           if SHARED or vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
 if "row" in served:
@@ -181,7 +183,7 @@ if "row" in served:
           f"{served['start_s']:.0f} s; status: {served['status']}")
 else:  # the reference's vLLM row, shown apart: another machine's load, not in this run's tables
     print(served["status"] if served["status"] == vllm_server.MISSING else f"vLLM did not run here: {served['status']}")
-    report.show_reference("09_capstone", report.CONFIG_SECTION, SAME_LOAD_COLUMNS,
+    references.show_reference("09_capstone", report.CONFIG_SECTION, SAME_LOAD_COLUMNS,
                           keep=lambda r: r["config"].startswith("vllm serve"))
 cfg_df[SAME_LOAD_COLUMNS].round(3)
 
@@ -222,7 +224,7 @@ for name in (before_name, best_name):
     lm = models.load(dtype=dtype)
     with start(lm) as srv:
         loadgen.run(srv.url, prompts, num_requests=BATCH, max_concurrency=BATCH, max_tokens=4, endpoint="chat")
-        for row in report.slo_sweep(srv.url, prompts, SWEEP, REQUESTS_PER_CLIENT, MAX_TOKENS, SLO, MIN_GOOD):
+        for row in nb09_runs.slo_sweep(srv.url, prompts, SWEEP, REQUESTS_PER_CLIENT, MAX_TOKENS, SLO, MIN_GOOD):
             sweep_rows.append({"config": name, **row})
     del lm, srv
     memory.free()

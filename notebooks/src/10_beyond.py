@@ -47,11 +47,13 @@ from labkit.model import hardware, models, onnx, prompts
 from labkit.decoding import decode, generation, quality, speculative
 from labkit.precision import kvquant, quantisers, variants
 from labkit.engines import cpu, fusion, llamacpp
-from labkit.serve import continuous, prefill, shared
+from labkit.serve import continuous, prefill
+from labkit.serve.vllm import shared
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
 from labkit.serve.vllm import mechanisms as vm
-from labkit.lessons import beyond, exercises, findings, plots, report
+from labkit.lessons import exercises, findings, plots, references
+from labkit.lessons.runs import nb10 as nb10_runs
 from labkit.lessons.findings import nb10 as nb10_findings
 
 plots.setup_offline()
@@ -151,7 +153,7 @@ def lookup_decode(model, input_ids, new_tokens, draft_tokens):
     return tokens, passes, drafted
 
 # %% fragment
-tasks = {"copy": beyond.copy_prompt(tok, PASSAGE_TOKENS), "chat": beyond.FREE_CHAT}
+tasks = {"copy": nb10_runs.copy_prompt(tok, PASSAGE_TOKENS), "chat": nb10_runs.FREE_CHAT}
 task_ids = {k: models.chat_inputs(tok, p, device=str(device))["input_ids"] for k, p in tasks.items()}
 mech, mech_tokens = {}, {}
 for task, ids in task_ids.items():
@@ -249,7 +251,7 @@ exercises.check("10.reusable_prefix", reusable_prefix)
 # %% mechanism
 reuse_fn = exercises.use("10.reusable_prefix", reusable_prefix, prefill.reusable_prefix)
 document = prefill.document_text(tok, DOC_TOKENS)
-prefix_prompts = prefill.shared_prefix_prompts(document, beyond.QUESTIONS[:PREFIX_REQUESTS])
+prefix_prompts = prefill.shared_prefix_prompts(document, nb10_runs.QUESTIONS[:PREFIX_REQUESTS])
 ids = [list(models.chat_ids(tok, p)) for p in prefix_prompts[:2]]
 block = continuous.PrefixCache(1).block_tokens  # the server's block size
 print(f"prompt lengths {len(ids[0])} and {len(ids[1])} tokens; the second reuses {reuse_fn(ids[0], ids[1], block)} "
@@ -321,7 +323,7 @@ print(f"one prefill of {whole_s * 1e3:.0f} ms unchunked, or {len(schedule)} chun
       f"each, a decode step after each ({timed.drift_line()})")
 
 # %% fragment
-stream_prompts = list(beyond.STREAM_PROMPTS[:STREAMS])  # the lab's server here: its chunk budget is the experiment
+stream_prompts = list(nb10_runs.STREAM_PROMPTS[:STREAMS])  # the lab's server here: its chunk budget is the experiment
 chunk_rows = [prefill.chunked_prefill_run(lm, stream_prompts, STREAM_TOKENS, long_prompt, n) for n in (0, PREFILL_CHUNK_TOKENS)]
 res.replace("chunked_prefill", [{k: v for k, v in r.items() if k not in ("stamps", "texts")} for r in chunk_rows])
 chunk_df = res.frame("chunked_prefill")
@@ -620,16 +622,16 @@ if vllm_ran:
     refs = {"prefix": vm.greedy_references(lm, prefix_ids, PREFIX_MAX_TOKENS),  # transformers generate, each alone
             "streams": vm.greedy_references(lm, stream_ids, STREAM_TOKENS) if "chunked" in served else {},
             "lookup": {task: mech_tokens[task] for task in task_ids}}  # section 1's loop: plain greedy decoding's tokens
-    res.replace("vllm_mechanisms", beyond.beside_vllm(prefix_rows, chunk_rows, lookup_rows, served, refs, set(eos)))
+    res.replace("vllm_mechanisms", nb10_runs.beside_vllm(prefix_rows, chunk_rows, lookup_rows, served, refs, set(eos)))
     for part in (p for p in vm.PARTS if p in served):
         res.replace(f"vllm_{part}", [{k: v for k, v in row.items() if "answer" not in k} for row in served[part].values()])
     res.notes["vllm"] = {"platform": served["platform"], "start_s": served["start_s"], "settings": served["settings"]}
     display(res.frame("vllm_mechanisms")[VLLM_TABLE_COLUMNS].round(3))
     if served["skipped"]:  # quick mode: one vllm serve start; the other mechanisms as a full run measured them
         print(f"Not run here ({', '.join(served['skipped'])}: quick mode starts one vllm serve); the reference's rows:")
-        report.show_reference("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
+        references.show_reference("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
 else:
-    report.show_reference("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
+    references.show_reference("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
 
 # %% fragment
 if vllm_ran:
@@ -653,7 +655,7 @@ if vllm_ran:
 # ## Takeaways
 
 # %% fragment
-head = beyond.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_rows, kv_name=kv_best.cache,
+head = nb10_runs.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_rows, kv_name=kv_best.cache,
                        quality_floor=QUALITY_FLOOR)
 res.replace("headline", [head])  # the figures bench/beyond.py prints
 res.notes["versions"] = env.versions(("optimum-quanto", "hqq", "onnx-ir", "llama-cpp-python"))

@@ -49,7 +49,8 @@ from labkit.serve.fleet import capacity
 from labkit.serve.fleet import router
 from labkit.serve.fleet import routing
 from labkit.serve.vllm import server as vllm_server
-from labkit.lessons import cost, exercises, findings, plots, report, scale_out
+from labkit.lessons import cost, exercises, findings, plots, references
+from labkit.lessons.runs import nb11 as nb11_runs
 from labkit.lessons.findings import nb11 as nb11_findings
 
 plots.setup_offline()
@@ -121,10 +122,10 @@ n_req = GROUPS * PER_GROUP * TURNS
 print(f"{n_req} requests a round; system prompts of {SYSTEM_TOKENS} tokens, documents of {DOCUMENT_TOKENS}; {ROUNDS} "
       f"rounds of {', '.join(POLICIES)}, "
       "interleaved; every replica's prefix cache flushed before each run")
-cmp = scale_out.compare_policies(routers, reps, workloads, MAX_TOKENS, stagger_s=STAGGER_S)
+cmp = nb11_runs.compare_policies(routers, reps, workloads, MAX_TOKENS, stagger_s=STAGGER_S)
 res.replace("policy_runs", cmp["runs"])
 res.replace("policy_replicas", cmp["replicas"])
-res.replace("policies", scale_out.policy_table(cmp["runs"]))
+res.replace("policies", nb11_runs.policy_table(cmp["runs"]))
 policy_df = res.frame("policies")
 policy_df[["policy", "rounds", "requests", "failed", "hit_rate", "token_hit_rate", "ttft_p50_s", "ttft_p90_s",
            "max_share"]].round(3)
@@ -150,7 +151,7 @@ plots.bar(policy_df, x="policy", y=["hit_rate", "token_hit_rate"], title="Prefix
           y_title="share").update_layout(barmode="group").show()
 plots.bar(policy_df, x="policy", y=["ttft_p50_s", "ttft_p90_s"], title="TTFT by routing policy (median over rounds)",
           y_title="seconds").update_layout(barmode="group").show()
-head = scale_out.headline(res.section("policies"), cmp["runs"], None, None, {"all_identical": all(
+head = nb11_runs.headline(res.section("policies"), cmp["runs"], None, None, {"all_identical": all(
     s["all_identical"] for s in same.values())})
 print(f"cache-aware: {head['cache_aware_hit_rate']:.0%} of requests hit a replica's cache, {head['cache_aware_token_hit_rate']:.0%} "
       f"of prompt positions reused; round-robin: {head['round_robin_hit_rate']:.0%} and {head['round_robin_token_hit_rate']:.0%}. "
@@ -192,7 +193,7 @@ if VLLM_REPLICAS and vllm_server.vllm_python().exists():
 else:
     print("vLLM replicas not started: " + ("VLLM_REPLICAS is 0 (quick mode; set it to 2 to run them)"
                                            if not VLLM_REPLICAS else vllm_server.MISSING))
-    report.show_reference("11_scale_out", "vllm_policies", VLLM_POLICY_COLUMNS)
+    references.show_reference("11_scale_out", "vllm_policies", VLLM_POLICY_COLUMNS)
 
 # %% md slide
 # ## 2 · The decision, written out
@@ -248,7 +249,7 @@ sweep_prompts = [f"{q} Answer in a few words." for q in routing.QUESTIONS]
 loadgen.run(server.url, sweep_prompts, num_requests=2, max_concurrency=1, max_tokens=4, endpoint="chat")  # warm up
 alone = loadgen.run(server.url, sweep_prompts, num_requests=3, max_concurrency=1, max_tokens=SWEEP_MAX_TOKENS,
                     endpoint="chat", ignore_eos=True, warmup=0).summary()
-SLO, slo_why = report.slo_from_baseline(TARGET_SLO, alone, SLO_FACTOR)
+SLO, slo_why = loadgen.slo_from_baseline(TARGET_SLO, alone, SLO_FACTOR)
 one_rate = 1 / alone["e2e_p50_s"]
 rates = [round(m * one_rate, 2) for m in RATE_MULTIPLES]
 print(f"{slo_why}. One request alone takes {alone['e2e_p50_s']:.2f} s: {one_rate:.2f} req/s one after the other; "
@@ -257,7 +258,7 @@ print(f"{slo_why}. One request alone takes {alone['e2e_p50_s']:.2f} s: {one_rate
 # %% fragment
 machine.check("capacity sweep")
 with energy.EnergyMeter() as meter:  # every rate for SWEEP_SECONDS of arrivals, the prefix cache flushed before each
-    swept = scale_out.capacity_sweep(server, sweep_prompts, rates, SWEEP_SECONDS, SWEEP_MAX_TOKENS, SLO, FOLLOW)
+    swept = nb11_runs.capacity_sweep(server, sweep_prompts, rates, SWEEP_SECONDS, SWEEP_MAX_TOKENS, SLO, FOLLOW)
 res.replace("capacity", swept["points"])
 cap_df = res.frame("capacity")
 cap_df[["offered_rps", "requests", "good_requests", "completed_rps", "pace", "goodput_rps", "goodput_over_run_rps",
@@ -427,7 +428,7 @@ for what, start in {
 # ## Takeaways
 
 # %% fragment
-head = scale_out.headline(res.section("policies"), cmp["runs"], found, chosen.to_dict() | {"name": chosen.name},
+head = nb11_runs.headline(res.section("policies"), cmp["runs"], found, chosen.to_dict() | {"name": chosen.name},
                           {"all_identical": all(s["all_identical"] for s in same.values())})
 found_11 = nb11_findings.takeaways(head=head, capacity_reason=found["reason"],
                                    arithmetic=need["arithmetic"] if held["rps"] is not None else None,

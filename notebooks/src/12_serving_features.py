@@ -47,7 +47,8 @@ from labkit.serve.decoder import eos_ids
 from labkit.serve.vllm import disagg, lora
 from labkit.serve.vllm import mechanisms as vm
 from labkit.serve.vllm import server as vllm_server
-from labkit.lessons import exercises, features, findings, pd, report
+from labkit.lessons import exercises, findings, references
+from labkit.lessons.runs import nb12 as nb12_runs
 from labkit.lessons.findings import nb12 as nb12_findings
 
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -60,7 +61,7 @@ CHOICES = ["positive", "negative", "neutral"]  # the labels a classification ans
 REVIEW = "The soup was cold and the waiter never came back."  # the text to classify
 JSON_PATTERN = r'\{"name": "[A-Z][a-z]{1,15}", "age": [1-9][0-9]?, "city": "[A-Z][a-z]{1,15}( [A-Z][a-z]{1,15})?"\}'
 MASK_TOKENS = config.pick(40, 32)  # tokens for the regex-constrained answer
-SCHEMA = features.PERSON_SCHEMA  # the JSON schema every structured answer must follow
+SCHEMA = nb12_runs.PERSON_SCHEMA  # the JSON schema every structured answer must follow
 PEOPLE = ["a teacher from Lyon", "a retired sailor", "a nurse in Osaka", "a young painter", "a baker in Quebec",
           "a chess champion", "a farmer in Kenya", "a student in Lima"]  # one request each
 JSON_MAX_TOKENS = 64  # tokens per structured answer
@@ -150,18 +151,18 @@ PREDICT_FREE_VALID = None  # your prediction: free answers (of 8) that are valid
 
 # %% fragment
 json_prompts = [f"Give JSON with the name, age and city of {who}." for who in PEOPLE]
-variants = {"free": {}, "constrained": {"response_format": features.json_schema_format(SCHEMA)}}
+variants = {"free": {}, "constrained": {"response_format": nb12_runs.json_schema_format(SCHEMA)}}
 lab_server = launch.start_server(lm, port=0, max_batch_size=len(PEOPLE))
 try:
-    lab_runs = features.structured_rounds(lab_server.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
+    lab_runs = nb12_runs.structured_rounds(lab_server.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
                                           rounds=JSON_ROUNDS, schema=SCHEMA)
-    bad_lab = {what: features.malformed(lab_server.url, fmt) for what, fmt in features.MALFORMED.items()}
+    bad_lab = {what: nb12_runs.malformed(lab_server.url, fmt) for what, fmt in nb12_runs.MALFORMED.items()}
     grammar_metrics = {k: v for k, v in prom.metric_totals(prom.scrape(lab_server.url)).items()
                        if k.startswith("labkit_grammar")}
 finally:
     lab_server.stop()
 res.replace("lab_structured_runs", [{k: v for k, v in r.items() if k != "seq_rates"} for r in lab_runs])
-res.replace("lab_structured", features.structured_table(lab_runs))
+res.replace("lab_structured", nb12_runs.structured_table(lab_runs))
 lab_df = res.frame("lab_structured")
 display(lab_df[["variant", "valid", "requests", "tokens_per_answer", "tokens_per_s_per_seq", "wall_s", "first_wall_s"]
                ].round(3))
@@ -229,22 +230,22 @@ else:
 # %% fragment
 VLLM_COLUMNS = ["variant", "valid", "requests", "tokens_per_answer", "tokens_per_s_per_seq", "wall_s", "first_wall_s"]
 if vllm_srv is not None:
-    vllm_runs = features.structured_rounds(vllm_srv.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
+    vllm_runs = nb12_runs.structured_rounds(vllm_srv.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
                                            rounds=JSON_ROUNDS, schema=SCHEMA, model=model_path)
     res.replace("vllm_structured_runs", [{k: v for k, v in r.items() if k != "seq_rates"} for r in vllm_runs])
-    res.replace("vllm_structured", [{**r, "backend": "xgrammar (auto)"} for r in features.structured_table(vllm_runs)])
+    res.replace("vllm_structured", [{**r, "backend": "xgrammar (auto)"} for r in nb12_runs.structured_table(vllm_runs)])
     display(res.frame("vllm_structured")[VLLM_COLUMNS].round(3))
     vllm_con = res.frame("vllm_structured").set_index("variant").loc["constrained"].to_dict()
     vllm_said = nb12_findings.structured_sentence(
         vllm_con, res.frame("vllm_structured").set_index("variant").loc["free"].to_dict(), "vLLM (xgrammar)")
     print(vllm_said + " vLLM lets the grammar write whitespace between JSON tokens; the lab's server writes none.")
     print("one constrained answer:", next(r["example"] for r in vllm_runs if r["variant"] == "constrained"))
-    bad_vllm = {what: features.malformed(vllm_srv.url, fmt, model_path) for what, fmt in features.MALFORMED.items()}
+    bad_vllm = {what: nb12_runs.malformed(vllm_srv.url, fmt, model_path) for what, fmt in nb12_runs.MALFORMED.items()}
     for what, answer in bad_vllm.items():
         print(f"vLLM, {what}: {answer['status']} {answer['param']!r}: {answer['message'][:110]}")
 else:
     vllm_con, vllm_said = None, None
-    report.show_reference("12_serving_features", "vllm_structured", VLLM_COLUMNS)
+    references.show_reference("12_serving_features", "vllm_structured", VLLM_COLUMNS)
 
 # %% md subslide
 # ## vLLM's other backend: guidance
@@ -258,13 +259,13 @@ if GUIDANCE and HAS_VLLM:
     g_settings = vllm_server.Settings(model=model_path, device=vllm_server.default_device(), max_num_seqs=8,
                                       extra_args=("--structured-outputs-config.backend", "guidance"))
     with vllm_server.serve(g_settings, name="vllm-guidance") as g_srv:
-        g_runs = features.structured_rounds(g_srv.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
+        g_runs = nb12_runs.structured_rounds(g_srv.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
                                             rounds=JSON_ROUNDS, schema=SCHEMA, model=model_path)
-    res.replace("vllm_guidance", [{**r, "backend": "guidance"} for r in features.structured_table(g_runs)])
+    res.replace("vllm_guidance", [{**r, "backend": "guidance"} for r in nb12_runs.structured_table(g_runs)])
     display(res.frame("vllm_guidance")[VLLM_COLUMNS].round(3))
 else:
     print("guidance's server not started: " + ("GUIDANCE is 0 (quick mode)" if HAS_VLLM else vllm_server.MISSING))
-    report.show_reference("12_serving_features", "vllm_guidance", VLLM_COLUMNS)
+    references.show_reference("12_serving_features", "vllm_guidance", VLLM_COLUMNS)
 
 # %% md slide
 # ## Adapters in one batch, against the merged weights
@@ -296,8 +297,8 @@ if vllm_srv is not None:
     print(lora_said)
     exercises.reveal("mixed adapters' tokens/s ÷ the base's", PREDICT_MIXED_SHARE, lora_gain)
 else:
-    report.show_reference("12_serving_features", "lora_modes", LORA_COLUMNS)
-    report.show_reference("12_serving_features", "lora_check", ["model", "equal", "compared", "first_differences"])
+    references.show_reference("12_serving_features", "lora_modes", LORA_COLUMNS)
+    references.show_reference("12_serving_features", "lora_check", ["model", "equal", "compared", "first_differences"])
 vllm_stack.close()  # the server of sections 1 and 2 stops here
 
 # %% md slide
@@ -349,8 +350,8 @@ if PD and HAS_VLLM:
     pd_prompts = [text_ids[300 * i:300 * i + n] for i, n in enumerate(PD_PROMPT_TOKENS)]
     storage = tempfile.mkdtemp(prefix="kv-", dir=config.cache_dir())
     base = vllm_server.Settings(model=model_path, max_model_len=1024, max_num_seqs=8, prefix_caching=False)
-    with vllm_server.started_together(pd.pd_servers(base, storage), deadline_s=400) as pd_srv:
-        pd_out = pd.pd_session(pd_srv, storage, model_path, pd_prompts, decide=decide, missing_prompt=text_ids[1200:1400],
+    with vllm_server.started_together(nb12_runs.pd_servers(base, storage), deadline_s=400) as pd_srv:
+        pd_out = nb12_runs.pd_session(pd_srv, storage, model_path, pd_prompts, decide=decide, missing_prompt=text_ids[1200:1400],
                                short_prompts=[text_ids[1600:1620], text_ids[1700:1720]],
                                long_prompt=text_ids[2000:2000 + PD_LONG_TOKENS], n_long=PD_LONG,
                                kill_prompt=text_ids[3000:3300])
@@ -363,8 +364,8 @@ if PD and HAS_VLLM:
 else:
     print("prefill/decode servers not started: " + ("PD is 0 (quick mode; set PD = 1 to start them)" if HAS_VLLM
                                                     else vllm_server.MISSING))
-    report.show_reference("12_serving_features", "pd_split", PD_COLUMNS)
-    report.show_reference("12_serving_features", "pd_itl", ITL_COLUMNS)
+    references.show_reference("12_serving_features", "pd_split", PD_COLUMNS)
+    references.show_reference("12_serving_features", "pd_itl", ITL_COLUMNS)
 
 # %% md slide
 # ## 4 · Faults
@@ -381,7 +382,7 @@ if pd_out is not None:
     print(f"prefill server killed: {kill['answered']} of {kill['requests']} requests answered, {kill['failed']} "
           f"failed, {kill['fallbacks']} fallback(s) to decode alone ({kill['reasons']}); identical: {kill['identical']}")
 else:
-    report.show_reference("12_serving_features", "pd_faults", ["fault", "recomputed", "identical", "answered",
+    references.show_reference("12_serving_features", "pd_faults", ["fault", "recomputed", "identical", "answered",
                                                                "failed", "fallbacks"])
 
 # %% md slide
@@ -391,13 +392,13 @@ else:
 lab_con = lab_df.set_index("variant").loc["constrained"].to_dict()
 pd_row = None
 if pd_out is not None:
-    ratio = pd.bytes_ratio(pd_out["split"])
+    ratio = nb12_runs.bytes_ratio(pd_out["split"])
     itl_by = {r["target"]: r for r in pd_out.get("itl", [])}
     pd_row = {"bytes_ratio": ratio, "sentence": nb12_findings.pd_sentence(pd_out["split"], ratio, itl_by.get("split"),
                                                                           itl_by.get("plain"))}
 if pd_out is None:  # the split did not start: its sentence says so and renders the reference's rows with their machine
     pd_ref = results.reference("12_serving_features")
-    pd_row = nb12_findings.pd_reference_row(pd_ref, pd.bytes_ratio(pd_ref.section("pd_split")))
+    pd_row = nb12_findings.pd_reference_row(pd_ref, nb12_runs.bytes_ratio(pd_ref.section("pd_split")))
 found_12 = nb12_findings.takeaways(lab=lab_con, vllm_con=vllm_con, mask=by_hand, bytes_row=byte_row, lora=lora_said,
                                    lora_gain=lora_gain, pd=pd_row, structured=[s for s in (lab_said, vllm_said) if s])
 findings.record(res, found_12)

@@ -58,7 +58,7 @@ def precision_sentence(probe: Sequence[Mapping[str, Any]], half_reason: str | No
                        native: Mapping[str, bool] | None = None) -> str:
     """Each half precision's batched decode speed over fp32's, and why it moved that way on this hardware.
 
-    ``probe``: ``report.choose_precision``'s rows (precision, batch, tokens_per_s with its samples); ``half_reason``:
+    ``probe``: ``runs.nb09.choose_precision``'s rows (precision, batch, tokens_per_s with its samples); ``half_reason``:
     ``hardware.fast_half_matmul_reason()`` ('' where the device has native fp16/bf16 arithmetic); ``native``:
     ``hardware.native_half()``, per format (None: every format follows ``half_reason``). Without native arithmetic
     each half-precision matmul converts to fp32 as it goes: at batch 1 (notebook 02) a decode step is memory-bound

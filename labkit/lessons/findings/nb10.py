@@ -107,7 +107,7 @@ def takeaways(*, head: Mapping[str, Any], lookup: tuple[Mapping[str, Any], Mappi
               prefix: tuple[Mapping[str, Any], Mapping[str, Any]], chunked: tuple[Mapping[str, Any], Mapping[str, Any]],
               kv: tuple[Mapping[str, Any], Mapping[str, Any]], quality_floor: float,
               kv_rows: Sequence[Mapping[str, Any]] = (), llamacpp_reference: str | None = None) -> Findings:
-    """``head``: ``beyond.headline``'s figures; ``lookup``: the copying and free-chat rows of ``compare_lookup``;
+    """``head``: ``runs.nb10.headline``'s figures; ``lookup``: the copying and free-chat rows of ``compare_lookup``;
     ``prefix``: off and on rows of ``prefix_cache_run`` (per-request ``ttft_s``); ``chunked``: unchunked and
     chunked rows of ``chunked_prefill_run`` (``stamps`` per stream); ``kv``: the model's own cache row and the
     quantised one reported (``samples`` of step_s); ``kv_rows``: every cache's row, ranked by KL (``kv_ranking``).

@@ -55,7 +55,7 @@ def capacity_words(capacity_reason: str, arithmetic: str | None, knee_rps: float
 def takeaways(*, head: Mapping[str, Any], capacity_reason: str, arithmetic: str | None, chosen: Mapping[str, Any],
               tokens_per_s: float, answered: int, requests: int, rates: Sequence[float] = (),
               priced_at: str = "at the knee", held: str = "") -> Findings:
-    """``head``: ``scale_out.headline``'s figures (its ``ttft_verdict`` from ``core.verdict``); ``capacity_reason``:
+    """``head``: ``runs.nb11.headline``'s figures (its ``ttft_verdict`` from ``core.verdict``); ``capacity_reason``:
     the knee finder's reason; ``arithmetic``: the replicas-needed sum, or None where no knee was found; ``chosen``:
     the price row (name, usd_per_million_tokens, tokens_per_s: what it was priced at); ``tokens_per_s``: one replica's output at the priced point (``priced_at``, in words: the knee, or the sweep's best where none was found);
     ``answered``/``requests``: the fault run; ``rates``: the capacity sweep's offered rates (req/s), so a knee at its

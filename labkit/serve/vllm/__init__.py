@@ -6,7 +6,8 @@
 ``bench``       ``vllm bench serve`` beside ``loadgen`` on the same server: one definition of each metric
 ``mechanisms``  prefix caching, chunked prefill and n-gram speculation in ``vllm serve``, beside the lab's
 ``lora``        multi-LoRA in ``vllm serve``: the flags, answers against merged weights, base/one/mixed throughput
-``disagg``      prefill on one ``vllm serve``, decode on another: the KV connector, the lab's proxy, bytes moved
+``shared``      the room's one ``vllm serve`` (``LABKIT_SERVER_URL``): checked, asked its model, labelled as elsewhere
+``disagg``      prefill on one ``vllm serve``, decode on another: the KV connector, its files, bytes moved (the proxy: fleet)
 
 Nothing here imports vLLM into the lab's process except ``offline`` on a GPU machine whose environment has it:
 ``vllm serve`` runs as a child (``labkit.serve.processes``) and is read through its HTTP API and ``/metrics``.

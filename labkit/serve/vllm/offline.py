@@ -1,6 +1,6 @@
 """vLLM itself, beside transformers' ``generate`` on the same prompts.
 
-``vllm_offline`` runs vLLM's ``LLM`` on token ids made before the clock starts; ``vllm_server`` starts
+``vllm_offline`` runs vLLM's ``LLM`` on token ids made before the clock starts; ``serve_here`` starts
 ``vllm serve`` from this environment's vLLM (``labkit.serve.vllm.server`` starts it from ``.venv-vllm``); ``vllm_rows`` runs transformers and vLLM one engine at a time,
 freeing the GPU between them. Whether vLLM can run in this process is ``labkit.core.env.capability("vllm-offline")``'s answer (a GPU
 environment that imports vllm); ``capability("vllm")`` says whether ``vllm serve`` can run as a child.
@@ -21,9 +21,9 @@ from ...decoding.quality import equal_tokens, until_eos
 from ...model import models
 from ...model.models import chat_ids, release_gpu
 from .. import decoder, loadgen
-from . import server as vllm_server_mod
+from . import server as vs
 
-# ------------------------------------------------------------------------------------ GPU engines: vLLM
+# ------------------------------------------------------------------------------------ vLLM in this process (a GPU environment)
 
 
 def hf_offline(lm: Any, prompts: Sequence[str], max_tokens: int = 64) -> dict[str, Any]:
@@ -131,7 +131,7 @@ def vllm_rows(lm: Any, prompts: Sequence[str], max_tokens: int = 64, max_concurr
     if gpu_count() >= 2:
         rows.append(vllm_offline(path, ids, max_tokens, tensor_parallel_size=2,
                                  gpu_memory_utilization=gpu_memory_utilization))
-    with vllm_server(path, gpu_memory_utilization=gpu_memory_utilization) as url:
+    with serve_here(path, gpu_memory_utilization=gpu_memory_utilization) as url:
         # the offline rows' chat-formatted token ids, sent as they are: one prompt set for every engine
         served = loadgen.run(url, [list(i) for i in ids], num_requests=len(prompts), max_concurrency=max_concurrency,
                              max_tokens=max_tokens, endpoint="completions")
@@ -146,7 +146,7 @@ def models_path(lm: Any) -> str:
 
 
 @contextlib.contextmanager
-def vllm_server(model_path: str, dtype: str = "float16", tensor_parallel_size: int = 1,
+def serve_here(model_path: str, dtype: str = "float16", tensor_parallel_size: int = 1,
                 startup_timeout_s: float = 600.0, extra_args: Sequence[str] = (),
                 gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> Iterator[str]:
     """``vllm serve MODEL --dtype float16 --gpu-memory-utilization F`` from this environment's vLLM (a GPU
@@ -156,10 +156,10 @@ def vllm_server(model_path: str, dtype: str = "float16", tensor_parallel_size: i
     cap = env.capability("vllm-offline")
     if not cap.available:
         raise ValueError(f"vLLM cannot run here: {cap.reason}")
-    settings = vllm_server_mod.Settings(model=model_path, dtype=dtype, device="cuda",
+    settings = vs.Settings(model=model_path, dtype=dtype, device="cuda",
                                         tensor_parallel_size=tensor_parallel_size, extra_args=tuple(extra_args),
                                         gpu_memory_utilization=gpu_memory_utilization)
-    with vllm_server_mod.serve(settings, python=Path(sys.executable), deadline_s=startup_timeout_s) as server:
+    with vs.serve(settings, python=Path(sys.executable), deadline_s=startup_timeout_s) as server:
         yield server.url
 
 

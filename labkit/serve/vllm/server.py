@@ -30,6 +30,7 @@ from .. import metrics as prom
 from .. import processes
 from ..metrics import metric_info, metric_totals
 from ..processes import free_port, free_ports, group_pids
+from .shared import SharedServer
 
 LOG_DIR = config.REPO_DIR / "build" / "vllm"
 MISSING = config.needs_make("vllm", "vLLM not installed here", "it cannot be: vLLM needs an environment of its own "
@@ -396,3 +397,15 @@ def started_together(named: Mapping[str, Settings], deadline_s: float = 300.0) -
     finally:
         for srv in servers.values():
             srv.stop()
+
+
+@contextlib.contextmanager
+def serve_or_shared(s: Settings, shared: SharedServer | None, deadline_s: float = 300.0,
+                    name: str = "vllm") -> Iterator[Any]:
+    """A local ``vllm serve`` started for the block, or the room's ``shared`` one (``labkit.serve.vllm.shared``: nothing
+    is started here)."""
+    if shared is not None:
+        yield shared
+        return
+    with serve(s, deadline_s=deadline_s, name=name) as srv:
+        yield srv

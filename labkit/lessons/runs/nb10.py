@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core import verdict
-from ..decoding import quality
-from ..serve.prefill import document_text
+from ...core import verdict
+from ...decoding import quality
+from ...serve.prefill import document_text
 
 COPY_INSTRUCTION = "Correct any spelling mistakes in the following text and return the whole text."
 FREE_CHAT = "Write a short story about a lighthouse keeper."

@@ -15,9 +15,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core import timing, verdict
-from ..serve import loadgen
-from ..serve.fleet import capacity, routing
+from ...core import timing, verdict
+from ...serve import loadgen
+from ...serve.fleet import capacity, routing
 
 ROUTING_KEYS = {"consistent_hashing": "conversation", "manual": "conversation"}  # session affinity per conversation
 

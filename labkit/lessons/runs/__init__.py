@@ -1,0 +1,13 @@
+"""The runs a notebook and its bench script share, one module per notebook (``nbNN``), so that the numbers a
+notebook prints and the ones ``make bench`` records come from the same code.
+
+``nb06``  the lab's servers and ``vllm serve`` under the same load, interleaved rounds
+``nb09``  the capstone: a precision chosen by speed and answers, load points, the SLO sweep, vLLM under that load
+``nb10``  the workloads beyond one prompt (a copied text, a shared document, a long prompt among streams)
+``nb11``  the routing policies' rounds, the capacity sweep, the headline figures
+``nb12``  structured outputs against any server, malformed requests, and the prefill/decode split session
+
+The rule: a run orchestrates mechanisms (``serve``, ``serve.vllm``, ``serve.fleet``, ``decoding``) and never
+opens a socket itself: every request goes through ``labkit.serve.client`` or ``labkit.serve.loadgen``. Takeaways
+are ``lessons.findings``'; tables shown from a reference are ``lessons.references``'.
+"""
