@@ -13,7 +13,7 @@ from aiohttp import web
 from labkit.lessons.runs import nb11 as nb11_runs
 from labkit.serve import client, loadgen
 from labkit.serve.fleet import capacity
-from labkit.serve.vllm.disagg import BackgroundApp
+from labkit.serve.launch import BackgroundApp
 
 SERVICE_S = 0.05  # one request at a time: the server's ceiling is 20 requests per second
 CAP_RPS = 1 / SERVICE_S

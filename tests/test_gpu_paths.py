@@ -265,7 +265,7 @@ def test_vllm_rows_run_one_engine_at_a_time(fake_vllm, monkeypatch):
         yield "http://127.0.0.1:1"
         fake_vllm.append(("serve stopped",))
 
-    monkeypatch.setattr(vllm, "vllm_server", server)
+    monkeypatch.setattr(vllm, "serve_here", server)
     monkeypatch.setattr(vllm, "models_path", lambda lm: "some/model")
     served = {}
     monkeypatch.setattr(loadgen, "run", lambda url, prompts, **kw: served.update(prompts=prompts, **kw) or

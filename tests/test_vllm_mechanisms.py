@@ -249,7 +249,7 @@ def test_engine_tpot_from_a_recorded_scrape():
 
 
 def test_decode_rate_counts_the_tokens_a_speculative_chunk_carries():
-    from labkit.serve.loadgen import RequestOutput
+    from labkit.serve.client import RequestOutput
 
     two_per_chunk = RequestOutput(success=True, output_tokens=6, ttft_s=0.1, e2e_s=1.1, token_ids=list(range(11)))
     assert vm.decode_rate(two_per_chunk) == pytest.approx(10.0), "10 tokens after the first, in 1 s"
