@@ -218,10 +218,10 @@ test-notebooks: $(DEV_STAMP)
 test-preinstalled:
 	nice -n 10 tools/preinstalled_torch.sh
 
-# a quick run that passed on data/agenda.json's machine re-times those notebooks' objectives slides (tools/agenda.py)
+# a quick run that passed on data/agenda.json's machine re-times those notebooks' objectives slides (tools/nbbuild.py --retime)
 run: setup
-	$(PY) tools/run_notebooks.py --timeout $(NB_TIMEOUT) $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
-	$(PY) tools/agenda.py --summary build/summary.json --update
+	$(PY) -m tools.run_notebooks --timeout $(NB_TIMEOUT) $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
+	$(PY) -m tools.nbbuild --retime build/summary.json
 
 node_modules/.package-lock.json: package.json package-lock.json
 	@command -v npm >/dev/null || { echo "npm is missing: install Node.js (Debian: apt-get install -y npm) for the offline decks" >&2; exit 1; }
@@ -229,7 +229,7 @@ node_modules/.package-lock.json: package.json package-lock.json
 
 slides: setup node_modules/.package-lock.json
 	@test -d build/executed || $(MAKE) run
-	$(PY) tools/slides.py --timeout $(NB_TIMEOUT) $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
+	$(PY) -m tools.slides --timeout $(NB_TIMEOUT) $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
 
 # installs make test's outside tools on Debian/Ubuntu (as root); make test itself only checks them (test-tools)
 browser:
@@ -258,7 +258,7 @@ env-check:
 # full-mode runs whose results become data/reference/*.json, provenance included (NOTEBOOKS="07 09");
 # run on a GPU, every notebook's file is NAME.<gpu>.json, beside the CPU one
 reference: $(ENV_SETUP) env-check
-	LABKIT_QUICK=0 $(ENV_PY) tools/run_notebooks.py --timeout $(NB_TIMEOUT) --build-dir build/reference --reference $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
+	LABKIT_QUICK=0 $(ENV_PY) -m tools.run_notebooks --timeout $(NB_TIMEOUT) --build-dir build/reference --reference $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
 
 # the GPU preflight: one line per CUDA path (PASS / FAIL / SKIP and why), JSON last; without CUDA one line, exit 0
 gpu-check: $(ENV_SETUP) env-check
@@ -271,10 +271,10 @@ gpu-check: $(ENV_SETUP) env-check
 OUT ?= build/gpu-smoke
 STAGES ?= setup check nb
 gpu-smoke:
-	$(PYTHON) tools/gpu_smoke.py --stages "$(STAGES)" --out "$(OUT)" $(if $(WHEELS),--wheels "$(WHEELS)")
+	$(PYTHON) -m tools.gpu_smoke --stages "$(STAGES)" --out "$(OUT)" $(if $(WHEELS),--wheels "$(WHEELS)")
 
 notebooks:
-	$(PY) tools/nbbuild.py
+	$(PY) -m tools.nbbuild
 
 clean:
 	rm -rf build results .pytest_cache

@@ -42,7 +42,7 @@ from labkit.serve import client
 from labkit.serve.vllm import server as vs
 
 ROOT = Path(__file__).resolve().parent.parent
-CHILD = ROOT / "tools" / "llmc_compress.py"
+CHILD = ["-m", "tools.llmc_compress"]  # the child's arguments to python, run from the checkout in llm-compressor's environment
 SCHEMES = ("FP8_DYNAMIC", "NVFP4A16", "MXFP4A16")
 CHILD_TIMEOUT_S = 900
 
@@ -56,8 +56,8 @@ def compress(model_dir: Path, scheme: str, out_dir: Path, python: Path) -> dict[
     """Run the child for one scheme: its JSON line (seconds of compression, bytes, format, versions) plus the wall
     time with the import, or ``status`` naming the failure with the child's last error line."""
     t0 = timing.clock()
-    proc = subprocess.run([str(python), str(CHILD), str(model_dir), scheme, str(out_dir)], capture_output=True,
-                          text=True, timeout=CHILD_TIMEOUT_S)
+    proc = subprocess.run([str(python), *CHILD, str(model_dir), scheme, str(out_dir)], capture_output=True,
+                          text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT)
     wall = timing.clock() - t0
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:

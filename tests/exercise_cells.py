@@ -1,14 +1,12 @@
 """Exercise cells of the notebooks, their solutions (notebooks/solutions/) and recorded mistakes
-(tests/exercise_mistakes/), all in the percent format of notebooks/src (``# %% exercise NN.name``)."""
+(tests/exercise_mistakes/), read by ``tools.cells``."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
+from tools import cells
 
-import nbbuild  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SOURCES = ROOT / "notebooks" / "src"
 SOLUTIONS = ROOT / "notebooks" / "solutions"
@@ -16,10 +14,14 @@ MISTAKES = ROOT / "tests" / "exercise_mistakes"
 
 
 def exercise_cells(path: Path) -> list[tuple[str, str]]:
-    """(exercise id, cell source) for every exercise cell of a percent-format file, in order."""
+    """(exercise id, cell source) for every exercise cell of a notebook source (jupytext's percent format), a
+    solutions file or a file of recorded mistakes (``# %% exercise NN.name`` snippets), in order."""
     if not path.is_file():
         return []
-    return [(c.metadata["labkit"]["exercise"], c.source) for c in nbbuild.parse(path.read_text(encoding="utf-8"))
+    text = path.read_text(encoding="utf-8")
+    if path.parent != SOURCES:
+        return cells.named(text)
+    return [(c.metadata["labkit"]["exercise"], c.source) for c in cells.parse(text)
             if c.cell_type == "code" and "labkit" in c.metadata]
 
 

@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-
-import agenda  # noqa: E402
+from tools import agenda
 
 
 def test_the_instructor_guide_prints_what_the_tool_computes():
@@ -18,7 +15,7 @@ def test_the_instructor_guide_prints_what_the_tool_computes():
     doc = agenda.DOC.read_text(encoding="utf-8")
     shown = doc[doc.index(agenda.START) + len(agenda.START):doc.index(agenda.END)].strip()
     assert shown == agenda.markdown(agenda.table(timings), timings), \
-        "docs/instructor.md's agenda is stale: python tools/agenda.py --write"
+        "docs/instructor.md's agenda is stale: python -m tools.agenda --write"
 
 
 def test_the_three_hour_plan_fits_and_keeps_the_order():
@@ -46,7 +43,7 @@ def test_the_one_day_plan_fits_the_day_and_holds_03b_and_12():
         assert t + minutes == t2, "slots follow each other"
     doc = agenda.DOC.read_text(encoding="utf-8")
     shown = doc[doc.index(agenda.DAY_START) + len(agenda.DAY_START):doc.index(agenda.DAY_END)].strip()
-    assert shown == agenda.day_markdown(rows), "docs/instructor.md's 1-day agenda is stale: python tools/agenda.py --write"
+    assert shown == agenda.day_markdown(rows), "docs/instructor.md's 1-day agenda is stale: python -m tools.agenda --write"
 
 
 def test_every_notebook_has_its_printed_words_counted():
@@ -57,9 +54,11 @@ def test_every_notebook_has_its_printed_words_counted():
 
 def test_room_time_counts_what_a_notebook_holds(tmp_path):
     src = tmp_path / "99_x.py"
-    src.write_text("# %% md slide\n# one two three four\n\n# %% md notes\n# presenter words are not read aloud\n\n"
-                   "# %%\nPREDICT_A = None  # guess\nPREDICT_B = None\n\n# %% exercise 99.f\ndef f():\n    return None\n\n"
-                   "# %% check\nprint(1)\n\n# %% mechanism\n# a comment\nx = 1\ny = 2\n", encoding="utf-8")
+    src.write_text('# %% [markdown] slideshow={"slide_type": "slide"}\n# one two three four\n\n'
+                   '# %% [markdown] slideshow={"slide_type": "notes"}\n# presenter words are not read aloud\n\n'
+                   "# %%\nPREDICT_A = None  # guess\nPREDICT_B = None\n\n"
+                   '# %% labkit={"exercise": "99.f"} tags=["exercise"]\ndef f():\n    return None\n\n'
+                   '# %% tags=["check"]\nprint(1)\n\n# %% tags=["mechanism"]\n# a comment\nx = 1\ny = 2\n', encoding="utf-8")
     c = agenda.content(src)
     assert c == {"words": 4, "mechanism_lines": 2, "predictions": 2, "exercises": 1}
     m = agenda.room_minutes(c, machine_s=90, output_words=400)

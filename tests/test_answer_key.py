@@ -1,13 +1,10 @@
 """The instructor's answer key (tools/answer_key.py): ranges by CPU class and mode, and the room's verdicts."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-
-import answer_key  # noqa: E402
+from tools import answer_key
 
 from labkit.core import results  # noqa: E402
 
@@ -47,7 +44,7 @@ def test_the_shipped_key_is_the_doc_and_names_its_machines():
     runs = answer_key.load_key()
     assert runs and all(r["class"] in answer_key.CLASSES for r in runs), "every run filed under a CPU class"
     assert answer_key.DOC.read_text(encoding="utf-8") == answer_key.markdown(runs), \
-        "docs/answer_key.md is stale: python tools/answer_key.py --write"
+        "docs/answer_key.md is stale: python -m tools.answer_key --write"
 
 
 def test_files_without_a_headline_or_an_isa_are_not_filed(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import string
-import sys
 import zipfile
 from pathlib import Path
 
@@ -20,8 +19,7 @@ from labkit.serve import protocol
 from labkit.__main__ import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import merge_results  # noqa: E402
+from tools import merge_results
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),

@@ -7,10 +7,11 @@ name is not a use of the term). A term's first use must be in the cell that link
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
+
+from tools import cells as percent
 
 ROOT = Path(__file__).resolve().parent.parent
 GLOSSARY = ROOT / "docs" / "glossary.md"
@@ -113,10 +114,7 @@ TERMS: dict[str, str] = {
 
 
 def _parse(path: Path) -> list[str]:
-    sys.path.insert(0, str(ROOT / "tools"))
-    import nbbuild
-
-    return [c.source for c in nbbuild.parse(path.read_text(encoding="utf-8"))]
+    return [c.source for c in percent.parse(path.read_text(encoding="utf-8"))]
 
 
 def _cells() -> list[tuple[str, int, list[str]]]:

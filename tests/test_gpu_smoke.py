@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
-
-import gpu_smoke  # noqa: E402
+from tools import gpu_smoke
 
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 

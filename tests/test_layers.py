@@ -13,13 +13,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "labkit"
+TOOLS = ROOT / "tools"
 MAX_LINES = 500
 
 
 def _modules(package: Path = PACKAGE) -> list[Path]:
     files = sorted(package.rglob("*.py"))
-    assert len(files) > 40, f"the lint must see the sources (found {len(files)} under {package})"
+    assert len(files) > (40 if package == PACKAGE else 12), f"the lint must see the sources (found {len(files)} under {package})"
     return files
+
+
+def _walled() -> list[Path]:
+    """labkit's modules and the tools': both packages keep the same walls."""
+    return _modules(PACKAGE) + _modules(TOOLS)
 
 
 def _lint_imports(cwd: Path) -> subprocess.CompletedProcess:
@@ -34,17 +40,21 @@ def test_layers_import_downward_only():
     """core < model < decoding < (precision | engines | serve) < lessons < gpu_check < __main__, no cycles."""
     run = _lint_imports(ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "3 kept, 0 broken" in run.stdout, run.stdout
+    assert "6 kept, 0 broken" in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize("plant", [
     ("core/checks.py", "from labkit.serve import server\n"),  # upward: core reaches into serve
     ("precision/quantisers.py", "from labkit.engines import onnxruntime\n"),  # sideways: siblings stay apart
     ("serve/server.py", "from labkit.serve.vllm import server as vs\n"),  # inside serve: the spine reaches a room
+    ("core/config.py", "from tools import cells\n"),  # labkit reaches into the tools that stand on it
+    ("../tools/cells.py", "from tools import agenda\n"),  # the cell format reaches up: the old agenda-nbbuild circle
+    ("../tools/slides/rules.py", "from tools.slides import prepare\n"),  # the deck's rules reach their user
 ])
 def test_an_upward_import_breaks_the_contract(tmp_path, plant):
-    """On a copy of the package: one planted import the layers forbid makes lint-imports fail."""
+    """On a copy of the packages: one planted import the layers forbid makes lint-imports fail."""
     shutil.copytree(PACKAGE, tmp_path / "labkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(TOOLS, tmp_path / "tools", ignore=shutil.ignore_patterns("__pycache__", "slides_template"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     rel, line = plant
     target = tmp_path / "labkit" / rel
@@ -58,15 +68,15 @@ def test_an_upward_import_breaks_the_contract(tmp_path, plant):
 
 
 def function_level_imports(path: Path, source: str | None = None) -> list[str]:
-    """``path:line`` of every import of a labkit module (absolute or relative) inside a function."""
+    """``path:line`` of every import of a labkit or tools module (absolute or relative) inside a function."""
     tree = ast.parse(path.read_text(encoding="utf-8") if source is None else source)
     inside = {node for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
               for node in ast.walk(fn) if node is not fn}
     found = []
     for node in sorted(inside, key=lambda n: getattr(n, "lineno", 0)):
-        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "labkit"):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in ("labkit", "tools")):
             found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
-        elif isinstance(node, ast.Import) and any(a.name.split(".")[0] == "labkit" for a in node.names):
+        elif isinstance(node, ast.Import) and any(a.name.split(".")[0] in ("labkit", "tools") for a in node.names):
             found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
     return found
 
@@ -74,8 +84,15 @@ def function_level_imports(path: Path, source: str | None = None) -> list[str]:
 def test_no_labkit_import_inside_a_function():
     """The graph stays visible to the reader and to lint-imports: labkit modules import each other at the top.
     Imports inside functions are for optional third-party backends only (torch, onnxruntime, vllm, …)."""
-    bad = [hit for path in _modules() for hit in function_level_imports(path)]
+    bad = [hit for path in _walled() for hit in function_level_imports(path)]
     assert not bad, "move these to the top of their module:\n" + "\n".join(bad)
+
+
+def test_no_tool_edits_sys_path():
+    """tools is a package run as ``python -m tools.NAME`` from the checkout: nothing edits the import path."""
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in _modules(TOOLS)
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "sys.path" in line]
+    assert not found, found
 
 
 def test_the_import_lint_catches_what_it_is_for(tmp_path):
@@ -88,7 +105,7 @@ def test_the_import_lint_catches_what_it_is_for(tmp_path):
 
 
 def test_no_module_over_500_lines():
-    long = {str(p.relative_to(ROOT)): n for p in _modules()
+    long = {str(p.relative_to(ROOT)): n for p in _walled()
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"split these along their jobs (at most {MAX_LINES} lines): {long}"
 

@@ -26,7 +26,7 @@ def bench():
 def _child(tmp_path, body):
     script = tmp_path / "child.py"
     script.write_text(body, encoding="utf-8")
-    return script
+    return [str(script)]
 
 
 def test_a_child_that_fails_names_its_error_and_one_that_works_gives_its_line(bench, tmp_path, monkeypatch):

@@ -36,7 +36,7 @@ def test_notebook_shape(path):
 
 
 def test_notebooks_match_sources():
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "nbbuild.py"), "--check"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "tools.nbbuild", "--check"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
 
 
@@ -53,14 +53,46 @@ def test_run_all_runs_no_solution(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_presenter_prose_is_speaker_notes(path):
     """Each notebook has presenter guidance as speaker notes (slide type 'notes'), and the deck keeps it."""
-    sys.path.insert(0, str(ROOT / "tools"))
     import nbformat
-    import slides
+    from tools.slides import prepare
 
     nb = nbformat.read(path, as_version=4)
     notes = [c for c in nb.cells if c.metadata.get("slideshow", {}).get("slide_type") == "notes"]
     assert notes, f"{path.name}: no speaker notes; add a '# %% md notes' cell for the presenter"
     assert all(c.cell_type == "markdown" for c in notes), f"{path.name}: a notes cell must be markdown"
-    deck = slides.prepare(nb)
+    deck = prepare.prepare(nb)
     kept = [c for c in deck.cells if c.metadata.get("slideshow", {}).get("slide_type") == "notes"]
     assert len(kept) == len(notes), f"{path.name}: the deck dropped speaker notes"
+
+
+@pytest.mark.parametrize("src", sorted((ROOT / "notebooks" / "src").glob("*.py")), ids=lambda p: p.stem)
+def test_jupytext_reads_each_source_as_the_build_does(src):
+    """The sources are jupytext's percent format: jupytext (and VS Code, JupyterLab's jupytext extension) opens each as
+    the notebook nbbuild builds from it, cell for cell: type, source, slide type, tags and exercise id."""
+    import jupytext
+
+    from tools import cells
+
+    theirs = jupytext.read(src).cells
+    ours = cells.parse(src.read_text(encoding="utf-8"))
+    assert len(theirs) == len(ours), f"{src.name}: jupytext sees {len(theirs)} cells, nbbuild {len(ours)}"
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        meta = {k: v for k, v in b.metadata.items() if not (k == "slideshow" and v == {"slide_type": "-"})}
+        assert (a.cell_type, a.source) == (b.cell_type, b.source), f"{src.name} cell {i}"
+        assert {k: v for k, v in a.metadata.items() if k in cells.KEYS} == meta, f"{src.name} cell {i}"
+
+
+def test_the_cell_format_round_trips_and_refuses_what_it_does_not_know():
+    from tools import cells
+
+    text = ('# %% [markdown] slideshow={"slide_type": "slide"}\n# # Title\n#\n# text\n\n'
+            '# %% labkit={"exercise": "99.f"} slideshow={"slide_type": "skip"} tags=["exercise"]\ndef f():\n    return 1\n')
+    parsed = cells.parse(text)
+    assert [c.cell_type for c in parsed] == ["markdown", "code"] and parsed[0].source == "# Title\n\ntext"
+    again = cells.parse(cells.dumps(parsed))
+    assert [(c.cell_type, c.source, c.metadata) for c in again] == [(c.cell_type, c.source, c.metadata) for c in parsed]
+    for bad, why in [('# %% tags=["solution"]\nx = 1\n', "tags"), ('# %% slideshow={"slide_type": "big"}\n', "slide_type"),
+                     ('# %% tags=["exercise"]\nx = 1\n', "both or neither"), ("# %% md slide\n# old\n", "key=JSON"),
+                     ('# %% colour="red"\n', "unknown metadata")]:
+        with pytest.raises(ValueError, match=why):
+            cells.parse(bad)

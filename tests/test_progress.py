@@ -16,10 +16,9 @@ from labkit.lessons import exercises
 from labkit.lessons.exercises import progress
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import agenda  # noqa: E402
-import merge_results  # noqa: E402
-import nbbuild  # noqa: E402
+from tools import agenda
+from tools import merge_results
+from tools import cells, nbbuild
 
 EXERCISES = notebook_exercises()
 
@@ -124,7 +123,7 @@ def test_a_damaged_record_is_an_error_naming_the_file(record):
 
 def test_no_notebook_asks_for_a_hint_a_solution_or_a_reset():
     for src in sorted(SOURCES.glob("*.py")):
-        for cell in nbbuild.parse(src.read_text(encoding="utf-8")):
+        for cell in cells.parse(src.read_text(encoding="utf-8")):
             if cell.cell_type == "code":
                 assert not re.search(r"exercises\.(hint|solution|reset)\(", cell.source), \
                     f"{src.name}: Run All must never show a hint or a solution"

@@ -2,16 +2,12 @@
 shown with the provenance of the run it came from; a notebook that cannot measure a section shows those rows."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
 from labkit.core import config, results
 from labkit.lessons import references
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import run_notebooks  # noqa: E402
+from tools import run_notebooks
 
 OLD = {"date": "2026-12-01", "hardware": {"cpu": "old CPU"}, "device": "cpu", "versions": {}, "command": "old run"}
 NEW = {"date": "2026-12-03", "hardware": {"cpu": "new CPU"}, "device": "cpu", "versions": {}}
@@ -34,7 +30,7 @@ def dirs(tmp_path, monkeypatch):
 
 
 def test_sections_are_copied_into_the_reference_with_their_own_provenance(dirs):
-    run_notebooks.save_reference("10_beyond", "python tools/run_notebooks.py --reference --only 10_beyond --sections "
+    run_notebooks.save_reference("10_beyond", "python -m tools.run_notebooks --reference --only 10_beyond --sections "
                                  "vllm_mechanisms vllm", sections=["vllm_mechanisms", "vllm"])
     ref = results.reference("10_beyond")
     assert [r["engine"] for r in ref.section("cpu_engines")] == ["llama.cpp"], "the other sections stay as they were"

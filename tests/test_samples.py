@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import nbformat
@@ -39,20 +38,19 @@ def test_every_notebook_opens_with_the_load_line():
 
 
 def test_decks_drop_predictions_not_made_and_exercises_not_attempted():
-    sys.path.insert(0, str(ROOT / "tools"))
-    import slides
+    from tools.slides import prepare
 
     text = nbformat.v4.new_output("stream", name="stdout", text=(
         "decode at batch 1: no prediction made (set it in the prediction cell above and run this cell again)\n"
         "Exercise 03.nf4_quantize · NF4: not attempted (fill in the cell above, then run this one again)\n"
         "batch 1: measured 14.3 tokens/s\n"))
-    kept = slides.drop_scaffolding(text)
+    kept = prepare.drop_scaffolding(text)
     assert kept is not None and kept["text"] == "batch 1: measured 14.3 tokens/s\n"
     only = nbformat.v4.new_output("stream", name="stdout", text="x: no prediction made (set it …)\n")
-    assert slides.drop_scaffolding(only) is None
+    assert prepare.drop_scaffolding(only) is None
     table = nbformat.v4.new_output("execute_result", data={
         "text/html": "<table><tr><th>exercise</th><th>status</th></tr><tr><td>07.grow_table</td>"
                      "<td>not attempted</td></tr></table>", "text/plain": "…"})
-    assert slides.drop_scaffolding(table) is None
+    assert prepare.drop_scaffolding(table) is None
     result = nbformat.v4.new_output("execute_result", data={"text/html": "<table><tr><td>1.9×</td></tr></table>"})
-    assert slides.drop_scaffolding(result) is result
+    assert prepare.drop_scaffolding(result) is result

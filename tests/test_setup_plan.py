@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -143,8 +142,7 @@ def test_every_recipe_installs_the_same_lesson_extras():
                 pytest.fail(f"{name} installs [{found}]: install [lab], which carries them, so recipes cannot drift")
             if "gpu" in extras or "cpu" in extras:
                 assert "lab" in extras, f"{name} installs [{found}] without the lesson extras [lab]"
-    sys.path.insert(0, str(REPO / "tools"))
-    import gpu_smoke
+    from tools import gpu_smoke
 
     assert gpu_smoke.EXTRAS.split(",") == ["lab", "gpu"]
 

@@ -1,15 +1,12 @@
 """tools/tiny_model.py: a tiny random model of each 2026 kind loads as LABKIT_MODEL would load it, generates, and
 the lab's cache measure agrees with the layer-by-layer sizing of its config."""
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
-
-import tiny_model  # noqa: E402
+from tools import tiny_model
 
 from labkit.decoding import decode, kv  # noqa: E402
 from labkit.model import models, sizing  # noqa: E402

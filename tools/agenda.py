@@ -1,10 +1,10 @@
 """How long each notebook takes in a room, from what it holds and how long it ran: the workshop agenda's arithmetic.
 
-    python tools/agenda.py                       # the table, from data/agenda.json's measured run times
-    python tools/agenda.py --summary build/summary.json --write   # re-time from a run, rewrite docs/instructor.md's table
-    python tools/agenda.py --summary build/summary.json --merge --write   # a run of some notebooks: re-time those only
-    python tools/agenda.py --summary build/summary.json --update  # what `make run` does: --merge --write when the run
-                                                  # is quick, passed and ran on data/agenda.json's machine; else say why
+    python -m tools.agenda                       # the table, from data/agenda.json's measured run times
+    python -m tools.agenda --summary build/summary.json --write   # re-time from a run, rewrite docs/instructor.md's table
+    python -m tools.agenda --summary build/summary.json --merge --write   # a run of some notebooks: re-time those only
+    python -m tools.nbbuild --retime build/summary.json  # what `make run` does: --merge --write when the run is
+                                                  # quick, passed and ran on data/agenda.json's machine, then rebuild
 
 A notebook's room time is the sum of
 - reading: its markdown words (presenter notes excluded) at ``WORDS_PER_MIN`` — technical prose read with care,
@@ -17,7 +17,7 @@ A notebook's room time is the sum of
 - machine time: its quick-mode wall time, measured (``data/agenda.json`` records the run: machine, date, command);
 then ``SLACK`` on top (questions, a slow laptop in the room), and rounded up to 5 minutes.
 
-Each notebook's objectives slide states its time from ``data/agenda.json`` (``tools/nbbuild.py``); ``--update``
+Each notebook's objectives slide states its time from ``data/agenda.json`` (``tools.nbbuild``); its ``--retime``
 rebuilds the notebooks whose .ipynb is as built (a notebook a learner has edited is named, never overwritten).
 
 The 3-hour agenda keeps the core notebooks in order while they fit between a break and the wrap-up; the rest are
@@ -30,14 +30,13 @@ import argparse
 import json
 import math
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
 
-import nbbuild  # noqa: E402
+from labkit.core import cpu
+from tools import cells
 
 WORDS_PER_MIN = 150  # careful reading of technical prose
 OUTPUT_WORDS_PER_MIN = 200  # printed results: sentences and tables, read faster than the prose around them
@@ -81,12 +80,12 @@ DAY_WRAP_MIN = 15  # the day's last slot: pack results, the class table
 
 def content(src: Path) -> dict[str, Any]:
     """What a notebook source holds that takes a learner's time: words, mechanism lines, predictions, exercises."""
-    cells = nbbuild.parse(src.read_text(encoding="utf-8"))
-    words = sum(len(c.source.split()) for c in cells
+    parsed = cells.parse(src.read_text(encoding="utf-8"))
+    words = sum(len(c.source.split()) for c in parsed
                 if c.cell_type == "markdown" and c.metadata["slideshow"]["slide_type"] != "notes")
-    tags = [set(c.metadata.get("tags", [])) for c in cells]
+    tags = [set(c.metadata.get("tags", [])) for c in parsed]
     mech = sum(len([l for l in c.source.split("\n") if l.strip() and not l.strip().startswith("#")])
-               for c, t in zip(cells, tags) if "mechanism" in t)
+               for c, t in zip(parsed, tags) if "mechanism" in t)
     predicts = len(set(re.findall(r"^(PREDICT_[A-Z0-9_]+)\s*=", src.read_text(encoding="utf-8"), re.M)))
     exercises = sum("exercise" in t for t in tags)
     return {"words": words, "mechanism_lines": mech, "predictions": predicts, "exercises": exercises}
@@ -136,7 +135,7 @@ def markdown(rows: list[dict[str, Any]], timings: dict[str, Any]) -> str:
     lines = [f"Machine times: quick mode on {timings['machine']} ({timings['date']}, `{timings['command']}`). Reading at "
              f"{WORDS_PER_MIN} words/min, printed output at {OUTPUT_WORDS_PER_MIN}, code at {CODE_LINES_PER_MIN} lines/min, "
              f"{PREDICT_MIN:g} min per prediction and {EXERCISE_MIN} per exercise, then {SLACK:.0%} slack: assumptions, "
-             "not measurements of your room (`python tools/agenda.py`).", "",
+             "not measurements of your room (`python -m tools.agenda`).", "",
              "| time | notebook | minutes | reading | printed | code | predictions | exercises | machine |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     t, half = 0, (SESSION_MIN - BREAK_MIN - WRAP_UP_MIN) / 2
@@ -205,13 +204,10 @@ def timings_from(summary: Path) -> dict[str, Any]:
     bad = [n["name"] for n in s["notebooks"] if n["status"] != "ok"]
     if bad:
         raise SystemExit(f"{summary}: {bad} did not finish: re-time from a run where every notebook passed")
-    sys.path.insert(0, str(ROOT))
-    from labkit.core import cpu
-
     e = s.get("environment", {})
     hw = e.get("hardware") or {}
     return {"machine": cpu.machine_line(hw), "cores": hw.get("cpu_cores_logical"), "date": str(e.get("date", "?"))[:10],
-            "command": "LABKIT_QUICK=1 python tools/run_notebooks.py", "wall_s": {n["name"]: n["wall_s"] for n in s["notebooks"]},
+            "command": "LABKIT_QUICK=1 python -m tools.run_notebooks", "wall_s": {n["name"]: n["wall_s"] for n in s["notebooks"]},
             "output_words": {n["name"]: n.get("output_words") for n in s["notebooks"]}}
 
 
@@ -219,29 +215,22 @@ def _machine(t: dict[str, Any]) -> tuple[Any, Any]:
     return t["machine"], t.get("cores")
 
 
-def update(summary: Path) -> int:
-    """``make run``'s step: re-time the notebooks of this run and rebuild the objectives slides that state them."""
+def retimed(summary: Path) -> list[str] | None:
+    """Re-time the notebooks of a quick run (``--summary --merge --write``) when it can: quick mode, every notebook
+    passed, ``data/agenda.json``'s machine; the notebooks re-timed, or None with the reason printed."""
     try:
         new = timings_from(summary)
     except SystemExit as exc:
         print(f"agenda: notebook times kept ({exc})")
-        return 0
+        return None
     saved = json.loads(TIMINGS.read_text(encoding="utf-8"))
     if _machine(saved) != _machine(new):
         print(f"agenda: notebook times kept: this run's machine ({new['machine']}, {new.get('cores')} cores) is not "
               f"{TIMINGS.name}'s ({saved['machine']}, {saved.get('cores')} cores); to time the lab on this machine "
-              f"instead: python tools/agenda.py --summary {summary} --write (after a run of every notebook)")
-        return 0
-    unedited = [src for src in sorted((ROOT / "notebooks" / "src").glob("*.py"))
-                if (ROOT / "notebooks" / f"{src.stem}.ipynb").read_text(encoding="utf-8") == nbbuild.dumps(nbbuild.build(src))]
+              f"instead: python -m tools.agenda --summary {summary} --write (after a run of every notebook)")
+        return None
     main(["--summary", str(summary), "--merge", "--write"])
-    edited = sorted({p.stem for p in (ROOT / "notebooks" / "src").glob("*.py")} - {s.stem for s in unedited})
-    for src in unedited:
-        (ROOT / "notebooks" / f"{src.stem}.ipynb").write_text(nbbuild.dumps(nbbuild.build(src)), encoding="utf-8")
-    print(f"agenda: re-timed {sorted(new['wall_s'])}; objectives slides rebuilt"
-          + (f"; kept as you edited them: {edited} (python tools/nbbuild.py rebuilds them, replacing your edits)"
-             if edited else ""))
-    return 0
+    return sorted(new["wall_s"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,14 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", action="store_true", help="with --summary: keep the other notebooks' saved times "
                                                          "(the run must come from the same machine)")
     ap.add_argument("--write", action="store_true", help="save the timings and rewrite docs/instructor.md's table")
-    ap.add_argument("--update", action="store_true", help="with --summary: --merge --write when the run can re-time "
-                    "(quick, every notebook passed, data/agenda.json's machine), then rebuild the unedited notebooks; "
-                    "otherwise keep the times and say why")
     args = ap.parse_args(argv)
-    if args.update:
-        if not args.summary:
-            ap.error("--update re-times from a run: give it --summary build/summary.json")
-        return update(args.summary)
     timings = timings_from(args.summary) if args.summary else json.loads(TIMINGS.read_text(encoding="utf-8"))
     if args.merge:
         if not args.summary:

@@ -1,9 +1,9 @@
 """The instructor's answer key: the range of each notebook's headline figure by CPU class, from recorded runs, so a
 learner's number can be read in the room as expected, noisy or broken.
 
-    python tools/answer_key.py add results/          # add a run's headlines (each notebook's notes["headline"])
-    python tools/answer_key.py                       # print the key (docs/answer_key.md is this, written by --write)
-    python tools/answer_key.py check results/        # a learner's headlines against the key for their CPU class
+    python -m tools.answer_key add results/          # add a run's headlines (each notebook's notes["headline"])
+    python -m tools.answer_key                       # print the key (docs/answer_key.md is this, written by --write)
+    python -m tools.answer_key check results/        # a learner's headlines against the key for their CPU class
 
 A run's headlines are grouped by notebook, the headline's label, the CPU class (``cpu.isa_class``: AVX2, AVX-512,
 Apple silicon, Arm, GPU) and the mode (quick or full): figures of different classes or modes are never pooled.
@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from labkit.core import cpu, results  # noqa: E402
+from labkit.core import cpu, results
 
 KEY = ROOT / "data" / "answer_key.json"
 DOC = ROOT / "docs" / "answer_key.md"
@@ -79,8 +77,8 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     notebooks = sorted({k[0] for k in rng})
     lines = ["# Answer key: each notebook's headline by CPU class", "",
              "The range of each notebook's headline figure over recorded runs, by CPU class and mode "
-             "(`python tools/answer_key.py`; add a run with `python tools/answer_key.py add results/`). In the room, "
-             "`python tools/answer_key.py check results/` reads a learner's figures against their class: inside the "
+             "(`python -m tools.answer_key`; add a run with `python -m tools.answer_key add results/`). In the room, "
+             "`python -m tools.answer_key check results/` reads a learner's figures against their class: inside the "
              f"range is expected; off it but within {OFF_BY:g}× is noise (rerun on a quiet machine); further is a "
              "different or busy machine, or a fault.", ""]
     missing = [c for c in CLASSES if not any(k[2] == c for k in rng)]

@@ -15,7 +15,7 @@ failure. Logs, JSON reports and the notebooks' results are collected under ``--o
 with ``summary.md``, one page: each step's status and time, the preflight's counts and each notebook's status;
 ``smoke.json`` holds the same. The exit status is 1 when a step failed, else 0.
 
-    python tools/gpu_smoke.py --stages "setup check nb" [--out build/gpu-smoke] [--venv .venv-gpu]
+    python -m tools.gpu_smoke --stages "setup check nb" [--out build/gpu-smoke] [--venv .venv-gpu]
 
 A GPU machine without internet (``--wheels DIR``): no virtualenv; the machine's own Python and packages (its CUDA
 build of torch) with the wheels in DIR installed without an index and without their dependencies into
@@ -109,13 +109,13 @@ def plan(stages: list[str], venv: Path, out: Path, python: str, nb_timeout_s: fl
     if "nb" in stages:
         for nb in notebooks or NOTEBOOKS:
             steps.append(Step("nb", f"notebook {nb} (quick)",
-                              [py, "tools/run_notebooks.py", "--only", nb, "--timeout", str(int(nb_timeout_s)),
+                              [py, "-m", "tools.run_notebooks", "--only", nb, "--timeout", str(int(nb_timeout_s)),
                                "--build-dir", str(out / "notebooks" / nb)], nb_timeout_s,
                               env={"LABKIT_QUICK": "1", **path_env}))
     if "ref" in stages:  # one notebook a step: a reference already saved survives the next one's deadline
         for nb in notebooks or REFERENCES:
             steps.append(Step("ref", f"reference {nb} (full mode)",
-                              [py, "tools/run_notebooks.py", "--reference", "--only", nb, "--timeout",
+                              [py, "-m", "tools.run_notebooks", "--reference", "--only", nb, "--timeout",
                                str(int(ref_timeout_s)), "--build-dir", str(out / "reference" / nb)], ref_timeout_s + 30,
                               env={"LABKIT_QUICK": "0", **path_env}))
     return steps

@@ -3,7 +3,7 @@
 Runs in `make llmc`'s environment (.venv-llmc: llm-compressor pins transformers below the lab's), never imports
 labkit; bench/llm_compressor.py starts it as a child process:
 
-    .venv-llmc/bin/python tools/llmc_compress.py MODEL_DIR SCHEME OUT_DIR [--api model_free|oneshot] [--ignore ...]
+    .venv-llmc/bin/python -m tools.llmc_compress MODEL_DIR SCHEME OUT_DIR [--api model_free|oneshot] [--ignore ...]
 
 SCHEME is a compressed-tensors preset name: FP8_DYNAMIC, FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, ...
 ``model_free`` (default) quantises the safetensors tensors directly (llmcompressor.model_free_ptq: no model class,

@@ -1,8 +1,8 @@
 """Collect a class's measurements: each learner packs results/*.json, the instructor merges them.
 
-    python tools/merge_results.py pack --name alice          # learner: build/labkit-results-alice.zip
-    python tools/merge_results.py pack --name alice --progress   # … and the exercise progress record (opt-in)
-    python tools/merge_results.py merge submissions/         # instructor: build/class/{rows.csv,class.json,index.html}
+    python -m tools.merge_results pack --name alice          # learner: build/labkit-results-alice.zip
+    python -m tools.merge_results pack --name alice --progress   # … and the exercise progress record (opt-in)
+    python -m tools.merge_results merge submissions/         # instructor: build/class/{rows.csv,class.json,index.html}
 
 ``merge`` takes zip files and/or folders (a folder of zips, or one learner's results folder);
 the learner's name comes from the zip name (labkit-results-NAME.zip) or the folder name. Each
@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from labkit.core import config, results
 from labkit.core import cpu
+from labkit.lessons.exercises import progress
 
 PACK_PREFIX = "labkit-results-"
 PROGRESS_MEMBER = "progress/progress.json"
@@ -449,9 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "pack":
             record = None
             if args.progress:
-                from labkit.lessons.exercises import progress
-
-                record = progress.path()
+                            record = progress.path()
             print(pack(args.name, args.results or config.results_dir(), args.out, record))
         else:
             missing = [str(s) for s in args.sources if not s.exists()]

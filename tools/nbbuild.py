@@ -1,23 +1,20 @@
-"""Build notebooks/*.ipynb from their percent-format sources in notebooks/src/*.py.
+"""Build notebooks/*.ipynb from their sources in notebooks/src/*.py, jupytext's percent format (``tools.cells``).
 
-Cell markers (one per cell):
-    # %% md [slide|subslide|fragment|skip|notes|-]     markdown; each line starts with "# "
-    # %% [slide|...] [parameters]                     code; "parameters" tags the cell for papermill
-    # %% exercise NN.name                             an exercise's fill-in cell (its placeholder runs);
-                                                      tagged "exercise", left out of the slides
-    # %% check                                        the cell that checks an exercise, likewise
-    # %% [slide|...] mechanism                        code the lesson is about (a decode loop, a quantiser):
-                                                      the slides show its source; other code cells show
-                                                      only their output
-Solutions never live in a notebook: they are in notebooks/solutions/NN_name.py, with the same
-``# %% exercise NN.name`` markers (``labkit.lessons.exercises``).
+    python -m tools.nbbuild                 build every notebook
+    python -m tools.nbbuild --check         exit 1 when a committed .ipynb differs from what its source builds
+    python -m tools.nbbuild --retime build/summary.json
+                                            ``make run``'s step: re-time the notebooks of that quick run
+                                            (``tools.agenda``) and rebuild the unedited ones, whose objectives
+                                            slides state the time
+
+Solutions never live in a notebook: they are in notebooks/solutions/NN_name.py, one snippet per
+``# %% exercise NN.name`` line (``labkit.lessons.exercises``, ``tools.cells.named``).
 
 Every notebook also gets, from one place each: first, its "Open in Colab / Kaggle" links and the set-up cell
-(``labkit.platforms.setup_cell``), both left out of the slides; in its "Learning objectives" cell, its time (quick
-mode's compute time from ``data/agenda.json``, the latest timed run, with its machine and date, and the reading and
-exercise time ``tools/agenda.py`` counts); last, the cell printing the learner's progress.
-Outputs are always empty: committed notebooks carry none. ``--check`` exits 1 when an
-.ipynb differs from what its source builds.
+(``labkit.platforms.setup_cell``, tagged ``setup``), both left out of the slides; in its "Learning objectives"
+cell, its time (quick mode's compute time from ``data/agenda.json``, the latest timed run, with its machine and
+date, and the reading and exercise time ``tools.agenda`` counts); last, the cell printing the learner's progress
+(tagged ``progress``). Outputs are always empty: committed notebooks carry none.
 """
 from __future__ import annotations
 
@@ -28,54 +25,10 @@ from pathlib import Path
 
 import nbformat
 
+from labkit import platforms
+from tools import agenda, cells
+
 ROOT = Path(__file__).resolve().parent.parent
-SLIDE_TYPES = {"slide", "subslide", "fragment", "skip", "notes", "-"}
-
-
-def parse(text: str) -> list[nbformat.NotebookNode]:
-    cells: list[nbformat.NotebookNode] = []
-    kind, words, lines = None, [], []
-
-    def flush() -> None:
-        if kind is None:
-            return
-        body = "\n".join(lines).strip("\n")
-        slide = next((w for w in words if w in SLIDE_TYPES), "-")
-        meta: dict = {"slideshow": {"slide_type": slide}}
-        if kind == "md":
-            body = "\n".join(l[2:] if l.startswith("# ") else l.lstrip("#") for l in body.split("\n"))
-            cell = nbformat.v4.new_markdown_cell(body, metadata=meta)
-        else:
-            tags = [w for w in words if w in ("parameters", "check", "mechanism")]
-            if "exercise" in words:
-                tags.append("exercise")
-                meta["labkit"] = {"exercise": words[words.index("exercise") + 1]}
-            if tags in (["check"], ["exercise"]) and slide == "-":
-                meta["slideshow"]["slide_type"] = "skip"
-            if tags:
-                meta["tags"] = tags
-            cell = nbformat.v4.new_code_cell(body, metadata=meta)
-        cells.append(cell)
-
-    for line in text.split("\n"):
-        if line.startswith("# %%"):
-            flush()
-            words = line[4:].split()
-            kind = "md" if words[:1] == ["md"] else "code"
-            words = words[1:] if kind == "md" else words
-            if "hide" in words:
-                raise ValueError(f"{line!r}: solutions do not live in notebooks; put them in notebooks/solutions/ "
-                                 "and give the notebook an exercise cell (# %% exercise NN.name) and a check cell")
-            exercise_ids = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "exercise"]
-            unknown = [w for w in words if w not in SLIDE_TYPES | {"parameters", "check", "exercise", "mechanism"}
-                       and w not in exercise_ids]
-            assert not unknown, f"unknown cell marker words {unknown} in {line!r}"
-            assert words[-1:] != ["exercise"], f"{line!r}: name the exercise (# %% exercise NN.name)"
-            lines = []
-        else:
-            lines.append(line)
-    flush()
-    return cells
 
 
 OBJECTIVES = "## Learning objectives"
@@ -86,9 +39,6 @@ PROGRESS_CELL = ("# Your progress: every notebook's exercises (done / wrong / no
 
 def first_cells(stem: str) -> list[nbformat.NotebookNode]:
     """The links that open this notebook on Colab and Kaggle, and the set-up cell (out of the slides)."""
-    sys.path.insert(0, str(ROOT))
-    from labkit import platforms
-
     skip = {"slideshow": {"slide_type": "skip"}}
     links = (f"[Open in Colab]({platforms.colab_url(stem)}) · [Open in Kaggle]({platforms.kaggle_url(stem)}) · "
              "The next cell sets the lab up: on Colab or Kaggle it fetches labkit and installs what is missing, keeping "
@@ -101,12 +51,10 @@ def first_cells(stem: str) -> list[nbformat.NotebookNode]:
 
 def time_line(src: Path) -> str:
     """How long the notebook takes: compute measured in quick mode (data/agenda.json), reading and exercises counted."""
-    import agenda
-
     timings = json.loads(agenda.TIMINGS.read_text(encoding="utf-8"))
     if src.stem not in timings["wall_s"]:
         raise SystemExit(f"{agenda.TIMINGS} has no quick-mode time for {src.stem}: run it "
-                         f"(LABKIT_QUICK=1 make run NOTEBOOKS={src.stem[:2]}), then tools/agenda.py --summary "
+                         f"(LABKIT_QUICK=1 make run NOTEBOOKS={src.stem[:2]}), then python -m tools.agenda --summary "
                          "build/summary.json --merge --write")
     c = agenda.content(src)
     m = agenda.room_minutes(c, timings["wall_s"][src.stem], (timings.get("output_words") or {}).get(src.stem, 0))
@@ -117,27 +65,24 @@ def time_line(src: Path) -> str:
             f"{timings['date']}); about {m['reading'] + m['output'] + m['code']:.0f} min reading, its printed results "
             "included"
             + (f", and {m['exercises'] + m['predictions']:.0f} min for {' and '.join(work)}" if work else "")
-            + " (`tools/agenda.py`).")
+            + " (`python -m tools.agenda`).")
 
 
 def absolute_links(text: str) -> str:
     """Links into the checkout's docs (``](../docs/glossary.md#ttft)``) as links to the project's own copy, which
     resolve wherever the notebook runs: from a checkout, on Colab or Kaggle, in a deck."""
-    sys.path.insert(0, str(ROOT))
-    from labkit import platforms
-
     return text.replace("](../docs/", f"]({platforms.docs_url()}")
 
 
 def build(src: Path) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
-    cells = parse(src.read_text(encoding="utf-8"))
-    objectives = [c for c in cells if c.cell_type == "markdown" and c.source.startswith(OBJECTIVES)]
+    body = cells.parse(src.read_text(encoding="utf-8"))
+    objectives = [c for c in body if c.cell_type == "markdown" and c.source.startswith(OBJECTIVES)]
     if len(objectives) != 1:
         raise ValueError(f"{src.name}: needs one markdown cell starting '{OBJECTIVES}' (found {len(objectives)})")
     objectives[0].source += "\n\n" + time_line(src)
     last = nbformat.v4.new_code_cell(PROGRESS_CELL, metadata={"slideshow": {"slide_type": "skip"}, "tags": ["progress"]})
-    nb.cells = first_cells(src.stem) + cells + [last]
+    nb.cells = first_cells(src.stem) + body + [last]
     for cell in nb.cells:  # a notebook opened on Colab or Kaggle, or shown as a deck, has no ../docs beside it
         if cell.cell_type == "markdown":
             cell.source = absolute_links(cell.source)
@@ -155,11 +100,34 @@ def dumps(nb: nbformat.NotebookNode) -> str:
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
 
+def retime(summary: Path) -> int:
+    """``make run``'s step: re-time the notebooks of this run (``agenda.retimed``) and rebuild the notebooks whose
+    .ipynb was what their source built, so their objectives slides state the new times; edited ones are kept."""
+    sources = sorted((ROOT / "notebooks" / "src").glob("*.py"))
+    unedited = [src for src in sources
+                if (ROOT / "notebooks" / f"{src.stem}.ipynb").read_text(encoding="utf-8") == dumps(build(src))]
+    said = agenda.retimed(summary)
+    if said is None:
+        return 0
+    for src in unedited:
+        (ROOT / "notebooks" / f"{src.stem}.ipynb").write_text(dumps(build(src)), encoding="utf-8")
+    edited = sorted({p.stem for p in sources} - {s.stem for s in unedited})
+    print(f"agenda: re-timed {said}; objectives slides rebuilt"
+          + (f"; kept as you edited them: {edited} (python -m tools.nbbuild rebuilds them, replacing your edits)"
+             if edited else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if a notebook is out of date")
+    ap.add_argument("--retime", type=Path, metavar="SUMMARY", help="re-time from a quick run's build/summary.json "
+                    "(quick, every notebook passed, data/agenda.json's machine), then rebuild the unedited notebooks; "
+                    "otherwise keep the times and say why")
     ap.add_argument("names", nargs="*", help="source stems to build (default: all)")
     args = ap.parse_args(argv)
+    if args.retime:
+        return retime(args.retime)
     srcs = sorted((ROOT / "notebooks" / "src").glob("*.py"))
     if args.names:
         srcs = [s for s in srcs if s.stem in args.names]
@@ -174,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             target.write_text(text, encoding="utf-8")
             print(f"wrote {target.relative_to(ROOT)}")
     if stale:
-        print(f"out of date (run `python tools/nbbuild.py`): {', '.join(stale)}", file=sys.stderr)
+        print(f"out of date (run `python -m tools.nbbuild`): {', '.join(stale)}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,11 +1,11 @@
 """A tiny random model of one of 2026's architectures, for running the notebooks with ``LABKIT_MODEL`` pointed at it.
 
-    python tools/tiny_model.py sliding OUT_DIR     # Gemma 3 text: 5 sliding-window layers (window 16) and a full one
-    python tools/tiny_model.py hybrid OUT_DIR      # Qwen3-Next: Gated DeltaNet layers and a full-attention layer, MoE
-    python tools/tiny_model.py mla OUT_DIR         # DeepSeek-V3: latent attention and routed experts
-    python tools/tiny_model.py gemma4 OUT_DIR      # Gemma 4 text: sliding layers, a full layer with its own head size
+    python -m tools.tiny_model sliding OUT_DIR     # Gemma 3 text: 5 sliding-window layers (window 16) and a full one
+    python -m tools.tiny_model hybrid OUT_DIR      # Qwen3-Next: Gated DeltaNet layers and a full-attention layer, MoE
+    python -m tools.tiny_model mla OUT_DIR         # DeepSeek-V3: latent attention and routed experts
+    python -m tools.tiny_model gemma4 OUT_DIR      # Gemma 4 text: sliding layers, a full layer with its own head size
                                                    # and shared K=V heads, experts beside the dense MLP
-    python tools/tiny_model.py qwen3.5 OUT_DIR     # Qwen3.5 MoE text: Gated DeltaNet layers, a full layer, experts
+    python -m tools.tiny_model qwen3.5 OUT_DIR     # Qwen3.5 MoE text: Gated DeltaNet layers, a full layer, experts
 
 Random weights (seeded), a few hundred thousand parameters beside the embedding, and the default model's tokenizer
 (its vocabulary sets the embedding's size), so chat prompts encode as they do for the default model. Its answers
@@ -18,6 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Any
+
+from labkit.model import models
 
 REPO = Path(__file__).resolve().parent.parent
 KINDS = ("sliding", "hybrid", "mla", "gemma4", "qwen3.5")
@@ -73,11 +75,9 @@ def tiny_config(kind: str, vocab_size: int, bos: int | None, eos: int | None, pa
 
 def build(kind: str, out: Path, seed: int = 0) -> Path:
     """Write the tiny ``kind`` model and the default model's tokenizer into ``out``; returns ``out``."""
-    sys.path.insert(0, str(REPO))
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from labkit.model import models
 
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}: choose one of {', '.join(KINDS)}")

@@ -1,7 +1,7 @@
 """Run a command beside a deliberate CPU hog: one busy process per core, stopped when the command ends.
 
-    python tools/under_load.py -- make run NOTEBOOKS="01 02 03 06 07"
-    python tools/under_load.py --hogs 1 -- make test-browser
+    python -m tools.under_load -- make run NOTEBOOKS="01 02 03 06 07"
+    python -m tools.under_load --hogs 1 -- make test-browser
 
 What a workshop laptop does to the lab in milder form (a browser, a video call): the notebooks' load lines
 say BUSY, and their verdicts must answer "within noise" or "implausible — rerun" rather than teach noise.

@@ -1,11 +1,23 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 00 · Setup: your machine, your model, your first measured answer
 #
 # Every number in this lab is measured on the machine in front of you. This notebook checks
 # what that machine can run, loads the default chat model (offline, from a PyPI wheel), asks it
 # one question and times the answer: time to first token and tokens per second.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Read the capabilities table: which optimisation paths this machine can take, and why not.
@@ -17,13 +29,13 @@
 # Each term is defined where first used and collected in the [glossary](../docs/glossary.md). On a slow machine,
 # [quick mode](../docs/glossary.md#quick-mode) (`LABKIT_QUICK=1`) runs fewer repeats and tokens through the same code.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: this notebook is the room's install check. Ask everyone to run it top to bottom while
 # you run it on the projector; the capabilities table is where a learner's laptop differs from yours,
 # so ask two or three people to read theirs aloud. Before the first answer is timed, ask the room to
 # guess its TTFT and tokens/s, and write the guesses down; compare after the second call.
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import labkit
 from labkit.core import config, env, machine, memory, results
 from labkit.model import models, sizing
@@ -38,12 +50,12 @@ print("labkit", labkit.__version__, "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if v})
 env.capabilities_frame()
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 QUESTION = "What is the capital of France? Answer in one sentence."
 MAX_NEW_TOKENS = config.pick(64, 24)  # tokens to generate per answer
 DTYPE = "fp32"  # the baseline precision; later notebooks change it
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Predict, then load
 #
 # Before loading, the sizing model predicts how many bytes the weights take: parameters are
@@ -53,11 +65,11 @@ DTYPE = "fp32"  # the baseline precision; later notebooks change it
 # [`rss_peak`](../docs/glossary.md#rss-peak) its highest since the process started; `cuda_peak` and `nvml` are GPU readings
 # (empty on a CPU, with the reason).
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 predicted = sizing.estimate("default", dtype=DTYPE, context=1)
 print(f"{predicted.model}: {predicted.n_params:,} parameters → predicted weights {predicted.weight_bytes / 2**20:.1f} MiB in {DTYPE}")
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 lm = models.load(dtype=DTYPE)
 measured = memory.param_bytes(lm.model)
 print(f"loaded {lm.name} on {lm.device} in {lm.load_seconds:.2f} s from {config.shown(models.resolve())}")
@@ -66,32 +78,32 @@ print(f"parameter bytes: measured {measured.mib:.1f} MiB, predicted {predicted.w
       f"ratio {measured.bytes / predicted.weight_bytes:.3f}")
 memory.frame(memory.snapshot(lm.model))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## A first chat, timed token by token
 #
 # A streamer hook stamps each token as `generate` hands it over: **TTFT** is the time to the
 # first token ([prefill](../docs/glossary.md#prefill): one pass over the whole prompt), **[TPOT](../docs/glossary.md#tpot)** the mean time per
 # token after it (decode), **[E2E](../docs/glossary.md#e2e)** the whole answer's time.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 first = generation.generate(lm.model, lm.tokenizer, QUESTION, max_new_tokens=MAX_NEW_TOKENS)
 print("answer:", first.text)
 print(f"TTFT {first.ttft_s * 1e3:.0f} ms · {first.n_out} tokens · "
       f"decode {first.decode_tokens_per_s or float('nan'):.1f} tokens/s · E2E {first.e2e_s:.2f} s")
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 second = generation.generate(lm.model, lm.tokenizer, QUESTION, max_new_tokens=MAX_NEW_TOKENS)
 print(f"second call: TTFT {second.ttft_s * 1e3:.0f} ms (first {first.ttft_s * 1e3:.0f} ms), "
       f"decode {second.decode_tokens_per_s or float('nan'):.1f} tokens/s")
 print("same answer:", second.text == first.text)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Save what was measured
 #
 # Results go to `results/00_setup.json` with the hardware, library versions, date and command.
 # Re-running this notebook replaces that file and nothing else.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res = results.Results("00_setup")
 res.add("load", model=lm.name, dtype=DTYPE, device=lm.device, load_s=lm.load_seconds,
         param_bytes=measured.bytes, predicted_bytes=predicted.weight_bytes)
@@ -106,7 +118,7 @@ findings.record(res, found)
 path = res.save()
 print("saved", config.shown(path))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Working alone: hints, solutions, your progress
 #
 # From notebook 01 on, each exercise is a cell to fill in and a check that prints `not attempted`, `correct` or
@@ -120,14 +132,14 @@ print("saved", config.shown(path))
 # The last cell of every notebook prints your progress (done / wrong / not tried, predictions made), as does
 # `python -m labkit progress` in a terminal. It stays in your lab cache; `pack --progress` shares it with an instructor.
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 findings.show(found)
 res.frame("chat")[["call", "ttft_s", "tpot_s", "decode_tokens_per_s", "n_out", "answer"]]
 
-# %% md fragment
+# %% [markdown] slideshow={"slide_type": "fragment"}
 # - The capabilities table says which later sections run here and which show reference results.
 # - The weights' size is predictable from the config before loading: parameters × bytes each.
 # - The first call pays one-time costs (lazy initialisation, allocator growth); notebook 04

@@ -1,11 +1,23 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 01 · Hardware sizing: will it fit, and how fast can it decode at most?
 #
 # Before buying a GPU or picking a precision, two questions decide almost everything: do the
 # weights and the [KV cache](../docs/glossary.md#kv-cache) fit in memory, and how many tokens per second can decoding reach at
 # best?
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # The KV cache holds the keys and values of every earlier token. Both answers follow from the model's
 # config and two numbers about the hardware: how many bytes per
 # second its memory delivers, and how many floating-point operations per second
@@ -13,7 +25,7 @@
 # [roofline](../docs/glossary.md#roofline) they draw: the lower of the two limits, at each operation's FLOPs
 # per byte.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Compute weight bytes per precision from a config (exercise): [fp16](../docs/glossary.md#fp16) and [bf16](../docs/glossary.md#bf16) are
@@ -28,13 +40,13 @@
 #   [arithmetic intensity](../docs/glossary.md#arithmetic-intensity) (FLOPs per byte), and place prefill
 #   and decode on the roofline: which of the two roofs limits each.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: ask the room for three numbers before the probes run and write them on the board: this
 # laptop's memory bandwidth in GB/s, its decode tokens/s at batch 1, and its matmul GFLOP/s. The two
 # exercises (weight bytes, decode ceiling) feed the tables after them; give five minutes each. The
 # roofline chart is the slide to stay on: ask which roof each point sits under before revealing.
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import collections
 import pathlib
 
@@ -55,7 +67,7 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 print(env.hardware())
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 PUBLIC_MODELS = ["SmolLM2-135M-Instruct", "Qwen2.5-1.5B-Instruct", "Llama-2-7b", "Mistral-7B-v0.1",
                  "Llama-3.1-8B", "Qwen2-7B"]  # configs shipped in data/configs
 DTYPES = ["fp32", "fp16", "fp8", "int8", "nf4", "nvfp4", "mxfp4"]  # weight precisions compared
@@ -71,7 +83,7 @@ MATMUL_N = 2048  # the FLOP/s probe multiplies two n × n fp32 matrices (2n³ FL
 PREFILL_TOKENS = config.pick(256, 128)  # prompt tokens of the prefill placed on the roofline
 PREFILL_REPEATS = config.pick(5, 3)  # timed prefills (after one warmup)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · Weights per precision
 #
 # A Llama-architecture decoder holds: the token embedding (vocabulary × hidden); per layer, four
@@ -81,7 +93,7 @@ PREFILL_REPEATS = config.pick(5, 3)  # timed prefills (after one warmup)
 # normalising each token's vector); a final RMSNorm; and an output head ([`lm_head`](../docs/glossary.md#lm-head),
 # vocabulary × hidden) unless `tie_word_embeddings` reuses the embedding. No biases. Write the bytes.
 
-# %% exercise 01.weight_bytes
+# %% labkit={"exercise": "01.weight_bytes"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def weight_bytes(config, bytes_per_param):
     """Bytes of a Llama-architecture model's weights, from its transformers config.
 
@@ -91,11 +103,10 @@ def weight_bytes(config, bytes_per_param):
     """
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("01.weight_bytes", weight_bytes)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Your formula, labkit's count, the loaded tensors
 #
 # labkit does not use a formula: it builds the model on PyTorch's *meta* device (shapes, no memory) and
@@ -104,7 +115,7 @@ exercises.check("01.weight_bytes", weight_bytes)
 # scales: one per output row for int8 and fp8 (E4M3, what Hopper serves), one fp32 per 64 weights for nf4, one byte
 # per 16 weights for nvfp4 and per 32 for mxfp4 (E2M1 elements, Blackwell's FP4); the rest stays fp16.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 cfg = {m: str(config.DATA_DIR / "configs" / m) for m in PUBLIC_MODELS}
 bytes_of = exercises.use("01.weight_bytes", weight_bytes, lambda c, b: sizing.shape(c).n_params * b)
 small = sizing.load_config(cfg["SmolLM2-135M-Instruct"])
@@ -116,14 +127,14 @@ print("bits per weight, scales included:", prec[prec.model == prec.model.iloc[0]
       .bits_per_weight.round(2).to_dict())
 prec.pivot(index="model", columns="dtype", values="weight_gib").round(2)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · The KV cache grows with context × batch
 #
 # Per token: 2 (K and V) × layers × KV heads × head_dim × bytes. Llama-3.1-8B has 8 KV heads for its
 # 32 query heads (grouped-query attention); Llama-2-7b keeps 32 of each. How far apart do their lines
 # sit, and where does the cache overtake the weights?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 kvt = sizing.kv_table([cfg[m] for m in KV_MODELS], CONTEXTS, BATCHES)
 kvt["series"] = kvt["model"] + " · batch " + kvt["batch"].astype(str)
 plots.line(kvt, x="context", y="kv_gib", color="series", title="KV cache (fp16) vs context", x_title="context (tokens)",
@@ -133,7 +144,7 @@ per_tok = kvt.groupby("model").kv_bytes_per_token.first()
 print(f"{big.model} at {big.context:,} tokens × batch {big.batch}: KV {big.kv_gib:.1f} GiB vs weights {big.weight_gib:.1f} GiB "
       f"({big.kv_gib / big.weight_gib:.1f}×); per token: " + ", ".join(f"{m} {b:,} bytes" for m, b in per_tok.items()))
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The models of 2026 break the formula
 #
 # Each layer keeps what its kind keeps, and config.json says which kind it is (`layer_types`):
@@ -148,10 +159,10 @@ print(f"{big.model} at {big.context:,} tokens × batch {big.batch}: KV {big.kv_g
 # Predict first: at 32,768 tokens, how many GiB of bf16 KV cache does Gemma 4 26B-A4B keep for one sequence?
 # The naive formula (2 × 30 layers × 8 KV heads × 256 × 2 bytes per token) says 7.5 GiB.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_GEMMA4_KV_GIB = None  # your prediction, GiB at 32,768 tokens
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 NEW_MODELS = ["Llama-3.1-8B", "Mistral-7B-v0.1", "gemma-4-26B-A4B", "Qwen3.5-27B", "DeepSeek-V3"]
 new_cfg = {m: str(config.DATA_DIR / "configs" / m) for m in NEW_MODELS}
 layered = sizing.kv_compare(list(new_cfg.values()), context=32768, dtype="bf16")
@@ -164,7 +175,7 @@ print("naive: 2 × layers × KV heads × head_dim (hidden / heads where the conf
       "transformers' own cache")
 layered.round(3)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Write it layer by layer
 #
 # One sequence's KV bytes at `context` tokens for a config dict with `layer_types` (a config without it is full
@@ -172,17 +183,16 @@ layered.round(3)
 # `global_head_dim` and `num_global_key_value_heads` where the config gives them; a sliding layer keeps
 # `min(context, sliding_window)` tokens; a linear-attention layer keeps no tokens (its fixed state is left out here).
 
-# %% exercise 01.kv_layer_by_layer
+# %% labkit={"exercise": "01.kv_layer_by_layer"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def kv_layer_by_layer(config, context, bytes_per_value):
     """KV-cache bytes one sequence of ``context`` tokens keeps, summed over the layers (a dict: config.json's
     decoder part). Each token of a layer keeps K and V: KV heads × head_dim values each."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("01.kv_layer_by_layer", kv_layer_by_layer)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### A [mixture of experts](../docs/glossary.md#mixture-of-experts) reads only its active experts
 #
 # Each token is routed to `num_experts_per_tok` of the `n_routed_experts` experts in every MoE layer: a decode
@@ -190,7 +200,7 @@ exercises.check("01.kv_layer_by_layer", kv_layer_by_layer)
 # The memory still has to hold every expert. The ceilings below are one GPU's (`MOE_GPU`, its datasheet bandwidth):
 # what its memory could stream if the weights fit, not a measurement.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 MOE_GPU, MOE_CONTEXT = "H200", 4096  # the GPU whose datasheet bandwidth the ceilings divide (data/gpus.json); tokens
 moe = [sizing.estimate(str(config.DATA_DIR / "configs" / m), "bf16", context=MOE_CONTEXT, gpu=MOE_GPU)
        for m in ("DeepSeek-V3", "Kimi-K2-Instruct")]
@@ -202,39 +212,39 @@ pd.DataFrame([{"model": pathlib.Path(e.model).name, "params_b": e.n_params / 1e9
                f"ceiling on {MOE_GPU} if all were read": e.bandwidth_gbs * 1e9 / (e.weight_bytes + e.kv_bytes)}
               for e in moe]).round(1)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · Which GPU fits which model?
 #
 # Weights + KV at the context below must fit in 90 % of the card's memory (the rest goes to the
 # CUDA context and activations). Figures from the vendors' datasheets, `data/gpus.json`.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 gpu_names = [g.name for g in gpus.catalog()]
 fit = sizing.fit_table([cfg[m] for m in PUBLIC_MODELS], gpu_names, ["fp16", "nf4"], context=FIT_CONTEXT)
 fit.pivot_table(index=["model", "dtype"], columns="gpu", values="fits", aggfunc="first")[gpu_names]
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · The first roof: memory bandwidth
 #
 # The probe reads a `PROBE_BYTES` working set, far larger than the last-level cache, and times each full
 # read on this run's device. Predict: how many GB/s does this machine's memory deliver?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_BANDWIDTH_GBS = None  # your prediction, GB/s
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 bw = hardware.bandwidth(device=env.device(), size_bytes=PROBE_BYTES, repeats=REPEATS * 3)
 exercises.reveal(f"read bandwidth on {bw.device}", PREDICT_BANDWIDTH_GBS, bw.gbs, "GB/s")
 print(f"best of {bw.read.n} reads; median {bw.median_gbs:.1f} GB/s")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The decode ceiling
 #
 # A decode step reads every weight once, for the whole batch, plus each sequence's KV cache so far, and
 # yields one token per sequence. Bandwidth ÷ the bytes one step reads bounds the steps per second. Write
 # the ceiling on aggregate tokens/s.
 
-# %% exercise 01.decode_ceiling
+# %% labkit={"exercise": "01.decode_ceiling"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def decode_ceiling(weight_bytes, kv_bytes_per_token, context, batch, bandwidth_bytes_per_s):
     """The most tokens/s (all sequences together) decoding can reach at this bandwidth.
 
@@ -243,11 +253,10 @@ def decode_ceiling(weight_bytes, kv_bytes_per_token, context, batch, bandwidth_b
     """
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("01.decode_ceiling", decode_ceiling)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 ceiling_of = exercises.use("01.decode_ceiling", decode_ceiling, sizing.decode_ceiling)
 lm = models.load(dtype="fp32")
 weight_b = memory.param_bytes(lm.model).bytes
@@ -258,7 +267,7 @@ print(f"{lm.name} on {lm.device}: weights {weight_b / 2**20:.0f} MiB, KV {kv_tok
       f"→ ceiling {ceiling_1:.1f} tokens/s at batch 1 (labkit's sizing.decode_ceiling: "
       f"{sizing.decode_ceiling(weight_b, kv_tok, ctx, 1, bw.gbs * 1e9):.1f})")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · Measure: real decode against the ceiling, batch by batch
 #
 # [Greedy](../docs/glossary.md#greedy) decoding takes the most likely token at every step. The batch sizes are timed in
@@ -267,10 +276,10 @@ print(f"{lm.name} on {lm.device}: weights {weight_b / 2**20:.0f} MiB, KV {kv_tok
 #
 # Predict: how many tokens/s does greedy decoding reach at batch 1 here, against the ceiling above?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_DECODE_TPS = None  # your prediction, tokens/s at batch 1
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res = results.Results("01_hardware_sizing")
 res.add("bandwidth", **bw.to_dict())
 machine.check("decode sweep")
@@ -291,7 +300,7 @@ one = dec.iloc[0]
 exercises.reveal("decode at batch 1", PREDICT_DECODE_TPS, one.measured_tokens_per_s, "tokens/s")
 print(f"batch 1: measured {one.measured_tokens_per_s:.1f} tokens/s = {one.ratio:.2f}× of the ceiling")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · The second roof: matmul FLOP/s
 #
 # The probe multiplies two `MATMUL_N` × `MATMUL_N` fp32 matrices: 2n³ FLOPs over 3n² values read or
@@ -299,10 +308,10 @@ print(f"batch 1: measured {one.measured_tokens_per_s:.1f} tokens/s = {one.ratio:
 # operation runs as one [kernel](../docs/glossary.md#kernel), a routine on the device).
 # Predict: how many GFLOP/s does this run's device reach?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_GFLOPS = None  # your prediction, GFLOP/s (fp32)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 mm = hardware.matmul_flops(device=str(lm.device), n=MATMUL_N, dtype="fp32", repeats=REPEATS + 1)
 peak_gflops = mm.tflops * 1e3
 exercises.reveal(f"fp32 matmul on {mm.device}", PREDICT_GFLOPS, peak_gflops, "GFLOP/s")
@@ -310,7 +319,7 @@ res.add("flops", **mm.to_dict())
 ridge = roofline.ridge_intensity(bw.gbs, peak_gflops)
 print(f"the two roofs meet at {ridge:.1f} FLOPs per byte: a kernel doing fewer waits for memory, more for arithmetic")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Arithmetic intensity: FLOPs per byte moved
 #
 # Every linear layer multiplies T token rows by an (out, in) weight. Its FLOPs grow with T; the weight's
@@ -318,7 +327,7 @@ print(f"the two roofs meet at {ridge:.1f} FLOPs per byte: a kernel doing fewer w
 # left out). Prefill keeps only the last position's [logits](../docs/glossary.md#logits) (one score per vocabulary token), so
 # its output head runs one row.
 
-# %% mechanism
+# %% tags=["mechanism"]
 def matmul_cost(tokens, out_features, in_features, bytes_per_value):
     """(tokens, in) activations × an (out, in) weight → (tokens, out): its FLOPs and the bytes it moves."""
     flops = 2 * tokens * out_features * in_features  # one multiply and one add per weight, per token row
@@ -337,7 +346,7 @@ def model_cost(model, rows, head_rows):
             flops, moved = flops + f, moved + b
     return flops, moved
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 shape = sizing.shape(lm.model.config)
 rows = [dict(zip(("tokens", "flops", "bytes"), (t, *matmul_cost(t, shape.vocab_size, shape.hidden_size, 4))))
         for t in (1, 8, 64, 512, 4096)]
@@ -348,18 +357,18 @@ print(f"the lm_head's ({shape.vocab_size} × {shape.hidden_size}) fp32 matmul, b
       f"labkit's roofline.matmul_cost and linear_traffic {'agree' if same else 'DISAGREE'}")
 grid
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7 · Prefill and decode on the roofline
 #
 # Decode at batch B runs B rows through each weight; a prefill of `PREFILL_TOKENS` tokens runs that many.
 # Predict: which roof limits each, the bandwidth slope ([memory-bound](../docs/glossary.md#memory-bound)) or the compute flat
 # (compute-bound)?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_DECODE_BOUND = None  # your prediction for decode at batch 1: "memory-bound" or "compute-bound"
 PREDICT_PREFILL_BOUND = None  # your prediction for the prefill: "memory-bound" or "compute-bound"
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 prompt = prompts.prompt_of_length(lm.tokenizer, PREFILL_TOKENS, device=lm.device)["input_ids"]  # (1, T) on the model's device
 with torch.inference_mode():
     pre = timing.measure(lambda: decode.prefill(lm.model, prompt), repeats=PREFILL_REPEATS, warmup=1, name="prefill",
@@ -381,14 +390,14 @@ for what, guess, found in (("decode at batch 1", PREDICT_DECODE_BOUND, roof.boun
 res.replace("roofline", roof.to_dict("records"))
 roof.round(3)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8 · Why the gap?
 #
 # The ceiling assumes every byte streams at full bandwidth and nothing else costs time. How many
 # operators does one decode step run, and how many of them are matrix-vector products against a weight?
 # Each operator has a fixed cost (on a GPU, a kernel launch). Counted below, on one step of this model.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 ids = models.chat_inputs(lm.tokenizer, generation.TIMED_PROMPT, device=lm.device)["input_ids"]
 ops = fusion.decode_step_ops(lm.model, ids)  # the one count of "one decode step" notebooks 08 and 10 quote too
 print("counted:", fusion.STEP_OPS_COUNTED)
@@ -399,13 +408,13 @@ print(f"one decode step ran {len(ops)} operators: {n_linear} matrix-vector produ
       + ", ".join(f"{o} {n}" for o, n in collections.Counter(ops).most_common(6)))
 _ = res.add("ops", total=len(ops), linear=n_linear, attention=n_attention, other=len(ops) - n_linear - n_attention)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Does the kernel stream the weight at full bandwidth?
 #
 # The same bytes read as the same matrix-vector product, on this run's device, with the weight stored as
 # `nn.Linear` keeps it (out × in) and transposed. Do they reach the probe's bandwidth?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 probe = hardware.linear_layout_probe(out_features=shape.vocab_size, in_features=shape.hidden_size,
                                      repeats=REPEATS * 5, device=lm.device)  # this model's lm_head size
 res.add("layout", device=probe["device"], linear_gbs=probe["linear_gbs"], transposed_gbs=probe["transposed_gbs"],
@@ -413,14 +422,14 @@ res.add("layout", device=probe["device"], linear_gbs=probe["linear_gbs"], transp
 print(f"lm_head-sized matvec on {probe['device']}: nn.Linear layout {probe['linear_gbs']:.1f} GB/s, "
       f"transposed {probe['transposed_gbs']:.1f} GB/s, probe {bw.gbs:.1f} GB/s")
 
-# %% md fragment
+# %% [markdown] slideshow={"slide_type": "fragment"}
 # Split each decode step into the time its bytes need at the probed bandwidth and the rest.
 # As the batch grows, one step's fixed costs are shared by more sequences: does the time per
 # generated token beyond the bytes shrink, and does the ratio to the ceiling rise with it? Then batch 1's
 # step in three pieces: the bytes at the probe's bandwidth, the extra because the matrix-vector kernel
 # reads slower than that (the layout probe above), and what its operators cost beyond both.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 dec["ideal_step_ms"] = [sizing.decode_bytes_per_step(weight_b, kv_tok, ctx, b) / (bw.gbs * 1e9) * 1e3 for b in dec.batch]
 dec["overhead_ms_per_token"] = (dec.tpot_s * 1e3 - dec.ideal_step_ms) / dec.batch
 plots.bar(dec, x="batch", y="overhead_ms_per_token", title="Time per generated token beyond the bandwidth bound",
@@ -433,16 +442,16 @@ gap = hardware.decode_gap(first.tpot_s, sizing.decode_bytes_per_step(weight_b, k
 res.add("decode_gap", **gap)
 print(gap["explanation"])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 9 · Try it live: does it fit, how fast at most?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 widgets.sizing_panel()
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways, from this run's numbers
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res.replace("decode", dec.to_dict("records"))
 fp = prec[prec.model == "SmolLM2-135M-Instruct"].set_index("dtype").weight_gib * 2**10
 d1, pf = roof.iloc[1], roof.iloc[0]
@@ -454,7 +463,7 @@ print("saved", config.shown(res.save()))
 findings.show(found)
 dec[["batch", "ceiling_tokens_per_s", "measured_tokens_per_s", "ratio", "overhead_ms_per_token", "spread"]].round(3)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # The two exercises sit where their mechanism is taught: `01.weight_bytes` in section 1 (the table uses your

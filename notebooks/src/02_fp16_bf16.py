@@ -1,17 +1,29 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 02 · FP16 and BF16: half the bytes — at what price?
 #
 # Storing weights in 16 bits instead of 32 halves the memory a model needs and the bytes each
 # decode step must read. Two 16-bit formats compete, and they split their 16 bits differently
 # between range (exponent) and precision (mantissa).
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # This notebook takes the formats apart on single
 # numbers — you round fp32 to bf16 by hand, find a format's largest value from its bits and keep a
 # running sum in 16 bits — then loads the model in all three precisions and measures footprint, load
 # time, time to first token, decode speed and quality against the fp32 reference, on this machine.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Find which 16-bit format overflows on 70000 and which cannot tell 1 from 1 + 1/1024, and why, from
@@ -25,13 +37,13 @@
 #   text), [greedy agreement](../docs/glossary.md#greedy-agreement) (the same top token) and [KL divergence](../docs/glossary.md#kl-divergence)
 #   (how far apart the next-token distributions are).
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: take a show of hands for each prediction in section 1 (which format overflows, which cannot
 # tell 1 from 1 + 1/1024) before running it. The bf16 rounding cell is short enough to read aloud line by
 # line. Before section 4, ask whether fp16 will decode faster or slower than fp32 on this machine; the
 # answer differs between laptops in the room, which is the point of the class table at the end.
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import math
 
 import pandas as pd
@@ -53,7 +65,7 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 print("CPU:", env.hardware()["cpu"], "| GPU:", env.hardware()["gpu"])
 print("half precision on this run's device:", hardware.half_precision_features())
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 VARIANTS = ["fp32", "fp16", "bf16"]  # fp32 first: it is the reference
 NEW_TOKENS = config.pick(32, 8)  # decode tokens per timed run
 REPEATS = config.pick(5, 3)  # timed rounds over the variants, interleaved (after one warmup each)
@@ -68,7 +80,7 @@ MATMUL_REPEATS = config.pick(10, 5)  # timed repeats per matmul
 ROUND_SAMPLES = 100_000  # random fp32 values rounded to bf16 by hand and by torch
 ACCUM_START, ACCUM_STEP, ACCUM_STEPS = 1.0, 1e-4, 10_000  # the running sum of section 2: start + step, ACCUM_STEPS times
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · Three formats, one number at a time
 #
 # A float is sign × significand × 2^exponent. More **exponent** bits = wider range; more
@@ -76,11 +88,11 @@ ACCUM_START, ACCUM_STEP, ACCUM_STEPS = 1.0, 1e-4, 10_000  # the running sum of s
 # 16 bits differently. Predict before running: which format turns 70000 into `inf`? Which one cannot
 # tell 1 from 1 + 1/1024?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_OVERFLOW = None  # your prediction: which turns 70000 into inf: "fp16", "bf16", "both" or "neither"
 PREDICT_BLIND = None  # your prediction: which rounds 1 + 1/1024 to 1: "fp16", "bf16", "both" or "neither"
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 samples = torch.tensor([70000.0, 1e-6, 3.14159265, 1 + 2**-10, 300.5], device="cpu")  # number formats: any device shows them
 demo = pd.DataFrame({"fp32": samples.tolist(), "fp16": samples.half().float().tolist(),
                      "bf16": samples.bfloat16().float().tolist()})
@@ -99,7 +111,7 @@ exercises.reveal_choice("70000 becomes inf in", PREDICT_OVERFLOW, overflows, cho
 exercises.reveal_choice("1 + 1/1024 rounds to 1 in", PREDICT_BLIND, blind, choices)
 demo
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 def layout(dtype: torch.dtype) -> dict:
     fi = torch.finfo(dtype)
     mantissa = round(-torch.log2(torch.tensor(fi.eps)).item())
@@ -114,30 +126,29 @@ print(f"1 + 1/1024 → fp16: {demo.fp16[3]:.6f}, bf16: {demo.bf16[3]:.6f} "
       f"(mantissa bits: fp16 {formats.mantissa_bits['float16']}, bf16 {formats.mantissa_bits['bfloat16']})")
 formats
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Where does a format's largest value come from?
 #
 # An IEEE-754-style format with *e* exponent bits stores the exponent plus a bias of 2^(e−1) − 1, keeps
 # the all-ones exponent pattern for `inf` and NaN, and puts an implicit leading 1 before its *m*
 # mantissa bits (1.m in binary). Write its largest finite value from *e* and *m*.
 
-# %% exercise 02.float_max
+# %% labkit={"exercise": "02.float_max"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def float_max(exponent_bits, mantissa_bits):
     """Largest finite value of an IEEE-754-style binary format with these many exponent and mantissa bits."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("02.float_max", float_max)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Rounding fp32 to bf16, by hand
 #
 # bf16 is the top half of an fp32: the same sign and 8 exponent bits, the first 7 of the 23 mantissa bits.
 # Converting drops the low 16 bits, rounding to the nearest bf16 and, on an exact tie, to the one whose last
 # kept bit is 0 (*round to nearest, ties to even*). Here it is on the bit patterns, as integers:
 
-# %% mechanism
+# %% tags=["mechanism"]
 def bf16_bits(x: torch.Tensor) -> torch.Tensor:
     """fp32 (N,) → (N,) int32 holding each value's bf16 bit pattern in its low 16 bits."""
     bits = x.view(torch.int32)  # (N,) the same 32 bits as integers: sign | 8 exponent | 23 mantissa
@@ -146,7 +157,7 @@ def bf16_bits(x: torch.Tensor) -> torch.Tensor:
                                          # 0x8000 (a tie) carries only when the last kept bit is 1: ties to even
     return (rounded >> 16) & 0xFFFF  # (N,) the top 16 bits: sign, exponent, 7 mantissa bits
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 gen = torch.Generator(device="cpu").manual_seed(0)
 x = torch.randn(ROUND_SAMPLES, generator=gen, device="cpu")  # number formats: any device rounds the same way
 x = torch.cat([x * 2.0 ** torch.randint(-120, 120, (ROUND_SAMPLES,), generator=gen, device="cpu"),
@@ -160,17 +171,17 @@ print(f"bf16 by hand vs tensor.bfloat16() on {x.numel():,} values: "
 pd.DataFrame({"fp32": x[-7:].tolist(), "bits by hand": [f"{b:04x}" for b in bf16_bits(x[-7:]).tolist()],
               "bfloat16()": theirs[-7:].float().tolist(), "truncated": truncated[-7:].float().tolist()})
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · Adding small numbers: a running total in 16 bits
 #
 # A matmul adds up one product per input feature for every output. If the running total lives in a 16-bit
 # format, every addition rounds it to that format's spacing. Predict: starting from `ACCUM_START`, after
 # adding `ACCUM_STEP` `ACCUM_STEPS` times, what does the fp16 total end at?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_FP16_TOTAL = None  # your prediction: the fp16 running total at the end
 
-# %% exercise 02.accumulate
+# %% labkit={"exercise": "02.accumulate"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 
 
@@ -179,11 +190,10 @@ def accumulate(start, step, n, dtype):
     rounded to that format after every addition. Returns the final total as a Python float."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("02.accumulate", accumulate)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 running = exercises.use("02.accumulate", accumulate, nb02.running_sum)
 totals = pd.DataFrame([{"dtype": name, "running total in dtype": running(ACCUM_START, ACCUM_STEP, ACCUM_STEPS, d),
                         "torch.sum in dtype": ACCUM_START + torch.full((ACCUM_STEPS,), ACCUM_STEP, dtype=d,
@@ -200,17 +210,17 @@ print(f"the running total stalled (ended below halfway) in: {', '.join(stalled) 
       + (" — it accumulates in a wider type inside, as matmul kernels accumulate fp16/bf16 products in fp32" if wider else ""))
 totals
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · Predict the footprint
 #
 # `labkit.model.sizing` counts parameters on a meta-device model and multiplies by bytes per parameter.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 MODEL = models.resolve()  # the model the variants load: LABKIT_MODEL, else the default
 predicted = {d: sizing.estimate(MODEL, dtype=d, context=1).weight_bytes for d in VARIANTS}
 pd.DataFrame({"dtype": VARIANTS, "predicted_MiB": [predicted[d] / 2**20 for d in VARIANTS]})
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · Measure: load, TTFT, decode, quality
 #
 # Each variant is loaded, scored on `data/eval/labkit_eval.txt` (English and Chinese) and
@@ -221,11 +231,11 @@ pd.DataFrame({"dtype": VARIANTS, "predicted_MiB": [predicted[d] / 2**20 for d in
 # fp16 bf16 fp32 fp16 bf16 …), so a busy minute slows all of them alike. Predict: how many
 # times as fast as fp32 do fp16 and bf16 decode on this machine?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_FP16_DECODE_RATIO = None  # your prediction: fp16 decode tokens/s ÷ fp32's
 PREDICT_BF16_DECODE_RATIO = None  # your prediction: bf16 decode tokens/s ÷ fp32's
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 settings = variants.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_tokens=ANSWER_TOKENS, n_questions=QUESTIONS,
                              ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
                              ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)
@@ -240,7 +250,7 @@ table[["status", "load_s", "weight_bytes", "predicted_weight_bytes", "ttft_s", "
        "decode_spread", "doubts", "perplexity", "agreement", "kl"]]  # decode_spread: (p90 − p10) / median of the timed
 # rounds; doubts: what makes a row rough on any machine, a wide spread or a drifting baseline (verdict.doubts)
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 ok = table[table.status == "ok"]
 plots.predicted_vs_measured(list(ok.index), list(ok.predicted_weight_bytes / 2**20), list(ok.weight_bytes / 2**20),
                             "Weight memory: sizing prediction vs loaded parameters", "MiB").show()
@@ -254,7 +264,7 @@ for v, guess in (("fp16", PREDICT_FP16_DECODE_RATIO), ("bf16", PREDICT_BF16_DECO
     else:
         print(f"{v}: not run here — {table.status[v]}")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · Is half precision faster here?
 #
 # Prefill multiplies whole matrices (many FLOPs per weight byte); decode multiplies one vector per step
@@ -263,7 +273,7 @@ for v, guess in (("fp16", PREDICT_FP16_DECODE_RATIO), ("bf16", PREDICT_BF16_DECO
 # arithmetic. Below, both shapes timed directly, on this run's device, with the decode-like matmul's
 # achieved GB/s (its weight bytes ÷ its time) beside each.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 shape = sizing.shape(MODEL)  # the lm_head's matrix: vocabulary × hidden size, the largest in the model
 device = env.device()  # timed where the model ran: the GPU when there is one
 def matmul_s(dtype: torch.dtype, rows: int) -> float:
@@ -278,7 +288,7 @@ weight_bytes = shapes.dtype.map({"float32": 4, "float16": 2, "bfloat16": 2}) * s
 shapes["decode-like GB/s"] = weight_bytes / shapes["decode-like (s)"] / 1e9  # achieved: weight bytes read / time
 shapes
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 rows_by = {r["variant"]: r for r in rows}
 for v in (v for v in ok.index if v != "fp32"):
     ttft_v = verdict.compare(verdict.samples(rows_by[v], "ttft_s"), verdict.samples(rows_by["fp32"], "ttft_s"),
@@ -290,24 +300,24 @@ for v in (v for v in ok.index if v != "fp32"):
 reason = hardware.fast_half_matmul_reason()
 print(f"half-precision arithmetic on {device}:", hardware.native_half_said(device))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · Quality: did halving the bytes change the answers?
 #
 # **Perplexity** on the evaluation text (lower is better), **agreement**: the share of positions where
 # the variant's top token is fp32's greedy token, **KL**: how far its next-token distribution is
 # from fp32's, in nats (0 = identical).
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 table[["perplexity", "agreement", "kl", "kl_max"]]
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 qs = prompts.load_prompts("questions")[:QUESTIONS]
 quality.side_by_side(qs, {v: table.answers[v] for v in ok.index})
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways, from this run's numbers
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res = results.Results("02_fp16_bf16")
 res.notes.update(settings=settings.to_dict(), cpu_features=hardware.cpu_features(), half_matmul_reason=reason,
                  half_precision=hardware.half_precision_features())
@@ -327,11 +337,11 @@ print("saved", config.shown(res.save()))
 findings.show(found)
 res.frame("variants")[["variant", "weight_bytes", "load_s", "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"]]
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/02_fp16_bf16.<gpu>.json, each with its provenance)
 _ = results.show_gpu_references("02_fp16_bf16", ["variants", "matmul"])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # The two exercises sit where their mechanism is taught: `02.float_max` in section 1 and `02.accumulate`

@@ -1,16 +1,28 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 03 · INT8 and INT4: bitsandbytes and [ONNX Runtime](../docs/glossary.md#onnx-runtime)
 #
 # Quantisation stores weights in 8 or 4 bits. Published summaries promise a lot — "INT8: −75 %
 # memory, about 2 % accuracy loss". Whether that holds depends on *how* a model is quantised and on
 # the hardware that runs it.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Here every variant is measured in one run on this machine: weight bytes,
 # peak memory, time to first token, decode speed, and three quality columns against fp32.
 # ONNX Runtime runs a model exported to ONNX, an open format for computation graphs.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Write [absmax](../docs/glossary.md#absmax) int8 quantisation (the largest magnitude maps to 127), with one scale per tensor
@@ -25,7 +37,7 @@
 #   [instruction sets](../docs/glossary.md#cpu-instruction-sets) (AVX2, AVX-512, VNNI, AMX).
 # - Tell the real ONNX Runtime quantisation API from the one articles invent, and test published claims.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: the three exercises (per-channel scale, int8 round trip, nearest NF4 code) take ten minutes
 # together; the layer table uses them once they pass. Collect predictions of the per-tensor / per-channel
 # error ratio and of the bytes before the layer cell, and of the int8 speedup before the variants run,
@@ -35,7 +47,7 @@
 # them) and the per-layer errors of section 8, never one answer: one answer that happens to match
 # proves nothing, and one that differs may be a single flipped token.
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import labkit
 import pandas as pd
 import torch
@@ -54,7 +66,7 @@ print("int8-relevant CPU flags:", {k: v for k, v in hardware.cpu_features().item
                                    if "vnni" in k or k in ("avx2", "amx_int8", "asimddp", "i8mm")})
 env.capabilities_frame().query("name in ['cuda', 'bitsandbytes', 'onnxruntime', 'onnx-export']")
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 VARIANTS = ["fp32", "fp16", "bnb-int8", "bnb-nf4", "ort-fp32", "ort-int8-tensor", "ort-int8-channel"]  # bf16: notebook 02
 NEW_TOKENS = config.pick(32, 8)  # decode tokens per timed run
 REPEATS = config.pick(5, 3)  # timed rounds over the variants, interleaved (after one warmup each)
@@ -69,7 +81,7 @@ PROBE_LAYER = "model.layers.0.mlp.down_proj"  # the Linear quantised by hand in 
 NF4_BLOCK = 64  # weights per NF4 block (one absmax each), as bitsandbytes stores them
 ORIGINAL_WEIGHTS = False  # full mode: True makes the original bf16 checkpoint the reference (a hub download)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 original = models.use_original_weights(ORIGINAL_WEIGHTS, config.quick())  # "" unless ORIGINAL_WEIGHTS is set
 if original:
     print(original)
@@ -90,7 +102,7 @@ w = mods[PROBE_LAYER].weight.detach().float()  # (out, in)
 x = acts[PROBE_LAYER].float().reshape(1, -1, w.shape[1])  # (1, T, in) its input (an expert sees (T, in): tokens flattened)
 print(f"{lm.name} on {lm.device}; {PROBE_LAYER}: weight {tuple(w.shape)}, input {tuple(x.shape)}")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · Absmax int8, by hand
 #
 # int8 stores each weight as an integer code in [-127, 127] and one floating-point *scale*: the weight is
@@ -98,7 +110,7 @@ print(f"{lm.name} on {lm.device}; {PROBE_LAYER}: weight {tuple(w.shape)}, input 
 # whole matrix (*per tensor*), or one per output row (*per channel*): a row is one output feature, and
 # rows of a trained layer differ in range. Write the per-channel scale.
 
-# %% exercise 03.per_channel_scale
+# %% labkit={"exercise": "03.per_channel_scale"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 
 
@@ -106,17 +118,16 @@ def per_channel_scale(w: torch.Tensor) -> torch.Tensor:
     """(out, in) fp32 weight → (out, 1) absmax int8 scales, one per output row."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("03.per_channel_scale", per_channel_scale)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The round trip: quantise, then dequantise
 #
 # Quantising divides by the scale and rounds to the nearest integer code, kept inside [-127, 127] and
 # stored in one byte; dequantising multiplies the code by its scale again. Write both.
 
-# %% exercise 03.int8_round_trip
+# %% labkit={"exercise": "03.int8_round_trip"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 
 
@@ -125,22 +136,21 @@ def int8_round_trip(w: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor,
     [-127, 127]) and the dequantised weight (fp32, q × scale)."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("03.int8_round_trip", int8_round_trip)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Predict, then measure on a real layer
 #
 # Both forms on `PROBE_LAYER`'s real weight and its real input from one prompt. Predict: how many times
 # larger is the layer's output error with one scale per tensor than with one scale per row? And what
 # fraction of the fp32 layer's bytes does the int8 layer take, scales included?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_TENSOR_OVER_CHANNEL = None  # your prediction: output error per-tensor / per-channel (×)
 PREDICT_LAYER_INT8_FRACTION = None  # your prediction: int8 layer bytes (codes + scales) / fp32 bytes
 
-# %% fragment mechanism
+# %% slideshow={"slide_type": "fragment"} tags=["mechanism"]
 scale_of = exercises.use("03.per_channel_scale", per_channel_scale, lambda w: quantisers.absmax_scale(w, per_channel=True))
 round_trip = exercises.use("03.int8_round_trip", int8_round_trip, quantisers.int8_round_trip)
 y = x @ w.T  # (1, T, out): the fp32 output, the reference
@@ -155,7 +165,7 @@ hand = pd.DataFrame(rows).set_index("form")
 hand["fraction_of_fp32"] = hand.bytes / hand.bytes["fp32"]
 hand
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 ratio_tc = hand.output_error["per-tensor"] / hand.output_error["per-channel"]
 exercises.reveal("output error, per-tensor / per-channel", PREDICT_TENSOR_OVER_CHANNEL, ratio_tc, "×")
 exercises.reveal("int8 layer bytes / fp32", PREDICT_LAYER_INT8_FRACTION, hand.fraction_of_fp32["per-channel"])
@@ -163,7 +173,7 @@ row_range = w.abs().amax(dim=1)  # (out,) each row's absmax
 print(f"row absmax runs from {row_range.min():.3g} to {row_range.max():.3g}: with one scale for all rows, the median "
       f"row's largest weight lands on code {127 * row_range.median() / row_range.max():.0f} of 127")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · NF4: 16 values, one absmax per block
 #
 # 4 bits give 16 codes. NF4 does not space them evenly: its 16 values are quantiles of a normal distribution
@@ -171,7 +181,7 @@ print(f"row absmax runs from {row_range.min():.3g} to {row_range.max():.3g}: wit
 # absmax, and each value is stored as the index of the nearest code. Below: the 16 values, read from the
 # installed bitsandbytes. Write the quantiser.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 BNB = env.capability("bitsandbytes")
 if BNB.available:
     from bitsandbytes.functional import get_4bit_type
@@ -182,7 +192,7 @@ else:
     print("bitsandbytes is not available here:", BNB.reason, "— sections 2-3 use labkit's copy of the NF4 values")
     code = torch.tensor(quantisers.NF4_CODE, device=lm.device)
 
-# %% exercise 03.nf4_quantize
+# %% labkit={"exercise": "03.nf4_quantize"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 
 
@@ -191,26 +201,25 @@ def nf4_quantize(blocks: torch.Tensor, code: torch.Tensor) -> tuple[torch.Tensor
     the nearest code value after dividing its block by the block's absmax, (n, 64); each block's absmax, (n, 1)."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("03.nf4_quantize", nf4_quantize)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### One block, then the whole layer
 #
 # Predict: on the same layer, how many times larger is NF4's output error than per-channel int8's?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_NF4_OVER_INT8 = None  # your prediction: NF4 output error / per-channel int8 output error (×)
 
-# %% fragment mechanism
+# %% slideshow={"slide_type": "fragment"} tags=["mechanism"]
 nf4 = exercises.use("03.nf4_quantize", nf4_quantize, quantisers.nf4_quantize)
 block = w.flatten()[:NF4_BLOCK]  # the layer's first 64 weights
 idx, amax = nf4(block[None], code)  # (1, 64) code indices, (1, 1) absmax
 pd.DataFrame({"weight": block.tolist(), "÷ absmax": (block / amax[0]).tolist(), "index": idx[0].tolist(),
               "code": code[idx[0]].tolist(), "dequantised": (code[idx[0]] * amax[0]).tolist()}).head(8).T.round(4)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 idx, amax = nf4(w.reshape(-1, NF4_BLOCK), code)  # every block of the layer
 w_nf4 = (code[idx] * amax).reshape(w.shape)  # dequantised (out, in)
 print(f"first block: absmax {block.abs().max():.4g}, error {(code[idx[0]] * amax[0] - block).norm() / block.norm():.3%}")
@@ -223,7 +232,7 @@ exercises.reveal("output error, NF4 / per-channel int8", PREDICT_NF4_OVER_INT8,
 print(models.four_bit_note())  # what the reference's own 4-bit grid does to a 4-bit row ("" for your own model)
 hand
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · The libraries compute the same thing
 #
 # bitsandbytes' loader casts each weight to fp16 and quantises it per row (`int8_vectorwise_quant`); its NF4
@@ -231,7 +240,7 @@ hand
 # stores int8 weights with symmetric absmax scales. Each is given the same weight as your quantiser: are
 # the int8 values, the errors and the bytes the same?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 agree = libraries.library_agreement(w, x, quantised["per-channel"], w_nf4, hand, round_trip, scale_of)
 for r in (agree.dropna(subset=["values"]) if "values" in agree else agree.iloc[:0]).itertuples():  # libraries that ran
     unit = " step" if "int8" in str(r.form) else ""  # NF4 rows compare dequantised values (see the form)
@@ -241,12 +250,12 @@ for r in (agree.dropna(subset=["values"]) if "values" in agree else agree.iloc[:
           f"({r.our_bytes:,} vs {r.their_bytes:,})")
 agree
 
-# %% md fragment
+# %% [markdown] slideshow={"slide_type": "fragment"}
 # Where a few int8 values differ by one step, look at how each side divides: bitsandbytes computes
 # `w × (127 / absmax)`, the quantiser above `w / (absmax / 127)`. For a value within a rounding error of a
 # half step the two land on different sides of it.
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · Predict: the whole model, every variant
 #
 # bitsandbytes quantises the decoder's linear layers and keeps embeddings, norms and the lm_head in fp16.
@@ -255,17 +264,17 @@ agree
 # much faster the fastest int8 variant decodes than the same engine's fp32 (ONNX Runtime int8 against
 # `ort-fp32`, bitsandbytes against PyTorch's `fp32`), on the device fp32 runs on.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_INT8_FRACTION = None  # your prediction: bnb-int8 weight bytes / fp32 weight bytes
 PREDICT_NF4_FRACTION = None  # your prediction: bnb-nf4 weight bytes / fp32 weight bytes
 PREDICT_INT8_SPEEDUP = None  # your prediction: fastest int8 variant's decode tokens/s / its engine's fp32's (×)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 pred = pd.DataFrame({"variant": VARIANTS, "predicted_MiB": [variants.predicted_weight_bytes(v) / 2**20 for v in VARIANTS]})
 pred["fraction_of_fp32"] = pred.predicted_MiB / pred.predicted_MiB[pred.variant == "fp32"].item()
 pred  # labkit.model.sizing's prediction, from the config alone
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · Export to ONNX (once; cached)
 #
 # transformers' own exporter traces the model's decode step (`torch.export`, then `torch.onnx`) into one
@@ -274,12 +283,12 @@ pred  # labkit.model.sizing's prediction, from the config alone
 # `labkit.core.config.cache_dir()` and are reused (`make setup` exports the default model, about a minute and a
 # half on two cores); int8 versions are made from them on first use.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 folder, export_s = onnx.export_onnx()
 print(f"{config.shown(folder)}: {onnx.onnx_bytes(folder) / 2**20:.0f} MiB",
       f"exported in {export_s:.1f} s" if export_s is not None else "(reused from the cache: the set-up exports it once)")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · Measure every variant, one after another
 #
 # Same prompts, same token counts. Memory: on a CPU the growth of this process's resident set from
@@ -294,7 +303,7 @@ print(f"{config.shown(folder)}: {onnx.onnx_bytes(folder) / 2**20:.0f} MiB",
 # NVIDIA's inference compiler, whose scales are [calibrated](../docs/glossary.md#calibration) ahead from sample inputs
 # (notebook 08).
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 settings = variants.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_tokens=ANSWER_TOKENS, n_questions=QUESTIONS,
                              ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
                              ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)
@@ -320,7 +329,7 @@ for v, note in table.note.items():
         print(f"{v}: {note}")
 table[cols]
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 ok = table[table.status == "ok"].reset_index()
 fig = plots.scatter(ok, x="kl", y="decode_tokens_per_s", text="variant", color="backend",
                     title="Speed vs quality (up = faster, left = closer to fp32)",
@@ -345,7 +354,7 @@ if fast is not None:
     v8 = nb03_findings.int8_verdict(table, fast)
     print(f"verdict against {nb03_findings.int8_base(table, fast)} (the same engine's fp32): {v8.label} ({v8.reason})")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Which kernel did bitsandbytes run?
 #
 # A quantised weight can be multiplied as integers, or converted back to floating point first. The
@@ -357,7 +366,7 @@ if fast is not None:
 # answers them, and the operators one decode-sized call of each layer really dispatched (profiled on
 # `PROBE_LAYER`'s weight, on the device the variants ran on).
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 routes = {}
 if BNB.available:
     token = x[:, -1:]  # (1, 1, in): one decode step's input, where section 1 recorded it (the variants' device)
@@ -371,17 +380,17 @@ if BNB.available:
 else:
     print("bitsandbytes is not available here:", BNB.reason)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7 · Same question, every variant
 #
 # A '≠' marks an answer that differs from fp32's. Agreement and KL above say how often and how far
 # the variants drift on many prompts; one answer is only an anecdote.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 print(nb03_findings.forms_sentence(table, config.quick()))  # many prompts' KL judged by the verdict, never one answer
 quality.side_by_side(qs, {v: table.answers[v] for v in ok.variant})
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8 · Per-tensor vs per-channel in ONNX Runtime — and a CPU instruction
 #
 # The same two forms as in section 1, now in ONNX Runtime's int8 kernel, which also quantises the
@@ -391,7 +400,7 @@ quality.side_by_side(qs, {v: table.answers[v] for v in ok.variant})
 # the real ONNX Runtime kernel on each probed layer's real weights and activations, error against fp32.
 # Which form keeps the error lower, layer by layer?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 print("this CPU is at risk of int8 saturation:", hardware.int8_saturation_risk(),
       "| reduce_range used above:", {v: table.options[v].get("reduce_range") for v in ok.variant if v.startswith("ort-int8")})
 forms = {"per-tensor": (False, False), "per-channel, 8-bit": (True, False), "per-channel, 7-bit": (True, True)}
@@ -402,19 +411,19 @@ plots.bar(err, x="layer", y="relative_error", color="form", title="ONNX Runtime 
 worst = err.groupby("form").relative_error.max()
 print("worst layer error by form:", worst.round(3).to_dict())
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 9 · "ONNX Runtime: `use_quantized=True`" — an API that does not exist
 #
 # Articles write `use_quantized=True` to run a model in int8 with ONNX Runtime. Each call below runs here,
 # next to the API that does the job: what does each one do?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 int8_folder, _ = onnx.quantize_onnx(per_channel=True)  # the cached file the ort-int8-channel row ran
 claims_ort = libraries.audit_ort_claims(folder, int8_folder)
 for c in claims_ort:
     print(f"[{c['source']}] {c['call']}\n    here: {c['what it does here']}")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 10 · Do the published claims hold here?
 #
 # Claims: **FP16: −50 % memory, < 0.5 % accuracy loss; INT8: −75 % memory, ~2 % accuracy loss.**
@@ -424,7 +433,7 @@ for c in claims_ort:
 # says whether the two forms differ beyond noise in this run).
 # `memory_if_embedding_kept`: the claim again, with the embedding matrix (tied to `lm_head`) at 2 bytes a weight.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 by_variant = {r["variant"]: r for r in rows}
 best = variants.best_of(rows, ["ort-int8-tensor", "ort-int8-channel"])
 if best is not None:
@@ -450,7 +459,7 @@ for variant, label, mem_claim, loss_claim in claims:
 checked = pd.DataFrame(checked)
 checked
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 for v in checked.itertuples():
     if hasattr(v, "memory_change") and pd.notna(v.memory_change):
         print(f"{v.claim} ({v.variant}): memory {v.memory_change:+.0%} vs claimed {v.memory_claim:+.0%} → "
@@ -460,15 +469,15 @@ for v in checked.itertuples():
         if why:
             print(f"    memory: {why}")
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/03_int8_int4.<gpu>.json, each with its provenance)
 _ = results.show_gpu_references("03_int8_int4", "variants", ["variant", "status", "device", "weight_bytes", "peak_memory_bytes",
                                                         "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways, from this run's numbers
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res = results.Results("03_int8_int4")
 res.notes.update(settings=settings.to_dict(), cpu_features=hardware.cpu_features(),
                  int8_saturation_risk=hardware.int8_saturation_risk(), export_s=export_s, bnb_routes=routes)
@@ -484,7 +493,7 @@ findings.record(res, found)
 print("saved", config.shown(res.save()))
 findings.show(found)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # The three exercises sit where their mechanism is taught: `03.per_channel_scale` and `03.int8_round_trip`

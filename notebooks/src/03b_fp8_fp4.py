@@ -1,16 +1,28 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 03b · FP8 and FP4: the formats Hopper and Blackwell serve with
 #
 # H100, H200 and B200 serve LLMs in FP8: 8-bit floats with a scale per row. Blackwell adds 4-bit floats in small
 # blocks (NVFP4, MXFP4). Write each format, measure what it costs in answers, and time FP8 here, beside GPUs
 # that have it.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Notebook 03 came first: its absmax scales, blocks and NF4 are the ideas these formats refine. Every quality
 # number here is measured on this machine; no kernel for FP8 or FP4 runs on a laptop CPU, so the formats are
 # *fake-quantised* (rounded, then held in fp32) for quality, and only FP8's GEMM is timed.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Write FP8 E4M3 rounding from its definition (binades, a 3-bit mantissa, subnormals, saturation at 448) and
@@ -22,7 +34,7 @@
 # - Time FP8 GEMMs on this CPU against fp32 and bf16 with verdicts, and read why they are slower here than on
 #   Hopper and Blackwell, beside a GPU's measured and vendors' published figures.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: three exercises (E4M3 rounding, NVFP4, MXFP4), about six minutes each. Collect the predictions
 # before each reveal: FP8 against int8 on one layer (most guess FP8 is closer; per-channel int8 wins on a
 # trained layer), MXFP4 against NVFP4, the 4-bit row closest to fp32, and FP8's speed here (most guess
@@ -30,7 +42,7 @@
 # the split table meanwhile. `make gpu-check` on a GPU runs [vLLM](../docs/glossary.md#vllm)'s real FP8 path (`--quantization fp8`) and an
 # FP8 KV cache; `python bench/llm_compressor.py` writes real compressed-tensors checkpoints.
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import labkit
 import pandas as pd
 import torch
@@ -48,7 +60,7 @@ print({k: v for k, v in env.versions().items() if k in ("torch", "transformers",
 print("FP8/FP4 dtypes in this torch:", [d for d in ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float4_e2m1fn_x2")
                                         if hasattr(torch, d)])
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 FORMAT_VARIANTS = config.pick(["fp8-tensor", "fp8-channel", "int8-channel", "nvfp4", "mxfp4", "int4-g64"],  # rounded
                               ["fp8-channel", "int8-channel", "nvfp4", "mxfp4"])  # (labkit.precision.variants); quick:
 # the three standards and weights-only int8 beside FP8 (the same bytes, an even grid)
@@ -62,7 +74,7 @@ GEMM_ROUNDS = config.pick(5, 3)  # interleaved rounds per shape
 PROBE_LAYER = "model.layers.0.mlp.down_proj"  # the Linear quantised by hand, as in notebook 03
 ORIGINAL_WEIGHTS = False  # full mode: True makes the original bf16 checkpoint the reference (a hub download)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 original = models.use_original_weights(ORIGINAL_WEIGHTS, config.quick())  # "" unless ORIGINAL_WEIGHTS is set
 if original:
     print(original)
@@ -93,7 +105,7 @@ for form, w_hat, stored in (("int8 per-channel", w_int8, q8.numel() * q8.element
 print(f"{lm.name} on {lm.device}; {PROBE_LAYER}: weight {tuple(w.shape)}, input {tuple(x.shape)}")
 hand
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · FP8: E4M3, by hand
 #
 # On an H100, H200 or B200 the default way to serve is FP8: weights (and activations) as 8-bit *floats*.
@@ -104,12 +116,12 @@ hand
 # `floor(log2|x|)` (never below -6), the step `2^(binade − 3)`, the nearest multiple (ties to even:
 # `torch.round`), saturating at ±448.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 pd.DataFrame([{"element": e.name, "bits": e.bits, "exponent_bits": e.exponent_bits, "mantissa_bits": e.mantissa_bits,
                "max": e.max, "min_normal": e.min_normal, "min_subnormal": e.min_subnormal}
               for e in formats.ELEMENTS.values()]).set_index("element")
 
-# %% exercise 03.e4m3_round
+# %% labkit={"exercise": "03.e4m3_round"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 
 
@@ -118,21 +130,20 @@ def e4m3_round(x: torch.Tensor) -> torch.Tensor:
     subnormals (step 2^-9) below 2^-6. Without torch's float8 dtype: the check compares with its cast."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("03.e4m3_round", e4m3_round)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Per channel, on the same layer
 #
 # FP8 weights get a scale like int8's: `absmax / 448` per tensor or per output row, so the largest weight lands
 # on E4M3's largest value. Both spend 8 bits a weight. Predict: on `PROBE_LAYER`, FP8 per-channel's output error
 # as a multiple of int8 per-channel's (the table above)? Under 1: FP8 is closer to fp32.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_FP8_OVER_INT8 = None  # your prediction: FP8 per-channel output error / int8 per-channel output error (×)
 
-# %% fragment mechanism
+# %% slideshow={"slide_type": "fragment"} tags=["mechanism"]
 e4m3 = exercises.use("03.e4m3_round", e4m3_round, formats.round_e4m3)
 
 
@@ -151,7 +162,7 @@ exercises.reveal("output error, FP8 per-channel / int8 per-channel", PREDICT_FP8
                  hand.output_error["fp8 per-channel"] / hand.output_error["int8 per-channel"], "×")
 hand
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · FP4: NVFP4 and MXFP4, one scale per small block
 #
 # E2M1 (2 exponent bits, 1 mantissa bit) has 8 magnitudes: 0, 0.5, 1, 1.5, 2, 3, 4, 6. Too few for a whole row,
@@ -165,14 +176,14 @@ hand
 # `round_e2m1` and `round_e4m3` are labkit's (the same as yours). Write both quantisers: (out, in) → the
 # dequantised (out, in); a block of zeros comes back as zeros.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 print("E2M1 values:", sorted(set(formats.e2m1_code_points())))
 pd.DataFrame([{"format": n, "element_bits": f.element_bits, "scale_format": f.scale_format,
                "weights_per_scale": f.block or ("a row" if f.scale == "channel" else "the tensor"),
                "bits_per_weight": formats.bits_per_weight(n, shape=tuple(w.shape))}  # on PROBE_LAYER's shape
               for n, f in formats.FORMATS.items()]).set_index("format")
 
-# %% exercise 03.nvfp4_quantize
+# %% labkit={"exercise": "03.nvfp4_quantize"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 from labkit.precision.formats import round_e2m1, round_e4m3
 
@@ -182,11 +193,10 @@ def nvfp4_quantize(w: torch.Tensor) -> torch.Tensor:
     scale (block absmax / 6, in units of the tensor scale absmax / (448 × 6)); E2M1 values; zero blocks stay zero."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("03.nvfp4_quantize", nvfp4_quantize)
 
-# %% exercise 03.mxfp4_quantize
+# %% labkit={"exercise": "03.mxfp4_quantize"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 from labkit.precision.formats import round_e2m1
 
@@ -196,21 +206,20 @@ def mxfp4_quantize(w: torch.Tensor) -> torch.Tensor:
     power-of-two scale 2^(floor(log2(absmax)) − 2); E2M1 values; zero blocks stay zero."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("03.mxfp4_quantize", mxfp4_quantize)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 4.5 bits against 4.25 on the same layer
 #
 # NVFP4 spends a quarter bit more per weight than MXFP4. Predict: MXFP4's output error on `PROBE_LAYER` as a
 # multiple of NVFP4's (above 1: MXFP4 is further from fp32). Then a table splits the two
 # differences apart: block size and scale format.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_MXFP4_OVER_NVFP4 = None  # your prediction: MXFP4 output error / NVFP4 output error (×)
 
-# %% fragment mechanism
+# %% slideshow={"slide_type": "fragment"} tags=["mechanism"]
 nvfp4 = exercises.use("03.nvfp4_quantize", nvfp4_quantize, lambda w: formats.fake_quant(w, "nvfp4"))
 mxfp4 = exercises.use("03.mxfp4_quantize", mxfp4_quantize, lambda w: formats.fake_quant(w, "mxfp4"))
 add_form("nvfp4", nvfp4(w), "nvfp4")
@@ -222,7 +231,7 @@ split = nb03b_findings.fp4_split(w)  # E2M1 in blocks of 16 or 32, with a power-
 display(hand)
 split
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · The whole model in each format, quality first
 #
 # Every linear layer of the decoder rounded to each format (`FORMAT_VARIANTS`: `fp8-tensor`, `fp8-channel`,
@@ -235,10 +244,10 @@ split
 # int8 and NF4 (notebook 03) run for real beside them. Predict: which
 # 4-bit row comes closest to fp32 in KL?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_BEST_4BIT = None  # your prediction: "nvfp4", "mxfp4", "int4-g64" or "bnb-nf4"
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 settings = variants.Settings(new_tokens=2, repeats=1, answer_tokens=2, n_questions=1,  # answers: notebook 03
                              ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
                              ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)  # speed is section 4's, not this table's
@@ -252,7 +261,7 @@ exercises.reveal_choice("4-bit row closest to fp32 (lowest KL)", PREDICT_BEST_4B
 print(models.four_bit_note())  # the reference's own 4-bit grid and what it does to these rows ("" for your own model)
 fmt_table
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 # layer by layer: the same rows' weight errors, NVFP4 against MXFP4
 layers = nb03b_findings.layer_errors(rows, ["nvfp4", "mxfp4"])
 plots.bar(layers.groupby(["kind", "variant"], as_index=False).relative_error.median(), x="kind", y="relative_error",
@@ -260,7 +269,7 @@ plots.bar(layers.groupby(["kind", "variant"], as_index=False).relative_error.med
           y_title="‖W − q(W)‖ / ‖W‖", text_auto=False).show()
 print(nb03b_findings.layer_sentence(layers))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · FP8's speed: here, and where the hardware has it
 #
 # FP8 weights read a quarter of fp32's bytes; an FP8 GEMM does twice bf16's tensor-core FLOPs on Hopper. Neither
@@ -272,10 +281,10 @@ print(nb03b_findings.layer_sentence(layers))
 # far off its twin is called anomalous. Predict: `torch._scaled_mm`'s speed against fp32 here, at M = 1 (the
 # median over both matrices).
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_SCALED_MM = None  # your prediction: fp8_scaled_mm speed / fp32 speed at M = 1 (×)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 machine.check("fp8 gemm")
 on_gpu = str(lm.device).startswith("cuda")  # the model's device: a GPU times with CUDA events and bf16 activations
 gemm_device, act = (str(lm.device), torch.bfloat16) if on_gpu else ("cpu", torch.float32)
@@ -293,14 +302,14 @@ else:
 print("timed on", gemm_on if on_gpu else cpu.machine_line(env.environment()["hardware"]))
 gemm_table
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 # the same GEMMs on a lent H200 (one probe run; its provenance below), then published FP8 and FP4 figures
 h200 = results.load(config.DATA_DIR / "measured_gpu" / "fp8_gemm.nvidia-h200.json")
 print("Measured on a lent GPU, not in this run:", results.provenance(h200), "|", h200.notes["note"])
 display(nb03b_findings.gemm_table(h200.section("gemm"), base="bf16"))
 _ = published.show("03", precision=("FP8", "FP4"))  # vendor and project tables, each with its source and date
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · The real tools: llm-compressor writes the checkpoints, vLLM serves them
 #
 # What serves FP8 and FP4 in production is a checkpoint in the compressed-tensors format, written by
@@ -310,7 +319,7 @@ _ = published.show("03", precision=("FP8", "FP4"))  # vendor and project tables,
 # tries an FP8 KV cache (five `vllm serve` starts: not in this notebook's run). Below: the run that ships, with where and when it was measured.
 # On a GPU, `make gpu-check` runs vLLM's own FP8 (`--quantization fp8`) and an FP8 KV cache.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 tools_run = config.DATA_DIR / "reference" / "llm_compressor.json"
 if tools_run.is_file():
     tools = results.load(tools_run)
@@ -323,10 +332,10 @@ else:
     print("No run of bench/llm_compressor.py ships: `make llmc vllm`, then `python bench/llm_compressor.py --save-to "
           "data/reference`.")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways, from this run's numbers
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res = results.Results("03b_fp8_fp4")
 res.notes.update(settings=settings.to_dict(), probe_layer=PROBE_LAYER, gemm_m=list(GEMM_M), gemm_rounds=GEMM_ROUNDS)
 res.replace("hand_quantised", hand.reset_index().to_dict("records"))
@@ -341,7 +350,7 @@ findings.record(res, found)
 print("saved", config.shown(res.save()))
 findings.show(found)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # The three exercises sit where their mechanism is taught: `03.e4m3_round` in section 1, `03.nvfp4_quantize`

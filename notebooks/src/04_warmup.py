@@ -1,17 +1,29 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 04 · Warmup: what the first request pays, and why
 #
 # A server that has just started must start Python, import torch, load the weights — and then answer its
 # first request. Is that first request as fast as the hundredth?
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Part of what it may pay is hidden inside
 # the first `generate`: memory the allocator has not asked the OS for yet, weights not yet paged in,
 # lazily initialised libraries — on a GPU also the CUDA context and kernel selection, and with
 # [`torch.compile`](../docs/glossary.md#torch-compile) (PyTorch's compiler) the compilation itself. This notebook times each phase of a truly cold start, writes
 # the warmup loop a server runs, and measures how many calls it takes until latency settles.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Split a cold start into phases — process start, imports, model load, first and second
@@ -22,13 +34,13 @@
 #   agreement against the cold process's answer.
 # - Measure what `torch.compile` adds to the first call, and when it pays back.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: ask the room which cold-start phase is largest, and how much slower the first request is,
 # before the first fresh process runs. The stopping rule (exercise 04.calls_until_settled) drives the
 # warmup loop of section 4; give five minutes for it. On a busy laptop the loop may not settle: that is a
 # result too (the spread says why).
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import pandas as pd
 
 import labkit
@@ -45,7 +57,7 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 env.capabilities_frame().query("name in ['cuda', 'torch.compile']")
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 REQUESTS = config.pick(20, 8)  # timed requests per fresh process
 REQUEST_TOKENS = 8  # new tokens per request (short: the start-up costs are the subject)
 UNTIL_SPREAD = 0.10  # settled when (p90 - p10) / median of the last WINDOW calls is under this fraction
@@ -54,31 +66,31 @@ MAX_CALLS = config.pick(30, 12)  # warmup gives up after this many calls, settle
 COMPILE_TOKENS = (1, 16)  # (batch, tokens) of the input for the one-layer compile demo
 COMPILE_MODEL = cache_variants.compile_here()[0]  # whole-model compile, fresh process: full mode, or on a GPU
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · Predict: where does a cold start spend its time?
 #
 # A fresh process must start the interpreter, import torch and transformers, read the weights, then run
 # the first request. Which phase is the largest? How many times longer than a steady request (the median
 # of the last `WINDOW` requests) is the first one?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_LARGEST_PHASE = None  # your prediction: "process_start", "import", "load" or "first_request" (GPU: "cuda_init" too)
 PREDICT_FIRST_OVER_STEADY = None  # your prediction: first request latency / steady latency (×)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · Measure: one truly cold process
 #
 # `warmup.cold_start` spawns `python -m labkit cold-start`, which times each phase in order and
 # prints them as JSON. Nothing is cached in that process: its first request is truly cold.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 cold = warmup.cold_start(requests=REQUESTS, max_new_tokens=REQUEST_TOKENS)
 phases = cold.phases_frame()
 plots.bar(phases.dropna(subset=["seconds"]), x="phase", y="seconds", title="Cold start, phase by phase (fresh process)",
           y_title="seconds").show()
 phases
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 steady_s = timing.Measurement.from_values("steady", cold.requests_s[-WINDOW:]).median
 start_up = cold.process_start_s + cold.import_s + cold.load_s + (cold.cuda_init_s or 0)
 timed = phases.dropna(subset=["seconds"]).query("phase != 'second_request'").set_index("phase").seconds
@@ -87,28 +99,27 @@ exercises.reveal("first request / steady", PREDICT_FIRST_OVER_STEADY, cold.first
 print(f"before the first request: {start_up:.2f} s (imports {cold.import_s:.2f} s, load {cold.load_s:.2f} s); "
       f"first request {cold.first_request_s * 1e3:.0f} ms, steady {steady_s * 1e3:.0f} ms")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### How much of the first call is one-time cost?
 #
 # The steady latency is what every call pays; whatever the first call pays on top happens once. Write the
 # share of the first call that is one-time cost, from a list of latencies in call order.
 
-# %% exercise 04.one_time_share
+# %% labkit={"exercise": "04.one_time_share"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def one_time_share(latencies_s: list[float], window: int) -> float:
     """(first − steady) / first, where steady is the median of the last ``window`` latencies: 0 when the first
     call is as fast as the rest, near 1 when it is almost all one-time cost."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("04.one_time_share", one_time_share)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 share = exercises.use("04.one_time_share", one_time_share, warmup.one_time_share)(cold.requests_s, WINDOW)
 extra_ms = (cold.first_request_s - steady_s) * 1e3
 print(warmup.one_time_said(cold.requests_s, WINDOW, share))  # the share beside the verdict on the first call
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · Where did the first request's extra memory come from?
 #
 # Resident memory (RSS) before and after the first request. On CPU, transformers maps the safetensors
@@ -116,7 +127,7 @@ print(warmup.one_time_said(cold.requests_s, WINDOW, share))  # the share beside 
 # grow the RSS, and by how much compared with the parameter bytes the sizing model predicts? On a GPU the
 # weights live in device memory, so the growth is read there: PyTorch's CUDA allocator and NVML.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 rss = cold.rss_bytes
 grew = warmup.first_request_growth(cold)  # by source: RSS on a CPU; CUDA allocator and NVML on a GPU
 weights_b = sizing.weight_bytes(sizing.shape(models.resolve()), "fp32")  # the model the cold process loaded
@@ -127,14 +138,14 @@ for src, b in grew.items():
           f"weights ({weights_b / 2**20:.0f} MiB)" if b is not None else "— (not measurable here)"))
 print("CUDA context:", f"{cold.cuda_init_s:.2f} s" if cold.cuda_init_s is not None else cold.notes["cuda_init_s"])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · The warmup loop, written out
 #
 # A server calls its model before it opens its port, until latency has *settled*: the last `WINDOW` calls
 # spread less than `UNTIL_SPREAD` — spread as `labkit.core.timing.Measurement` defines it everywhere,
 # (p90 − p10) / median, given to you as `window_spread`. Write the stopping rule on a list of latencies.
 
-# %% exercise 04.calls_until_settled
+# %% labkit={"exercise": "04.calls_until_settled"} slideshow={"slide_type": "skip"} tags=["exercise"]
 from labkit.engines.warmup import window_spread
 
 
@@ -143,20 +154,19 @@ def calls_until_settled(latencies_s: list[float], until_spread: float, window: i
     ``until_spread`` (those earlier calls are the warmup); None when no such window exists yet."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("04.calls_until_settled", calls_until_settled)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Predict, then run the loop on the model
 #
 # The loop below loads the model in this notebook's process (it has imported torch but run no model) and
 # calls it until your rule says settled, or `MAX_CALLS`. Predict: how many calls before the steady window?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_CALLS_TO_SETTLE = None  # your prediction: warmup calls before the first steady window
 
-# %% fragment mechanism
+# %% slideshow={"slide_type": "fragment"} tags=["mechanism"]
 settled_after = exercises.use("04.calls_until_settled", calls_until_settled, warmup.settle_point)
 lm = models.load()
 
@@ -176,7 +186,7 @@ while len(latencies) < MAX_CALLS:
 n_warm = settled_after(latencies, UNTIL_SPREAD, WINDOW)
 print(f"{len(latencies)} calls: " + " ".join(f"{t * 1e3:.0f}" for t in latencies) + " ms")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if n_warm is not None:
     exercises.reveal("warmup calls before settling", PREDICT_CALLS_TO_SETTLE, n_warm, "calls")
 else:
@@ -186,7 +196,7 @@ print(f"the same rule in labkit (warmup.settle_point): {warmup.settle_point(late
       f"answers identical across the calls: {len(set(answers)) == 1}")
 print("this loop:", nb04_findings.settle_words(latencies, UNTIL_SPREAD, WINDOW))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · The first requests, cold vs after a warmup
 #
 # A second fresh process runs labkit's warmup first — `warmup.warmup(model, tokenizer,
@@ -195,7 +205,7 @@ print("this loop:", nb04_findings.settle_words(latencies, UNTIL_SPREAD, WINDOW))
 # (greedy agreement: the share of identical tokens). Does the warmup change the latency of request 1?
 # Does it change the answers?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 warmed = warmup.cold_start(requests=REQUESTS, max_new_tokens=REQUEST_TOKENS, warm=True, until_spread=UNTIL_SPREAD,
                            max_calls=MAX_CALLS, window=WINDOW)
 reqs = warmup.requests_frame(cold=cold, warmed=warmed)
@@ -207,7 +217,7 @@ by = reqs.groupby("series")
 summary = by.agg(first_s=("latency_s", "first"), median_s=("latency_s", "median"), agreement=("agreement", "min"))
 summary
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 rep = warmed.warmup
 warmup.settle_figure(rep).show()
 print("labkit's warmup:", nb04_findings.settle_words(rep.latencies_s, rep.until_spread, rep.window))
@@ -216,7 +226,7 @@ print(f"steady latency {rep.steady_s * 1e3:.0f} ms" if rep.settled else
 cold_point = warmup.settle_point(cold.requests_s, UNTIL_SPREAD, WINDOW)  # saved with the results
 print("the cold series above, by the same rule:", nb04_findings.settle_words(cold.requests_s, UNTIL_SPREAD, WINDOW))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · torch.compile: what does its first call cost?
 #
 # `torch.compile` traces a module ([dynamo](../docs/glossary.md#dynamo), its front end, captures the graph) and generates and
@@ -226,7 +236,7 @@ print("the cold series above, by the same rule:", nb04_findings.settle_words(col
 # whole model's decode step with a [static cache](../docs/glossary.md#static-cache) (every position allocated up front), in a
 # fresh process, whose answers are compared with the cold eager process's.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 cap = env.capability("torch.compile")
 res = results.Results("04_warmup")
 if cap.available:
@@ -245,7 +255,7 @@ if cap.available:
 else:
     print("torch.compile is not available here:", cap.reason)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if cap.available and COMPILE_MODEL:
     comp = warmup.cold_start(requests=3, max_new_tokens=REQUEST_TOKENS, compile=True)
     res.add("compile", target="whole model (static cache)", where=results.HERE, compiled_first_s=comp.first_request_s,
@@ -276,10 +286,10 @@ comp_df[[c for c in ["target", "where", "eager_first_s", "compiled_first_s", "ea
                      "break_even_tokens",
                      "max_abs_diff", "agreement"] if c in comp_df]]
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways, from this run's numbers
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res.replace("phases", [{"phase": p, "seconds": s} for p, s in cold.phases().items()])
 res.replace("requests", reqs.to_dict("records"))
 res.replace("notebook_warmup", [{"call": i, "latency_s": t} for i, t in enumerate(latencies, start=1)])
@@ -295,7 +305,7 @@ findings.record(res, found)
 print("saved", config.shown(res.save()))
 findings.show(found)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # The two exercises sit where their mechanism is taught: `04.one_time_share` in section 2 and

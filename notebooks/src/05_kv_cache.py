@@ -1,16 +1,28 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 05 · The KV cache and attention: where decode time goes
 #
 # Each new token attends to every token before it. A decode loop can recompute the keys and values of
 # the whole sequence at every step, or compute each position's once and keep them: the KV cache.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Here
 # you write the step that uses the cache, check it against `generate`, then measure both sides of the
 # trade — the bytes the cache holds and the time it saves — and go on to static vs dynamic caches,
 # attention kernels, and the operators one step spends its time in.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Write one decode step with the KV cache, run it in a greedy loop, and prove the loop gives `generate`'s tokens.
@@ -22,13 +34,13 @@
 # - Tell the real switches from one that articles invent (`cache_implementation="flash"`).
 # - Read a profiler table: how much of a step is matrix multiplication, attention, and the rest.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: the learner writes the decode step themselves (exercise 05.decode_step); give the room
 # five minutes for it before running the cells after it. Ask for a prediction of the speedup the cache
 # gives at `LOOP_TOKENS` new tokens (128 in full mode, 24 in quick mode) before the timing cell, and collect a few numbers. The agreement columns are
 # the point of the variant tables: a faster variant that changes the answer is shown as such.
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import pandas as pd
 import torch
 
@@ -46,7 +58,7 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "flash-attn")})
 env.capabilities_frame().query("name in ['cuda', 'flash-attn', 'torch.compile']")
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 DTYPE = "fp16" if env.device().startswith("cuda") else "fp32"  # weights and KV cache precision
 PROMPT = generation.TIMED_PROMPT  # the timed request
 LOOP_TOKENS = config.pick(128, 24)  # new tokens from the loop written below, with and without the cache
@@ -63,13 +75,13 @@ ATTN_TOKENS = config.pick(16, 4)  # new tokens per attention run
 PROFILE_PROMPT = 128  # prompt tokens for the profiled prefill
 COMPILE_HERE = cache_variants.compile_here()[0]  # compile the decode step here: full mode, or any mode on a GPU
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 lm = models.load(dtype=DTYPE)
 inputs = models.chat_inputs(lm.tokenizer, PROMPT, device=lm.device)  # (1, T) on the model's device
 n_prompt = inputs["input_ids"].shape[1]
 print(f"{lm.name} in {DTYPE} on {lm.device}; the prompt is {n_prompt} tokens")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · One decode step, with the cache
 #
 # `generate` hides a loop: the prompt goes through the model once (*prefill*), then one token at a time
@@ -77,7 +89,7 @@ print(f"{lm.name} in {DTYPE} on {lm.device}; the prompt is {n_prompt} tokens")
 # What does a decode step need to feed the model, if the cache already holds everything before the new
 # token? Write the step: the check runs it on a tiny random model against the same step without a cache.
 
-# %% exercise 05.decode_step
+# %% labkit={"exercise": "05.decode_step"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 
 
@@ -89,17 +101,16 @@ def decode_step(model, tokens, cache, position_ids):
     """
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("05.decode_step", decode_step);
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The loop around the step
 #
 # Prefill once, then your step, one token at a time. The other branch keeps no cache: each step feeds the
 # whole sequence so far. Both yield one token per step, so labkit can stamp each as it arrives.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 step = exercises.use("05.decode_step", decode_step, decode.decode_one_token)
 
 
@@ -121,17 +132,17 @@ def greedy_steps(model, input_ids, new_tokens, use_cache=True):
             yield token
             ids = torch.cat([ids, token[:, None]], dim=1)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · Cache on vs off: time per token
 #
 # Predict: for `LOOP_TOKENS` new tokens, how many times faster is the loop with the cache than without it?
 # And how does the time of one step change from the first tokens to the last, with the cache and without?
 # The chart's `itl_s` is each token's inter-token latency ([ITL](../docs/glossary.md#itl)): the time since the token before.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_CACHE_SPEEDUP = None  # your prediction: time without the cache / time with it, for LOOP_TOKENS tokens
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 list(greedy_steps(lm.model, inputs["input_ids"], 2))  # untimed warmup: first calls allocate
 on, on_tokens = kv.time_steps(greedy_steps(lm.model, inputs["input_ids"], LOOP_TOKENS), lm.device, n_prompt)
 off, off_tokens = kv.time_steps(greedy_steps(lm.model, inputs["input_ids"], LOOP_TOKENS, use_cache=False),
@@ -144,7 +155,7 @@ late = per_token[per_token.token > LOOP_TOKENS - 4].groupby("variant").itl_s.med
 growth = late / early
 print(f"last steps / first steps: cache on {growth['cache on']:.2f}×, cache off {growth['cache off']:.2f}×")
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 points = sorted({*(p for p in POINTS if p < LOOP_TOKENS), LOOP_TOKENS})
 totals = pd.DataFrame({"cache on": kv.elapsed_at(on, points), "cache off": kv.elapsed_at(off, points)})
 totals["speedup"] = totals["cache off"] / totals["cache on"]
@@ -155,13 +166,13 @@ plots.bar(totals.reset_index().melt(id_vars="new_tokens", value_vars=["cache on"
 exercises.reveal(f"cache speedup at {totals.index[-1]} tokens", PREDICT_CACHE_SPEEDUP, totals.speedup.iloc[-1], "×")
 totals
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Same tokens as `generate`?
 #
 # A faster loop is only useful if it computes the same thing. Greedy decoding is deterministic, so the
 # loop with the cache, the loop without it and `generate` should agree token for token — do they?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 core = decode.same_as_generate(lm.model, inputs["input_ids"], inputs["attention_mask"], new_tokens=LOOP_TOKENS)
 n = core["compared_tokens"][0]  # generate stops at end-of-sequence; the loops run on: compare that far
 reference = torch.tensor(core["generate"], device="cpu")  # read back to the host, as the loops' tokens are
@@ -171,7 +182,7 @@ for label, share in loop_agreement.items():
     print(f"your loop, {label}: {share:.0%} of {n} tokens equal to generate's")
 print("answer:", repr(lm.tokenizer.decode(reference[0], skip_special_tokens=True)))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · The decode core: the same loop in labkit
 #
 # Every engine in this lab — the server's batches (notebook 06), [continuous batching](../docs/glossary.md#continuous-batching)
@@ -180,22 +191,22 @@ print("answer:", repr(lm.tokenizer.decode(reference[0], skip_special_tokens=True
 # the shorter prompts), and each row counts its own positions. `prefill` and `decode_one_token` are the answer to
 # the exercise above, so they appear here once your `decode_step` passes its check.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 solved = exercises.evaluate("05.decode_step", decode_step).status == "correct"
 decode.show_source(*(["prefill", "decode_one_token", "greedy"] if solved else ["greedy"]))
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 print(f"labkit's decode core vs generate, {core['new_tokens']} tokens: "
       f"{'identical' if core['identical'] else 'DIFFERENT'} (greedy, with the cache)")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · How many bytes does the cache hold?
 #
 # Every layer keeps, for each position, one key and one value vector per *key/value head*, each `head_dim`
 # numbers wide. Models with grouped-query attention have fewer key/value heads than query heads. Write the
 # bytes one position of one sequence costs, reading the numbers from a config.
 
-# %% exercise 05.kv_bytes_per_token
+# %% labkit={"exercise": "05.kv_bytes_per_token"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def kv_bytes_per_token(config, bytes_per_value):
     """Bytes the KV cache holds for one position of one sequence.
 
@@ -205,21 +216,20 @@ def kv_bytes_per_token(config, bytes_per_value):
     """
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("05.kv_bytes_per_token", kv_bytes_per_token);
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Predict, then measure the tensors
 #
 # `generate` feeds every token but the last through the model: a request of *p* prompt tokens and *n*
 # new tokens leaves *p + n − 1* positions per sequence. The growth line prefills prompts of each length in
 # `KV_CONTEXTS`. Predict: how many MiB does one sequence's cache hold after the longest of them?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_KV_MIB = None  # your prediction: MiB after the longest prompt in KV_CONTEXTS, one sequence
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 per_pos = exercises.use("05.kv_bytes_per_token", kv_bytes_per_token, kv.bytes_per_position)(
     lm.model.config, dtypes.DTYPE_BYTES[DTYPE])
 sizes = [kv.measure_cache(lm.model, lm.tokenizer, PROMPT, KV_NEW_TOKENS, batch=b) for b in KV_BATCHES]
@@ -243,19 +253,19 @@ print(nb05_findings.layer_by_layer_sentence(lm.model.config, DTYPE, kv.bytes_per
     lm.model.config, dtypes.DTYPE_BYTES[DTYPE]), int(grow.context.iloc[-1])))
 kvdf
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · Prefill vs decode: TTFT and TPOT, short and long prompts
 #
 # Prefill runs the whole prompt through the model in one pass; a decode step runs one token and reads the
 # cache. Predict: when the prompt gets longer by the factor below, how many times longer do TTFT (prefill)
 # and TPOT (one decode step) get?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 print(f"prompt lengths: {SPLIT_PROMPTS} tokens, a factor of {SPLIT_PROMPTS[-1] / SPLIT_PROMPTS[0]:.0f}")
 PREDICT_TTFT_GROWTH = None  # your prediction: TTFT(longest) / TTFT(shortest)
 PREDICT_TPOT_GROWTH = None  # your prediction: TPOT(longest) / TPOT(shortest)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 split = pd.DataFrame(kv.prefill_decode_split(lm.model, lm.tokenizer, SPLIT_PROMPTS, SPLIT_TOKENS, repeats=REPEATS))
 melted = split.melt(id_vars="prompt_tokens", value_vars=["ttft_s", "tpot_s"], var_name="metric", value_name="seconds")
 plots.bar(melted.astype({"prompt_tokens": str}), x="prompt_tokens", y="seconds", color="metric",
@@ -271,7 +281,7 @@ print(f"bytes one decode step reads, weights plus the cache: {step_bytes[0] / 1e
       f"{long_.tpot_s / short.tpot_s:.2f}×, {long_.n} samples each, interleaved)")
 split.drop(columns="samples")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · Dynamic vs static cache
 #
 # A *dynamic* cache grows by concatenation at every step. A *static* cache allocates every position once
@@ -279,10 +289,10 @@ split.drop(columns="samples")
 # GPU, [CUDA graphs](../docs/glossary.md#cuda-graphs): kernel launches recorded once, replayed) compile the decode step once; the first call pays for that. Predict: without compiling, which of
 # the two decodes faster on this machine?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_FASTER_CACHE = None  # your prediction: "dynamic" or "static"
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 variants = ["dynamic"] + ([] if static_why else ["static"]) + (
     ["static+compile"] if COMPILE_HERE and not static_why and env.capability("torch.compile").available else [])
 vrows = [dict(r, where=results.HERE) for r in
@@ -304,19 +314,19 @@ won, why = (nb05_findings.faster_of(here, ["dynamic", "static"], "tpot_s") if no
 exercises.reveal_choice("faster decode", PREDICT_FASTER_CACHE, won, ["dynamic", "static"], undecided=why)
 vdf[["variant", "where", "new_tokens", "first_call_s", "ttft_s", "tpot_s", "decode_tokens_per_s", "agreement"]]
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7 · Attention: the real switches, and one that articles invent
 #
 # Articles write `generate(..., cache_implementation="flash")` to get FlashAttention. Is that an option?
 # Each call below runs on this model; a refused call is refused before any forward pass.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 claims = kv.audit_claims(lm.model, lm.tokenizer)
 for c in claims:
     print(f"[{c['source']}] {c['call']}\n    here: {c['what it does here']}"
           + (f"\n    what does this job: {c['the real API']}" if c["the real API"] else ""))
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Attention implementations, timed
 #
 # `eager` writes attention as matmul → softmax → matmul in PyTorch; `sdpa` calls PyTorch's fused
@@ -324,10 +334,10 @@ for c in claims:
 # The comparison prefills an `ATTN_PROMPT`-token prompt. Predict: which implementation has the shorter TTFT
 # here, and do they give the same tokens?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_FASTER_ATTENTION = None  # your prediction: "eager" or "sdpa"
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 status = pd.DataFrame(kv.attention_status(lm.device, dtype=lm.model.dtype))
 for r in status[~status.available].itertuples():
     print(f"{r.attn_implementation}: not run here — {r.reason}")
@@ -340,17 +350,17 @@ won, why = nb05_findings.faster_of(timed, ["eager", "sdpa"], "ttft_s")
 exercises.reveal_choice("shorter TTFT", PREDICT_FASTER_ATTENTION, won, ["eager", "sdpa"], undecided=why)
 attn.drop(columns=["answer_start", "samples"])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8 · Profiler view: where does one step spend its time?
 #
 # `torch.profiler` records every operator of one prefill and of the decode step after it. Self time counts
 # each operator once (`aten::linear` calls `aten::mm`; only `aten::mm` gets the time). Predict: what share
 # of a decode step goes to matrix multiplication (reading the weights), and what share to attention?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_MATMUL_SHARE = None  # your prediction: share of a decode step's self time in matmul, 0 to 1
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 profiles = profiling.profile_prefill_decode(lm.model, lm.tokenizer, prompt_tokens=PROFILE_PROMPT, repeats=REPEATS)
 profiling.groups_figure(profiles).show()
 groups = profiling.groups_frame(profiles).set_index(["step", "group"]).share
@@ -358,11 +368,11 @@ exercises.reveal("decode step in matmul", PREDICT_MATMUL_SHARE, groups[(profiles
 top = profiling.top_ops_frame(profiles, top=6)
 top.assign(ms=top.self_us / 1e3).drop(columns="self_us").round(3)
 
-# %% md fragment
+# %% [markdown] slideshow={"slide_type": "fragment"}
 # The matmul share, split as notebook 01 splits a step: the weights at this machine's probed bandwidth,
 # the extra because the matrix-vector products read them slower than that, and the other operators.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 bw = hardware.bandwidth(device=lm.device, repeats=REPEATS)  # notebook 01's probe: 1 GiB, far above the cache
 step = profiles[1]
 matmul_s = step.groups().set_index("group").self_us["matmul"] / 1e6
@@ -373,14 +383,14 @@ gap = hardware.decode_gap(step.total_us / 1e6, sizing.decode_bytes_per_step(weig
                           weight_bytes=weight_bytes, profiled=True)  # the same three pieces notebooks 01 and 10 print
 print("profiled decode step (operator self time; notebook 01 splits the wall-clock step):", gap["explanation"])
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/05_kv_cache.<gpu>.json, each with its provenance)
 _ = results.show_gpu_references("05_kv_cache", ["cache_on_off", "prefill_decode", "cache_variants", "attention"])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways, from this run's numbers
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res = results.Results("05_kv_cache")
 for section, rows in {"cache_on_off": totals.reset_index().to_dict("records"), "kv_bytes": kvdf.to_dict("records"),
                       "prefill_decode": split.to_dict("records"), "cache_variants": vrows,
@@ -397,7 +407,7 @@ findings.record(res, found)
 print("saved", config.shown(res.save()))
 findings.show(found)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # The two exercises sit where their mechanism is taught: `05.decode_step` in section 1 (the loop of

@@ -1,17 +1,29 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 06 · Batching and serving: more users per second, and what each one pays
 #
 # One decode step reads every weight of the model once, whether it advances one sequence or sixteen.
 # Batching shares that read among users.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Here you build a batch yourself — prompts of different lengths
 # padded into one rectangle, a mask, one prefill, one decode step — and check it against each prompt alone.
 # Then the library does the same at scale: a sweep of [static batches](../docs/glossary.md#static-batching) (each runs until its
 # longest answer ends), the cost of padding, and a server that batches requests as they come
 # ([dynamic batching](../docs/glossary.md#dynamic-batching)) under load.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Write left padding with its attention mask, and the next step's mask and positions; run one batched
@@ -29,13 +41,13 @@
 #   benchmark semantics (TTFT, TPOT, ITL, goodput under [open-loop](../docs/glossary.md#open-loop)
 #   [Poisson and bursty](../docs/glossary.md#poisson-arrivals) arrivals: requests come at random times, answered or not).
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: the live batching panel (section 8) is the centrepiece; run the sections before
 # it while the room does the two exercises of sections 1 and 2. Ask for a prediction of total and per-user
 # tokens/s at the sweep's largest batch before the sweep (section 4). In the panel, move batch size 1 → 8 at 8 clients, then drop to
 # 1 client and ask why batching stops helping.
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import os
 
 import pandas as pd
@@ -61,7 +73,7 @@ machine.check("start")  # the load line: is other work using the CPU while we ti
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 STEP_PROMPTS = ["The capital of France is", "Once upon a time, in a village by the sea, there lived", "Water boils at"]
 STEP_TOKENS = config.pick(16, 8)  # new tokens for the decode core's check on the padded batch
 SWEEP_TOKENS = config.pick(32, 8)  # new tokens per sequence in the static sweep
@@ -82,12 +94,12 @@ VLLM_ROUNDS = 3  # interleaved rounds of the same load against labkit serve and 
 VLLM_KV_CACHE_GIB = 1  # vllm serve's KV cache on a CPU, whole GiB (on a GPU: half its memory)
 VLLM_START_DEADLINE_S = 300  # seconds vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 lm = models.load()
 res = results.Results("06_batching")
 print(f"{lm.name} on {lm.device}, loaded in {lm.load_seconds:.2f} s")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · A batch is a rectangle
 #
 # A batch is one (B, T) tensor, but prompts have different lengths: the short ones are padded. A decoder
@@ -95,7 +107,7 @@ print(f"{lm.name} on {lm.device}, loaded in {lm.load_seconds:.2f} s")
 # model learn to ignore them? Write the padding and its attention mask (1 = real token, 0 = pad), building
 # both on the model's device.
 
-# %% exercise 06.left_pad
+# %% labkit={"exercise": "06.left_pad"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 
 
@@ -106,24 +118,23 @@ def left_pad(prompt_ids, pad_id, device):
     """
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("06.left_pad", left_pad);
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 pad_batch = exercises.use("06.left_pad", left_pad, decode.left_pad)
 prompt_ids = [lm.tokenizer(t)["input_ids"] for t in STEP_PROMPTS]
 ids, mask = pad_batch(prompt_ids, lm.tokenizer.pad_token_id, lm.device)
 pd.DataFrame(mask.cpu().numpy(), index=[f"{len(p)} tokens" for p in prompt_ids])  # the mask: 0 marks a pad
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · One batched decode step, written out
 #
 # One prefill runs all rows at once and leaves every row's keys and values in one cache. Then a decode
 # step feeds one token per row. Each row's new token sits in the same column, but at which *position*,
 # when a row starts with pads? And what must the step's mask cover? Write both.
 
-# %% exercise 06.step_inputs
+# %% labkit={"exercise": "06.step_inputs"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 
 
@@ -135,11 +146,10 @@ def step_inputs(attention_mask):
     """
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("06.step_inputs", step_inputs);
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 next_inputs = exercises.use("06.step_inputs", step_inputs, batching.step_inputs)
 with torch.inference_mode():
     positions = decode.positions(mask)  # (B, T): each row counts its real tokens from 0 (pads are masked out)
@@ -151,58 +161,58 @@ with torch.inference_mode():
     second = out.logits[:, -1].argmax(-1)
 batched = torch.stack([first, second], dim=1).cpu()  # (B, 2)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The same tokens as each prompt alone?
 #
 # Padding is only correct if it changes nothing: each row should get the tokens its prompt gets without
 # company. Does it, row by row?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 alone = torch.cat([decode.greedy(lm.model, torch.tensor([p], device=lm.device), new_tokens=2).cpu()
                    for p in prompt_ids])
 pd.DataFrame({"prompt": STEP_PROMPTS, "pads": [ids.shape[1] - len(p) for p in prompt_ids],
               "batched": [lm.tokenizer.decode(r) for r in batched], "alone": [lm.tokenizer.decode(r) for r in alone],
               "same": (batched == alone).all(dim=1).tolist()})
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · The decode core on a left-padded batch
 #
 # The server's batches (section 6), continuous batching (notebook 07) and the compiled decoder (08) run on
 # these functions: your padding, your mask and positions, and the step, in a loop. `left_pad`, `positions` and
 # `extend` answer this notebook's exercises, so each appears once your version passes its check.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 solved = {name: exercises.evaluate(f"06.{name}", answer).status == "correct"
           for name, answer in (("left_pad", left_pad), ("step_inputs", step_inputs))}
 decode.show_source(*(["left_pad"] if solved["left_pad"] else []), *(["positions", "extend"] if solved["step_inputs"] else []),
                    "prefill", "decode_one_token", "greedy")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Proof that the core computes what `generate` computes, on the same left-padded batch:
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 core = decode.same_as_generate(lm.model, ids, mask, new_tokens=STEP_TOKENS)
 print(f"decode core vs generate, {len(core['ours'])} left-padded rows × {STEP_TOKENS} tokens: "
       f"{'identical' if core['identical'] else 'DIFFERENT'}")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · Static batching: predict, then sweep
 #
 # A decode step must read all weights plus each sequence's KV cache. The sweep below runs batches of
 # `BATCH_SIZES` prompts (left padded, mixed lengths). Predict: at the largest batch, how many times the
 # total tokens/s of batch 1? And will each user's own speed rise, stay, or fall?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_THROUGHPUT_GAIN = None  # your prediction: total tokens/s at the largest batch / at batch 1
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 machine.check("static sweep")
 sweep = batching.static_sweep(lm.model, lm.tokenizer, BATCH_SIZES, new_tokens=SWEEP_TOKENS, repeats=SWEEP_REPEATS)
 res.replace("static", sweep)
 res.frame("static")[["batch_size", "status", "ttft_s", "tpot_s", "latency_s", "tokens_per_s_per_user",
                      "total_tokens_per_s", "wasted_fraction", "agreement"]].round(3)
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 ok = [r for r in sweep if r["status"] == "ok"]
 first_row, last_row = ok[0], ok[-1]
 memory_bound = batching.memory_bound_gain(lm.model, lm.tokenizer, last_row["batch_size"], SWEEP_TOKENS)
@@ -217,17 +227,17 @@ print(nb06_findings.throughput_sentence(last_row["batch_size"], total_v, memory_
 exercises.reveal(f"throughput gain at batch {last_row['batch_size']}", PREDICT_THROUGHPUT_GAIN, gain, "×")
 print(f"the memory-bound model predicted {memory_bound:.1f}× (weights read once per step, KV per sequence)")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · The cost of padding
 #
 # One long prompt among short ones makes every row pay for its length in prefill (and in attention while
 # decoding). *Bucketing* — batching prompts of similar length — is the remedy: the short prompts together,
 # the long one alone. Predict: how many times faster is the bucketed prefill than the mixed one?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_BUCKET_SPEEDUP = None  # your prediction: prefill time of the mixed batch / of the two buckets together
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 machine.check("padding")
 pad = batching.padding_experiment(lm.model, lm.tokenizer, batch=PAD_BATCH, new_tokens=4, long_repeat=PAD_LONG_REPEAT,
                                   repeats=SWEEP_REPEATS)
@@ -241,7 +251,7 @@ print(f"{mixed['pad_tokens']} of the mixed batch's {mixed['padded_tokens']} prom
 res.frame("padding")[["case", "batch", "real_tokens", "padded_tokens", "wasted_fraction", "ttft_s", "tpot_s",
                       "agreement"]].round(3)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · A server with dynamic batching
 #
 # `python -m labkit serve` (or `launch.start_server(...)` here) speaks the OpenAI API: `POST /v1/completions`
@@ -249,14 +259,14 @@ res.frame("padding")[["case", "batch", "real_tokens", "padded_tokens", "wasted_f
 # a model thread takes the oldest, waits up to `max_wait_ms` for up to `max_batch_size` others, and decodes them
 # together (the loop of section 3). A sequence that finishes leaves the batch at once.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Where batching is configured: articles vs TGI vs this lab
 #
 # Articles configure Hugging Face TGI's batching from its Python client:
 # `Client(url, max_batch_size=…, waiting_served_ratio=…)`. Does the client take those? What does the lab's
 # own server do with such a keyword?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 print(f"the article writes:    {batching.TGI_ARTICLE_CALL}\nTGI's client really is: {batching.TGI_CLIENT_CALL}")
 try:  # the article's keyword, given to labkit's server: refused before anything loads
     launch.start_server(lm, port=0, max_batch_size=CLIENTS, waiting_served_ratio=1.2).stop()
@@ -264,23 +274,23 @@ except ValueError as exc:
     print("labkit's server:", exc)
 pd.DataFrame(batching.tgi_batching_options()).style.hide(axis="index")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### max_batch_size 1 vs 8, same load
 #
 # Predict: with `CLIENTS` clients always waiting, how many times the output tokens/s does `max_batch_size=8`
 # serve compared with `max_batch_size=1`? And what happens to each token's time (TPOT)?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_SERVER_GAIN = None  # your prediction: served tokens/s with max_batch_size 8 / with 1
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 # the lab's own server, on this machine even with LABKIT_SERVER_URL set: its batch settings are what this section varies
 server = launch.start_server(lm, port=0, max_batch_size=1, max_wait_ms=MAX_WAIT_MS)
 print("serving at", server.url)
 bad = loadgen.run(server.url, num_requests=1, max_tokens=10**6, warmup=0).outputs[0]
 print(f"a request for a million tokens gets HTTP {bad.status}: {bad.error}")
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 machine.check("server")
 serve_rows = []
 for max_batch in (1, 8):
@@ -300,16 +310,16 @@ exercises.reveal("server gain", PREDICT_SERVER_GAIN, eight["output_tokens_per_s"
 res.frame("serving")[["max_batch_size", "mean_batch_size", "completed", "failed", "output_tokens_per_s",
                       "ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "e2e_p90_s"]].round(3)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The server's own view, from `/metrics` (Prometheus text format): how big the batches of the last run above really
 # were, its counters after the run minus before it (the client's warm-up request left out).
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 for name, labels, value in prom.samples_delta(scraped[0], prom.scrape(server.url)):  # name, labels (a bucket), value
     if name.startswith(("labkit_batch_size", "labkit_queue")):
         print(name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""), f"{value:g}")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The same load against vLLM
 #
 # `vllm serve` (installed by `make vllm` in `.venv-vllm`) with `--max-num-seqs 8`, the same precision and model: the
@@ -321,10 +331,10 @@ for name, labels, value in prom.samples_delta(scraped[0], prom.scrape(server.url
 # numbers are neither this laptop's nor yours alone.
 # Predict: how many times the lab's output tokens/s does vLLM serve?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_VLLM_GAIN = None  # your prediction: vLLM's output tokens/s / the lab's server's, same load
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 server.configure(max_batch_size=8)
 vllm_settings = vllm_server.Settings(model=models.resolve(), dtype=vllm.VLLM_DTYPES[lm.dtype],
                                      device=vllm_server.default_device(), max_num_seqs=8, kv_cache_gib=VLLM_KV_CACHE_GIB)
@@ -354,13 +364,13 @@ else:
           else f"vLLM did not run here: {same['status']}")
     references.show_reference("06_batching", "vllm_same_load", ["server", *nb06_runs.SAME_LOAD_FIGURES])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7 · Load testing two ways
 #
 # **Locust** is a general HTTP load tester: each simulated user sends a request, waits for the whole
 # answer, sends the next (a *closed loop*). It sees response times, not tokens.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 server.configure(max_batch_size=8)  # the lab's server here: Locust's view of the batcher measured above
 locust = loadgen.run_locust(server.url, users=CLIENTS, run_time_s=LOCUST_SECONDS, max_tokens=SERVE_TOKENS)
 res.add("locust", users=CLIENTS, max_tokens=SERVE_TOKENS, **locust["aggregated"])
@@ -369,17 +379,17 @@ print(f"Locust, {CLIENTS} users for {LOCUST_SECONDS} s: {agg['requests']} reques
       f"{agg['requests_per_s']:.2f} requests/s ≈ {agg['output_tokens_per_s']:.1f} tokens/s, "
       f"median response {agg['response_p50_s']:.2f} s")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **labkit.serve.loadgen** measures like `vllm bench serve`: an *open loop* where requests arrive at a rate whether
 # or not earlier ones finished (Poisson gaps, or gamma gaps with burstiness < 1 for bursts), streamed so TTFT
 # and inter-token latency are stamped as tokens arrive, and **goodput**: requests per second that meet the
 # SLO. The same call works against `vllm serve` (notebook 07). A burst fills the queue at once (longer waits)
 # but also hands the batcher company (bigger batches). Predict: which arrivals see the worse TTFT p90?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_WORSE_TTFT = None  # your prediction: "Poisson" or "bursty"
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 open_rows = []
 for label, burstiness in (("Poisson", 1.0), ("bursty", 0.25)):
     run = loadgen.run(server.url, num_requests=OPEN_LOOP_REQUESTS, request_rate=REQUEST_RATE, burstiness=burstiness,
@@ -396,32 +406,32 @@ server.stop()  # queued requests would get an explicit 503; running ones finish 
 res.frame("open_loop")[["arrivals", "completed", "failed", "request_throughput", "goodput", "ttft_p50_s",
                         "ttft_p90_s", "itl_p50_s", "e2e_p90_s"]].round(3)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8 · Live: batch size, max wait and clients
 #
 # Move a slider: the panel reconfigures its own server, sends one streaming request per client, and adds the
 # point to the curves (total tokens/s, and median latency on the right axis). Try batch size 1 against 8 at
 # 8 clients, then a max wait of 200 ms with a single client.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 widget_server = launch.start_server(lm, port=0, max_wait_ms=MAX_WAIT_MS)
 batch_widget(widget_server, batch_size=8, clients=CLIENTS)
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/06_batching.<gpu>.json, each with its provenance)
 _ = results.show_gpu_references("06_batching", ["static", "serving"])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways, from this run's numbers
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 found = nb06_findings.takeaways(sweep=sweep, memory_bound_gain=memory_bound, padding=pad, serving=serve_rows,
                                 open_loop=open_rows, clients=CLIENTS, request_rate=REQUEST_RATE)
 findings.record(res, found)
 print("saved", config.shown(res.save()))
 findings.show(found)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # The two exercises sit where their mechanism is taught: `06.left_pad` in section 1 and `06.step_inputs` in
@@ -429,5 +439,5 @@ findings.show(found)
 # the server comparison with `CLIENTS = 1` after predicting which configuration wins, and in the panel move
 # max wait from 0 to 200 ms at batch size 8 with 8 clients, watching the mean batch size and latency.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 widget_server.stop()  # the panel above stops measuring; run its cell again to restart it

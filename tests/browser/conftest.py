@@ -111,10 +111,9 @@ def slides_dir() -> Path:
     """build/slides as `make slides` made it; built here (running missing notebooks) when absent."""
     out = BUILD / "slides"
     if not (out / "decks.json").is_file():
-        sys.path.insert(0, str(ROOT / "tools"))
-        import slides
+        from tools.slides import build
 
-        slides.build()
+        build.build()
     return out
 
 

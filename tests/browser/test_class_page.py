@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, screenshot_path
+from conftest import screenshot_path
 
 pytestmark = pytest.mark.browser
-
-sys.path.insert(0, str(ROOT / "tools"))
-
-import merge_results  # noqa: E402
+from tools import merge_results
 from labkit.core import config
 
 NEEDED = ("01_hardware_sizing", "02_fp16_bf16", "03_int8_int4", "06_batching")

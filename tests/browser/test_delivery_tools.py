@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "tools"))
-
-import run_notebooks  # noqa: E402
-import slides  # noqa: E402
+from tools import run_notebooks
+from tools.slides import build, layout, prepare, rules, tables
 
 
 def _notebook(path: Path, cells: list[str], slide_types: list[str] | None = None) -> Path:
@@ -97,16 +93,16 @@ def test_prepare_drops_solutions_and_turns_widgets_into_a_note() -> None:
     nb = nbformat.v4.new_notebook()
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
     panel = nbformat.v4.new_code_cell("panel()", outputs=[nbformat.v4.new_output(
-        "display_data", data={slides.WIDGET_VIEW: {"model_id": "a"}, "text/plain": "VBox(children=(IntSlider(),))"})])
+        "display_data", data={rules.WIDGET_VIEW: {"model_id": "a"}, "text/plain": "VBox(children=(IntSlider(),))"})])
     bar = nbformat.v4.new_code_cell("loop()", outputs=[nbformat.v4.new_output(
-        "display_data", data={slides.WIDGET_VIEW: {"model_id": "b"}, "text/plain": "100%|██████████| 5/5 [00:01]"})])
+        "display_data", data={rules.WIDGET_VIEW: {"model_id": "b"}, "text/plain": "100%|██████████| 5/5 [00:01]"})])
     solution = nbformat.v4.new_code_cell("answer = 42", metadata={"tags": ["solution"]})
     nb.cells = [panel, bar, solution]
-    out = slides.prepare(nb)
+    out = prepare.prepare(nb)
     assert len(out.cells) == 2 and "widgets" not in out.metadata
-    assert out.cells[0].outputs[0]["data"]["text/html"] == slides.WIDGET_NOTE
+    assert out.cells[0].outputs[0]["data"]["text/html"] == rules.WIDGET_NOTE
     assert out.cells[1].outputs[0]["data"] == {"text/plain": "100%|██████████| 5/5 [00:01]"}
-    assert len(nb.cells) == 3 and slides.WIDGET_VIEW in nb.cells[0].outputs[0]["data"], "the input is left alone"
+    assert len(nb.cells) == 3 and rules.WIDGET_VIEW in nb.cells[0].outputs[0]["data"], "the input is left alone"
 
 
 def test_remote_references_are_found_and_plotly_mathjax_removed() -> None:
@@ -116,17 +112,17 @@ def test_remote_references_are_found_and_plotly_mathjax_removed() -> None:
             "<script type='module'>import m from 'https://esm.example.org/m.mjs';</script>"
             '<style>@import url("https://css.example.org/a.css");</style>'
             '<script src="reveal.js/dist/reveal.js"></script>')
-    assert slides.remote_references(page) == ["//fonts.example.org/f.css", "https://cdn.example.org/x.js",
+    assert build.remote_references(page) == ["//fonts.example.org/f.css", "https://cdn.example.org/x.js",
                                               "https://css.example.org/a.css", "https://esm.example.org/m.mjs"]
     mj = '<div><script src="https://cdnjs.cloudflare.com/ajax/libs/mathjax/3.2.2/es5/tex-svg.min.js"></script></div>'
-    assert slides.remote_references(slides.make_offline(mj)) == []
+    assert build.remote_references(build.make_offline(mj)) == []
 
 
 def test_expected_slides_follows_nbconvert() -> None:
     nb = nbformat.v4.new_notebook()
     kinds = ["skip", "-", "fragment", "subslide", "slide", "notes", "-", "slide"]
     nb.cells = [nbformat.v4.new_markdown_cell(k, metadata={"slideshow": {"slide_type": k}}) for k in kinds]
-    assert slides.expected_slides(nb) == 4  # first shown cell, subslide, slide, slide
+    assert layout.expected_slides(nb) == 4  # first shown cell, subslide, slide, slide
 
 
 def test_deck_from_a_notebook_with_a_plot_fetches_nothing(tmp_path: Path) -> None:
@@ -141,17 +137,17 @@ def test_deck_from_a_notebook_with_a_plot_fetches_nothing(tmp_path: Path) -> Non
                                           outputs=[nbformat.v4.new_output("display_data", data=bundle)])]
     executed = tmp_path / "99_plot.ipynb"
     nbformat.write(nb, executed)
-    deck, n = slides.export_deck(executed, tmp_path)
+    deck, n = build.export_deck(executed, tmp_path)
     text = deck.read_text(encoding="utf-8")
     assert n == 2 and "plotly-graph-div" in text
     assert 'src="reveal.js/dist/reveal.js"' in text and "static/mathjax/tex-svg-full.js" in text
-    assert slides.remote_references(text) == []
+    assert build.remote_references(text) == []
 
 
 def test_class_results_pack_and_merge(tmp_path: Path) -> None:
     import csv
 
-    import merge_results
+    from tools import merge_results
     from labkit.core import results
 
     for learner, tps, machine in (("alice", [10.0, 12.0, 14.0], "cpu A"), ("bob", [30.0], "GPU B")):
@@ -178,7 +174,7 @@ def test_class_results_pack_and_merge(tmp_path: Path) -> None:
 def test_class_merge_skips_each_bad_file_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     import zipfile
 
-    import merge_results
+    from tools import merge_results
     from labkit.core import results
 
     inbox = tmp_path / "inbox"
@@ -205,11 +201,11 @@ def test_reference_copies_results_with_the_command(tmp_path: Path, monkeypatch: 
     res = results.Results("07_demo", env={"command": "ipykernel_launcher -f kernel.json", "quick": False})
     res.add("batching", mode="continuous", tokens_per_s=12.5)
     res.save()
-    out = run_notebooks.save_reference("07_demo", "python tools/run_notebooks.py --reference --only 07_demo",
+    out = run_notebooks.save_reference("07_demo", "python -m tools.run_notebooks --reference --only 07_demo",
                                        tmp_path / "reference")
     saved = results.load(out)
     assert out == tmp_path / "reference" / "07_demo.json"
-    assert saved.env["command"] == "python tools/run_notebooks.py --reference --only 07_demo"
+    assert saved.env["command"] == "python -m tools.run_notebooks --reference --only 07_demo"
     assert [r["tokens_per_s"] for r in saved.section("batching")] == [12.5]
     with pytest.raises(FileNotFoundError, match="run its notebook first"):
         run_notebooks.save_reference("08_never_ran", "x", tmp_path / "reference")
@@ -374,7 +370,7 @@ def _learner_results(root: Path, learner: str, scale: float, notebooks: tuple[st
 
 
 def test_class_page_plots_read_the_notebooks_sections(tmp_path: Path) -> None:
-    import merge_results
+    from tools import merge_results
 
     everything = ("01_hardware_sizing", "02_fp16_bf16", "06_batching")
     sources = [_learner_results(tmp_path, "alice", 1.0, everything), _learner_results(tmp_path, "bob", 2.0, everything)]
@@ -399,7 +395,7 @@ def test_class_page_plots_read_the_notebooks_sections(tmp_path: Path) -> None:
 
 
 def test_class_page_says_which_plot_no_learner_has_data_for(tmp_path: Path) -> None:
-    import merge_results
+    from tools import merge_results
 
     folder = _learner_results(tmp_path, "carol", 1.0, ("06_batching",))
     info = merge_results.merge([folder], tmp_path / "class")
@@ -407,7 +403,7 @@ def test_class_page_says_which_plot_no_learner_has_data_for(tmp_path: Path) -> N
     assert info["learners"] == ["carol"] and page.count("plotly-graph-div") == 1
     assert "No learner's results have this yet: it needs 01_hardware_sizing" in page
     assert "No learner's results have this yet: it needs 02_fp16_bf16 or 03_int8_int4" in page
-    assert slides.remote_references(page) == [], "plotly.js is embedded, nothing comes from a CDN"
+    assert build.remote_references(page) == [], "plotly.js is embedded, nothing comes from a CDN"
     assert page.index("id='batching'") < page.index("id='tables'"), "plots first, then the tables"
 
 
@@ -437,7 +433,7 @@ def _html(text: str) -> nbformat.NotebookNode:
 def _deck(cells: list) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.cells = cells
-    return slides.prepare(nb)
+    return prepare.prepare(nb)
 
 
 def _shown_source(cell) -> bool:
@@ -465,9 +461,9 @@ def test_exercises_checks_solutions_and_silent_set_up_stay_in_the_notebook() -> 
     assert [c.cell_type for c in deck.cells] == ["markdown", "code", "markdown"]
     loaded = deck.cells[1]
     assert "model loaded" in loaded.outputs[0]["text"]
-    assert slides._slide_type(loaded) == "slide", "the slide that began on a silent cell begins on the next one shown"
-    assert slides._slide_type(deck.cells[2]) == "notes"
-    assert slides.expected_slides(deck) == 2
+    assert rules._slide_type(loaded) == "slide", "the slide that began on a silent cell begins on the next one shown"
+    assert rules._slide_type(deck.cells[2]) == "notes"
+    assert layout.expected_slides(deck) == 2
 
 
 def test_stderr_is_dropped_and_long_printed_text_is_trimmed_with_a_note() -> None:
@@ -476,13 +472,13 @@ def test_stderr_is_dropped_and_long_printed_text_is_trimmed_with_a_note() -> Non
                                                                     _out(lines[20:])])])
     (out,) = deck.cells[1].outputs
     kept = out["text"].splitlines()
-    assert len(kept) == slides.TEXT_MAX_LINES + 1 and kept[0] == "step 0: ok"
-    assert kept[-1] == f"… {40 - slides.TEXT_MAX_LINES} more lines in the notebook"
+    assert len(kept) == rules.TEXT_MAX_LINES + 1 and kept[0] == "step 0: ok"
+    assert kept[-1] == f"… {40 - rules.TEXT_MAX_LINES} more lines in the notebook"
 
 
 def test_progress_bars_keep_only_a_finished_count() -> None:
     def bar(text: str):
-        return nbformat.v4.new_output("display_data", data={slides.WIDGET_VIEW: {"model_id": "p"}, "text/plain": text})
+        return nbformat.v4.new_output("display_data", data={rules.WIDGET_VIEW: {"model_id": "p"}, "text/plain": text})
 
     deck = _deck([_md("# T", "slide"), _code("a()", "-", [bar("batch sizes:   0%|          | 0/5 [00:00<?, ?it/s]"),
                                                           _out("done\n")])])
@@ -499,11 +495,11 @@ def test_tables_keep_the_columns_that_fit_and_say_what_was_cut() -> None:
     cols = {"variant": [f"v{i}" for i in range(20)], "device": "cpu"}
     cols.update({f"measurement_number_{k}_tokens_per_s": [float((i + 1) * (k + 1)) + 0.123456 for i in range(20)]
                  for k in range(12)})
-    t = slides.trim_table(_frame_html(20, cols))
-    assert t is not None and t.html.count("<tr>") == 1 + slides.TABLE_MAX_ROWS
+    t = tables.trim_table(_frame_html(20, cols))
+    assert t is not None and t.html.count("<tr>") == 1 + rules.TABLE_MAX_ROWS
     head = t.html[:t.html.index("</thead>")].replace("<wbr>", "")
     assert "variant" in head and "device" not in head, "a column with one value in every row becomes a note"
-    assert "in every row: device = cpu" in t.cut and f"{20 - slides.TABLE_MAX_ROWS} more rows" in t.cut
+    assert "in every row: device = cpu" in t.cut and f"{20 - rules.TABLE_MAX_ROWS} more rows" in t.cut
     kept = head.count("measurement number ")
     assert 0 < kept < 12 and f"{12 - kept} more columns" in t.cut and "measurement number 11 tokens/s" in t.cut
 
@@ -514,18 +510,18 @@ def test_a_text_column_squeezed_by_the_others_is_counted_at_the_lines_it_wraps_t
     the packer moves what follows to a continuation slide instead of into the slide's margin."""
     numbers = {f"peak memory {k} (MiB)": [1234.5 + i for i in range(3)] for k in range(7)}
     doubts = [f"spread {n}% (over 25%: a rough median)" for n in (34, 38, 44)]  # one line where nothing squeezes it
-    wide = slides.trim_table(_frame_html(3, {"variant": ["a", "b", "c"], **numbers, "doubts": doubts}))
-    short = slides.trim_table(_frame_html(3, {"variant": ["a", "b", "c"], **numbers, "doubts": ["ok", "fine", "good"]}))
+    wide = tables.trim_table(_frame_html(3, {"variant": ["a", "b", "c"], **numbers, "doubts": doubts}))
+    short = tables.trim_table(_frame_html(3, {"variant": ["a", "b", "c"], **numbers, "doubts": ["ok", "fine", "good"]}))
     assert "doubts" in wide.html and wide.cut == short.cut == ""
-    assert wide.height_px >= short.height_px + 3 * slides.TABLE_ROW_PX, (wide.height_px, short.height_px)
-    grid = slides.tidy_table(slides.read_table(_frame_html(2, {"date": ["2025-01-08", "2026-12-06"]})))
-    (date,) = [c for c in range(len(grid.cells[0])) if "date" in slides._plain(grid.cells[0][c][2])]
-    squeezed = slides._allotted(grid, [date], list(range(grid.head, len(grid.cells))), 10)
-    assert squeezed[date] < 10 * slides.TABLE_CHAR_PX  # a date may break after its hyphens, as a browser breaks it
+    assert wide.height_px >= short.height_px + 3 * rules.TABLE_ROW_PX, (wide.height_px, short.height_px)
+    grid = tables.tidy_table(tables.read_table(_frame_html(2, {"date": ["2025-01-08", "2026-12-06"]})))
+    (date,) = [c for c in range(len(grid.cells[0])) if "date" in tables._plain(grid.cells[0][c][2])]
+    squeezed = tables._allotted(grid, [date], list(range(grid.head, len(grid.cells))), 10)
+    assert squeezed[date] < 10 * rules.TABLE_CHAR_PX  # a date may break after its hyphens, as a browser breaks it
 
 
 def test_a_table_that_fits_keeps_all_its_columns() -> None:
-    t = slides.trim_table(_frame_html(4, {"gpu": ["T4", "L4", "A10G", "H200"], "fits fp16": [False, True, True, True],
+    t = tables.trim_table(_frame_html(4, {"gpu": ["T4", "L4", "A10G", "H200"], "fits fp16": [False, True, True, True],
                                           "fits nf4": True}))
     assert t.cut == "" and "fits nf4" in t.html, "a constant column is folded only when the table is too wide"
 
@@ -535,18 +531,18 @@ def test_tables_with_spans_are_read_as_a_grid() -> None:
 
     df = pd.DataFrame({"model": ["a", "a", "b", "b"], "dtype": ["fp16", "nf4"] * 2, "T4": [True, True, False, True],
                        "L4": [True] * 4}).pivot_table(index=["model", "dtype"], values=["T4", "L4"], aggfunc="first")
-    grid = slides.read_table(df.to_html())
+    grid = tables.read_table(df.to_html())
     assert grid.index_cols == 2 and len(grid.cells[0]) == 4 and all(len(r) == 4 for r in grid.cells)
-    t = slides.trim_table(df.to_html(), max_rows=3)
+    t = tables.trim_table(df.to_html(), max_rows=3)
     assert t.html.count("<tr>") == grid.head + 3 and "1 more rows" in t.cut
 
 
 def _slides_of(deck) -> list[list]:
     out = []
     for c in deck.cells:
-        if slides._slide_type(c) in ("slide", "subslide") or not out:
+        if rules._slide_type(c) in ("slide", "subslide") or not out:
             out.append([])
-        if slides._slide_type(c) != "notes":
+        if rules._slide_type(c) != "notes":
             out[-1].append(c)
     return out
 
@@ -557,19 +553,19 @@ def test_a_slide_that_would_run_past_the_bottom_continues_on_a_new_slide() -> No
                   _code("bar()", "fragment", [chart, _out("fp16 halves the bytes\n")]),
                   _code("two()", "subslide", [chart, chart])])
     pages = _slides_of(deck)
-    assert [sum(map(slides.charts, p)) for p in pages] == [1, 0, 1, 1], "the chart stays with its idea; one per slide"
+    assert [sum(map(layout.charts, p)) for p in pages] == [1, 0, 1, 1], "the chart stays with its idea; one per slide"
     assert "1 · Weights per precision (continued)" in pages[1][0].source
     assert "fp16 halves the bytes" in pages[1][1].outputs[0]["text"], "what did not fit continues, nothing is lost"
-    assert max(sum(slides.cell_px(c) + slides.BLOCK_GAP_PX for c in p) for p in pages) <= slides.BUDGET_PX + \
-        slides.BLOCK_GAP_PX
-    assert slides.expected_slides(deck) == len(pages) == 4
+    assert max(sum(layout.cell_px(c) + rules.BLOCK_GAP_PX for c in p) for p in pages) <= rules.BUDGET_PX + \
+        rules.BLOCK_GAP_PX
+    assert layout.expected_slides(deck) == len(pages) == 4
 
 
 def test_markdown_taller_than_a_slide_is_split_between_paragraphs() -> None:
     para = "\n".join(f"- point {i}: " + "words " * 30 for i in range(6))
     deck = _deck([_md(f"## Takeaways\n\n{para}\n\n## Exercises\n\n{para}", "slide")])
-    assert len(deck.cells) >= 3 and all(slides.markdown_px(c.source) <= slides.BUDGET_PX for c in deck.cells)
-    text = "\n".join(c.source for c in deck.cells if slides.CONT_CLASS not in c.source)
+    assert len(deck.cells) >= 3 and all(layout.markdown_px(c.source) <= rules.BUDGET_PX for c in deck.cells)
+    text = "\n".join(c.source for c in deck.cells if rules.CONT_CLASS not in c.source)
     assert text.count("- point") == 12 and "## Exercises" in text, "nothing lost in the split"
 
 
@@ -580,7 +576,7 @@ def test_exported_deck_has_the_slides_prepare_counts(tmp_path: Path) -> None:
                 _md("notes here", "notes")]
     executed = tmp_path / "97_count.ipynb"
     nbformat.write(nb, executed)
-    deck, n = slides.export_deck(executed, tmp_path)
+    deck, n = build.export_deck(executed, tmp_path)
     text = deck.read_text(encoding="utf-8")
     leaves = len(re.findall(r"<section\b", text)) - len(re.findall(r"<section\b[^>]*>\s*<section\b", text))
     assert n == leaves == 4, "the title, then one slide per chart"
@@ -592,19 +588,19 @@ def test_title_slides_hold_at_most_sixty_words() -> None:
     """The title slide says what the notebook is and why it matters; the detail is in the notes after it."""
     too_long = {}
     for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")):
-        deck = slides.prepare(nbformat.read(path, as_version=4))
-        first = next(i for i, c in enumerate(deck.cells) if slides._slide_type(c) != "notes")
+        deck = prepare.prepare(nbformat.read(path, as_version=4))
+        first = next(i for i, c in enumerate(deck.cells) if rules._slide_type(c) != "notes")
         shown = [c for c in deck.cells[first:first + 1]]
         for c in deck.cells[first + 1:]:
-            if slides._slide_type(c) in ("slide", "subslide"):
+            if rules._slide_type(c) in ("slide", "subslide"):
                 break
-            if slides._slide_type(c) != "notes":
+            if rules._slide_type(c) != "notes":
                 shown.append(c)
         text = " ".join(c.source for c in shown if c.cell_type == "markdown")
         words = len([w for w in text.split() if re.search(r"\w", w)])
-        if words > slides.TITLE_MAX_WORDS:
+        if words > rules.TITLE_MAX_WORDS:
             too_long[path.name] = words
-    assert not too_long, f"title slides over {slides.TITLE_MAX_WORDS} words (move detail to a notes cell): {too_long}"
+    assert not too_long, f"title slides over {rules.TITLE_MAX_WORDS} words (move detail to a notes cell): {too_long}"
 
 
 def test_printed_takeaways_become_short_bullets_and_the_notes_hold_them_whole() -> None:
@@ -617,13 +613,13 @@ def test_printed_takeaways_become_short_bullets_and_the_notes_hold_them_whole() 
     page = out["data"]["text/html"]
     items = re.findall(r"<li>(.*?)</li>", page)
     assert len(items) == 2 and items[1] == "bf16 stayed within noise of fp32 on this machine."
-    assert all(len(i) <= slides.BULLET_MAX_CHARS for i in items) and items[0].startswith("fp16: weights 0.50×")
+    assert all(len(i) <= rules.BULLET_MAX_CHARS for i in items) and items[0].startswith("fp16: weights 0.50×")
     assert "<pre>saved results/02.json</pre>" in page, "a short printed line stays printed"
-    assert not any(len(line) > slides.CONTENT_W / slides.CODE_CHAR_PX for block in re.findall(r"<pre>(.*?)</pre>", page)
+    assert not any(len(line) > rules.CONTENT_W / rules.CODE_CHAR_PX for block in re.findall(r"<pre>(.*?)</pre>", page)
                    for line in block.split("\n")), "no long line in monospace"
     notes = deck.cells[2]
-    assert slides._slide_type(notes) == "notes" and long[0][2:] in notes.source, "the whole sentence is in the notes"
-    assert slides.output_px(out) <= slides.BUDGET_PX
+    assert rules._slide_type(notes) == "notes" and long[0][2:] in notes.source, "the whole sentence is in the notes"
+    assert layout.output_px(out) <= rules.BUDGET_PX
 
 
 # the review's cuts: each lost what qualified its number
@@ -642,22 +638,22 @@ QUALIFIED = [
 
 @pytest.mark.parametrize("text,word", QUALIFIED, ids=["verdict", "not this run", "instance"])
 def test_the_shortener_keeps_what_qualifies_a_number_or_moves_the_line_whole(text: str, word: str) -> None:
-    assert any(word in q for q in slides.qualifiers(text))
-    for limit in (80, 120, slides.BULLET_MAX_CHARS, slides.PROSE_MAX_CHARS):
-        short = slides.shorten(text, limit)
-        assert short is None or (len(short) <= limit and slides.qualifiers(short) >= slides.qualifiers(text)), short
-    assert slides.shorten(text, 40) is None  # no 40-character cut keeps them all: the whole line goes to the notes
+    assert any(word in q for q in prepare.qualifiers(text))
+    for limit in (80, 120, rules.BULLET_MAX_CHARS, rules.PROSE_MAX_CHARS):
+        short = prepare.shorten(text, limit)
+        assert short is None or (len(short) <= limit and prepare.qualifiers(short) >= prepare.qualifiers(text)), short
+    assert prepare.shorten(text, 40) is None  # no 40-character cut keeps them all: the whole line goes to the notes
     deck = _deck([_md("## Takeaways", "slide"), _code("findings.show(found)", "-", [_out(f"- {text}\n- short one.\n")])])
     page = deck.cells[1].outputs[0]["data"]["text/html"]
     for item in re.findall(r"<li>(.*?)</li>", page):
-        assert slides.qualifiers(item) >= slides.qualifiers(text) or item == "short one.", item
+        assert prepare.qualifiers(item) >= prepare.qualifiers(text) or item == "short one.", item
 
 
 def test_the_old_cut_lost_a_qualifier_and_the_new_one_does_not() -> None:
     """The review's case: "bf16 8.20× (implausible — rerun)" became "bf16 8.20×" on the slide."""
     text = "bf16 8.20× fp32's decode speed (implausible — rerun) with half the bytes, agreement 0.972 over 24 tokens"
     dropped = re.sub(r"\s*\([^()]*\)", "", text)  # what dropping asides alone does
-    assert "implausible" not in dropped and "implausible" in slides.shorten(text, 90)
+    assert "implausible" not in dropped and "implausible" in prepare.shorten(text, 90)
 
 
 def test_a_code_listing_spans_at_most_code_max_slides() -> None:
@@ -667,20 +663,20 @@ def test_a_code_listing_spans_at_most_code_max_slides() -> None:
                   _md("## Listing", "slide"), _code("show_source(f)", "-", [listing])])
     source_cells = [c for c in deck.cells if c.cell_type == "code" and _shown_source(c)]
     outputs = [o for c in deck.cells if c.cell_type == "code" and not _shown_source(c) for o in c.outputs]
-    assert 1 < len(source_cells) <= slides.CODE_MAX_SLIDES and 1 < len(outputs) <= slides.CODE_MAX_SLIDES
+    assert 1 < len(source_cells) <= rules.CODE_MAX_SLIDES and 1 < len(outputs) <= rules.CODE_MAX_SLIDES
     assert re.search(r"# … \d+ more lines in the notebook$", source_cells[-1].source)
     assert "more lines in the notebook" in outputs[-1]["data"]["text/plain"]
     assert "step_0" in source_cells[0].source and "step_39" not in "".join(c.source for c in source_cells)
 
 
 def test_tables_name_columns_in_words_round_long_numbers_and_drop_a_counting_index() -> None:
-    t = slides.trim_table(_frame_html(3, {"variant": ["fp32", "fp16", "bf16"], "decode_tokens_per_s": [14.123456, 19.5, 23.0],
+    t = tables.trim_table(_frame_html(3, {"variant": ["fp32", "fp16", "bf16"], "decode_tokens_per_s": [14.123456, 19.5, 23.0],
                                           "ttft_s": [0.4562898, 1.2, 0.9], "peak_rss_bytes": [1234567890, 1, 2]}))
     head = t.html[:t.html.index("</thead>")]
     assert "decode tokens/s" in head and "TTFT (s)" in head and "peak RSS (bytes)" in head and "_" not in head
     assert ">14.12<" in t.html and ">0.4563<" in t.html and ">1234567890<" in t.html
     assert "<th>0</th>" not in t.html and "<th></th>" not in t.html, "a plain 0, 1, 2 row index says nothing"
-    assert slides.short_number("115.328") == "115.3" and slides.short_number("27235713024.5") == "27235713024"
+    assert tables.short_number("115.328") == "115.3" and tables.short_number("27235713024.5") == "27235713024"
 
 
 def test_unmade_exercises_and_a_bare_returned_number_stay_off_the_slides() -> None:

@@ -10,19 +10,15 @@ overflows by how many slide pixels. The fit check itself is tested on a deck bui
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from conftest import BUILD, ROOT, screenshot_path
+from conftest import BUILD, screenshot_path
 
 pytestmark = pytest.mark.browser
-
-sys.path.insert(0, str(ROOT / "tools"))
-
-import slides  # noqa: E402
+from tools.slides import build
 
 SIZES = [(1280, 720), (1920, 1080)]
 
@@ -146,8 +142,8 @@ def _overflowing_notebook(path: Path) -> Path:
 
 
 def test_the_fit_check_catches_an_overflowing_deck(tmp_path: Path, fit_pages) -> None:
-    slides.copy_assets(tmp_path)
-    deck, n = slides.export_deck(_overflowing_notebook(tmp_path / "98_overflow.ipynb"), tmp_path)
+    build.copy_assets(tmp_path)
+    deck, n = build.export_deck(_overflowing_notebook(tmp_path / "98_overflow.ipynb"), tmp_path)
     measured = measure_deck(fit_pages[(1280, 720)], deck)
     assert n == len(measured) == 3
     found = overflows(measured, "98_overflow", (1280, 720))

@@ -3,7 +3,6 @@ reveal.js and MathJax load from the local copies, and every plotly chart draws i
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import nbformat
@@ -12,10 +11,7 @@ import pytest
 from conftest import BUILD, ROOT, screenshot_path
 
 pytestmark = pytest.mark.browser
-
-sys.path.insert(0, str(ROOT / "tools"))
-
-import slides  # noqa: E402
+from tools.slides import prepare
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -23,7 +19,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 def slide_count(nb: nbformat.NotebookNode) -> int:
     """Slides the deck must hold, from the prepared cells' slideshow metadata: the first shown cell
     opens a slide, then each 'slide' or 'subslide' cell opens another (continuations included)."""
-    cells = slides.prepare(nb).cells
+    cells = prepare.prepare(nb).cells
     kinds = [c.metadata.get("slideshow", {}).get("slide_type", "-") for c in cells]
     first = next(i for i, k in enumerate(kinds) if k not in ("skip", "notes"))
     return 1 + sum(k in ("slide", "subslide") for k in kinds[first + 1:])
@@ -51,7 +47,7 @@ def test_deck_renders_offline(notebook: Path, slides_dir: Path, offline_page) ->
         "the local MathJax did not load"
     page.screenshot(path=str(screenshot_path(f"slides-{notebook.stem}-title")))
 
-    n_plots = plotly_outputs(slides.prepare(executed))
+    n_plots = plotly_outputs(prepare.prepare(executed))
     plots = page.locator(".js-plotly-plot")
     assert plots.count() == n_plots, "every plotly output of the executed notebook becomes a chart in the deck"
     for i in range(n_plots):

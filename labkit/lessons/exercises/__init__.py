@@ -184,14 +184,16 @@ _CELL = re.compile(r"^# %%(?P<head>.*)$", re.M)
 
 
 def _repo_cell(folder: str, exercise_id: str) -> tuple[Path, str] | None:
-    """The ``# %% exercise ID`` cell of notebook NN's file in the checkout's ``notebooks/<folder>/`` (its path and
+    """The exercise ``ID``'s cell (``# %% exercise ID`` in a solutions file, ``labkit={"exercise": "ID"}`` in a
+    notebook's percent-format source) of notebook NN's file in the checkout's ``notebooks/<folder>/`` (its path and
     source), or None when labkit runs outside a checkout of the repository."""
     root = Path(__file__).resolve().parents[3] / "notebooks" / folder
     for file in sorted(root.glob(f"{exercise_id[:2]}*_*.py")):
         text = file.read_text(encoding="utf-8")
         heads = list(_CELL.finditer(text))
         for i, m in enumerate(heads):
-            if exercise_id in m.group("head").split():
+            head = m.group("head")  # a solutions file's "exercise ID", a notebook source's labkit={"exercise": "ID"}
+            if exercise_id in head.split() or f'"exercise": "{exercise_id}"' in head:
                 end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
                 return file, text[m.end():end].strip("\n") + "\n"
     return None
