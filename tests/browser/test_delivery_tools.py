@@ -1,4 +1,4 @@
-"""tools/run_notebooks.py and tools/slides.py without a browser: failure reporting, summary merge,
+"""tools.run_notebooks, tools.summary and tools.slides without a browser: failure reporting, summary merge,
 deck preparation and the offline check. Fast (two small kernels), part of `make test-unit`."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from tools import run_notebooks
+from tools import run_notebooks, summary
 from tools.slides import build, layout, prepare, rules, tables
 
 
@@ -68,16 +68,16 @@ def test_missing_kernel_is_a_reported_failure(tmp_path: Path) -> None:
     assert "no-such-kernel" in run.failed_cell.error and "python3" in run.failed_cell.error
 
 
-def _run(name: str, path: Path, status: str = "ok") -> run_notebooks.NotebookRun:
-    return run_notebooks.NotebookRun(name=name, path=str(path), executed_path=str(path), status=status, wall_s=1.5,
+def _run(name: str, path: Path, status: str = "ok") -> summary.NotebookRun:
+    return summary.NotebookRun(name=name, path=str(path), executed_path=str(path), status=status, wall_s=1.5,
                                      quick=True, finished_at=f"{name}-time", n_cells=1, n_code_cells=1)
 
 
 def test_partial_run_keeps_earlier_entries(tmp_path: Path) -> None:
     a, b = _notebook(tmp_path / "00_a.ipynb", ["1"]), _notebook(tmp_path / "01_b.ipynb", ["1"])
     gone = tmp_path / "02_gone.ipynb"
-    run_notebooks.write_summary([_run("01_b", b, "failed"), _run("02_gone", gone)], 3.0, tmp_path)
-    merged = run_notebooks.write_summary([_run("00_a", a)], 1.5, tmp_path)
+    summary.write_summary([_run("01_b", b, "failed"), _run("02_gone", gone)], 3.0, tmp_path)
+    merged = summary.write_summary([_run("00_a", a)], 1.5, tmp_path)
     assert [n["name"] for n in merged["notebooks"]] == ["00_a", "01_b"], "kept 01_b, dropped a deleted notebook"
     assert merged["notebooks"][1]["finished_at"] == "01_b-time"
     assert (merged["n_failed"], merged["total_wall_s"], merged["run_wall_s"]) == (1, 3.0, 1.5)
@@ -306,14 +306,14 @@ def test_headline_is_what_the_notebook_recorded_never_a_guess() -> None:
 
     res = results.Results("05_demo")
     res.add("kv_bytes", layers=30, ratio=1.0, speedup=9.0)  # result-like columns: never read as a headline
-    assert run_notebooks.headline(res) is None, "no headline recorded: none shown"
+    assert summary.headline(res) is None, "no headline recorded: none shown"
     findings.record(res, findings.Findings(rows=[{"finding": "text only", "value": None},
                                                  {"finding": "cache on vs off (speedup ×)", "value": 3.2,
                                                   "verdict": "better"}], sentences=[]))
-    assert run_notebooks.headline(res) == {"label": "cache on vs off (speedup ×)", "value": 3.2, "verdict": "better"}
+    assert summary.headline(res) == {"label": "cache on vs off (speedup ×)", "value": 3.2, "verdict": "better"}
     assert res.section("summary")[1]["value"] == 3.2
     reloaded = results.Results.from_dict(res.to_dict())  # what the runner reads back from results/<name>.json
-    assert run_notebooks.headline(reloaded)["value"] == 3.2
+    assert summary.headline(reloaded)["value"] == 3.2
     with pytest.raises(ValueError, match="no finding holds a number"):
         findings.record(res, findings.Findings(rows=[{"finding": "text", "value": None}], sentences=[]))
 
@@ -700,4 +700,4 @@ def test_printed_words_are_counted_for_the_agenda_and_charts_are_not() -> None:
         nbformat.v4.new_output("display_data", data={"text/html": "<div class='plotly'>…</div>", "text/plain": "Figure"}),
         nbformat.v4.new_output("execute_result", data={"text/plain": "   variant  tokens\n0     fp32    26.8"},
                                execution_count=1)])]
-    assert run_notebooks.output_words(nb) == 5 + 3  # "decode tokens at batch one"; the table's "variant tokens fp"
+    assert summary.output_words(nb) == 5 + 3  # "decode tokens at batch one"; the table's "variant tokens fp"
