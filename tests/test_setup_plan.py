@@ -124,14 +124,15 @@ def _extra_closure(extra: str) -> set[str]:
 
 
 def test_every_recipe_installs_the_same_lesson_extras():
-    """[lab] carries every optional engine a notebook uses; environment.yml, make gpu-smoke, the README's GPU lines
+    """[lab] carries every optional engine a notebook uses; environment.yml, make gpu-smoke, docs/gpu.md's GPU lines
     and the GPU vLLM environment install [lab] beside ONNX Runtime's GPU build, so none lacks a section's engine."""
     lab = _extra_closure("lab")
     for engine in ("optimum-quanto", "onnx-ir", "smg", "jupyterlab", "nbconvert"):
         assert engine in lab, f"[lab] lacks {engine}"
     recipes = {
         "environment.yml": (REPO / "environment.yml").read_text(encoding="utf-8"),
-        "README.md": (REPO / "README.md").read_text(encoding="utf-8"),
+        "docs/gpu.md": (REPO / "docs" / "gpu.md").read_text(encoding="utf-8"),
+        "docs/setup.md": (REPO / "docs" / "setup.md").read_text(encoding="utf-8"),
         "Makefile": (REPO / "Makefile").read_text(encoding="utf-8"),
         "tools/gpu_smoke.py": (REPO / "tools/gpu_smoke.py").read_text(encoding="utf-8"),
     }

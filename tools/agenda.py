@@ -22,7 +22,7 @@ rebuilds the notebooks whose .ipynb is as built (a notebook a learner has edited
 
 The 3-hour agenda keeps the core notebooks in order while they fit between a break and the wrap-up; the rest are
 homework. The 1-day agenda (09:00 to 17:30, two breaks and lunch) keeps ``DAY``'s order while notebooks fit; the rest
-are a second day or homework. ``--write`` rewrites both tables between their markers in docs/instructor.md.
+are a second day or homework. ``--write`` rewrites both tables between their markers in docs/instructor.md, and the README's notebook table.
 """
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ TIMINGS = ROOT / "data" / "agenda.json"
 DOC = ROOT / "docs" / "instructor.md"
 START, END = "<!-- agenda:start (tools/agenda.py --write) -->", "<!-- agenda:end -->"
 DAY_START, DAY_END = "<!-- day:start (tools/agenda.py --write) -->", "<!-- day:end -->"
+README = ROOT / "README.md"
+TABLE_START, TABLE_END = "<!-- notebooks:start (python -m tools.agenda --write) -->", "<!-- notebooks:end -->"
 DAY = ("00_setup", "01_hardware_sizing", "02_fp16_bf16", "03_int8_int4", "03b_fp8_fp4", "05_kv_cache", "06_batching",
        "07_vllm", "12_serving_features", "04_warmup", "10_beyond", "08_tensorrt", "09_capstone",
        "11_scale_out")  # the 1-day order of preference
@@ -197,6 +199,34 @@ def day_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _first(src: Path, prefix: str) -> str:
+    """The first markdown line of a source starting with ``prefix``, with the indented lines that continue it (a
+    list item), its links' targets dropped."""
+    for cell in cells.parse(src.read_text(encoding="utf-8")):
+        if cell.cell_type == "markdown":
+            lines = cell.source.splitlines()
+            for i, line in enumerate(lines):
+                if line.startswith(prefix):
+                    more = [ln.strip() for ln in lines[i + 1:] if ln.startswith("  ")]
+                    more = more[:next((k for k, ln in enumerate(lines[i + 1:]) if not ln.startswith("  ")), len(more))]
+                    text = re.split(r"(?<=\.) ", " ".join([line[len(prefix):].strip(), *more]))[0]  # its first sentence
+                    return re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", text)
+    raise SystemExit(f"{src.name}: no markdown line starting {prefix!r}")
+
+
+def readme_table(rows: list[dict[str, Any]]) -> str:
+    """The README's notebook table: each notebook's title and first learning objective, from its source; its
+    quick-mode compute and room time, from ``data/agenda.json`` and the counts above."""
+    lines = ["| notebook | what you do and measure | compute, quick mode | in the room |", "| --- | --- | --- | --- |"]
+    for r in rows:
+        src = ROOT / "notebooks" / "src" / f"{r['notebook']}.py"
+        lines.append(f"| [{_first(src, '# ')}](notebooks/{r['notebook']}.ipynb) | {_first(src, '- ')} "
+                     f"| {r['machine_s'] / 60:.1f} min | about {5 * math.ceil(r['total_min'] / 5)} min |")
+    room = sum(5 * math.ceil(r["total_min"] / 5) for r in rows)
+    lines.append(f"| all {len(rows)} | | {sum(r['machine_s'] for r in rows) / 60:.0f} min | about {room / 60:.1f} hours |")
+    return "\n".join(lines)
+
+
 def timings_from(summary: Path) -> dict[str, Any]:
     s = json.loads(summary.read_text(encoding="utf-8"))
     if not s.get("quick"):
@@ -233,6 +263,14 @@ def retimed(summary: Path) -> list[str] | None:
     return sorted(new["wall_s"])
 
 
+def between(doc: str, start: str, end: str, body: str, path: Path) -> str:
+    """``doc`` with ``body`` between its ``start`` and ``end`` markers."""
+    if start not in doc or end not in doc:
+        raise SystemExit(f"{path}: no markers ({start} … {end}) to write between")
+    a, b = doc.index(start) + len(start), doc.index(end)
+    return doc[:a] + "\n" + body + "\n" + doc[b:]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--summary", type=Path, help="a quick run's build/summary.json: re-time from it")
@@ -257,11 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         TIMINGS.write_text(json.dumps(timings, indent=1) + "\n", encoding="utf-8")
         doc = DOC.read_text(encoding="utf-8")
         for start, end, body in ((START, END, text), (DAY_START, DAY_END, day)):
-            if start not in doc or end not in doc:
-                raise SystemExit(f"{DOC}: no markers ({start} … {end}) to write between")
-            a, b = doc.index(start) + len(start), doc.index(end)
-            doc = doc[:a] + "\n" + body + "\n" + doc[b:]
+            doc = between(doc, start, end, body, DOC)
         DOC.write_text(doc, encoding="utf-8")
+        README.write_text(between(README.read_text(encoding="utf-8"), TABLE_START, TABLE_END, readme_table(rows),
+                                  README), encoding="utf-8")
     print(text + "\n\n" + day)
     return 0
 

@@ -130,7 +130,7 @@ def _cuda() -> Capability:
     if problem:
         return Capability("cuda", False, f"torch {torch.__version__}", problem)
     if torch.version.cuda is None:
-        return Capability("cuda", False, f"torch {torch.__version__}", "torch is a CPU build; install a CUDA build (see README, GPU quick start)")
+        return Capability("cuda", False, f"torch {torch.__version__}", "torch is a CPU build; install a CUDA build (see docs/gpu.md)")
     if not torch.cuda.is_available():
         return Capability("cuda", False, f"torch CUDA {torch.version.cuda}", "no CUDA device visible (driver missing or CUDA_VISIBLE_DEVICES empty)")
     count = torch.cuda.device_count()
@@ -171,7 +171,7 @@ def torch_gpu_reason() -> str:
     seen = f"nvidia-smi lists {len(gpus)} GPU(s) ({gpus[0]})"
     if torch.version.cuda is None:
         return (f"{seen}, but torch {torch.__version__} is a CPU build: install the CUDA build "
-                "(conda env create -f environment.yml, or pip install torch from PyPI on Linux; see README, GPU quick start)")
+                "(conda env create -f environment.yml, or pip install torch from PyPI on Linux; see docs/gpu.md)")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and not visible.strip():
         return f"{seen}, but CUDA_VISIBLE_DEVICES is empty: unset it or name a GPU"
@@ -286,7 +286,7 @@ def _vllm() -> Capability:
 
 def _vllm_offline() -> Capability:
     """vLLM imported in this process: on a GPU only; on a CPU the reason says where vLLM serves instead."""
-    cap = _gpu_only("vllm-offline", "vllm", "a GPU environment with vllm (README, GPU environments)", "vllm")
+    cap = _gpu_only("vllm-offline", "vllm", "a GPU environment with vllm (docs/gpu.md, GPU environments)", "vllm")
     if cap.available or not cuda_reason():
         return cap
     served = _vllm()
@@ -425,7 +425,7 @@ PROBES: dict[str, Callable[[], Capability]] = {
     "vllm-offline": _vllm_offline,
     "tensorrt": lambda: _gpu_only("tensorrt", "tensorrt", "pip install tensorrt torch-tensorrt"),
     "torch-tensorrt": lambda: _gpu_only("torch-tensorrt", "torch_tensorrt", "pip install torch-tensorrt (matching your torch)"),
-    "tensorrt-llm": lambda: _gpu_only("tensorrt-llm", "tensorrt_llm", "pip install tensorrt-llm (its own environment, see README)"),
+    "tensorrt-llm": lambda: _gpu_only("tensorrt-llm", "tensorrt_llm", "pip install tensorrt-llm (its own environment, see docs/gpu.md)"),
     "ort-tensorrt": ort_tensorrt,
     "flash-attn": lambda: _gpu_only("flash-attn", "flash_attn", "pip install flash-attn --no-build-isolation"),
     "torch.compile": _torch_compile,

@@ -307,7 +307,7 @@ def check_providers(asked: str, got: Sequence[str]) -> str:
     hint = ""
     if asked in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
         hint = (" (ONNX Runtime fell back: the CUDA/cuDNN/TensorRT libraries it needs did not load; import torch "
-                "first, and check that onnxruntime-gpu's CUDA major matches torch's, see README)")
+                "first, and check that onnxruntime-gpu's CUDA major matches torch's, see docs/gpu.md)")
     return f"asked ONNX Runtime for {asked}, the session got {list(got)}{hint}"
 
 

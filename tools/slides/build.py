@@ -134,7 +134,7 @@ def export_deck(executed: Path, slides_dir: Path) -> tuple[Path, int]:
     remote = remote_references(body)
     if remote:
         raise RuntimeError(f"{executed.name}: the deck would fetch {remote} from the network; "
-                           "make these local in tools/slides.py")
+                           "make these local in tools/slides/build.py")
     out = slides_dir / f"{executed.stem}.slides.html"
     out.write_text(body, encoding="utf-8")
     return out, expected_slides(nb)
