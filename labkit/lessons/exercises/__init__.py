@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import numbers
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -304,6 +305,40 @@ def _close(got: Any, want: Any, what: str, rtol: float, atol: float) -> None:
         i = tuple(int(x) for x in bad.nonzero()[0])
         raise Wrong(f"{what}{list(i)} is {g[i].item():.6g}, expected {w[i].item():.6g} "
                     f"({int(bad.sum())} of {bad.numel()} entries differ)")
+
+
+def number(got: Any, what: str, *, integer: bool = False, hint: int | None = None) -> None:
+    """Raise ``Wrong`` unless ``got`` is a number (an ``int`` when ``integer``): ``what`` names what to return."""
+    kind = int if integer else numbers.Real
+    if isinstance(got, bool) or not isinstance(got, kind):
+        raise Wrong(f"return {what}, got {type(got).__name__}", hint)
+
+
+def slipped(got: Any, want: Any, slips: Iterable[tuple[Any, str, int | None]], where: str, tol: float = 0.0) -> None:
+    """Raise the ``Wrong`` of the first slip ``got`` matches: each slip is (the value a known mistake gives, or a
+    test of ``got``, why, the hint written for it). A slip whose value equals ``want`` is skipped (on that case the
+    mistake gives the right answer). ``where`` starts the message; returns when none matches."""
+    for value, why, hint in slips:
+        if callable(value):
+            if value(got):
+                raise Wrong(f"{where}: {why}", hint)
+        elif abs(value - want) > tol and abs(got - value) <= tol:
+            raise Wrong(f"{where}: {why}", hint)
+
+
+def follows_device(run: Callable[[], Any], names: Sequence[str], raised: str, moved: str, hint: int | None = None) -> None:
+    """The learner's function asked again on torch's 'meta' device (``run`` makes that call): every tensor it returns
+    (named ``names``) must come back there. ``raised`` ends the message when it raises (how to build on the device),
+    ``moved`` when a tensor comes back elsewhere; ``{name}`` and ``{device}`` in ``moved`` are filled in."""
+    try:
+        out = run()
+    except (Wrong, NotAttempted):
+        raise
+    except Exception as exc:  # the learner's code failed only because the device changed
+        raise Wrong(f"on another device (torch's 'meta') it raised {type(exc).__name__}: {raised}", hint) from None
+    for name, t in zip(names, out):
+        if t.device.type != "meta":
+            raise Wrong(moved.format(name=name, device=t.device), hint)
 
 
 # ----------------------------------------------------------------------------------------- predictions

@@ -298,6 +298,25 @@ def _fp4_common(got: Any, w: Any, want: Any, block: int) -> Any:
     return got
 
 
+def _fp4_check(fn: Any, fmt: str, seed: int, block: int, tol: tuple[float, float], slips: Any) -> None:
+    """An FP4 block quantiser against ``formats.fake_quant(w, fmt)`` on a weight with a zero block: the common faults
+    first (``_fp4_common``), then the known slips ``slips(w, blocks, absmax)`` gives as (what the slip returns, why,
+    hint), then the values themselves."""
+    import torch
+
+    rtol, atol = tol
+    w = _blocks_with_a_zero(seed, block)
+    want = formats.fake_quant(w, fmt)
+    got = _fp4_common(call(fn, w.clone()), w, want, block)
+    if torch.allclose(got, want, rtol=rtol, atol=atol):
+        return
+    b = w.reshape(w.shape[0], -1, block)
+    for guess, why, hint in slips(w, b, b.abs().amax(-1, keepdim=True)):
+        if torch.allclose(got, guess.reshape(w.shape).float(), rtol=rtol, atol=atol):
+            raise Wrong(why, hint=hint)
+    close(got, want, "w_hat", rtol=rtol, atol=atol)
+
+
 @exercise("03.nvfp4_quantize", "NVFP4: blocks of 16, an E4M3 block scale, an fp32 tensor scale", hints=(
     "NVFP4 gives every 16 weights along the input dim their own scale, chosen so the block's absmax lands on "
     "E2M1's largest value, 6. Each weight divided by its scale is rounded to E2M1 (round_e2m1), then multiplied "
@@ -313,26 +332,19 @@ def _fp4_common(got: Any, w: Any, want: Any, block: int) -> Any:
 def _nvfp4_quantize(fn: Any) -> None:
     import torch
 
-    w = _blocks_with_a_zero(11, 16)
-    want = formats.fake_quant(w, "nvfp4")
-    got = _fp4_common(call(fn, w.clone()), w, want, 16)
-    if torch.allclose(got, want, rtol=1e-5, atol=1e-7):
-        return
-    b = w.reshape(w.shape[0], -1, 16)
-    amax = b.abs().amax(-1, keepdim=True)
-    ts = w.abs().amax() / (448 * 6)
-    by_448 = formats.round_e4m3(amax / 448 / ts) * ts  # the block scale with 448 where 6 belongs
-    for guess, why, hint in (
-        ((formats.round_e2m1(torch.where(amax > 0, b / (amax / 6).clamp_min(1e-30), 0.0)) * amax / 6).reshape(w.shape),
-         "the block scale went unrounded (fp32): NVFP4 stores it as E4M3, round_e4m3(absmax / 6 / tensor_scale)", 2),
-        (formats.fake_quant(w, formats.Format("g32", "e2m1", "block", "e4m3", 32, True)),
-         "blocks of 32: NVFP4's blocks are 16 weights along the input dim", 1),
-        ((formats.round_e2m1(torch.where(amax > 0, b / by_448.clamp_min(1e-30), 0.0)) * by_448).reshape(w.shape),
-         "the block's absmax should land on E2M1's largest value, 6: divide it by 6, not by 448", 1),
-    ):
-        if torch.allclose(got, guess.float(), rtol=1e-5, atol=1e-7):
-            raise Wrong(why, hint=hint)
-    close(got, want, "w_hat", rtol=1e-5, atol=1e-7)
+    def slips(w: Any, b: Any, amax: Any) -> list[tuple[Any, str, int]]:
+        ts = w.abs().amax() / (448 * 6)
+        by_448 = formats.round_e4m3(amax / 448 / ts) * ts  # the block scale with 448 where 6 belongs
+        return [
+            (formats.round_e2m1(torch.where(amax > 0, b / (amax / 6).clamp_min(1e-30), 0.0)) * amax / 6,
+             "the block scale went unrounded (fp32): NVFP4 stores it as E4M3, round_e4m3(absmax / 6 / tensor_scale)", 2),
+            (formats.fake_quant(w, formats.Format("g32", "e2m1", "block", "e4m3", 32, True)),
+             "blocks of 32: NVFP4's blocks are 16 weights along the input dim", 1),
+            (formats.round_e2m1(torch.where(amax > 0, b / by_448.clamp_min(1e-30), 0.0)) * by_448,
+             "the block's absmax should land on E2M1's largest value, 6: divide it by 6, not by 448", 1),
+        ]
+
+    _fp4_check(fn, "nvfp4", 11, 16, (1e-5, 1e-7), slips)
 
 
 @exercise("03.mxfp4_quantize", "MXFP4: blocks of 32, a power-of-two E8M0 scale", hints=(
@@ -348,27 +360,20 @@ def _nvfp4_quantize(fn: Any) -> None:
 def _mxfp4_quantize(fn: Any) -> None:
     import torch
 
-    w = _blocks_with_a_zero(13, 32)
-    want = formats.fake_quant(w, "mxfp4")
-    got = _fp4_common(call(fn, w.clone()), w, want, 32)
-    if torch.allclose(got, want, rtol=1e-6, atol=0):
-        return
-    b = w.reshape(w.shape[0], -1, 32)
-    amax = b.abs().amax(-1, keepdim=True)
-    safe = amax.clamp_min(1e-30)
-    for scale, why, hint in (
-        (amax / 6, "the scale absmax / 6 is not a power of two: E8M0 stores only an exponent, "
-                   "2^(floor(log2(absmax)) - 2)", 1),
-        (torch.exp2(torch.ceil(torch.log2(safe / 6))),
-         "2^ceil(log2(absmax / 6)) never saturates but wastes up to a binade: the OCP MX rule is "
-         "2^(floor(log2(absmax)) - 2), E2M1's largest power of two being 2^2", 2),
-        (torch.exp2(torch.floor(torch.log2(safe))), "2^floor(log2(absmax)) puts the absmax in [1, 2): subtract E2M1's "
-                                                     "largest exponent, 2, so it lands in [4, 8)", 2),
-    ):
-        guess = (formats.round_e2m1(torch.where(amax > 0, b / scale.clamp_min(1e-30), 0.0)) * scale).reshape(w.shape)
-        if torch.allclose(got, guess, rtol=1e-6, atol=0):
-            raise Wrong(why, hint=hint)
-    g16 = formats.fake_quant(w, formats.Format("g16", "e2m1", "block", "e8m0", 16))
-    if torch.allclose(got, g16, rtol=1e-6, atol=0):
-        raise Wrong("blocks of 16: MXFP4's blocks are 32 weights along the input dim", hint=1)
-    close(got, want, "w_hat", rtol=1e-6, atol=0)
+    def slips(w: Any, b: Any, amax: Any) -> list[tuple[Any, str, int]]:
+        safe = amax.clamp_min(1e-30)
+        scaled = [
+            (amax / 6, "the scale absmax / 6 is not a power of two: E8M0 stores only an exponent, "
+                       "2^(floor(log2(absmax)) - 2)", 1),
+            (torch.exp2(torch.ceil(torch.log2(safe / 6))),
+             "2^ceil(log2(absmax / 6)) never saturates but wastes up to a binade: the OCP MX rule is "
+             "2^(floor(log2(absmax)) - 2), E2M1's largest power of two being 2^2", 2),
+            (torch.exp2(torch.floor(torch.log2(safe))), "2^floor(log2(absmax)) puts the absmax in [1, 2): subtract "
+                                                         "E2M1's largest exponent, 2, so it lands in [4, 8)", 2),
+        ]
+        return [(formats.round_e2m1(torch.where(amax > 0, b / scale.clamp_min(1e-30), 0.0)) * scale, why, hint)
+                for scale, why, hint in scaled] + [
+            (formats.fake_quant(w, formats.Format("g16", "e2m1", "block", "e8m0", 16)),
+             "blocks of 16: MXFP4's blocks are 32 weights along the input dim", 1)]
+
+    _fp4_check(fn, "mxfp4", 13, 32, (1e-6, 0.0), slips)

@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from ...engines.warmup import one_time_share, settle_point, window_spread
-from . import Wrong, call, close, exercise
+from . import Wrong, call, close, exercise, number, slipped
 
 # (latencies in seconds, until_spread, window): each settles, and each usual slip gives another answer on one of them
 _SETTLE_CASES = (
@@ -102,22 +102,18 @@ def _one_time_share(fn: Any) -> None:
         want = one_time_share(list(lat), window)
         got = call(fn, list(lat), window)
         where = f"for latencies {lat} (window {window})"
-        if isinstance(got, bool) or not isinstance(got, numbers.Real):
-            raise Wrong(f"{where}: return one number, a fraction between 0 and 1; got {type(got).__name__}", hint=1)
-        slips = {  # the value a slip gives: (why, the hint written for it)
-            lat[0] / steady - 1: ("that is (first - steady) / steady, a slowdown; the share of the first call is "
+        number(got, "one number, a fraction between 0 and 1", hint=1)
+        slipped(got, want, [  # the value a slip gives, why, and the hint written for it
+            (lat[0] / steady - 1, "that is (first - steady) / steady, a slowdown; the share of the first call is "
                                   "(first - steady) / first", 1),
-            steady / lat[0]: ("that is the steady part's share: the one-time part is first minus steady, over "
+            (steady / lat[0], "that is the steady part's share: the one-time part is first minus steady, over "
                               "first", 1),
-            (lat[0] - lat[1]) / lat[0]: ("the second call is not steady yet: take the median of the last `window` "
+            ((lat[0] - lat[1]) / lat[0], "the second call is not steady yet: take the median of the last `window` "
                                          "calls", 2),
-            (lat[0] - statistics.median(lat)) / lat[0]: ("the median of all calls includes the cold ones: take the "
+            ((lat[0] - statistics.median(lat)) / lat[0], "the median of all calls includes the cold ones: take the "
                                                          "median of the last `window` calls", 2),
-            (lat[0] - statistics.mean(lat[-window:])) / lat[0]: ("use the median of the last `window` calls, not "
+            ((lat[0] - statistics.mean(lat[-window:])) / lat[0], "use the median of the last `window` calls, not "
                                                                  "their mean (one slow call would pull it up)", 2),
-            100 * want: ("return a fraction (0.75), not a percentage (75)", 1),
-        }
-        for value, (why, hint) in slips.items():
-            if abs(value - want) > 1e-9 and abs(got - value) < 1e-9:
-                raise Wrong(f"{where} you gave {got:.4g}, expected {want:.4g}: {why}", hint=hint)
+            (100 * want, "return a fraction (0.75), not a percentage (75)", 1),
+        ], f"{where} you gave {got:.4g}, expected {want:.4g}", tol=1e-9)
         close(float(got), want, f"one-time share {where}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...decoding.decode import prefill
-from . import Wrong, call, close, exercise, tiny_llama
+from . import Wrong, call, close, exercise, number, slipped, tiny_llama
 
 
 @exercise("05.kv_bytes_per_token", "KV-cache bytes per token", hints=(
@@ -33,26 +33,21 @@ def check_kv_bytes_per_token(fn: Any) -> None:
                                          cfg.head_dim)
         want = 2 * n_layers * kv_heads * hd * b
         got = call(fn, cfg, b)
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise Wrong(f"return a number of bytes, got {type(got).__name__}", hint=1)
+        number(got, "a number of bytes", hint=1)
         if got == want:
             continue
         guess = cfg.hidden_size // heads
-        mistakes = {  # the value a slip gives: (why, the hint written for it)
-            2 * n_layers * heads * hd * b: (f"you counted all {heads} attention heads, but only the {kv_heads} "
+        slipped(got, want, [  # the value a slip gives, why, and the hint written for it
+            (2 * n_layers * heads * hd * b, f"you counted all {heads} attention heads, but only the {kv_heads} "
                                             "key/value heads are cached (grouped-query attention: "
                                             "config.num_key_value_heads)", 2),
-            n_layers * kv_heads * hd * b: ("that is half: each position keeps a key and a value, so count both", 1),
-            2 * kv_heads * hd * b: (f"that is one layer: each of the {n_layers} layers keeps its own keys and values "
+            (n_layers * kv_heads * hd * b, "that is half: each position keeps a key and a value, so count both", 1),
+            (2 * kv_heads * hd * b, f"that is one layer: each of the {n_layers} layers keeps its own keys and values "
                                     "(config.num_hidden_layers)", 1),
-            2 * n_layers * kv_heads * guess * b: (f"this config sets head_dim = {hd}, not hidden_size / "
+            (2 * n_layers * kv_heads * guess * b, f"this config sets head_dim = {hd}, not hidden_size / "
                                                   f"num_attention_heads = {guess}: read config.head_dim", 2),
-            2 * n_layers * kv_heads * hd: (f"that counts values, not bytes: multiply by the {b} bytes per value", 1),
-        }
-        mistakes.pop(want, None)
-        if got in mistakes:
-            why, hint = mistakes[got]
-            raise Wrong(f"for {what}, {got:,} bytes: {why}", hint=hint)
+            (2 * n_layers * kv_heads * hd, f"that counts values, not bytes: multiply by the {b} bytes per value", 1),
+        ], f"for {what}, {got:,} bytes")
         raise Wrong(f"for {what} ({n_layers} layers, {heads} heads, {kv_heads} KV heads, head_dim {hd}, {b} bytes "
                     f"per value) you gave {got:,} bytes, expected {want:,}")
 

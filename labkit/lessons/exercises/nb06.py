@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import NotAttempted, Wrong, call, close, exercise
+from . import Wrong, call, close, exercise, follows_device
 
 
 def _pair(out: Any, what: str) -> tuple[Any, Any]:
@@ -43,17 +43,11 @@ def check_left_pad(fn: Any) -> None:
     if tuple(mask.shape) == tuple(want_mask.shape) and torch.equal(mask.long(), 1 - want_mask):
         raise Wrong("the mask is inverted: 1 marks a real token the model attends to, 0 a pad it must ignore", hint=1)
     close(mask.long(), want_mask, "attention_mask", hint=1)
-    try:
-        on_meta = _pair(call(fn, prompts, pad_id, torch.device("meta")), "(input_ids, attention_mask)")
-    except (Wrong, NotAttempted):
-        raise
-    except Exception as exc:  # the learner's code failed only because the device changed
-        raise Wrong(f"asked for another device (torch's 'meta'), it raised {type(exc).__name__}: build the tensors "
-                    "on `device`, or move them there at the end (.to(device))", hint=2) from None
-    for name, t in zip(("input_ids", "attention_mask"), on_meta):
-        if t.device.type != "meta":
-            raise Wrong(f"asked for device 'meta', {name} came back on {t.device}: build it on `device` "
-                        "(or .to(device)) — the model's device, which is a GPU on a GPU machine", hint=2)
+    follows_device(lambda: _pair(call(fn, prompts, pad_id, torch.device("meta")), "(input_ids, attention_mask)"),
+                   ("input_ids", "attention_mask"),
+                   "build the tensors on `device`, or move them there at the end (.to(device))",
+                   "asked for device 'meta', {name} came back on {device}: build it on `device` (or .to(device)) — "
+                   "the model's device, which is a GPU on a GPU machine", hint=2)
 
 
 @exercise("06.step_inputs", "next-step mask and positions", hints=(
@@ -90,14 +84,7 @@ def check_step_inputs(fn: Any) -> None:
             raise Wrong("one too small: positions start at 0, so after n real tokens the new token sits at position n",
                         hint=2)
     close(pos.long(), want_pos, "positions", hint=2)
-    try:
-        on_meta = _pair(call(fn, mask.to("meta")), "(mask, positions)")
-    except (Wrong, NotAttempted):
-        raise
-    except Exception as exc:
-        raise Wrong(f"with the mask on another device (torch's 'meta') it raised {type(exc).__name__}: create new "
-                    "tensors on mask.device (mask.new_ones(...)) and keep the work in tensors", hint=2) from None
-    for name, t in zip(("mask", "positions"), on_meta):
-        if t.device.type != "meta":
-            raise Wrong(f"with the mask on device 'meta', the {name} came back on {t.device}: create it on "
-                        "mask.device", hint=2)
+    follows_device(lambda: _pair(call(fn, mask.to("meta")), "(mask, positions)"), ("mask", "positions"),
+                   "create new tensors on mask.device (mask.new_ones(...)) and keep the work in tensors",
+                   "with the mask on device 'meta', the {name} came back on {device}: create it on mask.device",
+                   hint=2)

@@ -3,7 +3,7 @@ block-aligned prefix a prefix cache can reuse, and a per-channel int8 KV quantis
 from __future__ import annotations
 
 from ...precision.quantisers import quantize_kv
-from . import Wrong, call, close, exercise
+from . import Wrong, call, close, exercise, number, slipped
 
 
 @exercise("10.accept", "speculative decoding's greedy acceptance rule", hints=(
@@ -62,16 +62,17 @@ def _reusable_prefix(fn) -> None:
     ]
     for prompt, block, want in cases:
         got = call(fn, cached, prompt, block)
-        if isinstance(got, bool) or not isinstance(got, int):
-            raise Wrong(f"return a number of positions (int), got {type(got).__name__}")
+        number(got, "a number of positions (int)", integer=True)
         if got == want:
             continue
-        if got % block:
-            raise Wrong(f"{got} positions reused with block {block}: the cache stores whole blocks, so align "
-                        "the shared length down to a multiple of the block size", hint=1)
-        if len(prompt) <= len(cached) and prompt == cached[:len(prompt)] and got >= len(prompt):
-            raise Wrong(f"the prompt is entirely cached and you reuse {got} of its {len(prompt)} positions: "
-                        "leave at least its last token to prefill, its logits give the first new token", hint=2)
+        whole = len(prompt) <= len(cached) and prompt == cached[:len(prompt)]
+        slipped(got, want, [  # a test of the answer a slip gives, why, and the hint written for it
+            (lambda n: n % block, "the cache stores whole blocks, so align the shared length down to a multiple of "
+                                  "the block size", 1),
+            (lambda n: whole and n >= len(prompt), f"the prompt is entirely cached and you reuse all {len(prompt)} "
+                                                   "positions: leave at least its last token to prefill, its logits "
+                                                   "give the first new token", 2),
+        ], f"{got} positions reused with block {block}")
         raise Wrong(f"cached {len(cached)} positions, prompt of {len(prompt)}, block {block}: got {got}, "
                     f"expected {want}", hint=1)
 
