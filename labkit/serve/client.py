@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,6 @@ class RequestOutput:
     @property
     def tpot_s(self) -> float | None:
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1) if self.output_tokens > 1 else None
-
 
 
 Prompt = str | Sequence[int]  # text, or token ids (already chat-formatted: sent as they are)

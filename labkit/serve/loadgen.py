@@ -127,8 +127,6 @@ class BenchmarkResult:
         return pd.DataFrame([{**asdict(o), "tpot_s": o.tpot_s, "itl_s": None, "chunk_s": None} for o in self.outputs])
 
 
-
-
 def _check(num_requests: int, request_rate: float, burstiness: float, max_concurrency: int | None,
            max_tokens: int | Sequence[int], endpoint: str) -> None:
     limits = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens]

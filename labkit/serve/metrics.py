@@ -172,8 +172,6 @@ def metrics_delta(before: Mapping[str, float], after: Mapping[str, float]) -> di
             for name, value in after.items() if not name.endswith("_created")}
 
 
-
-
 def samples_delta(before: Sequence[tuple[str, dict[str, str], float]],
                   after: Sequence[tuple[str, dict[str, str], float]]) -> list[tuple[str, dict[str, str], float]]:
     """``scrape``'s samples of one measurement alone: every counter and histogram bucket, sum and count as after −

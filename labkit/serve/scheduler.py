@@ -386,7 +386,6 @@ def measure_requests(path: Any = None, max_batch_size: int = 8) -> dict[str, Any
     return result.summary()
 
 
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m labkit requests``: measure the request mix and rewrite data/requests.json."""
     import argparse
