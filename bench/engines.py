@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from labkit.core import config, env
 from labkit.core.results import jsonable
+from labkit.decoding import quality
 from labkit.engines import compiled
 from labkit.model import hardware, models
 from labkit.serve import decoder, scheduler
@@ -80,7 +81,7 @@ def main() -> int:
     if not args.skip_compile and env.capability("torch.compile").available:
         eager, comp = compile_rows(lm, args.new_tokens, args.repeats, args.max_cache_len)
         summary["compile_vs_eager"] = {"speedup": comp["decode_tokens_per_s"] / eager["decode_tokens_per_s"],
-                                       "compile_s": comp["compile_s"], "same_tokens": comp["tokens"] == eager["tokens"]}
+                                       "compile_s": comp["compile_s"], "same_tokens": quality.identical(comp["tokens"], eager["tokens"])}
         summary["compile"] = [eager, comp]
     print(json.dumps(jsonable(summary)))
     return 0

@@ -12,7 +12,7 @@ perplexity   exp(mean next-token negative log-likelihood) on ``data/eval/`` text
 agreement    the fraction of positions where the variant's argmax equals the reference's greedy token
 kl           mean over positions of KL(reference || variant) of the next-token distributions, in nats
 answers      two greedy answers compared, the one home of it: ``until_eos``, ``first_difference``,
-             ``equal_tokens``, ``answers_check`` and its phrase ``check_line`` (every engine, server and bench
+             ``identical``, ``all_identical``, ``equal_tokens``, ``answers_check`` and its phrase ``check_line`` (every engine, server and bench
              script compares answers through these)
 Agreement and KL are teacher-forced on the reference's own greedy continuation of each prompt,
 so both models see exactly the same tokens and one early difference does not derail the rest.
@@ -315,6 +315,16 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def identical(a: Sequence[int], b: Sequence[int], eos: set[int] = frozenset()) -> bool:
+    """Whether two greedy answers are the same, each cut at end-of-sequence."""
+    return first_difference(until_eos(a, eos), until_eos(b, eos)) is None
+
+
+def all_identical(got: Sequence[Sequence[int]], ref: Sequence[Sequence[int]], eos: set[int] = frozenset()) -> bool:
+    """Whether two lists of greedy answers are the same, answer for answer (as many, each ``identical``)."""
+    return len(got) == len(ref) and all(identical(a, b, eos) for a, b in zip(got, ref))
 
 
 def equal_tokens(got: Sequence[Sequence[int]], ref: Sequence[Sequence[int]]) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core.checks import positive
+from . import quality
 from .decode import prefill, verify
 from .generation import TimingStreamer
 
@@ -178,7 +179,7 @@ def compare_lookup(model: Any, input_ids: Any, new_tokens: int, num_tokens: int 
             "plain_decode_s": med["plain"], "lookup_decode_s": med["prompt lookup"],
             "plain_decode_tokens_per_s": tps["plain"], "lookup_decode_tokens_per_s": tps["prompt lookup"],
             "decode_speedup": tps["prompt lookup"] / tps["plain"] if tps["plain"] else None,
-            "identical": all(r["tokens"] == plain["tokens"] for rs in runs.values() for r in rs),
+            "identical": all(quality.identical(r["tokens"], plain["tokens"]) for rs in runs.values() for r in rs),
             "tokens": plain["tokens"], "lookup_tokens": lookup["tokens"],
             "samples": {"plain_decode_tokens_per_s": [r["decode_tokens_per_s"] or 0.0 for r in runs["plain"]],
                         "lookup_decode_tokens_per_s": [r["decode_tokens_per_s"] or 0.0 for r in runs["prompt lookup"]]}}

@@ -32,6 +32,7 @@ from typing import Any
 import jsonschema
 
 from ...core import verdict
+from ...decoding import quality
 from ...serve import client
 from ...serve.fleet import pd_proxy
 from ...serve.metrics import metrics_delta
@@ -204,7 +205,7 @@ def pd_session(servers: Mapping[str, vs.VLLMServer], storage: str | Path, model:
             time.sleep(0.5)  # the worker's log line lands after the answer
             log = D.log()[log0:]
             split.append({"prompt_tokens": len(p), "route": px.records[-1]["route"] if px.records else None,
-                          "identical": got.token_ids == want, "error": got.error,
+                          "identical": quality.identical(got.token_ids, want), "error": got.error,
                           "expected_loaded": disagg.loaded_tokens(len(p), block), **disagg.kv_log(log),
                           "recomputed": disagg.recomputed(log),
                           "cached_tokens": px.records[-1].get("cached_tokens") if px.records else None,
@@ -218,11 +219,11 @@ def pd_session(servers: Mapping[str, vs.VLLMServer], storage: str | Path, model:
             time.sleep(0.5)
             log = D.log()[log0:]
             out["missing"] = {"prompt_tokens": len(missing_prompt), "recomputed": disagg.recomputed(log),
-                              **disagg.kv_log(log), "identical": got.token_ids == want.token_ids, "error": got.error}
+                              **disagg.kv_log(log), "identical": quality.identical(got.token_ids, want.token_ids), "error": got.error}
         if short_prompts and long_prompt:
             rows = pd_proxy.itl_rounds({"plain": plain.url, "split": px.url}, short_prompts, stream_tokens, long_prompt,
                                      n_long=n_long, n_rounds=itl_rounds)
-            out["itl"] = [{k: v for k, v in r.items() if k != "answers"} | {"answers_equal": r["answers"] == rows[0]["answers"]}
+            out["itl"] = [{k: v for k, v in r.items() if k != "answers"} | {"answers_equal": quality.all_identical(r["answers"], rows[0]["answers"])}
                           for r in rows]
         if kill_prompt:
             P.kill()
@@ -230,7 +231,7 @@ def pd_session(servers: Mapping[str, vs.VLLMServer], storage: str | Path, model:
             want = client.send_ids(plain.url, [list(kill_prompt)], max_tokens, 1)[0][0]
             out["kill"] = {"requests": len(outs), "answered": sum(o.success for o in outs),
                            "failed": sum(not o.success for o in outs), "fallbacks": px.fallbacks,
-                           "identical": all(o.token_ids == want.token_ids for o in outs if o.success),
+                           "identical": all(quality.identical(o.token_ids, want.token_ids) for o in outs if o.success),
                            "reasons": sorted({str(r.get("reason"))[:80] for r in px.records
                                               if r.get("fallback") and r.get("reason")})}
         out["summary"] = px.summary()

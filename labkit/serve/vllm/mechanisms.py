@@ -31,6 +31,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ...core import verdict
+from ...decoding import quality
 from ...core.checks import positive
 from ...core.timing import percentile, rounds as interleaved_rounds
 from .. import client, prefill
@@ -191,7 +192,7 @@ def chunked_rounds(servers: Mapping[str, vs.VLLMServer], stream_prompts: Sequenc
                      "long_ttft_p50_s": statistics.median(ttfts) if ttfts else None,
                      "samples": {"stall_s": stalls, "long_ttft_s": ttfts},
                      "answers": runs[0]["answers"], "long_answer": runs[0]["long_answer"],
-                     "same_answers_every_round": all(r["answers"] == runs[0]["answers"] for r in runs),
+                     "same_answers_every_round": all(quality.all_identical(r["answers"], runs[0]["answers"]) for r in runs),
                      "errors": [e for r in runs for e in r["errors"]][:3]}
     return out
 
