@@ -140,10 +140,3 @@ def tagged(nb: nbformat.NotebookNode, tag: str) -> list[int]:
     """Indices of the cells carrying ``tag`` (``setup``, ``progress``, ``exercise`` …): how tools find a cell."""
     return [i for i, c in enumerate(nb.cells) if tag in c.metadata.get("tags", [])]
 
-
-def the(nb: nbformat.NotebookNode, tag: str) -> int:
-    """The index of the one cell tagged ``tag``; ``ValueError`` when there is none or several."""
-    found = tagged(nb, tag)
-    if len(found) != 1:
-        raise ValueError(f"{len(found)} cells tagged {tag!r}: a built notebook has exactly one (tools/nbbuild.py)")
-    return found[0]

@@ -90,9 +90,8 @@ def _failed_cell(nb: nbformat.NotebookNode, index: int, fallback_error: str) -> 
 
 
 def exercise_ids(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
-    """(cell index, exercise id) of every exercise cell."""
-    return [(i, c.metadata["labkit"]["exercise"]) for i, c in enumerate(nb.cells)
-            if c.cell_type == "code" and "exercise" in c.metadata.get("labkit", {})]
+    """(cell index, exercise id) of every exercise cell, found by its tag."""
+    return [(i, nb.cells[i].metadata["labkit"]["exercise"]) for i in cells.tagged(nb, "exercise")]
 
 
 def exercise_verdicts(nb: nbformat.NotebookNode) -> dict[str, str]:
