@@ -225,7 +225,7 @@ _REGISTER = ("from labkit.lessons import exercises\n"
 def _exercise_notebook(path: Path, placeholder: str) -> Path:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(_REGISTER),
-                nbformat.v4.new_code_cell(placeholder, metadata={"labkit": {"exercise": "99.answer"}}),
+                nbformat.v4.new_code_cell(placeholder, metadata={"labkit": {"exercise": "99.answer"}, "tags": ["exercise"]}),
                 nbformat.v4.new_code_cell('exercises.check("99.answer", answer)')]
     nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}}
     nbformat.write(nb, path)
