@@ -21,6 +21,7 @@ from .lessons import exercises
 from .lessons.exercises import progress
 from .model import models, onnx, sizing
 from .serve import loadgen, scheduler
+from .serve.agents import prefix_lint
 from .serve.launch import LISTENING
 from .serve.protocol import BATCHING, DEFAULT_HOST, TINY_RANDOM, ServerConfig, server_config
 from .serve.server import Server, load_model
@@ -256,6 +257,8 @@ OWN_ARGUMENTS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "gpu-check": ("GPU preflight: every CUDA path once, PASS / FAIL / SKIP with the reason", gpu_check.command),
     "doctor": ("is this laptop ready for the workshop: PASS / FAIL per check and one summary line", doctor.command),
     "kv": ("KV-cache reference measurements (kv reference)", kv.main),
+    "prefix-lint": ("does a chat request extend the one before it (a prefix-cache hit)? exit 0 yes, 1 no and why",
+                    prefix_lint.main),
     "requests": ("measure data/requests.json's request mix against the default model", scheduler.main),
     "cold-start": ("time a cold start in this fresh process, print JSON (what warmup.cold_start spawns)",
                    warmup.cold_start_child),

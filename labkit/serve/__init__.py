@@ -17,10 +17,11 @@
 ``locustfile`` the Locust users ``loadgen.run_locust`` runs against the server
 
 ``vllm``       vLLM beside the lab: ``vllm serve`` started and measured, offline vLLM, its mechanisms, its bench
+``agents``     agent sessions as requests (a seeded trace), and whether each turn extends the last (prefix lint)
 ``fleet``      replicas behind a router, routing policies and their caches, capacity against an SLO
 
-The lab's server is the flat spine; the two rooms stand on it. Inside serve the order is an import-linter
-contract (``pyproject.toml``): ``fleet`` above ``vllm`` above the experiments (``prefill``, ``scheduler``,
+The lab's server is the flat spine; the three rooms stand on it. Inside serve the order is an import-linter
+contract (``pyproject.toml``): ``fleet`` and ``agents`` above ``vllm`` above the experiments (``prefill``, ``scheduler``,
 ``batching``) above ``launch``, ``server``, ``batchers`` and the pieces below them.
 
 serve knows nothing about quantisers or compiled engines: a model arrives loaded, at whatever precision.

@@ -1,0 +1,162 @@
+"""Agent sessions as requests (labkit.serve.agents.trace) and the prefix lint that says whether a turn extends the
+last one, with the cause when it does not: every cause the notebook teaches, and the command's exit codes."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit.serve.agents import prefix_lint as pl
+from labkit.serve.agents import trace as tr
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def session() -> tr.Session:
+    return tr.trace(1, 6, seed=3, system_words=30)[0]
+
+
+# ------------------------------------------------------------------------------------------------ the trace
+
+
+def test_the_trace_is_seeded_and_sized():
+    a, b, c = tr.trace(3, 4, seed=7), tr.trace(3, 4, seed=7), tr.trace(3, 4, seed=8)
+    assert [s.requests for s in a] == [s.requests for s in b], "the same seed gives the same requests"
+    assert [s.requests for s in a] != [s.requests for s in c], "another seed gives others"
+    assert len(a) == 3 and all(s.turns == 4 for s in a)
+    for s in a:
+        assert [len(r["messages"]) for r in s.requests] == [2, 4, 6, 8]  # each turn adds a tool call and its result
+        assert all(len(r["tools"]) == len(tr.TOOLS) for r in s.requests)
+    longer = tr.trace(1, 2, seed=7, system_words=200)[0].requests[0]["messages"][0]["content"]
+    assert len(longer.split()) > 200 > len(a[0].requests[0]["messages"][0]["content"].split())
+    with pytest.raises(ValueError, match="sessions"):
+        tr.trace(0, 4)
+    with pytest.raises(ValueError, match="system_words"):
+        tr.trace(1, 4, system_words=-1)
+
+
+def test_tool_results_vary_in_length_and_calls_carry_json_arguments():
+    results = [len(json.loads(m["content"])["passages"][0].split()) for s in tr.trace(4, 6, seed=1)
+               for m in s.requests[-1]["messages"] if m["role"] == "tool"]
+    assert min(results) < 60 < max(results), results
+    call = tr.trace(1, 2, seed=1)[0].requests[1]["messages"][2]
+    assert call["content"] is None and isinstance(json.loads(call["tool_calls"][0]["function"]["arguments"]), dict)
+
+
+def test_every_turn_of_a_clean_session_extends_the_last(session):
+    for old, new in zip(session.requests, session.requests[1:]):
+        found = pl.lint(old, new)
+        assert found.extends and found.verdict == pl.EXTENDS and "adds 2 messages" in found.cause, found
+
+
+def test_an_unknown_buster_is_refused(session):
+    with pytest.raises(ValueError, match="choose one of"):
+        tr.bust(session, "cosmic_rays")
+
+
+# ------------------------------------------------------------------------------------------------ the lint
+
+
+@pytest.mark.parametrize(("kind", "field", "words"), [
+    ("timestamp", "messages[0].content", "a changing value in the system prompt: '2026-12-06T09:00:"),
+    ("tools_reordered", "tools[", "tools reordered:"),
+    ("json_keys", "messages[3].content", "a reordered JSON object: the tool message's JSON"),
+])
+def test_each_buster_is_named_at_its_field(session, kind, field, words):
+    busted = tr.bust(session, kind).requests
+    found = pl.lint(busted[2], busted[3])
+    assert not found.extends and found.field.startswith(field) and words in found.cause, found.line()
+
+
+def test_an_edited_earlier_turn_is_named_and_the_session_goes_on(session):
+    busted = tr.bust(session, "edited_history").requests
+    middle = len(busted) // 2
+    found = pl.lint(busted[middle - 1], busted[middle])
+    assert found.field == "messages[1].content" and "a changed earlier turn: the user message 1 was edited" in found.cause
+    assert pl.lint(busted[middle], busted[middle + 1]).extends, "after the edit, the next turn extends the edited one"
+
+
+def test_json_reordered_in_a_tool_definition_and_in_a_calls_arguments(session):
+    old, new = copy.deepcopy(session.requests[2]), copy.deepcopy(session.requests[3])
+    fn = new["tools"][1]["function"]
+    new["tools"][1]["function"] = {k: fn[k] for k in reversed(list(fn))}
+    found = pl.lint(old, new)
+    assert found.field == "tools[1]" and "a reordered JSON object: tool 'read_file'" in found.cause
+    new = copy.deepcopy(session.requests[3])
+    call = new["messages"][2]["tool_calls"][0]["function"]
+    call["arguments"] = json.dumps(dict(reversed(list(json.loads(call["arguments"]).items()))) | {"extra": 1})
+    assert "tool_calls" in pl.lint(old, new).field and "changed" in pl.lint(old, new).cause, "other data: a change"
+    args = {"b": 1, "a": 2}
+    old["messages"].append({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "x", "type": "function", "function": {"name": "f", "arguments": json.dumps(args)}}]})
+    new = copy.deepcopy(old)
+    new["messages"][-1]["tool_calls"][0]["function"]["arguments"] = json.dumps(dict(reversed(list(args.items()))))
+    new["messages"].append({"role": "tool", "tool_call_id": "x", "content": "{}"})
+    found = pl.lint(old, new)
+    assert found.field.endswith(".tool_calls") and "a tool call's arguments carry the same data" in found.cause
+
+
+def test_a_truncated_history_and_a_changed_tool_list(session):
+    old, new = session.requests[3], copy.deepcopy(session.requests[3])
+    new["messages"] = new["messages"][:2] + new["messages"][4:]
+    assert not pl.lint(old, new).extends
+    short = copy.deepcopy(session.requests[1])
+    found = pl.lint(session.requests[3], short)
+    assert found.field == "messages[4]" and "earlier turns dropped" in found.cause
+    fewer = copy.deepcopy(session.requests[4])
+    fewer["tools"] = fewer["tools"][:-1]
+    assert "the tool list changed" in pl.lint(session.requests[3], fewer).cause
+
+
+def test_a_changing_value_elsewhere_than_the_system_prompt(session):
+    old, new = copy.deepcopy(session.requests[2]), copy.deepcopy(session.requests[3])
+    old["messages"][1]["content"] += " request id 7f3a9c2e-1b2c-4d5e-8f90-123456789abc"
+    new["messages"][1]["content"] += " request id 0a1b2c3d-1b2c-4d5e-8f90-123456789abc"
+    assert "a changing value in an earlier user message" in pl.lint(old, new).cause
+
+
+def test_identical_requests_extend_and_shared_prefix_counts_tokens(session):
+    assert pl.lint(session.requests[2], session.requests[2]).extends
+    assert pl.shared_prefix([1, 2, 3, 4], [1, 2, 3, 4, 5, 6]) == 4
+    assert pl.shared_prefix([1, 2, 9], [1, 2, 3, 4]) == 2 and pl.shared_prefix([], [1]) == 0
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ([1, 2], "not an object"), ({"prompt": "hi"}, 'no "messages" list'), ({"messages": []}, 'no "messages" list'),
+    ({"messages": [{"content": "hi"}]}, 'messages[0] has no "role"'),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": {"a": 1}}, '"tools" is a dict'),
+])
+def test_a_body_that_is_not_a_chat_request_names_the_fix(body, words):
+    with pytest.raises(pl.NotARequest, match=words.replace("[", r"\[").replace("]", r"\]")):
+        pl.lint(body, {"messages": [{"role": "user", "content": "x"}]})
+
+
+# ------------------------------------------------------------------------------------------------ the command
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "labkit", "prefix-lint", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def test_the_command_exits_0_1_and_2(tmp_path, session):
+    files = {}
+    busted = tr.bust(session, "timestamp").requests
+    for name, body in (("a", session.requests[1]), ("b", session.requests[2]), ("c", busted[1]), ("d", busted[2])):
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(body), encoding="utf-8")
+    ok = _run(str(files["a"]), str(files["b"]))
+    assert ok.returncode == 0 and ok.stdout.startswith("extends"), ok.stdout + ok.stderr
+    bad = _run(str(files["c"]), str(files["d"]), "--json")
+    out = json.loads(bad.stdout)
+    assert bad.returncode == 1 and out["verdict"] == pl.BUSTED and out["field"] == "messages[0].content"
+    (tmp_path / "x.json").write_text("{not json", encoding="utf-8")
+    for args, words in (([str(tmp_path / "x.json"), str(files["a"])], "is not JSON"),
+                        ([str(tmp_path / "none.json"), str(files["a"])], "no such file")):
+        err = _run(*args)
+        assert err.returncode == 2 and words in err.stderr and "Traceback" not in err.stderr, err.stderr
