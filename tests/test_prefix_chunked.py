@@ -96,11 +96,17 @@ def test_server_with_prefix_cache_answers_the_same_and_reports_hits():
     answers = {}
     for options in ({}, {"prefix_cache_tokens": 1024}, {"prefill_chunk_tokens": 16}):
         with launch.run_server(protocol.TINY_RANDOM, port=0, batching="continuous", **options) as srv:
-            got = [json.loads(request(srv.url + "/v1/chat/completions", body(q))[2])["choices"][0]["message"]["content"]
-                   for q in QUESTIONS[:3]]
+            outs = [json.loads(request(srv.url + "/v1/chat/completions", body(q))[2]) for q in QUESTIONS[:3]]
+            got = [o["choices"][0]["message"]["content"] for o in outs]
+            cached = [o["usage"]["prompt_tokens_details"]["cached_tokens"] for o in outs]  # the usage says what was reused
             answers[tuple(options)] = got
             metrics = request(srv.url + "/metrics", method="GET")[2]
         if options.get("prefix_cache_tokens"):
             hits = float(next(l for l in metrics.splitlines() if l.startswith("labkit_prefix_cache_hits_total ")).split()[1])
             assert hits == 2
+            reused = float(next(l for l in metrics.splitlines()
+                                if l.startswith("labkit_prefix_cache_hit_tokens_total ")).split()[1])
+            assert [c for c in cached[1:]] and sum(cached) == reused and cached[0] == 0 and all(c > 0 for c in cached[1:])
+        else:
+            assert cached == [0, 0, 0], "no prefix cache: nothing served from one"
     assert len(set(map(tuple, answers.values()))) == 1, answers

@@ -46,6 +46,7 @@ class Job:
         self.started: float | None = None
         self.cancelled = False  # set when the client went away: the model thread drops it
         self.answered = False  # a final event (last token or error) has been pushed
+        self.seq: decoder.Sequence | None = None  # the decode sequence, once the batcher made it
 
     def push(self, event: tuple[Any, ...]) -> None:
         """Called from the model thread."""
@@ -62,10 +63,11 @@ class Job:
         """The decode sequence for this request: its tokens are pushed to it as they come. With a grammar it
         gets a fresh ``decoding.grammar.Constraint`` whose stop tokens are ``eos``."""
         constraint = structured.Constraint(self.grammar, eos) if self.grammar is not None else None
-        return decoder.Sequence(prompt_ids=self.prompt_ids, max_new_tokens=self.params.max_tokens,
-                                 ignore_eos=self.params.ignore_eos, on_token=lambda t, r: self.push(("token", t, r)),
-                                 cancelled=lambda: self.cancelled, sampling=self.params.sampling, owner=self,
-                                 constraint=constraint)
+        self.seq = decoder.Sequence(prompt_ids=self.prompt_ids, max_new_tokens=self.params.max_tokens,
+                                    ignore_eos=self.params.ignore_eos, on_token=lambda t, r: self.push(("token", t, r)),
+                                    cancelled=lambda: self.cancelled, sampling=self.params.sampling, owner=self,
+                                    constraint=constraint)
+        return self.seq
 
 
 class Batcher:

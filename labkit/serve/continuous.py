@@ -215,6 +215,7 @@ class ContinuousEngine:
             raise ValueError("every sequence needs at least one prompt token")
         positive("max_new_tokens", seq.max_new_tokens)
         reused, cache = self.prefix_cache.lookup(seq.prompt_ids) if self.prefix_cache is not None else (0, None)
+        seq.cached_tokens = reused
         job = _Prefill(seq, cache if cache is not None else DynamicCache(), done=reused)
         if self.prefill_chunk_tokens:
             self.prefilling.append(job)

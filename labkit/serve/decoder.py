@@ -34,6 +34,7 @@ class Sequence:
     constraint: Constraint | None = None  # None: any token may come next
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # stop | length | cancelled | aborted
+    cached_tokens: int = 0  # prompt positions a prefix cache served, not computed (the continuous engine sets it)
 
     def emit(self, token: int, eos: set[int]) -> bool:
         """Record one generated token, set ``finish_reason`` when it ends the sequence, call ``on_token``;

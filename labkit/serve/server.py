@@ -285,9 +285,12 @@ class Server:
         obj = ("chat.completion" if p.chat else "text_completion") + (".chunk" if chunk and p.chat else "")
         return {"id": rid, "object": obj, "created": int(time.time()), "model": self.lm.name}
 
-    def _usage(self, job: Job, n_out: int) -> dict[str, int]:
+    def _usage(self, job: Job, n_out: int) -> dict[str, Any]:
+        """OpenAI's usage, with ``prompt_tokens_details.cached_tokens``: the prompt positions the prefix cache served
+        (0 without one), as vLLM reports them with ``--enable-prompt-tokens-details``."""
+        cached = job.seq.cached_tokens if job.seq is not None else 0
         return {"prompt_tokens": len(job.prompt_ids), "completion_tokens": n_out,
-                "total_tokens": len(job.prompt_ids) + n_out}
+                "total_tokens": len(job.prompt_ids) + n_out, "prompt_tokens_details": {"cached_tokens": cached}}
 
     async def _complete(self, job: Job, event: tuple[Any, ...], endpoint: str) -> Any:
         self._record_first(job)
