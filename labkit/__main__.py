@@ -230,6 +230,8 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
                    help="dynamic (default): batches wait up to max-wait-ms; continuous: requests join at every step")
     p.add_argument("--prefix-cache-tokens", type=int, default=d.prefix_cache_tokens,
                    help="continuous batching: KV positions of shared prompt prefixes kept for reuse (0: off)")
+    p.add_argument("--prefix-cache-disk-dir", default=None,
+                   help="with --prefix-cache-tokens: evicted entries go to files here and are read back on a hit")
     p.add_argument("--prefill-chunk-tokens", type=int, default=d.prefill_chunk_tokens,
                    help="continuous batching: prompt tokens prefilled per step (0: a whole prompt at once)")
     p.add_argument("--no-drop-finished", dest="drop_finished", action="store_false",

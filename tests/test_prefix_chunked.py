@@ -110,3 +110,61 @@ def test_server_with_prefix_cache_answers_the_same_and_reports_hits():
         else:
             assert cached == [0, 0, 0], "no prefix cache: nothing served from one"
     assert len(set(map(tuple, answers.values()))) == 1, answers
+
+
+# ------------------------------------------------------------------------------------------------ the disk tier
+
+
+def test_an_evicted_entry_goes_to_disk_and_comes_back_whole(tmp_path):
+    pc = continuous.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path)
+    first = _fake_cache(40)
+    pc.store(list(range(40)), first)
+    pc.store(list(range(100, 140)), _fake_cache(40))  # 80 positions > 48: the first entry is evicted, to disk
+    assert pc.evictions == 1 and pc.disk_writes == 1 and len(list(tmp_path.glob("*.safetensors"))) == 1
+    reused, got = pc.lookup(list(range(40)) + [7])
+    assert reused == 40 and pc.disk_hits == 1 and pc.stats()["disk_entries"] == 1, "the other entry went to disk"
+    for i in range(2):  # the same KV, on the device it left
+        assert torch.equal(got.layers[i].keys, first.layers[i].keys) and got.layers[i].keys.device.type == "cpu"
+        assert torch.equal(got.layers[i].values, first.layers[i].values)
+    assert pc.clear() == 2 and not list(tmp_path.glob("*.safetensors")), "a flush empties both tiers"
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_disk_file_gone_or_cut_short_is_recomputed_never_answered(tmp_path, damage):
+    pc = continuous.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path)
+    pc.store(list(range(40)), _fake_cache(40))
+    pc.store(list(range(100, 140)), _fake_cache(40))
+    path = next(tmp_path.glob("*.safetensors"))
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    assert pc.lookup(list(range(40)) + [7]) == (0, None), "a miss: the prompt is prefilled again"
+    assert pc.disk_failures == 1 and pc.disk_hits == 0 and pc.stats()["disk_entries"] == 0
+
+
+def test_the_spill_policy_decides_what_goes_to_disk(tmp_path):
+    pc = continuous.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path, spill=lambda n: n >= 40)
+    pc.store(list(range(16)), _fake_cache(16))
+    pc.store(list(range(200, 240)), _fake_cache(40))  # evicts the 16-position entry: too short to keep on disk
+    assert pc.evictions == 1 and pc.disk_writes == 0
+    pc.store(list(range(300, 340)), _fake_cache(40))  # evicts a 40-position one: to disk
+    assert pc.disk_writes == 1
+
+
+def test_a_server_with_a_disk_tier_answers_as_one_without(tmp_path):
+    """The lab's server with a prefix cache of 128 positions and a disk tier: two prompts of about 90 tokens take
+    turns, each evicting the other to disk, and every answer equals the server's without any cache."""
+    long = ["First: " + SYSTEM * 2, "Second, another start: " + SYSTEM * 2]
+    body = lambda q: {"messages": [{"role": "user", "content": q}], "max_tokens": 5, "ignore_eos": True}  # noqa: E731
+    answers = {}
+    for options in ({}, {"prefix_cache_tokens": 128, "prefix_cache_disk_dir": str(tmp_path)}):
+        with launch.run_server(protocol.TINY_RANDOM, port=0, batching="continuous", **options) as srv:
+            outs = [json.loads(request(srv.url + "/v1/chat/completions", body(q))[2]) for q in long * 2]
+            answers[bool(options)] = [o["choices"][0]["message"]["content"] for o in outs]
+            metrics = request(srv.url + "/metrics", method="GET")[2]
+    assert answers[True] == answers[False]
+    read = lambda name: float(next(l for l in metrics.splitlines() if l.startswith(name + " ")).split()[1])  # noqa: E731
+    assert read("labkit_prefix_cache_disk_writes_total") >= 1 and read("labkit_prefix_cache_disk_hits_total") >= 1
+    with pytest.raises(ValueError, match="second tier"):
+        protocol.ServerConfig(batching="continuous", prefix_cache_disk_dir=str(tmp_path)).check()

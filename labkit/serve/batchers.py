@@ -238,7 +238,12 @@ class ContinuousBatcher(Batcher):
                     "labkit_prefix_cache_hits_total": ("Prompts that reused a cached prefix", pc.hits),
                     "labkit_prefix_cache_hit_tokens_total": ("Prompt positions reused instead of prefilled",
                                                              pc.hit_tokens),
-                    "labkit_prefix_cache_query_tokens_total": ("Prompt positions looked up", pc.query_tokens)}
+                    "labkit_prefix_cache_query_tokens_total": ("Prompt positions looked up", pc.query_tokens),
+                    "labkit_prefix_cache_disk_hits_total": ("Entries read back from the disk tier", pc.disk_hits),
+                    "labkit_prefix_cache_disk_writes_total": ("Evicted entries written to the disk tier",
+                                                              pc.disk_writes),
+                    "labkit_prefix_cache_disk_failures_total": ("Disk-tier files missing or unreadable: recomputed",
+                                                                pc.disk_failures)}
         gauges = {"labkit_prefix_cache_tokens": ("KV positions held by the prefix cache", pc.tokens),
                   "labkit_prefix_cache_capacity_tokens": ("Prefix cache bound, positions", pc.capacity_tokens),
                   "labkit_prefix_cache_hit_rate": ("Share of prompts that reused a cached prefix",
@@ -252,7 +257,8 @@ class ContinuousBatcher(Batcher):
         return self._prefix_cache_metrics()[1]
 
     def _loop(self) -> None:
-        prefix = PrefixCache(self.cfg.prefix_cache_tokens) if self.cfg.prefix_cache_tokens else None
+        prefix = (PrefixCache(self.cfg.prefix_cache_tokens, disk_dir=self.cfg.prefix_cache_disk_dir)
+                  if self.cfg.prefix_cache_tokens else None)
         engine = ContinuousEngine(self.lm.model, self.eos, self.pad_id,
                                   prefill_chunk_tokens=self.cfg.prefill_chunk_tokens, prefix_cache=prefix)
         self.prefix_cache = prefix

@@ -43,6 +43,7 @@ class ServerConfig:
     batching: str = "dynamic"  # dynamic: wait up to max_wait_ms, decode a batch to its end; continuous: join at every step
     prefix_cache_tokens: int = 0  # continuous only: KV positions of prompt prefixes kept for reuse (0: off)
     prefill_chunk_tokens: int = 0  # continuous only: prompt tokens prefilled per step (0: a whole prompt at once)
+    prefix_cache_disk_dir: str | None = None  # with a prefix cache: evicted entries go to files here, read back on a hit
 
     def check(self) -> "ServerConfig":
         for name in ("max_batch_size", "max_queue", "max_tokens_limit", "default_max_tokens", "max_prompt_tokens",
@@ -64,6 +65,9 @@ class ServerConfig:
                 raise ValueError(f"{name}={value!r}: must be 0 (off) or a positive integer")
             if value and self.batching != "continuous":
                 raise ValueError(f"{name} needs batching='continuous' (the dynamic batcher prefills whole batches)")
+        if self.prefix_cache_disk_dir is not None and not self.prefix_cache_tokens:
+            raise ValueError("prefix_cache_disk_dir is the prefix cache's second tier: turn the cache on too "
+                             "(prefix_cache_tokens > 0, batching='continuous')")
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(f"default_max_tokens={self.default_max_tokens} exceeds max_tokens_limit="
                              f"{self.max_tokens_limit}; lower it or raise the limit")
