@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from labkit.serve.agents import prefix_lint as pl
+from labkit.serve.agents import tiers, toolcalls
 from labkit.serve.agents import trace as tr
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,3 +161,63 @@ def test_the_command_exits_0_1_and_2(tmp_path, session):
                         ([str(tmp_path / "none.json"), str(files["a"])], "no such file")):
         err = _run(*args)
         assert err.returncode == 2 and words in err.stderr and "Traceback" not in err.stderr, err.stderr
+
+
+# ------------------------------------------------------------------------------------------------ tool calls
+
+
+
+def _completion(content=None, tool_calls=None):
+    return {"choices": [{"message": {"role": "assistant", "content": content, "tool_calls": tool_calls}}]}
+
+
+def test_where_a_call_lands_and_whether_it_conforms():
+    tools = list(tr.TOOLS)
+    structured = _completion(tool_calls=[{"id": "c", "type": "function", "function": {
+        "name": "read_file", "arguments": json.dumps({"path": "a.py", "start_line": 3})}}])
+    assert toolcalls.calls(structured, tools) == ("tool_calls", [{"name": "read_file",
+                                                                  "arguments": {"path": "a.py", "start_line": 3}}])
+    in_text = _completion('Sure. {"name": "search_notes", "arguments": {"query": "kv cache"}} done')
+    assert toolcalls.calls(in_text, tools)[0] == "content"
+    unknown = _completion('{"name": "delete_everything", "arguments": {}}')
+    assert toolcalls.calls(unknown, tools) == ("none", []) and toolcalls.calls(_completion("Hello"), tools)[0] == "none"
+    assert toolcalls.conforms({"name": "read_file", "arguments": {"path": "a.py"}}, tools)
+    assert not toolcalls.conforms({"name": "read_file", "arguments": {"start_line": 3}}, tools), "path is required"
+    assert not toolcalls.conforms({"name": "read_file", "arguments": {"path": 3}}, tools), "path is a string"
+    assert not toolcalls.conforms({"name": "read_file", "arguments": "not json"}, tools)
+
+
+def test_the_conformance_table_counts_each_tool_choice():
+    tools = list(tr.TOOLS)
+    good = _completion(tool_calls=[{"function": {"name": "run_tests", "arguments": '{"pattern": "kv"}'}}])
+    bad = _completion(tool_calls=[{"function": {"name": "run_tests", "arguments": '{"timeout_s": 3}'}}])
+    text = _completion('{"name": "write_note", "arguments": {"text": "hi"}}')
+    rows = toolcalls.table({"auto": [text, _completion("no call"), {**good, "tokens_per_s": 10.0}],
+                            "required": [good, bad, {**good, "tokens_per_s": 6.0}, {**good, "tokens_per_s": 8.0}]}, tools)
+    auto, required = rows
+    assert (auto["requests"], auto["in_tool_calls"], auto["in_content"], auto["in_none"], auto["conforming"]) == (3, 1, 1, 1, 2)
+    assert (required["in_tool_calls"], required["conforming"], required["tokens_per_s"]) == (4, 3, 7.0)  # median of 6, 8
+    assert required["conforming_share"] == 0.75
+
+
+# ------------------------------------------------------------------------------------------------ tiers
+
+
+def test_reload_beats_recompute_past_the_crossover():
+    # 24 KiB a token from a 1 GB/s disk (24.6 µs) against 2,000 prefill tokens/s (500 µs), 5 ms to start
+    c = tiers.crossover(24 * 1024, 1e9, 2000.0, start_s=0.005)
+    n = c["tokens"]
+    assert n == 11 and "reloading wins from 11 tokens" in c["reason"]
+    assert tiers.reload_s(n, 24 * 1024, 1e9, 0.005) < tiers.recompute_s(n, 2000.0)
+    assert tiers.reload_s(n - 1, 24 * 1024, 1e9, 0.005) >= tiers.recompute_s(n - 1, 2000.0)
+    never = tiers.crossover(24 * 1024, 1e6, 2000.0)  # a 1 MB/s tier: slower than computing
+    assert never["tokens"] is None and "recomputing always wins" in never["reason"]
+    with pytest.raises(ValueError, match="bandwidth_bytes_s"):
+        tiers.crossover(1, 0, 1)
+
+
+def test_resident_sessions_in_a_budget():
+    assert tiers.resident_sessions(1 << 30, 24 * 1024, 4096) == 10  # 1 GiB ÷ (24 KiB × 4096 = 96 MiB)
+    assert tiers.resident_sessions(50 * 1024, 24 * 1024, 4096) == 0
+    with pytest.raises(ValueError, match="tokens_per_session"):
+        tiers.resident_sessions(1, 1, 0)
