@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 import uuid
@@ -43,7 +42,7 @@ from labkit.core import config, results
 from labkit.lessons import exercises
 from labkit.lessons.exercises import progress
 from tools import cells
-from tools.summary import ROOT, FailedCell, NotebookRun, key_results, output_words, slowest, write_summary
+from tools.summary import ANSI, ROOT, FailedCell, NotebookRun, key_results, output_words, slowest, write_summary
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 SOLUTIONS_DIR = NOTEBOOKS_DIR / "solutions"
@@ -51,7 +50,6 @@ BUILD_DIR = ROOT / "build"
 EXCERPT_LINES = 8
 EXCERPT_CHARS = 600
 REFERENCE_ENV = ("LABKIT_MODEL", "LABKIT_DEVICE", "LABKIT_VLLM_LIVE")  # settings a reference's command names when set
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def discover(only: list[str] | None = None, notebooks_dir: Path = NOTEBOOKS_DIR) -> list[Path]:
@@ -84,7 +82,7 @@ def _failed_cell(nb: nbformat.NotebookNode, index: int, fallback_error: str) -> 
     for out in cell.get("outputs", []):
         if out.get("output_type") == "error":
             error = f"{out.get('ename', '?')}: {out.get('evalue', '')}"
-            tb = _ANSI.sub("", "\n".join(out.get("traceback", [])))
+            tb = ANSI.sub("", "\n".join(out.get("traceback", [])))
     tail = "\n".join(tb.splitlines()[-12:])
     return FailedCell(index=index, source_excerpt=_excerpt(cell.source), error=error[:1000], traceback_tail=tail)
 

@@ -12,7 +12,13 @@ from typing import Any
 
 import nbformat
 
-from tools.slides.rules import BLOCK_GAP_PX, BUDGET_PX, CHART_MAX_PX, CHART_MIN_PX, CODE_CHAR_PX, CODE_LINE_PX, CODE_MAX_SLIDES, CODE_SLIDE_LINES, CONTENT_W, CONT_CLASS, CONT_PX, H1_PX, H2_PX, H3_PX, TABLE_ROW_PX, TEXT_CHAR_PX, TEXT_LINE_PX, UNKNOWN_HTML_PX, _ANSI, _FENCE, _HEADING, _PRE, _TAG, _is_plotly, _set_slide_type, _slide_type, _text, _wrapped_lines, is_mechanism
+from tools.slides.rules import (
+    BLOCK_GAP_PX, BUDGET_PX, CHART_MAX_PX, CHART_MIN_PX, CODE_CHAR_PX, CODE_LINE_PX, CODE_MAX_SLIDES,
+    CODE_SLIDE_LINES, CONTENT_W, CONT_CLASS, CONT_PX, H1_PX, H2_PX, H3_PX, TABLE_ROW_PX, TEXT_CHAR_PX, TEXT_LINE_PX,
+    UNKNOWN_HTML_PX, _FENCE, _HEADING, _PRE, _TAG, _is_plotly, _set_slide_type, _slide_type, _text, _wrapped_lines,
+    is_mechanism,
+)
+from tools.summary import ANSI
 
 
 def markdown_px(source: str) -> float:
@@ -48,7 +54,7 @@ def output_px(out: nbformat.NotebookNode) -> float:
     if kind == "stream":
         return CODE_LINE_PX * _wrapped_lines(_text(out.get("text", "")).rstrip("\n"), CONTENT_W / CODE_CHAR_PX) + 8
     if kind == "error":
-        return CODE_LINE_PX * _wrapped_lines(_ANSI.sub("", "\n".join(out.get("traceback", []))), CONTENT_W / CODE_CHAR_PX) + 8
+        return CODE_LINE_PX * _wrapped_lines(ANSI.sub("", "\n".join(out.get("traceback", []))), CONTENT_W / CODE_CHAR_PX) + 8
     data = out.get("data", {})
     if "text/html" in data:
         text = _text(data["text/html"])

@@ -14,7 +14,11 @@ import nbformat
 
 from labkit.core import config, verdict
 from tools.slides.layout import _expand_output, _shows, paginate
-from tools.slides.rules import BLOCK_GAP_PX, BUDGET_PX, BULLET_MAX_CHARS, CODE_CHAR_PX, CODE_LINE_PX, CONTENT_W, CONT_PX, H2_PX, NOTE_PX, PRINTED_CLASS, PROSE_MAX_CHARS, TEXT_CHAR_PX, TEXT_LINE_PX, TEXT_MAX_LINES, WIDGET_NOTE, WIDGET_VIEW, _PROGRESS, _TABLE, _WIDGET_REPR, _is_plotly, _set_slide_type, _slide_type, _text, _wrapped_lines, is_mechanism, left_out
+from tools.slides.rules import (
+    BLOCK_GAP_PX, BUDGET_PX, BULLET_MAX_CHARS, CODE_CHAR_PX, CODE_LINE_PX, CONTENT_W, CONT_PX, H2_PX, NOTE_PX,
+    PRINTED_CLASS, PROSE_MAX_CHARS, TEXT_CHAR_PX, TEXT_LINE_PX, TEXT_MAX_LINES, WIDGET_NOTE, WIDGET_VIEW, _PROGRESS,
+    _TABLE, _WIDGET_REPR, _is_plotly, _set_slide_type, _slide_type, _text, _wrapped_lines, is_mechanism, left_out,
+)
 from tools.slides.tables import _cut_note, trim_table
 
 

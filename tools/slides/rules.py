@@ -79,7 +79,6 @@ PRINTED_CLASS = "labkit-printed tex2jax_ignore"  # printed prose as text (a "$" 
 MECHANISM_TAG = "mechanism"
 LEFT_OUT_TAGS = {SOLUTION_TAG, "exercise", "check"}
 _TABLE = re.compile(r"<table\b.*?</table>", re.IGNORECASE | re.DOTALL)
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _PRE = re.compile(r"<pre\b[^>]*>(.*?)</pre>", re.IGNORECASE | re.DOTALL)
 _PROGRESS = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")  # tqdm's "| 3/5 ["
 _TAG = re.compile(r"<[^>]+>")

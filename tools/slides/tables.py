@@ -13,7 +13,10 @@ from typing import Any
 
 
 from labkit.lessons.plots import readable  # one wording of a column's name for legends and tables
-from tools.slides.rules import CUT_CLASS, TABLE_CELL_CHARS, TABLE_CELL_MAX_CHARS, TABLE_CELL_PAD_PX, TABLE_CHAR_PX, TABLE_DIGITS, TABLE_HEAD_CHAR_PX, TABLE_MAX_COLS, TABLE_MAX_ROWS, TABLE_ROW_PX, TABLE_W, _TAG
+from tools.slides.rules import (
+    CUT_CLASS, TABLE_CELL_CHARS, TABLE_CELL_MAX_CHARS, TABLE_CELL_PAD_PX, TABLE_CHAR_PX, TABLE_DIGITS,
+    TABLE_HEAD_CHAR_PX, TABLE_MAX_COLS, TABLE_MAX_ROWS, TABLE_ROW_PX, TABLE_W, _TAG,
+)
 
 
 class _TableReader(HTMLParser):
