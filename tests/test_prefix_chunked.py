@@ -168,3 +168,19 @@ def test_a_server_with_a_disk_tier_answers_as_one_without(tmp_path):
     assert read("labkit_prefix_cache_disk_writes_total") >= 1 and read("labkit_prefix_cache_disk_hits_total") >= 1
     with pytest.raises(ValueError, match="second tier"):
         protocol.ServerConfig(batching="continuous", prefix_cache_disk_dir=str(tmp_path)).check()
+
+
+def test_a_reloaded_entry_goes_back_to_the_device_it_left(tmp_path, monkeypatch):
+    """An entry evicted from a GPU is read back onto that GPU, never onto the CPU beside the model's other KV."""
+    import safetensors.torch
+
+    pc = continuous.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path)
+    pc.store(list(range(40)), _fake_cache(40))
+    pc.store(list(range(100, 140)), _fake_cache(40))
+    key = next(iter(pc.on_disk))
+    pc.on_disk[key] = (pc.on_disk[key][0], "cuda:1")  # as if it had left the second GPU
+    asked = []
+    real = safetensors.torch.load_file
+    monkeypatch.setattr(safetensors.torch, "load_file", lambda path, device="cpu": asked.append(device) or real(path))
+    assert pc.lookup(list(range(40)) + [7])[0] == 40
+    assert asked == ["cuda:1"], f"read back onto {asked}, the entry left cuda:1"
