@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.checks import positive
 from ..core.timing import clock, gaps
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -211,9 +212,8 @@ def send_ids(base_url: str, prompts: Sequence[Sequence[int]], max_tokens: int, c
     answer's measurement (TTFT, ITL, E2E, its token ids) and the wall seconds of all."""
     import aiohttp
 
-    for name, value in (("max_tokens", max_tokens), ("concurrency", concurrency)):
-        if not (isinstance(value, int) and value > 0):
-            raise ValueError(f"{name}={value!r}: a positive whole number")
+    positive("max_tokens", max_tokens)
+    positive("concurrency", concurrency)
     models = list(models) if models is not None else [None] * len(prompts)
     salts = list(salts) if salts is not None else [None] * len(prompts)
     if len(models) != len(prompts) or len(salts) != len(prompts):
@@ -246,7 +246,7 @@ def burst_ids(base_url: str, stream_prompts: Sequence[Sequence[int]], stream_tok
     request with cache salt ``salt``. (streams, burst, when the burst was sent)."""
     import aiohttp
 
-    if not (isinstance(stream_tokens, int) and 0 < after < stream_tokens):
+    if not 0 < after < positive("stream_tokens", stream_tokens):
         raise ValueError(f"after={after}, stream_tokens={stream_tokens}: need 0 < after < stream_tokens, so the burst "
                          "comes while the streams are still decoding")
     url = base_url.rstrip("/") + ENDPOINTS["completions"]

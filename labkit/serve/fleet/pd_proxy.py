@@ -241,9 +241,8 @@ def burst_while_streaming(base_url: str, stream_prompts: Sequence[Sequence[int]]
                           long_prompts: Sequence[Sequence[int]], long_tokens: int = 1, long_after: int = 4,
                           timeout_s: float = 300.0) -> dict[str, Any]:
     """Streams decoding ``stream_tokens`` each; after the first stream's ``long_after``-th chunk the long prompts
-    arrive at once. Every stream's chunk stamps, and when the burst was sent and its last first token came."""
-    if not 0 < long_after < stream_tokens:
-        raise ValueError(f"long_after={long_after}: between 1 and stream_tokens - 1, the burst comes while still decoding")
+    arrive at once (``client.burst_ids`` checks that they come while the streams still decode). Every stream's chunk
+    stamps, and when the burst was sent and its last first token came."""
     streams, longs, sent = client.burst_ids(base_url, stream_prompts, stream_tokens, long_prompts, long_tokens,
                                             long_after, None, timeout_s)
     firsts = [o.chunk_s[0] for o in longs if o.chunk_s]
