@@ -1,5 +1,6 @@
-"""The runs a notebook and its bench script share, one module per notebook (``nbNN``), so that the numbers a
-notebook prints and the ones ``make bench`` records come from the same code.
+"""The runs a notebook executes, one module per notebook (``nbNN``); where the notebook has a bench script (10:
+``bench/beyond.py``, 11: ``bench/scale_out.py``, 12: ``bench/serving_features.py``) it runs the same code, so the
+numbers a notebook prints and the ones ``make bench`` records agree.
 
 ``nb06``  the lab's servers and ``vllm serve`` under the same load, interleaved rounds
 ``nb09``  the capstone: a precision chosen by speed and answers, load points, the SLO sweep, vLLM under that load

@@ -1,5 +1,5 @@
-"""Notebook 06's run beside vLLM, shared with ``bench/batching.py`` and the capstone: the same ``loadgen.run``
-against the lab's servers and ``vllm serve`` (one start, or the room's shared server), interleaved in rounds.
+"""Notebook 06's run beside vLLM: the same ``loadgen.run`` against the lab's servers and ``vllm serve`` (one start,
+or the room's shared server), interleaved in rounds.
 """
 from __future__ import annotations
 

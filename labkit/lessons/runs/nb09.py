@@ -1,4 +1,4 @@
-"""Notebook 09's (the capstone's) runs, shared with ``bench/capstone.py``: each precision measured on the serving
+"""Notebook 09's (the capstone's) runs: each precision measured on the serving
 shape beside its cost in answers, one load point (latency, throughput, peak memory), the SLO sweep over
 concurrency levels, and ``vllm serve`` under that same load. The report they feed is ``lessons.report``.
 """
