@@ -27,6 +27,7 @@ are a second day or homework. ``--write`` rewrites both tables between their mar
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import re
@@ -100,6 +101,11 @@ def room_minutes(c: dict[str, Any], machine_s: float, output_words: int = 0) -> 
     return {**parts, "total": sum(parts.values()) * (1 + SLACK)}
 
 
+def slot(minutes: float) -> int:
+    """A notebook's minutes in an agenda: rounded up to 5."""
+    return 5 * math.ceil(minutes / 5)
+
+
 def table(timings: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for src in sorted((ROOT / "notebooks" / "src").glob("[0-9][0-9]*_*.py")):
@@ -122,7 +128,7 @@ def plan(rows: list[dict[str, Any]], session_min: int = SESSION_MIN) -> tuple[li
     left = session_min - BREAK_MIN - WRAP_UP_MIN
     kept, homework = [], []
     for name in CORE:
-        need = 5 * math.ceil(by[name]["total_min"] / 5)
+        need = slot(by[name]["total_min"])
         if need <= left and len(homework) == 0:
             kept.append({"notebook": name, "minutes": need})
             left -= need
@@ -156,7 +162,7 @@ def markdown(rows: list[dict[str, Any]], timings: dict[str, Any]) -> str:
         t += BREAK_MIN
     lines.append(f"| {t // 60}:{t % 60:02d} | wrap-up: pack results, the class table | {WRAP_UP_MIN} | | | | | | |")
     lines += ["", "Homework (each notebook's own time): " + ", ".join(
-        f"{n} ({5 * math.ceil(by[n]['total_min'] / 5)} min)" for n in homework) + "."]
+        f"{n} ({slot(by[n]['total_min'])} min)" for n in homework) + "."]
     return "\n".join(lines)
 
 
@@ -171,7 +177,7 @@ def day_plan(rows: list[dict[str, Any]]) -> tuple[list[tuple[int, str, int]], li
             _, what, minutes = breaks.pop(0)
             slots.append((t, what, minutes))
             t += minutes
-        need = 5 * math.ceil(by[name]["total_min"] / 5)
+        need = slot(by[name]["total_min"])
         if left or t + need > DAY_CLOSE_MIN - DAY_WRAP_MIN:
             left.append(name)
             continue
@@ -195,7 +201,7 @@ def day_markdown(rows: list[dict[str, Any]]) -> str:
     if left:
         by = {r["notebook"]: r for r in rows}
         lines += ["", "A second day, or homework: " + ", ".join(
-            f"{n} ({5 * math.ceil(by[n]['total_min'] / 5)} min)" for n in left) + "."]
+            f"{n} ({slot(by[n]['total_min'])} min)" for n in left) + "."]
     return "\n".join(lines)
 
 
@@ -207,8 +213,7 @@ def _first(src: Path, prefix: str) -> str:
             lines = cell.source.splitlines()
             for i, line in enumerate(lines):
                 if line.startswith(prefix):
-                    more = [ln.strip() for ln in lines[i + 1:] if ln.startswith("  ")]
-                    more = more[:next((k for k, ln in enumerate(lines[i + 1:]) if not ln.startswith("  ")), len(more))]
+                    more = [ln.strip() for ln in itertools.takewhile(lambda ln: ln.startswith("  "), lines[i + 1:])]
                     text = re.split(r"(?<=\.) ", " ".join([line[len(prefix):].strip(), *more]))[0]  # its first sentence
                     return re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", text)
     raise SystemExit(f"{src.name}: no markdown line starting {prefix!r}")
@@ -221,8 +226,8 @@ def readme_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         src = ROOT / "notebooks" / "src" / f"{r['notebook']}.py"
         lines.append(f"| [{_first(src, '# ')}](notebooks/{r['notebook']}.ipynb) | {_first(src, '- ')} "
-                     f"| {r['machine_s'] / 60:.1f} min | about {5 * math.ceil(r['total_min'] / 5)} min |")
-    room = sum(5 * math.ceil(r["total_min"] / 5) for r in rows)
+                     f"| {r['machine_s'] / 60:.1f} min | about {slot(r['total_min'])} min |")
+    room = sum(slot(r["total_min"]) for r in rows)
     lines.append(f"| all {len(rows)} | | {sum(r['machine_s'] for r in rows) / 60:.0f} min | about {room / 60:.1f} hours |")
     return "\n".join(lines)
 
