@@ -186,7 +186,7 @@ def _message_cause(k: int, old: Mapping[str, Any], new: Mapping[str, Any]) -> Li
             if changing:
                 return Lint(False, field, at, f"a changing value in an earlier {role} message: {changing}")
             return Lint(False, field, at, f"a changed earlier turn: the {role} message {k} was edited")
-        if key == "tool_calls" and (_same_json_other_order(a, b) or _calls_data(a) == _calls_data(b)):
+        if key == "tool_calls" and _calls_data(a) == _calls_data(b):  # the same calls, written in another key order
             return Lint(False, field, _first_char(_text(a), _text(b)),
                         "a reordered JSON object: a tool call's arguments carry the same data with keys in another order")
         return Lint(False, field, _first_char(_text(a), _text(b)) if a is not None and b is not None else None,
