@@ -11,6 +11,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -228,6 +229,10 @@ class ContinuousBatcher(Batcher):
     turn on the prefix cache and chunked prefill of ``ContinuousEngine``."""
 
     prefix_cache: PrefixCache | None = None
+    spill: Callable[[int], bool] | None = None  # the disk tier's policy, read at every eviction (None: spill every entry)
+
+    def _spill(self, positions: int) -> bool:
+        return self.spill is None or bool(self.spill(positions))
 
     def _prefix_cache_metrics(self) -> tuple[dict[str, tuple[str, float]], dict[str, tuple[str, float]]]:
         """The prefix cache's (counters, gauges) for /metrics; both empty when the cache is off."""
@@ -257,7 +262,7 @@ class ContinuousBatcher(Batcher):
         return self._prefix_cache_metrics()[1]
 
     def _loop(self) -> None:
-        prefix = (PrefixCache(self.cfg.prefix_cache_tokens, disk_dir=self.cfg.prefix_cache_disk_dir)
+        prefix = (PrefixCache(self.cfg.prefix_cache_tokens, disk_dir=self.cfg.prefix_cache_disk_dir, spill=self._spill)
                   if self.cfg.prefix_cache_tokens else None)
         engine = ContinuousEngine(self.lm.model, self.eos, self.pad_id,
                                   prefill_chunk_tokens=self.cfg.prefill_chunk_tokens, prefix_cache=prefix)

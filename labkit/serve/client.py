@@ -43,6 +43,8 @@ class RequestOutput:
     token_ids: list[int] = field(default_factory=list)  # the answer's ids, where the server sends them
     headers: dict[str, str] = field(default_factory=dict)  # response headers asked for (a router's choice of worker)
     chunk_s: list[float] = field(default_factory=list)  # each content chunk's arrival, seconds from the run's start
+    prompt_tokens: int | None = None  # the prompt's length, as the server's usage counts it
+    cached_tokens: int | None = None  # prompt positions its prefix cache served (usage.prompt_tokens_details), if it says
 
     @property
     def tpot_s(self) -> float | None:
@@ -135,7 +137,10 @@ async def send_request(session: Any, url: str, payload: dict[str, Any], chat: bo
                     if on_chunk is not None:
                         on_chunk(chunks)
                 if msg.get("usage"):
-                    out.output_tokens = int(msg["usage"].get("completion_tokens") or 0)
+                    usage = msg["usage"]
+                    out.output_tokens = int(usage.get("completion_tokens") or 0)
+                    out.prompt_tokens = usage.get("prompt_tokens")
+                    out.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         out.e2e_s = last - start
         out.itl_s = gaps(out.chunk_s)
         out.output_tokens = out.output_tokens or chunks

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import multiprocessing
 import os
 import queue as _queue
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import fields
@@ -132,6 +134,22 @@ class ServerHandle:
 
     def stats(self) -> dict[str, Any]:
         return self.server.metrics.snapshot()
+
+    def flush_cache(self) -> int:
+        """Drop the prefix cache's entries, its disk tier's files too (``POST /flush_cache``); returns how many."""
+        req = urllib.request.Request(self.url + "/flush_cache", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return int(json.loads(resp.read().decode("utf-8") or "{}").get("flushed", 0))
+
+    def set_spill(self, policy: Callable[[int], bool] | None) -> None:
+        """The prefix cache's disk-tier policy while the server runs: ``policy(positions)`` says whether an evicted
+        entry of that many positions is written to disk (None: every one). Needs ``prefix_cache_disk_dir``."""
+        if not self.server.cfg.prefix_cache_disk_dir:
+            raise ValueError("this server has no disk tier: start it with prefix_cache_disk_dir (and a prefix cache)")
+        if policy is not None and not callable(policy):
+            raise ValueError(f"policy={policy!r}: a function of an entry's positions returning True to spill it")
+        self.server.batcher.spill = policy
 
     def reset_stats(self) -> None:
         """Fresh counters and histograms (between experiments on one server)."""

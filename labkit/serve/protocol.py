@@ -114,11 +114,13 @@ class Params:
 
     chat: bool
     prompt: str | None = None
+    prompt_ids: list[int] | None = None  # a completions prompt sent as token ids (OpenAI's array of integers)
     messages: list[dict[str, str]] | None = None
     max_tokens: int = 64
     stream: bool = False
     include_usage: bool = False
     ignore_eos: bool = False
+    return_token_ids: bool = False  # vLLM's extension: each streamed chunk carries its token ids
     model: str | None = None
     sampling: Sampling | None = None  # None: greedy
     stop: list[str] = field(default_factory=list)
@@ -129,7 +131,7 @@ _ROLES = ("system", "user", "assistant")
 MAX_STOP = 4  # as the OpenAI API
 # what this server does with every request parameter it knows; anything else is refused by name
 _ACCEPTED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "stream", "stream_options", "n",
-             "temperature", "top_p", "seed", "stop", "ignore_eos", "response_format",
+             "temperature", "top_p", "seed", "stop", "ignore_eos", "return_token_ids", "response_format",
              "user", "metadata"}  # the last two only label a request: they change no output
 # parameters the API defines that this server does not implement: refused unless they ask for the default
 _UNSUPPORTED_DEFAULTS: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
@@ -289,12 +291,15 @@ def parse_body(raw: bytes, chat: bool, cfg: ServerConfig) -> Params:
             p.messages.append({"role": m["role"], "content": _content(m.get("content"), f"messages[{i}].content")})
     else:
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise ApiError(400, "'prompt' is required: one string (this server takes one prompt per request)",
-                           "prompt")
-        p.prompt = _utf8_text(prompt, "prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+            p.prompt_ids = [int(i) for i in prompt]  # token ids, sent as they are (checked against the vocabulary later)
+        elif not isinstance(prompt, str):
+            raise ApiError(400, "'prompt' is required: one string, or one list of token ids (this server takes one "
+                                "prompt per request)", "prompt")
+        else:
+            p.prompt = _utf8_text(prompt, "prompt")
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(key)
     if max_tokens is not None:
@@ -303,7 +308,7 @@ def parse_body(raw: bytes, chat: bool, cfg: ServerConfig) -> Params:
         if not 1 <= max_tokens <= cfg.max_tokens_limit:
             raise ApiError(400, f"'{key}'={max_tokens}: must be between 1 and {cfg.max_tokens_limit}", key)
         p.max_tokens = max_tokens
-    for name in ("stream", "ignore_eos"):
+    for name in ("stream", "ignore_eos", "return_token_ids"):
         value = body.get(name, False)
         if value is not None and not isinstance(value, bool):
             raise ApiError(400, f"'{name}' must be true or false", name)

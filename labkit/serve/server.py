@@ -236,6 +236,12 @@ class Server:
                 ids = tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
             else:
                 ids = tok("\n".join(m["content"] for m in p.messages or []))["input_ids"]
+        elif p.prompt_ids is not None:
+            ids = p.prompt_ids
+            bad = next((i for i in ids if not 0 <= i < len(tok)), None)
+            if bad is not None:
+                raise ApiError(400, f"'prompt' holds token id {bad}, outside this model's vocabulary of {len(tok)} "
+                                    "(tokenise with the served model's tokenizer)", "prompt")
         else:
             ids = tok(p.prompt)["input_ids"]
         ids = [int(i) for i in ids]
@@ -356,6 +362,8 @@ class Server:
                     choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
                 else:
                     choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason}
+                if p.return_token_ids:
+                    choice["token_ids"] = [int(event[1])]
                 await send({**self._envelope(p, rid, True), "choices": [choice]})
                 if reason is not None:
                     break
