@@ -198,6 +198,23 @@ def test_the_conformance_table_counts_each_tool_choice():
     assert (auto["requests"], auto["in_tool_calls"], auto["in_content"], auto["in_none"], auto["conforming"]) == (3, 1, 1, 1, 2)
     assert (required["in_tool_calls"], required["conforming"], required["tokens_per_s"]) == (4, 3, 7.0)  # median of 6, 8
     assert required["conforming_share"] == 0.75
+    cut = {"choices": [{"message": {"content": "<tool_call>\n{\"name\": \"run_tests\", \"argu"}, "finish_reason": "length"}]}
+    (row,) = toolcalls.table({"named": [cut, good]}, tools)
+    assert (row["cut_off"], row["in_none"], row["conforming"]) == (1, 1, 1), "a call cut at max_tokens lands nowhere"
+
+
+def test_a_tool_body_per_choice_and_the_strict_flag():
+    from labkit.lessons.runs import nb13 as nb13_runs
+
+    req = tr.trace(1, 1, seed=0)[0].requests[0]
+    named = nb13_runs.tool_body(req, "named", 32)
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "search_notes"}}
+    loose = nb13_runs.tool_body(req, "required, not strict", 32)
+    assert loose["tool_choice"] == "required" and not any(t["function"]["strict"] for t in loose["tools"])
+    assert all(t["function"]["strict"] for t in nb13_runs.tool_body(req, "required", 32)["tools"])
+    assert all(t["function"]["strict"] for t in tr.TOOLS), "the trace's own tools are left as they were"
+    with pytest.raises(ValueError, match="choose one of"):
+        nb13_runs.tool_body(req, "sometimes", 32)
 
 
 # ------------------------------------------------------------------------------------------------ tiers
@@ -221,3 +238,69 @@ def test_resident_sessions_in_a_budget():
     assert tiers.resident_sessions(50 * 1024, 24 * 1024, 4096) == 0
     with pytest.raises(ValueError, match="tokens_per_session"):
         tiers.resident_sessions(1, 1, 0)
+
+
+# ------------------------------------------------------------------------------------------------ rendering, notebook 13
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    from labkit.model import models
+
+    try:
+        path = models.resolve()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"the default model is not installed here: {exc}")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_the_tool_template_renders_tools_calls_and_results_so_each_turn_extends(smol_tokenizer):
+    s = tr.trace(1, 3, seed=5)[0]
+    ids = [tr.render(b, smol_tokenizer) for b in s.requests]
+    text = smol_tokenizer.decode(ids[2])
+    assert '<tools>' in text and '"name": "search_notes"' in text and "<tool_call>" in text and "<tool_response>" in text
+    for old, new in zip(ids, ids[1:]):  # everything but the last turn's "assistant" opening comes back
+        assert pl.shared_prefix(old, new) >= len(old) - 3
+    reordered = [tr.render(b, smol_tokenizer) for b in tr.bust(s, "tools_reordered").requests]
+    assert pl.shared_prefix(reordered[0], reordered[1]) < 100, "the tools come first: a new order busts nearly all"
+    pinned = tr.pin_clock(s)
+    assert all(pl.lint(o, n).extends for o, n in zip(pinned.requests, pinned.requests[1:]))
+    stamped = tr.bust(s, "timestamp")
+    assert not pl.lint(stamped.requests[0], stamped.requests[1]).extends
+
+
+def test_tool_parameters_are_strict_and_ascii_only():
+    assert all(t["function"]["parameters"]["additionalProperties"] is False for t in tr.TOOLS)
+    body = tr.trace(2, 4, seed=1)[1].requests[-1]
+    assert json.dumps(body).isascii(), "English prose only: other scripts would be escaped into long \\u runs"
+
+
+def test_served_tokens_first_field_and_the_spill_policy():
+    assert pl.served_tokens([[1, 2, 3], [1, 2, 4], [9], [1, 2, 3, 5]]) == [0, 2, 0, 3]
+    s = tr.trace(1, 4, seed=3)[0]
+    assert pl.first_field(s.requests[1], s.requests[2]) is None
+    assert pl.first_field(*tr.bust(s, "tools_reordered").requests[1:3]) == "tools"
+    assert pl.first_field(*tr.bust(s, "json_keys").requests[1:3]) == "messages[3]"
+    assert tiers.spill(512, 512) and not tiers.spill(511, 512) and not tiers.spill(10**6, None)
+
+
+def test_replay_order_summary_and_block_rounding():
+    from labkit.lessons.runs import nb13 as nb13_runs
+
+    prompts = [[[1] * 40, [1] * 70], [[1] * 50]]
+    assert nb13_runs.order(prompts) == [(0, 0), (1, 0), (0, 1)]
+    served = {(0, 0): 0, (1, 0): 40, (0, 1): 70}
+    assert nb13_runs.served_by_block(served, prompts, 16) == {(0, 0): 0, (1, 0): 32, (0, 1): 64}
+    rows = [{"session": 0, "turn": 0, "prompt_tokens": 40, "cached_tokens": 0, "ttft_s": 0.4},
+            {"session": 1, "turn": 0, "prompt_tokens": 50, "cached_tokens": 32, "ttft_s": 0.2},
+            {"session": 0, "turn": 1, "prompt_tokens": 70, "cached_tokens": 64, "ttft_s": 0.1}]
+    whole, later = nb13_runs.summary(rows, "x"), nb13_runs.summary(rows, "x", skip_first_turn=True)
+    assert whole["cached_share"] == pytest.approx(96 / 160) and later["requests"] == 1
+    assert later["ttft_per_token_s"] == [pytest.approx(0.1 / 70)]
+    table = nb13_runs.tier_table([{"tokens": n, "way": w, "round": 0, "ttft_s": t, "cached_tokens": 0, "answer": []}
+                                  for n, w, t in ((128, "reload", 0.3), (128, "recompute", 0.2),
+                                                  (1024, "reload", 0.2), (1024, "recompute", 1.5))])
+    assert nb13_runs.measured_crossover(table) == 1024
+    assert nb13_runs.measured_crossover(table[:1]) is None

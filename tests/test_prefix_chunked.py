@@ -184,3 +184,31 @@ def test_a_reloaded_entry_goes_back_to_the_device_it_left(tmp_path, monkeypatch)
     monkeypatch.setattr(safetensors.torch, "load_file", lambda path, device="cpu": asked.append(device) or real(path))
     assert pc.lookup(list(range(40)) + [7])[0] == 40
     assert asked == ["cuda:1"], f"read back onto {asked}, the entry left cuda:1"
+
+
+def test_token_id_prompts_stream_their_ids_and_the_spill_policy_switches_at_run_time(tmp_path):
+    """A completions prompt sent as token ids is served as those ids (usage counts them, the cache reuses them), each
+    streamed chunk carries its token id when asked, an id outside the vocabulary is a 400, and ``set_spill`` decides
+    while the server runs whether an evicted entry goes to disk."""
+    from labkit.lessons.runs import nb13 as nb13_runs
+    from labkit.serve import client
+
+    with launch.run_server(protocol.TINY_RANDOM, port=0, batching="continuous", prefix_cache_tokens=64,
+                           prefix_cache_disk_dir=str(tmp_path)) as srv:
+        a, b = list(range(5, 53)), list(range(60, 108))  # 48 ids each: storing b evicts a
+        srv.set_spill(lambda n: False)
+        outs, _ = client.send_ids(srv.url, [a, b, a], 4, 1)
+        assert [o.prompt_tokens for o in outs] == [48, 48, 48] and all(len(o.token_ids) == 4 for o in outs)
+        assert [o.cached_tokens for o in outs] == [0, 0, 0], "a dropped entry is recomputed"
+        assert not list(tmp_path.glob("prefix-*")), "the policy said no: nothing was written"
+        srv.flush_cache()
+        srv.set_spill(None)
+        again, _ = client.send_ids(srv.url, [a, b, a], 4, 1)
+        assert again[2].cached_tokens == 32 and again[2].token_ids == outs[2].token_ids, "read back from disk, same answer"
+        bad = client.post_all(srv.url, [{"prompt": [10**9], "max_tokens": 1}], endpoint="completions")[1][0]
+        assert bad["status"] == 400 and "vocabulary" in bad["data"]["error"]["message"]
+        too_long = nb13_runs.over_context(srv.url, srv.config.max_prompt_tokens)
+        assert too_long["status"] == 400 and "at most" in too_long["message"]
+    with launch.run_server(protocol.TINY_RANDOM, port=0, batching="continuous", prefix_cache_tokens=64) as plain:
+        with pytest.raises(ValueError, match="no disk tier"):
+            plain.set_spill(None)

@@ -11,7 +11,7 @@ order, bust it from there.
 the tools, then each of the earlier request's messages, which the later one must repeat exactly. It returns a
 ``Lint``: whether ``new`` extends ``old``, the first field that differs (``tools[2]``, ``messages[0].content``),
 the character where it does, and the cause in words. ``shared_prefix`` counts the tokens two tokenised prompts
-share: the cached share a perfect prefix cache would serve.
+share; ``served_tokens`` what a perfect prefix cache would serve each prompt of a run.
 
 What it does not do: render a template (no model is needed, and none is loaded) or say how many tokens a server
 really reused (its usage's ``cached_tokens`` or its metrics say that).
@@ -218,6 +218,21 @@ def shared_prefix(old_ids: Sequence[int], new_ids: Sequence[int]) -> int:
     """Tokens two prompts share from their start: what a perfect prefix cache could serve of ``new_ids``."""
     at = first_difference(list(old_ids), list(new_ids))
     return min(len(old_ids), len(new_ids)) if at is None else at
+
+
+def first_field(old: Any, new: Any) -> str | None:
+    """``lint``'s first differing field as the request's top level names it: None when ``new`` extends ``old``, else
+    "tools" or "messages[k]"."""
+    found = lint(old, new)
+    if found.extends:
+        return None
+    return "tools" if (found.field or "").startswith("tools") else (found.field or "").split(".")[0]
+
+
+def served_tokens(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """For each prompt, in the order a server received them, the tokens a perfect prefix cache (one that kept every
+    earlier prompt) could serve: its longest shared prefix with any earlier prompt."""
+    return [max((shared_prefix(old, new) for old in prompts[:i]), default=0) for i, new in enumerate(prompts)]
 
 
 # ---------------------------------------------------------------------------------------- the command

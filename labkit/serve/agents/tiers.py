@@ -59,3 +59,9 @@ def resident_sessions(budget_bytes: float, bytes_per_token: float, tokens_per_se
     """Sessions of ``tokens_per_session`` positions whose KV fits whole in ``budget_bytes``."""
     per = _positive("bytes_per_token", bytes_per_token) * _positive("tokens_per_session", tokens_per_session)
     return int(_positive("budget_bytes", budget_bytes) // per)
+
+
+def spill(positions: int, crossover_tokens: int | None) -> bool:
+    """The disk tier's policy: write an evicted entry of ``positions`` only when reading it back will beat recomputing
+    it (from the ``crossover`` length on; never when there is none)."""
+    return crossover_tokens is not None and positions >= crossover_tokens

@@ -74,7 +74,8 @@ def conforms(call: Mapping[str, Any], tools: Sequence[Mapping[str, Any]]) -> boo
 
 def table(runs: Mapping[str, Sequence[Mapping[str, Any]]], tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per ``tool_choice`` (the keys of ``runs``; each value the completions it got, each with an optional
-    ``"tokens_per_s"`` its client measured): requests, where the calls landed, how many conform, the median tokens/s."""
+    ``"tokens_per_s"`` its client measured): requests, where the calls landed, how many stopped at ``max_tokens``
+    (``cut_off``: a call cut short lands nowhere), how many conform, the median tokens/s."""
     rows = []
     for choice, responses in runs.items():
         landed = {k: 0 for k in LANDINGS}
@@ -84,8 +85,9 @@ def table(runs: Mapping[str, Sequence[Mapping[str, Any]]], tools: Sequence[Mappi
             landed[where] += 1
             valid += bool(found) and all(conforms(c, tools) for c in found)
         rates = [r["tokens_per_s"] for r in responses if r.get("tokens_per_s")]
+        cut = sum(((r.get("choices") or [{}])[0] or {}).get("finish_reason") == "length" for r in responses)
         rows.append({"tool_choice": choice, "requests": len(responses),
-                     **{f"in_{k}": v for k, v in landed.items()}, "conforming": valid,
+                     **{f"in_{k}": v for k, v in landed.items()}, "cut_off": cut, "conforming": valid,
                      "conforming_share": valid / len(responses) if responses else None,
                      "tokens_per_s": statistics.median(rates) if rates else None})
     return rows

@@ -10,9 +10,16 @@ and its result.
 ``bust(session, kind)`` makes the same session with one of the cache-busters real deployments hit: ``timestamp``
 (the time in the system prompt, new every request), ``tools_reordered`` (the tool list in another order every
 request), ``json_keys`` (each tool result's JSON keys in another order every request) or ``edited_history`` (an
-earlier turn rewritten mid-session). ``prefix_lint`` names each.
+earlier turn rewritten mid-session). ``prefix_lint`` names each. ``pin_clock(session)`` is the timestamp's fix: the
+session's start time, read once, the same in every request.
 
-What it does not do: tokenise (the notebook does, with the model's chat template) or send anything.
+``render(body, tokenizer)`` turns a request into the prompt's token ids with ``TOOL_TEMPLATE``, a Hermes-style
+tool-calling chat template (the tool list as JSON in the system turn, each call as ``<tool_call>{…}</tool_call>``,
+each result as ``<tool_response>…</tool_response>``): the model's own template (SmolLM2's) renders no tools. The
+lab's server and ``vllm serve`` are sent the same ids; ``vllm serve --chat-template`` gets the same template for
+its chat endpoint, where its ``hermes`` tool parser reads the calls back.
+
+What it does not do: send anything.
 """
 from __future__ import annotations
 
@@ -27,9 +34,10 @@ from ...core.checks import positive
 from ...model.prompts import eval_text
 
 TOOLS: tuple[dict[str, Any], ...] = tuple(
-    {"type": "function", "function": {"name": name, "description": about, "parameters": {
+    {"type": "function", "function": {"name": name, "description": about, "strict": True, "parameters": {
         "type": "object", "properties": {k: {"type": t, "description": d} for k, t, d in params},
-        "required": [params[0][0]]}}}
+        "required": [params[0][0]],
+        "additionalProperties": False}}}
     for name, about, params in (
         ("search_notes", "Search the project's notes for a phrase; returns the matching passages.",
          (("query", "string", "words to look for"), ("limit", "integer", "at most this many passages"))),
@@ -44,6 +52,24 @@ SYSTEM = ("You are a careful assistant working in a software project. Use the to
           "answer, quote what you read, and say when you are unsure.")
 BUSTERS = ("timestamp", "tools_reordered", "json_keys", "edited_history")
 START_TIME = "2026-12-06T09:00:00"  # the first request's clock in ``timestamp``; each later one is some seconds on
+TOOL_TEMPLATE = (
+    "{% if messages[0].role == 'system' %}{% set system = messages[0].content %}{% else %}"
+    "{% set system = 'You are a helpful assistant.' %}{% endif %}"
+    "<|im_start|>system\n{{ system }}"
+    "{% if tools %}\n\nYou may call one or more functions. Their signatures:\n<tools>"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
+    "To call one, answer with <tool_call>{\"name\": <function-name>, \"arguments\": <args-json-object>}</tool_call>"
+    "{% endif %}<|im_end|>\n"
+    "{% for m in messages %}"
+    "{% if m.role == 'system' %}"
+    "{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant"
+    "{% for c in m.tool_calls %}\n<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+    "{{ c.function.arguments if c.function.arguments is string else c.function.arguments | tojson }}}</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}<|im_end|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 @dataclass(frozen=True)
@@ -84,7 +110,7 @@ def trace(sessions: int, turns: int, seed: int = 0, system_words: int = 0) -> li
     positive("turns", turns)
     if system_words < 0:
         raise ValueError(f"system_words={system_words}: a number of words, 0 or more")
-    source = eval_text().split()
+    source = [w for w in eval_text().split() if w.isascii()]  # English prose: the other scripts' paragraphs have no spaces
     out = []
     for k in range(sessions):
         rng = random.Random(seed * 1_000_003 + k)
@@ -137,3 +163,22 @@ def bust(session: Session, kind: str, seed: int = 0) -> Session:
             body["messages"][1]["content"] += " (Updated: keep the answer short.)"
         out.append(body)
     return Session(f"{session.name}, {kind}", tuple(out))
+
+
+def pin_clock(session: Session) -> Session:
+    """The timestamp's fix: ``session`` with the clock read once, at its start, and the same text in every request's
+    system prompt (a clock that must be current belongs at the end of the newest message, not at the start)."""
+    out = []
+    for body in session.requests:
+        body = copy.deepcopy(body)
+        body["messages"][0]["content"] = f"Session started: {START_TIME}. " + body["messages"][0]["content"]
+        out.append(body)
+    return Session(f"{session.name}, clock pinned", tuple(out))
+
+
+def render(body: dict[str, Any], tokenizer: Any, template: str = TOOL_TEMPLATE) -> list[int]:
+    """The prompt's token ids for request ``body`` (an OpenAI chat body with ``tools``), as a tool-capable chat
+    template renders it: the tools, every message, then the assistant's turn to answer."""
+    text = tokenizer.apply_chat_template(body["messages"], tools=body.get("tools") or None, chat_template=template,
+                                         add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
