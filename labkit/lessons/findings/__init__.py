@@ -16,6 +16,7 @@ headline) and the ``sentences`` they choose. The words for a difference and its 
 ``nb04``  warmup: cold start, compile pay-back     ``nb10``  lookup, prefix cache, chunked prefill, KV, engines
 ``nb05``  the KV cache                             ``nb11``  routing, capacity, cost, faults
                                                    ``nb12``  structured outputs, LoRA adapters, P/D split
+                                                   ``nb13``  agents: cached share, cache-busters, KV tiers
 """
 from __future__ import annotations
 
