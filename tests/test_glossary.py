@@ -107,6 +107,8 @@ TERMS: dict[str, str] = {
     "e8m0": r"E8M0|e8m0",
     "token-mask": r"(?i)token mask",
     "kv-connector": r"(?i)KV connector|ExampleConnector",
+    "cache-buster": r"(?i)cache[- ]buster",
+    "kv-tier": r"(?i)\bKV tiers?\b|disk tier",
     "mixture-of-experts": r"(?i)mixture of experts|\bMoE\b",
     "latent-attention": r"(?i)latent attention|kv_lora_rank",
     "sliding-window": r"(?i)sliding[- ]window",
