@@ -126,7 +126,7 @@ def main() -> None:
                 "vllm": ({k: out["vllm"][k] for k in ("cached_share_clean", "cached_share_busted",
                                                         "ttft_ratio_busted_over_clean")} if out["vllm"] else None),
                 "provenance": {"machine": f"{cpu.cpu_name()} ({' '.join(cpu.cpu_isa())})", "quick": config.quick(),
-                               "versions": env.versions(()), "vllm": out.get("vllm_version"),
+                               "versions": env.versions(("torch", "transformers")), "vllm": out.get("vllm_version"),
                                "command": "python bench/agents.py"},
                 "details": out}
     print(json.dumps(jsonable(headline)))
