@@ -209,6 +209,14 @@ async def post_json(session: Any, url: str, body: Mapping[str, Any]) -> dict[str
         return {"status": resp.status, "data": data, "e2e_s": elapsed}
 
 
+def refusal(out: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``post_json`` result as a refusal reads: its status, the error's message (the body itself when it holds no
+    error object) and the parameter the server named."""
+    data = out["data"] if isinstance(out["data"], dict) else {"error": out["data"]}
+    err = data.get("error") if isinstance(data.get("error"), dict) else {}
+    return {"status": out["status"], "message": str(err.get("message", data))[:300], "param": err.get("param")}
+
+
 def send_ids(base_url: str, prompts: Sequence[Sequence[int]], max_tokens: int, concurrency: int, *,
              models: Sequence[str | None] | None = None, salts: Sequence[str | None] | None = None,
              ignore_eos: bool = True, timeout_s: float = 600.0) -> tuple[list[RequestOutput], float]:

@@ -151,8 +151,7 @@ def malformed(url: str, response_format: Any, model: str | None = None) -> dict[
     body = {"model": model, "max_tokens": 8, "response_format": response_format,
             "messages": [{"role": "user", "content": "Hi"}]}
     (_wall, (out,)) = client.post_all(url, [body], timeout_s=60)
-    err = out["data"].get("error", {}) if isinstance(out["data"].get("error"), dict) else {}
-    return {"status": out["status"], "message": str(err.get("message", out["data"]))[:300], "param": err.get("param")}
+    return client.refusal(out)
 
 
 # ---------------------------------------------------------------------------------- prefill here, decode there
