@@ -20,7 +20,7 @@ import contextlib
 import json
 import tempfile
 
-from labkit.core import config, cpu, env, verdict
+from labkit.core import config, cpu, env
 from labkit.core.results import jsonable
 from labkit.lessons.runs import nb13 as nb13_runs
 from labkit.model import models, prompts, sizing
@@ -35,13 +35,15 @@ def _emit(section: str, row: dict) -> None:
     print(json.dumps(jsonable({"section": section, **row})), flush=True)
 
 
-def _busted(url: str, runs: dict, salt: bool, model: str | None = None) -> dict:
-    rows = {name: nb13_runs.replay(url, p, max_tokens=MAX_TOKENS, model=model, salt=f"bench-{name}" if salt else None)
-            for name, p in runs.items()}
-    later = {name: nb13_runs.summary(r, name, skip_first_turn=True) for name, r in rows.items()}
-    whole = {name: nb13_runs.summary(r, name) for name, r in rows.items()}
-    judged = verdict.compare(later["timestamp"]["ttft_per_token_s"], later["clean"]["ttft_per_token_s"],
-                             higher_is_better=False)
+def _busted(url: str, runs: dict, *, model: str | None = None, salt: bool = False, flush=None) -> dict:
+    """Every run of the trace replayed (the cache flushed before each, or each under its own cache_salt): the cached
+    shares and the verdict on TTFT per prompt token, timestamped against clean."""
+    rows = {}
+    for name, p in runs.items():
+        if flush is not None:
+            flush()
+        rows[name] = nb13_runs.replay(url, p, max_tokens=MAX_TOKENS, model=model, salt=f"bench-{name}" if salt else None)
+    whole, judged = nb13_runs.busted_against_clean(rows)
     return {"cached_share_clean": whole["clean"]["cached_share"], "cached_share_busted": whole["timestamp"]["cached_share"],
             "ttft_ratio_busted_over_clean": judged.ratio, "verdict": judged.kind, "verdict_reason": judged.reason}
 
@@ -58,18 +60,7 @@ def main() -> None:
 
     with launch.run_server(lm, port=0, batching="continuous", max_batch_size=4, prefix_cache_tokens=16384,
                            max_prompt_tokens=MAX_MODEL_LEN) as lab:
-        def flushed(name: str, p: list) -> list:
-            lab.flush_cache()
-            return nb13_runs.replay(lab.url, p, max_tokens=MAX_TOKENS)
-
-        rows = {name: flushed(name, p) for name, p in runs.items()}
-    lab_row = {name: nb13_runs.summary(r, name) for name, r in rows.items()}
-    later = {name: nb13_runs.summary(r, name, skip_first_turn=True) for name, r in rows.items()}
-    judged = verdict.compare(later["timestamp"]["ttft_per_token_s"], later["clean"]["ttft_per_token_s"],
-                             higher_is_better=False)
-    out["lab"] = {"cached_share_clean": lab_row["clean"]["cached_share"],
-                  "cached_share_busted": lab_row["timestamp"]["cached_share"],
-                  "ttft_ratio_busted_over_clean": judged.ratio, "verdict": judged.kind, "verdict_reason": judged.reason}
+        out["lab"] = _busted(lab.url, runs, flush=lab.flush_cache)
     _emit("trace_lab", out["lab"])
 
     lengths = config.pick((32, 128, 512, 1024, 1536), (32, 128, 1024))
@@ -79,10 +70,9 @@ def main() -> None:
         disk = nb13_runs.disk_bandwidth(folder, bpt)
         tier_rows = nb13_runs.tier_rounds(srv, prompts.eval_tokens(tok), lengths, max(lengths),
                                           rounds=config.pick(3, 1), truncate=True, max_tokens=MAX_TOKENS)
-    prefill_tps = max(lengths) / min(r["ttft_s"] for r in tier_rows if r["way"] == "recompute" and r["tokens"] == max(lengths))
-    predicted = tiers.crossover(bpt, disk["bytes_per_s"], prefill_tps, disk["start_s"])
+    predicted = nb13_runs.tier_prediction(tier_rows, disk, bpt)
     table = nb13_runs.tier_table(tier_rows)
-    out["tier"] = {"disk_bytes_per_s": disk["bytes_per_s"], "start_s": disk["start_s"], "prefill_tokens_per_s": prefill_tps,
+    out["tier"] = {"disk_bytes_per_s": disk["bytes_per_s"], "start_s": disk["start_s"], "prefill_tokens_per_s": predicted["prefill_tokens_per_s"],
                    "reload_crossover_tokens": predicted["tokens"], "reason": predicted["reason"],
                    "measured_crossover_tokens": nb13_runs.measured_crossover(table), "table": table,
                    "truncated": nb13_runs.truncated_equal(tier_rows)}
@@ -104,7 +94,7 @@ def main() -> None:
                 model=model_path, device=vs.default_device(), max_num_seqs=20, max_model_len=MAX_MODEL_LEN,
                 block_size=block, extra_args=("--enable-prompt-tokens-details", "--enable-auto-tool-choice",
                                               "--tool-call-parser", "hermes", "--chat-template", str(template)))))
-            out["vllm"] = _busted(srv.url, runs, True, model_path)
+            out["vllm"] = _busted(srv.url, runs, model=model_path, salt=True)
             _emit("trace_vllm", out["vllm"])
             first = [s.requests[0] for s in trace.trace(20, 1, seed=2)]
             table = toolcalls.table(nb13_runs.tool_runs(srv.url, first, config.pick(128, 96), model=model_path),

@@ -304,3 +304,29 @@ def test_replay_order_summary_and_block_rounding():
                                                   (1024, "reload", 0.2), (1024, "recompute", 1.5))])
     assert nb13_runs.measured_crossover(table) == 1024
     assert nb13_runs.measured_crossover(table[:1]) is None
+
+
+def test_perfect_served_the_busted_verdict_the_tier_prediction_and_a_refusal():
+    from labkit.lessons.runs import nb13 as nb13_runs
+    from labkit.serve import client
+
+    prompts = [[[1, 2, 3, 4], [1, 2, 3, 4, 5, 6]], [[1, 2, 9]]]
+    assert nb13_runs.perfect_served(prompts) == {(0, 0): 0, (1, 0): 2, (0, 1): 4}
+    assert nb13_runs.perfect_served(prompts, block=2) == {(0, 0): 0, (1, 0): 2, (0, 1): 4}
+    assert nb13_runs.perfect_served(prompts, lambda ps: [len(p) for p in ps]) == {(0, 0): 4, (1, 0): 3, (0, 1): 6}
+
+    def rows(per_token):
+        return [{"session": s, "turn": t, "prompt_tokens": 100, "cached_tokens": 0 if per_token > 1 else 80,
+                 "ttft_s": (5.0 if t == 0 else per_token) * (1 + s / 100)} for s in range(4) for t in range(4)]
+
+    whole, judged = nb13_runs.busted_against_clean({"clean": rows(0.5), "timestamp": rows(1.5)})
+    assert whole["clean"]["cached_share"] == 0.8 and judged.ratio == pytest.approx(3.0, rel=0.05)
+    assert judged.kind == "worse", "turn 0 (equal in both) is left out: the later turns are 3× slower"
+
+    tier = [{"tokens": n, "way": "recompute", "ttft_s": t} for n, t in ((1024, 2.0), (1024, 1.0), (128, 0.5))]
+    found = nb13_runs.tier_prediction(tier, {"bytes_per_s": 1e9, "start_s": 0.01}, 1e5)
+    assert found["prefill_tokens_per_s"] == 1024 and found["tokens"] == tiers.crossover(1e5, 1e9, 1024, 0.01)["tokens"]
+
+    said = client.refusal({"status": 400, "data": {"error": {"message": "too long", "param": "prompt"}}})
+    assert said == {"status": 400, "message": "too long", "param": "prompt"}
+    assert client.refusal({"status": 500, "data": "boom"})["message"] == "{'error': 'boom'}"

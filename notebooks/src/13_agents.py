@@ -52,7 +52,7 @@ import pandas as pd
 from IPython.display import display
 
 import labkit
-from labkit.core import config, cpu, env, machine, results, verdict
+from labkit.core import config, cpu, env, machine, results
 from labkit.model import models, prompts, sizing
 from labkit.serve import launch
 from labkit.serve.agents import prefix_lint, tiers, toolcalls, trace
@@ -99,7 +99,6 @@ print(f"KV per token (labkit size's formula, fp32): {BYTES_PER_TOKEN:,} B")
 # %% slideshow={"slide_type": "fragment"}
 sessions = trace.trace(SESSIONS, TURNS, seed=SEED)
 ids = [[trace.render(body, tok) for body in s.requests] for s in sessions]
-sent = nb13_runs.order(ids)  # (session, turn): every session's turn 0, then every turn 1, ...
 print(f"{SESSIONS} sessions × {TURNS} turns; prompt tokens per turn of session 0: {[len(p) for p in ids[0]]}")
 print(tok.decode(ids[0][1])[:900] + " …")
 
@@ -121,8 +120,8 @@ PREDICT_SHARE = None  # your prediction: the share of all prompt tokens a perfec
 
 # %% tags=["mechanism"]
 serve_fn = exercises.use("13.served_tokens", served_tokens, prefix_lint.served_tokens)
-served = dict(zip(sent, serve_fn([ids[s][t] for s, t in sent])))
-total = sum(len(ids[s][t]) for s, t in sent)
+served = nb13_runs.perfect_served(ids, serve_fn)  # (session, turn) -> tokens a perfect cache serves
+total = sum(len(p) for session in ids for p in session)
 perfect = sum(served.values()) / total
 by_turn = [sum(served[(s, t)] for s in range(SESSIONS)) / sum(len(ids[s][t]) for s in range(SESSIONS))
            for t in range(TURNS)]
@@ -161,15 +160,12 @@ try:
     tools_answer = nb13_runs.post_tools(lab.url, sessions[0].requests[0])
 finally:
     lab.stop()
-lab_sum = {name: nb13_runs.summary(rows, name) for name, rows in lab_rows.items()}
+lab_sum, lab_judged = nb13_runs.busted_against_clean(lab_rows)
 SAMPLES = ("ttft_s", "ttft_per_token_s")  # each request's figures: kept in the results, not in the tables
 res.replace("lab_runs", [{k: v for k, v in s.items() if k not in SAMPLES} for s in lab_sum.values()])
 res.replace("lab_per_turn", nb13_runs.per_turn(lab_rows["clean"], nb13_runs.served_by_block(served, ids, 16)))
 display(res.frame("lab_runs").round(3))
 display(res.frame("lab_per_turn").round(3))
-later = {name: nb13_runs.summary(rows, name, skip_first_turn=True) for name, rows in lab_rows.items()}  # turns 1+
-lab_judged = verdict.compare(later["timestamp"]["ttft_per_token_s"], later["clean"]["ttft_per_token_s"],
-                             higher_is_better=False)
 lab_said = nb13_findings.busted_sentence("The lab's server", lab_sum["clean"], lab_sum["timestamp"], lab_judged,
                                          lab_sum["clock pinned"])
 print(lab_said)
@@ -232,15 +228,12 @@ if HAS_VLLM:
     print(f"vllm serve started in {vllm_srv.start_s:.0f} s: {vllm_srv.platform()}")
     vllm_rows = {name: nb13_runs.replay(vllm_srv.url, runs[name], max_tokens=MAX_TOKENS, model=str(model_path),
                                         salt=f"{name}-{SEED}") for name in ("clean", "timestamp")}
-    vllm_sum = {name: nb13_runs.summary(rows, name) for name, rows in vllm_rows.items()}
+    vllm_sum, vllm_judged = nb13_runs.busted_against_clean(vllm_rows)
     res.replace("vllm_runs", [{k: v for k, v in s.items() if k not in SAMPLES} for s in vllm_sum.values()])
     res.replace("vllm_per_turn", nb13_runs.per_turn(vllm_rows["clean"],
                                                     nb13_runs.served_by_block(served, ids, VLLM_BLOCK)))
     display(res.frame("vllm_runs").round(3))
     display(res.frame("vllm_per_turn").round(3))
-    later_v = {name: nb13_runs.summary(rows, name, skip_first_turn=True) for name, rows in vllm_rows.items()}
-    vllm_judged = verdict.compare(later_v["timestamp"]["ttft_per_token_s"], later_v["clean"]["ttft_per_token_s"],
-                                  higher_is_better=False)
     vllm_said = nb13_findings.busted_sentence("vLLM", vllm_sum["clean"], vllm_sum["timestamp"], vllm_judged)
     print(vllm_said)
     vllm_too_long = nb13_runs.over_context(vllm_srv.url, MAX_MODEL_LEN, model=str(model_path))
@@ -272,9 +265,8 @@ try:
                                       max_tokens=MAX_TOKENS)
 finally:
     tier_srv.stop()
-recompute_longest = [r for r in tier_rows if r["way"] == "recompute" and r["tokens"] == filler]
-prefill_tps = filler / min(r["ttft_s"] for r in recompute_longest)
-predicted = tiers.crossover(BYTES_PER_TOKEN, disk["bytes_per_s"], prefill_tps, disk["start_s"])
+predicted = nb13_runs.tier_prediction(tier_rows, disk, BYTES_PER_TOKEN)
+prefill_tps = predicted["prefill_tokens_per_s"]
 tier_table = nb13_runs.tier_table(tier_rows, nb13_runs.predicted_seconds(BYTES_PER_TOKEN, disk["bytes_per_s"],
                                                                         prefill_tps, disk["start_s"]))
 res.replace("tier", tier_table)
@@ -343,8 +335,7 @@ for label, disk_dir in (("memory only", None), ("with the disk tier", many_dir))
         for n in counts if disk_dir is None else counts[-1:]:
             srv.flush_cache()
             rows = nb13_runs.replay(srv.url, many_ids[:n], max_tokens=MAX_TOKENS)
-            perfect_n = nb13_runs.served_by_block(dict(zip(nb13_runs.order(many_ids[:n]), prefix_lint.served_tokens(
-                [many_ids[:n][s][t] for s, t in nb13_runs.order(many_ids[:n])]))), many_ids[:n], 16)
+            perfect_n = nb13_runs.perfect_served(many_ids[:n], block=16)
             many_rows.append({"sessions": n, "cache": label, **{k: v for k, v in nb13_runs.summary(
                 rows, f"{n} sessions").items() if k not in (*SAMPLES, "run")},
                 "perfect_share": sum(perfect_n.values()) / sum(len(p) for s in many_ids[:n] for p in s)})

@@ -18,11 +18,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...core import verdict
 from ...core.checks import positive
 from ...core.timing import clock
 from ...decoding import quality
 from ...serve import client
-from ...serve.agents import tiers, trace
+from ...serve.agents import prefix_lint, tiers, trace
 from ...serve.fleet.router import ROUTED_HEADER, ROUTING_KEY_HEADER
 
 Prompts = Sequence[Sequence[Sequence[int] | str]]  # per session, per turn: the rendered prompt's token ids (or its text)
@@ -83,6 +84,16 @@ def summary(rows: Sequence[Mapping[str, Any]], name: str, skip_first_turn: bool 
             "ttft_per_token_s": [r["ttft_s"] / r["prompt_tokens"] for r in kept]}
 
 
+def busted_against_clean(rows: Mapping[str, Sequence[Mapping[str, Any]]], busted: str = "timestamp",
+                         clean: str = "clean") -> tuple[dict[str, dict[str, Any]], Any]:
+    """Each run's ``summary``, and the verdict on the busted run's TTFT per prompt token against the clean run's,
+    turns 1 on (turn 0 is cold in both: only later turns can lose their session's own prefix)."""
+    whole = {name: summary(r, name) for name, r in rows.items()}
+    later = {name: summary(rows[name], name, skip_first_turn=True) for name in (busted, clean)}
+    return whole, verdict.compare(later[busted]["ttft_per_token_s"], later[clean]["ttft_per_token_s"],
+                                  higher_is_better=False)
+
+
 def per_turn(rows: Sequence[Mapping[str, Any]], predicted: Mapping[tuple[int, int], int]) -> list[dict[str, Any]]:
     """One row per turn: mean prompt tokens, the predicted and the measured cached share, median TTFT."""
     out = []
@@ -96,6 +107,15 @@ def per_turn(rows: Sequence[Mapping[str, Any]], predicted: Mapping[tuple[int, in
     return out
 
 
+def perfect_served(prompts: Prompts, served: Callable[[list[Sequence[int]]], list[int]] = prefix_lint.served_tokens,
+                   block: int | None = None) -> dict[tuple[int, int], int]:
+    """What a perfect prefix cache serves each request of a replay: ``served`` (``prefix_lint.served_tokens``, or the
+    learner's) over the prompts in ``order``; with ``block``, as a block cache serves it (``served_by_block``)."""
+    sent = order(prompts)
+    found = dict(zip(sent, served([prompts[s][t] for s, t in sent])))
+    return served_by_block(found, prompts, block) if block else found
+
+
 def served_by_block(served: Mapping[tuple[int, int], int], prompts: Prompts, block: int) -> dict[tuple[int, int], int]:
     """A perfect cache's served tokens as a block cache serves them: whole blocks only, and never the prompt's last
     token (its logits give the first answer token)."""
@@ -103,25 +123,18 @@ def served_by_block(served: Mapping[tuple[int, int], int], prompts: Prompts, blo
     return {(s, t): min(n, len(prompts[s][t]) - 1) // block * block for (s, t), n in served.items()}
 
 
-def _answer(result: Mapping[str, Any]) -> dict[str, Any]:
-    error = (result["data"] or {}).get("error") if isinstance(result["data"], dict) else None
-    message = (error or {}).get("message") if isinstance(error, dict) else (error or "")
-    return {"status": result["status"], "message": str(message or ""), "param": (error or {}).get("param")
-            if isinstance(error, dict) else None}
-
-
 def over_context(url: str, max_model_len: int, model: str | None = None) -> dict[str, Any]:
     """A completions request whose prompt (token ids) is one token past ``max_model_len``: the server's status and
     message (a clear 400 is the right answer)."""
     body = {"prompt": [1] * (positive("max_model_len", max_model_len) + 1), "max_tokens": 1,
             **({"model": model} if model else {})}
-    return _answer(client.post_all(url, [body], endpoint="completions")[1][0])
+    return client.refusal(client.post_all(url, [body], endpoint="completions")[1][0])
 
 
 def post_tools(url: str, request: Mapping[str, Any]) -> dict[str, Any]:
     """A trace request with its tools sent to the chat endpoint as it is: the status and message."""
     body = {k: v for k, v in request.items() if k != "model"}
-    return _answer(client.post_all(url, [body])[1][0])
+    return client.refusal(client.post_all(url, [body])[1][0])
 
 
 # ---------------------------------------------------------------------------------------- the disk tier
@@ -220,6 +233,17 @@ def truncated_equal(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     cut = [r for r in rows if r["way"] == "truncated"]
     same = [quality.identical(clean[(r["tokens"], r["round"])], r["answer"]) for r in cut]
     return {"compared": len(cut), "identical": sum(same), "recomputed": sum(not r["cached_tokens"] for r in cut)}
+
+
+def tier_prediction(rows: Sequence[Mapping[str, Any]], disk: Mapping[str, Any], bytes_per_token: float
+                    ) -> dict[str, Any]:
+    """The crossover ``tiers`` predicts from the KV formula's ``bytes_per_token``, the disk's measured read-back
+    (``disk_bandwidth``) and the prefill speed the fastest recompute of the longest prefix showed: ``{"tokens",
+    "reason", "prefill_tokens_per_s"}``."""
+    longest = max(r["tokens"] for r in rows)
+    prefill = longest / min(r["ttft_s"] for r in rows if r["way"] == "recompute" and r["tokens"] == longest)
+    return {**tiers.crossover(bytes_per_token, disk["bytes_per_s"], prefill, disk["start_s"]),
+            "prefill_tokens_per_s": prefill}
 
 
 def predicted_seconds(bytes_per_token: float, bandwidth: float, prefill_tokens_per_s: float, start_s: float
