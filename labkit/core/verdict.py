@@ -18,6 +18,8 @@ or a baseline that is itself anomalous.
 layers' errors, a measurement against a model's prediction): ``"tie"`` within ``TIE``, else better or worse.
 ``largest(pieces)`` names the largest of several such values, or the ones tied for it. ``doubts(spread, drift)``
 names what makes a timed row rough (a spread over ``ROUGH_SPREAD``, a drift outside ``DRIFT_RANGE``).
+``bootstrap_diff(new, base)`` bounds the difference of two medians (a percentile bootstrap): a difference is there
+only when its interval leaves out zero.
 
 A sentence never says "faster" on a pair that is not a real difference: it asks ``Verdict.word`` for its word, or
 lets ``phrase`` (a ratio and what the verdict allows it to say) or ``than`` (the comparison words) write the words,
@@ -28,6 +30,7 @@ takes them from here, and no findings module compares a measured ratio against a
 """
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -248,3 +251,22 @@ def doubts(spread: float | None = None, drift: float | None = None) -> list[str]
     if drift is not None and drift == drift and not lo <= drift <= hi:
         said.append(f"drift {drift:.2f} (outside {lo:g}–{hi:g}: the machine's speed moved during the run)")
     return said
+
+
+def bootstrap_diff(new: Any, base: Any, *, resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """A percentile-bootstrap interval for median(new) − median(base), in the quantity's own unit: each side is
+    resampled with replacement ``resamples`` times (seeded, so a run repeats), the difference of the two resampled
+    medians taken each time, and the central ``level`` share of those differences returned as (low, high).
+    An interval that holds 0 cannot tell the two apart."""
+    a, b = _values(new), _values(base)
+    if not a or not b:
+        raise ValueError("bootstrap_diff() needs at least one sample on each side")
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
+    if not 0 < level < 1:
+        raise ValueError(f"level is a share between 0 and 1 (0.95 for a 95 % interval), got {level}")
+    rng = random.Random(seed)
+    diffs = sorted(statistics.median(rng.choices(a, k=len(a))) - statistics.median(rng.choices(b, k=len(b)))
+                   for _ in range(resamples))
+    tail = (1 - level) / 2 * 100
+    return percentile(diffs, tail), percentile(diffs, 100 - tail)

@@ -13,7 +13,8 @@ agreement    the fraction of positions where the variant's argmax equals the ref
 kl           mean over positions of KL(reference || variant) of the next-token distributions, in nats
 answers      two greedy answers compared, the one home of it: ``until_eos``, ``first_difference``,
              ``identical``, ``all_identical``, ``equal_tokens``, ``answers_check`` and its phrase ``check_line`` (every engine, server and bench
-             script compares answers through these)
+             script compares answers through these); ``divergence`` adds where two runs of one prompt part and the
+             largest logit difference up to there
 Agreement and KL are teacher-forced on the reference's own greedy continuation of each prompt,
 so both models see exactly the same tokens and one early difference does not derail the rest.
 """
@@ -354,3 +355,31 @@ def check_line(check: Mapping[str, Any]) -> str:
     parts += [f"{name} missing" for name in check["missing"]]
     return "differ: " + ", ".join(parts) if parts else "nothing compared"
 
+
+@dataclass(frozen=True)
+class Divergence:
+    position: int | None  # the first token position where the answers differ; None when identical
+    max_logit_diff: float | None  # the largest |logit difference| over the steps both scored, up to ``position``
+    steps: int  # how many steps' logits were compared
+
+
+def divergence(a: Sequence[int], b: Sequence[int], logits_a: Sequence[Any] = (), logits_b: Sequence[Any] = ()) -> Divergence:
+    """Two greedy answers to one prompt (alone, and inside a batch; fp32 and bf16): the first position where they
+    part (``first_difference``) and the largest absolute difference between their next-token logits, step by step,
+    over the steps both runs produced up to and including that position (after it the two runs read different
+    tokens, so their logits no longer answer the same question). ``logits_a``/``logits_b`` hold one vector per step
+    (tensors or arrays of one vocabulary); leave them empty to compare tokens only."""
+    pos = first_difference(a, b)
+    last = min(len(logits_a), len(logits_b))
+    if pos is not None:
+        last = min(last, pos + 1)
+    worst = None
+    for x, y in zip(logits_a[:last], logits_b[:last]):
+        if len(x) != len(y):
+            raise ValueError(f"logits of one step differ in size ({len(x)} and {len(y)}): compare runs of one model")
+        try:
+            d = float(abs(x - y).max())  # tensors and arrays: one vectorised pass over the vocabulary
+        except TypeError:  # plain lists of floats
+            d = max(abs(float(p) - float(q)) for p, q in zip(x, y))
+        worst = d if worst is None else max(worst, d)
+    return Divergence(pos, worst, last)
