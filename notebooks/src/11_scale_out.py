@@ -456,7 +456,8 @@ findings.show(found_11)
 #   rates and TTFT above are the same replicas under the same load, routed differently.
 # - One server's knee under an SLO, not its peak requests per second, is the number to plan replicas with.
 # - Replicas while the model fits one GPU; tensor parallelism when it does not, paid for on every token.
-#
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Exercises (open-ended)
 # 1. Set `PER_GROUP = 4` and `GROUPS = 2`. Does cache-aware routing's advantage grow or shrink, and why?
 # 2. Raise `ROUTE_THRESHOLD` to 100 and lower it to 0: how often does the replay still agree with smg?
