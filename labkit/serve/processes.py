@@ -98,6 +98,23 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
+def pin_group(pgid: int, cores: set[int]) -> int:
+    """Hold every thread of every live process in the group to ``cores`` (Linux: affinity is per thread, so each
+    one in ``/proc/PID/task``); threads started later inherit it. Returns how many threads were pinned (0 where the
+    OS offers no affinity)."""
+    if not cores:
+        raise ValueError("cores: name at least one CPU")
+    if not hasattr(os, "sched_setaffinity") or not Path("/proc").is_dir():
+        return 0
+    pinned = 0
+    for pid in group_pids(pgid):
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(task.name), cores)
+                pinned += 1
+    return pinned
+
+
 def group_alive(pgid: int) -> bool:
     """Whether a process group still has a live member (a zombie leader alone counts as gone)."""
     try:

@@ -1,5 +1,5 @@
 """The runs a notebook executes, one module per notebook (``nbNN``); where the notebook has a bench script (10:
-``bench/beyond.py``, 11: ``bench/scale_out.py``, 12: ``bench/serving_features.py``, 13: ``bench/agents.py``) it runs the same code, so the
+``bench/beyond.py``, 11: ``bench/scale_out.py``, 12: ``bench/serving_features.py``, 13: ``bench/agents.py``, 14: ``bench/trust.py``) it runs the same code, so the
 numbers a notebook prints and the ones ``make bench`` records agree.
 
 ``nb06``  the lab's servers and ``vllm serve`` under the same load, interleaved rounds
@@ -8,6 +8,7 @@ numbers a notebook prints and the ones ``make bench`` records agree.
 ``nb11``  the routing policies' rounds, the capacity sweep, the headline figures
 ``nb12``  structured outputs against any server, malformed requests, and the prefill/decode split session
 ``nb13``  an agent trace replayed turn by turn, the disk tier's reload against recompute, tool calls per tool_choice
+``nb14``  four clients on one server, A/A and A/B trials, open and closed loop, vLLM's answers alone and in batches
 
 The rule: a run orchestrates mechanisms (``serve``, ``serve.vllm``, ``serve.fleet``, ``decoding``) and never
 opens a socket itself: every request goes through ``labkit.serve.client`` or ``labkit.serve.loadgen``. Takeaways

@@ -1,0 +1,304 @@
+"""Notebook 14's pieces: the alignment to one definition, the outside clients' readers and runner (failures become
+rows), the slow proxy's injected delay, the MLPerf SUT adapter over a fake server, vLLM's histograms read back,
+pinning a process group, and the batch-divergence runner."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit.serve import client, loadgen, metrics, processes
+from labkit.serve.clients import align, outside
+
+DATA = Path(__file__).parent / "data" / "clients"
+
+
+def served_model(url):
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/v1/models", timeout=10) as resp:
+        return json.loads(resp.read())["data"][0]["id"]
+
+
+def rec(start, first, end, tokens):
+    return {"start_s": start, "first_token_s": first, "end_s": end, "tokens": tokens}
+
+
+# ------------------------------------------------------------------------------------------- alignment
+
+
+def test_aligned_follows_the_one_definition():
+    records = [rec(0.0, 0.2, 1.2, 11), rec(0.5, 0.6, 2.6, 21), rec(1.0, 1.4, 3.0, 2)]
+    a = align.aligned(records)
+    ttft = sorted([0.2, 0.1, 0.4])
+    tpot = sorted([1.0 / 10, 2.0 / 20, 1.6 / 1])
+    assert a["requests"] == 3
+    assert a["ttft_p50_s"] == pytest.approx(ttft[1])
+    assert a["tpot_p50_s"] == pytest.approx(tpot[1])
+    assert a["output_tokens_per_s"] == pytest.approx(34 / 3.0)  # tokens over the span: first start to last end
+
+
+def test_aligned_leaves_one_token_answers_out_of_tpot():
+    a = align.aligned([rec(0, 0.1, 0.1, 1), rec(0, 0.1, 0.5, 5)])
+    assert a["tpot_p50_s"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("records, words", [([], "no records"), ([{"start_s": 0}], "lacks"),
+                                            ([rec(1.0, 0.5, 2.0, 3)], "one clock")])
+def test_aligned_names_bad_records(records, words):
+    with pytest.raises(ValueError, match=words):
+        align.aligned(records)
+
+
+def test_stamps_from_request_outputs_keep_successes_only():
+    outs = [client.RequestOutput(success=True, output_tokens=4, ttft_s=0.1, e2e_s=0.4, start_s=1.0),
+            client.RequestOutput(success=False, start_s=2.0)]
+    assert align.stamps(outs) == [rec(1.0, 1.1, 1.4, 4)]
+
+
+def test_deviation_is_against_the_clients_median():
+    d = align.deviation({"a": {"tpot_p50_s": 1.0, "output_tokens_per_s": 10.0},
+                         "b": {"tpot_p50_s": 1.1, "output_tokens_per_s": 10.0},
+                         "c": {"tpot_p50_s": 1.3, "output_tokens_per_s": None}})
+    assert d["per_client"]["a"]["tpot_p50_s"] == pytest.approx(1.0 / 1.1 - 1)
+    assert d["max"]["client"] == "c" and d["max"]["value"] == pytest.approx(1.3 / 1.1 - 1)
+    assert "output_tokens_per_s" not in d["per_client"]["c"]
+
+
+# ------------------------------------------------------------------------------------------- readers
+
+
+def test_aiperf_records_use_the_servers_token_count_and_keep_aiperfs_own(tmp_path):
+    shutil.copytree(DATA / "aiperf", tmp_path / "aiperf")
+    outputs, reported = outside.read_aiperf(tmp_path)
+    lines = [json.loads(x) for x in (DATA / "aiperf" / "profile_export.jsonl").read_text().splitlines()]
+    assert [o.output_tokens for o in outputs] == [r["metrics"]["usage_completion_tokens"]["value"] for r in lines]
+    assert reported["client_counted_tokens"] == sum(r["metrics"]["output_sequence_length"]["value"] for r in lines)
+    assert reported["client_counted_tokens"] < reported["server_counted_tokens"]  # re-tokenised text loses tokens
+    first = lines[0]["metrics"]
+    assert outputs[0].ttft_s == pytest.approx(first["time_to_first_token"]["value"] / 1e3)
+    assert min(o.start_s for o in outputs) == 0.0
+    # AIPerf's own ITL is (E2E − TTFT) ÷ (its count − 1): recomputed from the record it matches
+    own = (first["request_latency"]["value"] - first["time_to_first_token"]["value"]) / (
+        first["output_sequence_length"]["value"] - 1)
+    assert own == pytest.approx(first["inter_token_latency"]["value"])
+
+
+def test_guidellm_tpot_counts_the_first_token_and_alignment_takes_it_out(tmp_path):
+    shutil.copytree(DATA / "guidellm", tmp_path / "guidellm")
+    outputs, reported = outside.read_guidellm(tmp_path)
+    raw = json.loads((DATA / "guidellm" / "benchmarks.json").read_text())["benchmarks"][0]["requests"]["successful"]
+    for o, r in zip(outputs, raw):
+        assert r["time_per_output_token_ms"] / 1e3 == pytest.approx(o.e2e_s / o.output_tokens, rel=1e-3)
+        assert r["inter_token_latency_ms"] / 1e3 == pytest.approx(o.tpot_s, rel=1e-3)
+    assert reported["tpot_p50_s"] > reported["itl_p50_s"]
+
+
+# ------------------------------------------------------------------------------------------- running
+
+
+W = outside.Workload(("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",) * 4, 4, 2, "m", "/nowhere")
+
+
+def test_a_missing_client_is_a_row_naming_the_make_target(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_CLIENTS_PYTHON", str(tmp_path / "none" / "python"))
+    run = outside.run("AIPerf", "http://127.0.0.1:9", W, tmp_path)
+    assert not run.ok and "make clients" in run.status
+    assert run.row()["latency_named"] == "ITL"
+
+
+def test_a_failing_and_a_hanging_client_become_failed_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(outside, "command", lambda *a: [sys.executable, "-c", "import sys; print('ERROR: bad flag'); "
+                                                                             "sys.exit(3)"])
+    failed = outside.run("labkit", "http://127.0.0.1:9", W, tmp_path)
+    assert failed.status.startswith("failed: exit 3") and "bad flag" in failed.status
+    monkeypatch.setattr(outside, "command", lambda *a: [sys.executable, "-c", "import time; time.sleep(60)"])
+    t0 = time.perf_counter()
+    hung = outside.run("labkit", "http://127.0.0.1:9", W, tmp_path, timeout_s=1.0)
+    assert "no result within 1 s" in hung.status and time.perf_counter() - t0 < 20
+    with pytest.raises(ValueError, match="choose one of"):
+        outside.run("wrk", "http://127.0.0.1:9", W, tmp_path)
+
+
+def test_labkits_client_as_a_child_writes_records_that_align(server, tmp_path):
+    outside.write_inputs(tmp_path, W)
+    run = outside.run("labkit", server.url, outside.Workload(W.prompts, 4, 2, served_model(server.url), "/nowhere"),
+                      tmp_path, cores={0})
+    assert run.ok, run.status
+    assert len(run.outputs) == 4 and run.reported["requests"] == 4
+    assert run.aligned()["tpot_p50_s"] == pytest.approx(run.reported["tpot_p50_s"])
+    assert run.cpu_s is not None and run.cpu_s > 0
+
+
+def test_workload_and_inputs(tmp_path):
+    with pytest.raises(ValueError, match="output_len"):
+        outside.Workload(("p",), 1, 1, "m", "t")
+    paths = outside.write_inputs(tmp_path, W)
+    g = [json.loads(x) for x in paths["guidellm"].read_text().splitlines()]
+    assert len(g) == 4 and g[0]["output_tokens_count"] == 4
+    assert loadgen.read_prompts_file(paths["prompts"]) == list(W.prompts)
+    assert json.loads(paths["aiperf"].read_text().splitlines()[0]) == {"text": W.prompts[0]}
+
+
+# ------------------------------------------------------------------------------------------- the slow proxy
+
+
+def test_the_slow_proxy_adds_its_delay_to_every_token(server):
+    from labkit.serve.clients.delay import SlowProxy
+
+    prompts = ["Tell me a story about a lighthouse."]
+    with SlowProxy(server.url, 0.0) as p:
+        base = loadgen.run(p.url, prompts, num_requests=2, max_concurrency=1, max_tokens=6, warmup=1)
+        p.per_token_s = 0.05
+        slow = loadgen.run(p.url, prompts, num_requests=2, max_concurrency=1, max_tokens=6, warmup=0)
+        with pytest.raises(ValueError, match="per_token_s"):
+            p.per_token_s = -1
+    assert base.failed == 0 and slow.failed == 0
+    gained = statistics.median(o.tpot_s for o in slow.outputs) - statistics.median(o.tpot_s for o in base.outputs)
+    assert 0.04 < gained < 0.2  # each gap grows by the delay (the machine's own noise on top)
+    assert statistics.median(o.ttft_s for o in slow.outputs) > 0.04
+
+
+# ------------------------------------------------------------------------------------------- MLPerf LoadGen
+
+
+class FakeLG:
+    def __init__(self):
+        self.calls = []
+
+    def QuerySampleResponse(self, *args):
+        return args
+
+    def FirstTokenComplete(self, responses):
+        self.calls.append(("first", responses))
+
+    def QuerySamplesComplete(self, responses):
+        self.calls.append(("done", responses))
+
+
+def test_report_tells_loadgen_the_first_token_then_the_answer_with_its_tokens():
+    from labkit.serve.clients import mlperf
+
+    lg = FakeLG()
+    mlperf.report(lg, 7, "first", 0)
+    mlperf.report(lg, 7, "done", 12)
+    assert lg.calls == [("first", [(7, 0, 0)]), ("done", [(7, 0, 0, 12)])]
+    with pytest.raises(ValueError, match="first"):
+        mlperf.report(lg, 7, "end", 1)
+
+
+def test_official_limits_come_from_loadgens_own_conf_and_keep_their_ratio():
+    mlperf = pytest.importorskip("labkit.serve.clients.mlperf")
+    pytest.importorskip("mlperf_loadgen")
+    official = mlperf.official_limits()
+    assert official["ttft_s"] > official["tpot_s"] > 0
+    lim = mlperf.limits(0.02, official)
+    assert lim["tpot_s"] == pytest.approx(mlperf.TPOT_HEADROOM * 0.02)
+    assert lim["ttft_s"] / lim["tpot_s"] == pytest.approx(official["ttft_s"] / official["tpot_s"])
+    with pytest.raises(LookupError):
+        mlperf.official_limits("no-such-model")
+
+
+def test_the_sut_adapter_runs_loadgen_over_a_fake_server(server, tmp_path):
+    pytest.importorskip("mlperf_loadgen")
+    from labkit.serve.clients import mlperf
+
+    seen = []
+
+    def counting(lg, qid, event, tokens):
+        seen.append((event, tokens))
+        mlperf.report(lg, qid, event, tokens)
+
+    res = mlperf.run(server.url, served_model(server.url), ["Say something."] * 4, tmp_path / "lg", scenario="Offline",
+                     qps=20.0, max_tokens=4, ttft_s=5.0, tpot_s=1.0, min_duration_s=0.5, min_queries=8,
+                     report=counting)
+    assert res.valid is not None and res.lines.get("Scenario") == "Offline"
+    assert res.sent >= 8 and res.failed == 0
+    assert seen.count(("first", 0)) == res.sent
+    assert [t for e, t in seen if e == "done"] == [4] * res.sent  # the server's count of tokens, each answer
+    assert "not an MLPerf result" in res.note
+    with pytest.raises(ValueError, match="scenario"):
+        mlperf.run(server.url, "m", ["p"], tmp_path, scenario="SingleStream", qps=1, max_tokens=2, ttft_s=1,
+                   tpot_s=1, min_duration_s=1, min_queries=1)
+
+
+def test_read_summary_takes_the_first_of_each_key():
+    text = "Result is : INVALID\n  Early stopping satisfied: NO\nResult is : VALID\nno colon here\n"
+    from labkit.serve.clients import mlperf
+
+    assert mlperf.read_summary(text) == {"Result is": "INVALID", "Early stopping satisfied": "NO"}
+
+
+# ------------------------------------------------------------------------------------------- histograms
+
+
+PROM = """vllm:x_seconds_bucket{le="0.1",engine="0"} 2
+vllm:x_seconds_bucket{le="0.2",engine="0"} 6
+vllm:x_seconds_bucket{le="+Inf",engine="0"} 8
+vllm:x_seconds_bucket{le="0.1",engine="1"} 0
+vllm:x_seconds_bucket{le="0.2",engine="1"} 2
+vllm:x_seconds_bucket{le="+Inf",engine="1"} 2
+vllm:x_seconds_count{engine="0"} 8
+vllm:x_seconds_count{engine="1"} 2
+vllm:x_seconds_sum{engine="0"} 1.6
+vllm:x_seconds_sum{engine="1"} 0.3
+"""
+
+
+def test_histogram_quantile_interpolates_inside_the_bucket_as_prometheus_does():
+    h = metrics.histogram(metrics.parse_prometheus(PROM), "vllm:x_seconds")
+    assert h["count"] == 10 and h["sum"] == pytest.approx(1.9)
+    assert h["buckets"] == [(0.1, 2.0), (0.2, 8.0), (float("inf"), 10.0)]
+    assert metrics.histogram_quantile(h, 0.5) == pytest.approx(0.1 + 0.1 * (5 - 2) / (8 - 2))
+    assert metrics.histogram_quantile(h, 0.1) == pytest.approx(0.1 * 1 / 2)
+    assert metrics.histogram_quantile(h, 0.95) == pytest.approx(0.2)  # in +Inf: the last finite edge
+    assert metrics.bucket_of(h, 0.15) == (0.1, 0.2)
+    with pytest.raises(ValueError, match="no histogram"):
+        metrics.histogram([], "vllm:x_seconds")
+
+
+# ------------------------------------------------------------------------------------------- pinning
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is a Linux call")
+def test_pin_group_holds_every_thread_of_the_group(tmp_path):
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        time.sleep(0.5)
+        core = min(os.sched_getaffinity(0))
+        assert processes.pin_group(proc.pid, {core}) >= 2  # the main thread and the sleeper
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            assert os.sched_getaffinity(int(task.name)) == {core}
+        with pytest.raises(ValueError, match="at least one"):
+            processes.pin_group(proc.pid, set())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# ------------------------------------------------------------------------------------------- batch divergence
+
+
+def test_batch_divergence_compares_the_target_alone_and_in_batches(tiny_llama):
+    from labkit.decoding import invariance
+
+    model, tok = tiny_llama
+    prompts = [tok("one two three")["input_ids"], tok("a much longer prompt about many things")["input_ids"],
+               tok("short")["input_ids"], tok("four five six seven")["input_ids"]]
+    rows = invariance.batch_divergence(model, prompts, tok.pad_token_id, batches=(2, 4), targets=(0, 2), new_tokens=5)
+    assert [(r["target"], r["batch"]) for r in rows] == [(0, 2), (0, 4), (2, 2), (2, 4)]
+    alone, _ = invariance.answer(model, [prompts[0]], tok.pad_token_id, 5)
+    for r in rows:
+        assert len(r["alone"]) == len(r["in_batch"]) == 5 and r["max_logit_diff"] is not None
+        assert (r["first_difference"] is None) == (r["alone"] == r["in_batch"])
+    assert rows[0]["alone"] == alone
+    with pytest.raises(ValueError, match="batch size"):
+        invariance.batch_divergence(model, prompts, tok.pad_token_id, batches=(1,))
