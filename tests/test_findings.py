@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.lessons.findings import nb03, nb06
+from labkit.lessons.findings import nb03
+from labkit.lessons.findings.serving import nb06
 
 
 def _batching_findings(**over):

@@ -6,7 +6,7 @@ import pytest
 
 from labkit.core import verdict
 from labkit.lessons.runs import nb12 as nb12_runs
-from labkit.lessons.findings import nb12
+from labkit.lessons.findings.serving import nb12
 from test_structured import SMALL
 
 

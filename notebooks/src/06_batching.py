@@ -65,7 +65,7 @@ from labkit.serve.vllm import server as vllm_server
 from labkit.serve import metrics as prom
 from labkit.lessons import exercises, findings, plots, references
 from labkit.lessons.runs import nb06 as nb06_runs
-from labkit.lessons.findings import nb06 as nb06_findings
+from labkit.lessons.findings.serving import nb06 as nb06_findings
 from labkit.lessons.widgets import panel as batch_widget
 
 plots.setup_offline()

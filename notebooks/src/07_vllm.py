@@ -64,7 +64,7 @@ from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import lab as vllm_lab
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, findings, plots
-from labkit.lessons.findings import nb07 as nb07_findings
+from labkit.lessons.findings.serving import nb07 as nb07_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?

@@ -51,7 +51,7 @@ from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, findings, plots, references, report
 from labkit.lessons.runs import nb09 as nb09_runs
-from labkit.lessons.findings import nb09 as nb09_findings
+from labkit.lessons.findings.serving import nb09 as nb09_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?

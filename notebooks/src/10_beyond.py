@@ -66,7 +66,7 @@ from labkit.serve.vllm import server as vllm_server
 from labkit.serve.vllm import mechanisms as vm
 from labkit.lessons import exercises, findings, plots, references
 from labkit.lessons.runs import nb10 as nb10_runs
-from labkit.lessons.findings import nb10 as nb10_findings
+from labkit.lessons.findings.serving import nb10 as nb10_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?

@@ -63,7 +63,7 @@ from labkit.serve.fleet import routing
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import cost, exercises, findings, plots, references
 from labkit.lessons.runs import nb11 as nb11_runs
-from labkit.lessons.findings import nb11 as nb11_findings
+from labkit.lessons.findings.serving import nb11 as nb11_findings
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?

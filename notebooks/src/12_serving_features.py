@@ -61,7 +61,7 @@ from labkit.serve.vllm import mechanisms as vm
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, findings, references
 from labkit.lessons.runs import nb12 as nb12_runs
-from labkit.lessons.findings import nb12 as nb12_findings
+from labkit.lessons.findings.serving import nb12 as nb12_findings
 
 machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())

@@ -60,7 +60,7 @@ from labkit.serve.fleet import router
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, findings
 from labkit.lessons.runs import nb13 as nb13_runs
-from labkit.lessons.findings import nb13 as nb13_findings
+from labkit.lessons.findings.serving import nb13 as nb13_findings
 
 machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick(), "|", cpu.cpu_name(),

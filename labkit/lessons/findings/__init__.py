@@ -8,15 +8,14 @@ headline) and the ``sentences`` they choose. The words for a difference and its 
 ``record(res, found)`` writes the rows as the results' ``summary`` section and the headline into its notes, where
 ``tools/run_notebooks.py`` reads it; ``show(found)`` prints the sentences.
 
-``nb00``  the first chat on this machine           ``nb06``  batching: static, padding, the server, arrivals
-``nb01``  sizing, bandwidth, roofline, decode gap  ``nb07``  paged KV, continuous batching, vLLM's engine
-``nb02``  fp16/bf16: speed beside quality          ``nb08``  fusion, compile, ONNX Runtime, calibration
-``nb03``  int8/int4: bytes, speed, agreement       ``nb09``  the capstone's before and after
-``nb03b`` FP8/FP4: formats, quality, FP8 GEMMs
-``nb04``  warmup: cold start, compile pay-back     ``nb10``  lookup, prefix cache, chunked prefill, KV, engines
-``nb05``  the KV cache                             ``nb11``  routing, capacity, cost, faults
-                                                   ``nb12``  structured outputs, LoRA adapters, P/D split
-                                                   ``nb13``  agents: cached share, cache-busters, KV tiers
+``nb00``  the first chat on this machine           ``nb03b`` FP8/FP4: formats, quality, FP8 GEMMs
+``nb01``  sizing, bandwidth, roofline, decode gap  ``nb04``  warmup: cold start, compile pay-back
+``nb02``  fp16/bf16: speed beside quality          ``nb05``  the KV cache
+``nb03``  int8/int4: bytes, speed, agreement       ``nb08``  fusion, compile, ONNX Runtime, calibration
+
+``serving``  the serving notebooks' takeaways (06, 07, 09 to 14: many requests at once), a room of their own: one
+module per notebook there too, with the shared pieces (``Findings``, ``record``, ``show``, the sentences several
+notebooks print) here.
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...core import results, verdict
-from . import Findings
+from ....core import results, verdict
+from .. import Findings
 
 
 def structured_sentence(con: Mapping[str, Any], free: Mapping[str, Any], where: str) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...core import cpu, timing, verdict
-from ...engines.cpu import best_lab_row
-from . import Findings
+from ....core import cpu, timing, verdict
+from ....engines.cpu import best_lab_row
+from .. import Findings
 
 
 def lookup_verdict(row: Mapping[str, Any]) -> verdict.Verdict:

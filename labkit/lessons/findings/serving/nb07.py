@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...core import results, verdict
-from . import Findings
+from ....core import results, verdict
+from .. import Findings
 
 
 def batching_verdicts(static: Mapping[str, Any], continuous: Mapping[str, Any], alone: Mapping[str, Any],

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core import verdict
-from ...core.verdict import Verdict
-from . import Findings
+from ....core import verdict
+from ....core.verdict import Verdict
+from .. import Findings
 
 
 def takeaways(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding: list[dict[str, Any]],

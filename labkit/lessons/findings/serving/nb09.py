@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...core import verdict
-from . import Findings, beyond_sweep, sweep_end
+from ....core import verdict
+from .. import Findings, beyond_sweep, sweep_end
 
 
 def takeaways(*, table: Any, before: str, after: str, limits: Mapping[str, int | None],

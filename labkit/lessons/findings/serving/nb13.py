@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import Findings
+from .. import Findings
 
 
 def busted_sentence(server: str, clean: Mapping[str, Any], busted: Mapping[str, Any], judged: Any,
