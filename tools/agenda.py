@@ -50,7 +50,7 @@ BREAK_MIN = 10
 WRAP_UP_MIN = 10
 CORE = ("00_setup", "01_hardware_sizing", "02_fp16_bf16", "03_int8_int4", "05_kv_cache", "06_batching",
         "04_warmup", "03b_fp8_fp4", "07_vllm", "10_beyond", "08_tensorrt", "09_capstone", "11_scale_out",
-        "12_serving_features", "13_agents")  # the 3-hour order of preference
+        "12_serving_features", "13_agents", "14_trust")  # the 3-hour order of preference
 TIMINGS = ROOT / "data" / "agenda.json"
 DOC = ROOT / "docs" / "instructor.md"
 START, END = "<!-- agenda:start (tools/agenda.py --write) -->", "<!-- agenda:end -->"
@@ -59,7 +59,7 @@ README = ROOT / "README.md"
 TABLE_START, TABLE_END = "<!-- notebooks:start (python -m tools.agenda --write) -->", "<!-- notebooks:end -->"
 DAY = ("00_setup", "01_hardware_sizing", "02_fp16_bf16", "03_int8_int4", "03b_fp8_fp4", "05_kv_cache", "06_batching",
        "07_vllm", "12_serving_features", "04_warmup", "10_beyond", "08_tensorrt", "09_capstone",
-       "11_scale_out", "13_agents")  # the 1-day order of preference
+       "11_scale_out", "13_agents", "14_trust")  # the 1-day order of preference
 DAY_OPEN_MIN, DAY_CLOSE_MIN = 9 * 60, 17 * 60 + 30  # 09:00 to 17:30
 DAY_BREAKS = ((10 * 60 + 30, "break", 15), (12 * 60 + 15, "lunch", 60), (15 * 60, "break", 15))  # once reached
 FOCUS = {
@@ -78,6 +78,7 @@ FOCUS = {
     "11_scale_out": "replicas behind a router, the knee under an SLO, cost and energy per token",
     "12_serving_features": "structured outputs, LoRA adapters, prefill/decode split",
     "13_agents": "an agent trace's prefix-cache economics, cache-busters, a disk tier for KV, tool calls",
+    "14_trust": "four benchmark clients on one server under one definition, A/A and A/B, MLPerf LoadGen, batch-dependent answers",
 }
 DAY_WRAP_MIN = 15  # the day's last slot: pack results, the class table
 

@@ -8,6 +8,8 @@
     loops          closed loop (a concurrency cap) against open loop (Poisson at the same mean rate); short against
                    long answers under the cap; the first request after an idle gap against warm ones
     vllm_batch_divergence  one prompt's greedy answer from ``vllm serve`` alone and among others sent at once
+    shared_cores   the clients again with client and server free on every core: CPU share and figures, against pinned
+    loadgen_rates  MLPerf LoadGen's Offline run, then Server at fractions and multiples of the rate it sustained
 
 A run orchestrates: requests go through ``serve.client``, ``serve.loadgen`` or the clients' own programs.
 """
@@ -22,8 +24,8 @@ from typing import Any
 from ...core import verdict
 from ...core.timing import percentile
 from ...decoding import quality
-from ...serve import client, loadgen, metrics
-from ...serve.clients import align, outside
+from ...serve import client, loadgen, metrics, processes
+from ...serve.clients import align, mlperf, outside
 from ...serve.clients.delay import SlowProxy
 
 NAIVE_STEP = verdict.TOLERANCE  # the smallest change a one-run-each reader prints as "B is x % faster"
@@ -234,3 +236,53 @@ def vllm_batch_divergence(url: str, prompts: Sequence[Sequence[int]], *, batches
                          "ok": alone.success and outs[0].success, "alone": alone.token_ids,
                          "in_batch": outs[0].token_ids})
     return rows
+
+
+# ------------------------------------------------------------------------------------------- shared cores, LoadGen
+
+
+def shared_cores(url: str, server_pid: int, w: outside.Workload, folder: Path, tables: Mapping[str, Any],
+                 pinned: Mapping[str, Sequence[outside.ClientRun]], *, server_cores: set[int], all_cores: set[int],
+                 clients: Sequence[str] = ("labkit", "AIPerf"),
+                 align_fn: Callable[[Sequence[Mapping[str, float]]], Mapping[str, Any]] = align.aligned
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """``clients`` again with the server's process group and the clients free on ``all_cores`` (then the server held
+    to ``server_cores`` again): each client's CPU share and aligned figures, pinned against shared; and the busiest
+    client's move in p50 TPOT."""
+    cost = cpu_share(pinned)
+    processes.pin_group(server_pid, all_cores)
+    try:
+        both = four_clients(url, w, folder, clients=clients, cores=None)
+    finally:
+        processes.pin_group(server_pid, server_cores)
+    shared_cost = cpu_share(both)
+    rows = []
+    for name, rs in both.items():
+        alone = tables["aligned"].get(name) or {}
+        together = dict(align_fn(align.stamps(rs[-1].outputs))) if rs and rs[-1].ok else {}
+        rows.append({"client": name, "cpu_share_pinned": cost.get(name), "cpu_share_shared": shared_cost.get(name),
+                     "tpot_p50_pinned_s": alone.get("tpot_p50_s"), "tpot_p50_shared_s": together.get("tpot_p50_s"),
+                     "tokens_per_s_pinned": alone.get("output_tokens_per_s"),
+                     "tokens_per_s_shared": together.get("output_tokens_per_s")})
+    judged = [r for r in rows if r["tpot_p50_shared_s"] and r["tpot_p50_pinned_s"]]
+    busiest = max(judged, key=lambda r: r["cpu_share_pinned"] or 0, default=None)
+    moved = None if busiest is None else {"client": busiest["client"],
+                                          "tpot_moved": busiest["tpot_p50_shared_s"] / busiest["tpot_p50_pinned_s"] - 1}
+    return rows, moved
+
+
+def loadgen_rates(url: str, model: str, prompts: Sequence[str], folder: Path, *, tpot_s: float, queries: int,
+                  tokens: int, min_duration_s: float, report: mlperf.Report = mlperf.report,
+                  factors: Sequence[float] = (0.5, 2.0)) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """MLPerf LoadGen over ``url``: Offline first (the rate the server sustains, from its "Samples per second"), then
+    Server at each of ``factors`` × that rate, under ``mlperf.limits(tpot_s)``. One summary row per run."""
+    limits = mlperf.limits(tpot_s)
+    common = dict(max_tokens=tokens, ttft_s=limits["ttft_s"], tpot_s=limits["tpot_s"], min_duration_s=min_duration_s,
+                  min_queries=queries, report=report)
+    offline = mlperf.run(url, model, prompts, folder / "lg_offline", scenario="Offline", qps=8.0, **common)
+    rows = [offline.row()]
+    capacity = float(offline.lines.get("Samples per second") or 0)
+    for factor in factors if capacity > 0 else ():
+        rows.append(mlperf.run(url, model, prompts, folder / f"lg_server_{factor:g}", scenario="Server",
+                               qps=factor * capacity, **common).row())
+    return rows, limits

@@ -40,11 +40,13 @@ MISSING = config.needs_make("clients", "AIPerf and GuideLLM not installed here",
 # what each client's headline latency is called and how it is computed (each one's code, versions above)
 DEFINITIONS = {
     "labkit": ("TPOT", "(E2E − TTFT) ÷ (n − 1), n from the server's usage; tokens/s over the run's wall time"),
-    "vllm bench": ("TPOT", "(E2E − TTFT) ÷ (n − 1), n from the server's usage; tokens/s over the benchmark's wall time"),
-    "AIPerf": ("ITL", "(E2E − TTFT) ÷ (n − 1), n counted by re-tokenising the streamed text on the client; "
-                      "tokens/s = those counts over the benchmark's duration"),
-    "GuideLLM": ("TPOT", "E2E ÷ n, the first token included (its ITL is (E2E − TTFT) ÷ (n − 1)), n from the "
-                         "server's usage; tokens/s over the benchmark's duration"),
+    "vllm bench": ("TPOT", "(E2E − TTFT) ÷ (n − 1), n from the server's usage; tokens/s over the benchmark's wall "
+                           "time"),
+    "AIPerf": ("ITL", "(E2E − TTFT) ÷ (n − 1), E2E to the last chunk with text, n counted by re-tokenising "
+                      "the streamed text on the client; tokens/s = those counts over the benchmark's duration"),
+    "GuideLLM": ("TPOT", "E2E ÷ n, the first token included and E2E to the stream's end (its ITL is (last "
+                         "token − first token) ÷ (n − 1)), n from the server's usage; tokens/s over the benchmark's "
+                         "duration"),
 }
 HEADLINE = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "output_tokens_per_s", "requests")
 
@@ -211,16 +213,25 @@ def read_aiperf(folder: Path) -> tuple[list[RequestOutput], dict[str, Any]]:
                      "server_counted_tokens": sum(o.output_tokens for o in outputs)}
 
 
+def _last_token_s(r: dict[str, Any]) -> float:
+    """A GuideLLM request's last token, from its start (its ``request_latency`` runs on to the stream's end, after
+    the usage chunk: on a busy server one engine step later)."""
+    t = (r.get("info") or {}).get("timings") or {}
+    if t.get("last_token_iteration") is not None and t.get("request_start") is not None:
+        return t["last_token_iteration"] - t["request_start"]
+    return r.get("request_latency") or 0.0
+
+
 def read_guidellm(folder: Path) -> tuple[list[RequestOutput], dict[str, Any]]:
-    """GuideLLM's ``benchmarks.json``: its first benchmark's requests (epoch-second stamps) and metrics (ms)."""
+    """GuideLLM's ``benchmarks.json``: its first benchmark's requests (epoch-second stamps; each one's end is its last
+    token, as GuideLLM's own ITL takes it) and metrics (ms)."""
     data = json.loads((folder / "guidellm" / "benchmarks.json").read_text(encoding="utf-8"))
     bench = data["benchmarks"][0]
     reqs = bench["requests"]
     rows = [(r, True) for r in reqs.get("successful", [])] + [(r, False) for r in reqs.get("errored", [])]
     t0 = min((r["request_start_time"] for r, _ in rows if r.get("request_start_time") is not None), default=0.0)
     outputs = [RequestOutput(success=ok, output_tokens=int(r.get("output_tokens") or 0),
-                             ttft_s=(r.get("time_to_first_token_ms") or 0.0) / 1e3,
-                             e2e_s=r.get("request_latency") or 0.0,
+                             ttft_s=(r.get("time_to_first_token_ms") or 0.0) / 1e3, e2e_s=_last_token_s(r),
                              start_s=(r.get("request_start_time") or t0) - t0,
                              error="" if ok else str((r.get("info") or {}).get("error"))[:200])
                for r, ok in rows]

@@ -1,0 +1,142 @@
+"""Notebook 14's headline figures, measured in one run: can you trust this benchmark?
+
+    clients     labkit's loadgen, vllm bench serve, AIPerf and GuideLLM on one request set against one `vllm serve`
+                (held to core 0, each client to core 1), interleaved rounds: each client's own p50 TTFT, TPOT/ITL and
+                tokens/s, the same runs under one definition, and the largest aligned deviation from their median
+    shared      labkit's client and AIPerf again with client and server free on both cores: CPU share, figures moved
+    aa_ab       A/A trials and trials with a known per-token slowdown (the lab's slow proxy): false-positive and
+                detection rates of one run each, labkit's verdict and a bootstrap interval
+    loops       a concurrency cap against Poisson arrivals at the same mean rate; the idle gap
+    loadgen     MLPerf LoadGen Offline, then Server at half and twice the rate Offline sustained
+    divergence  one prompt's greedy answer alone and inside batches: vllm serve (fp32), the lab's engine fp32 and bf16
+
+Prints one JSON line per section, the last line one JSON document with every headline figure and its provenance.
+Needs `make vllm` and `make clients` (rows marked failed, and said so, without them). LABKIT_QUICK=1 shrinks it.
+
+    python bench/trust.py [--trials N]      (A/A and A/B trials of each kind: 20 in full mode, 3 in quick)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+from pathlib import Path
+
+from labkit.core import config, cpu, env
+from labkit.core.results import jsonable
+from labkit.decoding import invariance
+from labkit.lessons.runs import nb14 as nb14_runs
+from labkit.model import models
+from labkit.serve import loadgen, paged, processes
+from labkit.serve.clients import outside
+from labkit.serve.vllm import server as vs
+
+SERVER_CORES, CLIENT_CORES = {0}, {1}
+SLOWDOWN = 0.10
+
+
+def _emit(section: str, row: dict) -> None:
+    print(json.dumps(jsonable({"section": section, **row})), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=config.pick(20, 3), help="A/A trials, and as many A/B trials")
+    args = ap.parse_args()
+    lm = models.load(dtype="fp32")
+    tok = lm.tokenizer
+    model_path = str(models.resolve())
+    requests = paged.load_requests()
+    n, length = config.pick(16, 8), config.pick(32, 16)
+    texts = [tok.apply_chat_template([{"role": "user", "content": r.prompt}], add_generation_prompt=True,
+                                     tokenize=False) for r in requests[:n]]
+    work = outside.Workload(tuple(texts), length, 4, model_path, model_path)
+    ids = [list(models.chat_ids(tok, r.prompt)) for r in requests[:12]]
+    targets, batches, tokens = config.pick((0, 1, 2, 3), (0, 1)), config.pick((2, 4, 8), (2, 8)), config.pick(32, 16)
+    out: dict = {"clients": None, "aa_ab": None, "loadgen": None, "divergence": {}}
+    folder = Path(tempfile.mkdtemp(prefix="labkit-trust-"))
+    with contextlib.ExitStack() as stack:
+        srv = None
+        if vs.vllm_python().exists():
+            srv = stack.enter_context(vs.serve(vs.Settings(model=model_path, device=vs.default_device(), max_num_seqs=8,
+                                                           cpu_cores="0")))
+            processes.pin_group(srv.proc.pid, SERVER_CORES)
+            out["vllm_version"] = srv.version()
+        else:
+            _emit("vllm", {"skipped": vs.MISSING})
+        if srv is not None:
+            loadgen.run(srv.url, texts[:1], num_requests=1, max_tokens=4, warmup=0, model=model_path)
+            runs = nb14_runs.four_clients(srv.url, work, folder / "pinned", rounds=config.pick(3, 1),
+                                          cores=CLIENT_CORES)
+            tables = nb14_runs.client_tables(runs)
+            out["clients"] = {"raw": tables["raw"], "aligned": tables["aligned"],
+                              "max_aligned_deviation": tables["aligned_deviation"]["max"],
+                              "max_raw_deviation": tables["raw_deviation"]["max"]}
+            _emit("clients", out["clients"])
+            shared_rows, moved = nb14_runs.shared_cores(srv.url, srv.proc.pid, work, folder / "shared", tables, runs,
+                                                        server_cores=SERVER_CORES,
+                                                        all_cores=SERVER_CORES | CLIENT_CORES)
+            out["shared"] = {"rows": shared_rows, "busiest_moved": moved}
+            _emit("shared", out["shared"])
+            ab_requests, ab_tokens = config.pick(16, 4), config.pick(16, 8)
+            single = loadgen.run(srv.url, texts, num_requests=ab_requests, max_concurrency=4, max_tokens=ab_tokens,
+                                 warmup=0, model=model_path).summary()
+            ab = nb14_runs.aa_ab(srv.url, texts, model=model_path, trials=args.trials,
+                                 runs_per_side=config.pick(5, 3), per_token_s=SLOWDOWN * single["tpot_p50_s"],
+                                 requests=ab_requests, max_tokens=ab_tokens, concurrency=4)
+            out["aa_ab"] = {k: v for k, v in ab.items() if k != "rows"}
+            _emit("aa_ab", out["aa_ab"])
+            loops = nb14_runs.loops(srv.url, texts, model=model_path, requests=config.pick(32, 12), concurrency=4,
+                                    max_tokens=8, long_tokens=32, idle_s=config.pick(20, 3))
+            out["loops"] = {k: v for k, v in loops.items() if k not in ("closed", "open", "closed_long")} | {
+                name: {k: v for k, v in loops[name].items() if k != "ttft_s"} for name in ("closed", "open",
+                                                                                           "closed_long")}
+            _emit("loops", out["loops"])
+            lg_rows, limits = nb14_runs.loadgen_rates(srv.url, model_path, texts, folder,
+                                                      tpot_s=single["tpot_p50_s"], queries=config.pick(96, 48),
+                                                      tokens=8, min_duration_s=config.pick(20, 3))
+            out["loadgen"] = {"limits": limits, "runs": lg_rows}
+            _emit("loadgen", out["loadgen"])
+            out["divergence"]["vLLM fp32"] = nb14_runs.vllm_batch_divergence(srv.url, ids, batches=batches,
+                                                                             targets=targets, max_tokens=tokens)
+    for dtype in ("fp32", "bf16"):
+        model = lm.model if dtype == "fp32" else models.load(dtype="bf16").model
+        out["divergence"][f"lab engine {dtype}"] = invariance.batch_divergence(
+            model, ids, tok.pad_token_id, batches=batches, targets=targets, new_tokens=tokens)
+    divergence = {label: [{k: v for k, v in r.items() if k not in ("alone", "in_batch")} for r in rows]
+                  for label, rows in out["divergence"].items()}
+    _emit("divergence", divergence)
+
+    clients = out["clients"]
+    headline = {
+        "clients": ({name: {"ttft_p50_s": a["ttft_p50_s"], "tpot_p50_s": a["tpot_p50_s"],
+                            "output_tokens_per_s": a["output_tokens_per_s"]} for name, a in clients["aligned"].items()}
+                    if clients else None),
+        "clients_raw": ({r["client"]: {k: r.get(k) for k in ("status", "ttft_p50_s", "tpot_p50_s",
+                                                            "output_tokens_per_s", "latency_named")}
+                         for r in clients["raw"]} if clients else None),
+        "max_aligned_deviation": clients["max_aligned_deviation"] if clients else None,
+        "max_raw_deviation": clients["max_raw_deviation"] if clients else None,
+        "aa_false_positive_rate": ({k: v["aa_false_positive_rate"] for k, v in out["aa_ab"]["rates"].items()}
+                                   if out["aa_ab"] else None),
+        "injected_slowdown_detection": ({k: v["slowdown_detection_rate"] for k, v in out["aa_ab"]["rates"].items()}
+                                        | {"slowdown_share": out["aa_ab"]["slowdown_share"]} if out["aa_ab"] else None),
+        "loadgen": ([{"scenario": r["scenario"], "qps": r["target_qps"], "result": r.get("Result is")}
+                     for r in out["loadgen"]["runs"]] if out["loadgen"] else None),
+        "batch_divergence": {label: {"changed": sum(r["first_difference"] is not None for r in rows),
+                                     "pairs": len(rows),
+                                     "max_logit_diff": max((r["max_logit_diff"] for r in rows
+                                                            if r.get("max_logit_diff") is not None), default=None)}
+                             for label, rows in divergence.items()},
+        "provenance": {"machine": f"{cpu.cpu_name()} ({' '.join(cpu.cpu_isa())})", "quick": config.quick(),
+                       "versions": env.versions(("torch", "transformers", "mlcommons-loadgen")),
+                       "vllm": out.get("vllm_version"), "clients": "aiperf 0.13.0, guidellm 0.8.1 (make clients)",
+                       "command": f"python bench/trust.py --trials {args.trials}"},
+        "details": {k: v for k, v in out.items() if k != "divergence"},
+    }
+    print(json.dumps(jsonable(headline)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,409 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# # 14 · Can you trust this benchmark?
+#
+# Every notebook so far trusted labkit's own load generator. Here three clients nobody here wrote (`vllm bench serve`,
+# NVIDIA AIPerf and GuideLLM) and labkit's own drive one `vllm serve`, and their reports are held to one definition.
+# Then the questions every benchmark reader should ask: is a difference there at all
+# ([A/A](../docs/glossary.md#a-a-test), then a slowdown of known size), does the way load arrives change the answer,
+# what does MLPerf's own LoadGen say, and does a greedy answer depend on what else is in the batch?
+
+# %% [markdown] slideshow={"slide_type": "notes"}
+# The clients are real programs: AIPerf and GuideLLM run from `.venv-clients` (`make clients`; `make test` builds
+# it), `vllm bench serve` from `.venv-vllm`, labkit's loadgen as `python -m labkit loadgen`. Each is a child process
+# held to chosen cores, so its CPU time is its own. vLLM starts once (about 30 s on a laptop) and serves sections
+# 1 to 5; a client that is missing or fails becomes a row marked failed, never an error.
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# ## Learning objectives
+#
+# - Read four clients' TTFT, TPOT or ITL and throughput on the same requests, name each one's definition, and
+#   recompute all of them under one (an exercise); hold them against the server's own histograms.
+# - Measure what a client costs on a small machine: its CPU, and how far its figures move when it shares the cores.
+# - See how often "B is faster" appears when nothing changed, and how often a real slowdown is caught, by one run
+#   each, by labkit's verdict and by a [bootstrap interval](../docs/glossary.md#bootstrap-interval) you write.
+# - Compare a concurrency cap with Poisson arrivals at the same rate; run MLPerf's LoadGen over the server through an
+#   adapter you complete; find where a greedy answer changes with its batch.
+
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Presenter: before section 1 ask how far apart four honest clients can be on one server (10 %? 30 %?); before
+# section 2, how often one run each says "faster" when nothing changed; before section 3, whether Poisson arrivals
+# at the same mean rate give a lower or higher TTFT than a concurrency cap; before section 5, whether temperature 0
+# means one answer.
+
+# %% slideshow={"slide_type": "slide"}
+import contextlib
+import statistics
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+from IPython.display import display
+
+import labkit
+from labkit.core import config, cpu, env, machine, results, verdict
+from labkit.decoding import invariance
+from labkit.model import models
+from labkit.serve import loadgen, metrics, paged, processes
+from labkit.serve.clients import mlperf, outside
+from labkit.serve.vllm import server as vllm_server
+from labkit.lessons import exercises, findings
+from labkit.lessons.runs import nb14 as nb14_runs
+from labkit.lessons.findings.serving import nb14 as nb14_findings
+
+machine.check("start")  # the load line: is other work using the CPU while we time?
+print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick(), "|", cpu.cpu_name(),
+      f"({' '.join(cpu.cpu_isa())})")
+
+# %% slideshow={"slide_type": "subslide"} tags=["parameters"]
+PROMPTS = config.pick(16, 8)  # the request set every client sends (the lab's chat prompts)
+OUTPUT_LEN = config.pick(32, 16)  # tokens per answer, exactly (ignore_eos)
+CONCURRENCY = 4  # requests in flight at most, every client
+ROUNDS = config.pick(3, 1)  # interleaved rounds of the four clients
+TRIALS = config.pick(20, 3)  # A/A trials, then as many A/B trials
+RUNS_PER_SIDE = config.pick(5, 3)  # runs of A and of B per trial, alternately
+AB_REQUESTS, AB_TOKENS = config.pick(16, 4), config.pick(16, 8)  # each run of a trial: requests, tokens each
+SLOWDOWN = 0.10  # the injected slowdown: this share of a token's time, added per token
+IDLE_S = config.pick(20, 3)  # the idle gap before one request
+LG_QUERIES = config.pick(96, 48)  # LoadGen's minimum queries per run (early stopping at p90 needs about 45)
+LG_TOKENS = 8  # tokens per LoadGen query
+DIVERGE_TARGETS = config.pick((0, 1, 2, 3), (0, 1))  # prompts decoded alone and in batches
+DIVERGE_BATCHES = config.pick((2, 4, 8), (2, 8))
+DIVERGE_TOKENS = config.pick(32, 16)
+SERVER_CORES, CLIENT_CORES = {0}, {1}  # pinned: vLLM on one core, the client on the other
+HAS_VLLM = vllm_server.vllm_python().exists()
+res = results.Results("14_trust")
+lm = models.load(dtype="fp32")
+tok = lm.tokenizer
+model_path = str(models.resolve())
+requests = paged.load_requests()
+texts = [tok.apply_chat_template([{"role": "user", "content": r.prompt}], add_generation_prompt=True, tokenize=False)
+         for r in requests[:PROMPTS]]
+work = outside.Workload(tuple(texts), OUTPUT_LEN, CONCURRENCY, model_path, model_path)
+folder = Path(tempfile.mkdtemp(prefix="clients-", dir=config.cache_dir()))
+print(f"{PROMPTS} prompts × {OUTPUT_LEN} tokens, {CONCURRENCY} in flight; clients installed: "
+      f"{'yes' if outside.available() else outside.MISSING}")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 1 · One workload, four clients
+#
+# One `vllm serve` held to core 0 (its engine, its front end, every thread); each client held to core 1. Every
+# client reads the same prompts, asks for exactly `OUTPUT_LEN` tokens, greedy, at most `CONCURRENCY` in flight, and
+# saves every request's record. First, each client's own report, with what it calls its per-token latency and how
+# it computes it. Predict: how far apart (largest ÷ smallest − 1) will the four reports of p50 TPOT/ITL be?
+
+# %% slideshow={"slide_type": "fragment"}
+PREDICT_RAW_SPREAD = None  # your prediction: largest ÷ smallest p50 TPOT/ITL among the clients' own reports, minus 1
+
+# %% slideshow={"slide_type": "fragment"}
+vllm_stack = contextlib.ExitStack()
+srv = None
+if HAS_VLLM:
+    srv = vllm_stack.enter_context(vllm_server.serve(vllm_server.Settings(
+        model=model_path, device=vllm_server.default_device(), max_num_seqs=8, cpu_cores="0")))
+    pinned_threads = processes.pin_group(srv.proc.pid, SERVER_CORES)
+    print(f"vllm serve started in {srv.start_s:.0f} s, {pinned_threads} threads held to core 0: {srv.platform()}")
+    loadgen.run(srv.url, texts[:1], num_requests=1, max_tokens=4, warmup=0, model=model_path)  # set-up paid here
+    before = metrics.scrape(srv.url)
+    runs = nb14_runs.four_clients(srv.url, work, folder / "pinned", rounds=ROUNDS, cores=CLIENT_CORES,
+                                  on_run=lambda r: print(f"  {r.client}: {r.status}, {r.wall_s or 0:.1f} s"))
+    server_seen = nb14_runs.server_view(before, metrics.scrape(srv.url))
+else:
+    runs, server_seen = {}, {}
+    print(f"{vllm_server.MISSING}: no server to drive")
+
+# %% slideshow={"slide_type": "fragment"}
+if runs:
+    raw_only = nb14_runs.client_tables(runs)
+    res.replace("clients_raw", raw_only["raw"])
+    with pd.option_context("display.max_colwidth", 90):
+        display(res.frame("clients_raw")[["client", "status", "ttft_p50_s", "tpot_p50_s", "tpot_p90_s",
+                                         "output_tokens_per_s", "requests", "latency_named", "definition"]].round(4))
+    reported = [r["tpot_p50_s"] for r in raw_only["raw"] if r.get("tpot_p50_s")]
+    raw_spread = max(reported) / min(reported) - 1 if len(reported) > 1 else 0.0
+    _ = exercises.reveal("largest ÷ smallest p50 TPOT/ITL among the clients' reports, minus 1", PREDICT_RAW_SPREAD,
+                         raw_spread)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# ## One definition for everyone
+#
+# Each client saved, per request, when it sent it, when the first token arrived, when the last did, and the server's
+# count of output tokens. Write the alignment: the same three figures for every client, from those stamps alone.
+
+# %% labkit={"exercise": "14.align"} slideshow={"slide_type": "skip"} tags=["exercise"]
+def align(records):
+    """records: one dict per request with "start_s", "first_token_s", "end_s" (one clock, seconds) and "tokens" (the
+    server's count of output tokens). Return {"ttft_p50_s", "tpot_p50_s", "output_tokens_per_s"} under one
+    definition: TTFT = first token - start; TPOT = (end - first token) / (tokens - 1); tokens over the run's span."""
+    return None  # your code here
+
+# %% slideshow={"slide_type": "skip"} tags=["check"]
+exercises.check("14.align", align)
+
+# %% tags=["mechanism"]
+align_fn = exercises.use("14.align", align, outside.align.aligned)
+if runs:
+    tables = nb14_runs.client_tables(runs, align_fn)
+    aligned_rows = [{"client": name, **{k: v for k, v in a.items() if k in ("ttft_p50_s", "tpot_p50_s",
+                                                                            "output_tokens_per_s", "requests")},
+                     "tpot_vs_median": tables["aligned_deviation"]["per_client"].get(name, {}).get("tpot_p50_s"),
+                     "tokens_per_s_vs_median": tables["aligned_deviation"]["per_client"].get(name, {}).get(
+                         "output_tokens_per_s")}
+                    for name, a in tables["aligned"].items()]
+    res.replace("clients_aligned", aligned_rows)
+    display(res.frame("clients_aligned").round(4))
+    worst = tables["aligned_deviation"]["max"]
+    print(f"largest aligned deviation from the clients' median: {abs(worst['value']):.1%} ({worst['client']}, "
+          f"{worst['metric']})")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# ## What was left after alignment, and the server's own view
+#
+# The residuals have causes the run itself shows: AIPerf counts tokens by re-tokenising the streamed text (a token
+# whose text merges with the next, or one with no text, is lost) and stops its clock at the last chunk with text;
+# GuideLLM's TPOT divides the whole latency, first token and the stream's close included, by every token; the
+# clients ran one after another, so the server's pace moved between them. vLLM's `/metrics` histograms cover every
+# request of the run above (all clients): the mean is exact (sum ÷ count), a percentile only as fine as its bucket.
+
+# %% slideshow={"slide_type": "fragment"}
+if runs:
+    for r in runs.get("AIPerf", []):
+        if r.ok:
+            rep = r.reported
+            early = sum(len(o.itl_s) + 1 < o.output_tokens for o in r.outputs if o.success)
+            print(f"AIPerf counted {rep['client_counted_tokens']} output tokens where the server sent "
+                  f"{rep['server_counted_tokens']}: its ITL divides by its own count. In {early} of {len(r.outputs)} "
+                  "requests it saw fewer chunks with text than tokens: its clock stopped at the last chunk with text "
+                  "(tokens past the end of the answer can have none), which shortens the aligned TPOT too")
+            break
+    guide = next((r for r in runs.get("GuideLLM", []) if r.ok), None)
+    if guide is not None:
+        print(f"GuideLLM's p50 TPOT {guide.reported['tpot_p50_s'] * 1e3:.1f} ms is E2E ÷ n, to the stream's end; its "
+              f"own p50 ITL, {guide.reported['itl_p50_s'] * 1e3:.1f} ms, is the aligned definition")
+    server_rows = [{"quantity": k, **{kk: vv for kk, vv in v.items() if kk != "p50_bucket_s"},
+                    "p50_bucket_s": str(v.get("p50_bucket_s"))} for k, v in server_seen.items()]
+    res.replace("server_view", server_rows)
+    display(res.frame("server_view").round(4))
+    client_mean = statistics.mean(o.tpot_s for rs in runs.values() for r in rs if r.ok for o in r.outputs
+                                  if o.success and o.tpot_s is not None)
+    print(f"mean TPOT over every client's requests {client_mean * 1e3:.1f} ms; the server's "
+          f"{server_seen['tpot']['mean_s'] * 1e3:.1f} ms (its clock starts when the request reaches the engine)")
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# ## The client's own cost
+#
+# Every client above had core 1 to itself. A laptop benchmark usually shares the cores with the server: run labkit's
+# client and AIPerf again with both on both cores, and compare.
+
+# %% slideshow={"slide_type": "fragment"}
+shared_rows, shared = [], None
+if runs:
+    cost = nb14_runs.cpu_share(runs)
+    shared_rows, shared = nb14_runs.shared_cores(srv.url, srv.proc.pid, work, folder / "shared", tables, runs,
+                                                 server_cores=SERVER_CORES, all_cores=SERVER_CORES | CLIENT_CORES,
+                                                 align_fn=align_fn)
+    res.replace("shared_cores", shared_rows)
+    display(res.frame("shared_cores").round(4))
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 2 · A/A, then A/B
+#
+# Two identical configurations: the same server behind two copies of a proxy that adds nothing. Each trial runs A
+# and B `RUNS_PER_SIDE` times, alternately. A reader with one run each calls a difference when the means differ by
+# 2 % or more; labkit's verdict judges the runs' medians; a bootstrap interval for the difference of medians, over
+# every request, calls one when it leaves out 0. Then B's proxy adds `SLOWDOWN` of a token's time to every token.
+# First write the bootstrap.
+
+# %% labkit={"exercise": "14.bootstrap_diff"} slideshow={"slide_type": "skip"} tags=["exercise"]
+def bootstrap_diff(new, base, resamples=2000, seed=0):
+    """new, base: samples of one quantity (seconds). Return (low, high): a 95 % percentile-bootstrap interval for
+    median(new) - median(base), each side resampled with replacement `resamples` times."""
+    return None  # your code here
+
+# %% slideshow={"slide_type": "skip"} tags=["check"]
+exercises.check("14.bootstrap_diff", bootstrap_diff)
+
+# %% slideshow={"slide_type": "fragment"}
+PREDICT_AA_NAIVE = None  # your prediction: share of A/A trials where one run each calls a difference (0 to 1)
+
+# %% tags=["mechanism"]
+boot = exercises.use("14.bootstrap_diff", bootstrap_diff, verdict.bootstrap_diff)
+ab = None
+if srv is not None:
+    single = loadgen.run(srv.url, texts, num_requests=AB_REQUESTS, max_concurrency=CONCURRENCY, max_tokens=AB_TOKENS,
+                         warmup=0, model=model_path).summary()  # this machine's TPOT at CONCURRENCY in flight
+    ab = nb14_runs.aa_ab(srv.url, texts, model=model_path, trials=TRIALS, runs_per_side=RUNS_PER_SIDE,
+                         per_token_s=SLOWDOWN * single["tpot_p50_s"], requests=AB_REQUESTS, max_tokens=AB_TOKENS,
+                         concurrency=CONCURRENCY, bootstrap=boot)
+    res.replace("aa_ab", [{k: (str(v) if k == "ci_s" else v) for k, v in r.items()} for r in ab["rows"]])
+    display(res.frame("aa_ab").round(4))
+    rates = [{"reader": k, **v} for k, v in ab["rates"].items()]
+    res.replace("aa_ab_rates", rates)
+    display(res.frame("aa_ab_rates").round(3))
+    if config.quick():
+        print(f"quick mode: {TRIALS} trials of each; the rates move in steps of {1 / TRIALS:.0%} "
+              "(full mode runs 20 of each)")
+    _ = exercises.reveal("share of A/A trials where one run each called a difference", PREDICT_AA_NAIVE,
+                         ab["rates"]["naive"]["aa_false_positive_rate"])
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 3 · Open loop, closed loop, and the idle gap
+#
+# A concurrency cap (closed loop) sends the next request only when one finishes: arrivals follow the server's pace.
+# Poisson arrivals (open loop) come when they come. Same prompts, same mean rate (the closed loop's measured one).
+# Predict: p50 TTFT under Poisson ÷ p50 TTFT under the cap.
+
+# %% slideshow={"slide_type": "fragment"}
+PREDICT_OPEN_OVER_CLOSED = None  # your prediction: p50 TTFT, open loop ÷ closed loop
+
+# %% slideshow={"slide_type": "fragment"}
+loops = None
+if srv is not None:
+    loops = nb14_runs.loops(srv.url, texts, model=model_path, requests=config.pick(32, 12), concurrency=CONCURRENCY,
+                            max_tokens=8, long_tokens=32, idle_s=IDLE_S)
+    loop_rows = [{"load": name, "ttft_p50_s": loops[name]["ttft_p50_s"], "ttft_p90_s": loops[name]["ttft_p90_s"],
+                  "requests": len(loops[name]["ttft_s"]), "failed": loops[name]["failed"]}
+                 for name in ("closed", "open", "closed_long")]
+    res.replace("loops", loop_rows)
+    display(res.frame("loops").round(4))
+    judged = verdict.compare(loops["open"]["ttft_s"], loops["closed"]["ttft_s"], higher_is_better=False)
+    judged_long = verdict.compare(loops["closed_long"]["ttft_s"], loops["closed"]["ttft_s"], higher_is_better=False)
+    loops_said = nb14_findings.loops_sentence(loops, judged, judged_long)
+    print(loops_said)
+    print(f"after {IDLE_S} s idle, one request's TTFT {loops['after_idle_ttft_s'][0]:.3f} s; warm, back to back: "
+          f"{statistics.median(loops['warm_ttft_s']):.3f} s (median of {len(loops['warm_ttft_s'])})")
+    _ = exercises.reveal("p50 TTFT, open loop ÷ closed loop", PREDICT_OPEN_OVER_CLOSED,
+                         loops["open"]["ttft_p50_s"] / loops["closed"]["ttft_p50_s"])
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 4 · The official MLPerf LoadGen
+#
+# `mlcommons-loadgen` decides when each query goes (Server: Poisson at a target rate; Offline: all at once) and
+# judges the run; the system under test only sends each query and tells LoadGen when its first token and its last
+# arrived. Write those two calls.
+
+# %% labkit={"exercise": "14.report"} slideshow={"slide_type": "skip"} tags=["exercise"]
+def report(lg, query_id, event, tokens):
+    """lg: the mlperf_loadgen module; query_id: the query LoadGen issued; event: "first" (its first token arrived) or
+    "done" (its answer is complete, `tokens` output tokens). Tell LoadGen."""
+    return None  # your code here
+
+# %% slideshow={"slide_type": "skip"} tags=["check"]
+exercises.check("14.report", report)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# The limits are llama3.1-8b's Server limits read from the `mlperf.conf` inside LoadGen, rescaled: TPOT
+# `mlperf.TPOT_HEADROOM` × this machine's TPOT at `CONCURRENCY` in flight, TTFT at the official ratio. Offline first:
+# the rate the server sustains. Then Server at half of it and at twice it.
+
+# %% tags=["mechanism"]
+reporter = exercises.use("14.report", report, mlperf.report)
+lg_rows, limits = [], None
+if srv is not None:
+    lg_rows, limits = nb14_runs.loadgen_rates(srv.url, model_path, texts, folder, tpot_s=single["tpot_p50_s"],
+                                              queries=LG_QUERIES, tokens=LG_TOKENS,
+                                              min_duration_s=config.pick(20, 3), report=reporter)
+    res.replace("loadgen", lg_rows)
+    display(res.frame("loadgen"))
+    print(f"limits: TTFT ≤ {limits['ttft_s']:.2f} s, TPOT ≤ {limits['tpot_s'] * 1e3:.0f} ms (official "
+          f"{limits['official_ttft_s']:g} s, {limits['official_tpot_s'] * 1e3:.0f} ms); {mlperf.NOT_COMPLIANT}")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 5 · Same prompt, same seed, different answer
+#
+# Greedy decoding is deterministic for one prompt alone; [batch invariance](../docs/glossary.md#batch-invariance) is
+# whether it stays so inside a batch. Inside a batch the prompt is padded and every matrix
+# multiply sees more rows: kernels split and sum in another order. Below, each target prompt decoded alone and
+# inside batches, on `vllm serve` (fp32, the server above) and on the lab's engine in fp32 and bf16. Predict: of the
+# bf16 (prompt, batch) pairs on the lab's engine, how many answers change?
+
+# %% slideshow={"slide_type": "fragment"}
+PREDICT_BF16_CHANGED = None  # your prediction: bf16 answers (of the pairs below) that change inside a batch
+
+# %% slideshow={"slide_type": "fragment"}
+divergence = {}
+ids = [list(models.chat_ids(tok, r.prompt)) for r in requests[:max(DIVERGE_BATCHES) + max(DIVERGE_TARGETS)]]
+if srv is not None:
+    divergence["vLLM fp32"] = nb14_runs.vllm_batch_divergence(srv.url, ids, batches=DIVERGE_BATCHES,
+                                                              targets=DIVERGE_TARGETS, max_tokens=DIVERGE_TOKENS)
+    res.notes["vllm"] = {"platform": {"version": srv.version()}}
+vllm_stack.close()  # vLLM stops here
+for dtype in ("fp32", "bf16"):
+    model = lm.model if dtype == "fp32" else models.load(dtype="bf16").model
+    divergence[f"lab engine {dtype}"] = invariance.batch_divergence(
+        model, ids, tok.pad_token_id, batches=DIVERGE_BATCHES, targets=DIVERGE_TARGETS, new_tokens=DIVERGE_TOKENS)
+div_rows = [{"engine": label, **{k: v for k, v in r.items() if k not in ("alone", "in_batch")}}
+            for label, rows in divergence.items() for r in rows]
+res.replace("batch_divergence", div_rows)
+display(res.frame("batch_divergence").round(4))
+changed = next(((label, r) for label, rows in divergence.items() for r in rows if r["first_difference"] is not None),
+               None)
+if changed is not None:
+    label, r = changed
+    at = r["first_difference"]
+    around = slice(max(0, at - 6), at + 6)
+    print(f"{label}, prompt {r['target']} in a batch of {r['batch']}: alone …{tok.decode(r['alone'][around])!r} | "
+          f"batched …{tok.decode(r['in_batch'][around])!r}")
+div_said = nb14_findings.divergence_sentence(divergence)
+print(div_said)
+_ = exercises.reveal("bf16 answers that change inside a batch (lab engine)", PREDICT_BF16_CHANGED,
+                     sum(r["first_difference"] is not None for r in divergence["lab engine bf16"]))
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# ## Published: batch-invariant kernels, and MLPerf's own results
+#
+# vLLM's `VLLM_BATCH_INVARIANT=1` makes a request's answer independent of its batch by swapping in matmul and
+# attention kernels whose reduction order does not depend on the batch; in vLLM 0.32's code those overrides are for
+# CUDA and ROCm devices only, so a CPU cannot show it. Thinking Machines' write-up of the method,
+# [Defeating Nondeterminism in LLM Inference](https://thinkingmachines.ai/blog/defeating-nondeterminism-in-llm-inference/)
+# (September 2025), measured the batch-invariant kernels slower than the default ones: the price of one answer.
+# MLPerf Inference's submitted results, with the hardware and the limits they met, are published by MLCommons at
+# [mlcommons.org/benchmarks/inference-datacenter](https://mlcommons.org/benchmarks/inference-datacenter/): read, not
+# measured here.
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## Takeaways
+
+# %% slideshow={"slide_type": "fragment"}
+sentences = []
+if runs:
+    sentences.append(nb14_findings.clients_sentence(tables, cost, shared))
+if ab is not None:
+    sentences.append(nb14_findings.aa_sentence(ab))
+if loops is not None:
+    sentences.append(loops_said)
+if lg_rows:
+    sentences.append(nb14_findings.loadgen_sentence(lg_rows, limits))
+sentences.append(div_said)
+if runs and ab is not None:
+    found_14 = nb14_findings.takeaways(tables=tables, ab=ab, loops=loops, lg_rows=lg_rows, divergence=divergence,
+                                       sentences=sentences)
+    findings.record(res, found_14)
+    findings.show(found_14)
+else:
+    print("\n".join("- " + s for s in sentences))
+res.save()
+
+# %% [markdown] slideshow={"slide_type": "fragment"}
+# - Before comparing two benchmark reports, ask each for its definitions: TPOT with or without the first token,
+#   tokens counted by whom, throughput over what time. From per-request stamps, one definition brings them together.
+# - One run each finds differences that are not there; interleaved runs judged by their spread, or an interval that
+#   must leave out zero, find the ones that are.
+# - A concurrency cap sets the arrivals' pace: its TTFT is not an open-loop service's TTFT.
+# - A greedy answer is one answer only for one batch: fp32 on a CPU held here; bf16 did not.
+#
+# ## Exercises (open-ended)
+# 1. Run AIPerf again with `--use-server-token-count` (edit `outside.command`): does its ITL meet the others'?
+# 2. Halve `SLOWDOWN`: how many runs per side does the verdict need to catch it in 9 trials of 10?
+# 3. Raise `LG_QUERIES` until LoadGen's early stopping holds at the p99 MLPerf uses (`percentile=0.99`).
