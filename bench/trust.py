@@ -3,7 +3,7 @@
     clients     labkit's loadgen, vllm bench serve, AIPerf and GuideLLM on one request set against one `vllm serve`
                 (held to core 0, each client to core 1), interleaved rounds: each client's own p50 TTFT, TPOT/ITL and
                 tokens/s, the same runs under one definition, and the largest aligned deviation from their median
-    shared      labkit's client and AIPerf again with client and server free on both cores: CPU share, figures moved
+    shared      labkit's client and AIPerf again on the server's own core: CPU share, how far the figures move
     aa_ab       A/A trials and trials with a known per-token slowdown (the lab's slow proxy): false-positive and
                 detection rates of one run each, labkit's verdict and a bootstrap interval
     loops       a concurrency cap against Poisson arrivals at the same mean rate; the idle gap
@@ -74,9 +74,8 @@ def main() -> None:
                               "max_aligned_deviation": tables["aligned_deviation"]["max"],
                               "max_raw_deviation": tables["raw_deviation"]["max"]}
             _emit("clients", out["clients"])
-            shared_rows, moved = nb14_runs.shared_cores(srv.url, srv.proc.pid, work, folder / "shared", tables, runs,
-                                                        server_cores=SERVER_CORES,
-                                                        all_cores=SERVER_CORES | CLIENT_CORES)
+            shared_rows, moved = nb14_runs.shared_cores(srv.url, work, folder / "shared", tables, runs,
+                                                        server_cores=SERVER_CORES)
             out["shared"] = {"rows": shared_rows, "busiest_moved": moved}
             _emit("shared", out["shared"])
             ab_requests, ab_tokens = config.pick(16, 4), config.pick(16, 8)

@@ -304,3 +304,31 @@ def test_batch_divergence_compares_the_target_alone_and_in_batches(tiny_llama):
     assert rows[0]["alone"] == alone
     with pytest.raises(ValueError, match="batch size"):
         invariance.batch_divergence(model, prompts, tok.pad_token_id, batches=(1,))
+
+
+# ------------------------------------------------------------------------------------------- notebook 14's tables
+
+
+def _run(name, tpot, tokens=5, n=4, status="ok", reported=None):
+    outs = [client.RequestOutput(success=True, output_tokens=tokens, ttft_s=0.1, e2e_s=0.1 + tpot * (tokens - 1),
+                                 start_s=0.05 * i) for i in range(n)]
+    return outside.ClientRun(name, status, outs if status == "ok" else [], reported or {"tpot_p50_s": tpot},
+                             cpu_s=1.0, wall_s=2.0)
+
+
+def test_client_tables_align_every_client_and_keep_a_failed_one_as_a_row():
+    from labkit.lessons.runs import nb14
+
+    runs = {"labkit": [_run("labkit", 0.05), _run("labkit", 0.07)], "AIPerf": [_run("AIPerf", 0.066)],
+            "GuideLLM": [outside.ClientRun("GuideLLM", "failed: exit 2: no such flag")]}
+    t = nb14.client_tables(runs)
+    assert t["aligned"]["labkit"]["tpot_p50_s"] == pytest.approx(0.06)  # the median over its two rounds
+    assert "GuideLLM" not in t["aligned"]
+    failed = next(r for r in t["raw"] if r["client"] == "GuideLLM")
+    assert failed["rounds"] == 0 and failed["status"].startswith("failed")
+    worst = t["aligned_deviation"]["max"]
+    assert abs(worst["value"]) == pytest.approx(0.066 / 0.063 - 1) and worst["metric"] == "tpot_p50_s"
+    assert nb14.cpu_share(runs)["labkit"] == pytest.approx(0.5) and nb14.cpu_share(runs)["GuideLLM"] is None
+    # the learner's alignment is the one the table uses
+    t2 = nb14.client_tables(runs, lambda records: {"ttft_p50_s": 1.0, "tpot_p50_s": 2.0, "output_tokens_per_s": 3.0})
+    assert t2["aligned"]["AIPerf"]["tpot_p50_s"] == 2.0

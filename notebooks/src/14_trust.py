@@ -173,7 +173,7 @@ if runs:
 # The residuals have causes the run itself shows: AIPerf counts tokens by re-tokenising the streamed text (a token
 # whose text merges with the next, or one with no text, is lost) and stops its clock at the last chunk with text;
 # GuideLLM's TPOT divides the whole latency, first token and the stream's close included, by every token; the
-# clients ran one after another, so the server's pace moved between them. vLLM's `/metrics` histograms cover every
+# clients ran one after another, and the server's pace can move between runs. vLLM's `/metrics` histograms cover every
 # request of the run above (all clients): the mean is exact (sum ÷ count), a percentile only as fine as its bucket.
 
 # %% slideshow={"slide_type": "fragment"}
@@ -203,16 +203,15 @@ if runs:
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The client's own cost
 #
-# Every client above had core 1 to itself. A laptop benchmark usually shares the cores with the server: run labkit's
-# client and AIPerf again with both on both cores, and compare.
+# Every client above had core 1 to itself. A laptop benchmark usually shares its cores with the server: run labkit's
+# client and AIPerf again on the server's own core, so the server keeps what it had less what the client takes.
 
 # %% slideshow={"slide_type": "fragment"}
 shared_rows, shared = [], None
 if runs:
     cost = nb14_runs.cpu_share(runs)
-    shared_rows, shared = nb14_runs.shared_cores(srv.url, srv.proc.pid, work, folder / "shared", tables, runs,
-                                                 server_cores=SERVER_CORES, all_cores=SERVER_CORES | CLIENT_CORES,
-                                                 align_fn=align_fn)
+    shared_rows, shared = nb14_runs.shared_cores(srv.url, work, folder / "shared", tables, runs,
+                                                 server_cores=SERVER_CORES, align_fn=align_fn)
     res.replace("shared_cores", shared_rows)
     display(res.frame("shared_cores").round(4))
 
@@ -397,11 +396,12 @@ res.save()
 
 # %% [markdown] slideshow={"slide_type": "fragment"}
 # - Before comparing two benchmark reports, ask each for its definitions: TPOT with or without the first token,
-#   tokens counted by whom, throughput over what time. From per-request stamps, one definition brings them together.
-# - One run each finds differences that are not there; interleaved runs judged by their spread, or an interval that
-#   must leave out zero, find the ones that are.
+#   tokens counted by whom, the clock stopped at which chunk, throughput over what time. From per-request stamps, one
+#   definition brings them together; the cells above name what is left.
+# - One run each can call a difference that is not there; interleaved runs judged by their spread, or an interval that
+#   must leave out zero, are the readers to hold against a claim (the rates above are this run's).
 # - A concurrency cap sets the arrivals' pace: its TTFT is not an open-loop service's TTFT.
-# - A greedy answer is one answer only for one batch: fp32 on a CPU held here; bf16 did not.
+# - "Temperature 0" is one answer only for one batch and one precision: the table in section 5 shows where it held here.
 #
 # ## Exercises (open-ended)
 # 1. Run AIPerf again with `--use-server-token-count` (edit `outside.command`): does its ITL meet the others'?

@@ -8,7 +8,7 @@
     loops          closed loop (a concurrency cap) against open loop (Poisson at the same mean rate); short against
                    long answers under the cap; the first request after an idle gap against warm ones
     vllm_batch_divergence  one prompt's greedy answer from ``vllm serve`` alone and among others sent at once
-    shared_cores   the clients again with client and server free on every core: CPU share and figures, against pinned
+    shared_cores   the clients again on the server's own core: their CPU share, and how far the server's figures move
     loadgen_rates  MLPerf LoadGen's Offline run, then Server at fractions and multiples of the rate it sustained
 
 A run orchestrates: requests go through ``serve.client``, ``serve.loadgen`` or the clients' own programs.
@@ -24,7 +24,7 @@ from typing import Any
 from ...core import verdict
 from ...core.timing import percentile
 from ...decoding import quality
-from ...serve import client, loadgen, metrics, processes
+from ...serve import client, loadgen, metrics
 from ...serve.clients import align, mlperf, outside
 from ...serve.clients.delay import SlowProxy
 
@@ -241,33 +241,32 @@ def vllm_batch_divergence(url: str, prompts: Sequence[Sequence[int]], *, batches
 # ------------------------------------------------------------------------------------------- shared cores, LoadGen
 
 
-def shared_cores(url: str, server_pid: int, w: outside.Workload, folder: Path, tables: Mapping[str, Any],
-                 pinned: Mapping[str, Sequence[outside.ClientRun]], *, server_cores: set[int], all_cores: set[int],
+def shared_cores(url: str, w: outside.Workload, folder: Path, tables: Mapping[str, Any],
+                 pinned: Mapping[str, Sequence[outside.ClientRun]], *, server_cores: set[int],
                  clients: Sequence[str] = ("labkit", "AIPerf"),
                  align_fn: Callable[[Sequence[Mapping[str, float]]], Mapping[str, Any]] = align.aligned
                  ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """``clients`` again with the server's process group and the clients free on ``all_cores`` (then the server held
-    to ``server_cores`` again): each client's CPU share and aligned figures, pinned against shared; and the busiest
-    client's move in p50 TPOT."""
+    """``clients`` again, each held to the server's own cores (``server_cores``) instead of a core of its own: the
+    server keeps what it had, less what the client takes. Each client's CPU share and aligned figures, on a core of its
+    own against on the server's; and the busiest client's move in p50 TPOT."""
     cost = cpu_share(pinned)
-    processes.pin_group(server_pid, all_cores)
-    try:
-        both = four_clients(url, w, folder, clients=clients, cores=None)
-    finally:
-        processes.pin_group(server_pid, server_cores)
+    both = four_clients(url, w, folder, clients=clients, cores=server_cores)
     shared_cost = cpu_share(both)
     rows = []
     for name, rs in both.items():
         alone = tables["aligned"].get(name) or {}
         together = dict(align_fn(align.stamps(rs[-1].outputs))) if rs and rs[-1].ok else {}
-        rows.append({"client": name, "cpu_share_pinned": cost.get(name), "cpu_share_shared": shared_cost.get(name),
-                     "tpot_p50_pinned_s": alone.get("tpot_p50_s"), "tpot_p50_shared_s": together.get("tpot_p50_s"),
-                     "tokens_per_s_pinned": alone.get("output_tokens_per_s"),
-                     "tokens_per_s_shared": together.get("output_tokens_per_s")})
-    judged = [r for r in rows if r["tpot_p50_shared_s"] and r["tpot_p50_pinned_s"]]
-    busiest = max(judged, key=lambda r: r["cpu_share_pinned"] or 0, default=None)
-    moved = None if busiest is None else {"client": busiest["client"],
-                                          "tpot_moved": busiest["tpot_p50_shared_s"] / busiest["tpot_p50_pinned_s"] - 1}
+        rows.append({"client": name, "cpu_share_own_core": cost.get(name),
+                     "cpu_share_server_core": shared_cost.get(name), "tpot_p50_own_core_s": alone.get("tpot_p50_s"),
+                     "tpot_p50_server_core_s": together.get("tpot_p50_s"),
+                     "tokens_per_s_own_core": alone.get("output_tokens_per_s"),
+                     "tokens_per_s_server_core": together.get("output_tokens_per_s")})
+    judged = [r for r in rows if r["tpot_p50_server_core_s"] and r["tpot_p50_own_core_s"]]
+    busiest = max(judged, key=lambda r: r["cpu_share_own_core"] or 0, default=None)
+    moved = None if busiest is None else {
+        "client": busiest["client"],
+        "tpot_moved": busiest["tpot_p50_server_core_s"] / busiest["tpot_p50_own_core_s"] - 1,
+        "tokens_per_s_moved": busiest["tokens_per_s_server_core"] / busiest["tokens_per_s_own_core"] - 1}
     return rows, moved
 
 

@@ -10,6 +10,7 @@ between runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -86,14 +87,20 @@ class SlowProxy:
 
                 reader = asyncio.create_task(read())
                 k = 0
-                while (item := await arrivals.get()) is not None:
-                    arrived, line = item
-                    if delay and carries_tokens(line):
-                        k += 1
-                        await asyncio.sleep(max(0.0, arrived + k * delay - clock()))
-                    await out.write(line)
-                await reader
-                await out.write_eof()
+                try:
+                    while (item := await arrivals.get()) is not None:
+                        arrived, line = item
+                        if delay and carries_tokens(line):
+                            k += 1
+                            await asyncio.sleep(max(0.0, arrived + k * delay - clock()))
+                        await out.write(line)
+                    await out.write_eof()
+                except ConnectionError:  # the client hung up (after [DONE], or gave up): nothing left to send
+                    pass
+                finally:
+                    reader.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
+                        await reader
                 return out
 
         async def passthrough(request: web.Request) -> web.Response:
