@@ -7,7 +7,7 @@
     aa_ab       A/A trials and trials with a known per-token slowdown (the lab's slow proxy): false-positive and
                 detection rates of one run each, labkit's verdict and a bootstrap interval
     loops       a concurrency cap against Poisson arrivals at the same mean rate; the idle gap
-    loadgen     MLPerf LoadGen Offline, then Server at half and twice the rate Offline sustained
+    loadgen     MLPerf LoadGen Offline, then Server at 0.4 and twice the rate Offline sustained
     divergence  one prompt's greedy answer alone and inside batches: vllm serve (fp32), the lab's engine fp32 and bf16
 
 Prints one JSON line per section, the last line one JSON document with every headline figure and its provenance.

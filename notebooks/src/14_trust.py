@@ -13,11 +13,9 @@
 # %% [markdown] slideshow={"slide_type": "slide"}
 # # 14 · Can you trust this benchmark?
 #
-# Every notebook so far trusted labkit's own load generator. Here three clients nobody here wrote (`vllm bench serve`,
-# NVIDIA AIPerf and GuideLLM) and labkit's own drive one `vllm serve`, and their reports are held to one definition.
-# Then the questions every benchmark reader should ask: is a difference there at all
-# ([A/A](../docs/glossary.md#a-a-test), then a slowdown of known size), does the way load arrives change the answer,
-# what does MLPerf's own LoadGen say, and does a greedy answer depend on what else is in the batch?
+# Three clients nobody here wrote (`vllm bench serve`, NVIDIA AIPerf, GuideLLM) and labkit's own drive one
+# `vllm serve`, held to one definition. Then: is a difference there at all ([A/A](../docs/glossary.md#a-a-test)),
+# does the arrival pattern move TTFT, what does MLPerf's LoadGen say, and does a greedy answer depend on its batch?
 
 # %% [markdown] slideshow={"slide_type": "notes"}
 # The clients are real programs: AIPerf and GuideLLM run from `.venv-clients` (`make clients`; `make test` builds
@@ -70,7 +68,7 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 PROMPTS = config.pick(16, 8)  # the request set every client sends (the lab's chat prompts)
 OUTPUT_LEN = config.pick(32, 16)  # tokens per answer, exactly (ignore_eos)
 CONCURRENCY = 4  # requests in flight at most, every client
-ROUNDS = config.pick(3, 1)  # interleaved rounds of the four clients
+CLIENT_PASSES = config.pick(3, 1)  # passes of the four clients, interleaved (a figure: median over PROMPTS requests)
 TRIALS = config.pick(20, 3)  # A/A trials, then as many A/B trials
 RUNS_PER_SIDE = config.pick(5, 3)  # runs of A and of B per trial, alternately
 AB_REQUESTS, AB_TOKENS = config.pick(16, 4), config.pick(16, 8)  # each run of a trial: requests, tokens each
@@ -116,7 +114,7 @@ if HAS_VLLM:
     print(f"vllm serve started in {srv.start_s:.0f} s, {pinned_threads} threads held to core 0: {srv.platform()}")
     loadgen.run(srv.url, texts[:1], num_requests=1, max_tokens=4, warmup=0, model=model_path)  # set-up paid here
     before = metrics.scrape(srv.url)
-    runs = nb14_runs.four_clients(srv.url, work, folder / "pinned", rounds=ROUNDS, cores=CLIENT_CORES,
+    runs = nb14_runs.four_clients(srv.url, work, folder / "pinned", rounds=CLIENT_PASSES, cores=CLIENT_CORES,
                                   on_run=lambda r: print(f"  {r.client}: {r.status}, {r.wall_s or 0:.1f} s"))
     server_seen = nb14_runs.server_view(before, metrics.scrape(srv.url))
 else:
@@ -304,7 +302,7 @@ exercises.check("14.report", report)
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # The limits are llama3.1-8b's Server limits read from the `mlperf.conf` inside LoadGen, rescaled: TPOT
 # `mlperf.TPOT_HEADROOM` × this machine's TPOT at `CONCURRENCY` in flight, TTFT at the official ratio. Offline first:
-# the rate the server sustains. Then Server at half of it and at twice it.
+# the rate the server sustains. Then Server at 0.4 of it and at twice it (`nb14_runs.LG_FACTORS`).
 
 # %% tags=["mechanism"]
 reporter = exercises.use("14.report", report, mlperf.report)

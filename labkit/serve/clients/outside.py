@@ -19,13 +19,13 @@ import os
 import resource
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...core import config
+from ...core.timing import clock
 from .. import loadgen
 from ..client import RequestOutput
 from .. import processes
@@ -285,7 +285,7 @@ def run(client: str, url: str, w: Workload, folder: Path, *, cores: set[int] | N
     if why:
         return ClientRun(client, f"failed: {why}")
     argv = command(client, url, w, folder)
-    cpu0, t0 = children_cpu_s(), time.perf_counter()
+    cpu0, t0 = children_cpu_s(), clock()
     child = processes.spawn(client, argv, url, log_dir=folder, child_env=child_env(client), cwd=folder,
                             log_name=client.replace(" ", "_"))
     if cores:
@@ -297,7 +297,7 @@ def run(client: str, url: str, w: Workload, folder: Path, *, cores: set[int] | N
         status = f"failed: no result within {timeout_s:.0f} s (stopped)"
     finally:
         child.stop(grace_s=2.0)  # whatever it left behind (AIPerf's services) goes with it
-    wall, cpu = time.perf_counter() - t0, children_cpu_s() - cpu0
+    wall, cpu = clock() - t0, children_cpu_s() - cpu0
     log = child.log_path
     run_ = ClientRun(client, status, cpu_s=cpu, wall_s=wall, log=str(log))
     if run_.ok:
