@@ -8,10 +8,12 @@
                 detection rates of one run each, labkit's verdict and a bootstrap interval
     loops       a concurrency cap against Poisson arrivals at the same mean rate; the idle gap
     loadgen     MLPerf LoadGen Offline, then Server at 0.4 and twice the rate Offline sustained
-    divergence  one prompt's greedy answer alone and inside batches: vllm serve (fp32), the lab's engine fp32 and bf16
+    divergence  one prompt's greedy answer alone and inside batches: vllm serve (fp32; bf16 on a second start), the
+                lab's engine fp32 and bf16
 
 Prints one JSON line per section, the last line one JSON document with every headline figure and its provenance.
-Needs `make vllm` and `make clients` (rows marked failed, and said so, without them). LABKIT_QUICK=1 shrinks it.
+Two `vllm serve` starts (fp32, then bf16). Needs `make vllm` and `make clients` (rows marked failed, and said so,
+without them). LABKIT_QUICK=1 shrinks it.
 
     python bench/trust.py [--trials N]      (A/A and A/B trials of each kind: 20 in full mode, 3 in quick)
 """
@@ -99,6 +101,14 @@ def main() -> None:
             _emit("loadgen", out["loadgen"])
             out["divergence"]["vLLM fp32"] = nb14_runs.vllm_batch_divergence(srv.url, ids, batches=batches,
                                                                              targets=targets, max_tokens=tokens)
+    if vs.vllm_python().exists():  # a second start: vLLM in bf16
+        try:
+            with vs.serve(vs.Settings(model=model_path, device=vs.default_device(), dtype="bfloat16",
+                                      max_num_seqs=8)) as srv16:
+                out["divergence"]["vLLM bf16"] = nb14_runs.vllm_batch_divergence(
+                    srv16.url, ids, batches=batches, targets=targets, max_tokens=tokens)
+        except (vs.VLLMUnavailable, vs.VLLMStartError) as exc:
+            _emit("vllm bf16", {"status": str(exc)})
     for dtype in ("fp32", "bf16"):
         model = lm.model if dtype == "fp32" else models.load(dtype="bf16").model
         out["divergence"][f"lab engine {dtype}"] = invariance.batch_divergence(

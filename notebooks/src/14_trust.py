@@ -322,7 +322,8 @@ if srv is not None:
 # Greedy decoding is deterministic for one prompt alone; [batch invariance](../docs/glossary.md#batch-invariance) is
 # whether it stays so inside a batch. Inside a batch the prompt is padded and every matrix
 # multiply sees more rows: kernels split and sum in another order. Below, each target prompt decoded alone and
-# inside batches, on `vllm serve` (fp32, the server above) and on the lab's engine in fp32 and bf16. Predict: of the
+# inside batches, on `vllm serve` (fp32, the server above; bf16 too in full mode) and on the lab's engine in fp32
+# and bf16. Predict: of the
 # bf16 (prompt, batch) pairs on the lab's engine, how many answers change?
 
 # %% slideshow={"slide_type": "fragment"}
@@ -336,6 +337,16 @@ if srv is not None:
                                                               targets=DIVERGE_TARGETS, max_tokens=DIVERGE_TOKENS)
     res.notes["vllm"] = {"platform": {"version": srv.version()}}
 vllm_stack.close()  # vLLM stops here
+if srv is not None and not config.quick():  # a second start, full mode only: vLLM in bf16
+    try:
+        with vllm_server.serve(vllm_server.Settings(model=model_path, device=vllm_server.default_device(),
+                                                    dtype="bfloat16", max_num_seqs=8)) as srv16:
+            divergence["vLLM bf16"] = nb14_runs.vllm_batch_divergence(
+                srv16.url, ids, batches=DIVERGE_BATCHES, targets=DIVERGE_TARGETS, max_tokens=DIVERGE_TOKENS)
+    except (vllm_server.VLLMUnavailable, vllm_server.VLLMStartError) as exc:
+        print(f"vllm serve in bf16 did not start: {exc}")
+elif srv is not None:
+    print("quick mode: vLLM in bf16 needs a second start, which full mode makes (and bench/trust.py records)")
 for dtype in ("fp32", "bf16"):
     model = lm.model if dtype == "fp32" else models.load(dtype="bf16").model
     divergence[f"lab engine {dtype}"] = invariance.batch_divergence(
