@@ -22,7 +22,7 @@ import tempfile
 
 from labkit.core import config, cpu, env
 from labkit.core.results import jsonable
-from labkit.lessons.runs import nb13 as nb13_runs
+from labkit.lessons.nb13 import runs as nb13_runs
 from labkit.model import models, prompts, sizing
 from labkit.serve import launch
 from labkit.serve.agents import tiers, toolcalls, trace

@@ -22,7 +22,7 @@ from labkit.core import config, env
 from labkit.core.results import jsonable
 from labkit.decoding import quality, speculative
 from labkit.engines import cpu, llamacpp
-from labkit.lessons.runs import nb10 as nb10_runs
+from labkit.lessons.nb10 import runs as nb10_runs
 from labkit.model import models, onnx, prompts
 from labkit.precision import kvquant, variants
 from labkit.serve import prefill

@@ -23,7 +23,7 @@ import sys
 from labkit.core import config, env
 from labkit.core.results import jsonable
 from labkit.lessons import cost
-from labkit.lessons.runs import nb11 as nb11_runs
+from labkit.lessons.nb11 import runs as nb11_runs
 from labkit.model import hardware, models
 from labkit.serve import loadgen
 from labkit.serve.fleet import capacity

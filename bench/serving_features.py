@@ -23,7 +23,7 @@ import tempfile
 
 from labkit.core import config, cpu, env
 from labkit.core.results import jsonable
-from labkit.lessons.runs import nb12 as nb12_runs
+from labkit.lessons.nb12 import runs as nb12_runs
 from labkit.model import adapters, models, prompts
 from labkit.serve import launch
 from labkit.serve.decoder import eos_ids

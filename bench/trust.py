@@ -28,7 +28,7 @@ from pathlib import Path
 from labkit.core import config, cpu, env
 from labkit.core.results import jsonable
 from labkit.decoding import invariance
-from labkit.lessons.runs import nb14 as nb14_runs
+from labkit.lessons.nb14 import runs as nb14_runs
 from labkit.model import models
 from labkit.serve import loadgen, paged, processes
 from labkit.serve.clients import outside

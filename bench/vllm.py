@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from labkit.core import config, machine, verdict
 from labkit.core.results import jsonable
-from labkit.lessons.runs.nb10 import QUESTIONS, copy_prompt
+from labkit.lessons.nb10.runs import QUESTIONS, copy_prompt
 from labkit.decoding import quality
 from labkit.model import models
 from labkit.serve import decoder, loadgen, paged, prefill, scheduler

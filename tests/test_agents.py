@@ -204,7 +204,7 @@ def test_the_conformance_table_counts_each_tool_choice():
 
 
 def test_a_tool_body_per_choice_and_the_strict_flag():
-    from labkit.lessons.runs import nb13 as nb13_runs
+    from labkit.lessons.nb13 import runs as nb13_runs
 
     req = tr.trace(1, 1, seed=0)[0].requests[0]
     named = nb13_runs.tool_body(req, "named", 32)
@@ -287,7 +287,7 @@ def test_served_tokens_first_field_and_the_spill_policy():
 
 
 def test_replay_order_summary_and_block_rounding():
-    from labkit.lessons.runs import nb13 as nb13_runs
+    from labkit.lessons.nb13 import runs as nb13_runs
 
     prompts = [[[1] * 40, [1] * 70], [[1] * 50]]
     assert nb13_runs.order(prompts) == [(0, 0), (1, 0), (0, 1)]
@@ -299,15 +299,21 @@ def test_replay_order_summary_and_block_rounding():
     whole, later = nb13_runs.summary(rows, "x"), nb13_runs.summary(rows, "x", skip_first_turn=True)
     assert whole["cached_share"] == pytest.approx(96 / 160) and later["requests"] == 1
     assert later["ttft_per_token_s"] == [pytest.approx(0.1 / 70)]
-    table = nb13_runs.tier_table([{"tokens": n, "way": w, "round": 0, "ttft_s": t, "cached_tokens": 0, "answer": []}
-                                  for n, w, t in ((128, "reload", 0.3), (128, "recompute", 0.2),
-                                                  (1024, "reload", 0.2), (1024, "recompute", 1.5))])
+    def tier_rows(rounds: int) -> list[dict]:
+        return [{"tokens": n, "way": w, "round": r, "ttft_s": t * (1 + 0.01 * r), "cached_tokens": 0, "answer": []}
+                for r in range(rounds) for n, w, t in ((128, "reload", 0.3), (128, "recompute", 0.2),
+                                                       (1024, "reload", 0.2), (1024, "recompute", 1.5))]
+
+    table = nb13_runs.tier_table(tier_rows(3))
+    assert [r["reload_verdict"] for r in table] == ["worse", "better"]
     assert nb13_runs.measured_crossover(table) == 1024
     assert nb13_runs.measured_crossover(table[:1]) is None
+    one_each = nb13_runs.tier_table(tier_rows(1))  # one request each way: a 7.5x gap is still no verdict
+    assert nb13_runs.measured_crossover(one_each) is None and one_each[1]["reload_verdict"] == "no verdict"
 
 
 def test_perfect_served_the_busted_verdict_the_tier_prediction_and_a_refusal():
-    from labkit.lessons.runs import nb13 as nb13_runs
+    from labkit.lessons.nb13 import runs as nb13_runs
     from labkit.serve import client
 
     prompts = [[[1, 2, 3, 4], [1, 2, 3, 4, 5, 6]], [[1, 2, 9]]]

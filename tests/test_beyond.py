@@ -14,7 +14,7 @@ from labkit.decoding import decode, speculative
 from labkit.precision import kvquant, quantisers
 from labkit.engines import cpu, llamacpp
 from labkit.serve import continuous, prefill, server
-from labkit.lessons.runs import nb10 as nb10_runs
+from labkit.lessons.nb10 import runs as nb10_runs
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 

@@ -10,7 +10,7 @@ import json
 import pytest
 from aiohttp import web
 
-from labkit.lessons.runs import nb11 as nb11_runs
+from labkit.lessons.nb11 import runs as nb11_runs
 from labkit.serve import client, loadgen
 from labkit.serve.fleet import capacity
 from labkit.serve.launch import BackgroundApp

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import re
 import sys
 import types
 from pathlib import Path
@@ -30,9 +31,10 @@ ALLOWED = {
     ("labkit/decoding/quality.py", "perplexity"): "token ids on the host: logits_fn moves each window to the model's device",
     ("labkit/model/models.py", "chat_ids"): "read back as Python ints",
 }
-# whole folders that build on the host on purpose: the exercise checks run a learner's function on small CPU
-# inputs and a tiny in-memory model, wherever the notebook's own model lives
-HOST_ONLY = ("labkit/lessons/exercises/",)
+# whole modules that build on the host on purpose: a notebook's exercise checks (labkit/lessons/nbNN/checks.py, and
+# nothing else in its package) run a learner's function on small CPU inputs and a tiny in-memory model, wherever the
+# notebook's own model lives
+HOST_ONLY = re.compile(r"labkit/lessons/nb\d\d[a-z]?/checks\.py")
 
 
 def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
@@ -87,7 +89,7 @@ def device_violations(path: Path, source: str | None = None) -> list[str]:
             continue
         if any(k.arg == "device" for k in node.keywords) or _host_side(node, parents):
             continue
-        if (rel, _function_of(node, parents)) in ALLOWED or rel.startswith(HOST_ONLY):
+        if (rel, _function_of(node, parents)) in ALLOWED or HOST_ONLY.fullmatch(rel):
             continue
         found.append(f"{rel}:{node.lineno}: {ast.unparse(node)[:90]}")
     return found

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.lessons.findings import nb03
-from labkit.lessons.findings.serving import nb06
+from labkit.lessons.nb03 import findings as nb03
+from labkit.lessons.nb06 import findings as nb06
 
 
 def _batching_findings(**over):

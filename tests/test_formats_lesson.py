@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from labkit.core import config, results
-from labkit.lessons.findings import nb03b as f03
+from labkit.lessons.nb03b import findings as f03
 from labkit.model import sizing
 from labkit.precision import formats, fp8_gemm
 

@@ -295,7 +295,7 @@ def test_bench_writes_the_same_file_shape(tmp_path, monkeypatch, capsys):
 
 
 def test_a_variant_judged_differently_on_two_shapes_names_each_shape():
-    from labkit.lessons.findings import nb03b
+    from labkit.lessons.nb03b import findings as nb03b
 
     shapes = [fp8_gemm.gemm_row(1, 64, 32, {"fp32": [50.0, 51.0, 50.5], "bf16": [40.0, 41.0, 40.5]}),
               fp8_gemm.gemm_row(1, 32, 64, {"fp32": [50.0, 51.0, 50.5], "bf16": [49.0, 50.0, 51.0]})]

@@ -6,8 +6,8 @@ import torch
 from labkit.model import prompts, sizing
 from labkit.decoding import cache_variants, kv, profiling, quality
 from labkit.lessons import findings
-from labkit.lessons.findings import nb05
-from labkit.lessons.findings import nb05
+from labkit.lessons.nb05 import findings as nb05
+from labkit.lessons.nb05 import findings as nb05
 from labkit.decoding.generation import GenerationResult
 
 

@@ -182,7 +182,7 @@ def test_notebook_05_says_whether_the_layer_by_layer_figure_is_the_formula():
     from transformers import Gemma3TextConfig
 
     from labkit.decoding import kv
-    from labkit.lessons.findings import nb05
+    from labkit.lessons.nb05 import findings as nb05
 
     default = sizing.load_config("default")
     said = nb05.layer_by_layer_sentence(default, "fp32", kv.bytes_per_position(default, 4), 1000)

@@ -154,6 +154,22 @@ def test_no_package_directory_holds_more_than_15_modules():
     assert not crowded, crowded
 
 
+def test_a_notebooks_code_is_one_package_found_by_name():
+    """Per-notebook code is filed by notebook, not by kind: ``lessons/nbNN/`` (the family the docstring test reads
+    with the same pattern) holds its checks, findings and runs, and no ``nbNN.py`` module is left in a kind's folder,
+    where the 15-module wall would pick the folder."""
+    from labkit.lessons import NOTEBOOK
+
+    lessons = ROOT / "labkit" / "lessons"
+    packages = {p.name for p in lessons.iterdir() if (p / "__init__.py").is_file() and NOTEBOOK.fullmatch(p.name)}
+    notebooks = {f"nb{p.name.split('_')[0]}" for p in (ROOT / "notebooks" / "src").glob("*.py")}
+    assert notebooks <= packages, sorted(notebooks - packages)
+    strays = sorted(str(p.relative_to(ROOT)) for p in lessons.rglob("nb*.py"))
+    assert not strays, f"move these into their notebook's package: {strays}"
+    kinds = {f.stem for p in packages for f in (lessons / p).glob("*.py") if f.stem != "__init__"}
+    assert kinds <= {"checks", "findings", "runs"}, kinds
+
+
 # ------------------------------------------------------------------------ names a notebook's reader relies on
 
 LIBRARY_ALIASES = {"pd", "np", "plt", "px", "go", "torch", "F", "nn", "json", "time", "os", "sys", "math"}
@@ -190,3 +206,10 @@ def test_no_notebook_binds_one_name_to_two_imports():
 def test_the_import_twice_check_catches_pandas_shadowed():
     assert imported_twice("import pandas as pd\nfrom labkit.lessons import exercises, pd\n") == [
         "pd: .pandas then labkit.lessons.pd"]
+
+
+def test_the_import_twice_check_catches_a_notebooks_findings_over_the_framework():
+    """The framework keeps the name ``findings``: a notebook reaches its own as ``nb13.findings``, never by rebinding."""
+    assert imported_twice("from labkit.lessons import exercises, findings\nfrom labkit.lessons.nb13 import findings\n"
+                          ) == ["findings: labkit.lessons.findings then labkit.lessons.nb13.findings"]
+    assert imported_twice("from labkit.lessons import exercises, findings\nfrom labkit.lessons import nb13\n") == []

@@ -142,7 +142,7 @@ def test_mean_batch_between_two_snapshots_leaves_the_warm_up_out():
 
 
 def test_on_start_runs_after_the_warm_up_so_a_difference_counts_the_measured_requests(server):
-    from labkit.lessons.runs import nb09 as nb09_runs
+    from labkit.lessons.nb09 import runs as nb09_runs
 
     calls = []
 

@@ -14,7 +14,7 @@ from test_devices import mock_gpu
 
 from labkit import gpu_check
 from labkit.core import memory, timing
-from labkit.lessons.runs import nb09 as nb09_runs
+from labkit.lessons.nb09 import runs as nb09_runs
 from labkit.serve import batchers, launch, scheduler
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.metrics import Metrics

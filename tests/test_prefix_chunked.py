@@ -190,7 +190,7 @@ def test_token_id_prompts_stream_their_ids_and_the_spill_policy_switches_at_run_
     """A completions prompt sent as token ids is served as those ids (usage counts them, the cache reuses them), each
     streamed chunk carries its token id when asked, an id outside the vocabulary is a 400, and ``set_spill`` decides
     while the server runs whether an evicted entry goes to disk."""
-    from labkit.lessons.runs import nb13 as nb13_runs
+    from labkit.lessons.nb13 import runs as nb13_runs
     from labkit.serve import client
 
     with launch.run_server(protocol.TINY_RANDOM, port=0, batching="continuous", prefix_cache_tokens=64,

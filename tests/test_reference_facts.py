@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from labkit.core import config, results
-from labkit.lessons.findings import nb03b
+from labkit.lessons.nb03b import findings as nb03b
 
 DATA = config.DATA_DIR
 SHIPPED = sorted([*(DATA / "reference").glob("*.json"), *(DATA / "measured_gpu").glob("*.json")])

@@ -12,8 +12,8 @@ import pytest
 
 from labkit.core import memory, results
 from labkit.lessons import report
-from labkit.lessons.runs import nb06 as nb06_runs
-from labkit.lessons.runs import nb09 as nb09_runs
+from labkit.lessons.nb06 import runs as nb06_runs
+from labkit.lessons.nb09 import runs as nb09_runs
 from labkit.serve import client, loadgen
 from labkit.serve import processes
 

@@ -1,4 +1,4 @@
-"""labkit.serve.fleet.routing and labkit.lessons.runs.nb11 without a router: the workload's shape, the routing rule,
+"""labkit.serve.fleet.routing and labkit.lessons.nb11.runs without a router: the workload's shape, the routing rule,
 its replay against recorded choices, the per-replica counters, and the headline's verdict; and the lab server's
 additions for replicas (POST /flush_cache, --threads)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from labkit.lessons.runs import nb11 as nb11_runs
+from labkit.lessons.nb11 import runs as nb11_runs
 from labkit.model import models
 from labkit.serve import launch, protocol
 from labkit.serve.fleet import routing

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from labkit.core import verdict
-from labkit.lessons.runs import nb12 as nb12_runs
-from labkit.lessons.findings.serving import nb12
+from labkit.lessons.nb12 import runs as nb12_runs
+from labkit.lessons.nb12 import findings as nb12
 from test_structured import SMALL
 
 

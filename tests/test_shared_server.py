@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from labkit.lessons.runs import nb06 as nb06_runs
-from labkit.lessons.runs import nb09 as nb09_runs
+from labkit.lessons.nb06 import runs as nb06_runs
+from labkit.lessons.nb09 import runs as nb09_runs
 from labkit.serve import loadgen, processes
 from labkit.serve.vllm import shared
 from labkit.serve.vllm import server as vs

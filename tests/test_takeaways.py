@@ -13,8 +13,14 @@ import pytest
 
 from labkit.core import results, verdict
 from labkit.lessons import findings
-from labkit.lessons.findings import nb00, nb01, nb02, nb08
-from labkit.lessons.findings.serving import nb07, nb09, nb10, nb11
+from labkit.lessons.nb00 import findings as nb00
+from labkit.lessons.nb01 import findings as nb01
+from labkit.lessons.nb02 import findings as nb02
+from labkit.lessons.nb07 import findings as nb07
+from labkit.lessons.nb08 import findings as nb08
+from labkit.lessons.nb09 import findings as nb09
+from labkit.lessons.nb10 import findings as nb10
+from labkit.lessons.nb11 import findings as nb11
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPLAUSIBLE, NOISE = "implausible — rerun", "within noise"
@@ -65,17 +71,13 @@ def test_only_core_verdict_writes_within_noise_and_implausible():
     assert words.search((ROOT / "labkit" / "core" / "verdict.py").read_text()), "the words live in core/verdict.py"
 
 
-SERVING = {"06", "07", "09", "10", "11", "12", "13", "14"}  # labkit/lessons/findings/serving/
-
-
 def test_every_notebook_records_its_takeaways_and_headline():
     for src in sorted((ROOT / "notebooks" / "src").glob("*.py")):
         text = src.read_text(encoding="utf-8")
         nb = src.name.split("_")[0]  # 03, 03b …
-        room = "serving" if nb in SERVING else ""  # the serving notebooks' takeaways have a room of their own
-        assert f"from labkit.lessons.findings{'.' + room if room else ''} import nb{nb}" in text, src.name
-        assert f"nb{nb}_findings.takeaways(" in text and "findings.record(res, " in text and "findings.show(" in text, src.name
-        assert (ROOT / "labkit" / "lessons" / "findings" / room / f"nb{nb}.py").is_file()
+        assert f"from labkit.lessons import nb{nb}" in text, src.name
+        assert f"nb{nb}.findings.takeaways(" in text and "findings.record(res, " in text and "findings.show(" in text, src.name
+        assert (ROOT / "labkit" / "lessons" / f"nb{nb}" / "findings.py").is_file()
         assert not re.search(r"^more = lambda", text, re.MULTILINE), "a ratio above 1 is not 'faster' by itself"
 
 

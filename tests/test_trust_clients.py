@@ -317,7 +317,7 @@ def _run(name, tpot, tokens=5, n=4, status="ok", reported=None):
 
 
 def test_client_tables_align_every_client_and_keep_a_failed_one_as_a_row():
-    from labkit.lessons.runs import nb14
+    from labkit.lessons.nb14 import runs as nb14
 
     runs = {"labkit": [_run("labkit", 0.05), _run("labkit", 0.07)], "AIPerf": [_run("AIPerf", 0.066)],
             "GuideLLM": [outside.ClientRun("GuideLLM", "failed: exit 2: no such flag")]}

@@ -1,7 +1,8 @@
 """The verdict-first rule: a takeaway module chooses every comparative or causal clause from ``labkit.core.verdict``,
 never by comparing a measured ratio against a threshold of its own.
 
-An ordering comparison (<, >, <=, >=) in ``labkit/lessons/findings`` is allowed only where it cannot pick a
+It reads every notebook's takeaways and runs (``labkit/lessons/nbNN/findings.py`` and ``runs.py``) and the findings
+framework (``labkit/lessons/findings``). An ordering comparison (<, >, <=, >=) there is allowed only where it cannot pick a
 comparative word from a measurement: one side is a count (``len(...)``), a set (inclusion), or the constant 0 (a
 guard before a division), or the line says why it is a fact (``# fact: …``: bytes against a cache size, a count
 against a count). The thresholds (``SLACK``, ``TIE``, ``TOLERANCE`` …) are read only by ``core/verdict.py``.
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FINDINGS = sorted((ROOT / "labkit" / "lessons" / "findings").glob("*.py"))
+LESSONS = ROOT / "labkit" / "lessons"
+FINDINGS = sorted([*(LESSONS / "findings").rglob("*.py"), *LESSONS.glob("nb*/findings.py"), *LESSONS.glob("nb*/runs.py")])
 ORDER = (ast.Lt, ast.Gt, ast.LtE, ast.GtE)
 THRESHOLDS = {"SLACK", "TOLERANCE", "TIE", "ROUGH_SPREAD", "DRIFT_RANGE", "ANOMALY", "MIN_SAMPLES", "NOISE_SHARE",
               "OFF_BY"}
@@ -48,7 +50,16 @@ def violations(source: str, name: str = "<source>") -> list[str]:
     return [said for _, said in sorted(found)]
 
 
-@pytest.mark.parametrize("path", FINDINGS, ids=[p.stem for p in FINDINGS])
+def test_the_rule_reads_every_notebooks_findings_and_runs() -> None:
+    """A lint that globs one folder goes blind when files move: count what it reads against the notebooks."""
+    notebooks = {p.name.split("_")[0] for p in (ROOT / "notebooks" / "src").glob("*.py")}
+    read = {p.relative_to(LESSONS).as_posix() for p in FINDINGS}
+    assert {f"nb{nb}/findings.py" for nb in notebooks} <= read, sorted(read)
+    runs = {p.parent.name for p in LESSONS.glob("nb*/runs.py")}
+    assert len(read) == len(notebooks) + len(runs) + 1 and len(runs) >= 7, sorted(read)
+
+
+@pytest.mark.parametrize("path", FINDINGS, ids=[p.relative_to(LESSONS).as_posix() for p in FINDINGS])
 def test_no_findings_module_compares_a_measurement_against_its_own_threshold(path: Path) -> None:
     found = violations(path.read_text(encoding="utf-8"), path.name)
     assert not found, ("a takeaway picks its words from a verdict (verdict.compare, versus, largest, pick, doubts), "

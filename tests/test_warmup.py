@@ -193,7 +193,7 @@ def test_the_first_requests_memory_growth_is_read_where_the_weights_live():
     NVML, never from the host RSS (which a GPU run barely moves)."""
     import pandas as pd
 
-    from labkit.lessons.findings import nb04
+    from labkit.lessons.nb04 import findings as nb04
 
     mib = 2**20
     gpu = _cold("cuda:0", {"after_load": {"cuda_allocated": 520 * mib, "nvml": 900 * mib},
@@ -233,7 +233,7 @@ def test_a_first_call_inside_the_windows_tolerance_is_kept_and_its_cost_still_sa
     """A first call 12 % slower than the rest sits inside a 5-call window's 10 % spread (p90 interpolates): the
     stopping rule discards no call, and the sentence says so beside the 12 % the first call paid — not
     "settled after 0 warmup calls" next to a one-time cost it seems to deny."""
-    from labkit.lessons.findings import nb04
+    from labkit.lessons.nb04 import findings as nb04
 
     lat = [0.1136, 0.1, 0.1, 0.1, 0.1, 0.1]  # (0.1136 - 0.1) / 0.1136 = 12 % one-time share
     assert warmup.settle_point(lat, 0.10, 5) == 0 and warmup.window_spread(lat[:5]) < 0.10
@@ -250,7 +250,7 @@ def test_a_first_call_inside_the_windows_tolerance_is_kept_and_its_cost_still_sa
 def test_the_warmup_takeaway_names_the_rule_behind_each_number():
     import pandas as pd
 
-    from labkit.lessons.findings import nb04
+    from labkit.lessons.nb04 import findings as nb04
 
     cold = _cold("cpu")
     summary = pd.DataFrame({"first_s": [0.5, 0.3], "median_s": [0.2, 0.2], "agreement": [1.0, 1.0]},
@@ -270,7 +270,7 @@ def test_a_compile_gain_within_noise_claims_no_pay_back():
     "pays back after 107,396 calls" read a pay-back into noise."""
     import pandas as pd
 
-    from labkit.lessons.findings import nb04
+    from labkit.lessons.nb04 import findings as nb04
 
     mib = 2**20
     cpu = _cold("cpu")

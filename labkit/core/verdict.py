@@ -216,6 +216,20 @@ def versus(new: float, base: float, *, higher_is_better: bool = True) -> Verdict
     return Verdict(BETTER if gain > 1 else WORSE, ratio, gain, 1, f"one value each, {abs(gain - 1):.0%} apart")
 
 
+ONE_RUN_RULE = f"one run each with a {TOLERANCE:.0%} step"  # the naive reader, as a sentence names it
+
+
+def one_run_each(new: float, base: float, *, higher_is_better: bool = True) -> Verdict:
+    """The naive reader notebook 14 holds up against the others: one run a side, a difference called wherever the
+    two figures are ``TOLERANCE`` apart, whatever the noise (``ONE_RUN_RULE``). Never a verdict to print a
+    takeaway with: its A/A false-positive rate is what the notebook measures."""
+    ratio = _ratio(float(new), float(base), "one_run_each()")
+    gain = ratio if higher_is_better else 1 / ratio
+    if abs(ratio - 1) < TOLERANCE:
+        return Verdict(NOISE, ratio, gain, 1, f"{ONE_RUN_RULE}: less than the step apart")
+    return Verdict(BETTER if gain > 1 else WORSE, ratio, gain, 1, f"{ONE_RUN_RULE}: {abs(ratio - 1):.0%} apart")
+
+
 def largest(pieces: Mapping[str, float]) -> list[str]:
     """The name of the largest of ``pieces`` (positive values), or the names tied for it (within ``TIE`` of the
     largest), largest first."""

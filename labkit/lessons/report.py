@@ -1,4 +1,4 @@
-"""The capstone report (its runs are ``lessons.runs.nb09``): a before/after table, the highest concurrency that meets an SLO, a shareable
+"""The capstone report (its runs are ``lessons.nb09.runs``): a before/after table, the highest concurrency that meets an SLO, a shareable
 HTML + JSON pair, and the "class results": several learners' files merged into one comparison.
 
 The JSON is a ``labkit.core.results`` file (rows plus the environment that produced them); the HTML is

@@ -41,7 +41,7 @@ from labkit.core import config, env, machine, memory, results
 from labkit.model import models, sizing
 from labkit.decoding import generation
 from labkit.lessons import findings, plots
-from labkit.lessons.findings import nb00 as nb00_findings
+from labkit.lessons import nb00
 
 env.require_usable_gpu()  # stops here when nvidia-smi sees a GPU that torch cannot use (a CPU run by mistake)
 plots.setup_offline()
@@ -111,7 +111,7 @@ for label, r in (("first", first), ("second", second)):
     res.add("chat", call=label, ttft_s=r.ttft_s, tpot_s=r.tpot_s, decode_tokens_per_s=r.decode_tokens_per_s,
             n_out=r.n_out, e2e_s=r.e2e_s, answer=r.text)
 chat_1, chat_2 = res.section("chat")
-found = nb00_findings.takeaways(model=lm.name, device=lm.device, load_s=lm.load_seconds, param_bytes=measured.bytes,
+found = nb00.findings.takeaways(model=lm.name, device=lm.device, load_s=lm.load_seconds, param_bytes=measured.bytes,
                                 predicted_bytes=predicted.weight_bytes, first=chat_1, second=chat_2,
                                 same_answer=first.text == second.text)
 findings.record(res, found)

@@ -59,7 +59,7 @@ from labkit.model import gpus, hardware, models, prompts, roofline, sizing
 from labkit.decoding import decode, generation, profiling
 from labkit.engines import fusion
 from labkit.lessons import exercises, findings, plots, widgets
-from labkit.lessons.findings import nb01 as nb01_findings
+from labkit.lessons import nb01
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -455,7 +455,7 @@ widgets.sizing_panel()
 res.replace("decode", dec.to_dict("records"))
 fp = prec[prec.model == "SmolLM2-135M-Instruct"].set_index("dtype").weight_gib * 2**10
 d1, pf = roof.iloc[1], roof.iloc[0]
-found = nb01_findings.takeaways(weights_mib=fp.to_dict(), model="SmolLM2-135M", big=big, device=bw.device, gbs=bw.gbs,
+found = nb01.findings.takeaways(weights_mib=fp.to_dict(), model="SmolLM2-135M", big=big, device=bw.device, gbs=bw.gbs,
                                 peak_gflops=peak_gflops, ridge=ridge, decode=d1, prefill=pf, prefill_tokens=PREFILL_TOKENS,
                                 ceiling=one, operators=len(ops), linear=n_linear, gap=gap, first=first, last=last)
 findings.record(res, found)

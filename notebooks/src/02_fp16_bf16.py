@@ -55,8 +55,7 @@ from labkit.model import hardware, models, prompts, sizing
 from labkit.decoding import quality
 from labkit.precision import rounds, variants
 from labkit.lessons import exercises, findings, plots
-from labkit.lessons.findings import nb02 as nb02_findings
-from labkit.lessons.exercises import nb02
+from labkit.lessons import nb02
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -194,7 +193,7 @@ def accumulate(start, step, n, dtype):
 exercises.check("02.accumulate", accumulate)
 
 # %% slideshow={"slide_type": "fragment"}
-running = exercises.use("02.accumulate", accumulate, nb02.running_sum)
+running = exercises.use("02.accumulate", accumulate, nb02.checks.running_sum)
 totals = pd.DataFrame([{"dtype": name, "running total in dtype": running(ACCUM_START, ACCUM_STEP, ACCUM_STEPS, d),
                         "torch.sum in dtype": ACCUM_START + torch.full((ACCUM_STEPS,), ACCUM_STEP, dtype=d,
                                                                        device="cpu").sum().item(),  # number formats
@@ -326,7 +325,7 @@ res.replace("matmul", shapes.to_dict("records"))
 res.replace("accumulation", totals.reset_index().to_dict("records"))
 mm = shapes.set_index("dtype").rename(index={"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"})
 matmul_times = {v: {"prefill": mm.loc[v, "prefill-like (s)"], "decode": mm.loc[v, "decode-like (s)"]} for v in mm.index}
-found = nb02_findings.takeaways(rows=rows, matmul_s=matmul_times, half_reason=reason,
+found = nb02.findings.takeaways(rows=rows, matmul_s=matmul_times, half_reason=reason,
                                 mantissa_bits=formats.mantissa_bits.to_dict(),
                                 rounded={"fp16": demo.fp16.tolist(), "bf16": demo.bf16.tolist()},
                                 sums=totals["running total in dtype"].to_dict(),

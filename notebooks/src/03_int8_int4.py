@@ -56,7 +56,7 @@ from labkit.model import hardware, models, onnx, prompts
 from labkit.decoding import quality
 from labkit.precision import libraries, quantisers, rounds, variants
 from labkit.lessons import exercises, findings, plots
-from labkit.lessons.findings import nb03 as nb03_findings
+from labkit.lessons import nb03
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -323,7 +323,7 @@ cols = ["status", "device", "weight_MiB", "peak_MiB", "ttft_s", "decode_tokens_p
         "perplexity", "agreement", "kl", "load_peak_MiB", "run_peak_MiB"]  # decode_spread: (p90 − p10) / median of the
 # timed rounds; doubts: what makes a row rough on any machine, a wide spread or a drifting baseline (verdict.doubts)
 print("peak memory source:", memory.sources_said(table.peak_memory_source.dropna()))
-print(nb03_findings.peak_sentence(table))
+print(nb03.findings.peak_sentence(table))
 for v, note in table.note.items():
     if note:
         print(f"{v}: {note}")
@@ -342,17 +342,17 @@ for v, predicted in (("bnb-int8", PREDICT_INT8_FRACTION), ("bnb-nf4", PREDICT_NF
         exercises.reveal(f"{v} weight bytes / fp32", predicted, fraction[v])
     else:
         print(f"{v}: not measured here ({table.status[v]})")
-fast, label = nb03_findings.fastest_int8(table)  # an int8 row on fp32's device; else both devices are named
+fast, label = nb03.findings.fastest_int8(table)  # an int8 row on fp32's device; else both devices are named
 if fast is not None:
-    same_engine = nb03_findings.int8_base(table, fast)  # ort-fp32 for ONNX Runtime's int8: int8's gain, not the engine's
+    same_engine = nb03.findings.int8_base(table, fast)  # ort-fp32 for ONNX Runtime's int8: int8's gain, not the engine's
     exercises.reveal(label.replace("/ fp32", f"/ {same_engine}"), PREDICT_INT8_SPEEDUP,
                      table.decode_tokens_per_s[fast] / table.decode_tokens_per_s[same_engine], "×")
     if same_engine != "fp32":
         print(f"the engine's own gain, apart: {same_engine} decodes "
               f"{table.decode_tokens_per_s[same_engine] / base.decode_tokens_per_s:.2f}× PyTorch fp32's speed")
     print(f"{fast}: greedy agreement with fp32 {table.agreement[fast]:.0%}, KL {table.kl[fast]:.3g} nats/token")
-    v8 = nb03_findings.int8_verdict(table, fast)
-    print(f"verdict against {nb03_findings.int8_base(table, fast)} (the same engine's fp32): {v8.label} ({v8.reason})")
+    v8 = nb03.findings.int8_verdict(table, fast)
+    print(f"verdict against {nb03.findings.int8_base(table, fast)} (the same engine's fp32): {v8.label} ({v8.reason})")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Which kernel did bitsandbytes run?
@@ -387,7 +387,7 @@ else:
 # the variants drift on many prompts; one answer is only an anecdote.
 
 # %% slideshow={"slide_type": "fragment"}
-print(nb03_findings.forms_sentence(table, config.quick()))  # many prompts' KL judged by the verdict, never one answer
+print(nb03.findings.forms_sentence(table, config.quick()))  # many prompts' KL judged by the verdict, never one answer
 quality.side_by_side(qs, {v: table.answers[v] for v in ok.variant})
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -455,7 +455,7 @@ for variant, label, mem_claim, loss_claim in claims:
                     "memory_holds": verdict.holds(mem, mem_claim), "perplexity_rise": loss, "loss_claim": loss_claim,
                     "accuracy_holds": loss <= loss_claim, "top1_disagreement": 1 - r["agreement"],
                     "embedding_share": embed_share, "tied_embedding": tied,
-                    "memory_if_embedding_kept": nb03_findings.embedding_kept_change(mem_claim, embed_share)})
+                    "memory_if_embedding_kept": nb03.findings.embedding_kept_change(mem_claim, embed_share)})
 checked = pd.DataFrame(checked)
 checked
 
@@ -465,7 +465,7 @@ for v in checked.itertuples():
         print(f"{v.claim} ({v.variant}): memory {v.memory_change:+.0%} vs claimed {v.memory_claim:+.0%} → "
               f"{'holds' if v.memory_holds else 'does not hold'}; perplexity {v.perplexity_rise:+.1%} vs ≤{v.loss_claim:.1%} → "
               f"{'holds' if v.accuracy_holds else 'does not hold'} on this machine")
-        why = nb03_findings.memory_reason(v.memory_change, v.memory_claim, v.embedding_share, v.tied_embedding)
+        why = nb03.findings.memory_reason(v.memory_change, v.memory_claim, v.embedding_share, v.tied_embedding)
         if why:
             print(f"    memory: {why}")
 
@@ -487,7 +487,7 @@ res.replace("library_agreement", agree.to_dict("records"))
 res.replace("layer_error", err.to_dict("records"))
 res.replace("ort_api", claims_ort)
 res.replace("claims", checked.to_dict("records"))
-found = nb03_findings.takeaways(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), claims=checked,
+found = nb03.findings.takeaways(table=table, hand=hand, agree=agree, routes=routes, layer_error=worst.to_dict(), claims=checked,
                                 layers=err, probe_layer=PROBE_LAYER.split(".")[2], quick=config.quick())
 findings.record(res, found)
 print("saved", config.shown(res.save()))

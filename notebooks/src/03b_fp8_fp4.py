@@ -51,7 +51,7 @@ from labkit.core import config, cpu, env, machine, published, results
 from labkit.model import models, prompts, sizing
 from labkit.precision import formats, fp8_gemm, quantisers, variants
 from labkit.lessons import exercises, findings, plots
-from labkit.lessons.findings import nb03b as nb03b_findings
+from labkit.lessons import nb03b
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -227,7 +227,7 @@ add_form("mxfp4", mxfp4(w), "mxfp4")
 add_form("int4 g64", formats.fake_quant(w, "int4-g64"), "int4-g64")  # the lab's int4 layout, beside NF4
 exercises.reveal("output error, MXFP4 / NVFP4", PREDICT_MXFP4_OVER_NVFP4,
                  hand.output_error["mxfp4"] / hand.output_error["nvfp4"], "×")
-split = nb03b_findings.fp4_split(w)  # E2M1 in blocks of 16 or 32, with a power-of-two or an E4M3 scale
+split = nb03b.findings.fp4_split(w)  # E2M1 in blocks of 16 or 32, with a power-of-two or an E4M3 scale
 display(hand)
 split
 
@@ -254,8 +254,8 @@ settings = variants.Settings(new_tokens=2, repeats=1, answer_tokens=2, n_questio
 inputs = variants.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
 machine.check("formats")
 rows = list(variants.run(["fp32", *LIBRARY_VARIANTS, *FORMAT_VARIANTS], inputs=inputs, progress=False))
-fmt_table = nb03b_findings.formats_table(rows, sizing.shape(lm.model.config))
-closest, undecided = nb03b_findings.closest_4bit(rows, fmt_table)  # judged on KL per prompt
+fmt_table = nb03b.findings.formats_table(rows, sizing.shape(lm.model.config))
+closest, undecided = nb03b.findings.closest_4bit(rows, fmt_table)  # judged on KL per prompt
 exercises.reveal_choice("4-bit row closest to fp32 (lowest KL)", PREDICT_BEST_4BIT, closest,
                         ["nvfp4", "mxfp4", "int4-g64", "bnb-nf4"], undecided=undecided)
 print(models.four_bit_note())  # the reference's own 4-bit grid and what it does to these rows ("" for your own model)
@@ -263,11 +263,11 @@ fmt_table
 
 # %% slideshow={"slide_type": "subslide"}
 # layer by layer: the same rows' weight errors, NVFP4 against MXFP4
-layers = nb03b_findings.layer_errors(rows, ["nvfp4", "mxfp4"])
+layers = nb03b.findings.layer_errors(rows, ["nvfp4", "mxfp4"])
 plots.bar(layers.groupby(["kind", "variant"], as_index=False).relative_error.median(), x="kind", y="relative_error",
           color="variant", title="Median weight error per kind of layer",
           y_title="‖W − q(W)‖ / ‖W‖", text_auto=False).show()
-print(nb03b_findings.layer_sentence(layers))
+print(nb03b.findings.layer_sentence(layers))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · FP8's speed: here, and where the hardware has it
@@ -293,7 +293,7 @@ gemm = [{"what": what, **fp8_gemm.time_shape(m, k, n, gemm_device, act, rounds=G
                                               sample_s=config.pick(0.005, 0.002) if on_gpu else config.pick(0.05, 0.01))}
         for m, k, n, what in fp8_gemm.model_shapes(GEMM_M, models.resolve())]
 gemm = fp8_gemm.pair_twins(gemm)  # up and down read the same bytes: each baseline is held against its twin's
-gemm_table = nb03b_findings.gemm_table(gemm)
+gemm_table = nb03b.findings.gemm_table(gemm)
 scaled_mm_x = fp8_gemm.decode_step_gain(gemm, "fp8_scaled_mm")  # the median over both M = 1 shapes
 if scaled_mm_x is not None:
     exercises.reveal("fp8_scaled_mm / fp32 speed at M = 1", PREDICT_SCALED_MM, scaled_mm_x, "×")
@@ -306,7 +306,7 @@ gemm_table
 # the same GEMMs on a lent H200 (one probe run; its provenance below), then published FP8 and FP4 figures
 h200 = results.load(config.DATA_DIR / "measured_gpu" / "fp8_gemm.nvidia-h200.json")
 print("Measured on a lent GPU, not in this run:", results.provenance(h200), "|", h200.notes["note"])
-display(nb03b_findings.gemm_table(h200.section("gemm"), base="bf16"))
+display(nb03b.findings.gemm_table(h200.section("gemm"), base="bf16"))
 _ = published.show("03", precision=("FP8", "FP4"))  # vendor and project tables, each with its source and date
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -327,7 +327,7 @@ if tools_run.is_file():
     display(tools.frame("checkpoints").reindex(columns=["scheme", "status", "format", "bytes", "seconds"]))
     display(tools.frame("served").reindex(columns=["name", "status", "tokens_vs_fp32", "equal_tokens", "compared_tokens",
                                                     "tpot_over_fp32", "kv_cache_tokens", "reason"]))
-    print(nb03b_findings.fp8_kv_said(tools, cpu.cpu_isa()))  # its facts, rendered against this machine's ISA
+    print(nb03b.findings.fp8_kv_said(tools, cpu.cpu_isa()))  # its facts, rendered against this machine's ISA
 else:
     print("No run of bench/llm_compressor.py ships: `make llmc vllm`, then `python bench/llm_compressor.py --save-to "
           "data/reference`.")
@@ -344,7 +344,7 @@ res.replace("formats", fmt_table.reset_index().to_dict("records"))
 res.replace("fp4_split", split.reset_index().to_dict("records"))
 res.replace("layer_errors", layers.to_dict("records"))
 res.replace("fp8_gemm", [{k: v for k, v in r.items() if k != "samples"} for r in gemm])
-found = nb03b_findings.takeaways(hand=hand, fmt_table=fmt_table, rows=rows, split=split, layers=layers, gemm=gemm,
+found = nb03b.findings.takeaways(hand=hand, fmt_table=fmt_table, rows=rows, split=split, layers=layers, gemm=gemm,
                                  gpu_gemm=h200, gemm_on=gemm_on)
 findings.record(res, found)
 print("saved", config.shown(res.save()))

@@ -49,7 +49,7 @@ from labkit.model import models, sizing
 from labkit.decoding import cache_variants, generation, quality
 from labkit.engines import warmup
 from labkit.lessons import exercises, findings, plots
-from labkit.lessons.findings import nb04 as nb04_findings
+from labkit.lessons import nb04
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -194,7 +194,7 @@ else:
           f"your prediction of {PREDICT_CALLS_TO_SETTLE}")
 print(f"the same rule in labkit (warmup.settle_point): {warmup.settle_point(latencies, UNTIL_SPREAD, WINDOW)}; "
       f"answers identical across the calls: {len(set(answers)) == 1}")
-print("this loop:", nb04_findings.settle_words(latencies, UNTIL_SPREAD, WINDOW))
+print("this loop:", nb04.findings.settle_words(latencies, UNTIL_SPREAD, WINDOW))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · The first requests, cold vs after a warmup
@@ -220,11 +220,11 @@ summary
 # %% slideshow={"slide_type": "fragment"}
 rep = warmed.warmup
 warmup.settle_figure(rep).show()
-print("labkit's warmup:", nb04_findings.settle_words(rep.latencies_s, rep.until_spread, rep.window))
+print("labkit's warmup:", nb04.findings.settle_words(rep.latencies_s, rep.until_spread, rep.window))
 print(f"steady latency {rep.steady_s * 1e3:.0f} ms" if rep.settled else
       f"last spread {rep.final_spread:.1%}: the machine is noisy")
 cold_point = warmup.settle_point(cold.requests_s, UNTIL_SPREAD, WINDOW)  # saved with the results
-print("the cold series above, by the same rule:", nb04_findings.settle_words(cold.requests_s, UNTIL_SPREAD, WINDOW))
+print("the cold series above, by the same rule:", nb04.findings.settle_words(cold.requests_s, UNTIL_SPREAD, WINDOW))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6 · torch.compile: what does its first call cost?
@@ -297,7 +297,7 @@ res.add("warmup", calls=rep.calls, settled=rep.settled, warmup_calls=rep.warmup_
         final_spread=rep.final_spread, steady_s=rep.steady_s, cold_settle_point=cold_point,
         notebook_loop_calls=len(latencies), notebook_loop_warmup_calls=n_warm)
 res.notes.update(rss_bytes=cold.rss_bytes, gpu_bytes=cold.gpu_bytes)  # gpu_bytes: allocator and NVML on a GPU
-found = nb04_findings.takeaways(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, memory_growth=grew,
+found = nb04.findings.takeaways(cold=cold, warmed=warmed, steady_s=steady_s, one_time_share=share, memory_growth=grew,
                                 weight_bytes=weights_b, loop_warmup_calls=n_warm, loop_calls=len(latencies),
                                 summary=summary, compile_rows=comp_df, loop_latencies_s=latencies,
                                 until_spread=UNTIL_SPREAD, window=WINDOW)

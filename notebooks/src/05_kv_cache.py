@@ -50,7 +50,7 @@ from labkit.model import dtypes, hardware, models, sizing
 from labkit.decoding import cache_variants, decode, generation, kv, profiling, quality
 from labkit.engines import fusion
 from labkit.lessons import exercises, findings, plots
-from labkit.lessons.findings import nb05 as nb05_findings
+from labkit.lessons import nb05
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -249,7 +249,7 @@ plots.predicted_vs_measured([f"{c} tokens" for c in grow.context], list(grow.for
 exercises.reveal(f"MiB after {grow.context.iloc[-1]} tokens", PREDICT_KV_MIB, grow.measured_bytes.iloc[-1] / 2**20, "MiB")
 print(f"{per_pos:,} bytes per position; measured / formula over {len(kvdf)} caches: "
       f"{kvdf['measured / formula'].min():.4f} to {kvdf['measured / formula'].max():.4f}")
-print(nb05_findings.layer_by_layer_sentence(lm.model.config, DTYPE, kv.bytes_per_position(
+print(nb05.findings.layer_by_layer_sentence(lm.model.config, DTYPE, kv.bytes_per_position(
     lm.model.config, dtypes.DTYPE_BYTES[DTYPE]), int(grow.context.iloc[-1])))
 kvdf
 
@@ -309,7 +309,7 @@ vdf = pd.DataFrame(vrows)
 plots.bar(vdf, x="variant", y="tpot_s", color="where", title="Decode time per token by cache", y_title="seconds",
           facet="where").show()
 here = vdf[vdf["where"] == results.HERE].set_index("variant")
-won, why = (nb05_findings.faster_of(here, ["dynamic", "static"], "tpot_s") if not static_why  # the takeaways' verdict
+won, why = (nb05.findings.faster_of(here, ["dynamic", "static"], "tpot_s") if not static_why  # the takeaways' verdict
             else (None, f"no static cache here: {static_why}"))
 exercises.reveal_choice("faster decode", PREDICT_FASTER_CACHE, won, ["dynamic", "static"], undecided=why)
 vdf[["variant", "where", "new_tokens", "first_call_s", "ttft_s", "tpot_s", "decode_tokens_per_s", "agreement"]]
@@ -346,7 +346,7 @@ attn = pd.DataFrame(kv.compare_attention(lm.model, lm.tokenizer, impls, ATTN_PRO
 plots.bar(attn, x="attn_implementation", y="ttft_s", title=f"TTFT for a {ATTN_PROMPT}-token prompt",
           y_title="seconds").show()
 timed = attn[attn.attn_implementation.isin(["eager", "sdpa"])].set_index("attn_implementation")
-won, why = nb05_findings.faster_of(timed, ["eager", "sdpa"], "ttft_s")
+won, why = nb05.findings.faster_of(timed, ["eager", "sdpa"], "ttft_s")
 exercises.reveal_choice("shorter TTFT", PREDICT_FASTER_ATTENTION, won, ["eager", "sdpa"], undecided=why)
 attn.drop(columns=["answer_start", "samples"])
 
@@ -398,7 +398,7 @@ for section, rows in {"cache_on_off": totals.reset_index().to_dict("records"), "
                       "profile_groups": profiling.groups_frame(profiles).to_dict("records"),
                       "decode_gap": [{k: v for k, v in gap.items() if k != "explanation"}]}.items():
     res.replace(section, rows)
-found = nb05_findings.takeaways(loop_agreement=min(loop_agreement.values()), core_identical=core["identical"],
+found = nb05.findings.takeaways(loop_agreement=min(loop_agreement.values()), core_identical=core["identical"],
                                 tokens=int(totals.index[-1]), speedup=totals.speedup.iloc[-1], step_growth=growth.to_dict(),
                                 kv_sizes=kvdf, bytes_per_position=per_pos, split=split, variants=here, attention=timed,
                                 decode_shares=profiles[1].share_samples,

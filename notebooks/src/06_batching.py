@@ -64,8 +64,7 @@ from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
 from labkit.serve import metrics as prom
 from labkit.lessons import exercises, findings, plots, references
-from labkit.lessons.runs import nb06 as nb06_runs
-from labkit.lessons.findings.serving import nb06 as nb06_findings
+from labkit.lessons import nb06
 from labkit.lessons.widgets import panel as batch_widget
 
 plots.setup_offline()
@@ -220,10 +219,10 @@ plots.line(res.frame("static").query("status == 'ok'"), x="batch_size", y=["tota
            title="Static batching: total against per-user output tokens/s", x_title="batch size",
            y_title="output tokens/s", log_x=True).show()
 batching.pareto_figure(sweep).show()
-total_v, user_v = nb06_findings.batch_verdicts(first_row, last_row, memory_bound)
+total_v, user_v = nb06.findings.batch_verdicts(first_row, last_row, memory_bound)
 gain = total_v.gain
 print(f"drift: batch 1 timed first and last, last / first = {first_row['drift']:.2f}" if first_row.get("drift") else "")
-print(nb06_findings.throughput_sentence(last_row["batch_size"], total_v, memory_bound))
+print(nb06.findings.throughput_sentence(last_row["batch_size"], total_v, memory_bound))
 exercises.reveal(f"throughput gain at batch {last_row['batch_size']}", PREDICT_THROUGHPUT_GAIN, gain, "×")
 print(f"the memory-bound model predicted {memory_bound:.1f}× (weights read once per step, KV per sequence)")
 
@@ -345,7 +344,7 @@ if SHARED is None and not vllm_server.vllm_python().exists():
 elif SHARED is None and not VLLM_LIVE:
     same = {"status": "vllm serve not started here (VLLM_LIVE = False; set it True to measure this table here)"}
 else:
-    same = nb06_runs.beside_vllm(vllm_settings, {"labkit serve (max_batch_size 8)": server.url}, VLLM_ROUNDS,
+    same = nb06.runs.beside_vllm(vllm_settings, {"labkit serve (max_batch_size 8)": server.url}, VLLM_ROUNDS,
                               VLLM_START_DEADLINE_S, shared=SHARED, num_requests=SERVE_REQUESTS,
                               max_concurrency=CLIENTS, max_tokens=SERVE_TOKENS, slo=SLO)
 if "rows" in same:
@@ -358,11 +357,11 @@ if "rows" in same:
     print(f"vLLM {same['platform']['version']} ({same['platform']['platform']}); status: {same['status']}; medians of "
           f"{VLLM_ROUNDS} interleaved rounds: vLLM {vllm_row['output_tokens_per_s'] / lab_row['output_tokens_per_s']:.2f}× "
           "the lab's output tokens/s" + (f"; vLLM ran on the {SHARED.provenance()['where']}" if SHARED else ""))
-    display(res.frame("vllm_same_load")[["server", *nb06_runs.SAME_LOAD_FIGURES]].round(3))
+    display(res.frame("vllm_same_load")[["server", *nb06.runs.SAME_LOAD_FIGURES]].round(3))
 else:
     print(same["status"] if same["status"].startswith(("vLLM not installed", "vllm serve not started"))
           else f"vLLM did not run here: {same['status']}")
-    references.show_reference("06_batching", "vllm_same_load", ["server", *nb06_runs.SAME_LOAD_FIGURES])
+    references.show_reference("06_batching", "vllm_same_load", ["server", *nb06.runs.SAME_LOAD_FIGURES])
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7 · Load testing two ways
@@ -399,7 +398,7 @@ for label, burstiness in (("Poisson", 1.0), ("bursty", 0.25)):
                       "samples": {"ttft_s": [o.ttft_s for o in run.outputs if o.success]}})  # one TTFT per request
 res.replace("open_loop", open_rows)
 poisson, bursty = open_rows
-worse, burst_v = nb06_findings.worse_ttft(open_rows)  # the takeaway's verdict on the per-request TTFTs
+worse, burst_v = nb06.findings.worse_ttft(open_rows)  # the takeaway's verdict on the per-request TTFTs
 exercises.reveal_choice("worse TTFT p90", PREDICT_WORSE_TTFT, worse, ["Poisson", "bursty"],
                         undecided=f"{burst_v.label} ({burst_v.reason})")
 server.stop()  # queued requests would get an explicit 503; running ones finish first
@@ -425,7 +424,7 @@ _ = results.show_gpu_references("06_batching", ["static", "serving"])
 # ## Takeaways, from this run's numbers
 
 # %% slideshow={"slide_type": "fragment"}
-found = nb06_findings.takeaways(sweep=sweep, memory_bound_gain=memory_bound, padding=pad, serving=serve_rows,
+found = nb06.findings.takeaways(sweep=sweep, memory_bound_gain=memory_bound, padding=pad, serving=serve_rows,
                                 open_loop=open_rows, clients=CLIENTS, request_rate=REQUEST_RATE)
 findings.record(res, found)
 print("saved", config.shown(res.save()))

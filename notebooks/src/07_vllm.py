@@ -64,7 +64,7 @@ from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import lab as vllm_lab
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, findings, plots
-from labkit.lessons.findings.serving import nb07 as nb07_findings
+from labkit.lessons import nb07
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -312,7 +312,7 @@ st, co, alone = (batch_df.set_index("mode").loc[m] for m in ("static", "continuo
 # continuous batching saves steps and rows: its gain cannot beat the larger of the two savings
 cb_bound = max(runs["static"].decode_steps / runs["continuous"].decode_steps,
                runs["static"].computed_rows / runs["continuous"].computed_rows)
-cb_v, static_v = nb07_findings.batching_verdicts(st, co, alone, cb_bound)
+cb_v, static_v = nb07.findings.batching_verdicts(st, co, alone, cb_bound)
 exercises.reveal("continuous ÷ static throughput", PREDICT_CB_SPEEDUP, cb_v.gain, "×")
 exercises.reveal("short requests answered sooner", PREDICT_SHORT_SOONER,
                  st["mean_latency_short_s"] / co["mean_latency_short_s"], "×")
@@ -392,7 +392,7 @@ else:
 # %% slideshow={"slide_type": "fragment"}
 if engine_ok:
     one, every = (res.frame("vllm_engine").set_index("mode").loc[m] for m in (vllm_lab.ONE, vllm_lab.ALL))
-    vllm_v = nb07_findings.engine_verdict(one, every, BATCH)
+    vllm_v = nb07.findings.engine_verdict(one, every, BATCH)
     lab_v = verdict.compare(lab.loc["continuous", "samples"]["tokens_per_s"], lab.loc["one at a time", "samples"]["tokens_per_s"])
     versus = verdict.compare(every["samples"]["tokens_per_s"], lab.loc["continuous", "samples"]["tokens_per_s"])
     print(f"vLLM all at once (up to {BATCH} running) gave {vllm_v.gain:.2f}× its one-at-a-time throughput "
@@ -510,7 +510,7 @@ pd.DataFrame([
 
 # %% slideshow={"slide_type": "fragment"}
 ref = results.reference("07_vllm") if (results.reference_dir() / "07_vllm.json").is_file() else None
-found = nb07_findings.takeaways(paged=paged_row, contiguous=max_row, big_model=BIG_MODEL, big_gpu=BIG_MODEL_GPU, static=st,
+found = nb07.findings.takeaways(paged=paged_row, contiguous=max_row, big_model=BIG_MODEL, big_gpu=BIG_MODEL_GPU, static=st,
                                 continuous=co, alone=alone, cb_bound=cb_bound, same=same, batch=BATCH, long_tokens=LONG_TOKENS,
                                 reference=ref, engine={"one": one, "every": every, "squeezed": squeezed,
                                               "squeeze_tokens": squeeze_tokens} if engine_ok else None)

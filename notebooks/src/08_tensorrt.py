@@ -56,7 +56,7 @@ from labkit.decoding import cache_variants, generation, quality
 from labkit.precision import calibration
 from labkit.engines import compiled, fusion, onnxruntime, tensorrt
 from labkit.lessons import exercises, findings, plots
-from labkit.lessons.findings import nb08 as nb08_findings
+from labkit.lessons import nb08
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -205,7 +205,7 @@ big = fusion_table.set_index("input", drop=False).loc[f"{FUSION_ROWS} tokens"]  
 exercises.reveal(f"fused RMSNorm speedup, {FUSION_ROWS} rows", PREDICT_FUSION_SPEEDUP, big.speedup, "×")
 eager_b, fused_b = traffic(FUSION_ROWS, weight.shape[0], h.element_size())
 
-fusion_said = {r["input"]: nb08_findings.fusion_verdict(r) for _, r in fusion_table.iterrows()}  # rows as Series: they keep samples
+fusion_said = {r["input"]: nb08.findings.fusion_verdict(r) for _, r in fusion_table.iterrows()}  # rows as Series: they keep samples
 v_big = fusion_said[big.input]
 print(f"Eager, fused and a plain copy timed in interleaved rounds (eager drifted {big.drift:.2f}× first to last). "
       f"Fusion cut the (rows, hidden) traffic {eager_b / fused_b:.1f}× and on {FUSION_ROWS} rows ran "
@@ -215,7 +215,7 @@ print(f"Eager, fused and a plain copy timed in interleaved rounds (eager drifted
       f"(trace, fuse, generate, build): {fusion_table.first_call_s.sum():.1f} s for all {len(fusion_table)} shapes, with "
       + ("an empty inductor cache: a cold build" if min(f.cache_entries_before for f in fused.values()) == 0 else
          "inductor's on-disk cache from earlier runs (notebook 04 times a truly cold compile)"))
-print(nb08_findings.cache_sentence(fusion_table.to_dict("records"), cache_bytes, cache_source))
+print(nb08.findings.cache_sentence(fusion_table.to_dict("records"), cache_bytes, cache_source))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · The whole decode step, compiled
@@ -332,8 +332,8 @@ print(results.beside_reference(f"'{last}' ÷ '{first}' decode", ort_gain, result
                                ort_ref.get(f"ONNX Runtime, {last}", 0) / ort_ref.get(f"ONNX Runtime, {first}", 1)))
 print(f"{sum(ops[first].values())} operators at '{first}' → {sum(ops[last].values())} at '{last}'; "
       f"fused operators that appear: {onnx.fused_ops(ops[first], ops[last])}")
-print(nb08_findings.levels_sentence(ort_rows, last) or f"'{last}' decoded faster than every lower level here.",
-      nb08_findings.steps_sentence(ort_rows, list(ORT_LEVELS)))
+print(nb08.findings.levels_sentence(ort_rows, last) or f"'{last}' decoded faster than every lower level here.",
+      nb08.findings.steps_sentence(ort_rows, list(ORT_LEVELS)))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · Precision calibration
@@ -359,7 +359,7 @@ res.replace("calibration", [dict(cal.to_dict(), method=k, **v) for k, v in cal.s
 print(f"{cal.layer}: absmax {cal.absmax:.2f}, p{PERCENTILE:g} {cal.percentile_value:.2f} over "
       f"{cal.calibration_values:,} calibration values")
 kl_by_method = cal.frame().groupby("method").kl.apply(list).to_dict()  # each held-out prompt's KL, per scale
-best_scale, calibration_line = nb08_findings.calibration_said(kl_by_method, PERCENTILE)
+best_scale, calibration_line = nb08.findings.calibration_said(kl_by_method, PERCENTILE)
 exercises.reveal_choice("lowest mean KL", PREDICT_BEST_SCALE, best_scale, SCALE_CHOICES, undecided=calibration_line)
 summary.round(5)
 
@@ -439,7 +439,7 @@ _ = results.show_gpu_references("08_tensorrt", "engines", ["engine", "where", "s
 # %% slideshow={"slide_type": "fragment"}
 compiled_row = None if tc is None else {"where": tc["where"], "build_s": tc.build_s, "gain": compile_gain,
                                         "break_even": break_even, "verdict": compile_v}
-found = nb08_findings.takeaways(fusion=big, fusion_rows=FUSION_ROWS, max_abs_diff=fusion_table.max_abs_diff.max(),
+found = nb08.findings.takeaways(fusion=big, fusion_rows=FUSION_ROWS, max_abs_diff=fusion_table.max_abs_diff.max(),
                                 compiled=compiled_row, story=story if tc is not None and results.is_reference(tc["where"]) else None,
                                 levels=(first, last), ort=(ort_rows[0], ort_rows[-1]), layer=cal.layer,
                                 kl_by_method=kl_by_method, percentile=PERCENTILE, clip=clip,

@@ -50,8 +50,7 @@ from labkit.serve.vllm import shared
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, findings, plots, references, report
-from labkit.lessons.runs import nb09 as nb09_runs
-from labkit.lessons.findings.serving import nb09 as nb09_findings
+from labkit.lessons import nb09
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -94,14 +93,14 @@ print(f"{len(prompts)} prompts; {base_lm.name} loaded in {PRECISIONS}")
 # greedy tokens still agree with fp32's at least `MIN_AGREEMENT` of the time.
 
 # %% slideshow={"slide_type": "fragment"}
-probe, best_dtype = nb09_runs.choose_precision({p: c.model for p, c in candidates.items()}, base_lm.tokenizer, prompts,
+probe, best_dtype = nb09.runs.choose_precision({p: c.model for p, c in candidates.items()}, base_lm.tokenizer, prompts,
                                             BATCH, PROBE_TOKENS, min_agreement=MIN_AGREEMENT)
 res.replace("precision_choice", probe)
 del candidates, base_lm  # each server below loads its own model: its memory readings hold that model, no other
 memory.free()
 print(f"after's precision: {best_dtype}")
 half_reason, native = hardware.fast_half_matmul_reason(), hardware.native_half()  # the CPU's flags, or the GPU's
-print(nb09_findings.precision_sentence(probe, half_reason, native))
+print(nb09.findings.precision_sentence(probe, half_reason, native))
 res.frame("precision_choice").round(3)
 
 # %% slideshow={"slide_type": "fragment"}
@@ -123,7 +122,7 @@ print(f"configurations: {list(configs)}")
 lm = models.load(dtype="fp32")
 with launch.start_server(lm, max_batch_size=1) as srv:
     loadgen.run(srv.url, prompts, num_requests=2, max_concurrency=1, max_tokens=4, endpoint="chat")  # warm up
-    alone = nb09_runs.load_point(srv.url, prompts, 1, 3, MAX_TOKENS, TARGET_SLO)
+    alone = nb09.runs.load_point(srv.url, prompts, 1, 3, MAX_TOKENS, TARGET_SLO)
 del lm, srv
 memory.free()
 SLO, slo_why = loadgen.slo_from_baseline(TARGET_SLO, alone, SLO_FACTOR)
@@ -153,7 +152,7 @@ for name, (dtype, start) in configs.items():
     lm = models.load(dtype=dtype)  # the only model loaded while this server is measured
     with start(lm) as srv:
         loadgen.run(srv.url, prompts, num_requests=BATCH, max_concurrency=BATCH, max_tokens=4, endpoint="chat")  # warm up
-        row = nb09_runs.load_point(srv.url, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO, stats=srv.stats)
+        row = nb09.runs.load_point(srv.url, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO, stats=srv.stats)
         rows.append({"config": name, **row})  # mean_batch_size: the measured requests only (stats before/after)
     del lm, srv
     memory.free()
@@ -180,7 +179,7 @@ vllm_settings = vllm_server.Settings(model=models.resolve(), dtype=vllm.VLLM_DTY
                                      device=vllm_server.default_device(), max_num_seqs=BATCH,
                                      kv_cache_gib=VLLM_KV_CACHE_GIB, gpu_memory_utilization=VLLM_GPU_FRACTION)
 machine.check("vllm serve")
-served = (nb09_runs.vllm_load(vllm_settings, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO, SWEEP, REQUESTS_PER_CLIENT,
+served = (nb09.runs.vllm_load(vllm_settings, prompts, CONCURRENCY, REQUESTS, MAX_TOKENS, SLO, SWEEP, REQUESTS_PER_CLIENT,
                            MIN_GOOD, BATCH, VLLM_START_DEADLINE_S, shared=SHARED)
           if SHARED or vllm_server.vllm_python().exists() else {"status": vllm_server.MISSING})
 if "row" in served:
@@ -213,7 +212,7 @@ before_name = next(iter(configs))
 print(f"best here: {best_name}; {int((cfg_df.failed > 0).sum())} configuration(s) lost requests")
 lab = done[~done.config.str.startswith("vllm")]  # the servers you predicted among
 lab_best = lab.loc[lab.request_throughput.idxmax(), "config"]
-won, why = nb09_findings.lab_winner(rows, "one at a time" if "one at a time" in lab_best else lab_best.split(" batching")[0])
+won, why = nb09.findings.lab_winner(rows, "one at a time" if "one at a time" in lab_best else lab_best.split(" batching")[0])
 exercises.reveal_choice("highest requests/s", PREDICT_BEST_SERVER, won, ["one at a time", "dynamic", "continuous"],
                         undecided=why)  # the verdict the takeaways use
 _ = exercises.reveal("the lab's best server ÷ one at a time, requests/s", PREDICT_BEST_GAIN,
@@ -236,7 +235,7 @@ for name in (before_name, best_name):
     lm = models.load(dtype=dtype)
     with start(lm) as srv:
         loadgen.run(srv.url, prompts, num_requests=BATCH, max_concurrency=BATCH, max_tokens=4, endpoint="chat")
-        for row in nb09_runs.slo_sweep(srv.url, prompts, SWEEP, REQUESTS_PER_CLIENT, MAX_TOKENS, SLO, MIN_GOOD):
+        for row in nb09.runs.slo_sweep(srv.url, prompts, SWEEP, REQUESTS_PER_CLIENT, MAX_TOKENS, SLO, MIN_GOOD):
             sweep_rows.append({"config": name, **row})
     del lm, srv
     memory.free()
@@ -263,7 +262,7 @@ res.notes.update(before=before_name, after=best_name, after_precision=best_dtype
 table
 
 # %% slideshow={"slide_type": "fragment"}
-found = nb09_findings.takeaways(table=table, before=before_name, after=best_name, limits=limits,
+found = nb09.findings.takeaways(table=table, before=before_name, after=best_name, limits=limits,
                                 configs=rows, quick=config.quick(), max_tokens=MAX_TOKENS, levels=SWEEP,
                                 precision=probe, half_reason=half_reason, native=native, sweep=sweep_rows)
 findings.record(res, found)

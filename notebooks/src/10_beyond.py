@@ -65,8 +65,7 @@ from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
 from labkit.serve.vllm import mechanisms as vm
 from labkit.lessons import exercises, findings, plots, references
-from labkit.lessons.runs import nb10 as nb10_runs
-from labkit.lessons.findings.serving import nb10 as nb10_findings
+from labkit.lessons import nb10
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -164,7 +163,7 @@ def lookup_decode(model, input_ids, new_tokens, draft_tokens):
     return tokens, passes, drafted
 
 # %% slideshow={"slide_type": "fragment"}
-tasks = {"copy": nb10_runs.copy_prompt(tok, PASSAGE_TOKENS), "chat": nb10_runs.FREE_CHAT}
+tasks = {"copy": nb10.runs.copy_prompt(tok, PASSAGE_TOKENS), "chat": nb10.runs.FREE_CHAT}
 task_ids = {k: models.chat_inputs(tok, p, device=str(device))["input_ids"] for k, p in tasks.items()}
 mech, mech_tokens = {}, {}
 for task, ids in task_ids.items():
@@ -208,8 +207,8 @@ print(f"copying: {copy_row.tokens_per_forward:.1f} tokens per forward pass, deco
       f"{bool(lookup_df.mechanism_tokens_match.all())}, in the library's number of passes: "
       f"{bool(lookup_df.mechanism_passes_match.all())}")
 for row in (copy_row, chat_row):  # where lookup did not win, its own numbers say why
-    if nb10_findings.lookup_why(row, nb10_findings.lookup_verdict(row)):
-        print(nb10_findings.lookup_why(row, nb10_findings.lookup_verdict(row)))
+    if nb10.findings.lookup_why(row, nb10.findings.lookup_verdict(row)):
+        print(nb10.findings.lookup_why(row, nb10.findings.lookup_verdict(row)))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Draft-model speculation
@@ -261,7 +260,7 @@ exercises.check("10.reusable_prefix", reusable_prefix)
 # %% tags=["mechanism"]
 reuse_fn = exercises.use("10.reusable_prefix", reusable_prefix, prefill.reusable_prefix)
 document = prefill.document_text(tok, DOC_TOKENS)
-prefix_prompts = prefill.shared_prefix_prompts(document, nb10_runs.QUESTIONS[:PREFIX_REQUESTS])
+prefix_prompts = prefill.shared_prefix_prompts(document, nb10.runs.QUESTIONS[:PREFIX_REQUESTS])
 ids = [list(models.chat_ids(tok, p)) for p in prefix_prompts[:2]]
 block = continuous.PrefixCache(1).block_tokens  # the server's block size
 print(f"prompt lengths {len(ids[0])} and {len(ids[1])} tokens; the second reuses {reuse_fn(ids[0], ids[1], block)} "
@@ -333,7 +332,7 @@ print(f"one prefill of {whole_s * 1e3:.0f} ms unchunked, or {len(schedule)} chun
       f"each, a decode step after each ({timed.drift_line()})")
 
 # %% slideshow={"slide_type": "fragment"}
-stream_prompts = list(nb10_runs.STREAM_PROMPTS[:STREAMS])  # the lab's server here: its chunk budget is the experiment
+stream_prompts = list(nb10.runs.STREAM_PROMPTS[:STREAMS])  # the lab's server here: its chunk budget is the experiment
 chunk_rows = [prefill.chunked_prefill_run(lm, stream_prompts, STREAM_TOKENS, long_prompt, n) for n in (0, PREFILL_CHUNK_TOKENS)]
 res.replace("chunked_prefill", [{k: v for k, v in r.items() if k not in ("stamps", "texts")} for r in chunk_rows])
 chunk_df = res.frame("chunked_prefill")
@@ -398,8 +397,8 @@ kv_df = res.frame("kv_cache")
 kv_df["kv_mib"] = kv_df.kv_bytes / 2**20
 for failed in kv_df[kv_df.status != "ok"].itertuples():
     print(f"{failed.cache}: {failed.status}")
-kv_df = pd.DataFrame(nb10_findings.kv_ranked(kv_df.to_dict("records")))  # quality order: KL, not agreement on few tokens
-print(nb10_findings.kv_ranking(kv_rows))
+kv_df = pd.DataFrame(nb10.findings.kv_ranked(kv_df.to_dict("records")))  # quality order: KL, not agreement on few tokens
+print(nb10.findings.kv_ranking(kv_rows))
 kv_df[[c for c in ["cache", "status", "kl_rank", "kl", "agreement", "context_tokens", "kv_mib", "bytes_ratio",
                    "decode_tokens_per_s"] if c in kv_df]].round(4)
 
@@ -474,7 +473,7 @@ ort_here = next((r for r in engine_rows if r["engine"] == "ONNX Runtime" and r["
 nb03 = results.default_path("03_int8_int4")
 if ort_here and nb03.is_file():
     by_variant = {r["variant"]: r for r in results.load(nb03).section("variants")}
-    print(nb10_findings.same_file_elsewhere(
+    print(nb10.findings.same_file_elsewhere(
         ort_here, engine_rows[0], by_variant.get("ort-int8-channel"), by_variant.get("fp32"),
         here_how=f"{ENGINE_NEW_TOKENS} tokens, {REPEATS} runs alone", there_how="its interleaved rounds"))
 else:
@@ -496,7 +495,7 @@ else:
     if (results.reference_dir() / "10_beyond.json").is_file():
         cpu_ref = results.reference("10_beyond")
         ref_env = (cpu_ref.notes.get("section_env") or {}).get("cpu_engines") or cpu_ref.env
-        llamacpp_reference = nb10_findings.llamacpp_elsewhere(cpu_ref.section("cpu_engines"), ref_env.get("hardware") or {},
+        llamacpp_reference = nb10.findings.llamacpp_elsewhere(cpu_ref.section("cpu_engines"), ref_env.get("hardware") or {},
                                                               env.hardware(), QUALITY_FLOOR)
         print(llamacpp_reference)
         print("reference run:", results.section_provenance(cpu_ref, "cpu_engines"))
@@ -631,7 +630,7 @@ if vllm_ran:
     refs = {"prefix": vm.greedy_references(lm, prefix_ids, PREFIX_MAX_TOKENS),  # transformers generate, each alone
             "streams": vm.greedy_references(lm, stream_ids, STREAM_TOKENS) if "chunked" in served else {},
             "lookup": {task: mech_tokens[task] for task in task_ids}}  # section 1's loop: plain greedy decoding's tokens
-    res.replace("vllm_mechanisms", nb10_runs.beside_vllm(prefix_rows, chunk_rows, lookup_rows, served, refs, set(eos)))
+    res.replace("vllm_mechanisms", nb10.runs.beside_vllm(prefix_rows, chunk_rows, lookup_rows, served, refs, set(eos)))
     for part in (p for p in vm.PARTS if p in served):
         res.replace(f"vllm_{part}", [{k: v for k, v in row.items() if "answer" not in k} for row in served[part].values()])
     res.notes["vllm"] = {"platform": served["platform"], "start_s": served["start_s"], "settings": served["settings"]}
@@ -664,11 +663,11 @@ if vllm_ran:
 # ## Takeaways
 
 # %% slideshow={"slide_type": "fragment"}
-head = nb10_runs.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_rows, kv_name=kv_best.cache,
+head = nb10.runs.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_rows, kv_name=kv_best.cache,
                        quality_floor=QUALITY_FLOOR)
 res.replace("headline", [head])  # the figures bench/beyond.py prints
 res.notes["versions"] = env.versions(("optimum-quanto", "hqq", "onnx-ir", "llama-cpp-python"))
-found = nb10_findings.takeaways(head=head, lookup=(copy_row, chat_row), prefix=(off, on), chunked=(unchunked, chunked),
+found = nb10.findings.takeaways(head=head, lookup=(copy_row, chat_row), prefix=(off, on), chunked=(unchunked, chunked),
                                 kv=(base, kv_best), quality_floor=QUALITY_FLOOR, kv_rows=kv_rows,
                                 llamacpp_reference=llamacpp_reference)
 findings.record(res, found)

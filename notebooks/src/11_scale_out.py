@@ -62,8 +62,7 @@ from labkit.serve.fleet import router
 from labkit.serve.fleet import routing
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import cost, exercises, findings, plots, references
-from labkit.lessons.runs import nb11 as nb11_runs
-from labkit.lessons.findings.serving import nb11 as nb11_findings
+from labkit.lessons import nb11
 
 plots.setup_offline()
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -134,10 +133,10 @@ n_req = GROUPS * PER_GROUP * TURNS
 print(f"{n_req} requests a round; system prompts of {SYSTEM_TOKENS} tokens, documents of {DOCUMENT_TOKENS}; {ROUNDS} "
       f"rounds of {', '.join(POLICIES)}, "
       "interleaved; every replica's prefix cache flushed before each run")
-cmp = nb11_runs.compare_policies(routers, reps, workloads, MAX_TOKENS, stagger_s=STAGGER_S)
+cmp = nb11.runs.compare_policies(routers, reps, workloads, MAX_TOKENS, stagger_s=STAGGER_S)
 res.replace("policy_runs", cmp["runs"])
 res.replace("policy_replicas", cmp["replicas"])
-res.replace("policies", nb11_runs.policy_table(cmp["runs"]))
+res.replace("policies", nb11.runs.policy_table(cmp["runs"]))
 policy_df = res.frame("policies")
 policy_df[["policy", "rounds", "requests", "failed", "hit_rate", "token_hit_rate", "ttft_p50_s", "ttft_p90_s",
            "max_share"]].round(3)
@@ -163,13 +162,13 @@ plots.bar(policy_df, x="policy", y=["hit_rate", "token_hit_rate"], title="Prefix
           y_title="share").update_layout(barmode="group").show()
 plots.bar(policy_df, x="policy", y=["ttft_p50_s", "ttft_p90_s"], title="TTFT by routing policy (median over rounds)",
           y_title="seconds").update_layout(barmode="group").show()
-head = nb11_runs.headline(res.section("policies"), cmp["runs"], None, None, {"all_identical": all(
+head = nb11.runs.headline(res.section("policies"), cmp["runs"], None, None, {"all_identical": all(
     s["all_identical"] for s in same.values())})
 print(f"cache-aware: {head['cache_aware_hit_rate']:.0%} of requests hit a replica's cache, {head['cache_aware_token_hit_rate']:.0%} "
       f"of prompt positions reused; round-robin: {head['round_robin_hit_rate']:.0%} and {head['round_robin_token_hit_rate']:.0%}. "
       f"TTFT p50 cache-aware / round-robin = {head['ttft_p50_ratio_ca_over_rr']:.2f} ({head['ttft_verdict']}: "
       f"{head['ttft_verdict_reason']}).")
-print("Against the work:", nb11_findings.work_words(head))
+print("Against the work:", nb11.findings.work_words(head))
 
 # %% slideshow={"slide_type": "fragment"}
 # what the router itself counted (its Prometheus port): cache-aware's branches, tree match or load fallback
@@ -269,7 +268,7 @@ print(f"{slo_why}. One request alone takes {alone['e2e_p50_s']:.2f} s: {one_rate
 # %% slideshow={"slide_type": "fragment"}
 machine.check("capacity sweep")
 with energy.EnergyMeter() as meter:  # every rate for SWEEP_SECONDS of arrivals, the prefix cache flushed before each
-    swept = nb11_runs.capacity_sweep(server, sweep_prompts, rates, SWEEP_SECONDS, SWEEP_MAX_TOKENS, SLO, FOLLOW)
+    swept = nb11.runs.capacity_sweep(server, sweep_prompts, rates, SWEEP_SECONDS, SWEEP_MAX_TOKENS, SLO, FOLLOW)
 res.replace("capacity", swept["points"])
 cap_df = res.frame("capacity")
 cap_df[["offered_rps", "requests", "good_requests", "completed_rps", "pace", "goodput_rps", "goodput_over_run_rps",
@@ -438,9 +437,9 @@ for what, start in {
 # ## Takeaways
 
 # %% slideshow={"slide_type": "fragment"}
-head = nb11_runs.headline(res.section("policies"), cmp["runs"], found, chosen.to_dict() | {"name": chosen.name},
+head = nb11.runs.headline(res.section("policies"), cmp["runs"], found, chosen.to_dict() | {"name": chosen.name},
                           {"all_identical": all(s["all_identical"] for s in same.values())})
-found_11 = nb11_findings.takeaways(head=head, capacity_reason=found["reason"],
+found_11 = nb11.findings.takeaways(head=head, capacity_reason=found["reason"],
                                    arithmetic=need["arithmetic"] if held["rps"] is not None else None,
                                    chosen=chosen.to_dict() | {"name": chosen.name}, tokens_per_s=at_knee.output_tokens_per_s,
                                    answered=answered, requests=len(fault), rates=rates, priced_at=priced_at,

@@ -60,8 +60,7 @@ from labkit.serve.vllm import disagg, lora
 from labkit.serve.vllm import mechanisms as vm
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, findings, references
-from labkit.lessons.runs import nb12 as nb12_runs
-from labkit.lessons.findings.serving import nb12 as nb12_findings
+from labkit.lessons import nb12
 
 machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick())
@@ -73,7 +72,7 @@ CHOICES = ["positive", "negative", "neutral"]  # the labels a classification ans
 REVIEW = "The soup was cold and the waiter never came back."  # the text to classify
 JSON_PATTERN = r'\{"name": "[A-Z][a-z]{1,15}", "age": [1-9][0-9]?, "city": "[A-Z][a-z]{1,15}( [A-Z][a-z]{1,15})?"\}'
 MASK_TOKENS = config.pick(40, 32)  # tokens for the regex-constrained answer
-SCHEMA = nb12_runs.PERSON_SCHEMA  # the JSON schema every structured answer must follow
+SCHEMA = nb12.runs.PERSON_SCHEMA  # the JSON schema every structured answer must follow
 PEOPLE = ["a teacher from Lyon", "a retired sailor", "a nurse in Osaka", "a young painter", "a baker in Quebec",
           "a chess champion", "a farmer in Kenya", "a student in Lima"]  # one request each
 JSON_MAX_TOKENS = 64  # tokens per structured answer
@@ -162,18 +161,18 @@ PREDICT_FREE_VALID = None  # your prediction: free answers (of 8) that are valid
 
 # %% slideshow={"slide_type": "fragment"}
 json_prompts = [f"Give JSON with the name, age and city of {who}." for who in PEOPLE]
-variants = {"free": {}, "constrained": {"response_format": nb12_runs.json_schema_format(SCHEMA)}}
+variants = {"free": {}, "constrained": {"response_format": nb12.runs.json_schema_format(SCHEMA)}}
 lab_server = launch.start_server(lm, port=0, max_batch_size=len(PEOPLE))
 try:
-    lab_runs = nb12_runs.structured_rounds(lab_server.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
+    lab_runs = nb12.runs.structured_rounds(lab_server.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
                                           rounds=JSON_ROUNDS, schema=SCHEMA)
-    bad_lab = {what: nb12_runs.malformed(lab_server.url, fmt) for what, fmt in nb12_runs.MALFORMED.items()}
+    bad_lab = {what: nb12.runs.malformed(lab_server.url, fmt) for what, fmt in nb12.runs.MALFORMED.items()}
     grammar_metrics = {k: v for k, v in prom.metric_totals(prom.scrape(lab_server.url)).items()
                        if k.startswith("labkit_grammar")}
 finally:
     lab_server.stop()
 res.replace("lab_structured_runs", [{k: v for k, v in r.items() if k != "seq_rates"} for r in lab_runs])
-res.replace("lab_structured", nb12_runs.structured_table(lab_runs))
+res.replace("lab_structured", nb12.runs.structured_table(lab_runs))
 lab_df = res.frame("lab_structured")
 display(lab_df[["variant", "valid", "requests", "tokens_per_answer", "tokens_per_s_per_seq", "wall_s", "first_wall_s"]
                ].round(3))
@@ -184,7 +183,7 @@ print("one free answer:       ", next(r["example"] for r in lab_runs if r["varia
 free_row, con_row = (lab_df.set_index("variant").loc[v] for v in ("free", "constrained"))
 exercises.reveal("free answers that are valid JSON of the schema (first round, of 8)", PREDICT_FREE_VALID,
                  next(r["valid"] for r in lab_runs if r["variant"] == "free"))
-lab_said = nb12_findings.structured_sentence(con_row.to_dict(), free_row.to_dict(), "the lab's server")
+lab_said = nb12.findings.structured_sentence(con_row.to_dict(), free_row.to_dict(), "the lab's server")
 print(lab_said)
 print("grammar compiles (the server's /metrics):", grammar_metrics)
 for what, answer in bad_lab.items():
@@ -241,17 +240,17 @@ else:
 # %% slideshow={"slide_type": "fragment"}
 VLLM_COLUMNS = ["variant", "valid", "requests", "tokens_per_answer", "tokens_per_s_per_seq", "wall_s", "first_wall_s"]
 if vllm_srv is not None:
-    vllm_runs = nb12_runs.structured_rounds(vllm_srv.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
+    vllm_runs = nb12.runs.structured_rounds(vllm_srv.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
                                            rounds=JSON_ROUNDS, schema=SCHEMA, model=model_path)
     res.replace("vllm_structured_runs", [{k: v for k, v in r.items() if k != "seq_rates"} for r in vllm_runs])
-    res.replace("vllm_structured", [{**r, "backend": "xgrammar (auto)"} for r in nb12_runs.structured_table(vllm_runs)])
+    res.replace("vllm_structured", [{**r, "backend": "xgrammar (auto)"} for r in nb12.runs.structured_table(vllm_runs)])
     display(res.frame("vllm_structured")[VLLM_COLUMNS].round(3))
     vllm_con = res.frame("vllm_structured").set_index("variant").loc["constrained"].to_dict()
-    vllm_said = nb12_findings.structured_sentence(
+    vllm_said = nb12.findings.structured_sentence(
         vllm_con, res.frame("vllm_structured").set_index("variant").loc["free"].to_dict(), "vLLM (xgrammar)")
     print(vllm_said + " vLLM lets the grammar write whitespace between JSON tokens; the lab's server writes none.")
     print("one constrained answer:", next(r["example"] for r in vllm_runs if r["variant"] == "constrained"))
-    bad_vllm = {what: nb12_runs.malformed(vllm_srv.url, fmt, model_path) for what, fmt in nb12_runs.MALFORMED.items()}
+    bad_vllm = {what: nb12.runs.malformed(vllm_srv.url, fmt, model_path) for what, fmt in nb12.runs.MALFORMED.items()}
     for what, answer in bad_vllm.items():
         print(f"vLLM, {what}: {answer['status']} {answer['param']!r}: {answer['message'][:110]}")
 else:
@@ -270,9 +269,9 @@ if GUIDANCE and HAS_VLLM:
     g_settings = vllm_server.Settings(model=model_path, device=vllm_server.default_device(), max_num_seqs=8,
                                       extra_args=("--structured-outputs-config.backend", "guidance"))
     with vllm_server.serve(g_settings, name="vllm-guidance") as g_srv:
-        g_runs = nb12_runs.structured_rounds(g_srv.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
+        g_runs = nb12.runs.structured_rounds(g_srv.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
                                             rounds=JSON_ROUNDS, schema=SCHEMA, model=model_path)
-    res.replace("vllm_guidance", [{**r, "backend": "guidance"} for r in nb12_runs.structured_table(g_runs)])
+    res.replace("vllm_guidance", [{**r, "backend": "guidance"} for r in nb12.runs.structured_table(g_runs)])
     display(res.frame("vllm_guidance")[VLLM_COLUMNS].round(3))
 else:
     print("guidance's server not started: " + ("GUIDANCE is 0 (quick mode)" if HAS_VLLM else vllm_server.MISSING))
@@ -303,7 +302,7 @@ if vllm_srv is not None:
     display(res.frame("lora_modes")[LORA_COLUMNS].round(3))
     judged = {m["mode"]: verdict.compare(m["samples"]["tokens_per_s"], modes[0]["samples"]["tokens_per_s"])
               for m in modes if m["mode"] != "base"}
-    lora_said = nb12_findings.lora_sentence(modes, checks, judged)
+    lora_said = nb12.findings.lora_sentence(modes, checks, judged)
     lora_gain = judged["mixed"].ratio
     print(lora_said)
     exercises.reveal("mixed adapters' tokens/s ÷ the base's", PREDICT_MIXED_SHARE, lora_gain)
@@ -360,8 +359,8 @@ if PD and HAS_VLLM:
     pd_prompts = [text_ids[300 * i:300 * i + n] for i, n in enumerate(PD_PROMPT_TOKENS)]
     storage = tempfile.mkdtemp(prefix="kv-", dir=config.cache_dir())
     base = vllm_server.Settings(model=model_path, max_model_len=1024, max_num_seqs=8, prefix_caching=False)
-    with vllm_server.started_together(nb12_runs.pd_servers(base, storage), deadline_s=400) as pd_srv:
-        pd_out = nb12_runs.pd_session(pd_srv, storage, model_path, pd_prompts, decide=decide, missing_prompt=text_ids[1200:1400],
+    with vllm_server.started_together(nb12.runs.pd_servers(base, storage), deadline_s=400) as pd_srv:
+        pd_out = nb12.runs.pd_session(pd_srv, storage, model_path, pd_prompts, decide=decide, missing_prompt=text_ids[1200:1400],
                                short_prompts=[text_ids[1600:1620], text_ids[1700:1720]],
                                long_prompt=text_ids[2000:2000 + PD_LONG_TOKENS], n_long=PD_LONG,
                                kill_prompt=text_ids[3000:3300])
@@ -402,14 +401,14 @@ else:
 lab_con = lab_df.set_index("variant").loc["constrained"].to_dict()
 pd_row = None
 if pd_out is not None:
-    ratio = nb12_runs.bytes_ratio(pd_out["split"])
+    ratio = nb12.runs.bytes_ratio(pd_out["split"])
     itl_by = {r["target"]: r for r in pd_out.get("itl", [])}
-    pd_row = {"bytes_ratio": ratio, "sentence": nb12_findings.pd_sentence(pd_out["split"], ratio, itl_by.get("split"),
+    pd_row = {"bytes_ratio": ratio, "sentence": nb12.findings.pd_sentence(pd_out["split"], ratio, itl_by.get("split"),
                                                                           itl_by.get("plain"))}
 if pd_out is None:  # the split did not start: its sentence says so and renders the reference's rows with their machine
     pd_ref = results.reference("12_serving_features")
-    pd_row = nb12_findings.pd_reference_row(pd_ref, nb12_runs.bytes_ratio(pd_ref.section("pd_split")))
-found_12 = nb12_findings.takeaways(lab=lab_con, vllm_con=vllm_con, mask=by_hand, bytes_row=byte_row, lora=lora_said,
+    pd_row = nb12.findings.pd_reference_row(pd_ref, nb12.runs.bytes_ratio(pd_ref.section("pd_split")))
+found_12 = nb12.findings.takeaways(lab=lab_con, vllm_con=vllm_con, mask=by_hand, bytes_row=byte_row, lora=lora_said,
                                    lora_gain=lora_gain, pd=pd_row, structured=[s for s in (lab_said, vllm_said) if s])
 findings.record(res, found_12)
 res.notes["versions"] = env.versions(("xgrammar", "peft"))

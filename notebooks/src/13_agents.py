@@ -59,8 +59,7 @@ from labkit.serve.agents import prefix_lint, tiers, toolcalls, trace
 from labkit.serve.fleet import router
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, findings
-from labkit.lessons.runs import nb13 as nb13_runs
-from labkit.lessons.findings.serving import nb13 as nb13_findings
+from labkit.lessons import nb13
 
 machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick(), "|", cpu.cpu_name(),
@@ -120,7 +119,7 @@ PREDICT_SHARE = None  # your prediction: the share of all prompt tokens a perfec
 
 # %% tags=["mechanism"]
 serve_fn = exercises.use("13.served_tokens", served_tokens, prefix_lint.served_tokens)
-served = nb13_runs.perfect_served(ids, serve_fn)  # (session, turn) -> tokens a perfect cache serves
+served = nb13.runs.perfect_served(ids, serve_fn)  # (session, turn) -> tokens a perfect cache serves
 total = sum(len(p) for session in ids for p in session)
 perfect = sum(served.values()) / total
 by_turn = [sum(served[(s, t)] for s in range(SESSIONS)) / sum(len(ids[s][t]) for s in range(SESSIONS))
@@ -153,20 +152,20 @@ try:
     lab_rows = {}
     for name, prompts_of in runs.items():
         lab.flush_cache()
-        lab_rows[name] = nb13_runs.replay(lab.url, prompts_of, max_tokens=MAX_TOKENS)
+        lab_rows[name] = nb13.runs.replay(lab.url, prompts_of, max_tokens=MAX_TOKENS)
     edited = trace.bust(sessions[0], "edited_history")
-    edited_answer = nb13_runs.replay(lab.url, [[trace.render(b, tok) for b in edited.requests]], max_tokens=MAX_TOKENS)
-    too_long = nb13_runs.over_context(lab.url, MAX_MODEL_LEN)
-    tools_answer = nb13_runs.post_tools(lab.url, sessions[0].requests[0])
+    edited_answer = nb13.runs.replay(lab.url, [[trace.render(b, tok) for b in edited.requests]], max_tokens=MAX_TOKENS)
+    too_long = nb13.runs.over_context(lab.url, MAX_MODEL_LEN)
+    tools_answer = nb13.runs.post_tools(lab.url, sessions[0].requests[0])
 finally:
     lab.stop()
-lab_sum, lab_judged = nb13_runs.busted_against_clean(lab_rows)
+lab_sum, lab_judged = nb13.runs.busted_against_clean(lab_rows)
 SAMPLES = ("ttft_s", "ttft_per_token_s")  # each request's figures: kept in the results, not in the tables
 res.replace("lab_runs", [{k: v for k, v in s.items() if k not in SAMPLES} for s in lab_sum.values()])
-res.replace("lab_per_turn", nb13_runs.per_turn(lab_rows["clean"], nb13_runs.served_by_block(served, ids, 16)))
+res.replace("lab_per_turn", nb13.runs.per_turn(lab_rows["clean"], nb13.runs.served_by_block(served, ids, 16)))
 display(res.frame("lab_runs").round(3))
 display(res.frame("lab_per_turn").round(3))
-lab_said = nb13_findings.busted_sentence("The lab's server", lab_sum["clean"], lab_sum["timestamp"], lab_judged,
+lab_said = nb13.findings.busted_sentence("The lab's server", lab_sum["clean"], lab_sum["timestamp"], lab_judged,
                                          lab_sum["clock pinned"])
 print(lab_said)
 _ = exercises.reveal("median TTFT per prompt token, timestamped ÷ clean (lab server)", PREDICT_TTFT_RATIO,
@@ -226,17 +225,17 @@ if HAS_VLLM:
                                         "--tool-call-parser", "hermes", "--chat-template", str(template_file)))
     vllm_srv = vllm_stack.enter_context(vllm_server.serve(settings))
     print(f"vllm serve started in {vllm_srv.start_s:.0f} s: {vllm_srv.platform()}")
-    vllm_rows = {name: nb13_runs.replay(vllm_srv.url, runs[name], max_tokens=MAX_TOKENS, model=str(model_path),
+    vllm_rows = {name: nb13.runs.replay(vllm_srv.url, runs[name], max_tokens=MAX_TOKENS, model=str(model_path),
                                         salt=f"{name}-{SEED}") for name in ("clean", "timestamp")}
-    vllm_sum, vllm_judged = nb13_runs.busted_against_clean(vllm_rows)
+    vllm_sum, vllm_judged = nb13.runs.busted_against_clean(vllm_rows)
     res.replace("vllm_runs", [{k: v for k, v in s.items() if k not in SAMPLES} for s in vllm_sum.values()])
-    res.replace("vllm_per_turn", nb13_runs.per_turn(vllm_rows["clean"],
-                                                    nb13_runs.served_by_block(served, ids, VLLM_BLOCK)))
+    res.replace("vllm_per_turn", nb13.runs.per_turn(vllm_rows["clean"],
+                                                    nb13.runs.served_by_block(served, ids, VLLM_BLOCK)))
     display(res.frame("vllm_runs").round(3))
     display(res.frame("vllm_per_turn").round(3))
-    vllm_said = nb13_findings.busted_sentence("vLLM", vllm_sum["clean"], vllm_sum["timestamp"], vllm_judged)
+    vllm_said = nb13.findings.busted_sentence("vLLM", vllm_sum["clean"], vllm_sum["timestamp"], vllm_judged)
     print(vllm_said)
-    vllm_too_long = nb13_runs.over_context(vllm_srv.url, MAX_MODEL_LEN, model=str(model_path))
+    vllm_too_long = nb13.runs.over_context(vllm_srv.url, MAX_MODEL_LEN, model=str(model_path))
 else:
     vllm_said, vllm_too_long = None, None
     print(f"{vllm_server.MISSING}: the lab's server's rows only")
@@ -260,21 +259,21 @@ filler = max(TIER_LENGTHS)
 tier_srv = launch.start_server(lm, port=0, batching="continuous", max_batch_size=2, prefix_cache_tokens=filler,
                                prefix_cache_disk_dir=tier_dir, max_prompt_tokens=MAX_MODEL_LEN)
 try:
-    disk = nb13_runs.disk_bandwidth(tier_dir, BYTES_PER_TOKEN)
-    tier_rows = nb13_runs.tier_rounds(tier_srv, text_ids, TIER_LENGTHS, filler, rounds=TIER_ROUNDS, truncate=True,
+    disk = nb13.runs.disk_bandwidth(tier_dir, BYTES_PER_TOKEN)
+    tier_rows = nb13.runs.tier_rounds(tier_srv, text_ids, TIER_LENGTHS, filler, rounds=TIER_ROUNDS, truncate=True,
                                       max_tokens=MAX_TOKENS)
 finally:
     tier_srv.stop()
-predicted = nb13_runs.tier_prediction(tier_rows, disk, BYTES_PER_TOKEN)
+predicted = nb13.runs.tier_prediction(tier_rows, disk, BYTES_PER_TOKEN)
 prefill_tps = predicted["prefill_tokens_per_s"]
-tier_table = nb13_runs.tier_table(tier_rows, nb13_runs.predicted_seconds(BYTES_PER_TOKEN, disk["bytes_per_s"],
+tier_table = nb13.runs.tier_table(tier_rows, nb13.runs.predicted_seconds(BYTES_PER_TOKEN, disk["bytes_per_s"],
                                                                         prefill_tps, disk["start_s"]))
 res.replace("tier", tier_table)
 display(res.frame("tier").round(4))
-measured_cross = nb13_runs.measured_crossover(tier_table)
+measured_cross = nb13.runs.measured_crossover(tier_table)
 print(f"disk read-back {disk['bytes_per_s'] / 1e9:.2f} GB/s, start {disk['start_s'] * 1e3:.2f} ms; prefill "
       f"{prefill_tps:,.0f} tokens/s at {filler} tokens: {predicted['reason']}")
-tier_said = nb13_findings.tier_sentence(BYTES_PER_TOKEN, predicted, measured_cross, tier_table, disk["bytes_per_s"])
+tier_said = nb13.findings.tier_sentence(BYTES_PER_TOKEN, predicted, measured_cross, tier_table, disk["bytes_per_s"])
 print(tier_said)
 _ = exercises.reveal("tokens from which reloading beats recomputing (predicted from the formula)", PREDICT_CROSSOVER,
                      predicted["tokens"] or float("inf"), "tokens", kind="computed")
@@ -301,7 +300,7 @@ exercises.check("13.spill", spill)
 # the prefix, never answer from bad KV; greedy answers equal the clean reload's.
 
 # %% slideshow={"slide_type": "fragment"}
-cut = nb13_runs.truncated_equal(tier_rows)
+cut = nb13.runs.truncated_equal(tier_rows)
 res.replace("tier_fault", [cut])
 print(f"truncated tier files: {cut['recomputed']} of {cut['compared']} prompts recomputed (nothing served from the "
       f"cut file), {cut['identical']} of {cut['compared']} greedy answers identical to the clean reload's")
@@ -334,9 +333,9 @@ for label, disk_dir in (("memory only", None), ("with the disk tier", many_dir))
             srv.set_spill(lambda n: policy(n, crossover_for_policy))
         for n in counts if disk_dir is None else counts[-1:]:
             srv.flush_cache()
-            rows = nb13_runs.replay(srv.url, many_ids[:n], max_tokens=MAX_TOKENS)
-            perfect_n = nb13_runs.perfect_served(many_ids[:n], block=16)
-            many_rows.append({"sessions": n, "cache": label, **{k: v for k, v in nb13_runs.summary(
+            rows = nb13.runs.replay(srv.url, many_ids[:n], max_tokens=MAX_TOKENS)
+            perfect_n = nb13.runs.perfect_served(many_ids[:n], block=16)
+            many_rows.append({"sessions": n, "cache": label, **{k: v for k, v in nb13.runs.summary(
                 rows, f"{n} sessions").items() if k not in (*SAMPLES, "run")},
                 "perfect_share": sum(perfect_n.values()) / sum(len(p) for s in many_ids[:n] for p in s)})
     finally:
@@ -370,9 +369,9 @@ if ROUTED and router.installed():
             for rep in reps:
                 rep.flush_cache()
             with router.routed([r.url for r in reps], policy_name) as front:
-                rows = nb13_runs.replay(front.url, texts, max_tokens=MAX_TOKENS,
+                rows = nb13.runs.replay(front.url, texts, max_tokens=MAX_TOKENS,
                                         routing_key=policy_name == "consistent_hashing")
-            routed_rows.append({"policy": policy_name, "sessions": n, **{k: v for k, v in nb13_runs.summary(
+            routed_rows.append({"policy": policy_name, "sessions": n, **{k: v for k, v in nb13.runs.summary(
                 rows, policy_name).items() if k not in (*SAMPLES, "run")},
                 "workers_per_session": max(len({r["worker"] for r in rows if r["session"] == s}) for s in range(n))})
     res.replace("routing", routed_rows)
@@ -399,7 +398,7 @@ PREDICT_AUTO_CALLS = None  # your prediction: answers in tool_calls under tool_c
 tool_rows = None
 if vllm_srv is not None:
     first_turns = [s.requests[0] for s in trace.trace(TOOL_REQUESTS, 1, seed=SEED + 2)]
-    tool_out = nb13_runs.tool_runs(vllm_srv.url, first_turns, TOOL_MAX_TOKENS, model=str(model_path))
+    tool_out = nb13.runs.tool_runs(vllm_srv.url, first_turns, TOOL_MAX_TOKENS, model=str(model_path))
     tool_rows = toolcalls.table(tool_out, trace.TOOLS)
     res.replace("tool_calls", tool_rows)
     display(res.frame("tool_calls").round(3))
@@ -438,7 +437,7 @@ for where, answer in (("lab server", too_long), ("vLLM", vllm_too_long)):
 # %% slideshow={"slide_type": "fragment"}
 resident_row = {"predicted": resident, "measured": measured_resident, "budget_tokens": BUDGET_TOKENS,
                 "runs": ", ".join(str(c) for c in counts) + " sessions"}
-found_13 = nb13_findings.takeaways(clean=lab_sum["clean"], busted=lab_sum["timestamp"], judged=lab_judged,
+found_13 = nb13.findings.takeaways(clean=lab_sum["clean"], busted=lab_sum["timestamp"], judged=lab_judged,
                                    sentences=[s for s in (lab_said, vllm_said, tier_said) if s],
                                    crossover=measured_cross, resident=resident_row, tool_rows=tool_rows)
 findings.record(res, found_13)

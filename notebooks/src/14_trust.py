@@ -57,8 +57,7 @@ from labkit.serve import loadgen, metrics, paged, processes
 from labkit.serve.clients import mlperf, outside
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, findings
-from labkit.lessons.runs import nb14 as nb14_runs
-from labkit.lessons.findings.serving import nb14 as nb14_findings
+from labkit.lessons import nb14
 
 machine.check("start")  # the load line: is other work using the CPU while we time?
 print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", config.quick(), "|", cpu.cpu_name(),
@@ -114,16 +113,16 @@ if HAS_VLLM:
     print(f"vllm serve started in {srv.start_s:.0f} s, {pinned_threads} threads held to core 0: {srv.platform()}")
     loadgen.run(srv.url, texts[:1], num_requests=1, max_tokens=4, warmup=0, model=model_path)  # set-up paid here
     before = metrics.scrape(srv.url)
-    runs = nb14_runs.four_clients(srv.url, work, folder / "pinned", rounds=CLIENT_PASSES, cores=CLIENT_CORES,
+    runs = nb14.runs.four_clients(srv.url, work, folder / "pinned", rounds=CLIENT_PASSES, cores=CLIENT_CORES,
                                   on_run=lambda r: print(f"  {r.client}: {r.status}, {r.wall_s or 0:.1f} s"))
-    server_seen = nb14_runs.server_view(before, metrics.scrape(srv.url))
+    server_seen = nb14.runs.server_view(before, metrics.scrape(srv.url))
 else:
     runs, server_seen = {}, {}
     print(f"{vllm_server.MISSING}: no server to drive")
 
 # %% slideshow={"slide_type": "fragment"}
 if runs:
-    raw_only = nb14_runs.client_tables(runs)
+    raw_only = nb14.runs.client_tables(runs)
     res.replace("clients_raw", raw_only["raw"])
     with pd.option_context("display.max_colwidth", 90):
         display(res.frame("clients_raw")[["client", "status", "ttft_p50_s", "tpot_p50_s", "tpot_p90_s",
@@ -152,7 +151,7 @@ exercises.check("14.align", align)
 # %% tags=["mechanism"]
 align_fn = exercises.use("14.align", align, outside.align.aligned)
 if runs:
-    tables = nb14_runs.client_tables(runs, align_fn)
+    tables = nb14.runs.client_tables(runs, align_fn)
     aligned_rows = [{"client": name, **{k: v for k, v in a.items() if k in ("ttft_p50_s", "tpot_p50_s",
                                                                             "output_tokens_per_s", "requests")},
                      "tpot_vs_median": tables["aligned_deviation"]["per_client"].get(name, {}).get("tpot_p50_s"),
@@ -207,8 +206,8 @@ if runs:
 # %% slideshow={"slide_type": "fragment"}
 shared_rows, shared = [], None
 if runs:
-    cost = nb14_runs.cpu_share(runs)
-    shared_rows, shared = nb14_runs.shared_cores(srv.url, work, folder / "shared", tables, runs,
+    cost = nb14.runs.cpu_share(runs)
+    shared_rows, shared = nb14.runs.shared_cores(srv.url, work, folder / "shared", tables, runs,
                                                  server_cores=SERVER_CORES, align_fn=align_fn)
     res.replace("shared_cores", shared_rows)
     display(res.frame("shared_cores").round(4))
@@ -240,7 +239,7 @@ ab = None
 if srv is not None:
     single = loadgen.run(srv.url, texts, num_requests=AB_REQUESTS, max_concurrency=CONCURRENCY, max_tokens=AB_TOKENS,
                          warmup=0, model=model_path).summary()  # this machine's TPOT at CONCURRENCY in flight
-    ab = nb14_runs.aa_ab(srv.url, texts, model=model_path, trials=TRIALS, runs_per_side=RUNS_PER_SIDE,
+    ab = nb14.runs.aa_ab(srv.url, texts, model=model_path, trials=TRIALS, runs_per_side=RUNS_PER_SIDE,
                          per_token_s=SLOWDOWN * single["tpot_p50_s"], requests=AB_REQUESTS, max_tokens=AB_TOKENS,
                          concurrency=CONCURRENCY, bootstrap=boot)
     res.replace("aa_ab", [{k: (str(v) if k == "ci_s" else v) for k, v in r.items()} for r in ab["rows"]])
@@ -267,7 +266,7 @@ PREDICT_OPEN_OVER_CLOSED = None  # your prediction: p50 TTFT, open loop ÷ close
 # %% slideshow={"slide_type": "fragment"}
 loops = None
 if srv is not None:
-    loops = nb14_runs.loops(srv.url, texts, model=model_path, requests=config.pick(32, 12), concurrency=CONCURRENCY,
+    loops = nb14.runs.loops(srv.url, texts, model=model_path, requests=config.pick(32, 12), concurrency=CONCURRENCY,
                             max_tokens=8, long_tokens=32, idle_s=IDLE_S)
     loop_rows = [{"load": name, "ttft_p50_s": loops[name]["ttft_p50_s"], "ttft_p90_s": loops[name]["ttft_p90_s"],
                   "requests": len(loops[name]["ttft_s"]), "failed": loops[name]["failed"]}
@@ -276,7 +275,7 @@ if srv is not None:
     display(res.frame("loops").round(4))
     judged = verdict.compare(loops["open"]["ttft_s"], loops["closed"]["ttft_s"], higher_is_better=False)
     judged_long = verdict.compare(loops["closed_long"]["ttft_s"], loops["closed"]["ttft_s"], higher_is_better=False)
-    loops_said = nb14_findings.loops_sentence(loops, judged, judged_long)
+    loops_said = nb14.findings.loops_sentence(loops, judged, judged_long)
     print(loops_said)
     print(f"after {IDLE_S} s idle, one request's TTFT {loops['after_idle_ttft_s'][0]:.3f} s; warm, back to back: "
           f"{statistics.median(loops['warm_ttft_s']):.3f} s (median of {len(loops['warm_ttft_s'])})")
@@ -302,13 +301,13 @@ exercises.check("14.report", report)
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # The limits are llama3.1-8b's Server limits read from the `mlperf.conf` inside LoadGen, rescaled: TPOT
 # `mlperf.TPOT_HEADROOM` × this machine's TPOT at `CONCURRENCY` in flight, TTFT at the official ratio. Offline first:
-# the rate the server sustains. Then Server at 0.4 of it and at twice it (`nb14_runs.LG_FACTORS`).
+# the rate the server sustains. Then Server at 0.4 of it and at twice it (`nb14.runs.LG_FACTORS`).
 
 # %% tags=["mechanism"]
 reporter = exercises.use("14.report", report, mlperf.report)
 lg_rows, limits = [], None
 if srv is not None:
-    lg_rows, limits = nb14_runs.loadgen_rates(srv.url, model_path, texts, folder, tpot_s=single["tpot_p50_s"],
+    lg_rows, limits = nb14.runs.loadgen_rates(srv.url, model_path, texts, folder, tpot_s=single["tpot_p50_s"],
                                               queries=LG_QUERIES, tokens=LG_TOKENS,
                                               min_duration_s=config.pick(20, 3), report=reporter)
     res.replace("loadgen", lg_rows)
@@ -333,7 +332,7 @@ PREDICT_BF16_CHANGED = None  # your prediction: bf16 answers (of the pairs below
 divergence = {}
 ids = [list(models.chat_ids(tok, r.prompt)) for r in requests[:max(DIVERGE_BATCHES) + max(DIVERGE_TARGETS)]]
 if srv is not None:
-    divergence["vLLM fp32"] = nb14_runs.vllm_batch_divergence(srv.url, ids, batches=DIVERGE_BATCHES,
+    divergence["vLLM fp32"] = nb14.runs.vllm_batch_divergence(srv.url, ids, batches=DIVERGE_BATCHES,
                                                               targets=DIVERGE_TARGETS, max_tokens=DIVERGE_TOKENS)
     res.notes["vllm"] = {"platform": {"version": srv.version()}}
 vllm_stack.close()  # vLLM stops here
@@ -341,7 +340,7 @@ if srv is not None and not config.quick():  # a second start, full mode only: vL
     try:
         with vllm_server.serve(vllm_server.Settings(model=model_path, device=vllm_server.default_device(),
                                                     dtype="bfloat16", max_num_seqs=8)) as srv16:
-            divergence["vLLM bf16"] = nb14_runs.vllm_batch_divergence(
+            divergence["vLLM bf16"] = nb14.runs.vllm_batch_divergence(
                 srv16.url, ids, batches=DIVERGE_BATCHES, targets=DIVERGE_TARGETS, max_tokens=DIVERGE_TOKENS)
     except (vllm_server.VLLMUnavailable, vllm_server.VLLMStartError) as exc:
         print(f"vllm serve in bf16 did not start: {exc}")
@@ -363,7 +362,7 @@ if changed is not None:
     around = slice(max(0, at - 6), at + 6)
     print(f"{label}, prompt {r['target']} in a batch of {r['batch']}: alone …{tok.decode(r['alone'][around])!r} | "
           f"batched …{tok.decode(r['in_batch'][around])!r}")
-div_said = nb14_findings.divergence_sentence(divergence)
+div_said = nb14.findings.divergence_sentence(divergence)
 print(div_said)
 _ = exercises.reveal("bf16 answers that change inside a batch (lab engine)", PREDICT_BF16_CHANGED,
                      sum(r["first_difference"] is not None for r in divergence["lab engine bf16"]))
@@ -386,16 +385,16 @@ _ = exercises.reveal("bf16 answers that change inside a batch (lab engine)", PRE
 # %% slideshow={"slide_type": "fragment"}
 sentences = []
 if runs:
-    sentences.append(nb14_findings.clients_sentence(tables, cost, shared))
+    sentences.append(nb14.findings.clients_sentence(tables, cost, shared))
 if ab is not None:
-    sentences.append(nb14_findings.aa_sentence(ab))
+    sentences.append(nb14.findings.aa_sentence(ab))
 if loops is not None:
     sentences.append(loops_said)
 if lg_rows:
-    sentences.append(nb14_findings.loadgen_sentence(lg_rows, limits))
+    sentences.append(nb14.findings.loadgen_sentence(lg_rows, limits))
 sentences.append(div_said)
 if runs and ab is not None:
-    found_14 = nb14_findings.takeaways(tables=tables, ab=ab, loops=loops, lg_rows=lg_rows, divergence=divergence,
+    found_14 = nb14.findings.takeaways(tables=tables, ab=ab, loops=loops, lg_rows=lg_rows, divergence=divergence,
                                        sentences=sentences)
     findings.record(res, found_14)
     findings.show(found_14)

@@ -10,8 +10,8 @@ placeholder returns ``None`` or raises ``NotImplementedError``); the check cell 
 
 and prints one line: ``Exercise 03.per_channel_scale · <title>: not attempted``, ``…: correct``, or
 ``…: wrong, because <what is off>``. Checks build their own inputs (random tensors, a tiny random model),
-so they judge the mechanism, not this run's numbers. Each notebook's checks live in
-``labkit.lessons.exercises.nbNN``; the solutions live outside the learner's path, in ``notebooks/solutions/``.
+so they judge the mechanism, not this run's numbers. Each notebook's checks live in its own package,
+``labkit.lessons.nbNN.checks``; the solutions live outside the learner's path, in ``notebooks/solutions/``.
 
 Stuck, one exercise at a time and only on request (no notebook calls these): ``hint("06.left_pad")`` prints the
 next of its two or three graded hints (the first names the idea, the last one step short of the code; a wrong
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import NOTEBOOK
 from . import progress
 
 STATUSES = ("not attempted", "correct", "wrong")
@@ -114,12 +115,16 @@ def exercise(exercise_id: str, title: str, hints: tuple[str, ...] = ()) -> Calla
     return register
 
 
+_LESSONS = Path(__file__).resolve().parent.parent  # labkit/lessons: one package per notebook (nb03, nb03b, …)
+
+
 def _load(notebook: str) -> None:
-    try:
-        importlib.import_module(f"{__name__}.nb{notebook}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.nb{notebook}":
-            raise
+    """Import the checks of notebook ``notebook`` ("03"): the ``checks`` module of every package named for it
+    (``nb03`` and ``nb03b``: 03b's ids start with 03, as they always have)."""
+    lessons = __name__.rsplit(".", 1)[0]
+    for found in sorted(_LESSONS.glob(f"nb{notebook}*/checks.py")):
+        if NOTEBOOK.fullmatch(found.parent.name):
+            importlib.import_module(f"{lessons}.{found.parent.name}.checks")
 
 
 def get(exercise_id: str) -> Exercise:

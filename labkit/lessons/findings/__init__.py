@@ -1,21 +1,13 @@
 """Takeaways: each notebook's closing sentences, chosen from that notebook's own results, never typed ahead of the run.
 
-One module per notebook (as ``labkit.lessons.exercises`` has), each with ``takeaways(...)`` turning that notebook's
-measurements into a ``Findings``: ``rows`` (``{"finding": text, "value": number}``, the first one the notebook's
-headline) and the ``sentences`` they choose. The words for a difference and its doubts come from
-``labkit.core.verdict`` (``phrase``, ``than``, ``Verdict.word``), never from here.
+This is the framework; each notebook's takeaways live in its own package, ``labkit.lessons.nbNN.findings``, with
+``takeaways(...)`` turning that notebook's measurements into a ``Findings``: ``rows`` (``{"finding": text, "value":
+number}``, the first one the notebook's headline) and the ``sentences`` they choose. The words for a difference and
+its doubts come from ``labkit.core.verdict`` (``phrase``, ``than``, ``Verdict.word``), never from here.
 
 ``record(res, found)`` writes the rows as the results' ``summary`` section and the headline into its notes, where
-``tools/run_notebooks.py`` reads it; ``show(found)`` prints the sentences.
-
-``nb00``  the first chat on this machine           ``nb03b`` FP8/FP4: formats, quality, FP8 GEMMs
-``nb01``  sizing, bandwidth, roofline, decode gap  ``nb04``  warmup: cold start, compile pay-back
-``nb02``  fp16/bf16: speed beside quality          ``nb05``  the KV cache
-``nb03``  int8/int4: bytes, speed, agreement       ``nb08``  fusion, compile, ONNX Runtime, calibration
-
-``serving``  the serving notebooks' takeaways (06, 07, 09 to 14: many requests at once), a room of their own: one
-module per notebook there too, with the shared pieces (``Findings``, ``record``, ``show``, the sentences several
-notebooks print) here.
+``tools.run_notebooks`` reads it; ``show(found)`` prints the sentences. The pieces several notebooks print live here
+too (``compile_sentence``, ``sweep_end``, ``beyond_sweep``, ``step_split``, ``kl_per_prompt``).
 """
 from __future__ import annotations
 
@@ -91,6 +83,12 @@ def beyond_sweep(end: str | None, levels: Any, unit: str, param: str) -> str:
         return (f"even the lowest level tried ({levels[0]:g} {unit}) missed, so the true capacity lies below the "
                 f"sweep: add lower levels to {param} (or relax the SLO)")
     return ""
+
+
+def kl_per_prompt(row: Any) -> list[float]:
+    """The KL of each reference prompt (``kl_per_prompt``), or the row's mean alone where it kept none."""
+    kept = row.get("kl_per_prompt") if hasattr(row, "get") else None
+    return [float(k) for k in kept] if isinstance(kept, (list, tuple)) and len(kept) else [float(row["kl"])]
 
 
 def show(found: Findings) -> None:

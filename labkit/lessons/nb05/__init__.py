@@ -1,0 +1,8 @@
+"""Notebook 05: the KV cache. Its code, one module a job:
+
+``checks``    its exercises' checks (registered with ``@exercise``; the learner's ids start with 05.)
+``findings``  its takeaways: ``takeaways(...)`` from this run's results, the headline it records
+"""
+from . import checks, findings
+
+__all__ = ["checks", "findings"]

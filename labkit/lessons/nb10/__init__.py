@@ -1,0 +1,9 @@
+"""Notebook 10: lookup, prefix cache, chunked prefill, KV, engines. Its code, one module a job:
+
+``checks``    its exercises' checks (registered with ``@exercise``; the learner's ids start with 10.)
+``findings``  its takeaways: ``takeaways(...)`` from this run's results, the headline it records
+``runs``      what the notebook executes (and ``bench/beyond.py``): runs orchestrate mechanisms, never open a socket
+"""
+from . import checks, findings, runs
+
+__all__ = ["checks", "findings", "runs"]

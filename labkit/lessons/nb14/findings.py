@@ -1,0 +1,102 @@
+"""Notebook 14's takeaways: how far four benchmark clients stay apart before and after one definition, what a
+one-run-each comparison calls a difference when there is none and when there is one, what a concurrency cap does
+to TTFT, what MLPerf's LoadGen says at two rates, and whether a greedy answer depends on its batch."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...core import verdict
+from ..findings import Findings
+
+
+def _dev(d: Mapping[str, Any]) -> str:
+    m = d["max"]
+    if m["client"] is None:
+        return "no two clients to compare"
+    return f"{abs(m['value']):.1%} ({m['client']}, {m['metric'].replace('_s', '').replace('_', ' ')})"
+
+
+def clients_sentence(tables: Mapping[str, Any], cost: Mapping[str, float | None], shared: Mapping[str, Any] | None
+                     ) -> str:
+    """The clients' own reports against the same runs under one definition, and what each client costs."""
+    busiest = max(((n, c) for n, c in cost.items() if c is not None), key=lambda x: x[1], default=None)
+    said = (f"On one request set, the clients' own reports of p50 TPOT/ITL and tokens/s were up to "
+            f"{_dev(tables['raw_deviation'])} away from the clients' median; recomputed from each client's own "
+            f"per-request stamps under one definition, up to {_dev(tables['aligned_deviation'])}.")
+    if busiest is not None:
+        said += (f" The busiest client, {busiest[0]}, kept {busiest[1]:.0%} of a core busy while it ran")
+        if shared:
+            said += (f"; run on the server's own core instead, it moved the aligned p50 TPOT "
+                     f"{shared['tpot_moved']:+.0%} and tokens/s {shared['tokens_per_s_moved']:+.0%}")
+        said += "."
+    return said
+
+
+def aa_sentence(ab: Mapping[str, Any]) -> str:
+    r = ab["rates"]
+    n = ab["trials"]
+    return (f"In {n} A/A trials (nothing changed), {verdict.ONE_RUN_RULE} called a difference "
+            f"in {r['naive']['aa_false_positive_rate']:.0%} of them, labkit's verdict over {ab['runs_per_side']} "
+            f"interleaved runs a side in {r['verdict']['aa_false_positive_rate']:.0%}, the bootstrap interval in "
+            f"{r['bootstrap']['aa_false_positive_rate']:.0%}. With {ab['slowdown_share']:.0%} added to every token "
+            f"({n} A/B trials), they detected it in {r['naive']['slowdown_detection_rate']:.0%}, "
+            f"{r['verdict']['slowdown_detection_rate']:.0%} and {r['bootstrap']['slowdown_detection_rate']:.0%}.")
+
+
+def loops_sentence(loops: Mapping[str, Any], judged: Any, judged_long: Any) -> str:
+    c, o, cl = loops["closed"], loops["open"], loops["closed_long"]
+    short, long_ = loops["tokens"]
+    return (f"Under a cap of {loops['concurrency']} in flight, p50 TTFT was {c['ttft_p50_s']:.3f} s; Poisson "
+            f"arrivals at the same mean rate ({loops['rate_per_s']:.2f}/s) gave {o['ttft_p50_s']:.3f} s "
+            f"({judged.ratio:.2f}×, {judged.word('lower', 'higher')}: {judged.reason}). Under the cap, answers of "
+            f"{long_} tokens instead of {short} gave p50 TTFT {cl['ttft_p50_s']:.3f} s ({judged_long.ratio:.2f}×, "
+            f"{judged_long.word('lower', 'higher')}: {judged_long.reason}).")
+
+
+def loadgen_sentence(rows: Sequence[Mapping[str, Any]], limits: Mapping[str, float]) -> str:
+    parts = [f"{r['scenario']} at {r['target_qps']:.2f} queries/s: {r.get('Result is', 'no summary')}"
+             + (f" (early stopping {r.get('Early stopping satisfied', '?')}, constraints "
+                f"{r.get('Performance constraints satisfied', '?')})" if r["scenario"] == "Server" else "")
+             for r in rows]
+    return (f"MLPerf LoadGen with TTFT ≤ {limits['ttft_s']:.2f} s and TPOT ≤ {limits['tpot_s'] * 1e3:.0f} ms "
+            f"(llama3.1-8b's {limits['official_ttft_s']:g} s and {limits['official_tpot_s'] * 1e3:.0f} ms, rescaled): "
+            + "; ".join(parts) + ". Not an MLPerf result: shortened and rescaled for a laptop.")
+
+
+def divergence_sentence(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    parts = []
+    for label, rs in rows.items():
+        changed = [r for r in rs if r["first_difference"] is not None]
+        worst = max((r["max_logit_diff"] for r in rs if r.get("max_logit_diff") is not None), default=None)
+        logit = f", largest logit difference {worst:.3g}" if worst is not None else ""
+        parts.append(f"{label}: {len(changed)} of {len(rs)} answers changed in a batch{logit}")
+    return ("Same prompt, greedy, alone and inside batches: " + "; ".join(parts) + ". A change starts at a near-tie "
+            "between two tokens, which another summation order tips.")
+
+
+def takeaways(*, tables: Mapping[str, Any], ab: Mapping[str, Any], loops: Mapping[str, Any] | None,
+              lg_rows: Sequence[Mapping[str, Any]], divergence: Mapping[str, Sequence[Mapping[str, Any]]],
+              sentences: Sequence[str]) -> Findings:
+    """The rows (the largest aligned deviation first) and the sentences they choose."""
+    rows: list[dict[str, Any]] = [
+        {"finding": "largest deviation between clients after alignment (p50 TPOT, tokens/s)",
+         "value": abs(tables["aligned_deviation"]["max"]["value"])},
+        {"finding": "largest deviation between the clients' own reports",
+         "value": abs(tables["raw_deviation"]["max"]["value"])},
+    ]
+    for reader in ("naive", "verdict", "bootstrap"):
+        rows.append({"finding": f"A/A false-positive rate ({reader})",
+                     "value": ab["rates"][reader]["aa_false_positive_rate"]})
+        rows.append({"finding": f"injected slowdown detected ({reader})",
+                     "value": ab["rates"][reader]["slowdown_detection_rate"]})
+    if loops:
+        rows.append({"finding": "p50 TTFT, open loop ÷ closed loop at the same mean rate",
+                     "value": loops["open"]["ttft_p50_s"] / loops["closed"]["ttft_p50_s"]})
+    for r in lg_rows:
+        rows.append({"finding": f"LoadGen {r['scenario']} at {r['target_qps']:.2f} queries/s VALID",
+                     "value": int(r.get("Result is") == "VALID")})
+    for label, rs in divergence.items():
+        rows.append({"finding": f"answers changed in a batch, {label}",
+                     "value": sum(r["first_difference"] is not None for r in rs)})
+    return Findings(rows, list(sentences))
