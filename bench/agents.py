@@ -20,7 +20,7 @@ import contextlib
 import json
 import tempfile
 
-from labkit.core import config, cpu, env
+from labkit.core import config, cpu, env, machine
 from labkit.core.results import jsonable
 from labkit.lessons.nb13 import runs as nb13_runs
 from labkit.model import models, prompts, sizing
@@ -67,7 +67,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tier-", dir=config.cache_dir()) as folder, \
             launch.run_server(lm, port=0, batching="continuous", max_batch_size=2, prefix_cache_tokens=max(lengths),
                               prefix_cache_disk_dir=folder, max_prompt_tokens=MAX_MODEL_LEN) as srv:
-        disk = nb13_runs.disk_bandwidth(folder, bpt)
+        disk = machine.disk_bandwidth(folder, bpt)
         tier_rows = nb13_runs.tier_rounds(srv, prompts.eval_tokens(tok), lengths, max(lengths),
                                           rounds=config.pick(3, 1), truncate=True, max_tokens=MAX_TOKENS)
     predicted = nb13_runs.tier_prediction(tier_rows, disk, bpt)

@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from labkit.core import timing
 from labkit.model import onnx
 from labkit.decoding import decode, speculative
 from labkit.precision import kvquant, quantisers
@@ -130,13 +131,13 @@ def test_reusable_prefix_is_the_prefix_caches_rule():
 
 def test_itl_stats_window_counts_a_stall_that_overlaps_it():
     stamps = [[0.0, 0.1, 0.2, 1.5, 1.6], [0.05, 0.15, 1.55]]
-    whole = prefill.itl_stats(stamps)
+    whole = timing.itl_stats(stamps)
     assert whole["n"] == 6 and whole["max_s"] == pytest.approx(1.4)
-    during = prefill.itl_stats(stamps, (0.3, 1.0))
+    during = timing.itl_stats(stamps, (0.3, 1.0))
     assert during["n"] == 2 and during["max_s"] == pytest.approx(1.4)
-    assert prefill.itl_stats([[0.0]])["p99_s"] is None
+    assert timing.itl_stats([[0.0]])["p99_s"] is None
     assert whole["p99_s"] is None, "6 gaps: too few for a 1 % tail (timing.P99_MIN_SAMPLES)"
-    many = prefill.itl_stats([[i * 0.01 for i in range(101)]])
+    many = timing.itl_stats([[i * 0.01 for i in range(101)]])
     assert many["n"] == 100 and many["p99_s"] == pytest.approx(0.01)
 
 

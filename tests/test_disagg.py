@@ -15,6 +15,7 @@ import urllib.request
 
 from labkit.model import sizing
 from labkit.serve import client, launch
+from labkit.lessons.nb12 import runs as nb12_runs
 from labkit.serve.fleet import pd_proxy
 from labkit.serve.metrics import metrics_delta, parse_prometheus
 from labkit.serve.processes import free_port
@@ -328,8 +329,8 @@ def test_transfer_metrics_take_the_connector_counters_apart_by_source():
 def test_itl_rounds_judge_each_target_against_the_first(servers):
     fakes, urls = servers
     fakes["decode"].delay_s, fakes["prefill"].delay_s = 0.01, 0.03  # "prefill" plays the slower server here
-    rows = pd_proxy.itl_rounds({"one": urls["prefill"], "split": urls["decode"]}, [SHORT, SHORT], 5, LONG, n_long=2,
-                             n_rounds=3, long_after=2)
+    rows = nb12_runs.itl_rounds({"one": urls["prefill"], "split": urls["decode"]}, [SHORT, SHORT], 5, LONG, n_long=2,
+                               n_rounds=3, long_after=2)
     by = {r["target"]: r for r in rows}
     assert by["one"]["verdict"] == "baseline" and len(by["split"]["samples"]["stall_s"]) == 3
     assert by["split"]["stall_p50_s"] < by["one"]["stall_p50_s"]
@@ -338,4 +339,16 @@ def test_itl_rounds_judge_each_target_against_the_first(servers):
     longs = [b["prompt"] for b in fakes["decode"].bodies if b["max_tokens"] == 1]
     assert len(longs) == 6 and len({tuple(p) for p in longs}) == 6, "every long prompt is new"
     with pytest.raises(ValueError, match="still decoding"):
-        pd_proxy.burst_while_streaming(urls["decode"], [SHORT], 3, [LONG], long_after=3)
+        client.burst(urls["decode"], [SHORT], 3, [LONG], after=3)
+
+
+def test_a_burst_is_one_record_its_callers_read():
+    streams = (client.RequestOutput(success=True, chunk_s=[0.1, 0.2], token_ids=[1, 2]),)
+    answered = client.RequestOutput(success=True, chunk_s=[0.5, 0.6])
+    failed = client.RequestOutput(success=False, error="503 queue full")
+    got = client.Burst(streams, (answered, failed), 0.15)
+    assert got.stamps == [[0.1, 0.2]] and got.answers == [[1, 2]] and got.errors == ["503 queue full"]
+    assert got.first_token_s is None, "a burst request that sent no token leaves the prefill's end unknown"
+    assert client.Burst(streams, (answered,), 0.15).first_token_s == 0.5
+    with pytest.raises(AttributeError):
+        got.sent_s = 1.0  # frozen: one run's record

@@ -8,6 +8,7 @@ import time
 from types import SimpleNamespace
 
 import psutil
+import pytest
 
 from labkit.core import env, machine
 
@@ -113,3 +114,12 @@ def test_the_last_level_cache_is_read_from_sysfs_then_lscpu_then_assumed(tmp_pat
     size, source = cpu.llc(str(tmp_path / "none"), lscpu=lscpu)
     assert size == 2**20 and source.startswith("L2 cache, from lscpu")
     assert cpu.llc(str(tmp_path / "none"), lscpu="") == (64 * 2**20, "no cache size readable here: 64 MiB assumed")
+
+
+def test_disk_bandwidth_reads_back_what_it_wrote_and_leaves_nothing(tmp_path):
+    got = machine.disk_bandwidth(tmp_path, small_bytes=4096, mib=1, repeats=2)
+    assert got["bytes"] == 1 << 20 and got["read_s"] > 0 and got["start_s"] > 0
+    assert got["bytes_per_s"] == pytest.approx((1 << 20) / got["read_s"])
+    assert list(tmp_path.iterdir()) == [], "the probe's files are removed"
+    with pytest.raises(ValueError, match="repeats"):
+        machine.disk_bandwidth(tmp_path, small_bytes=4096, mib=1, repeats=0)

@@ -13,18 +13,25 @@ On a busy machine ``check`` also fits torch's intra-op threads to the cores othe
 a busy process makes every operator wait (measured here: a decode step 1.8× slower on 2 threads than on 1
 beside two busy processes on 2 cores). It never raises the count above what torch started with, restores
 it once the machine is quiet, and says so; ``LABKIT_FIT_THREADS=0`` turns it off.
+
+``disk_bandwidth(folder, …)`` is the one reading of this machine's storage: how fast it reads back a file just
+written to ``folder`` (the page cache serves it where memory allows, as it serves a KV tier's entry read back soon
+after it was spilled), and the fixed start of one small read.
 """
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
 
 from . import timing
+from .checks import positive
 from .timing import clock
 
 BUSY_SHARE = 0.25  # other processes using more than a quarter of the cores make timings unreliable
@@ -215,3 +222,29 @@ def busy_during() -> bool:
 def last_line() -> str:
     """The most recent load line, or a fresh one when nothing has been checked yet."""
     return _READINGS[-1]["line"] if _READINGS else check("now", quiet=True).line()
+
+
+# ------------------------------------------------------------------------------------- storage
+
+
+def _read_s(path: Path, data: bytes, repeats: int) -> float:
+    path.write_bytes(data)
+    try:
+        seconds = []
+        for _ in range(positive("repeats", repeats)):
+            start = clock()
+            path.read_bytes()
+            seconds.append(clock() - start)
+    finally:
+        path.unlink(missing_ok=True)
+    return statistics.median(seconds)
+
+
+def disk_bandwidth(folder: str | Path, small_bytes: int, mib: int = 64, repeats: int = 3) -> dict[str, Any]:
+    """Reading back files just written to ``folder`` (the tier's own path: the page cache serves them when memory
+    allows, as it serves a spilled entry read back soon after), medians of ``repeats``: bytes/s of a ``mib`` MiB file,
+    and the seconds of a ``small_bytes`` one (one token's KV: the fixed start of a reload)."""
+    folder = Path(folder)
+    big = _read_s(folder / "bandwidth.bin", os.urandom(positive("mib", mib) << 20), repeats)
+    small = _read_s(folder / "start.bin", os.urandom(positive("small_bytes", small_bytes)), max(repeats, 9))
+    return {"bytes": mib << 20, "read_s": big, "bytes_per_s": (mib << 20) / big, "start_s": small}

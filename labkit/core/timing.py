@@ -107,6 +107,17 @@ def pooled_gaps(streams: Sequence[Sequence[float]], window: tuple[float, float] 
             if window is None or (b > window[0] and a < window[1])]
 
 
+def itl_stats(stamps: Sequence[Sequence[float]], window: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Inter-token gaps of every stream, pooled: p50, p99 (None below ``P99_MIN_SAMPLES`` gaps, the lab's
+    one percentile rule), max (seconds). ``window`` (start, end): only the gaps that overlap it (a stall that
+    began before the long prompt's first token and ended after it counts)."""
+    gaps = pooled_gaps(stamps, window)
+    if not gaps:
+        return {"n": 0, "p50_s": None, "p99_s": None, "max_s": None, "mean_s": None}
+    return {"n": len(gaps), "p50_s": percentile(gaps, 50), "p99_s": p99(gaps), "max_s": max(gaps),
+            "mean_s": statistics.fmean(gaps)}
+
+
 def latency_summary(prefix: str, values: Sequence[float], stats: Sequence[str] = LATENCY_STATS) -> dict[str, Any]:
     """``{prefix}_{stat}_s`` for each of ``stats`` (mean, p10, p50, p90, p99) from a ``Measurement`` of ``values``:
     the one latency summary of the load generator, the batching panel and the router's runs. Each is None when

@@ -5,7 +5,8 @@
                           between chunks (ITL, through ``timing.gaps``) from those stamps, its text and token ids
 ``burst_while_streaming`` prompts sent while others decode (chunked prefill, prefill/decode split)
 ``send_ids``              token-id prompts streamed, at most N in flight, each to its model and with its cache salt
-``burst_ids``             ``burst_while_streaming`` for token-id prompts, from synchronous code
+``send_each``             bodies streamed one after another, each after the last answer, each with its own headers
+``burst``                 ``burst_while_streaming`` from synchronous code, answered as one ``Burst`` record
 ``discover_model``        the model a server lists at /v1/models
 ``post_json``             one non-streaming POST and its JSON answer; ``post_all``, several sent at once
 ``run_sync``              any of these from synchronous code, a notebook's cell included
@@ -251,30 +252,96 @@ def send_ids(base_url: str, prompts: Sequence[Sequence[int]], max_tokens: int, c
     return run_sync(go)
 
 
-def burst_ids(base_url: str, stream_prompts: Sequence[Sequence[int]], stream_tokens: int,
-              burst_prompts: Sequence[Sequence[int]], burst_tokens: int = 1, after: int = 4, salt: str | None = None,
-              timeout_s: float = 600.0) -> tuple[list[RequestOutput], list[RequestOutput], float]:
-    """``burst_while_streaming`` for token-id prompts on the completions endpoint, from synchronous code: streams
-    of ``stream_tokens`` each (``ignore_eos``), the burst sent after the first stream's ``after``-th chunk, every
-    request with cache salt ``salt``. (streams, burst, when the burst was sent)."""
+def send_each(base_url: str, bodies: Sequence[Mapping[str, Any]], *, headers: Sequence[Mapping[str, str] | None] | None
+              = None, keep_headers: Sequence[str] = (), endpoint: str = "completions", timeout_s: float = 600.0
+              ) -> list[RequestOutput]:
+    """Each streaming body sent in order, the next only once the last has answered (an agent waits for its answer
+    before its next turn), on one clock; ``headers[i]`` go with body i (a router's routing key), the response headers
+    named in ``keep_headers`` are kept. A body without a "model" gets the one the server lists first."""
+    import aiohttp
+
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint={endpoint!r}: choose one of {sorted(ENDPOINTS)}")
+    per = list(headers) if headers is not None else [None] * len(bodies)
+    if len(per) != len(bodies):
+        raise ValueError(f"{len(bodies)} bodies and {len(per)} headers: give one per body (None: no extra headers)")
+    url = base_url.rstrip("/") + ENDPOINTS[endpoint]
+
+    async def go() -> list[RequestOutput]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            model = None if all(b.get("model") for b in bodies) else await discover_model(session, base_url)
+            outs, t0 = [], clock()
+            for body, extra in zip(bodies, per):
+                full = {**body, "model": body.get("model") or model}
+                outs.append(await send_request(session, url, full, endpoint == "chat", t0,
+                                               dict(extra) if extra else None, keep_headers))
+            return outs
+
+    return run_sync(go)
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Prompts that arrived while others streamed, as ``burst`` saw them: one shape for every experiment that sends
+    them (chunked prefill on the lab's server and on vLLM, long prompts against the prefill/decode split). Every
+    time is seconds from the streams' start, on the clock of each ``RequestOutput.chunk_s``."""
+
+    streams: tuple[RequestOutput, ...]
+    burst: tuple[RequestOutput, ...]
+    sent_s: float  # when the burst was sent
+
+    @property
+    def stamps(self) -> list[list[float]]:
+        """Each stream's chunk arrivals."""
+        return [s.chunk_s for s in self.streams]
+
+    @property
+    def answers(self) -> list[list[int]]:
+        """Each stream's token ids (where the server sends them)."""
+        return [s.token_ids for s in self.streams]
+
+    @property
+    def errors(self) -> list[str]:
+        """The error of every request that failed, streams first."""
+        return [o.error for o in (*self.streams, *self.burst) if o.error]
+
+    @property
+    def first_token_s(self) -> float | None:
+        """When the burst's last first token came (its prefill done); None where a burst request sent no token."""
+        firsts = [o.chunk_s[0] for o in self.burst if o.chunk_s]
+        return max(firsts) if firsts and len(firsts) == len(self.burst) else None
+
+
+def burst(base_url: str, stream_prompts: Sequence[Prompt], stream_tokens: int, burst_prompts: Sequence[Prompt],
+          burst_tokens: int = 1, after: int = 4, *, endpoint: str = "completions", salt: str | None = None,
+          timeout_s: float = 600.0) -> Burst:
+    """``burst_while_streaming`` from synchronous code: streams of ``stream_tokens`` each (``ignore_eos``), the
+    burst of ``burst_tokens`` each sent after the first stream's ``after``-th chunk, every request with cache salt
+    ``salt``. Prompts are text or token ids (``payload``'s rules for ``endpoint``); the model is the one the server
+    lists first."""
     import aiohttp
 
     if not 0 < after < positive("stream_tokens", stream_tokens):
         raise ValueError(f"after={after}, stream_tokens={stream_tokens}: need 0 < after < stream_tokens, so the burst "
                          "comes while the streams are still decoding")
-    url = base_url.rstrip("/") + ENDPOINTS["completions"]
+    positive("burst_tokens", burst_tokens)
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint={endpoint!r}: choose one of {sorted(ENDPOINTS)}")
+    url = base_url.rstrip("/") + ENDPOINTS[endpoint]
 
-    async def go() -> tuple[list[RequestOutput], list[RequestOutput], float]:
+    async def go() -> Burst:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
             model = await discover_model(session, base_url)
 
-            def body(ids: Sequence[int], n: int) -> dict[str, Any]:
-                return payload("completions", list(ids), model, n, ignore_eos=True, return_token_ids=True,
-                               cache_salt=salt)
+            def body(prompt: Prompt, n: int) -> dict[str, Any]:
+                return payload(endpoint, prompt, model, n, ignore_eos=True,
+                               return_token_ids=endpoint == "completions", cache_salt=salt)
 
-            return await burst_while_streaming(
+            streams, sent_burst, sent = await burst_while_streaming(
                 session, url, [body(p, stream_tokens) for p in stream_prompts],
-                [body(p, burst_tokens) for p in burst_prompts], chat=False, after=after, timeout_s=timeout_s)
+                [body(p, burst_tokens) for p in burst_prompts], chat=endpoint == "chat", after=after,
+                timeout_s=timeout_s)
+            return Burst(tuple(streams), tuple(sent_burst), sent)
 
     return run_sync(go)
 

@@ -14,12 +14,11 @@ chunked prefill  a long prompt arrives while other answers stream. Unchunked, it
 """
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from ..core.checks import positive
-from ..core.timing import p99, percentile, pooled_gaps
+from ..core.timing import itl_stats
 from ..model.prompts import eval_tokens
 from . import launch, client, loadgen
 from . import metrics as prom
@@ -88,36 +87,6 @@ def prefix_cache_run(lm: Any, prompts: Sequence[str], max_tokens: int, concurren
 # ------------------------------------------------------------------------------------- chunked prefill
 
 
-async def _long_prompt_while_streaming(url: str, stream_prompts: Sequence[str], stream_tokens: int, long_prompt: str,
-                                       long_tokens: int, long_after: int) -> dict[str, Any]:
-    import aiohttp
-
-    def body(prompt: str, max_tokens: int) -> dict[str, Any]:
-        return {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "stream": True,
-                "ignore_eos": True}
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        streams, (long,), _sent = await client.burst_while_streaming(
-            session, url + client.ENDPOINTS["chat"], [body(p, stream_tokens) for p in stream_prompts],
-            [body(long_prompt, long_tokens)], chat=True, after=long_after, timeout_s=300)
-    failed = [o.error for o in [*streams, long] if not o.success]
-    if failed:
-        raise RuntimeError(f"a request of the chunked-prefill run failed: {failed[0]}")
-    return {"stamps": [o.chunk_s for o in streams], "texts": [o.text for o in streams], "long_sent_s": long.start_s,
-            "long_stamps": long.chunk_s}
-
-
-def itl_stats(stamps: Sequence[Sequence[float]], window: tuple[float, float] | None = None) -> dict[str, Any]:
-    """Inter-token gaps of every stream, pooled: p50, p99 (None below ``timing.P99_MIN_SAMPLES`` gaps, the lab's
-    one percentile rule), max (seconds). ``window`` (start, end): only the gaps that overlap it (a stall that
-    began before the long prompt's first token and ended after it counts)."""
-    gaps = pooled_gaps(stamps, window)
-    if not gaps:
-        return {"n": 0, "p50_s": None, "p99_s": None, "max_s": None, "mean_s": None}
-    return {"n": len(gaps), "p50_s": percentile(gaps, 50), "p99_s": p99(gaps), "max_s": max(gaps),
-            "mean_s": statistics.fmean(gaps)}
-
-
 def chunked_prefill_run(lm: Any, stream_prompts: Sequence[str], stream_tokens: int, long_prompt: str,
                         prefill_chunk_tokens: int, long_tokens: int = 1, long_after: int = 4) -> dict[str, Any]:
     """Streams decoding, then one long prompt arrives (after the first stream's ``long_after``-th token),
@@ -131,9 +100,13 @@ def chunked_prefill_run(lm: Any, stream_prompts: Sequence[str], stream_tokens: i
                          "must arrive while the streams are still decoding")
     with launch.run_server(lm, port=0, batching="continuous", max_batch_size=len(stream_prompts) + 1,
                             prefill_chunk_tokens=prefill_chunk_tokens, max_prompt_tokens=8192) as srv:
-        raw = client.run_sync(lambda: _long_prompt_while_streaming(srv.url, stream_prompts, stream_tokens, long_prompt,
-                                                               long_tokens, long_after))
-    long_first = raw["long_stamps"][0] if raw["long_stamps"] else None
+        got = client.burst(srv.url, stream_prompts, stream_tokens, [long_prompt], long_tokens, long_after,
+                           endpoint="chat")
+    if got.errors:
+        raise RuntimeError(f"a request of the chunked-prefill run failed: {got.errors[0]}")
+    (long,) = got.burst
+    raw = {"stamps": got.stamps, "texts": [o.text for o in got.streams], "long_sent_s": long.start_s}
+    long_first = got.first_token_s
     itl = itl_stats(raw["stamps"])
     during = itl_stats(raw["stamps"], (raw["long_sent_s"], long_first)) if long_first is not None else itl_stats([])
     return {"prefill_chunk_tokens": prefill_chunk_tokens, "streams": len(stream_prompts), "stream_tokens": stream_tokens,

@@ -259,7 +259,7 @@ filler = max(TIER_LENGTHS)
 tier_srv = launch.start_server(lm, port=0, batching="continuous", max_batch_size=2, prefix_cache_tokens=filler,
                                prefix_cache_disk_dir=tier_dir, max_prompt_tokens=MAX_MODEL_LEN)
 try:
-    disk = nb13.runs.disk_bandwidth(tier_dir, BYTES_PER_TOKEN)
+    disk = machine.disk_bandwidth(tier_dir, BYTES_PER_TOKEN)
     tier_rows = nb13.runs.tier_rounds(tier_srv, text_ids, TIER_LENGTHS, filler, rounds=TIER_ROUNDS, truncate=True,
                                       max_tokens=MAX_TOKENS)
 finally:

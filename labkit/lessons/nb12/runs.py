@@ -16,7 +16,7 @@ Prefill here, decode there:
 ``pd_session``  on those servers, behind the lab's proxy: each prompt's greedy tokens against the plain server's,
                 the KV bytes the prefill wrote per layer against the sizing formula, whether the decode server
                 loaded them (its log) or recomputed; a prompt the prefill never saw (the decode server recomputes);
-                the short streams' stalls under a burst of long prompts, split against plain (``pd_proxy.itl_rounds``);
+                the short streams' stalls under a burst of long prompts, split against plain (``itl_rounds``);
                 and the prefill server killed mid-run (every request answered by decode alone, or counted failed)
 """
 from __future__ import annotations
@@ -32,6 +32,8 @@ from typing import Any
 import jsonschema
 
 from ...core import verdict
+from ...core.checks import positive
+from ...core.timing import itl_stats, percentile, pooled_gaps, rounds as interleaved_rounds
 from ...decoding import quality
 from ...serve import client
 from ...serve.fleet import pd_proxy
@@ -220,7 +222,7 @@ def pd_session(servers: Mapping[str, vs.VLLMServer], storage: str | Path, model:
             out["missing"] = {"prompt_tokens": len(missing_prompt), "recomputed": disagg.recomputed(log),
                               **disagg.kv_log(log), "identical": quality.identical(got.token_ids, want.token_ids), "error": got.error}
         if short_prompts and long_prompt:
-            rows = pd_proxy.itl_rounds({"plain": plain.url, "split": px.url}, short_prompts, stream_tokens, long_prompt,
+            rows = itl_rounds({"plain": plain.url, "split": px.url}, short_prompts, stream_tokens, long_prompt,
                                      n_long=n_long, n_rounds=itl_rounds)
             out["itl"] = [{k: v for k, v in r.items() if k != "answers"} | {"answers_equal": quality.all_identical(r["answers"], rows[0]["answers"])}
                           for r in rows]
@@ -243,3 +245,52 @@ def bytes_ratio(split: Sequence[Mapping[str, Any]]) -> float | None:
     if not files:
         return None
     return sum(f["layer0_bytes"] - f["header0_bytes"] for f in files) / sum(f["formula0_bytes"] for f in files)
+
+
+# ---------------------------------------------------------------------------------------- ITL under a burst
+
+
+def salted(prompt: Sequence[int], k: int) -> list[int]:
+    """``prompt`` with its first token replaced by one of its own per ``k``: no cache, local or on disk, holds it."""
+    return [1000 + k, *list(prompt)[1:]]
+
+
+def itl_rounds(targets: Mapping[str, str], stream_prompts: Sequence[Sequence[int]], stream_tokens: int,
+               long_prompt: Sequence[int], n_long: int, n_rounds: int, long_after: int = 4) -> list[dict[str, Any]]:
+    """The short streams' inter-token gaps while a burst of ``n_long`` long prompts arrives, on each of ``targets``
+    (name → base URL) in turn, ``n_rounds`` interleaved rounds; the first target is the baseline each other is
+    judged against (``verdict.compare`` on each round's stall, the longest gap overlapping the burst's prefill,
+    lower is better: a p90 gap misses two stalls among sixty gaps). Every long prompt is ``salted`` apart.
+
+    The comparison this lab makes on two cores: the baseline is one plain ``vllm serve`` (no connector) on core 0
+    taking everything; "split" is the proxy in front of a prefill server on core 1 and a decode server on core 0.
+    Both keep the streams on core 0; the split adds the core that absorbs the long prompts' prefill, which is
+    what disaggregation buys. A same-hardware baseline is one server on cores 0-1: pass it as the first target."""
+    positive("n_long", n_long), positive("n_rounds", n_rounds)
+    if not targets:
+        raise ValueError("targets={}: name at least a baseline and one other server (name → base URL)")
+    counter = iter(range(10**6))
+
+    def one(url: str) -> client.Burst:
+        return client.burst(url, stream_prompts, stream_tokens,
+                            [salted(long_prompt, next(counter)) for _ in range(n_long)], 1, long_after, timeout_s=300.0)
+
+    done = interleaved_rounds({name: (lambda u=url: one(u)) for name, url in targets.items()}, n_rounds, again=False)
+    p90 = {name: [percentile(g, 90) for r in runs if (g := pooled_gaps(r.stamps))] for name, runs in done.items()}
+    stall = {name: [m for r in runs if r.first_token_s is not None and (m := itl_stats(
+        r.stamps, (r.sent_s, r.first_token_s))["max_s"]) is not None] for name, runs in done.items()}
+    base, rows = next(iter(targets)), []
+    for name, runs in done.items():
+        itl, stalls = itl_stats([s for r in runs for s in r.stamps]), stall[name]
+        v = (verdict.compare(stalls, stall[base], higher_is_better=False)
+             if name != base and stalls and stall[base] else None)
+        rows.append({"target": name, "rounds": n_rounds, "streams": len(stream_prompts), "stream_tokens": stream_tokens,
+                     "long_prompts": n_long, "long_prompt_tokens": len(long_prompt), "itl_n": itl["n"],
+                     "itl_p50_s": itl["p50_s"], "itl_p99_s": itl["p99_s"], "itl_max_s": itl["max_s"],
+                     "itl_p90_round_p50_s": statistics.median(p90[name]) if p90[name] else None,
+                     "stall_p50_s": statistics.median(stalls) if stalls else None,
+                     "verdict": v.kind if v else ("baseline" if name == base else "not measured"),
+                     "gain": v.gain if v else None, "verdict_reason": v.reason if v else "",
+                     "samples": {"itl_p90_s": p90[name], "stall_s": stalls}, "answers": runs[0].answers,
+                     "errors": [e for r in runs for e in r.errors][:3]})
+    return rows

@@ -12,7 +12,6 @@ A run orchestrates: the requests go through ``serve.client``, never a socket of 
 """
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Any
 
 from ...core import verdict
 from ...core.checks import positive
-from ...core.timing import clock
 from ...decoding import quality
 from ...serve import client
 from ...serve.agents import prefix_lint, tiers, trace
@@ -41,28 +39,16 @@ def replay(url: str, prompts: Prompts, *, max_tokens: int = 4, model: str | None
     ``salt`` (vLLM's ``cache_salt``) keeps this run from the cache of another; ``routing_key``: each session's name
     in the router's routing-key header (a router that takes text only gets the prompts as text). One row per
     request."""
-    import aiohttp
-
     positive("max_tokens", max_tokens)
-    url_c = url.rstrip("/") + client.ENDPOINTS["completions"]
-
-    async def go() -> list[dict[str, Any]]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            served = model or await client.discover_model(session, url)
-            rows, t0 = [], clock()
-            for s, t in order(prompts):
-                prompt = prompts[s][t]
-                body = client.payload("completions", prompt if isinstance(prompt, str) else list(prompt), served, max_tokens, ignore_eos=True,
-                                      return_token_ids=True, cache_salt=salt)
-                headers = {ROUTING_KEY_HEADER: f"session-{s}"} if routing_key else None
-                out = await client.send_request(session, url_c, body, False, t0, headers, (ROUTED_HEADER,))
-                rows.append({"session": s, "turn": t, "prompt_tokens": out.prompt_tokens or len(prompts[s][t]),
-                             "cached_tokens": out.cached_tokens, "ttft_s": out.ttft_s if out.success else None,
-                             "ok": out.success, "status": out.status, "error": out.error,
-                             "worker": out.headers.get(ROUTED_HEADER), "answer": out.token_ids})
-            return rows
-
-    rows = client.run_sync(go)
+    turns = list(order(prompts))
+    bodies = [client.payload("completions", p if isinstance(p := prompts[s][t], str) else list(p), model, max_tokens,
+                             ignore_eos=True, return_token_ids=True, cache_salt=salt) for s, t in turns]
+    headers = [{ROUTING_KEY_HEADER: f"session-{s}"} if routing_key else None for s, _ in turns]
+    outs = client.send_each(url, bodies, headers=headers, keep_headers=(ROUTED_HEADER,), timeout_s=timeout_s)
+    rows = [{"session": s, "turn": t, "prompt_tokens": out.prompt_tokens or len(prompts[s][t]),
+             "cached_tokens": out.cached_tokens, "ttft_s": out.ttft_s if out.success else None, "ok": out.success,
+             "status": out.status, "error": out.error, "worker": out.headers.get(ROUTED_HEADER), "answer": out.token_ids}
+            for (s, t), out in zip(turns, outs)]
     failed = [r for r in rows if not r["ok"]]
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(rows)} requests failed; the first: {failed[0]['status']} "
@@ -138,29 +124,6 @@ def post_tools(url: str, request: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------- the disk tier
-
-
-def _read_s(path: Path, data: bytes, repeats: int) -> float:
-    path.write_bytes(data)
-    try:
-        seconds = []
-        for _ in range(positive("repeats", repeats)):
-            start = clock()
-            path.read_bytes()
-            seconds.append(clock() - start)
-    finally:
-        path.unlink(missing_ok=True)
-    return statistics.median(seconds)
-
-
-def disk_bandwidth(folder: str | Path, small_bytes: int, mib: int = 64, repeats: int = 3) -> dict[str, Any]:
-    """Reading back files just written to ``folder`` (the tier's own path: the page cache serves them when memory
-    allows, as it serves a spilled entry read back soon after), medians of ``repeats``: bytes/s of a ``mib`` MiB file,
-    and the seconds of a ``small_bytes`` one (one token's KV: the fixed start of a reload)."""
-    folder = Path(folder)
-    big = _read_s(folder / "bandwidth.bin", os.urandom(positive("mib", mib) << 20), repeats)
-    small = _read_s(folder / "start.bin", os.urandom(positive("small_bytes", small_bytes)), max(repeats, 9))
-    return {"bytes": mib << 20, "read_s": big, "bytes_per_s": (mib << 20) / big, "start_s": small}
 
 
 def tier_rounds(server: Any, text_ids: Sequence[int], lengths: Sequence[int], filler_tokens: int, *, rounds: int,
@@ -243,7 +206,7 @@ def truncated_equal(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def tier_prediction(rows: Sequence[Mapping[str, Any]], disk: Mapping[str, Any], bytes_per_token: float
                     ) -> dict[str, Any]:
     """The crossover ``tiers`` predicts from the KV formula's ``bytes_per_token``, the disk's measured read-back
-    (``disk_bandwidth``) and the prefill speed the fastest recompute of the longest prefix showed: ``{"tokens",
+    (``core.machine.disk_bandwidth``) and the prefill speed the fastest recompute of the longest prefix showed: ``{"tokens",
     "reason", "prefill_tokens_per_s"}``."""
     longest = max(r["tokens"] for r in rows)
     prefill = longest / min(r["ttft_s"] for r in rows if r["way"] == "recompute" and r["tokens"] == longest)

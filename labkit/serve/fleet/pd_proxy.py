@@ -5,8 +5,8 @@ says so is prefilled with ``max_tokens=1`` on one server, then streamed from the
 KV through vLLM's connector (``vllm.disagg``: the connector settings, the KV files, loaded or recomputed). A failed
 prefill: decode alone, counted; a failed decode: 502.
 
-``itl_rounds``: the short streams' inter-token gaps while a burst of long prompts arrives, on each target (one
-plain server, the split pair behind the proxy) in interleaved rounds, judged by ``verdict``.
+What the split does to the streams (their inter-token gaps while a burst of long prompts arrives, against one plain
+server) is notebook 12's run, ``lessons.nb12.runs.itl_rounds``, on ``client.burst``.
 
 A router in front of servers is fleet's subject: the proxy is one, with a routing rule of its own.
 """
@@ -22,10 +22,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ...core import verdict
 from ...core.checks import positive
-from ...core.timing import clock, percentile, pooled_gaps, rounds as interleaved_rounds
-from .. import client, prefill
+from ...core.timing import clock
 from ..launch import BackgroundApp
 from ..vllm.disagg import ROUTES, plan
 
@@ -227,67 +225,3 @@ def proxy(prefill_url: str, decode_url: str, threshold: int, decide: Callable[[i
     """The lab's proxy, started (``Proxy``'s options: ``timeout_s``, ``prefill_timeout_s``, ``retry_prefill_s``,
     ``count_tokens``); POST ``/v1/completions`` to its ``url``; ``with proxy(...) as p:`` stops it at the end."""
     return Proxy(prefill_url, decode_url, threshold, decide, **options).start()
-
-
-# ---------------------------------------------------------------------------------------- ITL under a burst
-
-
-def salted(prompt: Sequence[int], k: int) -> list[int]:
-    """``prompt`` with its first token replaced by one of its own per ``k``: no cache, local or on disk, holds it."""
-    return [1000 + k, *list(prompt)[1:]]
-
-
-def burst_while_streaming(base_url: str, stream_prompts: Sequence[Sequence[int]], stream_tokens: int,
-                          long_prompts: Sequence[Sequence[int]], long_tokens: int = 1, long_after: int = 4,
-                          timeout_s: float = 300.0) -> dict[str, Any]:
-    """Streams decoding ``stream_tokens`` each; after the first stream's ``long_after``-th chunk the long prompts
-    arrive at once (``client.burst_ids`` checks that they come while the streams still decode). Every stream's chunk
-    stamps, and when the burst was sent and its last first token came."""
-    streams, longs, sent = client.burst_ids(base_url, stream_prompts, stream_tokens, long_prompts, long_tokens,
-                                            long_after, None, timeout_s)
-    firsts = [o.chunk_s[0] for o in longs if o.chunk_s]
-    return {"stamps": [s.chunk_s for s in streams], "answers": [s.token_ids for s in streams],
-            "burst_sent_s": sent, "burst_done_s": max(firsts) if len(firsts) == len(longs) else None,
-            "errors": [o.error for o in [*streams, *longs] if o.error]}
-
-
-def itl_rounds(targets: Mapping[str, str], stream_prompts: Sequence[Sequence[int]], stream_tokens: int,
-               long_prompt: Sequence[int], n_long: int, n_rounds: int, long_after: int = 4) -> list[dict[str, Any]]:
-    """The short streams' inter-token gaps while a burst of ``n_long`` long prompts arrives, on each of ``targets``
-    (name → base URL) in turn, ``n_rounds`` interleaved rounds; the first target is the baseline each other is
-    judged against (``verdict.compare`` on each round's stall, the longest gap overlapping the burst's prefill,
-    lower is better: a p90 gap misses two stalls among sixty gaps). Every long prompt is ``salted`` apart.
-
-    The comparison this lab makes on two cores: the baseline is one plain ``vllm serve`` (no connector) on core 0
-    taking everything; "split" is the proxy in front of a prefill server on core 1 and a decode server on core 0.
-    Both keep the streams on core 0; the split adds the core that absorbs the long prompts' prefill, which is
-    what disaggregation buys. A same-hardware baseline is one server on cores 0-1: pass it as the first target."""
-    positive("n_long", n_long), positive("n_rounds", n_rounds)
-    if not targets:
-        raise ValueError("targets={}: name at least a baseline and one other server (name → base URL)")
-    counter = iter(range(10**6))
-
-    def one(url: str) -> dict[str, Any]:
-        longs = [salted(long_prompt, next(counter)) for _ in range(n_long)]
-        return burst_while_streaming(url, stream_prompts, stream_tokens, longs, 1, long_after)
-
-    done = interleaved_rounds({name: (lambda u=url: one(u)) for name, url in targets.items()}, n_rounds, again=False)
-    p90 = {name: [percentile(g, 90) for r in runs if (g := pooled_gaps(r["stamps"]))] for name, runs in done.items()}
-    stall = {name: [m for r in runs if r["burst_done_s"] is not None and (m := prefill.itl_stats(
-        r["stamps"], (r["burst_sent_s"], r["burst_done_s"]))["max_s"]) is not None] for name, runs in done.items()}
-    base, rows = next(iter(targets)), []
-    for name, runs in done.items():
-        itl, stalls = prefill.itl_stats([s for r in runs for s in r["stamps"]]), stall[name]
-        v = (verdict.compare(stalls, stall[base], higher_is_better=False)
-             if name != base and stalls and stall[base] else None)
-        rows.append({"target": name, "rounds": n_rounds, "streams": len(stream_prompts), "stream_tokens": stream_tokens,
-                     "long_prompts": n_long, "long_prompt_tokens": len(long_prompt), "itl_n": itl["n"],
-                     "itl_p50_s": itl["p50_s"], "itl_p99_s": itl["p99_s"], "itl_max_s": itl["max_s"],
-                     "itl_p90_round_p50_s": statistics.median(p90[name]) if p90[name] else None,
-                     "stall_p50_s": statistics.median(stalls) if stalls else None,
-                     "verdict": v.kind if v else ("baseline" if name == base else "not measured"),
-                     "gain": v.gain if v else None, "verdict_reason": v.reason if v else "",
-                     "samples": {"itl_p90_s": p90[name], "stall_s": stalls}, "answers": runs[0]["answers"],
-                     "errors": [e for r in runs for e in r["errors"]][:3]})
-    return rows
-

@@ -11,7 +11,7 @@ prefix caching     the same requests sharing a document, in interleaved rounds. 
 chunked prefill    streams decoding, then one long prompt, against two servers that differ only in
                    ``--max-num-batched-tokens`` (vLLM's token budget per engine step: a longer prompt is prefilled
                    in chunks, the running streams' decode tokens in the same steps), in interleaved rounds: the
-                   streams' inter-token gaps (``prefill.itl_stats``) and the long prompt's TTFT.
+                   streams' inter-token gaps (``timing.itl_stats``) and the long prompt's TTFT.
 n-gram speculation one request at a time on a plain server and on one started with ``--speculative-config
                    {"method": "ngram", ...}``, interleaved: TPOT of each, and acceptance from
                    ``vllm:spec_decode_num_accepted_tokens`` / ``vllm:spec_decode_num_draft_tokens``.
@@ -33,8 +33,8 @@ from typing import Any
 from ...core import verdict
 from ...decoding import quality
 from ...core.checks import positive
-from ...core.timing import percentile, rounds as interleaved_rounds
-from .. import client, prefill
+from ...core.timing import itl_stats, percentile, rounds as interleaved_rounds
+from .. import client
 from . import offline as vllm_engine
 from . import server as vs
 from ..metrics import metrics_delta
@@ -147,13 +147,12 @@ def long_prompt_while_streaming(base_url: str, stream_prompts: Sequence[Sequence
                                 timeout_s: float = 600.0) -> dict[str, Any]:
     """Streams decoding ``stream_tokens`` each; after the first stream's ``long_after``-th chunk the long prompt
     arrives (one token asked). Stamps of every stream, when the long prompt was sent, when its token came
-    (``client.burst_ids`` checks that it comes while they still decode)."""
-    streams, (long,), _sent = client.burst_ids(base_url, stream_prompts, stream_tokens, [long_prompt], 1, long_after,
-                                               salt, timeout_s)
-    return {"stamps": [s.chunk_s for s in streams], "answers": [s.token_ids for s in streams],
-            "long_sent_s": long.start_s, "long_first_token_s": long.chunk_s[0] if long.chunk_s else None,
-            "long_answer": long.token_ids,
-            "errors": [s.error for s in [*streams, long] if s.error]}
+    (``client.burst`` checks that it comes while they still decode)."""
+    got = client.burst(base_url, stream_prompts, stream_tokens, [long_prompt], 1, long_after, salt=salt,
+                       timeout_s=timeout_s)
+    (long,) = got.burst
+    return {"stamps": got.stamps, "answers": got.answers, "long_sent_s": long.start_s,
+            "long_first_token_s": got.first_token_s, "long_answer": long.token_ids, "errors": got.errors}
 
 
 def chunked_rounds(servers: Mapping[str, vs.VLLMServer], stream_prompts: Sequence[Sequence[int]], stream_tokens: int,
@@ -171,11 +170,11 @@ def chunked_rounds(servers: Mapping[str, vs.VLLMServer], stream_prompts: Sequenc
     out = {}
     for name, runs in done.items():
         stamps = [s for r in runs for s in r["stamps"]]
-        itl = prefill.itl_stats(stamps)
+        itl = itl_stats(stamps)
         stalls, ttfts = [], []
         for r in runs:
             if r["long_first_token_s"] is not None:
-                during = prefill.itl_stats(r["stamps"], (r["long_sent_s"], r["long_first_token_s"]))
+                during = itl_stats(r["stamps"], (r["long_sent_s"], r["long_first_token_s"]))
                 stalls.append(during["max_s"])
                 ttfts.append(r["long_first_token_s"] - r["long_sent_s"])
         srv = servers[name]
