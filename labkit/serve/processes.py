@@ -5,30 +5,41 @@ router in front of them, and the lab's own server in a process of its own.
 file; ``wait_ready(child, ready, deadline_s, what)`` polls ``ready()`` until it holds, and raises ``StartError``
 (or the caller's subclass) carrying the log's error line when the process exits first or the deadline passes,
 stopping the child whatever goes wrong; ``Child.stop`` sends SIGTERM to the whole group and SIGKILL after a
-grace; every child not yet stopped is stopped at interpreter exit. Beside it, the helpers every launcher shares:
-free ports and a port check, a process group's live members, terminal colour codes stripped from a log and the
-log's error line.
+grace. Children die with the Python process that started them, and so does everything in their groups: every child
+not yet stopped is stopped at interpreter exit (a normal exit, Ctrl-C), on SIGTERM (a handler, installed where
+SIGTERM still had its default action and only from the main thread, stops the groups and then ends the process as
+SIGTERM would), and on SIGKILL or any other death (a watchdog beside each group, a small process that polls its
+parent and, once the parent is gone, sends the group SIGTERM and SIGKILL ``ORPHAN_GRACE_S`` later; it exits when
+the group is stopped). Beside it, the helpers every launcher shares: free ports and a port check, a process
+group's live members, terminal colour codes stripped from a log and the log's error line.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import json
 import os
 import re
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from types import FrameType
+from typing import IO, Any, TypeVar
 
 from ..core import config
 
-_LIVE: set["Child"] = set()  # children not yet stopped: stopped at interpreter exit too
+_LIVE: set["Child"] = set()  # children not yet stopped: stopped at interpreter exit and on SIGTERM too
+ORPHAN_GRACE_S = 5.0  # the parent gone (SIGTERM, SIGKILL): no one waits for answers, so SIGKILL after this long
+WATCH_POLL_S = 0.5  # how often a watchdog looks for its parent
 C = TypeVar("C", bound="Child")
 
 
@@ -127,9 +138,11 @@ def group_alive(pgid: int) -> bool:
 
 
 class Child:
-    """A child process in a process group of its own (``start_new_session``), its output in ``log_path``."""
+    """A child process in a process group of its own (``start_new_session``), its output in ``log_path``, and the
+    watchdog that ends the group if this process dies first."""
 
     stop_grace_s = 10.0  # SIGTERM, then SIGKILL after this long
+    watchdog: subprocess.Popen | None = None
 
     def __init__(self, name: str, argv: list[str], url: str, log_path: Path, proc: subprocess.Popen) -> None:
         self.name, self.argv, self.url, self.log_path, self.proc = name, argv, url, log_path, proc
@@ -165,16 +178,23 @@ class Child:
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
+        self._end_watchdog()
 
     def stop(self, grace_s: float | None = None) -> int | None:
         """SIGTERM to the group, SIGKILL after ``grace_s`` (default ``stop_grace_s``); the exit status (None if it
         would not die)."""
+        return self._finish(self._terminate(grace_s))
+
+    def _terminate(self, grace_s: float | None) -> float:
+        """SIGTERM to the group; the moment its grace ends."""
         _LIVE.discard(self)
-        grace_s = self.stop_grace_s if grace_s is None else grace_s
-        pgid = self.proc.pid  # start_new_session: the group's id is the leader's pid
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGTERM)
-        end = time.monotonic() + grace_s
+            os.killpg(self.proc.pid, signal.SIGTERM)  # start_new_session: the group's id is the leader's pid
+        return time.monotonic() + (self.stop_grace_s if grace_s is None else grace_s)
+
+    def _finish(self, end: float) -> int | None:
+        """Wait for the group until ``end``, then SIGKILL what is left; the exit status."""
+        pgid = self.proc.pid
         while time.monotonic() < end and group_alive(pgid):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(0.1)
@@ -182,7 +202,87 @@ class Child:
             os.killpg(pgid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
+        self._end_watchdog()
         return self.proc.returncode
+
+    def _end_watchdog(self) -> None:
+        """The group is stopped: its watchdog has nothing left to guard."""
+        if self.watchdog is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.watchdog.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.watchdog.wait(5)
+
+
+# ---------------------------------------------------------------------------------- children die with their parent
+
+
+def _watch(parent: int, pgid: int, grace_s: float, poll_s: float) -> None:
+    """A watchdog's loop, run in a small process of its own beside a group (``python -c`` with this function's
+    source, the standard library only): once ``parent`` is gone (this process has a new parent), SIGTERM to the
+    group and SIGKILL ``grace_s`` later; once the group is gone, return."""
+    def group_gone() -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    while not group_gone():
+        if os.getppid() != parent:
+            print(f"watchdog: process {parent}, which started this group, is gone: stopping process group {pgid}",
+                  flush=True)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGTERM)
+            end = time.monotonic() + grace_s
+            while time.monotonic() < end and not group_gone():
+                time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            return
+        time.sleep(poll_s)
+
+
+@cache
+def _watchdog_source() -> str:
+    """The watchdog's program: ``_watch`` and the call that reads its arguments."""
+    return ("import contextlib, os, signal, sys, time\n" + inspect.getsource(_watch)
+            + "\n_watch(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))\n")
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM: every child's group stopped together (SIGKILL after ``ORPHAN_GRACE_S``), then the process ends as
+    SIGTERM ends it (exit status 128 + 15)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once; the watchdogs finish
+    stop_all(list(_LIVE), grace_s=ORPHAN_GRACE_S)
+    os.kill(os.getpid(), signal.SIGTERM)
+    os._exit(128 + signal.SIGTERM)  # not reached where the signal ends the process, as it does on Linux and macOS
+
+
+def _take_sigterm() -> None:
+    """Install ``_on_sigterm`` where SIGTERM still has its default action: never over a handler someone installed
+    (theirs runs, or SIG_IGN holds, and the watchdogs end the groups once the process is gone), and only from the
+    main thread (``signal.signal`` raises anywhere else). A Jupyter kernel leaves SIGTERM at its default."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        with contextlib.suppress(ValueError):  # not the main interpreter
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _forget_after_fork() -> None:
+    """A forked copy of this process owns none of its children: neither its exit nor its SIGTERM stops them."""
+    _LIVE.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _popen(argv: list[str], log: IO[str], env: Mapping[str, str] | None = None,
+           cwd: Path | None = None) -> subprocess.Popen:
+    """The one place a long-running child starts: a process group of its own, output into ``log``, no stdin."""
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=dict(env) if env is not None else None, start_new_session=True, cwd=cwd)
 
 
 def spawn(name: str, argv: list[str], url: str, *, log_dir: Path, child_env: Mapping[str, str] | None = None,
@@ -194,11 +294,16 @@ def spawn(name: str, argv: list[str], url: str, *, log_dir: Path, child_env: Map
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=dict(child_env) if child_env is not None else None, start_new_session=True,
-                                cwd=cwd)
-    child = kind(name, argv, url, log_path, proc)
-    _LIVE.add(child)
+        proc = _popen(argv, log, child_env, cwd)
+        child = kind(name, argv, url, log_path, proc)
+        _LIVE.add(child)
+        _take_sigterm()
+        try:  # beside the group, in a session of its own: neither the group's signals nor a terminal's reach it
+            child.watchdog = _popen([sys.executable, "-I", "-S", "-c", _watchdog_source(), str(os.getpid()),
+                                     str(proc.pid), str(ORPHAN_GRACE_S), str(WATCH_POLL_S)], log)
+        except BaseException:
+            child.stop(grace_s=0.0)
+            raise
     return child
 
 
@@ -235,11 +340,16 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.
     return None
 
 
-def stop_all(children: Sequence[Child]) -> None:
-    """Stop every child, each whatever the others do."""
+def stop_all(children: Sequence[Child], grace_s: float | None = None) -> None:
+    """Stop every child, each whatever the others do: SIGTERM to every group at once, then SIGKILL to each one
+    still alive after its grace (``grace_s``, else the child's ``stop_grace_s``)."""
+    ends = []
     for child in children:
         with contextlib.suppress(Exception):
-            child.stop()
+            ends.append((child, child._terminate(grace_s)))
+    for child, end in ends:
+        with contextlib.suppress(Exception):
+            child._finish(end)
 
 
 @atexit.register
