@@ -27,7 +27,6 @@ from pathlib import Path
 
 from labkit.core import config, cpu, env
 from labkit.core.results import jsonable
-from labkit.decoding import invariance
 from labkit.lessons.nb14 import runs as nb14_runs
 from labkit.model import models
 from labkit.serve import loadgen, paged, processes
@@ -101,18 +100,12 @@ def main() -> None:
             _emit("loadgen", out["loadgen"])
             out["divergence"]["vLLM fp32"] = nb14_runs.vllm_batch_divergence(srv.url, ids, batches=batches,
                                                                              targets=targets, max_tokens=tokens)
-    if vs.vllm_python().exists():  # a second start: vLLM in bf16
-        try:
-            with vs.serve(vs.Settings(model=model_path, device=vs.default_device(), dtype="bfloat16",
-                                      max_num_seqs=8)) as srv16:
-                out["divergence"]["vLLM bf16"] = nb14_runs.vllm_batch_divergence(
-                    srv16.url, ids, batches=batches, targets=targets, max_tokens=tokens)
-        except (vs.VLLMUnavailable, vs.VLLMStartError) as exc:
-            _emit("vllm bf16", {"status": str(exc)})
-    for dtype in ("fp32", "bf16"):
-        model = lm.model if dtype == "fp32" else models.load(dtype="bf16").model
-        out["divergence"][f"lab engine {dtype}"] = invariance.batch_divergence(
-            model, ids, tok.pad_token_id, batches=batches, targets=targets, new_tokens=tokens)
+    more, missing = nb14_runs.divergence_beside_vllm(model_path, lm.model, tok.pad_token_id, ids, batches=batches,
+                                                     targets=targets, max_tokens=tokens,
+                                                     vllm_bf16=vs.vllm_python().exists())  # a second start: bf16
+    out["divergence"].update(more)
+    if missing:
+        _emit("vllm bf16", {"status": missing})
     divergence = {label: [{k: v for k, v in r.items() if k not in ("alone", "in_batch")} for r in rows]
                   for label, rows in out["divergence"].items()}
     _emit("divergence", divergence)

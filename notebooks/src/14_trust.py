@@ -51,7 +51,6 @@ from IPython.display import display
 
 import labkit
 from labkit.core import config, cpu, env, machine, results, verdict
-from labkit.decoding import invariance
 from labkit.model import models
 from labkit.serve import loadgen, metrics, paged, processes
 from labkit.serve.clients import mlperf, outside
@@ -336,20 +335,14 @@ if srv is not None:
                                                               targets=DIVERGE_TARGETS, max_tokens=DIVERGE_TOKENS)
     res.notes["vllm"] = {"platform": {"version": srv.version()}}
 vllm_stack.close()  # vLLM stops here
-if srv is not None and not config.quick():  # a second start, full mode only: vLLM in bf16
-    try:
-        with vllm_server.serve(vllm_server.Settings(model=model_path, device=vllm_server.default_device(),
-                                                    dtype="bfloat16", max_num_seqs=8)) as srv16:
-            divergence["vLLM bf16"] = nb14.runs.vllm_batch_divergence(
-                srv16.url, ids, batches=DIVERGE_BATCHES, targets=DIVERGE_TARGETS, max_tokens=DIVERGE_TOKENS)
-    except (vllm_server.VLLMUnavailable, vllm_server.VLLMStartError) as exc:
-        print(f"vllm serve in bf16 did not start: {exc}")
-elif srv is not None:
+if srv is not None and config.quick():
     print("quick mode: vLLM in bf16 needs a second start, which full mode makes (and bench/trust.py records)")
-for dtype in ("fp32", "bf16"):
-    model = lm.model if dtype == "fp32" else models.load(dtype="bf16").model
-    divergence[f"lab engine {dtype}"] = invariance.batch_divergence(
-        model, ids, tok.pad_token_id, batches=DIVERGE_BATCHES, targets=DIVERGE_TARGETS, new_tokens=DIVERGE_TOKENS)
+more, missing = nb14.runs.divergence_beside_vllm(model_path, lm.model, tok.pad_token_id, ids, batches=DIVERGE_BATCHES,
+                                                 targets=DIVERGE_TARGETS, max_tokens=DIVERGE_TOKENS,
+                                                 vllm_bf16=srv is not None and not config.quick())
+divergence.update(more)
+if missing:
+    print(missing)
 div_rows = [{"engine": label, **{k: v for k, v in r.items() if k not in ("alone", "in_batch")}}
             for label, rows in divergence.items() for r in rows]
 res.replace("batch_divergence", div_rows)

@@ -24,10 +24,12 @@ from typing import Any
 from ...core import verdict
 from ...core.checks import positive
 from ...core.timing import percentile
-from ...decoding import quality
+from ...decoding import invariance, quality
+from ...model import models
 from ...serve import client, loadgen, metrics
 from ...serve.clients import align, mlperf, outside
 from ...serve.clients.delay import SlowProxy
+from ...serve.vllm import server as vs
 
 LG_FACTORS = (0.4, 2.0)  # LoadGen's Server runs: these multiples of the rate Offline sustained (at 0.5 the TPOT tail
 # sat at the rescaled limit here, and early stopping asked for more queries)
@@ -239,6 +241,30 @@ def vllm_batch_divergence(url: str, prompts: Sequence[Sequence[int]], *, batches
                          "ok": alone.success and outs[0].success, "alone": alone.token_ids,
                          "in_batch": outs[0].token_ids})
     return rows
+
+
+def divergence_beside_vllm(model_path: str | Path, model: Any, pad_id: int, prompts: Sequence[Sequence[int]], *,
+                           batches: Sequence[int], targets: Sequence[int], max_tokens: int, vllm_bf16: bool
+                           ) -> tuple[dict[str, list[dict[str, Any]]], str]:
+    """The batch-divergence rows after vLLM's fp32 server has had its turn (``vllm_batch_divergence``): ``vllm_bf16``,
+    a second ``vllm serve`` start in bf16 (one start more: full mode and the bench script); then the lab's engine
+    on ``model`` (fp32) and on the default model loaded in bf16 (``invariance.batch_divergence``). Rows by label, and
+    why vLLM bf16 is missing ('' when it ran or was not asked for)."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    missing = ""
+    if vllm_bf16:
+        try:
+            with vs.serve(vs.Settings(model=str(model_path), device=vs.default_device(), dtype="bfloat16",
+                                      max_num_seqs=8)) as srv16:
+                rows["vLLM bf16"] = vllm_batch_divergence(srv16.url, prompts, batches=batches, targets=targets,
+                                                          max_tokens=max_tokens)
+        except (vs.VLLMUnavailable, vs.VLLMStartError) as exc:
+            missing = f"vllm serve in bf16 did not start: {exc}"
+    for dtype in ("fp32", "bf16"):
+        lab = model if dtype == "fp32" else models.load(dtype="bf16").model
+        rows[f"lab engine {dtype}"] = invariance.batch_divergence(lab, prompts, pad_id, batches=batches,
+                                                                  targets=targets, new_tokens=max_tokens)
+    return rows, missing
 
 
 # ------------------------------------------------------------------------------------------- shared cores, LoadGen
