@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_devices import mock_gpu
 
-from labkit.core import env, results
+from labkit.core import env, results, tensorrt_libs
 from labkit.model import hardware, onnx
 from labkit.precision import variants
 from labkit.engines import onnxruntime, tensorrt
@@ -106,7 +106,7 @@ def test_tensorrt_provider_counts_only_when_tensorrt_loads(monkeypatch):
 
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
-    probe = env.tensorrt_provider_reason  # cached per process: start and end clean
+    probe = tensorrt_libs.provider_reason  # cached per process: start and end clean
     if probe is not None:
         probe.cache_clear()
     try:
