@@ -14,7 +14,7 @@ from test_devices import mock_gpu
 
 from labkit.core import env, results, tensorrt_libs
 from labkit.model import hardware, onnx
-from labkit.precision import variants
+from labkit.precision import measure, variants
 from labkit.engines import onnxruntime, tensorrt
 from labkit.serve.vllm import offline as vllm
 from labkit.core.env import Capability
@@ -429,7 +429,7 @@ def test_a_variant_peak_on_a_gpu_leaves_out_what_was_already_resident(monkeypatc
     monkeypatch.setattr(variants, "_load_torch", load)
     v = variants.load_variant("fp16", device="cuda:0")
     v.rss_sampler.stop()
-    peak, source = variants._peak_memory(v)
+    peak, source = measure._peak_memory(v)
     assert peak == weights + transient, f"peak {peak / 2**20:.0f} MiB counts the {resident / 2**20:.0f} MiB resident"
     assert "above resident" in source and "513 MiB" in source
     assert v.ok and v.summary()["cuda_resident_bytes"] == resident  # the row says what was left out
