@@ -12,7 +12,7 @@ import types
 import pytest
 from test_devices import mock_gpu
 
-from labkit import gpu_check
+from labkit import gpu_check, preflight
 from labkit.core import memory, timing
 from labkit.lessons.runs import nb09 as nb09_runs
 from labkit.serve import batchers, launch, scheduler
@@ -53,8 +53,8 @@ def cuda_threads(monkeypatch):
 
 def test_preflight_threads_synchronise_the_gpu_they_check(cuda_threads):
     """Each check runs in a thread of its own, whose current device CUDA starts at cuda:0."""
-    check = gpu_check.Check("sync", lambda ctx: timing.sync(None) or "synchronised")
-    done = gpu_check.run_checks([check], gpu_check.Context(device="cuda:1"), out=io.StringIO())
+    check = preflight.Check("sync", lambda ctx: timing.sync(None) or "synchronised")
+    done = preflight.run_checks([check], gpu_check.Context(device="cuda:1"), out=io.StringIO())
     assert done[0].status == "PASS", done[0].line()
     assert cuda_threads == [("sync", 1)], f"the check's thread waited on {cuda_threads}, not cuda:1"
 
