@@ -30,7 +30,8 @@ from labkit.core.results import jsonable
 from labkit.decoding import invariance
 from labkit.lessons.runs import nb14 as nb14_runs
 from labkit.model import models
-from labkit.serve import loadgen, paged, processes
+from labkit.serve import loadgen, processes
+from labkit.serve.experiments import paged
 from labkit.serve.clients import outside
 from labkit.serve.vllm import server as vs
 

@@ -15,7 +15,8 @@ from test_devices import mock_gpu
 from labkit import gpu_check, preflight
 from labkit.core import memory, timing
 from labkit.lessons.runs import nb09 as nb09_runs
-from labkit.serve import batchers, launch, scheduler
+from labkit.serve import batchers, launch
+from labkit.serve.experiments import scheduler
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.metrics import Metrics
 from labkit.serve.protocol import server_config

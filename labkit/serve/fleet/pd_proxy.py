@@ -25,7 +25,8 @@ from aiohttp import web
 from ...core import verdict
 from ...core.checks import positive
 from ...core.timing import clock, percentile, pooled_gaps, rounds as interleaved_rounds
-from .. import client, prefill
+from .. import client
+from ..experiments import prefill
 from ..launch import BackgroundApp
 from ..vllm.disagg import ROUTES, plan
 

@@ -1,7 +1,7 @@
 """vLLM's own prefix caching, chunked prefill and n-gram speculation, on notebook 10's workloads.
 
-The lab builds each mechanism by hand (``labkit.serve.prefill``, ``labkit.decoding.speculative``); here vLLM does
-the same work and is measured the same way, from the client and from ``/metrics`` deltas around each run:
+The lab builds each mechanism by hand (``labkit.serve.experiments.prefill``, ``labkit.decoding.speculative``); here
+vLLM does the same work and is measured the same way, from the client and from ``/metrics`` deltas around each run:
 
 prefix caching     the same requests sharing a document, in interleaved rounds. *Without*: each request carries
                    a cache salt of its own (vLLM's ``cache_salt``: blocks hashed under another salt are never
@@ -34,7 +34,8 @@ from ...core import verdict
 from ...decoding import quality
 from ...core.checks import positive
 from ...core.timing import percentile, rounds as interleaved_rounds
-from .. import client, prefill
+from .. import client
+from ..experiments import prefill
 from . import offline as vllm_engine
 from . import server as vs
 from ..metrics import metrics_delta
