@@ -25,7 +25,7 @@ from labkit.engines import cpu, llamacpp
 from labkit.lessons.nb10 import runs as nb10_runs
 from labkit.model import models, onnx, prompts
 from labkit.precision import kvquant, variants
-from labkit.serve import prefill
+from labkit.serve.experiments import prefill
 
 DROP = ("tokens", "lookup_tokens", "texts", "stamps", "ttft_s", "answer")
 

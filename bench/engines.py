@@ -24,7 +24,8 @@ from labkit.core.results import jsonable
 from labkit.decoding import quality
 from labkit.engines import compiled
 from labkit.model import hardware, models
-from labkit.serve import decoder, scheduler
+from labkit.serve import decoder
+from labkit.serve.experiments import scheduler
 
 
 def emit(row: dict) -> dict:

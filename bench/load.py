@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from labkit.core.results import jsonable
-from labkit.serve import launch, loadgen, paged, protocol
+from labkit.serve import launch, loadgen, protocol
+from labkit.serve.experiments import paged
 
 KEYS = ("requests", "completed", "failed", "lost", "duration_s", "request_throughput", "output_tokens_per_s",
         "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "e2e_p50_s",

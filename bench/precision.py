@@ -26,7 +26,7 @@ from typing import Any
 
 from labkit.core import config, env, timing
 from labkit.model import hardware, models, sizing
-from labkit.precision import variants
+from labkit.precision import measure, variants
 
 TARGET_ORT_INT8_SPEEDUP = 1.4
 TARGET_NF4_FRACTION = 0.30
@@ -44,7 +44,7 @@ def _line(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    defaults = variants.Settings.default()
+    defaults = measure.Settings.default()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(variants.names()),
                     help=f"comma-separated, from {variants.names()}")
@@ -60,18 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.new_tokens < 2 or args.repeats <= 0 or args.ppl_max_tokens < 0:
         ap.error("--new-tokens must be at least 2, --repeats positive, --ppl-max-tokens 0 or more")
 
-    settings = variants.Settings(**{**defaults.to_dict(), "new_tokens": args.new_tokens, "repeats": args.repeats,
-                                    "ppl_max_tokens": args.ppl_max_tokens or None})
+    settings = measure.Settings(**{**defaults.to_dict(), "new_tokens": args.new_tokens, "repeats": args.repeats,
+                                   "ppl_max_tokens": args.ppl_max_tokens or None})
     t0 = timing.clock()
     rows = []
     shape = sizing.shape(os.environ.get("LABKIT_MODEL") or "default")
-    for row in variants.run(names, settings, progress=False):
+    for row in measure.run(names, settings, progress=False):
         # the quantised layers' stored bits per weight, scales included (sizing's layout of the variant's dtype)
         row["bits_per_weight"] = sizing.bits_per_weight(shape, variants.SIZING_DTYPE[row["variant"]])
         rows.append(row)
         print(json.dumps(_line(row), ensure_ascii=False, default=str), flush=True)
 
-    best = variants.best_of(rows, ["ort-int8-tensor", "ort-int8-channel"])
+    best = measure.best_of(rows, ["ort-int8-tensor", "ort-int8-channel"])
     if best is not None:
         rows.append({**best, "variant": "ort-int8", "chosen": best["variant"]})
         print(json.dumps({**_line(rows[-1]), "chosen": best["variant"]}, ensure_ascii=False, default=str), flush=True)

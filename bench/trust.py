@@ -29,7 +29,8 @@ from labkit.core import config, cpu, env
 from labkit.core.results import jsonable
 from labkit.lessons.nb14 import runs as nb14_runs
 from labkit.model import models
-from labkit.serve import loadgen, paged, processes
+from labkit.serve import loadgen, processes
+from labkit.serve.experiments import paged
 from labkit.serve.clients import outside
 from labkit.serve.vllm import server as vs
 

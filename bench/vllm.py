@@ -35,7 +35,8 @@ from labkit.core.results import jsonable
 from labkit.lessons.nb10.runs import QUESTIONS, copy_prompt
 from labkit.decoding import quality
 from labkit.model import models
-from labkit.serve import decoder, loadgen, paged, prefill, scheduler
+from labkit.serve import decoder, loadgen
+from labkit.serve.experiments import paged, prefill, scheduler
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import bench as vllm_bench
 from labkit.serve.vllm import lab as vllm_lab

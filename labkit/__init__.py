@@ -6,6 +6,7 @@ check this in ``make test-unit``)::
     ``__main__``, ``gpu_check``, ``doctor``, ``platforms``
                               the command line, the GPU preflight, a laptop's readiness for the workshop, and the
                               first cell's set-up on Colab, Kaggle or a laptop
+    ``preflight``             what both preflights share: the record a check leaves, its line, the runner
     ``lessons``               what the notebooks show: exercises, takeaways, plots, widgets, reports
     ``precision`` | ``engines`` | ``serve``
                               quantisation; compiled and exported engines; the server, batching and vLLM

@@ -20,8 +20,9 @@ from .engines import warmup
 from .lessons import exercises
 from .lessons.exercises import progress
 from .model import models, onnx, sizing
-from .serve import loadgen, scheduler
+from .serve import loadgen
 from .serve.agents import prefix_lint
+from .serve.experiments import scheduler
 from .serve.launch import LISTENING
 from .serve.protocol import BATCHING, DEFAULT_HOST, TINY_RANDOM, ServerConfig, server_config
 from .serve.server import Server, load_model

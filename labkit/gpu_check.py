@@ -13,7 +13,9 @@ vLLM, ONNX Runtime's TensorRT provider and torch-tensorrt where installed; ``tp`
 
 then one JSON document as the last line (also written to ``--json``, default build/gpu-check.json). The
 exit status is 1 when a check failed, 0 otherwise. On a machine without CUDA it says so in one line and
-exits 0; when nvidia-smi sees a GPU that torch cannot use, that is a failure (exit 1).
+exits 0; when nvidia-smi sees a GPU that torch cannot use, that is a failure (exit 1). The runner (a thread per
+check, the budget and the deadline) and the record each check leaves are ``labkit.preflight``'s, shared with
+``make doctor``; this module holds the checks.
 
     python -m labkit gpu-check [--json build/gpu-check.json] [--only fp16 server] [--budget-s 420] [--deadline-s 570]
 """
@@ -23,58 +25,26 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import preflight
 from .core import config, env, memory, results, timing
 from .decoding import cache_variants, generation, kv, profiling
 from .engines import tensorrt
 from .model import models, onnx, parallel, prompts
 from .precision import variants
+from .preflight import DEFAULT_BUDGET_S, DEFAULT_DEADLINE_S, Check, CheckResult, Skip
 from .serve import launch, loadgen
 from .serve.vllm import offline as vllm
 from .serve.vllm import server as vllm_server
 
-STATUSES = ("PASS", "FAIL", "SKIP")
-DEFAULT_BUDGET_S = 420.0  # checks not started by then are skipped
-DEFAULT_DEADLINE_S = 570.0  # a check still running then is a FAIL and the run ends: under 10 minutes in all
 DEFAULT_JSON = config.REPO_DIR / "build" / "gpu-check.json"
 PROMPT = "What is the capital of France? Answer in one sentence."
 TOKENS = 8  # new tokens per decode check
-
-
-class Skip(Exception):
-    """Raised by a check that cannot run here; the message is the reason."""
-
-
-@dataclass
-class CheckResult:
-    name: str
-    status: str  # PASS | FAIL | SKIP
-    detail: str  # what passed, or why it failed / was skipped
-    seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        assert self.status in STATUSES, f"unknown check status {self.status}"
-
-    def line(self, width: int = 30) -> str:
-        took = f"({self.seconds:.1f} s) " if self.status != "SKIP" else ""
-        return f"{self.status}  {self.name:<{width}} {took}{self.detail}"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One preflight check: ``run(ctx)`` returns a one-line detail (PASS), raises ``Skip`` (SKIP) or anything
-    else (FAIL). ``needs``: capability names (``labkit.core.env`` / ``labkit.engines``) that must be available,
-    else the check is skipped with that capability's reason."""
-
-    name: str
-    run: Callable[["Context"], str]
-    needs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -98,78 +68,10 @@ class Context:
         memory.free(self.device)
 
 
-def capability_lookup(name: str) -> Any:
-    """A capability by name (``labkit.core.env`` lists every one a check needs, the TensorRT paths included)."""
-    return env.capability(name)
-
-
-def _run_one(check: Check, ctx: Context, limit_s: float) -> tuple[str, str] | None:
-    """(status, detail) of one check run in a thread of its own, or None when it is still running after
-    ``limit_s`` (a hung CUDA call, a TensorRT build or a vLLM start that would take the run past its deadline)."""
-    box: list[tuple[str, str]] = []
-
-    def target() -> None:
-        try:
-            timing.bind_thread(ctx.device)  # this thread's unnamed synchronise and allocations go to ctx.device
-            box.append(("PASS", check.run(ctx)))
-        except Skip as why:
-            box.append(("SKIP", str(why)))
-        except BaseException as exc:  # noqa: BLE001  (a preflight reports every failure as a FAIL line)
-            text = str(exc).strip().splitlines()
-            box.append(("FAIL", f"{type(exc).__name__}: {text[0][:300] if text else ''}"))
-
-    worker = threading.Thread(target=target, name=f"gpu-check {check.name}", daemon=True)
-    worker.start()
-    worker.join(max(limit_s, 0.0))
-    return box[0] if box else None
-
-
-def run_checks(checks: Sequence[Check], ctx: Context, budget_s: float = DEFAULT_BUDGET_S,
-               lookup: Callable[[str], Any] = capability_lookup, clock: Callable[[], float] = time.monotonic,
-               out: TextIO | None = None, deadline_s: float = DEFAULT_DEADLINE_S) -> list[CheckResult]:
-    """Run each check in turn and print its line as it finishes. A check never stops the run: what it
-    raises becomes its FAIL line. Checks not started within ``budget_s`` are skipped, saying so; a check
-    still running at ``deadline_s`` is a FAIL, and the checks after it are skipped (the GPU is still busy
-    with it), so the whole run ends by the deadline."""
-    if budget_s <= 0:
-        raise ValueError(f"budget_s={budget_s}: must be positive")
-    if deadline_s <= 0:
-        raise ValueError(f"deadline_s={deadline_s}: must be positive")
-    out = out or sys.stdout
-    width = max((len(c.name) for c in checks), default=10)
-    start = clock()
-    results: list[CheckResult] = []
-    hung: str | None = None
-    for check in checks:
-        t0 = clock()
-        if hung:
-            result = CheckResult(check.name, "SKIP", f"not started: {hung!r} was still running at the deadline")
-        elif t0 - start > budget_s:
-            result = CheckResult(check.name, "SKIP", f"time budget of {budget_s:.0f} s spent before this check "
-                                                     "(raise --budget-s, or run it with --only)")
-        else:
-            missing = [cap for cap in (lookup(n) for n in check.needs) if not cap.available]
-            if missing:
-                result = CheckResult(check.name, "SKIP", f"{missing[0].name}: {missing[0].reason}")
-            else:
-                limit_s = deadline_s - (t0 - start)
-                got = _run_one(check, ctx, limit_s)
-                if got is None:
-                    hung = check.name
-                    result = CheckResult(check.name, "FAIL", f"still running after {limit_s:.0f} s, at the run's "
-                                         f"{deadline_s:.0f} s deadline: run it alone (--only) to see how long it "
-                                         "takes, or what it waits for", clock() - t0)
-                else:
-                    result = CheckResult(check.name, got[0], got[1], clock() - t0)
-        results.append(result)
-        print(result.line(width), file=out, flush=True)
-    return results
-
-
-def summary(results: Sequence[CheckResult], **extra: Any) -> dict[str, Any]:
+def summary(done: Sequence[CheckResult], **extra: Any) -> dict[str, Any]:
     """The JSON report: counts per status, every check, plus ``extra`` (environment, device, wall time)."""
-    counts = {s.lower(): sum(r.status == s for r in results) for s in STATUSES}
-    return {"ok": counts["fail"] == 0, **counts, "checks": [asdict(r) for r in results], **extra}
+    n = {status.lower(): count for status, count in preflight.counts(done).items()}
+    return {"ok": n["fail"] == 0, **n, "checks": [asdict(r) for r in done], **extra}
 
 
 # ------------------------------------------------------------------------------------------ the checks
@@ -427,17 +329,6 @@ def checks() -> list[Check]:
     ]
 
 
-def select(all_checks: Sequence[Check], only: Sequence[str] | None) -> list[Check]:
-    """The checks whose name contains one of ``only`` (all when ``only`` is empty); ``ValueError`` lists the names."""
-    if not only:
-        return list(all_checks)
-    picked = [c for c in all_checks if any(o.lower() in c.name.lower() for o in only)]
-    unknown = [o for o in only if not any(o.lower() in c.name.lower() for c in all_checks)]
-    if unknown:
-        raise ValueError(f"no check matches {unknown}; checks: {[c.name for c in all_checks]}")
-    return picked
-
-
 def main(argv: list[str] | None = None, all_checks: Sequence[Check] | None = None, out: TextIO | None = None,
          exit_on_hang: bool = False) -> int:
     """The preflight; ``exit_on_hang`` (the command line's) ends the process at once when a check hung, once
@@ -457,7 +348,7 @@ def main(argv: list[str] | None = None, all_checks: Sequence[Check] | None = Non
         ap.error(f"--deadline-s must be positive, got {args.deadline_s}")
     all_checks = list(all_checks) if all_checks is not None else checks()
     try:
-        chosen = select(all_checks, args.only)
+        chosen = preflight.select(all_checks, args.only)
     except ValueError as exc:
         ap.error(str(exc))
     import torch
@@ -476,7 +367,7 @@ def main(argv: list[str] | None = None, all_checks: Sequence[Check] | None = Non
         device = "cuda"  # LABKIT_DEVICE=cpu says where notebooks run; the preflight checks the GPU regardless
     ctx = Context(device=device, model_name=args.model, prompts=_prompts())
     t0 = time.monotonic()
-    done = run_checks(chosen, ctx, args.budget_s, out=out, deadline_s=args.deadline_s)
+    done = preflight.run_checks(chosen, ctx, args.budget_s, out=out, deadline_s=args.deadline_s)
     hung = any(r.detail.startswith("still running after") for r in done)
     if not hung:  # a hung check's thread may still hold the model: releasing could wait on it
         ctx.release()

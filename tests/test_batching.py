@@ -1,4 +1,4 @@
-"""labkit.serve.batching: padding, the Pareto front, the static sweep (with its oom rows and agreement), the
+"""labkit.serve.experiments.batching: padding, the Pareto front, the static sweep (with its oom rows and agreement), the
 batched step's inputs, the memory-bound gain and TGI's batching options."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from labkit.decoding import generation
-from labkit.serve import batching
+from labkit.serve.experiments import batching
 
 # ------------------------------------------------------------------------------------------ pure logic
 

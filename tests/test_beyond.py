@@ -14,7 +14,8 @@ from labkit.model import onnx
 from labkit.decoding import decode, speculative
 from labkit.precision import kvquant, quantisers
 from labkit.engines import cpu, llamacpp
-from labkit.serve import continuous, prefill, server
+from labkit.serve import prefix_cache, server
+from labkit.serve.experiments import prefill
 from labkit.lessons.nb10 import runs as nb10_runs
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
@@ -121,7 +122,7 @@ def test_reusable_prefix_is_the_prefix_caches_rule():
         cached = [rng.randrange(2) for _ in range(rng.randrange(1, 40))]
         prompt = cached[:rng.randrange(0, len(cached) + 1)] + [rng.randrange(2) for _ in range(rng.randrange(1, 10))]
         block = rng.choice([1, 4, 8])
-        pc = continuous.PrefixCache(10_000, block)
+        pc = prefix_cache.PrefixCache(10_000, block)
         cache = DynamicCache()
         cache.update(torch.zeros(1, 1, len(cached), 2), torch.zeros(1, 1, len(cached), 2), 0)
         pc.store(cached, cache)

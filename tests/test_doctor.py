@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import doctor
+from labkit import doctor, preflight
 
 
 def test_python_disk_and_memory_fail_below_what_the_notebooks_need(tmp_path):
@@ -51,8 +51,9 @@ def test_notebook_check_runs_the_notebook_and_reports_its_failing_cell(tmp_path)
 
 
 def test_summary_line_counts_and_names_the_failures(capsys):
-    done = doctor.run([lambda: doctor.Check("python", "PASS", "3.12"), lambda: doctor.Check("vllm", "FAIL", "no env"),
-                       lambda: doctor.Check("cpu", "SKIP", "arm64")])
+    done = doctor.run([lambda: preflight.CheckResult("python", "PASS", "3.12"),
+                       lambda: preflight.CheckResult("vllm", "FAIL", "no env"),
+                       lambda: preflight.CheckResult("cpu", "SKIP", "arm64")])
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("PASS  python") and printed[1].startswith("FAIL  vllm")
     line = doctor.summary(done)
@@ -67,3 +68,19 @@ def test_doctor_fast_on_this_machine_exits_by_its_lines(capsys):
     failed = [ln for ln in lines[:-1] if ln.startswith("FAIL")]
     assert rc == (1 if failed else 0)
     assert lines[-1].startswith("labkit doctor: " + ("NOT READY" if failed else "READY"))
+
+
+def test_doctor_and_gpu_check_leave_one_record_and_print_its_line():
+    """One frozen record for both preflights: doctor's lines carry no time, gpu-check's do (a skip took none)."""
+    import dataclasses
+
+    from labkit import gpu_check
+
+    r = doctor.check_python((3, 12, 1))
+    assert type(r) is preflight.CheckResult is gpu_check.CheckResult
+    assert r.line() == "PASS  python     3.12.1"
+    assert preflight.CheckResult("fp16", "PASS", "8 tokens", 12.34).line(6) == "PASS  fp16   (12.3 s) 8 tokens"
+    assert preflight.CheckResult("vllm", "SKIP", "no env", 0.0).line(4) == "SKIP  vllm no env"
+    assert preflight.counts([r, r]) == {"PASS": 2, "FAIL": 0, "SKIP": 0}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.status = "FAIL"

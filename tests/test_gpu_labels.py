@@ -17,7 +17,7 @@ from test_devices import fake_nvml, mock_gpu  # noqa: F401  (fake_nvml is a fixt
 
 from labkit import __main__ as cli
 from labkit.core import env, memory
-from labkit.serve import batching
+from labkit.serve.experiments import batching
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from test_devices import mock_gpu
 
-from labkit.core import env, results
+from labkit.core import env, results, tensorrt_libs
 from labkit.model import hardware, onnx
-from labkit.precision import variants
+from labkit.precision import measure, variants
 from labkit.engines import onnxruntime, tensorrt
 from labkit.serve.vllm import offline as vllm
 from labkit.core.env import Capability
@@ -106,7 +106,7 @@ def test_tensorrt_provider_counts_only_when_tensorrt_loads(monkeypatch):
 
     monkeypatch.setattr(ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
-    probe = env.tensorrt_provider_reason  # cached per process: start and end clean
+    probe = tensorrt_libs.provider_reason  # cached per process: start and end clean
     if probe is not None:
         probe.cache_clear()
     try:
@@ -429,7 +429,7 @@ def test_a_variant_peak_on_a_gpu_leaves_out_what_was_already_resident(monkeypatc
     monkeypatch.setattr(variants, "_load_torch", load)
     v = variants.load_variant("fp16", device="cuda:0")
     v.rss_sampler.stop()
-    peak, source = variants._peak_memory(v)
+    peak, source = measure._peak_memory(v)
     assert peak == weights + transient, f"peak {peak / 2**20:.0f} MiB counts the {resident / 2**20:.0f} MiB resident"
     assert "above resident" in source and "513 MiB" in source
     assert v.ok and v.summary()["cuda_resident_bytes"] == resident  # the row says what was left out

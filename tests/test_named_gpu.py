@@ -12,10 +12,11 @@ import types
 import pytest
 from test_devices import mock_gpu
 
-from labkit import gpu_check
+from labkit import gpu_check, preflight
 from labkit.core import memory, timing
 from labkit.lessons.nb09 import runs as nb09_runs
-from labkit.serve import batchers, launch, scheduler
+from labkit.serve import batchers, launch
+from labkit.serve.experiments import scheduler
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.metrics import Metrics
 from labkit.serve.protocol import server_config
@@ -53,8 +54,8 @@ def cuda_threads(monkeypatch):
 
 def test_preflight_threads_synchronise_the_gpu_they_check(cuda_threads):
     """Each check runs in a thread of its own, whose current device CUDA starts at cuda:0."""
-    check = gpu_check.Check("sync", lambda ctx: timing.sync(None) or "synchronised")
-    done = gpu_check.run_checks([check], gpu_check.Context(device="cuda:1"), out=io.StringIO())
+    check = preflight.Check("sync", lambda ctx: timing.sync(None) or "synchronised")
+    done = preflight.run_checks([check], gpu_check.Context(device="cuda:1"), out=io.StringIO())
     assert done[0].status == "PASS", done[0].line()
     assert cuda_threads == [("sync", 1)], f"the check's thread waited on {cuda_threads}, not cuda:1"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_devices import mock_gpu
 
-from labkit import gpu_check
+from labkit import gpu_check, preflight
 from labkit.engines import cpu, onnxruntime
 from labkit.model import onnx
 from labkit.precision import variants
@@ -132,7 +132,7 @@ def test_preflight_fails_on_the_cpu_build_of_onnxruntime(sessions, monkeypatch):
     gpu(monkeypatch)
     sessions["available"] = ["CPUExecutionProvider"]
     ctx = gpu_check.Context(device="cuda")
-    done = gpu_check.run_checks([_ort_check()], ctx, out=io.StringIO())
+    done = preflight.run_checks([_ort_check()], ctx, out=io.StringIO())
     assert done[0].status == "FAIL", done[0].line()
     assert "no CUDAExecutionProvider" in done[0].detail and "pip install -e '.[gpu]'" in done[0].detail
     assert not sessions["calls"], "no session may be built on the CPU provider for a GPU check"
@@ -141,7 +141,7 @@ def test_preflight_fails_on_the_cpu_build_of_onnxruntime(sessions, monkeypatch):
 def test_preflight_fails_when_the_session_falls_back_to_the_cpu(sessions, monkeypatch):
     gpu(monkeypatch)
     sessions["got"] = ["CPUExecutionProvider"]  # CUDA listed, its libraries did not load
-    done = gpu_check.run_checks([_ort_check()], gpu_check.Context(device="cuda"), out=io.StringIO())
+    done = preflight.run_checks([_ort_check()], gpu_check.Context(device="cuda"), out=io.StringIO())
     assert done[0].status == "FAIL" and "session got ['CPUExecutionProvider']" in done[0].detail
 
 

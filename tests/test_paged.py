@@ -1,9 +1,10 @@
-"""labkit.serve.paged: block arithmetic, the allocator, footprints and the step-by-step replay on hand-checked cases."""
+"""labkit.serve.experiments.paged: block arithmetic, the allocator, footprints and the step-by-step replay on
+hand-checked cases."""
 from __future__ import annotations
 
 import pytest
 
-from labkit.serve import paged
+from labkit.serve.experiments import paged
 
 
 def req(i: int, prompt: int, answer: int, max_tokens: int) -> paged.Request:

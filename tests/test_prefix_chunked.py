@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from labkit.model import models
-from labkit.serve import continuous, decoder, launch, protocol, scheduler
+from labkit.serve import continuous, decoder, launch, prefix_cache, protocol
+from labkit.serve.experiments import scheduler
 from test_scheduler import _alone
 from test_server import request
 
@@ -23,7 +24,7 @@ def _shared_prefix_requests(tok, limits=(5, 3, 6, 2, 4)):
 
 
 def test_prefix_cache_lookup_store_and_eviction():
-    pc = continuous.PrefixCache(capacity_tokens=64, block_tokens=8)
+    pc = prefix_cache.PrefixCache(capacity_tokens=64, block_tokens=8)
     cache = _fake_cache(40)
     pc.store(list(range(40)), cache)  # keeps the first 40 positions (5 blocks)
     reused, got = pc.lookup(list(range(20)) + [99, 98, 97])
@@ -36,7 +37,7 @@ def test_prefix_cache_lookup_store_and_eviction():
     s = pc.stats()
     assert (s["queries"], s["hits"]) == (4, 2)
     with pytest.raises(ValueError, match="capacity_tokens"):
-        continuous.PrefixCache(0)
+        prefix_cache.PrefixCache(0)
 
 
 def _fake_cache(n):
@@ -54,7 +55,7 @@ def test_prefix_cache_and_chunked_prefill_keep_every_token(tiny_llama):
     eos = decoder.eos_ids(model, tok)
     alone = _alone(model, tok, reqs, eos)
     plain = scheduler.run_continuous(model, reqs, eos, tok.pad_token_id, max_batch_size=2)
-    pc = continuous.PrefixCache(capacity_tokens=512, block_tokens=8)
+    pc = prefix_cache.PrefixCache(capacity_tokens=512, block_tokens=8)
     cached = scheduler.run_continuous(model, reqs, eos, tok.pad_token_id, max_batch_size=2, prefix_cache=pc)
     chunked = scheduler.run_continuous(model, reqs, eos, tok.pad_token_id, max_batch_size=2, prefill_chunk_tokens=7)
     assert plain.outputs() == cached.outputs() == chunked.outputs() == alone
@@ -116,7 +117,7 @@ def test_server_with_prefix_cache_answers_the_same_and_reports_hits():
 
 
 def test_an_evicted_entry_goes_to_disk_and_comes_back_whole(tmp_path):
-    pc = continuous.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path)
+    pc = prefix_cache.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path)
     first = _fake_cache(40)
     pc.store(list(range(40)), first)
     pc.store(list(range(100, 140)), _fake_cache(40))  # 80 positions > 48: the first entry is evicted, to disk
@@ -131,7 +132,7 @@ def test_an_evicted_entry_goes_to_disk_and_comes_back_whole(tmp_path):
 
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
 def test_a_disk_file_gone_or_cut_short_is_recomputed_never_answered(tmp_path, damage):
-    pc = continuous.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path)
+    pc = prefix_cache.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path)
     pc.store(list(range(40)), _fake_cache(40))
     pc.store(list(range(100, 140)), _fake_cache(40))
     path = next(tmp_path.glob("*.safetensors"))
@@ -144,7 +145,7 @@ def test_a_disk_file_gone_or_cut_short_is_recomputed_never_answered(tmp_path, da
 
 
 def test_the_spill_policy_decides_what_goes_to_disk(tmp_path):
-    pc = continuous.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path, spill=lambda n: n >= 40)
+    pc = prefix_cache.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path, spill=lambda n: n >= 40)
     pc.store(list(range(16)), _fake_cache(16))
     pc.store(list(range(200, 240)), _fake_cache(40))  # evicts the 16-position entry: too short to keep on disk
     assert pc.evictions == 1 and pc.disk_writes == 0
@@ -174,7 +175,7 @@ def test_a_reloaded_entry_goes_back_to_the_device_it_left(tmp_path, monkeypatch)
     """An entry evicted from a GPU is read back onto that GPU, never onto the CPU beside the model's other KV."""
     import safetensors.torch
 
-    pc = continuous.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path)
+    pc = prefix_cache.PrefixCache(capacity_tokens=48, block_tokens=8, disk_dir=tmp_path)
     pc.store(list(range(40)), _fake_cache(40))
     pc.store(list(range(100, 140)), _fake_cache(40))
     key = next(iter(pc.on_disk))

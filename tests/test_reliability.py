@@ -10,7 +10,8 @@ import time
 import pytest
 
 from labkit.decoding import decode
-from labkit.serve import continuous, launch, protocol, scheduler, server
+from labkit.serve import continuous, launch, protocol, server
+from labkit.serve.experiments import scheduler
 from test_server import request
 
 

@@ -3,7 +3,8 @@ keeps no speed and says why."""
 from __future__ import annotations
 
 from labkit.precision import rounds, variants
-from labkit.precision.variants import Inputs, Settings, Variant
+from labkit.precision.measure import Inputs, Settings
+from labkit.precision.variants import Variant
 
 
 def test_retime_interleaves_and_marks_a_variant_that_fails_to_reload(tiny_llama, monkeypatch):

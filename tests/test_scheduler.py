@@ -1,10 +1,12 @@
-"""labkit.serve.scheduler: static and continuous batching complete every request with the tokens it gets alone."""
+"""labkit.serve.experiments.scheduler: static and continuous batching complete every request with the tokens it
+gets alone."""
 from __future__ import annotations
 
 import pytest
 
 from labkit.model import models, prompts
-from labkit.serve import continuous, decoder, launch, loadgen, scheduler
+from labkit.serve import continuous, decoder, launch, loadgen
+from labkit.serve.experiments import scheduler
 
 TEXTS = ["Hi", "Explain in two sentences why the sky is blue, please, in detail.", "What is 12 times 12?",
          "Name a colour.", "Write a haiku about a cup of coffee.", "Count to three."]
@@ -148,7 +150,7 @@ def test_default_model_continuous_matches_alone(default_lm):
 
 
 def test_rounds_interleave_modes_and_run_the_first_again_last():
-    from labkit.serve import scheduler as sched
+    from labkit.serve.experiments import scheduler as sched
 
     order = []
     done = sched.rounds({m: (lambda m=m: order.append(m) or m) for m in ("alone", "static", "continuous")}, 2)

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from labkit.core import config
-from labkit.model import sizing
+from labkit.model import size_tables, sizing
 
 CONFIGS = config.DATA_DIR / "configs"
 # name: (published parameter count, hand-computed fp16 KV bytes per token = 2 × layers × kv_heads × head_dim × 2)
@@ -187,7 +187,7 @@ def test_the_naive_formula_is_one_rule_from_the_dict_and_from_transformers_confi
     for every shipped config transformers can read, latent attention included (transformers' head_dim for it is
     qk_rope_head_dim)."""
     names = sorted(p.name for p in (config.DATA_DIR / "configs").iterdir() if (p / "config.json").is_file())
-    table = sizing.kv_compare([str(config.DATA_DIR / "configs" / n) for n in names], context=1024, dtype="bf16")
+    table = size_tables.kv_compare([str(config.DATA_DIR / "configs" / n) for n in names], context=1024, dtype="bf16")
     checked = 0
     for name, naive_gib in zip(names, table.naive_gib):
         try:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from labkit.core import env
-from labkit.precision import variants
+from labkit.precision import measure, variants
 
 
 def test_names_and_unknown_variant():
@@ -39,7 +39,7 @@ def test_missing_backend_becomes_a_status_not_a_crash(monkeypatch):
     monkeypatch.setattr(env, "capability", lambda name: missing)
     v = variants.load_variant("bnb-nf4", "default", device="cpu")
     assert not v.ok and v.status == missing.reason and v.model is None
-    row = variants.measure_variant(v, inputs=None)  # nothing to measure: the row carries the reason
+    row = measure.measure_variant(v, inputs=None)  # nothing to measure: the row carries the reason
     assert row["status"] == missing.reason and "ttft_s" not in row
 
 
@@ -84,15 +84,15 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
-TINY = variants.Settings(new_tokens=4, repeats=1, answer_tokens=4, n_questions=1, ppl_window_tokens=32,
-                         ppl_stride_tokens=32, ppl_max_tokens=64, ref_prompts=2, ref_new_tokens=4)
+TINY = measure.Settings(new_tokens=4, repeats=1, answer_tokens=4, n_questions=1, ppl_window_tokens=32,
+                        ppl_stride_tokens=32, ppl_max_tokens=64, ref_prompts=2, ref_new_tokens=4)
 
 
 def test_every_variant_runs_on_a_tiny_model(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
     names = ["fp32", "fp16", "bnb-int8", "bnb-nf4", "ort-fp32", "ort-int8-tensor", "ort-int8-channel"]
-    rows = {r["variant"]: r for r in variants.run(names, TINY, model_name=str(tiny_model_dir), device="cpu",
-                                                  progress=False)}
+    rows = {r["variant"]: r for r in measure.run(names, TINY, model_name=str(tiny_model_dir), device="cpu",
+                                                 progress=False)}
     assert list(rows) == names
     for name, row in rows.items():
         assert row["status"] == "ok", (name, row["status"])
@@ -141,22 +141,22 @@ def test_an_onnxruntime_error_mid_sweep_becomes_a_row_and_a_bug_still_surfaces(m
 
     Fail.__module__ = "onnxruntime.capi.onnxruntime_pybind11_state"
     monkeypatch.setattr(variants, "load_variant", lambda n, *a, **k: variants.Variant(n, backend="onnxruntime"))
-    inputs = variants.Inputs(reference=None, eval_ids=[], questions=[], settings=TINY)
+    inputs = measure.Inputs(reference=None, eval_ids=[], questions=[], settings=TINY)
 
     def ort_fails(v, inputs):
         raise Fail("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code")
 
-    monkeypatch.setattr(variants, "measure_variant", ort_fails)
-    rows = list(variants.run(["ort-fp32", "fp16"], inputs=inputs))
+    monkeypatch.setattr(measure, "measure_variant", ort_fails)
+    rows = list(measure.run(["ort-fp32", "fp16"], inputs=inputs))
     assert [r["status"].split(":")[0] for r in rows] == ["failed while measuring"] * 2
     assert "Fail: [ONNXRuntimeError]" in rows[0]["status"]
 
     def bug(v, inputs):
         raise TypeError("measure_variant() got an unexpected keyword argument")
 
-    monkeypatch.setattr(variants, "measure_variant", bug)
+    monkeypatch.setattr(measure, "measure_variant", bug)
     with pytest.raises(TypeError):
-        list(variants.run(["fp16"], inputs=inputs))
+        list(measure.run(["fp16"], inputs=inputs))
 
 
 def test_every_variant_is_one_spec_and_every_table_is_derived_from_it():
@@ -224,13 +224,13 @@ def test_a_one_time_quantisation_peak_is_kept_apart_from_the_decode_peak(monkeyp
     v = variants.load_variant("fp32", device="cpu")
     assert len(Sampler.made) == 2, "the runs get a sampler of their own after the load"
     Sampler.made[-1].peak_bytes = base + 300 * mib  # decoding: the model and its buffers
-    phases = variants._peak_phases(v)
-    peak, _ = variants._peak_memory(v)
+    phases = measure._peak_phases(v)
+    peak, _ = measure._peak_memory(v)
     assert phases["load_peak_memory_bytes"] == pytest.approx(900 * mib, abs=64 * mib)
     assert phases["run_peak_memory_bytes"] == pytest.approx(300 * mib, abs=64 * mib)
     assert peak == phases["load_peak_memory_bytes"], "the overall peak is the higher of the two"
     v.device = "cuda:0"
-    assert variants._peak_phases(v) == {"load_peak_memory_bytes": None, "run_peak_memory_bytes": None}
+    assert measure._peak_phases(v) == {"load_peak_memory_bytes": None, "run_peak_memory_bytes": None}
 
 
 def test_best_of_ranks_by_kl_not_by_agreement_over_few_tokens():
@@ -241,10 +241,10 @@ def test_best_of_ranks_by_kl_not_by_agreement_over_few_tokens():
     rows = [{"variant": "ort-int8-channel", "status": "ok", "agreement": 0.58, "kl": 1.14},
             {"variant": "ort-int8-tensor", "status": "ok", "agreement": 0.50, "kl": 1.13},
             {"variant": "fp32", "status": "ok", "agreement": 1.0, "kl": 0.0}]
-    assert variants.best_of(rows, ["ort-int8-tensor", "ort-int8-channel"])["variant"] == "ort-int8-tensor"
-    assert variants.best_of(rows[:1] + [{**rows[1], "status": "failed"}], ["ort-int8-tensor", "ort-int8-channel"])[
-        "variant"] == "ort-int8-channel"
-    assert variants.best_of(rows, ["bnb-int8"]) is None
+    assert measure.best_of(rows, ["ort-int8-tensor", "ort-int8-channel"])["variant"] == "ort-int8-tensor"
+    assert measure.best_of(rows[:1] + [{**rows[1], "status": "failed"}], ["ort-int8-tensor", "ort-int8-channel"])[
+       "variant"] == "ort-int8-channel"
+    assert measure.best_of(rows, ["bnb-int8"]) is None
 
 
 def test_rounded_formats_run_on_a_tiny_model_with_stored_bytes_as_sized_and_no_timing(tiny_model_dir, tmp_path,
@@ -253,8 +253,8 @@ def test_rounded_formats_run_on_a_tiny_model_with_stored_bytes_as_sized_and_no_t
     fp32), stored bytes as labkit.model.sizing predicts them, and the weight errors in the formats' known order."""
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
     names = ["fp32", "fp8-tensor", "fp8-channel", "nvfp4", "mxfp4", "int4-g64"]
-    rows = {r["variant"]: r for r in variants.run(names, TINY, model_name=str(tiny_model_dir), device="cpu",
-                                                  progress=False)}
+    rows = {r["variant"]: r for r in measure.run(names, TINY, model_name=str(tiny_model_dir), device="cpu",
+                                                 progress=False)}
     for name in names[1:]:
         row = rows[name]
         assert row["status"] == "ok", (name, row["status"])

@@ -155,7 +155,7 @@ def _fake_vllm(tmp_path: Path, monkeypatch, die_at: int) -> Path:
 
 
 def _work():
-    from labkit.serve.scheduler import Request
+    from labkit.serve.experiments.scheduler import Request
 
     return [Request(id="a", prompt_ids=(1, 2, 3), max_new_tokens=4, kind="long"),
             Request(id="b", prompt_ids=(1, 4), max_new_tokens=2, kind="short")]
@@ -208,7 +208,7 @@ def test_a_start_that_fails_is_one_line_and_nothing_runs(tmp_path):
 
 def test_replay_predicts_vllms_pool():
     from labkit.serve.vllm import lab as vllm_lab
-    from labkit.serve.scheduler import Request
+    from labkit.serve.experiments.scheduler import Request
 
     work = [Request(id=str(i), prompt_ids=tuple(range(40)), max_new_tokens=8) for i in range(6)]
     fits = vllm_lab.replay(work, {r.id: 8 for r in work}, block_size=32, num_blocks=9, max_running=4, max_model_len=256)
@@ -301,7 +301,7 @@ def test_the_request_files_prompt_lengths_are_the_prepared_tokenizers():
     must give them, or the replay and the notebooks' workloads describe other requests. `python -m labkit
     requests` measures the file again."""
     from labkit.model import models
-    from labkit.serve import paged
+    from labkit.serve.experiments import paged
 
     tok = models.load_tokenizer()
     wrong = [(r.id, r.prompt_tokens, len(models.chat_ids(tok, r.prompt))) for r in paged.load_requests()

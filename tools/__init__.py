@@ -14,6 +14,6 @@
 ``under_load``     any command with other work on the cores, on purpose
 
 tools stands on labkit and never the reverse; inside tools each module imports only those its layer allows
-(``pyproject.toml``, the tools contract): the same walls as labkit's (500 lines, no import inside a function,
+(``pyproject.toml``, the tools contract): the same walls as labkit's (480 lines, no import inside a function,
 no edits of the import path).
 """

@@ -6,6 +6,7 @@
 ``gpu_features`` what a GPU can do: each feature's minimum compute capability, MPS's row, one wording of why not
 ``cpu``      the CPU: its /proc/cpuinfo lines, model name and instruction sets, and the line results name it with
 ``vllm_env`` vLLM's own environment (``make vllm``): its python, its version, whether it can serve here
+``tensorrt_libs`` whether ONNX Runtime's TensorRT provider really gets TensorRT's libraries (a one-node session asked)
 ``compiler`` whether a C compiler builds a Python extension (what torch.compile's first use needs)
 ``timing``   the one clock: ``track``/``measure``/``now`` for device work, ``clock`` for host work, ``Measurement``
 ``memory``   peak memory (RSS sampler, CUDA peak, NVML) around a block of work

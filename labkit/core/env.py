@@ -1,27 +1,21 @@
 """What this machine is and what it can run, each missing capability with its reason."""
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import functools
 import importlib.metadata
 import importlib.util
-import io
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
-import warnings
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
 from . import config, gpu_features, machine
-from . import vllm_env
+from . import tensorrt_libs, vllm_env
 from .compiler import c_compiler_reason  # noqa: F401  (env.c_compiler_reason: the probe _torch_compile calls)
 from .cpu import cpu_isa, cpu_name
 
@@ -346,7 +340,8 @@ def ort_tensorrt() -> Capability:
     """ONNX Runtime's TensorRT provider, counted available only when a session on it really gets it.
 
     onnxruntime-gpu lists TensorrtExecutionProvider whether or not TensorRT's libraries are installed;
-    a session then falls back to CUDA or the CPU. So the check builds a one-node session and asks it.
+    a session then falls back to CUDA or the CPU. So the check builds a one-node session and asks it
+    (``tensorrt_libs.provider_reason``).
     """
     name = "ort-tensorrt"
     if not has("onnxruntime"):
@@ -359,58 +354,10 @@ def ort_tensorrt() -> Capability:
     if "TensorrtExecutionProvider" not in ort.get_available_providers():
         return Capability(name, False, "", "this onnxruntime has no TensorrtExecutionProvider: "
                                            "pip install onnxruntime-gpu (the [gpu] extra) and TensorRT")
-    problem = tensorrt_provider_reason()
+    problem = tensorrt_libs.provider_reason()
     if problem:
         return Capability(name, False, "", problem)
     return Capability(name, True, f"onnxruntime {ort.__version__}", "")
-
-
-@functools.lru_cache(maxsize=1)
-def tensorrt_provider_reason() -> str:
-    """'' when an ONNX Runtime session on TensorrtExecutionProvider really gets it; otherwise why not.
-    Cached: TensorRT's libraries load (or not) once per process."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-
-    preload_tensorrt()
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    so = ort.SessionOptions()
-    so.log_severity_level = 4  # the probe's failure is reported below, not logged
-    quiet = io.StringIO()  # onnxruntime prints its own fallback notice
-    try:
-        with contextlib.redirect_stdout(quiet), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "not in available provider names": the answer is read below
-            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["TensorrtExecutionProvider"])
-    except (RuntimeError, ValueError, OSError) as exc:
-        return f"TensorRT's libraries did not load: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
-    got = sess.get_providers()
-    if got[:1] != ["TensorrtExecutionProvider"]:
-        return (f"onnxruntime lists TensorrtExecutionProvider but a session got {got}: TensorRT's libraries "
-                f"({_tensorrt_sonames()}) did not load; install the TensorRT version this onnxruntime was built for")
-    return ""
-
-
-def preload_tensorrt() -> None:
-    """Import TensorRT's Python package where installed: it loads TensorRT's libraries from its wheel, which
-    are not on the loader's path, so ONNX Runtime's TensorRT provider then finds them (when the versions match)."""
-    with contextlib.suppress(ImportError, OSError):
-        import tensorrt  # noqa: F401
-
-
-def _tensorrt_sonames() -> str:
-    """The TensorRT libraries this onnxruntime's TensorRT provider links against (read from its ELF header)."""
-    import onnxruntime as ort
-
-    lib = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_tensorrt.so"
-    try:
-        data = lib.read_bytes()
-    except OSError:
-        return "libnvinfer"
-    found = sorted({m.decode() for m in re.findall(rb"libnv(?:infer|onnxparser)[a-z_]*\.so\.[0-9]+", data)})
-    return ", ".join(found) or "libnvinfer"
 
 
 # One probe per capability, each run alone: asking about CUDA must not import ONNX Runtime, nor load bitsandbytes'

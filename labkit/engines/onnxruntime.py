@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core import config, env
+from ..core import config, env, tensorrt_libs
 from ..core.timing import track
 from ..model import models, onnx
 from ..model.onnx import graph_ops
@@ -67,7 +67,7 @@ def load_ort(level: str, model_name: str | None = None, provider: str | None = N
     provider = onnx.ort_provider(device, provider)
     providers, options = None, None
     if provider == "TensorrtExecutionProvider":
-        env.preload_tensorrt()
+        tensorrt_libs.preload()
         providers = ["TensorrtExecutionProvider", "CUDAExecutionProvider"]
         options = [tensorrt_provider_options(folder / "model.onnx"), {}]
     tok = models.load_tokenizer(model_name)

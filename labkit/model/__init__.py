@@ -3,6 +3,9 @@
 ``dtypes``    the precision vocabulary (``fp32`` … ``nf4``, bytes per value, torch dtypes)
 ``gpus``      the GPU catalog (``data/gpus.json``): pure data, no probes
 ``sizing``    parameters (total and active), weight and KV-cache bytes from a config, the decode ceiling
+``moe``       mixture-of-experts arithmetic: routed experts, the count extended to all of them, active parameters,
+              the weights a batch reaches
+``size_tables`` sizing tables of several models at once: precisions, KV over context and batch, which GPU fits
 ``kvlayout``  what each layer keeps per sequence: full, sliding-window, linear-attention and latent-attention layers
 ``parallel``  tensor parallelism from a config: weights, KV and all-reduce bytes per GPU; when replicas win
 ``roofline``  a matmul's arithmetic intensity and the two roofs it sits under

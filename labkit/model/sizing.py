@@ -2,10 +2,10 @@
 
 Parameters are counted on a model built on the meta device (no per-architecture formula,
 no memory), so biases, tied embeddings and GQA are right for any HF causal LM. A mixture-of-experts
-model is built with one, two and three experts per layer and its count extended to the config's
-expert count (a parameter count is linear in it; checked), which also gives the parameters one token
-reads: the active ones. The KV cache is summed layer by layer (``kvlayout``): sliding windows, linear
-attention's fixed state and latent attention each keep what they really keep.
+model's count is extended to the config's expert count, and its active parameters (those one token
+reads) and the weights a batch reads come from ``moe``. The KV cache is summed layer by layer
+(``kvlayout``): sliding windows, linear attention's fixed state and latent attention each keep what
+they really keep. Tables of several models side by side: ``size_tables``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.checks import positive
 from ..core.config import DEFAULT_CONFIG_DIR, DEFAULT_MODEL_NAME
-from . import gpus, kvlayout
+from . import gpus, kvlayout, moe
 from .dtypes import DTYPE_BYTES, QUANTIZED, kv_dtype_for, layout, layout_bits_per_weight, normalize_dtype
 
 USABLE_FRACTION = 0.90  # a GPU's memory left for weights + KV after CUDA context and activations
@@ -77,15 +77,11 @@ class ModelShape:
         return self.n_experts is not None
 
 
-EXPERT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts")  # routed experts per MoE layer
-TOPK_FIELDS = ("num_experts_per_tok", "top_k_experts", "moe_topk", "num_experts_per_token")  # experts each token is sent to
-
-
 def _text_config(cfg: Any) -> Any:
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
-def _count(data: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
+def _count(data: dict[str, Any]) -> moe.Counts:
     """(parameters, quantisable weights, their rows, and the same three for the routed experts alone) of the
     model built from config dict ``data`` on the meta device."""
     import torch
@@ -118,33 +114,18 @@ def _count(data: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
     return n_params, quant, rows, e_params, e_quant, e_rows
 
 
-def _with_experts(data: dict[str, Any], field: str, n: int) -> dict[str, Any]:
-    out = json.loads(json.dumps(data))
-    text = out["text_config"] if isinstance(out.get("text_config"), dict) and field in out["text_config"] else out
-    text[field] = n
-    return out
-
-
 @lru_cache(maxsize=32)
 def _shape_cached(config_json: str, name: str) -> ModelShape:
     data = json.loads(config_json)
-    text_dict = kvlayout.text_config(data)
-    field = next((f for f in EXPERT_FIELDS if text_dict.get(f)), None)
-    n_experts = int(text_dict[field]) if field else None
-    if n_experts is None or n_experts <= 3:
+    routing = moe.routing(kvlayout.text_config(data))
+    if routing is None:
         counts = _count(data)
-        per_expert = tuple(c // n_experts for c in counts[3:]) if n_experts else (0, 0, 0)
-    else:  # built with 1, 2 and 3 experts: a 256-expert model takes seconds, not a minute
-        c1, c2, c3 = (_count(_with_experts(data, field, k)) for k in (1, 2, 3))
-        step = tuple(b - a for a, b in zip(c1, c2))
-        if step != tuple(b - a for a, b in zip(c2, c3)):
-            raise ValueError(f"{name}: the parameter count is not linear in {field}; cannot extend it to {n_experts}")
-        counts = tuple(a + d * (n_experts - 1) for a, d in zip(c1, step))
-        per_expert = step[3:]
+        active = counts[:3]  # a dense model: one token reads every parameter
+    else:
+        counts, per_expert = moe.extend(_count, data, routing, name)
+        active = moe.active(counts, per_expert, routing)
     n_params, quant, rows = counts[:3]
     text = _text_config(_config_object(data))
-    top_k = next((int(text_dict[f]) for f in TOPK_FIELDS if text_dict.get(f)), None) if n_experts else None
-    idle = (n_experts - top_k) if n_experts and top_k else 0  # routed experts a token does not reach, per layer
     # read from the dict: transformers 5 refuses attribute access to a field that varies per layer (Gemma 4's head_dim)
     td = text.to_dict()
     n_heads = int(td["num_attention_heads"])
@@ -156,9 +137,9 @@ def _shape_cached(config_json: str, name: str) -> ModelShape:
         head_dim=head_dim, hidden_size=int(td["hidden_size"]), vocab_size=int(td["vocab_size"]),
         max_position_embeddings=td.get("max_position_embeddings"),
         kv_layers=tuple(kvlayout.layers(td)),
-        active_params=n_params - idle * per_expert[0], active_quantizable_params=quant - idle * per_expert[1],
-        active_quantizable_rows=rows - idle * per_expert[2], n_experts=n_experts,
-        experts_per_token=top_k,
+        active_params=active[0], active_quantizable_params=active[1], active_quantizable_rows=active[2],
+        n_experts=routing.n_experts if routing else None,
+        experts_per_token=routing.experts_per_token if routing else None,
     )
 
 
@@ -199,14 +180,19 @@ def weight_bytes(s: ModelShape, dtype: str) -> int:
     per output channel), nvfp4 and mxfp4 (E2M1 in blocks of 16 / 32, a one-byte scale per block): the decoder's
     linear weights quantised plus their scales (``dtypes.LAYOUTS``); embeddings, norms and lm_head stay fp16.
     """
+    return _weights_bytes(s.n_params, s.quantizable_params, s.quantizable_rows, dtype)
+
+
+def _weights_bytes(n_params: int, quantizable: int, rows: int, dtype: str) -> int:
     dtype = normalize_dtype(dtype)
     if dtype not in QUANTIZED:
-        return int(s.n_params * DTYPE_BYTES[dtype])
-    rest = (s.n_params - s.quantizable_params) * DTYPE_BYTES["fp16"]
-    return int(rest + layout(dtype).bytes(s.quantizable_params, s.quantizable_rows))
+        return int(n_params * DTYPE_BYTES[dtype])
+    rest = (n_params - quantizable) * DTYPE_BYTES["fp16"]
+    return int(rest + layout(dtype).bytes(quantizable, rows))
 
 
-def _kv_value_bytes(kv_dtype: str) -> float:
+def kv_value_bytes(kv_dtype: str) -> float:
+    """Bytes of one cached key or value element in ``kv_dtype`` (a float type, fp8 or int8)."""
     kv_dtype = normalize_dtype(kv_dtype)
     if kv_dtype in QUANTIZED and kv_dtype not in ("int8", "fp8"):
         raise ValueError(f"KV cache dtype {kv_dtype!r}: must be a float type, fp8 or int8")
@@ -216,7 +202,7 @@ def _kv_value_bytes(kv_dtype: str) -> float:
 def naive_kv_bytes_per_token(s: ModelShape, kv_dtype: str) -> int:
     """The formula every tutorial teaches: 2 (K and V) × layers × KV heads × head_dim × bytes. Exact only when
     every layer is full attention of one size (``kvlayout.uniform``); ``kv_bytes`` is the layer-by-layer figure."""
-    return int(2 * s.n_layers * s.n_kv_heads * s.head_dim * _kv_value_bytes(kv_dtype))
+    return int(2 * s.n_layers * s.n_kv_heads * s.head_dim * kv_value_bytes(kv_dtype))
 
 
 def layer_caches(s: ModelShape) -> tuple[kvlayout.LayerCache, ...]:
@@ -232,7 +218,7 @@ def kv_bytes_per_token(s: ModelShape, kv_dtype: str, expanded: bool = False) -> 
     it by heads / KV heads; linear-attention layers add none; an MLA layer adds its latent (``expanded``: the keys
     and values transformers' cache stores instead). For a model of full-attention layers of one size it is the
     naive formula."""
-    b = _kv_value_bytes(kv_dtype)
+    b = kv_value_bytes(kv_dtype)
     return int(sum((layer.per_token_expanded if expanded else layer.per_token) * b for layer in layer_caches(s)
                    if layer.kind not in ("linear", "shared")))
 
@@ -243,7 +229,7 @@ def kv_bytes(s: ModelShape, kv_dtype: str, context: int, batch: int = 1, expande
     latent (``expanded``: transformers' expanded keys and values)."""
     positive("context", context)
     positive("batch", batch)
-    b = _kv_value_bytes(kv_dtype)
+    b = kv_value_bytes(kv_dtype)
     return batch * sum(layer.bytes(context, b, expanded) for layer in layer_caches(s))
 
 
@@ -278,7 +264,7 @@ def transformers_kv_bytes(s: ModelShape, kv_dtype: str, context: int, batch: int
 def kv_bytes_by_kind(s: ModelShape, kv_dtype: str, context: int, batch: int = 1,
                      expanded: bool = False) -> dict[str, int]:
     """``kv_bytes`` split by layer kind (full, sliding, linear, mla), only the kinds the model has."""
-    b = _kv_value_bytes(kv_dtype)
+    b = kv_value_bytes(kv_dtype)
     out: dict[str, int] = {}
     for layer in layer_caches(s):
         out[layer.kind] = out.get(layer.kind, 0) + batch * layer.bytes(positive("context", context), b, expanded)
@@ -287,7 +273,7 @@ def kv_bytes_by_kind(s: ModelShape, kv_dtype: str, context: int, batch: int = 1,
 
 def kv_state_bytes(s: ModelShape, kv_dtype: str, batch: int = 1) -> int:
     """The fixed part of the cache, per ``batch`` sequences whatever their length: linear attention's states."""
-    b = _kv_value_bytes(kv_dtype)
+    b = kv_value_bytes(kv_dtype)
     return batch * sum(layer.bytes(0, b) for layer in layer_caches(s))  # no tokens held: the states alone
 
 
@@ -296,12 +282,7 @@ def active_weight_bytes(s: ModelShape, dtype: str) -> int:
     routed to (``active_params``); a dense model reads them all (= ``weight_bytes``)."""
     if not s.moe or s.active_params is None:
         return weight_bytes(s, dtype)
-    dtype = normalize_dtype(dtype)
-    if dtype not in QUANTIZED:
-        return int(s.active_params * DTYPE_BYTES[dtype])
-    quant, rows = s.active_quantizable_params or 0, s.active_quantizable_rows or 0
-    rest = (s.active_params - quant) * DTYPE_BYTES["fp16"]
-    return int(rest + layout(dtype).bytes(quant, rows))
+    return _weights_bytes(s.active_params, s.active_quantizable_params or 0, s.active_quantizable_rows or 0, dtype)
 
 
 def decode_bytes_per_step(weight_b: int, kv_per_token_b: int, context: int, batch: int) -> int:
@@ -365,14 +346,12 @@ class SizeEstimate:
 
 def weight_bytes_read(s: ModelShape, dtype: str, batch: int) -> int:
     """Weight bytes one decode step of ``batch`` sequences reads. Dense: all of them. A mixture of experts: the
-    experts its tokens are routed to; with routing spread evenly, ``batch`` tokens each choosing k of E experts
-    reach E × (1 − (1 − k/E)^batch) of them per layer: k at batch 1, all of them as the batch grows."""
+    experts its tokens are routed to (``moe.bytes_read``): those of k experts at batch 1, all of them as the batch
+    grows."""
     total, active = weight_bytes(s, dtype), active_weight_bytes(s, dtype)
     if not s.moe or not s.experts_per_token or active == total:
         return total
-    e, k = s.n_experts, s.experts_per_token
-    per_expert = (total - active) / (e - k)
-    return int(round(total - per_expert * e * (1 - k / e) ** positive("batch", batch)))
+    return moe.bytes_read(total, active, s.n_experts, s.experts_per_token, batch)
 
 
 def estimate(model: str | Any, dtype: str = "fp16", context: int = 2048, batch: int = 1,
@@ -419,81 +398,6 @@ def estimate(model: str | Any, dtype: str = "fp16", context: int = 2048, batch: 
     return est
 
 
-def _label(model: str) -> str:
-    return Path(model).name if Path(model).exists() else model
-
-
 def bits_per_weight(s: ModelShape, dtype: str) -> float:
     """Stored bits per quantised weight of this model in ``dtype``, scales included (``dtypes.layout_bits_per_weight``)."""
     return layout_bits_per_weight(dtype, s.quantizable_params, s.quantizable_rows)
-
-
-def precision_table(models: list[str], dtypes: list[str]):
-    """Weight bytes for each model in each precision (GiB), one row per (model, dtype)."""
-    import pandas as pd
-
-    rows = []
-    for m in models:
-        s = shape(m)
-        for d in dtypes:
-            rows.append({"model": _label(m), "n_params": s.n_params, "dtype": normalize_dtype(d),
-                         "weight_gib": weight_bytes(s, d) / 2**30, "bits_per_weight": bits_per_weight(s, d)})
-    return pd.DataFrame(rows)
-
-
-def kv_table(models: list[str], contexts: list[int], batches: list[int], dtype: str = "fp16"):
-    """KV-cache GiB over context and batch for each model, with the weights for scale."""
-    import pandas as pd
-
-    rows = []
-    for m in models:
-        s = shape(m)
-        per_tok = kv_bytes_per_token(s, kv_dtype_for(dtype))
-        for b in batches:
-            for c in contexts:
-                rows.append({"model": _label(m), "batch": b, "context": c, "kv_bytes_per_token": per_tok,
-                             "kv_gib": kv_bytes(s, kv_dtype_for(dtype), c, b) / 2**30,
-                             "weight_gib": weight_bytes(s, dtype) / 2**30})
-    return pd.DataFrame(rows)
-
-
-def fit_table(models: list[str], gpus: list[str], dtypes: list[str], context: int, batch: int = 1):
-    """Which GPU fits which model: one row per (model, dtype, gpu) with total GiB and the ceiling."""
-    import pandas as pd
-
-    rows = []
-    for m in models:
-        for d in dtypes:
-            for g in gpus:
-                e = estimate(m, dtype=d, context=context, batch=batch, gpu=g)
-                rows.append({"model": _label(m), "dtype": e.dtype, "gpu": e.gpu, "total_gib": e.total_bytes / 2**30,
-                             "fits": e.fits, "ceiling_tokens_per_s": e.decode_tokens_per_s_ceiling})
-    return pd.DataFrame(rows)
-
-
-def kv_compare(models: list[str], context: int, dtype: str = "bf16"):
-    """The naive formula beside the layer-by-layer KV cache of one ``context``-token sequence, per model (a
-    directory holding config.json): read from the configs alone, so a model this transformers cannot build is
-    sized too. ``latent`` marks MLA rows, whose ``layer_by_layer`` is a serving engine's latent and
-    ``transformers_gib`` what the installed transformers' cache holds (transformers 4.57: expanded keys and values;
-    5: the latent too)."""
-    import pandas as pd
-
-    b = _kv_value_bytes(kv_dtype_for(dtype))
-    rows = []
-    for m in models:
-        c = kvlayout.text_config(json.loads((Path(m) / "config.json").read_text(encoding="utf-8")))
-        ls = kvlayout.layers(c)
-        heads = int(c["num_attention_heads"])
-        kv_heads = int(c.get("num_key_value_heads") or heads)
-        kinds = kvlayout.kind_counts(ls)
-        naive = 2 * len(ls) * kv_heads * kvlayout.naive_head_dim(c) * b * context
-        real = sum(layer.bytes(context, b) for layer in ls)
-        rows.append({"model": _label(m), "layers": ", ".join(f"{n} {k}" for k, n in kinds.items()),
-                     "naive_gib": naive / 2**30, "layer_by_layer_gib": real / 2**30, "naive_over_real": naive / real,
-                     "fixed_state_mib": sum(layer.bytes(0, b) for layer in ls if layer.kind == "linear") / 2**20
-                     if "linear" in kinds else 0.0,
-                     "transformers_gib": sum(layer.bytes(context, b, expanded=not transformers_keeps_latent())
-                                             for layer in ls) / 2**30
-                     if "mla" in kinds else None})
-    return pd.DataFrame(rows)

@@ -2,7 +2,8 @@
 loader that measures each precision's speed, memory and quality the same way.
 
 ``quantisers``   absmax scales, the symmetric int8 round trip, NF4, KV quantisation: the lesson's arithmetic
-``variants``     one loader for every precision variant (PyTorch, bitsandbytes, ONNX Runtime) and its measurement
+``variants``     one loader for every precision variant (PyTorch, bitsandbytes, ONNX Runtime), one spec each
+``measure``      one measurement for every variant: speed, memory and quality on the same inputs, one row each
 ``libraries``    what bitsandbytes and ONNX Runtime really do with a layer, checked against the hand quantisers
 ``calibration``  static int8 scales from calibration prompts, scored on held-out ones
 ``kvquant``      a quantised KV cache at long context (transformers' ``QuantizedCache`` and the lab's own)

@@ -1,6 +1,6 @@
 """Decode speed of every precision variant, timed in interleaved rounds so drift hits them all alike.
 
-``variants.run`` measures each variant alone (load, memory, quality) and releases it: the honest way to read
+``measure.run`` measures each variant alone (load, memory, quality) and releases it: the honest way to read
 its memory, the wrong way to compare speeds on a laptop whose load moves from minute to minute. ``retime``
 loads every variant that ran, all at once, and times ``rounds`` rounds of one decode each (fp32 ort-int8 …
 fp32 ort-int8 …), the baseline once more at the end; it overwrites each row's decode speed with the medians,
@@ -14,8 +14,11 @@ from typing import Any
 
 from ..core import verdict
 from ..decoding import generation
+from ..model.onnx import check_providers, session_providers
+from . import measure
 from . import variants as _variants
-from .variants import Inputs, check_providers, session_providers
+from .measure import Inputs
+
 
 def retime(rows: list[dict[str, Any]], inputs: Inputs, *, model_name: str | None = None, device: str | None = None,
            options: dict[str, dict[str, Any]] | None = None, prompt: str = generation.TIMED_PROMPT) -> float | None:
@@ -68,8 +71,8 @@ def _unmeasured(row: dict[str, Any], status: str) -> None:
 
 
 def run(variant_names: Sequence[str], inputs: Inputs, **kw: Any) -> tuple[list[dict[str, Any]], float | None]:
-    """``variants.run`` (memory and quality, each alone) then ``retime`` (speed, interleaved): (rows, drift)."""
+    """``measure.run`` (memory and quality, each alone) then ``retime`` (speed, interleaved): (rows, drift)."""
     once = dataclasses.replace(inputs, settings=dataclasses.replace(inputs.settings, repeats=1))  # speed: below
-    rows = list(_variants.run(variant_names, inputs=once, **kw))
+    rows = list(measure.run(variant_names, inputs=once, **kw))
     kw.pop("progress", None)
     return rows, retime(rows, inputs, **kw)

@@ -19,7 +19,8 @@ from ..core.checks import model_device
 from ..core.timing import bind_thread, clock
 from ..decoding import grammar as structured
 from . import decoder
-from .continuous import ContinuousEngine, PrefixCache
+from .continuous import ContinuousEngine
+from .prefix_cache import PrefixCache
 from .metrics import Metrics
 from .protocol import ApiError, Params, ServerConfig
 

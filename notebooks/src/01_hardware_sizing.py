@@ -55,7 +55,7 @@ import torch
 
 import labkit
 from labkit.core import config, env, machine, memory, results, timing
-from labkit.model import gpus, hardware, models, prompts, roofline, sizing
+from labkit.model import gpus, hardware, models, prompts, roofline, size_tables, sizing
 from labkit.decoding import decode, generation, profiling
 from labkit.engines import fusion
 from labkit.lessons import exercises, findings, plots, widgets
@@ -121,7 +121,7 @@ bytes_of = exercises.use("01.weight_bytes", weight_bytes, lambda c, b: sizing.sh
 small = sizing.load_config(cfg["SmolLM2-135M-Instruct"])
 print(f"SmolLM2-135M in fp32: {bytes_of(small, 4):,} bytes from the formula, "
       f"{sizing.weight_bytes(sizing.shape(small), 'fp32'):,} from the meta-device count")
-prec = sizing.precision_table(list(cfg.values()), DTYPES)
+prec = size_tables.precision_table(list(cfg.values()), DTYPES)
 plots.bar(prec, x="model", y="weight_gib", color="dtype", title="Weight memory by precision", y_title="GiB").show()
 print("bits per weight, scales included:", prec[prec.model == prec.model.iloc[0]].set_index("dtype")
       .bits_per_weight.round(2).to_dict())
@@ -135,7 +135,7 @@ prec.pivot(index="model", columns="dtype", values="weight_gib").round(2)
 # sit, and where does the cache overtake the weights?
 
 # %% slideshow={"slide_type": "fragment"}
-kvt = sizing.kv_table([cfg[m] for m in KV_MODELS], CONTEXTS, BATCHES)
+kvt = size_tables.kv_table([cfg[m] for m in KV_MODELS], CONTEXTS, BATCHES)
 kvt["series"] = kvt["model"] + " · batch " + kvt["batch"].astype(str)
 plots.line(kvt, x="context", y="kv_gib", color="series", title="KV cache (fp16) vs context", x_title="context (tokens)",
            y_title="GiB", log_x=True, log_y=True).show()
@@ -165,7 +165,7 @@ PREDICT_GEMMA4_KV_GIB = None  # your prediction, GiB at 32,768 tokens
 # %% slideshow={"slide_type": "fragment"}
 NEW_MODELS = ["Llama-3.1-8B", "Mistral-7B-v0.1", "gemma-4-26B-A4B", "Qwen3.5-27B", "DeepSeek-V3"]
 new_cfg = {m: str(config.DATA_DIR / "configs" / m) for m in NEW_MODELS}
-layered = sizing.kv_compare(list(new_cfg.values()), context=32768, dtype="bf16")
+layered = size_tables.kv_compare(list(new_cfg.values()), context=32768, dtype="bf16")
 gemma4 = layered.set_index("model").loc["gemma-4-26B-A4B"]
 exercises.reveal("Gemma 4 KV at 32k tokens, layer by layer", PREDICT_GEMMA4_KV_GIB, float(gemma4.layer_by_layer_gib), "GiB",
                  kind="computed")
@@ -220,7 +220,7 @@ pd.DataFrame([{"model": pathlib.Path(e.model).name, "params_b": e.n_params / 1e9
 
 # %% slideshow={"slide_type": "fragment"}
 gpu_names = [g.name for g in gpus.catalog()]
-fit = sizing.fit_table([cfg[m] for m in PUBLIC_MODELS], gpu_names, ["fp16", "nf4"], context=FIT_CONTEXT)
+fit = size_tables.fit_table([cfg[m] for m in PUBLIC_MODELS], gpu_names, ["fp16", "nf4"], context=FIT_CONTEXT)
 fit.pivot_table(index=["model", "dtype"], columns="gpu", values="fits", aggfunc="first")[gpu_names]
 
 # %% [markdown] slideshow={"slide_type": "slide"}

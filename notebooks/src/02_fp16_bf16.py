@@ -53,7 +53,7 @@ import labkit
 from labkit.core import config, env, machine, results, timing, verdict
 from labkit.model import hardware, models, prompts, sizing
 from labkit.decoding import quality
-from labkit.precision import rounds, variants
+from labkit.precision import measure, rounds
 from labkit.lessons import exercises, findings, plots
 from labkit.lessons import nb02
 
@@ -235,10 +235,10 @@ PREDICT_FP16_DECODE_RATIO = None  # your prediction: fp16 decode tokens/s ÷ fp3
 PREDICT_BF16_DECODE_RATIO = None  # your prediction: bf16 decode tokens/s ÷ fp32's
 
 # %% slideshow={"slide_type": "fragment"}
-settings = variants.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_tokens=ANSWER_TOKENS, n_questions=QUESTIONS,
-                             ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
-                             ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)
-inputs = variants.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
+settings = measure.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_tokens=ANSWER_TOKENS, n_questions=QUESTIONS,
+                            ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
+                            ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)
+inputs = measure.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
 print(models.reference_note())
 machine.check("variants")
 rows, drift = rounds.run(VARIANTS, inputs)  # each alone for memory and quality, then decode timed in rounds

@@ -54,7 +54,7 @@ import torch
 from labkit.core import config, env, machine, memory, results, verdict
 from labkit.model import hardware, models, onnx, prompts
 from labkit.decoding import quality
-from labkit.precision import libraries, quantisers, rounds, variants
+from labkit.precision import libraries, measure, quantisers, rounds, variants
 from labkit.lessons import exercises, findings, plots
 from labkit.lessons import nb03
 
@@ -304,12 +304,12 @@ print(f"{config.shown(folder)}: {onnx.onnx_bytes(folder) / 2**20:.0f} MiB",
 # (notebook 08).
 
 # %% slideshow={"slide_type": "fragment"}
-settings = variants.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_tokens=ANSWER_TOKENS, n_questions=QUESTIONS,
-                             ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
-                             ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)
+settings = measure.Settings(new_tokens=NEW_TOKENS, repeats=REPEATS, answer_tokens=ANSWER_TOKENS, n_questions=QUESTIONS,
+                            ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
+                            ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)
 if lm.device.startswith("cuda"):
     models.release_gpu(lm)  # sections 1-3's fp32 model leaves the GPU: each variant's peak is its own
-inputs = variants.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
+inputs = measure.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
 machine.check("variants")
 rows, drift = rounds.run(VARIANTS, inputs)  # each alone for memory and quality, then decode timed in rounds
 print(f"decode timed in {REPEATS} interleaved rounds, fp32 first and last: last / first = {drift:.2f}" if drift else
@@ -435,7 +435,7 @@ for c in claims_ort:
 
 # %% slideshow={"slide_type": "fragment"}
 by_variant = {r["variant"]: r for r in rows}
-best = variants.best_of(rows, ["ort-int8-tensor", "ort-int8-channel"])
+best = measure.best_of(rows, ["ort-int8-tensor", "ort-int8-channel"])
 if best is not None:
     by_variant["ort-int8"] = best
 embed = lm.model.get_input_embeddings().weight  # tied to lm_head in SmolLM2: one matrix, two uses

@@ -49,7 +49,7 @@ import torch
 from IPython.display import display
 from labkit.core import config, cpu, env, machine, published, results
 from labkit.model import models, prompts, sizing
-from labkit.precision import formats, fp8_gemm, quantisers, variants
+from labkit.precision import formats, fp8_gemm, measure, quantisers
 from labkit.lessons import exercises, findings, plots
 from labkit.lessons import nb03b
 
@@ -248,12 +248,12 @@ split
 PREDICT_BEST_4BIT = None  # your prediction: "nvfp4", "mxfp4", "int4-g64" or "bnb-nf4"
 
 # %% slideshow={"slide_type": "fragment"}
-settings = variants.Settings(new_tokens=2, repeats=1, answer_tokens=2, n_questions=1,  # answers: notebook 03
-                             ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
-                             ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)  # speed is section 4's, not this table's
-inputs = variants.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
+settings = measure.Settings(new_tokens=2, repeats=1, answer_tokens=2, n_questions=1,  # answers: notebook 03
+                            ppl_window_tokens=PPL_WINDOW, ppl_stride_tokens=PPL_WINDOW, ppl_max_tokens=PPL_MAX_TOKENS,
+                            ref_prompts=REF_PROMPTS, ref_new_tokens=REF_NEW_TOKENS)  # speed is section 4's, not this table's
+inputs = measure.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
 machine.check("formats")
-rows = list(variants.run(["fp32", *LIBRARY_VARIANTS, *FORMAT_VARIANTS], inputs=inputs, progress=False))
+rows = list(measure.run(["fp32", *LIBRARY_VARIANTS, *FORMAT_VARIANTS], inputs=inputs, progress=False))
 fmt_table = nb03b.findings.formats_table(rows, sizing.shape(lm.model.config))
 closest, undecided = nb03b.findings.closest_4bit(rows, fmt_table)  # judged on KL per prompt
 exercises.reveal_choice("4-bit row closest to fp32 (lowest KL)", PREDICT_BEST_4BIT, closest,

@@ -58,7 +58,8 @@ import labkit
 from labkit.core import config, env, machine, results
 from labkit.model import models
 from labkit.decoding import decode
-from labkit.serve import batching, launch, loadgen
+from labkit.serve import launch, loadgen
+from labkit.serve.experiments import batching
 from labkit.serve.vllm import shared
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server

@@ -59,7 +59,8 @@ import labkit
 from labkit.core import config, env, machine, results, verdict, vllm_env
 from labkit.model import dtypes, gpus, models, prompts, sizing
 from labkit.decoding import quality
-from labkit.serve import decoder, paged, scheduler
+from labkit.serve import decoder
+from labkit.serve.experiments import paged, scheduler
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import lab as vllm_lab
 from labkit.serve.vllm import server as vllm_server
@@ -124,7 +125,7 @@ exercises.check("07.blocks_needed", blocks_needed)
 count = exercises.use("07.blocks_needed", blocks_needed, paged.blocks_for)
 empty = [count(r.total_tokens, BLOCK_SIZE) * BLOCK_SIZE - r.total_tokens for r in requests]  # empty slots per finished request
 print(f"{BLOCK_SIZE}-token blocks, {len(requests)} requests: {sum(empty) / len(empty):.1f} empty slots per request on average, "
-      f"at most {max(empty)}; labkit.serve.paged agrees: {sum(empty) / len(empty) == paged.mean_blocks_wasted(requests, BLOCK_SIZE)}")
+      f"at most {max(empty)}; labkit.serve.experiments.paged agrees: {sum(empty) / len(empty) == paged.mean_blocks_wasted(requests, BLOCK_SIZE)}")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Predict: what does each policy waste?
@@ -213,7 +214,7 @@ for step in range(max(r.answer_tokens for r in pair) + 1):
     history.append({"step": step, **{k: list(v) for k, v in table.items()}, "free_blocks": len(free)})
 steps = pd.DataFrame(history)
 print({r.id: f"{r.prompt_tokens} prompt + {r.answer_tokens} answer tokens" for r in pair}, "| block size", TABLE_BLOCK_SIZE)
-print("the same tables as labkit.serve.paged.BlockAllocator:", history == paged.replay_tables(pair, TABLE_BLOCKS, TABLE_BLOCK_SIZE))
+print("the same tables as labkit.serve.experiments.paged.BlockAllocator:", history == paged.replay_tables(pair, TABLE_BLOCKS, TABLE_BLOCK_SIZE))
 steps[steps.free_blocks.diff() != 0]
 
 # %% [markdown] slideshow={"slide_type": "slide"}

@@ -28,7 +28,7 @@
 #
 # - Choose the after's precision by measuring speed and answer agreement, not by assumption.
 # - Serve one model three ways (one at a time, dynamic batching, continuous batching) and load-test
-#   each with the same streaming clients (`labkit.serve.launch`, `labkit.serve.scheduler`, `labkit.serve.loadgen`).
+#   each with the same streaming clients (`labkit.serve.launch`, `labkit.serve.experiments.scheduler`, `labkit.serve.loadgen`).
 # - Put the real vLLM engine (`vllm serve`) under the same load and the same SLO; it may be the after.
 # - Build the before/after table from measurements, not from claims.
 # - Find the highest concurrency that meets a service-level objective (SLO) for the before and the after.
@@ -45,7 +45,8 @@ import pandas as pd
 import labkit
 from labkit.core import config, env, machine, memory, results
 from labkit.model import hardware, models
-from labkit.serve import launch, loadgen, paged
+from labkit.serve import launch, loadgen
+from labkit.serve.experiments import paged
 from labkit.serve.vllm import shared
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server

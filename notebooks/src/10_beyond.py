@@ -59,7 +59,8 @@ from labkit.model import hardware, models, onnx, prompts
 from labkit.decoding import decode, generation, quality, speculative
 from labkit.precision import kvquant, quantisers, variants
 from labkit.engines import cpu, fusion, llamacpp
-from labkit.serve import continuous, prefill
+from labkit.serve import prefix_cache
+from labkit.serve.experiments import prefill
 from labkit.serve.vllm import shared
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import server as vllm_server
@@ -262,7 +263,7 @@ reuse_fn = exercises.use("10.reusable_prefix", reusable_prefix, prefill.reusable
 document = prefill.document_text(tok, DOC_TOKENS)
 prefix_prompts = prefill.shared_prefix_prompts(document, nb10.runs.QUESTIONS[:PREFIX_REQUESTS])
 ids = [list(models.chat_ids(tok, p)) for p in prefix_prompts[:2]]
-block = continuous.PrefixCache(1).block_tokens  # the server's block size
+block = prefix_cache.PrefixCache(1).block_tokens  # the server's block size
 print(f"prompt lengths {len(ids[0])} and {len(ids[1])} tokens; the second reuses {reuse_fn(ids[0], ids[1], block)} "
       f"positions in blocks of {block}")
 

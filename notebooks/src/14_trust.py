@@ -52,7 +52,8 @@ from IPython.display import display
 import labkit
 from labkit.core import config, cpu, env, machine, results, verdict
 from labkit.model import models
-from labkit.serve import loadgen, metrics, paged, processes
+from labkit.serve import loadgen, metrics, processes
+from labkit.serve.experiments import paged
 from labkit.serve.clients import mlperf, outside
 from labkit.serve.vllm import server as vllm_server
 from labkit.lessons import exercises, findings

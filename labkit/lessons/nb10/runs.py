@@ -10,7 +10,7 @@ from typing import Any
 
 from ...core import verdict
 from ...decoding import quality
-from ...serve.prefill import document_text
+from ...serve.experiments.prefill import document_text
 
 COPY_INSTRUCTION = "Correct any spelling mistakes in the following text and return the whole text."
 FREE_CHAT = "Write a short story about a lighthouse keeper."

@@ -6,7 +6,7 @@ server and returns every run: the same requests one at a time (client concurrenc
 (transformers, the lab's continuous batching); then, optionally, the same prompts with longer answers
 (``squeeze_tokens``, exactly that many) that the server's KV pool (``Settings.num_blocks``) cannot hold for N
 running requests, so vLLM must preempt; /metrics is read before and after every run. ``replay`` is the prediction:
-``labkit.serve.paged.simulate`` through vLLM's pool, its block size and its cap on running requests.
+``labkit.serve.experiments.paged.simulate`` through vLLM's pool, its block size and its cap on running requests.
 
 Latency and TTFT count from the start of a run, when every request had arrived, as the lab's scheduler counts them:
 a request the client holds back (concurrency 1) waits in the client instead of the server's queue.
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...decoding.quality import first_difference, until_eos
-from .. import loadgen, paged
+from .. import loadgen
+from ..experiments import paged
 from . import server as vs
 from ..metrics import metrics_delta
 from ..processes import last_error_line

@@ -1,7 +1,7 @@
 """vLLM's own prefix caching, chunked prefill and n-gram speculation, on notebook 10's workloads.
 
-The lab builds each mechanism by hand (``labkit.serve.prefill``, ``labkit.decoding.speculative``); here vLLM does
-the same work and is measured the same way, from the client and from ``/metrics`` deltas around each run:
+The lab builds each mechanism by hand (``labkit.serve.experiments.prefill``, ``labkit.decoding.speculative``); here
+vLLM does the same work and is measured the same way, from the client and from ``/metrics`` deltas around each run:
 
 prefix caching     the same requests sharing a document, in interleaved rounds. *Without*: each request carries
                    a cache salt of its own (vLLM's ``cache_salt``: blocks hashed under another salt are never

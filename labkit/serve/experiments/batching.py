@@ -16,14 +16,14 @@ from collections.abc import Iterable
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
-from ..core import config, timing
-from ..core.checks import positive
-from ..decoding import decode, generation
-from ..decoding.quality import TokenRecorder, agreement
-from ..model import dtypes, sizing
-from ..model.models import chat_inputs
-from ..model.prompts import cycle, load_prompts
-from .protocol import ServerConfig
+from ...core import config, timing
+from ...core.checks import positive
+from ...decoding import decode, generation
+from ...decoding.quality import TokenRecorder, agreement
+from ...model import dtypes, sizing
+from ...model.models import chat_inputs
+from ...model.prompts import cycle, load_prompts
+from ..protocol import ServerConfig
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
 GPU_MAX_BATCH = 4096  # the GPU sweep doubles until memory runs out or this cap

@@ -1,8 +1,9 @@
 """Prefix caching and chunked prefill, measured from the client side against the lab's server.
 
-Both live in the continuous-batching engine (``labkit.serve.continuous``: ``PrefixCache``; ``prefill_chunk_tokens``;
-``labkit serve --batching continuous --prefix-cache-tokens N --prefill-chunk-tokens N``). Here they are
-switched on and off under the same load and measured as a client sees them:
+Both live in the continuous-batching engine (``labkit.serve.prefix_cache``: ``PrefixCache``;
+``labkit.serve.continuous``: ``prefill_chunk_tokens``; ``labkit serve --batching continuous
+--prefix-cache-tokens N --prefill-chunk-tokens N``). Here they are switched on and off under the same load and
+measured as a client sees them:
 
 prefix caching   requests that share a long first part (a system prompt, a document) reuse its KV instead
                  of prefilling it again: TTFT with and without, the hit counters from ``/metrics``, and the
@@ -17,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.checks import positive
-from ..core.timing import itl_stats
-from ..model.prompts import eval_tokens
-from . import launch, client, loadgen
-from . import metrics as prom
+from ...core.checks import positive
+from ...core.timing import itl_stats
+from ...model.prompts import eval_tokens
+from .. import client, launch, loadgen
+from .. import metrics as prom
 
 
 def metrics(url: str, prefix: str = "labkit_") -> dict[str, float]:
@@ -42,7 +43,7 @@ def document_text(tokenizer: Any, n_tokens: int, offset_tokens: int = 0) -> str:
 def reusable_prefix(cached: Sequence[int], prompt: Sequence[int], block: int) -> int:
     """Positions of ``prompt`` a prefix cache holding ``cached`` can serve: their common prefix, aligned down to
     whole blocks, leaving at least the prompt's last token to prefill (its logits give the first new token).
-    The rule of ``continuous.PrefixCache.lookup``."""
+    The rule of ``prefix_cache.PrefixCache.lookup``."""
     positive("block", block)
     limit = min(len(cached), len(prompt) - 1)
     n = 0

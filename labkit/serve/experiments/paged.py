@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core import config
-from ..core.checks import positive
+from ...core import config
+from ...core.checks import positive
 
 POLICIES: tuple[str, ...] = ("contiguous-max", "contiguous-reserve", "paged")
 DEFAULT_BLOCK_SIZE = 16  # tokens per block: vLLM's default on GPUs

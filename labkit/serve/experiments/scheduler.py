@@ -23,15 +23,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..core import config, env, timing
-from ..core.checks import model_device, positive
-from ..core.results import write_json_atomic
-from ..core.timing import now
-from ..decoding.quality import answers_check
-from ..model import models
-from ..model.models import chat_ids
-from . import decoder, paged
-from .continuous import ContinuousEngine, PrefixCache
+from ...core import config, env, timing
+from ...core.checks import model_device, positive
+from ...core.results import write_json_atomic
+from ...core.timing import now
+from ...decoding.quality import answers_check
+from ...model import models
+from ...model.models import chat_ids
+from .. import decoder
+from ..continuous import ContinuousEngine
+from ..prefix_cache import PrefixCache
+from . import paged
 
 MODES = ("static", "continuous")
 
@@ -211,7 +213,7 @@ def show_loop() -> Any:
 
     from IPython.display import Code
 
-    parts = ["# labkit.serve.scheduler.run_continuous\n" + inspect.getsource(run_continuous),
+    parts = ["# labkit.serve.experiments.scheduler.run_continuous\n" + inspect.getsource(run_continuous),
              "# labkit.serve.continuous.ContinuousEngine.step\n" + textwrap.dedent(inspect.getsource(ContinuousEngine.step))]
     return Code("\n\n".join(parts), language="python")
 
@@ -381,7 +383,7 @@ def measure_requests(path: Any = None, max_batch_size: int = 8) -> dict[str, Any
         "send. prompt_tokens counts the chat-formatted prompt; answer_tokens is the length of the default "
         f"model's ({models.display_name()}, fp32) greedy answer, ending at end-of-sequence or max_tokens, "
         f"measured {dt.date.today().isoformat()} with torch {versions['torch']}, transformers "
-        f"{versions['transformers']} by `python -m labkit requests` (labkit.serve.scheduler.measure_requests).")
+        f"{versions['transformers']} by `python -m labkit requests` (labkit.serve.experiments.scheduler.measure_requests).")
     write_json_atomic(path, data)
     return result.summary()
 
