@@ -143,9 +143,9 @@ class Workload:
     ``return_token_ids``: each chunk carries its token ids (vLLM). ``model``: the name sent (None: the server's
     first); ``tokenizer``: a local directory, for the outside clients that count tokens themselves."""
 
-    prompts: tuple[Prompt, ...] | None = None
+    prompts: Sequence[Prompt] | None = None  # kept as a tuple
     num_requests: int = 32
-    max_tokens: int | tuple[int, ...] = 32
+    max_tokens: int | Sequence[int] = 32  # a sequence kept as a tuple
     max_concurrency: int | None = None
     request_rate: float = math.inf
     burstiness: float = 1.0
