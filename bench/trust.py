@@ -31,7 +31,6 @@ from labkit.lessons.nb14 import runs as nb14_runs
 from labkit.model import models
 from labkit.serve import loadgen, processes
 from labkit.serve.experiments import paged
-from labkit.serve.clients import outside
 from labkit.serve.vllm import server as vs
 
 SERVER_CORES, CLIENT_CORES = {0}, {1}
@@ -53,7 +52,8 @@ def main() -> None:
     n, length = config.pick(16, 8), config.pick(32, 16)
     texts = [tok.apply_chat_template([{"role": "user", "content": r.prompt}], add_generation_prompt=True,
                                      tokenize=False) for r in requests[:n]]
-    work = outside.Workload(tuple(texts), length, 4, model_path, model_path)
+    work = loadgen.Workload(texts, num_requests=len(texts), max_tokens=length, max_concurrency=4, model=model_path,
+                            tokenizer=model_path)
     ids = [list(models.chat_ids(tok, r.prompt)) for r in requests[:12]]
     targets, batches, tokens = config.pick((0, 1, 2, 3), (0, 1)), config.pick((2, 4, 8), (2, 8)), config.pick(32, 16)
     out: dict = {"clients": None, "aa_ab": None, "loadgen": None, "divergence": {}}
@@ -69,8 +69,8 @@ def main() -> None:
             _emit("vllm", {"skipped": vs.MISSING})
         if srv is not None:
             loadgen.run(srv.url, texts[:1], num_requests=1, max_tokens=4, warmup=0, model=model_path)
-            runs = nb14_runs.four_clients(srv.url, work, folder / "pinned", rounds=config.pick(3, 1),
-                                          cores=CLIENT_CORES)
+            runs = nb14_runs.clients_on_one_server(srv.url, work, folder / "pinned", rounds=config.pick(3, 1),
+                                                   cores=CLIENT_CORES)
             tables = nb14_runs.client_tables(runs)
             out["clients"] = {"raw": tables["raw"], "aligned": tables["aligned"],
                               "max_aligned_deviation": tables["aligned_deviation"]["max"],

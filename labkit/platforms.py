@@ -68,10 +68,9 @@ LAB_EXTRA = "lab"  # what a learner's environment needs; it pulls serving, kvqua
 ORT_CPU_EXTRA, ORT_GPU_EXTRA = "cpu", "gpu"  # ONNX Runtime's two builds: exactly one per environment
 ORT_GPU_CUDA_MAJOR = 13  # onnxruntime-gpu 1.31.1 is built for CUDA 13 (pyproject.toml, the gpu extra)
 PINNED = ("torch", "torchvision", "torchaudio")  # the platform's CUDA builds: pinned as installed, never installed
-# Colab and Kaggle run notebooks in their own front end: JupyterLab (make lab's) would only move the Jupyter server
-# packages their front end was built with
-HOSTED, FRONT_END = tuple(config.HOSTED), ("jupyterlab",)
-KAGGLE_ACCELERATOR = "GPU T4 x2"
+# a hosted platform (config.PLATFORMS: Colab, Kaggle) runs notebooks in its own front end: JupyterLab (make lab's)
+# would only move the Jupyter server packages that front end was built with
+FRONT_END = ("jupyterlab",)
 _GPU_DEVICE_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg")  # the driver is there (Linux, WSL2)
 
 
@@ -99,14 +98,10 @@ def docs_url() -> str:
     return f"https://github.com/{slug}/blob/main/docs/"
 
 
-def colab_url(stem: str) -> str:
-    """The link that opens notebook ``stem`` (e.g. "00_setup") on Colab."""
-    return f"https://colab.research.google.com/github/{_notebook_path(stem)}"
-
-
-def kaggle_url(stem: str) -> str:
-    """The link that opens notebook ``stem`` on Kaggle (it imports the notebook from GitHub)."""
-    return f"https://kaggle.com/kernels/welcome?src=https://github.com/{_notebook_path(stem)}"
+def open_links(stem: str) -> dict[str, str]:
+    """The links that open notebook ``stem`` (e.g. "00_setup") where one opens (Colab, Kaggle: it imports the
+    notebook from GitHub), by the platform's label."""
+    return {p.label: p.opens.format(notebook=_notebook_path(stem)) for p in config.PLATFORMS.values() if p.opens}
 
 
 def setup_cell(stem: str) -> str:
@@ -150,7 +145,7 @@ class GPU:
 @dataclass
 class Facts:
     """What the set-up knows about the running environment; ``to_json``/``from_json`` so tests feed recorded ones."""
-    platform: str  # "colab", "kaggle" or "laptop"
+    platform: str  # a name in config.PLATFORMS: "colab", "kaggle" or "laptop"
     python: str  # "3.12.11"
     distributions: dict[str, str]  # installed version of each requirement that is installed, by canonical name
     torch: str | None  # torch.__version__ ("2.9.0+cu126"); None without torch
@@ -175,7 +170,7 @@ class Facts:
         return self.distributions.get(canonicalize_name(name))
 
 
-detect_platform = config.platform  # "colab", "kaggle" or "laptop": core.config decides it, for every module
+detect_platform = config.platform  # a name in config.PLATFORMS: core.config decides it, for every module
 
 
 def labkit_requires() -> list[str]:
@@ -315,7 +310,7 @@ def plan(f: Facts, requires: Sequence[str] | None = None, constraints_file: str 
     cpu_extra = requirements(requires, [ORT_CPU_EXTRA], f.python)
     gpu_extra = requirements(requires, [ORT_GPU_EXTRA], f.python)
     ort, other_ort, ort_note = _onnxruntime(f, cpu_extra["onnxruntime"], gpu_extra["onnxruntime-gpu"])
-    skip = set(PINNED) | (set(FRONT_END) if f.platform in HOSTED else set())
+    skip = set(PINNED) | (set(FRONT_END) if config.platform_named(f.platform).hosted else set())
     wanted = {n: r for n, r in lab.items() if n not in skip}
     wanted[canonicalize_name(ort.name)] = ort
     if f.gpus:  # the gpu extra's other lines (NVML readings) belong wherever there is a GPU
@@ -347,7 +342,7 @@ def plan(f: Facts, requires: Sequence[str] | None = None, constraints_file: str 
 def platform_line(f: Facts, missing: Sequence[str]) -> str:
     """One line: where this runs, the torch kept, and what the set-up installs (or, in make setup's environment,
     what is missing and that make setup installs it)."""
-    where = {"colab": "Colab", "kaggle": "Kaggle"}.get(f.platform, "this machine")
+    where = config.platform_named(f.platform).label
     if f.makefile_env:
         where += f" (make setup's environment, {config.shown(f.prefix)})"
     torch = f"torch {f.torch} ({f'CUDA {f.torch_cuda}' if f.torch_cuda else 'CPU build'}), kept" if f.torch else \
@@ -377,18 +372,17 @@ def _yes_no(ok: bool, what: str, why_not: str) -> str:
 def gpu_line(f: Facts) -> str:
     """One line: what this session's GPU can and cannot do, from its compute capability (never from
     ``torch.cuda.is_bf16_supported()``, which counts emulation), and how many there are."""
+    here = config.platform_named(f.platform)
     if not f.gpus:
         return ("GPU: none · every notebook runs on the CPU; GPU sections show their reference results"
-                + (" (Colab: Runtime → Change runtime type → T4 GPU)" if f.platform == "colab" else "")
-                + (f' (Kaggle: Settings → Accelerator → "{KAGGLE_ACCELERATOR}")' if f.platform == "kaggle" else ""))
+                + (f" ({here.label}: {here.gpu_how})" if here.gpu_how else ""))
     first = f.gpus[0]
     same = sum(g.name == first.name for g in f.gpus)
     count = f"{same}× {first.name}" + (f" (and {len(f.gpus) - same} other GPU(s); notebooks use cuda:0)"
                                         if same < len(f.gpus) else "")
     cc = f"compute capability {first.major}.{first.minor}, {first.memory_bytes / 2**30:.0f} GiB"
     if not gpu_features.has(gpu_features.LAB_MINIMUM, first.capability):
-        where = (f'on Kaggle pick the "{KAGGLE_ACCELERATOR}" accelerator (Settings → Accelerator)'
-                 if f.platform == "kaggle" else
+        where = (f"on {here.label} {here.newer_gpu}" if here.newer_gpu else
                  f"on a GPU of {gpu_features.capability_text(gpu_features.FEATURES[gpu_features.LAB_MINIMUM].minimum)}"
                  " or newer (Colab's T4)")
         return (f"GPU: {count} ({cc}) is too old for the lab's GPU paths (no fp16 tensor cores; they need "

@@ -60,6 +60,25 @@ def test_bad_settings_name_the_fix(kwargs, match):
         loadgen.run("http://127.0.0.1:9", **kwargs)
 
 
+def test_a_workload_is_one_frozen_record_and_run_async_takes_it_with_a_few_run_time_settings():
+    import dataclasses
+    import inspect
+
+    w = loadgen.Workload(["a", [1, 2]], num_requests=3, max_tokens=[4, 8])
+    assert w.prompts == ("a", [1, 2]) and w.limits == (4, 8)  # lists taken as tuples
+    assert w.settings("m")["max_tokens"] == "4-8" and loadgen.Workload().settings(None)["max_tokens"] == 32
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.num_requests = 4
+    with pytest.raises(ValueError, match="no prompts"):
+        loadgen.Workload(())
+    with pytest.raises(ValueError, match="max_tokens"):
+        loadgen.Workload(max_tokens=[])
+    assert len(inspect.signature(loadgen.run_async).parameters) <= 8
+    # run's keywords are the workload's fields and run_async's: one with neither is refused
+    with pytest.raises(TypeError, match="num_prompts"):
+        loadgen.run("http://127.0.0.1:9", num_prompts=4)
+
+
 def test_unreachable_server_fails_fast():
     with pytest.raises(RuntimeError, match="did not answer"):
         loadgen.run("http://127.0.0.1:9", num_requests=1, timeout_s=5)

@@ -58,16 +58,27 @@ A100 = GPU("NVIDIA A100-SXM4-40GB", 8, 0, 42298834944)
 # ------------------------------------------------------------------------------------ facts
 
 
-@pytest.mark.parametrize("environ, colab_module, expected", [
-    ({"COLAB_RELEASE_TAG": "release-colab_20251020-060053_RC00"}, False, "colab"),
-    ({}, True, "colab"),  # google.colab importable
-    ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, False, "kaggle"),
-    ({"KAGGLE_URL_BASE": "https://www.kaggle.com"}, False, "kaggle"),
-    ({"KAGGLE_KERNEL_RUN_TYPE": ""}, False, "laptop"),  # set but empty says nothing
-    ({"HOME": "/home/learner"}, False, "laptop"),
+@pytest.mark.parametrize("environ, importable, expected", [
+    ({"COLAB_RELEASE_TAG": "release-colab_20251020-060053_RC00"}, (), "colab"),
+    ({}, {"google.colab"}, "colab"),  # google.colab importable
+    ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, (), "kaggle"),
+    ({"KAGGLE_URL_BASE": "https://www.kaggle.com"}, (), "kaggle"),
+    ({"KAGGLE_URL_BASE": "https://www.kaggle.com"}, {"google.colab"}, "kaggle"),  # a variable outranks a module
+    ({"KAGGLE_KERNEL_RUN_TYPE": ""}, (), "laptop"),  # set but empty says nothing
+    ({"HOME": "/home/learner"}, (), "laptop"),
 ])
-def test_platform_is_detected_from_the_environment(environ, colab_module, expected):
-    assert platforms.detect_platform(environ, colab_module=colab_module) == expected
+def test_platform_is_detected_from_the_environment(environ, importable, expected):
+    assert platforms.detect_platform(environ, importable=importable) == expected
+
+
+def test_every_platform_is_one_record_and_a_name_outside_them_is_refused():
+    assert list(config.PLATFORMS)[-1] == config.ELSEWHERE and config.HOSTED == {"colab": "Colab", "kaggle": "Kaggle"}
+    for name, p in config.PLATFORMS.items():
+        assert p.name == name and (p.hosted == bool(p.opens)), name  # a hosted platform opens notebooks by link
+    f = recorded("laptop_make")
+    f.platform = "binder"
+    with pytest.raises(ValueError, match="choose one of"):
+        platforms.plan(f)
 
 
 def test_recorded_facts_say_where_they_come_from_and_read_back_unchanged():
@@ -294,10 +305,10 @@ def test_links_open_the_notebook_on_colab_and_kaggle():
     assert platforms.github_slug("git@github.com:a/b.git") == "a/b"
     assert platforms.github_slug("/tmp/snapshot") is None
     if platforms.github_slug(platforms.REPO_URL) in ("labkit-lab/labkit", None):  # LABKIT_REPO unset, or a local one
-        assert platforms.colab_url("00_setup") == (
-            "https://colab.research.google.com/github/labkit-lab/labkit/blob/main/notebooks/00_setup.ipynb")
-        assert platforms.kaggle_url("00_setup") == ("https://kaggle.com/kernels/welcome?src=https://github.com/"
-                                                    "labkit-lab/labkit/blob/main/notebooks/00_setup.ipynb")
+        assert platforms.open_links("00_setup") == {
+            "Colab": "https://colab.research.google.com/github/labkit-lab/labkit/blob/main/notebooks/00_setup.ipynb",
+            "Kaggle": "https://kaggle.com/kernels/welcome?src=https://github.com/labkit-lab/labkit/blob/main/notebooks/"
+                      "00_setup.ipynb"}
 
 
 def test_the_makefile_and_this_module_name_the_same_wheels_and_stamp():

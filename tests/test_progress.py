@@ -135,7 +135,8 @@ def test_every_notebook_opens_with_its_links_and_set_up_and_ends_with_progress(s
 
     nb = nbbuild.build(src)
     links, setup, last = nb.cells[0], nb.cells[1], nb.cells[-1]
-    assert platforms.colab_url(src.stem) in links.source and platforms.kaggle_url(src.stem) in links.source
+    opens = platforms.open_links(src.stem)
+    assert set(opens) == {"Colab", "Kaggle"} and all(f"({url})" in links.source for url in opens.values())
     assert setup.cell_type == "code" and f'setup("{src.stem}")' in setup.source
     assert {links.metadata["slideshow"]["slide_type"], setup.metadata["slideshow"]["slide_type"]} == {"skip"}
     assert last.cell_type == "code" and "exercises.show_progress()" in last.source

@@ -3,6 +3,7 @@ rows), the slow proxy's injected delay, the MLPerf SUT adapter over a fake serve
 pinning a process group, and the batch-divergence runner."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -106,7 +107,8 @@ def test_guidellm_tpot_counts_the_first_token_and_alignment_takes_it_out(tmp_pat
 # ------------------------------------------------------------------------------------------- running
 
 
-W = outside.Workload(("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",) * 4, 4, 2, "m", "/nowhere")
+W = loadgen.Workload(("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",) * 4, num_requests=4, max_tokens=4,
+                     max_concurrency=2, model="m", tokenizer="/nowhere")
 
 
 def test_a_missing_client_is_a_row_naming_the_make_target(tmp_path, monkeypatch):
@@ -130,23 +132,65 @@ def test_a_failing_and_a_hanging_client_become_failed_rows(tmp_path, monkeypatch
 
 
 def test_labkits_client_as_a_child_writes_records_that_align(server, tmp_path):
-    outside.write_inputs(tmp_path, W)
-    run = outside.run("labkit", server.url, outside.Workload(W.prompts, 4, 2, served_model(server.url), "/nowhere"),
-                      tmp_path, cores={0})
+    from labkit.lessons.nb14 import runs as nb14
+
+    seen = []
+    runs = nb14.clients_on_one_server(server.url, dataclasses.replace(W, model=served_model(server.url)), tmp_path,
+                                      clients=("labkit",), rounds=2, cores={0}, on_run=seen.append)
+    assert list(runs) == ["labkit"] and seen == runs["labkit"] and len(seen) == 2
+    assert (tmp_path / "round1" / outside.PROMPTS_FILE).is_file()  # each run writes its client's inputs
+    run = runs["labkit"][-1]
     assert run.ok, run.status
     assert len(run.outputs) == 4 and run.reported["requests"] == 4
     assert run.aligned()["tpot_p50_s"] == pytest.approx(run.reported["tpot_p50_s"])
     assert run.cpu_s is not None and run.cpu_s > 0
 
 
-def test_workload_and_inputs(tmp_path):
-    with pytest.raises(ValueError, match="output_len"):
-        outside.Workload(("p",), 1, 1, "m", "t")
+@pytest.mark.parametrize("change, words", [({"max_tokens": 1}, "at least 2"), ({"num_requests": 3}, "sent once"),
+                                           ({"max_concurrency": None}, "cap"), ({"request_rate": 2.0}, "closed loop"),
+                                           ({"endpoint": "chat"}, "completions"), ({"tokenizer": None}, "tokenizer"),
+                                           ({"prompts": ([1, 2],) * 4}, "texts")])
+def test_a_workload_the_clients_cannot_send_as_meant_is_refused(tmp_path, change, words):
+    with pytest.raises(ValueError, match=words):
+        outside.run("labkit", "http://127.0.0.1:9", dataclasses.replace(W, **change), tmp_path)
+
+
+def test_inputs_one_file_per_client(tmp_path):
     paths = outside.write_inputs(tmp_path, W)
-    g = [json.loads(x) for x in paths["guidellm"].read_text().splitlines()]
+    assert list(paths) == list(outside.CLIENTS)
+    g = [json.loads(x) for x in paths["GuideLLM"].read_text().splitlines()]
     assert len(g) == 4 and g[0]["output_tokens_count"] == 4
-    assert loadgen.read_prompts_file(paths["prompts"]) == list(W.prompts)
-    assert json.loads(paths["aiperf"].read_text().splitlines()[0]) == {"text": W.prompts[0]}
+    assert paths["labkit"] == paths["vllm bench"]  # one prompts file, two readers
+    assert loadgen.read_prompts_file(paths["labkit"]) == list(W.prompts)
+    assert json.loads(paths["AIPerf"].read_text().splitlines()[0]) == {"text": W.prompts[0]}
+
+
+def test_every_client_is_one_record_and_outside_names_none(tmp_path):
+    """A fifth client is one record in CLIENTS and its reader: outside.py asks for no client by its name."""
+    import ast
+    import inspect
+
+    for name, c in outside.CLIENTS.items():
+        assert c.name == name and c.latency_named and c.definition
+        argv = c.command("http://h:1", W, tmp_path)
+        assert argv and all(isinstance(a, str) for a in argv)
+        assert outside.ClientRun(name, "ok").row()["latency_named"] == c.latency_named
+    names = set(outside.CLIENTS)
+    for node in ast.walk(ast.parse(inspect.getsource(outside))):
+        if isinstance(node, ast.Compare):
+            said = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}
+            assert not said & names, f"a branch on a client's name: {ast.unparse(node)}"
+
+
+def test_each_clients_environment_is_its_records(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/lab")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert outside.child_env("labkit")["PYTHONPATH"] == "/lab"
+    assert "PYTHONPATH" not in outside.child_env("vllm bench")  # the lab's packages stay off vLLM's path
+    assert outside.child_env("vllm bench")["HF_HUB_OFFLINE"] == "1" and "HF_HUB_OFFLINE" not in outside.child_env(
+        "AIPerf")
+    monkeypatch.setenv("LABKIT_CLIENTS_PYTHON", "/none/python")
+    assert outside.missing("labkit") is None and outside.missing("GuideLLM") == outside.MISSING
 
 
 # ------------------------------------------------------------------------------------------- the slow proxy

