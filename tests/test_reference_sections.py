@@ -1,5 +1,5 @@
-"""A reference file can take some sections of a later run (``run_notebooks.py --reference --sections``), each
-shown with the provenance of the run it came from; a notebook that cannot measure a section shows those rows."""
+"""A reference file can take some sections of a later run (``python -m tools.run_notebooks --reference
+--sections``), each shown with the provenance of the run it came from; a notebook that cannot measure a section shows those rows."""
 from __future__ import annotations
 
 

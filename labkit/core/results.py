@@ -257,7 +257,7 @@ def provenance(res: Results) -> str:
 
 def section_provenance(res: Results, section: str) -> str:
     """``provenance`` of the run a section came from: a reference can hold sections of a later run, each with
-    its own environment under ``notes["section_env"]`` (``tools/run_notebooks.py --reference --sections``)."""
+    its own environment under ``notes["section_env"]`` (``python -m tools.run_notebooks --reference --sections``)."""
     own = (res.notes.get("section_env") or {}).get(section)
     return provenance(Results(res.name, env=own)) if own else provenance(res)
 
