@@ -82,8 +82,8 @@ def problems(text: str, targets: set[str], subcommands: set[str]) -> list[str]:
     bad = []
     for m in PYTHON.finditer(text):
         module, sub, script = m.group("module"), m.group("sub"), m.group("script")
-        if module and not module.islower():
-            continue  # a placeholder: python -m tools.NAME
+        if module and (not module.islower() or module.endswith(".")):
+            continue  # a placeholder: python -m tools.NAME, python -m bench.$$b
         if module:
             top = module.split(".")[0]
             if top in PROJECT and module_file(module) is None:
@@ -124,6 +124,7 @@ def test_every_named_command_exists():
     ("# run with `python tools/run_notebooks.py --only 01 --solutions`", "python -m tools.run_notebooks"),
     ("(run by `tools/run_notebooks.py --solutions`)", "python -m tools.run_notebooks"),
     ("python bench/nothing_here.py", "no such file"),
+    ("flock /tmp/x.lock .venv/bin/python bench/trust.py --trials 3", "python -m bench.trust"),
     ("python -m tools.run_notebook --only 01", "no tools/run_notebook.py"),
     ("`python -m labkit serv --model x`", "no command 'serv'"),
     ("`labkit sizes MODEL`", "no command 'sizes'"),
