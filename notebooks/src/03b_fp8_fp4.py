@@ -47,10 +47,10 @@ import labkit
 import pandas as pd
 import torch
 from IPython.display import display
-from labkit.core import config, cpu, env, machine, published, results
+from labkit.core import config, cpu, env, machine, results
 from labkit.model import models, prompts, sizing
 from labkit.precision import formats, fp8_gemm, quantisers, variants
-from labkit.lessons import exercises, findings, plots
+from labkit.lessons import exercises, findings, plots, references
 from labkit.lessons.findings import nb03b as nb03b_findings
 
 plots.setup_offline()
@@ -307,7 +307,7 @@ gemm_table
 h200 = results.load(config.DATA_DIR / "measured_gpu" / "fp8_gemm.nvidia-h200.json")
 print("Measured on a lent GPU, not in this run:", results.provenance(h200), "|", h200.notes["note"])
 display(nb03b_findings.gemm_table(h200.section("gemm"), base="bf16"))
-_ = published.show("03", precision=("FP8", "FP4"))  # vendor and project tables, each with its source and date
+_ = references.show("03", source="published", precision=("FP8", "FP4"))  # vendor and project tables, each with its source and date
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · The real tools: llm-compressor writes the checkpoints, vLLM serves them
