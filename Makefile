@@ -266,7 +266,8 @@ test-browser: test-tools $(DEV_STAMP) node_modules/.package-lock.json
 	LABKIT_BROWSER_TESTS=1 LABKIT_QUICK=1 LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider -m browser $(if $(BROWSER_TESTS_K),-k "$(BROWSER_TESTS_K)") tests/browser
 
 bench: setup
-	@for b in bench/*.py; do echo "# $$b"; $(PY) $$b || exit 1; done
+	@for b in $(basename $(notdir $(filter-out bench/__init__.py,$(wildcard bench/*.py)))); do \
+		echo "# python -m bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 # The environment the GPU targets run in: the activated one (a conda env or virtualenv, where the CUDA build
 # of torch lives), else .venv (set up first). ENV_PY=/path/to/python picks another.

@@ -12,7 +12,7 @@
 Prints one JSON line per section, the last line one JSON document with every headline figure and its provenance.
 Needs `make vllm` for the vLLM rows (skipped, and said so, without it). LABKIT_QUICK=1 shrinks the trace.
 
-    python bench/agents.py
+    python -m bench.agents
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def main() -> None:
                                                         "ttft_ratio_busted_over_clean")} if out["vllm"] else None),
                 "provenance": {"machine": f"{cpu.cpu_name()} ({' '.join(cpu.cpu_isa())})", "quick": config.quick(),
                                "versions": env.versions(("torch", "transformers")), "vllm": out.get("vllm_version"),
-                               "command": "python bench/agents.py"},
+                               "command": "python -m bench.agents"},
                 "details": out}
     print(json.dumps(jsonable(headline)))
 

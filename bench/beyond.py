@@ -10,7 +10,7 @@
 Prints one JSON line per section, the last line one JSON document with every headline figure.
 LABKIT_QUICK=1 shrinks token and request counts (the same code paths).
 
-    python bench/beyond.py
+    python -m bench.beyond
 """
 from __future__ import annotations
 

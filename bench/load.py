@@ -5,8 +5,8 @@ Reports completed, failed (answered with an error or refused with a status), los
 be 0), TTFT / TPOT / E2E percentiles, and the server process's RSS after a warm-up and after the load
 (growth must stay under 5 %). One JSON line per phase; the last line is one JSON document with the targets.
 
-    flock /tmp/labkit-heavy.lock .venv/bin/python bench/load.py                 # 1,000 requests, 64 clients
-    flock /tmp/labkit-heavy.lock .venv/bin/python bench/load.py --soak 600      # ten minutes of it
+    flock /tmp/labkit-heavy.lock .venv/bin/python -m bench.load                 # 1,000 requests, 64 clients
+    flock /tmp/labkit-heavy.lock .venv/bin/python -m bench.load --soak 600      # ten minutes of it
 """
 from __future__ import annotations
 
@@ -15,9 +15,6 @@ import json
 import random
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from labkit.core.results import jsonable
 from labkit.serve import launch, loadgen, protocol

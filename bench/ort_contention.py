@@ -6,7 +6,7 @@ Each layout loads its variants, times ``--rounds`` interleaved rounds of one gre
 times, so drift hits them alike. The last line is one JSON document: tokens/s per layout and cycle, and the
 medians' ratios to "alone".
 
-    python bench/ort_contention.py [--variant ort-int8-channel] [--new-tokens 8] [--rounds 3] [--cycles 2]
+    python -m bench.ort_contention [--variant ort-int8-channel] [--new-tokens 8] [--rounds 3] [--cycles 2]
 """
 from __future__ import annotations
 

@@ -7,11 +7,11 @@ run prints a line whose status says why.
 Targets on a 2-core CPU with the default model: ONNX Runtime int8 decodes at least 1.4× faster
 than the fp32 PyTorch baseline of the same run; NF4 weight bytes at most 30 % of fp32's.
 
-    python bench/precision.py [--variants fp32,bnb-nf4,...] [--new-tokens 32] [--repeats 3] [--ppl-max-tokens 1024]
+    python -m bench.precision [--variants fp32,bnb-nf4,...] [--new-tokens 32] [--repeats 3] [--ppl-max-tokens 1024]
 
 The formats table (FP8, NVFP4, MXFP4 as rounded weights beside int8, int4 and NF4; their rows carry no timing):
 
-    python bench/precision.py --variants fp32,fp8-tensor,fp8-channel,nvfp4,mxfp4,int4-g64,bnb-int8,bnb-nf4
+    python -m bench.precision --variants fp32,fp8-tensor,fp8-channel,nvfp4,mxfp4,int4-g64,bnb-int8,bnb-nf4
 
 The first run exports and quantises the ONNX models into the cache (about a minute for the
 default model); later runs reuse them. Each row's prepare_s says what was spent on that.

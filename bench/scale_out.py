@@ -12,7 +12,7 @@ Prints one JSON line per section, the last line one JSON document with every hea
 LABKIT_QUICK=1 shrinks rounds, prompts and request counts (the same code paths). On a laptop the replicas share
 the cores: the figures are about cache locality and latency, not throughput.
 
-    python bench/scale_out.py [--price "AWS m7i.xlarge"]
+    python -m bench.scale_out [--price "AWS m7i.xlarge"]
 """
 from __future__ import annotations
 

@@ -4,16 +4,13 @@ Starts ``python -m labkit serve`` itself (a child process per configuration, so 
 not share the server's interpreter), sends streaming requests from ``labkit.serve.loadgen`` at a fixed
 concurrency, prints one JSON line per configuration, then one JSON document comparing them (last line).
 
-    flock /tmp/labkit-heavy.lock .venv/bin/python bench/serving.py [--requests 64] [--max-tokens 32]
+    flock /tmp/labkit-heavy.lock .venv/bin/python -m bench.serving [--requests 64] [--max-tokens 32]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from labkit.core import config
 from labkit.core.results import jsonable

@@ -13,7 +13,7 @@
 Prints one JSON line per section, the last line one JSON document with every headline figure. Needs `make vllm` for
 lora and pd (skipped, and said so, without it). LABKIT_QUICK=1 shrinks rounds and prompts.
 
-    python bench/serving_features.py [--skip pd]
+    python -m bench.serving_features [--skip pd]
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ Prints one JSON line per section, the last line one JSON document with every hea
 Two `vllm serve` starts (fp32, then bf16). Needs `make vllm` and `make clients` (rows marked failed, and said so,
 without them). LABKIT_QUICK=1 shrinks it.
 
-    python bench/trust.py [--trials N]      (A/A and A/B trials of each kind: 20 in full mode, 3 in quick)
+    python -m bench.trust [--trials N]      (A/A and A/B trials of each kind: 20 in full mode, 3 in quick)
 """
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def main() -> None:
         "provenance": {"machine": f"{cpu.cpu_name()} ({' '.join(cpu.cpu_isa())})", "quick": config.quick(),
                        "versions": env.versions(("torch", "transformers", "mlcommons-loadgen")),
                        "vllm": out.get("vllm_version"), "clients": "aiperf 0.13.0, guidellm 0.8.1 (make clients)",
-                       "command": f"python bench/trust.py --trials {args.trials}"},
+                       "command": f"python -m bench.trust --trials {args.trials}"},
         "details": {k: v for k, v in out.items() if k != "divergence"},
     }
     print(json.dumps(jsonable(headline)))

@@ -16,19 +16,16 @@ Three ``vllm serve`` starts from vLLM's environment (``make vllm``), one after a
 
 One JSON line per phase; the last line is one JSON document. LABKIT_QUICK=1 shrinks every workload.
 
-    flock /tmp/labkit-heavy.lock .venv/bin/python bench/vllm.py
+    flock /tmp/labkit-heavy.lock .venv/bin/python -m bench.vllm
 """
 from __future__ import annotations
 
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from labkit.core import config, machine, verdict
 from labkit.core.results import jsonable

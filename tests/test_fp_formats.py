@@ -3,7 +3,6 @@ table, MXFP4's and NVFP4's scales on blocks worked by hand, bits per weight, the
 weight, the per-layer helper; and bench/fp8_gemm.py's rows, saved GPU measurement included."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -14,6 +13,7 @@ import torch
 from torch import nn
 
 from labkit.core import results, verdict
+from bench import fp8_gemm as fp8_gemm_bench
 from labkit.precision import formats, fp8_gemm
 
 REPO = Path(__file__).resolve().parent.parent
@@ -224,13 +224,6 @@ def test_quantise_linears_checks_every_layer_before_changing_any():
 # ---------------------------------------------------------------- bench/fp8_gemm.py and the H200 measurement
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_fp8_gemm", REPO / "bench" / "fp8_gemm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_gemm_rows_compute_ratios_and_verdicts_from_the_samples():
     row = fp8_gemm.gemm_row(16, 64, 32, {"fp32": [10.0, 11.0, 10.5], "bf16": [10.4, 10.6, 10.2],
                                          "fp8_upcast": [30.0, 31.0, 29.0]})
@@ -280,7 +273,7 @@ def test_saved_h200_ratios_are_computed_from_its_rows():
 
 
 def test_bench_writes_the_same_file_shape(tmp_path, monkeypatch, capsys):
-    bench = _bench()
+    bench = fp8_gemm_bench
     monkeypatch.setattr(bench, "model_shapes", lambda: [(1, 64, 32, "tiny"), (8, 32, 64, "tiny")])
     monkeypatch.setattr(sys, "argv", ["fp8_gemm.py"])
     assert bench.main(["--quick", "--rounds", "3", "--save-to", str(tmp_path)]) == 0

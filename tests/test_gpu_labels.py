@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import gc
 import importlib.machinery
-import importlib.util
 import json
 import sys
 import types
 import weakref
-from pathlib import Path
 
 from test_devices import fake_nvml, mock_gpu  # noqa: F401  (fake_nvml is a fixture)
 
+from bench import engines as engines_bench
 from labkit import __main__ as cli
 from labkit.core import env, memory
 from labkit.serve.experiments import batching
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def two_named_gpus(monkeypatch):
@@ -92,9 +89,7 @@ def test_nvml_finds_a_mig_instance_by_its_mig_uuid(fake_nvml, monkeypatch):  # n
 
 def test_bench_engines_labels_a_gpu_run_with_the_gpu(monkeypatch, capsys):
     torch = mock_gpu(monkeypatch, "NVIDIA H200", (9, 0))
-    spec = importlib.util.spec_from_file_location("bench_engines", REPO / "bench" / "engines.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = engines_bench
     lm = types.SimpleNamespace(name="tiny", device="cuda:0", model=None, tokenizer=None)
     row = {"tokens_per_s": 10.0, "mean_latency_short_s": 1.0, "outputs_match_alone": True}
     monkeypatch.setattr(bench.models, "load", lambda *a, **kw: lm)

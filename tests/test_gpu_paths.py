@@ -18,6 +18,7 @@ from labkit.precision import measure, variants
 from labkit.engines import onnxruntime, tensorrt
 from labkit.serve.vllm import offline as vllm
 from labkit.core.env import Capability
+from labkit.lessons import references
 
 # -------------------------------------------------------------------------------- ONNX Runtime providers
 
@@ -333,19 +334,20 @@ def reference_dir(tmp_path, monkeypatch):
     return tmp_path / "reference"
 
 
-def test_show_gpu_references_with_provenance(reference_dir, capsys):
-    assert results.show_gpu_references("02_fp16_bf16", "variants") == 0
+def test_gpu_references_are_shown_with_provenance(reference_dir, capsys):
+    assert references.show("02_fp16_bf16", "variants", source="gpu") == 0
     assert "make reference NOTEBOOKS=02" in capsys.readouterr().out
     env = {"device": "cuda", "hardware": {"gpu": "NVIDIA L4"}, "date": "2030-01-01", "command": "make reference",
            "versions": {"torch": "2.13.0"}}
     res = results.Results("02_fp16_bf16", env=env)
     res.add("variants", variant="fp16", decode_tokens_per_s=300.0, extra=1)
     res.save(reference_dir / f"{results.reference_name('02_fp16_bf16', env)}.json")
-    assert results.show_gpu_references("02_fp16_bf16", ["variants", "matmul"], ["variant", "decode_tokens_per_s"]) == 1
+    assert references.show("02_fp16_bf16", ["variants", "matmul"], ["variant", "decode_tokens_per_s"],
+                           source="gpu") == 1
     out = capsys.readouterr().out
     assert "NVIDIA L4" in out and "2030-01-01" in out and "make reference" in out and "extra" not in out
     with pytest.raises(ValueError, match="section"):
-        results.show_gpu_references("02_fp16_bf16", [])
+        references.show("02_fp16_bf16", [], source="gpu")
 
 
 def test_gpu_reference_tables_leave_out_what_cannot_be_scanned(reference_dir, capsys):
@@ -354,7 +356,7 @@ def test_gpu_reference_tables_leave_out_what_cannot_be_scanned(reference_dir, ca
     res.add("attention", attn_implementation="sdpa", tpot_s=0.026, samples={"tpot_s": [0.02, 0.03]},
             peak_memory_source="cuda_peak above resident: a long sentence", answers=["a", "b"])
     res.save(reference_dir / f"{results.reference_name('05_kv_cache', env)}.json")
-    assert results.show_gpu_references("05_kv_cache", "attention") == 1
+    assert references.show("05_kv_cache", "attention", source="gpu") == 1
     out = capsys.readouterr().out
     assert "sdpa" in out and "tpot_s" in out
     assert "samples" not in out and "peak_memory_source" not in out and "answers" not in out

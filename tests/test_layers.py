@@ -90,11 +90,32 @@ def test_no_labkit_import_inside_a_function():
     assert not bad, "move these to the top of their module:\n" + "\n".join(bad)
 
 
-def test_no_tool_edits_sys_path():
-    """tools is a package run as ``python -m tools.NAME`` from the checkout: nothing edits the import path."""
-    found = [f"{p.relative_to(ROOT)}:{n}" for p in _modules(TOOLS)
-             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "sys.path" in line]
-    assert not found, found
+def path_edits(path: Path, source: str | None = None) -> list[str]:
+    """``sys.path`` changed in code (``insert``, ``append``, ``extend``, an assignment), never a mention in a string."""
+    tree = ast.parse(source if source is not None else path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        target = (node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in ("insert", "append", "extend", "remove", "pop", "clear") else
+                  node.targets[0] if isinstance(node, ast.Assign) else node.target if isinstance(node, ast.AugAssign)
+                  else None)
+        if target is not None and ast.unparse(target).removesuffix("[:]") == "sys.path":
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_nothing_edits_sys_path():
+    """labkit is imported as a package, tools and bench run as ``python -m tools.NAME`` / ``python -m bench.NAME``
+    from the checkout (or with labkit installed): nothing edits the import path."""
+    found = [hit for p in _walled() + _modules(ROOT / "bench") for hit in path_edits(p)]
+    assert not found, "import the package instead (python -m from the checkout, or pip install -e .):\n" + "\n".join(found)
+
+
+def test_the_path_lint_catches_what_it_is_for(tmp_path):
+    src = ("import sys\nfrom pathlib import Path\nsys.path.insert(0, str(Path(__file__).parent))\n"
+           "sys.path.append('x')\nsys.path = ['y']\nsys.path[:] = []\nsys.path += ['z']\n"
+           "CELL = 'sys.path.insert(0, src)'\nprint(sys.path[0])\npath = []\npath.append(1)\n")
+    assert sorted(int(h.split(":")[1]) for h in path_edits(tmp_path / "m.py", src)) == [3, 4, 5, 6, 7]
 
 
 def test_the_import_lint_catches_what_it_is_for(tmp_path):

@@ -3,24 +3,19 @@ answers are compared with fp32's token by token, and the FP8 KV cache line says 
 this CPU's instruction sets) or gives the capacity ratio."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from bench import llm_compressor
 from labkit.core import results
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_llm_compressor", REPO / "bench" / "llm_compressor.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return llm_compressor
 
 
 def _child(tmp_path, body):
@@ -76,7 +71,7 @@ def test_a_saved_run_keeps_its_provenance_and_drops_the_answers(bench, tmp_path)
     path = bench.save(written, served, summary, tmp_path)
     res = results.load(path)
     assert path.name == "llm_compressor.json" and res.env["versions"]["vllm"] == "0.32.0"
-    assert res.env["command"].startswith("python bench/llm_compressor.py")
+    assert res.env["command"].startswith("python -m bench.llm_compressor")
     assert [r["name"] for r in res.section("served")] == ["fp32", "NVFP4A16", "fp32-fp8-kv"]
     assert all("answers" not in r for r in res.section("served"))
     # the FP8 KV cache is kept as its row (status and vLLM's reason), never as a sentence about the CPU that ran it

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from labkit.core import published, results
+from labkit.lessons import references
 
 GOOD = {"id": "x", "notebooks": ["02"], "what": "FP8 vs BF16", "model": "Llama-3.1-8B", "gpu": "H200", "gpus": 1,
         "engine": "TensorRT-LLM", "engine_version": "0.15", "precision": "FP8",
@@ -76,7 +77,7 @@ def reference_dir(tmp_path, monkeypatch):
 
 
 def test_without_a_measured_reference_the_cell_shows_published_rows_labelled(reference_dir, capsys):
-    assert results.show_gpu_references("08_tensorrt", "engines") == 0
+    assert references.show("08_tensorrt", "engines", source="gpu") == 0
     out = capsys.readouterr().out
     assert "make reference NOTEBOOKS=08" in out
     assert "Published GPU figures" in out and "NOT measured here" in out
@@ -85,7 +86,7 @@ def test_without_a_measured_reference_the_cell_shows_published_rows_labelled(ref
 
 
 def test_a_notebook_without_published_rows_says_so_in_one_line(reference_dir, capsys):
-    results.show_gpu_references("04_warmup", "warmup")
+    references.show("04_warmup", "warmup", source="gpu")
     out = capsys.readouterr().out
     assert "No published GPU figure for notebook 04" in out and "Published GPU figures" not in out
 
@@ -94,10 +95,10 @@ def test_a_precision_filter_keeps_only_rows_in_that_format(capsys):
     fp8 = [r for r in published.for_notebook("03") if "fp8" in r["precision"].lower()]
     others = [r for r in published.for_notebook("03") if "fp8" not in r["precision"].lower()]
     assert fp8 and others  # the filter has something to keep and something to drop
-    assert published.show("03", precision=("FP8",)) == len(fp8)
+    assert references.show("03", source="published", precision=("FP8",)) == len(fp8)
     out = capsys.readouterr().out
     assert all(r["source"] in out for r in fp8) and "Published GPU figures" in out
-    assert published.show("03", precision=("FP2",)) == 0
+    assert references.show("03", source="published", precision=("FP2",)) == 0
     assert "No published GPU figure in FP2 for notebook 03" in capsys.readouterr().out
 
 
@@ -107,7 +108,7 @@ def test_a_measured_reference_is_shown_alone_without_published_rows(reference_di
     res = results.Results("08_tensorrt", env=env)
     res.add("engines", engine="eager", decode_tokens_per_s=300.0)
     res.save(reference_dir / f"{results.reference_name('08_tensorrt', env)}.json")
-    assert results.show_gpu_references("08_tensorrt", "engines") == 1
+    assert references.show("08_tensorrt", "engines", source="gpu") == 1
     out = capsys.readouterr().out
     assert "NVIDIA L4" in out
     assert "Published" not in out and not any(r["source"] in out for r in published.load())

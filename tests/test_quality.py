@@ -158,3 +158,50 @@ def test_eval_text_is_at_least_3000_tokens_with_the_default_tokenizer():
     from labkit.model import models
 
     assert len(prompts.eval_tokens(models.load_tokenizer())) >= 3000
+
+
+# ------------------------------------------------------------------- conforms: the one JSON schema check
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_conforms_checks_a_decoded_value_against_its_schema():
+    assert quality.conforms({"name": "Ada", "age": 36}, PERSON)
+    assert not quality.conforms({"name": "Ada"}, PERSON), "age is required"
+    assert not quality.conforms({"name": "Ada", "age": "36"}, PERSON), "age is an integer"
+    assert not quality.conforms({"name": "Ada", "age": 36, "city": "London"}, PERSON), "no other properties"
+    assert not quality.conforms('{"name": "Ada", "age": 36}', PERSON), "text is not decoded here"
+    assert quality.conforms([1, 2], {"type": "array", "items": {"type": "integer"}})
+
+
+def test_a_schema_that_is_itself_wrong_raises_rather_than_failing_the_answer():
+    import jsonschema
+
+    with pytest.raises(jsonschema.SchemaError):
+        quality.conforms({"colour": "red"}, {"type": "object", "properties": {"colour": {"type": "colour"}}})
+
+
+def _imports_jsonschema(path):
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(n.split(".")[0] == "jsonschema" for n in names):
+            return True
+    return False
+
+
+def test_jsonschema_is_imported_in_one_place_and_declared_in_the_extra_that_needs_it():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = [p for pkg in ("labkit", "tools", "bench") for p in sorted((root / pkg).rglob("*.py"))]
+    assert len(files) > 100, "the scan must see the sources"
+    assert [str(p.relative_to(root)) for p in files if _imports_jsonschema(p)] == ["labkit/decoding/quality.py"]
+    extras = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert any(re.match(r"jsonschema\b", r) for r in extras["serving"]), "declare jsonschema in the [serving] extra"
+    assert any("serving" in r for r in extras["lab"] if r.startswith("labkit[")), "[lab] brings [serving]"

@@ -50,7 +50,7 @@ def _ref(isa: list[str], status: str = "refused") -> results.Results:
 def test_an_avx2_reference_rendered_on_an_avx512_machine_names_its_machine_and_how_to_run_it_here() -> None:
     said = nb03b.fp8_kv_said(_ref(["avx2", "fma"]), ["avx2", "fma", "avx512f", "avx512_bf16"])
     assert said.startswith("On the reference machine (AMD EPYC (avx2 fma)) vLLM refused an FP8 KV cache")
-    assert "this CPU" not in said and "This machine has avx512f" in said and "bench/llm_compressor.py" in said
+    assert "this CPU" not in said and "This machine has avx512f" in said and "python -m bench.llm_compressor" in said
     alike = nb03b.fp8_kv_said(_ref(["avx2", "fma"]), ["avx2", "fma"])
     assert alike.endswith("This machine lacks them too.") and "make llmc" not in alike
 

@@ -1,7 +1,10 @@
-"""A reference file can take some sections of a later run (``run_notebooks.py --reference --sections``), each
-shown with the provenance of the run it came from; a notebook that cannot measure a section shows those rows."""
+"""A reference file can take some sections of a later run (``python -m tools.run_notebooks --reference
+--sections``), each shown with the provenance of the run it came from; a notebook that cannot measure a section
+shows those rows, through the one ``references.show``."""
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 
 import pytest
 
@@ -48,11 +51,35 @@ def test_a_whole_run_still_replaces_the_reference(dirs):
     assert [r["engine"] for r in ref.section("cpu_engines")] == ["PyTorch"] and ref.env["command"] == "full run"
 
 
-def test_show_reference_prints_the_sections_provenance_and_rows(dirs, capsys):
+def test_a_reference_section_is_shown_with_its_provenance_and_rows(dirs, capsys):
     run_notebooks.save_reference("10_beyond", "sections run", sections=["vllm_mechanisms"])
-    assert references.show_reference("10_beyond", "vllm_mechanisms", ["figure", "vllm"]) == 1
+    assert references.show("10_beyond", "vllm_mechanisms", ["figure", "vllm"]) == 1
     out = capsys.readouterr().out
     assert "new CPU" in out and "sections run" in out
-    assert references.show_reference("10_beyond", "vllm_same_load", ["server"]) == 0
+    assert references.show("10_beyond", "vllm_same_load", ["server"]) == 0
     assert "No reference of it ships yet" in capsys.readouterr().out
-    assert references.show_reference("06_batching", "vllm_same_load", ["server"]) == 0, "no file at all: one line"
+    assert references.show("06_batching", "vllm_same_load", ["server"]) == 0, "no file at all: one line"
+
+
+def test_several_sections_each_under_their_provenance_and_a_kept_subset(dirs, capsys):
+    run_notebooks.save_reference("10_beyond", "sections run", sections=["vllm_mechanisms"])
+    shown = references.show("10_beyond", ["cpu_engines", "vllm_mechanisms"], ["engine", "figure"],
+                            keep=lambda row: row.get("engine") != "llama.cpp")
+    out = capsys.readouterr().out
+    assert shown == 1 and "No reference of it ships yet" in out and "sections run" in out and "llama.cpp" not in out
+
+
+def test_a_source_that_is_not_one_of_the_three_names_them():
+    with pytest.raises(ValueError, match=r"source='cpu'.*'reference', 'gpu', 'published'"):
+        references.show("10_beyond", "vllm_mechanisms", source="cpu")
+
+
+def test_core_loads_references_and_never_renders_them():
+    """core loads the reference files and the published figures; ``lessons.references`` shows them: no module of
+    core imports IPython's display."""
+    core = Path(__file__).resolve().parent.parent / "labkit" / "core"
+    rendering = sorted(p.name for p in core.rglob("*.py") for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+                       if isinstance(n, (ast.Import, ast.ImportFrom))
+                       and any(m.split(".")[0] == "IPython" for m in
+                               ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""])))
+    assert len(list(core.rglob("*.py"))) > 10 and rendering == [], rendering

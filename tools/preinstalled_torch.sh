@@ -74,10 +74,10 @@ notebooks_with_cell() {  # the clone's notebooks 00 and 02, built from their sou
   if grep -q "labkit.platforms.setup" "$CLONE/notebooks/00_setup.ipynb" "$CLONE/notebooks/02_fp16_bf16.ipynb"; then
     echo "the clone's notebooks carry the set-up cell"; return 0
   fi
-  (cd "$CLONE" && "$V" tools/nbbuild.py 00_setup 02_fp16_bf16)
+  (cd "$CLONE" && "$V" -m tools.nbbuild 00_setup 02_fp16_bf16)
 }
 
-run_notebooks() { (cd "$CLONE" && LABKIT_QUICK=1 "$V" tools/run_notebooks.py --only 00 02 --build-dir "$WORK/build"); }
+run_notebooks() { (cd "$CLONE" && LABKIT_QUICK=1 "$V" -m tools.run_notebooks --only 00 02 --build-dir "$WORK/build"); }
 
 if [ -z "${LABKIT_REPO:-}" ]; then step snapshot snapshot; export LABKIT_REPO=$WORK/repo; fi
 step venv "$PRE_PYTHON" -m venv "$WORK/venv"

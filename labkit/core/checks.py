@@ -1,18 +1,30 @@
-"""Checks every layer shares: a count that must be positive, and the device a model's inputs go to.
+"""Checks every layer shares: a count or a quantity that must be positive, and the device a model's inputs go to.
 
 This module knows no model class and no backend: it reads attributes, so a transformers model, the lab's
 ONNX Runtime model and a plain ``torch.nn.Module`` answer the same way.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 
 def positive(name: str, value: Any) -> int:
-    """``value`` when it is a positive ``int`` (not a bool); else ``ValueError`` naming ``name``."""
+    """``value`` when it is a positive ``int`` (not a bool); else ``ValueError`` naming ``name``. A count: for a
+    quantity that may be fractional (seconds, GB/s, a price) use ``positive_float``."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name}={value!r}: must be a positive integer")
     return value
+
+
+def positive_float(name: str, value: Any, what: str = "") -> float:
+    """``value`` as a ``float`` when it is a finite real number above 0 (an ``int`` or a numpy scalar too, never a
+    bool, NaN or infinity); else ``ValueError`` naming ``name`` and, in brackets, ``what`` it should be."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            or value <= 0):
+        raise ValueError(f"{name}={value!r}: must be a positive number" + (f" ({what})" if what else ""))
+    return float(value)
 
 
 def model_device(model: Any) -> Any:

@@ -3,8 +3,9 @@
 ``data/published_gpu.json`` holds rows transcribed from benchmark tables and posts (TensorRT-LLM, TensorRT Model
 Optimizer, vLLM), each with its source page, that page's date and what the date means, the model, the GPU, the
 engine and its version, the precision and the workload. They are not measurements: labkit never ran them, and
-nothing here puts them in a table beside a measured number. ``results.show_gpu_references`` shows a notebook's
-rows only when no measured GPU reference of it ships, under a heading that says they are published.
+nothing here puts them in a table beside a measured number. ``lessons.references.show`` shows a notebook's rows
+(``source="published"``, or where no measured GPU reference of it ships) under a heading that says they are
+published.
 
 ``load`` refuses a row without its provenance or with a figure that is not a positive number, naming the fix, so
 no unsourced number reaches a notebook.
@@ -24,9 +25,6 @@ REQUIRED = ("id", "notebooks", "what", "model", "gpu", "engine", "engine_version
             "source", "date", "date_meaning", "where")
 WORKLOAD_NUMBERS = ("batch_size", "concurrency", "input_tokens", "output_tokens", "tensor_parallel", "qps")
 WORKLOAD_TEXT = ("dataset",)
-HEADING = ("Published GPU figures (vendor and project benchmark pages; NOT measured here or by labkit, each setup "
-           "differs: compare rows of one source with each other, not with this run):")
-COLUMNS = ["what", "model", "gpu", "engine", "precision", "workload", "figures", "source", "date"]
 
 
 def path() -> Path:
@@ -122,45 +120,3 @@ def load(file: str | Path | None = None) -> list[dict[str, Any]]:
 def for_notebook(number: str, rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The published rows that serve notebook ``number`` ('02'), in file order."""
     return [r for r in (load() if rows is None else rows) if number in r["notebooks"]]
-
-
-def _number(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:g}"
-
-
-def display_row(row: dict[str, Any]) -> dict[str, str]:
-    """One row as text for a table: figures with their units, the workload in one cell, the engine with its version
-    (what the date means stays in the data file)."""
-    figures = "; ".join(f"{name} {_number(v)} {row['units'][name]}" for name, v in row["figures"].items())
-    workload = ", ".join(f"{k} {v}" for k, v in row.get("workload", {}).items()) or "not stated"
-    gpus = row.get("gpus", 1)
-    return {"what": row["what"], "model": row["model"], "gpu": f"{gpus}× {row['gpu']}" if gpus > 1 else row["gpu"],
-            "engine": f"{row['engine']} {row['engine_version']}", "precision": row["precision"], "workload": workload,
-            "figures": figures, "source": row["source"], "date": row["date"]}
-
-
-def show(number: str, precision: tuple[str, ...] = ()) -> int:
-    """Print the heading and a table of notebook ``number``'s published rows, or one line saying none ships;
-    ``precision`` keeps the rows whose precision names one of those words ("FP8", "FP4"). Returns how many rows
-    were shown."""
-    try:
-        rows = for_notebook(number)
-    except FileNotFoundError as exc:
-        print(f"No published GPU figures either: {exc}.")
-        return 0
-    if precision:
-        rows = [r for r in rows if any(p.lower() in r["precision"].lower() for p in precision)]
-    if not rows:
-        kind = f" in {' or '.join(precision)}" if precision else ""
-        print(f"No published GPU figure{kind} for notebook {number} ships in data/published_gpu.json either.")
-        return 0
-    import pandas as pd
-
-    try:
-        from IPython.display import display
-    except ImportError:
-        display = print
-    print(HEADING)
-    with pd.option_context("display.max_colwidth", None, "display.max_columns", None, "display.width", 100_000):
-        display(pd.DataFrame([display_row(r) for r in rows], columns=COLUMNS))
-    return len(rows)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import config, cpu, env, machine, published, verdict
+from . import config, cpu, env, machine, verdict
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_-.")
 
@@ -185,41 +185,6 @@ def gpu_references(name: str) -> list[Results]:
             for p in sorted(reference_dir().glob(f"{name}.*.json"))]
 
 
-def show_gpu_references(name: str, sections: str | list[str], columns: list[str] | None = None) -> int:
-    """Show ``sections`` (one name or several) of every GPU reference of notebook ``name``
-    (``data/reference/name.<gpu>.json``), each reference under the line saying where, when and how it was
-    measured; ``columns`` picks and orders the columns shown (those a section lacks are skipped). When none
-    ships, one line says how to make one, then the notebook's published GPU figures (``data/published_gpu.json``:
-    vendor and project tables, labelled published, never in a table with a measurement). Returns how many measured
-    references were shown. This is the one call a notebook's "GPU reference" cell makes."""
-    wanted = [sections] if isinstance(sections, str) else list(sections)
-    if not wanted:
-        raise ValueError("sections: name at least one results section, e.g. 'variants'")
-    refs = [r for r in gpu_references(name) if any(r.section(s) for s in wanted)]
-    if not refs:
-        print(f"No GPU reference of {name} ships yet: `make reference NOTEBOOKS={name.split('_')[0]}` on a GPU "
-              f"machine writes data/reference/{name}.<gpu>.json, and this cell shows it.")
-        published.show(name.split("_")[0])
-        return 0
-    try:
-        from IPython.display import display
-    except ImportError:
-        display = print
-    for ref in refs:
-        print("GPU reference (measured elsewhere, not in this run):", provenance(ref))
-        for section in wanted:
-            df = ref.frame(section)
-            if df.empty:
-                continue
-            df = with_doubts(df[[c for c in columns if c in df.columns]] if columns else compact(df))
-            if "where" in df.columns:  # a stored "this run" (older files) is the reference's run: name its machine
-                df["where"] = [where_of(ref) if w in (HERE, REFERENCE) else w for w in df["where"]]
-            if len(wanted) > 1:
-                print(f"{section}:")
-            display(df)
-    return len(refs)
-
-
 SPREADS = ("decode_spread", "tpot_spread", "spread")  # the columns a timed row keeps its (p90 − p10) / median in
 
 
@@ -257,7 +222,7 @@ def provenance(res: Results) -> str:
 
 def section_provenance(res: Results, section: str) -> str:
     """``provenance`` of the run a section came from: a reference can hold sections of a later run, each with
-    its own environment under ``notes["section_env"]`` (``tools/run_notebooks.py --reference --sections``)."""
+    its own environment under ``notes["section_env"]`` (``python -m tools.run_notebooks --reference --sections``)."""
     own = (res.notes.get("section_env") or {}).get(section)
     return provenance(Results(res.name, env=own)) if own else provenance(res)
 

@@ -15,6 +15,8 @@ answers      two greedy answers compared, the one home of it: ``until_eos``, ``f
              ``identical``, ``all_identical``, ``equal_tokens``, ``answers_check`` and its phrase ``check_line`` (every engine, server and bench
              script compares answers through these); ``divergence`` adds where two runs of one prompt part and the
              largest logit difference up to there
+conforms     a JSON value against a JSON schema (``jsonschema``, from the [serving] extra): the one schema check of
+             a structured answer (notebook 12) and of a tool call's arguments (notebook 13)
 Agreement and KL are teacher-forced on the reference's own greedy continuation of each prompt,
 so both models see exactly the same tokens and one early difference does not derail the rest.
 """
@@ -383,3 +385,18 @@ def divergence(a: Sequence[int], b: Sequence[int], logits_a: Sequence[Any] = (),
             d = max(abs(float(p) - float(q)) for p, q in zip(x, y))
         worst = d if worst is None else max(worst, d)
     return Divergence(pos, worst, last)
+
+
+def conforms(value: Any, schema: Mapping[str, Any]) -> bool:
+    """Whether ``value``, already decoded from JSON, is valid against the JSON schema ``schema``. A schema that is
+    itself invalid raises ``jsonschema.SchemaError``: the question is wrong, not the answer."""
+    try:
+        import jsonschema
+    except ImportError as exc:
+        raise ImportError("jsonschema is not installed here: `make setup` installs it with the lab's extras "
+                          "(pip install 'labkit[serving]')") from exc
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError:
+        return False
+    return True

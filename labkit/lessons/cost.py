@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import config
-from ..core.checks import load_rows, row_error
+from ..core.checks import load_rows, positive_float, row_error
 
 KINDS = ("gpu", "cpu")
 REQUIRED = ("name", "kind", "hourly_usd", "source", "date")
@@ -85,9 +85,8 @@ def price_for(kind: str, arch: str | None = None, prices: Sequence[dict[str, Any
 
 def usd_per_million_tokens(tokens_per_s: float, hourly_usd: float) -> float:
     """Dollars per million tokens for an instance producing ``tokens_per_s`` while it costs ``hourly_usd``."""
-    for name, value in (("tokens_per_s", tokens_per_s), ("hourly_usd", hourly_usd)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name}={value!r}: must be a positive number")
+    positive_float("tokens_per_s", tokens_per_s)
+    positive_float("hourly_usd", hourly_usd)
     return hourly_usd / (tokens_per_s * SECONDS_PER_HOUR) * 1e6
 
 
@@ -145,8 +144,7 @@ def cpu_as_if(per_core_tokens_per_s: float, cores: int, prices: Sequence[dict[st
     vCPUs did what one core here did. Returns ({row name → tokens/s, "your price" → this machine's}, the sentence
     that says so, to print beside the table). An assumption, stated as one: an instance's CPU is not this one, and
     a vCPU is often half a core (SMT). ``where``: the sweep point the throughput was read at, in words."""
-    if not per_core_tokens_per_s or per_core_tokens_per_s <= 0:
-        raise ValueError(f"per_core_tokens_per_s={per_core_tokens_per_s!r}: one replica's measured tokens/s, positive")
+    positive_float("per_core_tokens_per_s", per_core_tokens_per_s, "one replica's measured tokens/s")
     if isinstance(cores, bool) or not isinstance(cores, int) or cores <= 0:
         raise ValueError(f"cores={cores!r}: the cores this machine gives replicas, a positive integer")
     rows = [check_row(r, i) for i, r in enumerate(load_prices() if prices is None else prices)]

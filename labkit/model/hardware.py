@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core import config, cpu, env, gpu_features, timing, verdict
+from ..core.checks import positive_float
 from ..core.timing import Measurement
 from .dtypes import torch_dtype
 
@@ -123,14 +124,13 @@ def decode_gap(tpot_s: float, bytes_per_step: float, bandwidth_gbs: float, ops_p
     step's operator self time (no Python) and ``ops_per_step`` counts the operators besides the matrix products.
     Pieces never sum past the step: a kernel slower than the whole step is capped at what the bytes leave.
     """
-    if tpot_s <= 0 or bytes_per_step <= 0 or bandwidth_gbs <= 0:
-        raise ValueError(f"tpot_s={tpot_s}, bytes_per_step={bytes_per_step}, bandwidth_gbs={bandwidth_gbs}: "
-                         "all must be positive")
+    for name, value in (("tpot_s", tpot_s), ("bytes_per_step", bytes_per_step), ("bandwidth_gbs", bandwidth_gbs)):
+        positive_float(name, value)
     if ops_per_step is not None and ops_per_step <= 0:
         raise ValueError(f"ops_per_step={ops_per_step}: must be positive (or None when not counted)")
     for name, v in (("gemv_gbs", gemv_gbs), ("matmul_s", matmul_s), ("weight_bytes", weight_bytes)):
-        if v is not None and v <= 0:
-            raise ValueError(f"{name}={v}: must be positive (or None when not measured)")
+        if v is not None:
+            positive_float(name, v, "or None when not measured")
     w_bytes = weight_bytes or bytes_per_step
     bytes_s = min(tpot_s, bytes_per_step / (bandwidth_gbs * 1e9))
     w_at_probe = w_bytes / (bandwidth_gbs * 1e9)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.checks import positive
+from ..core.checks import positive, positive_float
 from . import gpus, kvlayout, sizing
 from .dtypes import DTYPE_BYTES, kv_dtype_for, normalize_dtype
 
@@ -105,9 +105,7 @@ def _memory(gpu_memory_gib: float | None, gpu: str | None) -> tuple[float | None
         return spec.memory_bytes / GIB, spec.name
     if gpu_memory_gib is None:
         return None, None
-    if isinstance(gpu_memory_gib, bool) or not isinstance(gpu_memory_gib, (int, float)) or gpu_memory_gib <= 0:
-        raise ValueError(f"gpu_memory_gib={gpu_memory_gib!r}: one GPU's memory in GiB, > 0 (e.g. 80)")
-    return float(gpu_memory_gib), None
+    return positive_float("gpu_memory_gib", gpu_memory_gib, "one GPU's memory in GiB, e.g. 80"), None
 
 
 def tp_plan(config: str | Any, dtype: str = "bf16", degrees: Sequence[int] = (1, 2, 4, 8),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core import verdict
+from ..core.checks import positive_float
 
 RIDGE = "at the ridge"  # an intensity within verdict.TIE of the ridge: both roofs bind, neither is the answer
 RIDGE_WHY = f"{RIDGE}: its intensity is within {verdict.TIE:.0%} of the ridge, so both roofs bind"
@@ -22,8 +23,7 @@ def matmul_cost(tokens: int, out_features: int, in_features: int, bytes_per_valu
     for name, value in (("tokens", tokens), ("out_features", out_features), ("in_features", in_features)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
-    if bytes_per_value <= 0:
-        raise ValueError(f"bytes_per_value={bytes_per_value!r}: must be positive")
+    positive_float("bytes_per_value", bytes_per_value)
     flops = 2 * tokens * out_features * in_features
     moved = (out_features * in_features + tokens * in_features + tokens * out_features) * bytes_per_value
     return flops, moved
@@ -53,24 +53,23 @@ def linear_traffic(model: Any, rows: int, head_rows: int | None = None) -> tuple
 
 def ridge_intensity(bandwidth_gbs: float, peak_gflops: float) -> float:
     """FLOPs per byte where the two roofs meet: below it a kernel waits for memory, above it for arithmetic."""
-    if bandwidth_gbs <= 0 or peak_gflops <= 0:
-        raise ValueError(f"bandwidth_gbs={bandwidth_gbs}, peak_gflops={peak_gflops}: both must be positive")
+    positive_float("bandwidth_gbs", bandwidth_gbs)
+    positive_float("peak_gflops", peak_gflops)
     return peak_gflops / bandwidth_gbs
 
 
 def roof_gflops(intensity: float, bandwidth_gbs: float, peak_gflops: float) -> float:
     """The roofline: the most GFLOP/s a kernel of this intensity can reach, min(bandwidth × intensity, peak)."""
     ridge_intensity(bandwidth_gbs, peak_gflops)  # validates both
-    if intensity <= 0:
-        raise ValueError(f"intensity={intensity}: must be positive (FLOPs per byte)")
+    positive_float("intensity", intensity, "FLOPs per byte")
     return min(bandwidth_gbs * intensity, peak_gflops)
 
 
 def bound(intensity: float, ridge: float) -> str:
     """Which roof limits a kernel of this intensity: "memory-bound" below the ridge, "compute-bound" above it, and
     ``RIDGE`` within ``verdict.TIE`` of it (a verdict of ``versus``: 4.0 against 4.1 FLOPs per byte names neither)."""
-    if intensity <= 0 or ridge <= 0:
-        raise ValueError(f"intensity={intensity}, ridge={ridge}: both must be positive (FLOPs per byte)")
+    positive_float("intensity", intensity, "FLOPs per byte")
+    positive_float("ridge", ridge, "FLOPs per byte")
     return verdict.pick(verdict.versus(intensity, ridge), better="compute-bound", worse="memory-bound", same=RIDGE)
 
 

@@ -1,4 +1,4 @@
-# Solutions to notebook 01's exercises (run with `python tools/run_notebooks.py --only 01 --solutions`).
+# Solutions to notebook 01's exercises (run with `python -m tools.run_notebooks --only 01 --solutions`).
 
 # %% exercise 01.weight_bytes
 def weight_bytes(config, bytes_per_param):

@@ -1,4 +1,4 @@
-# Solutions to notebook 02's exercises (run with `python tools/run_notebooks.py --only 02 --solutions`).
+# Solutions to notebook 02's exercises (run with `python -m tools.run_notebooks --only 02 --solutions`).
 
 # %% exercise 02.float_max
 def float_max(exponent_bits, mantissa_bits):

@@ -1,4 +1,4 @@
-# Solutions to notebook 03's exercises (run with `python tools/run_notebooks.py --only 03 --solutions`).
+# Solutions to notebook 03's exercises (run with `python -m tools.run_notebooks --only 03 --solutions`).
 
 # %% exercise 03.per_channel_scale
 import torch

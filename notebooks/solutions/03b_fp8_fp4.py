@@ -1,4 +1,4 @@
-# Solutions to notebook 03b's exercises (run with `python tools/run_notebooks.py --only 03b --solutions`).
+# Solutions to notebook 03b's exercises (run with `python -m tools.run_notebooks --only 03b --solutions`).
 
 # %% exercise 03.e4m3_round
 import torch

@@ -1,4 +1,4 @@
-# Solutions to notebook 04's exercises (run with `python tools/run_notebooks.py --only 04 --solutions`).
+# Solutions to notebook 04's exercises (run with `python -m tools.run_notebooks --only 04 --solutions`).
 
 # %% exercise 04.calls_until_settled
 from labkit.engines.warmup import window_spread

@@ -1,4 +1,4 @@
-# Solutions to notebook 05's exercises (run with `python tools/run_notebooks.py --only 05 --solutions`).
+# Solutions to notebook 05's exercises (run with `python -m tools.run_notebooks --only 05 --solutions`).
 
 # %% exercise 05.decode_step
 import torch

@@ -1,4 +1,4 @@
-# Solutions to notebook 06's exercises (run with `python tools/run_notebooks.py --only 06 --solutions`).
+# Solutions to notebook 06's exercises (run with `python -m tools.run_notebooks --only 06 --solutions`).
 
 # %% exercise 06.left_pad
 import torch

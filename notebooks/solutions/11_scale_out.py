@@ -1,4 +1,4 @@
-# Solutions to notebook 11's exercises (run by `tools/run_notebooks.py --solutions` and tests/test_exercises.py).
+# Solutions to notebook 11's exercises (run by `python -m tools.run_notebooks --solutions` and tests/test_exercises.py).
 
 # %% exercise 11.route
 def route(prompt, cached, loads, threshold):

@@ -1,4 +1,4 @@
-# Solutions to notebook 12's exercises (run by `tools/run_notebooks.py --solutions` and tests/test_exercises.py).
+# Solutions to notebook 12's exercises (run by `python -m tools.run_notebooks --solutions` and tests/test_exercises.py).
 
 # %% exercise 12.choice_mask
 def choice_mask(text, choices, vocab, eos_id):

@@ -54,7 +54,7 @@ from labkit.core import config, env, machine, results, timing, verdict
 from labkit.model import hardware, models, prompts, sizing
 from labkit.decoding import quality
 from labkit.precision import measure, rounds
-from labkit.lessons import exercises, findings, plots
+from labkit.lessons import exercises, findings, plots, references
 from labkit.lessons import nb02
 
 plots.setup_offline()
@@ -338,7 +338,7 @@ res.frame("variants")[["variant", "weight_bytes", "load_s", "ttft_s", "decode_to
 
 # %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/02_fp16_bf16.<gpu>.json, each with its provenance)
-_ = results.show_gpu_references("02_fp16_bf16", ["variants", "matmul"])
+_ = references.show("02_fp16_bf16", ["variants", "matmul"], source="gpu")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises

@@ -55,7 +55,7 @@ from labkit.core import config, env, machine, memory, results, verdict
 from labkit.model import hardware, models, onnx, prompts
 from labkit.decoding import quality
 from labkit.precision import libraries, measure, quantisers, rounds, variants
-from labkit.lessons import exercises, findings, plots
+from labkit.lessons import exercises, findings, plots, references
 from labkit.lessons import nb03
 
 plots.setup_offline()
@@ -471,8 +471,9 @@ for v in checked.itertuples():
 
 # %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/03_int8_int4.<gpu>.json, each with its provenance)
-_ = results.show_gpu_references("03_int8_int4", "variants", ["variant", "status", "device", "weight_bytes", "peak_memory_bytes",
-                                                        "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"])
+_ = references.show("03_int8_int4", "variants", ["variant", "status", "device", "weight_bytes", "peak_memory_bytes",
+                                                 "ttft_s", "decode_tokens_per_s", "perplexity", "agreement", "kl"],
+                    source="gpu")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways, from this run's numbers

@@ -40,17 +40,17 @@
 # trained layer), MXFP4 against NVFP4, the 4-bit row closest to fp32, and FP8's speed here (most guess
 # "faster": on a CPU it is far slower). The model-wide table takes about a minute in quick mode: talk through
 # the split table meanwhile. `make gpu-check` on a GPU runs [vLLM](../docs/glossary.md#vllm)'s real FP8 path (`--quantization fp8`) and an
-# FP8 KV cache; `python bench/llm_compressor.py` writes real compressed-tensors checkpoints.
+# FP8 KV cache; `python -m bench.llm_compressor` writes real compressed-tensors checkpoints.
 
 # %% slideshow={"slide_type": "slide"}
 import labkit
 import pandas as pd
 import torch
 from IPython.display import display
-from labkit.core import config, cpu, env, machine, published, results
+from labkit.core import config, cpu, env, machine, results
 from labkit.model import models, prompts, sizing
 from labkit.precision import formats, fp8_gemm, measure, quantisers
-from labkit.lessons import exercises, findings, plots
+from labkit.lessons import exercises, findings, plots, references
 from labkit.lessons import nb03b
 
 plots.setup_offline()
@@ -307,14 +307,14 @@ gemm_table
 h200 = results.load(config.DATA_DIR / "measured_gpu" / "fp8_gemm.nvidia-h200.json")
 print("Measured on a lent GPU, not in this run:", results.provenance(h200), "|", h200.notes["note"])
 display(nb03b.findings.gemm_table(h200.section("gemm"), base="bf16"))
-_ = published.show("03", precision=("FP8", "FP4"))  # vendor and project tables, each with its source and date
+_ = references.show("03", source="published", precision=("FP8", "FP4"))  # vendor and project tables, each with its source and date
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · The real tools: llm-compressor writes the checkpoints, vLLM serves them
 #
 # What serves FP8 and FP4 in production is a checkpoint in the compressed-tensors format, written by
 # [llm-compressor](https://github.com/vllm-project/llm-compressor), and vLLM, which picks a kernel for it at load.
-# `make llmc` builds llm-compressor's own environment and `python bench/llm_compressor.py --save-to data/reference`
+# `make llmc` builds llm-compressor's own environment and `python -m bench.llm_compressor --save-to data/reference`
 # writes FP8_DYNAMIC, NVFP4A16 and MXFP4A16 checkpoints of this model and serves each beside the fp32 folder, then
 # tries an FP8 KV cache (five `vllm serve` starts: not in this notebook's run). Below: the run that ships, with where and when it was measured.
 # On a GPU, `make gpu-check` runs vLLM's own FP8 (`--quantization fp8`) and an FP8 KV cache.
@@ -329,7 +329,7 @@ if tools_run.is_file():
                                                     "tpot_over_fp32", "kv_cache_tokens", "reason"]))
     print(nb03b.findings.fp8_kv_said(tools, cpu.cpu_isa()))  # its facts, rendered against this machine's ISA
 else:
-    print("No run of bench/llm_compressor.py ships: `make llmc vllm`, then `python bench/llm_compressor.py --save-to "
+    print("No run of bench/llm_compressor.py ships: `make llmc vllm`, then `python -m bench.llm_compressor --save-to "
           "data/reference`.")
 
 # %% [markdown] slideshow={"slide_type": "slide"}

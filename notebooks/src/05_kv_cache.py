@@ -49,7 +49,7 @@ from labkit.core import config, env, machine, results
 from labkit.model import dtypes, hardware, models, sizing
 from labkit.decoding import cache_variants, decode, generation, kv, profiling, quality
 from labkit.engines import fusion
-from labkit.lessons import exercises, findings, plots
+from labkit.lessons import exercises, findings, plots, references
 from labkit.lessons import nb05
 
 plots.setup_offline()
@@ -385,7 +385,7 @@ print("profiled decode step (operator self time; notebook 01 splits the wall-clo
 
 # %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/05_kv_cache.<gpu>.json, each with its provenance)
-_ = results.show_gpu_references("05_kv_cache", ["cache_on_off", "prefill_decode", "cache_variants", "attention"])
+_ = references.show("05_kv_cache", ["cache_on_off", "prefill_decode", "cache_variants", "attention"], source="gpu")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways, from this run's numbers

@@ -362,7 +362,7 @@ if "rows" in same:
 else:
     print(same["status"] if same["status"].startswith(("vLLM not installed", "vllm serve not started"))
           else f"vLLM did not run here: {same['status']}")
-    references.show_reference("06_batching", "vllm_same_load", ["server", *nb06.runs.SAME_LOAD_FIGURES])
+    references.show("06_batching", "vllm_same_load", ["server", *nb06.runs.SAME_LOAD_FIGURES])
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7 · Load testing two ways
@@ -419,7 +419,7 @@ batch_widget(widget_server, batch_size=8, clients=CLIENTS)
 
 # %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/06_batching.<gpu>.json, each with its provenance)
-_ = results.show_gpu_references("06_batching", ["static", "serving"])
+_ = references.show("06_batching", ["static", "serving"], source="gpu")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways, from this run's numbers

@@ -64,7 +64,7 @@ from labkit.serve.experiments import paged, scheduler
 from labkit.serve.vllm import offline as vllm
 from labkit.serve.vllm import lab as vllm_lab
 from labkit.serve.vllm import server as vllm_server
-from labkit.lessons import exercises, findings, plots
+from labkit.lessons import exercises, findings, plots, references
 from labkit.lessons import nb07
 
 plots.setup_offline()
@@ -464,7 +464,7 @@ if vllm_cap.available:
     display(res.frame("vllm"))
 else:
     print(f"vLLM offline not run here: {vllm_cap.reason}.")
-    results.show_gpu_references("07_vllm", "vllm")
+    references.show("07_vllm", "vllm", source="gpu")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ## Read in articles: `vllm serve MODEL --quantization fp16`

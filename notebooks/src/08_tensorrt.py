@@ -55,7 +55,7 @@ from labkit.model import models, onnx, prompts
 from labkit.decoding import cache_variants, generation, quality
 from labkit.precision import calibration
 from labkit.engines import compiled, fusion, onnxruntime, tensorrt
-from labkit.lessons import exercises, findings, plots
+from labkit.lessons import exercises, findings, plots, references
 from labkit.lessons import nb08
 
 plots.setup_offline()
@@ -431,7 +431,7 @@ table[["engine", "where", "build_s", "ttft_s", "decode_tokens_per_s", "agreement
 
 # %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/08_tensorrt.<gpu>.json, each with its provenance)
-_ = results.show_gpu_references("08_tensorrt", "engines", ["engine", "where", "status", "build_s", "ttft_s", "decode_tokens_per_s", "agreement", "kl"])
+_ = references.show("08_tensorrt", "engines", ["engine", "where", "status", "build_s", "ttft_s", "decode_tokens_per_s", "agreement", "kl"], source="gpu")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways

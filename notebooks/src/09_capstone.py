@@ -195,7 +195,7 @@ if "row" in served:
           f"{served['start_s']:.0f} s; status: {served['status']}")
 else:  # the reference's vLLM row, shown apart: another machine's load, not in this run's tables
     print(served["status"] if served["status"] == vllm_server.MISSING else f"vLLM did not run here: {served['status']}")
-    references.show_reference("09_capstone", report.CONFIG_SECTION, SAME_LOAD_COLUMNS,
+    references.show("09_capstone", report.CONFIG_SECTION, SAME_LOAD_COLUMNS,
                           keep=lambda r: r["config"].startswith("vllm serve"))
 cfg_df[SAME_LOAD_COLUMNS].round(3)
 
@@ -297,7 +297,7 @@ class_df[["learner", "hardware", "quick", "config", "request_throughput", "e2e_m
 
 # %% slideshow={"slide_type": "subslide"}
 # the same measurements from a GPU, where one ships (data/reference/09_capstone.<gpu>.json, each with its provenance)
-_ = results.show_gpu_references("09_capstone", [report.CONFIG_SECTION, "before_after"])
+_ = references.show("09_capstone", [report.CONFIG_SECTION, "before_after"], source="gpu")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways

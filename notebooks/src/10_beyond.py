@@ -638,9 +638,9 @@ if vllm_ran:
     display(res.frame("vllm_mechanisms")[VLLM_TABLE_COLUMNS].round(3))
     if served["skipped"]:  # quick mode: one vllm serve start; the other mechanisms as a full run measured them
         print(f"Not run here ({', '.join(served['skipped'])}: quick mode starts one vllm serve); the reference's rows:")
-        references.show_reference("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
+        references.show("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
 else:
-    references.show_reference("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
+    references.show("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
 
 # %% slideshow={"slide_type": "fragment"}
 if vllm_ran:

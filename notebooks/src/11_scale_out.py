@@ -204,7 +204,7 @@ if VLLM_REPLICAS and vllm_server.vllm_python().exists():
 else:
     print("vLLM replicas not started: " + ("VLLM_REPLICAS is 0 (quick mode; set it to 2 to run them)"
                                            if not VLLM_REPLICAS else vllm_server.MISSING))
-    references.show_reference("11_scale_out", "vllm_policies", VLLM_POLICY_COLUMNS)
+    references.show("11_scale_out", "vllm_policies", VLLM_POLICY_COLUMNS)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · The decision, written out
@@ -340,7 +340,7 @@ gpus = env.hardware().get("gpu_count") or 0
 print(f"`vllm serve --tensor-parallel-size 2` needs two GPUs and vLLM's environment; this machine has {gpus} GPU(s)"
       + (" and vLLM: `make gpu-check CHECKS=tp` runs it" if gpus >= 2 and vllm_server.vllm_python().exists() else
          ". The preflight's `tp` check runs it where both are present."))
-_ = results.show_gpu_references("11_scale_out", ["tp_run"])  # a GPU reference of the tp check, where one ships
+_ = references.show("11_scale_out", ["tp_run"], source="gpu")  # a GPU reference of the tp check, where one ships
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5 · What a token costs: dollars and joules

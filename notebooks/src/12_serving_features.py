@@ -255,7 +255,7 @@ if vllm_srv is not None:
         print(f"vLLM, {what}: {answer['status']} {answer['param']!r}: {answer['message'][:110]}")
 else:
     vllm_con, vllm_said = None, None
-    references.show_reference("12_serving_features", "vllm_structured", VLLM_COLUMNS)
+    references.show("12_serving_features", "vllm_structured", VLLM_COLUMNS)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ## vLLM's other backend: guidance
@@ -275,7 +275,7 @@ if GUIDANCE and HAS_VLLM:
     display(res.frame("vllm_guidance")[VLLM_COLUMNS].round(3))
 else:
     print("guidance's server not started: " + ("GUIDANCE is 0 (quick mode)" if HAS_VLLM else vllm_server.MISSING))
-    references.show_reference("12_serving_features", "vllm_guidance", VLLM_COLUMNS)
+    references.show("12_serving_features", "vllm_guidance", VLLM_COLUMNS)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Adapters in one batch, against the merged weights
@@ -307,8 +307,8 @@ if vllm_srv is not None:
     print(lora_said)
     exercises.reveal("mixed adapters' tokens/s ÷ the base's", PREDICT_MIXED_SHARE, lora_gain)
 else:
-    references.show_reference("12_serving_features", "lora_modes", LORA_COLUMNS)
-    references.show_reference("12_serving_features", "lora_check", ["model", "equal", "compared", "first_differences"])
+    references.show("12_serving_features", "lora_modes", LORA_COLUMNS)
+    references.show("12_serving_features", "lora_check", ["model", "equal", "compared", "first_differences"])
 vllm_stack.close()  # the server of sections 1 and 2 stops here
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -373,8 +373,8 @@ if PD and HAS_VLLM:
 else:
     print("prefill/decode servers not started: " + ("PD is 0 (quick mode; set PD = 1 to start them)" if HAS_VLLM
                                                     else vllm_server.MISSING))
-    references.show_reference("12_serving_features", "pd_split", PD_COLUMNS)
-    references.show_reference("12_serving_features", "pd_itl", ITL_COLUMNS)
+    references.show("12_serving_features", "pd_split", PD_COLUMNS)
+    references.show("12_serving_features", "pd_itl", ITL_COLUMNS)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · Faults
@@ -391,7 +391,7 @@ if pd_out is not None:
     print(f"prefill server killed: {kill['answered']} of {kill['requests']} requests answered, {kill['failed']} "
           f"failed, {kill['fallbacks']} fallback(s) to decode alone ({kill['reasons']}); identical: {kill['identical']}")
 else:
-    references.show_reference("12_serving_features", "pd_faults", ["fault", "recomputed", "identical", "answered",
+    references.show("12_serving_features", "pd_faults", ["fault", "recomputed", "identical", "answered",
                                                                "failed", "fallbacks"])
 
 # %% [markdown] slideshow={"slide_type": "slide"}

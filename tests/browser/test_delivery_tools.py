@@ -685,7 +685,7 @@ def test_unmade_exercises_and_a_bare_returned_number_stay_off_the_slides() -> No
     shown = nbformat.v4.new_output("execute_result", data={"text/plain": "0"}, execution_count=1)
     deck = _deck([_md("## Reference", "slide"),
                   _code("x()", "-", [stream]),
-                  _code("show_gpu_references('02')", "-", [_out("No GPU reference of 02 ships yet.\n"), shown])])
+                  _code("references.show('02', 'variants', source='gpu')", "-", [_out("No GPU reference of 02 ships yet.\n"), shown])])
     texts = [o.get("text", "") or o.get("data", {}).get("text/plain", "") for c in deck.cells[1:] for o in c.outputs]
     assert texts == ["using your decode ceiling (exercise 01.decode_ceiling)\nfp16 weights: 257 MiB\n",
                      "No GPU reference of 02 ships yet.\n"]

@@ -70,7 +70,7 @@ SCAFFOLDING = re.compile(r"no prediction made|^Exercise \d\d\.\w+ · .*: not att
                          r"|^using labkit's .*: exercise \d\d\.\w+ is not attempted")
 
 
-# a cell's value that is only a number, e.g. the count results.show_gpu_references returns
+# a cell's value that is only a number, e.g. the count references.show returns
 _BARE_NUMBER = re.compile(r"\s*-?\d+(\.\d+)?\s*")
 
 

@@ -8,7 +8,8 @@ as the notebook runner does for its headless runs so they never touch a learner'
                                    "hints": 2, "solution": false}},
      "predictions": {"06_batching": {"total tokens/s at batch 8": {"predicted": 180.0, "when": "…"}}}}
 
-Nothing here is sent anywhere; ``tools/merge_results.py --progress`` carries it only when a learner packs it.
+Nothing here is sent anywhere; ``python -m tools.merge_results pack --progress`` carries it only when a learner
+packs it.
 """
 from __future__ import annotations
 

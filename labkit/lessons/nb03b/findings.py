@@ -259,7 +259,7 @@ def fp8_kv_said(ref: Any, here_isa: list[str]) -> str:
     has = [f for f in FP8_KV_ISA if f in here_isa]
     if has and not there_isa & set(FP8_KV_ISA):
         return said + (f" This machine has {', '.join(has)}, which that check asks for: run it here with `make llmc "
-                       "vllm`, then `python bench/llm_compressor.py` (or `--kv-cache-dtype fp8` on any `vllm serve`).")
+                       "vllm`, then `python -m bench.llm_compressor` (or `--kv-cache-dtype fp8` on any `vllm serve`).")
     return said + (" This machine lacks them too." if not has else "")
 
 

@@ -29,8 +29,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from ...core import verdict
 from ...core.checks import positive
 from ...core.timing import itl_stats, percentile, pooled_gaps, rounds as interleaved_rounds
@@ -62,18 +60,12 @@ def json_schema_format(schema: Mapping[str, Any], name: str = "answer") -> dict[
 
 
 def valid(text: str, schema: Mapping[str, Any] | None) -> bool:
-    """Whether ``text`` is JSON and, given a schema, valid against it."""
+    """Whether ``text`` is JSON and, given a schema, valid against it (``quality.conforms``)."""
     try:
         value = json.loads(text)
     except ValueError:
         return False
-    if schema is None:
-        return True
-    try:
-        jsonschema.validate(value, schema)
-    except jsonschema.ValidationError:
-        return False
-    return True
+    return schema is None or quality.conforms(value, schema)
 
 
 def ask_all(url: str, prompts: Sequence[str], *, max_tokens: int, response_format: Mapping[str, Any] | None = None,

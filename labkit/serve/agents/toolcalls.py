@@ -4,7 +4,7 @@ A server with a tool parser (``vllm serve --enable-auto-tool-choice --tool-call-
 ``message.tool_calls``; a small model under ``tool_choice="auto"`` often writes the call as text in
 ``message.content`` instead, or answers without one. ``landing(response)`` says which: ``tool_calls``,
 ``content`` (a JSON object naming a known tool, found in the text) or ``none``. ``conforms(call, tools)`` checks a
-call against its tool's parameter schema (``jsonschema``). ``table(runs, tools)`` counts, per ``tool_choice``, how
+call against its tool's parameter schema (``decoding.quality.conforms``). ``table(runs, tools)`` counts, per ``tool_choice``, how
 many requests landed where and how many calls conform, with the decode tokens/s each run measured.
 
 What it does not do: send requests (``serve.client``) or parse a model's raw text format (the server's parser does).
@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jsonschema
+from ...decoding import quality
 
 LANDINGS = ("tool_calls", "content", "none")
 _OBJECT = re.compile(r"\{.*\}", re.S)
@@ -65,11 +65,7 @@ def conforms(call: Mapping[str, Any], tools: Sequence[Mapping[str, Any]]) -> boo
     fn = _tools_by_name(tools).get(call.get("name"))
     if fn is None or not isinstance(call.get("arguments"), dict):
         return False
-    try:
-        jsonschema.validate(call["arguments"], fn.get("parameters") or {"type": "object"})
-    except jsonschema.ValidationError:
-        return False
-    return True
+    return quality.conforms(call["arguments"], fn.get("parameters") or {"type": "object"})
 
 
 def table(runs: Mapping[str, Sequence[Mapping[str, Any]]], tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
