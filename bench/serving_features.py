@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         with vs.started_together(nb12_runs.pd_servers(base, storage), deadline_s=400) as servers:
             out = nb12_runs.pd_session(servers, storage, path, [text[300 * i:300 * i + n] for i, n in enumerate((140, 180, 260))],
                                 missing_prompt=text[1200:1400], short_prompts=[text[1600:1620], text[1700:1720]],
-                                long_prompt=text[2000:2500], n_long=2, itl_rounds=args.rounds, kill_prompt=text[3000:3300])
+                                long_prompt=text[2000:2500], n_long=2, burst_rounds=args.rounds, kill_prompt=text[3000:3300])
         for r in out["split"]:
             _emit("pd_split", r)
         for r in out.get("itl", []):

@@ -236,3 +236,31 @@ def test_the_import_twice_check_catches_a_notebooks_findings_over_the_framework(
     assert imported_twice("from labkit.lessons import exercises, findings\nfrom labkit.lessons.nb13 import findings\n"
                           ) == ["findings: labkit.lessons.findings then labkit.lessons.nb13.findings"]
     assert imported_twice("from labkit.lessons import exercises, findings\nfrom labkit.lessons import nb13\n") == []
+
+
+def shadowed_calls(source: str) -> list[str]:
+    """Functions that call a name which is both one of their own parameters and a function of their module: the
+    call reaches the argument (an int, say), never the function."""
+    tree = ast.parse(source)
+    top = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    hits = []
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            params = {a.arg for a in (*f.args.posonlyargs, *f.args.args, *f.args.kwonlyargs)}
+            called = {c.func.id for c in ast.walk(f) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+            hits += [f"{f.name}({name}=…) calls {name}()" for name in sorted(params & top & called)]
+    return hits
+
+
+def test_no_parameter_hides_a_function_its_body_calls():
+    """notebook 12's P/D session took its round count as ``itl_rounds`` and called the module's ``itl_rounds()``:
+    only the full mode reached it, where it would have called an int."""
+    bad = {str(p.relative_to(ROOT)): hit for p in sorted((ROOT / "labkit").rglob("*.py"))
+           if (hit := shadowed_calls(p.read_text(encoding="utf-8")))}
+    assert not bad, bad
+
+
+def test_the_shadow_check_catches_a_parameter_named_like_the_function_it_calls():
+    planted = "def itl_rounds(n):\n    return n\n\ndef session(itl_rounds=3):\n    return itl_rounds(2)\n"
+    assert shadowed_calls(planted) == ["session(itl_rounds=…) calls itl_rounds()"]
+    assert shadowed_calls(planted.replace("session(itl_rounds=3)", "session(rounds=3)")) == []

@@ -173,7 +173,7 @@ def _layer_rows(storage: Path, before: set[str], model: str) -> list[dict[str, A
 def pd_session(servers: Mapping[str, vs.VLLMServer], storage: str | Path, model: str, prompts: Sequence[Sequence[int]],
                *, decide: Callable[[int, int, bool], Sequence[str]] = disagg.plan, threshold: int | None = None,
                max_tokens: int = 16, missing_prompt: Sequence[int] = (), short_prompts: Sequence[Sequence[int]] = (),
-               long_prompt: Sequence[int] = (), n_long: int = 2, itl_rounds: int = 3, stream_tokens: int = 32,
+               long_prompt: Sequence[int] = (), n_long: int = 2, burst_rounds: int = 3, stream_tokens: int = 32,
                kill_prompt: Sequence[int] = ()) -> dict[str, Any]:
     """See the module docstring. Returns ``split`` (per prompt), ``missing``, ``itl`` (rows), ``kill`` and the
     proxy's ``summary``."""
@@ -215,7 +215,7 @@ def pd_session(servers: Mapping[str, vs.VLLMServer], storage: str | Path, model:
                               **disagg.kv_log(log), "identical": quality.identical(got.token_ids, want.token_ids), "error": got.error}
         if short_prompts and long_prompt:
             rows = itl_rounds({"plain": plain.url, "split": px.url}, short_prompts, stream_tokens, long_prompt,
-                                     n_long=n_long, n_rounds=itl_rounds)
+                              n_long=n_long, n_rounds=burst_rounds)
             out["itl"] = [{k: v for k, v in r.items() if k != "answers"} | {"answers_equal": quality.all_identical(r["answers"], rows[0]["answers"])}
                           for r in rows]
         if kill_prompt:
