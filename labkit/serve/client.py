@@ -1,5 +1,6 @@
 """One request to an OpenAI-compatible server (labkit's, ``vllm serve``, a router, a proxy), as its client sees it.
 
+``endpoint_url``          a server's completions or chat URL (any other endpoint refused, naming the two)
 ``payload``               a greedy streaming body for the completions or chat endpoint (text or token ids)
 ``send_request``          the one streaming client: every chunk stamped on arrival (``chunk_s``), TTFT and the gaps
                           between chunks (ITL, through ``timing.gaps``) from those stamps, its text and token ids
@@ -26,6 +27,14 @@ from ..core.checks import positive
 from ..core.timing import clock, gaps
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def endpoint_url(base_url: str, endpoint: str) -> str:
+    """The URL of ``endpoint`` ("completions" or "chat") on the server at ``base_url``; ``ValueError`` naming the
+    choices for any other."""
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint={endpoint!r}: choose one of {sorted(ENDPOINTS)}")
+    return base_url.rstrip("/") + ENDPOINTS[endpoint]
 
 
 @dataclass
@@ -233,7 +242,7 @@ def send_ids(base_url: str, prompts: Sequence[Sequence[int]], max_tokens: int, c
     if len(models) != len(prompts) or len(salts) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts, {len(models)} model names and {len(salts)} salts: give one of each "
                          "per prompt (None: the server's model, no salt)")
-    url = base_url.rstrip("/") + ENDPOINTS["completions"]
+    url = endpoint_url(base_url, "completions")
 
     async def go() -> tuple[list[RequestOutput], float]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
@@ -260,12 +269,10 @@ def send_each(base_url: str, bodies: Sequence[Mapping[str, Any]], *, headers: Se
     named in ``keep_headers`` are kept. A body without a "model" gets the one the server lists first."""
     import aiohttp
 
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint={endpoint!r}: choose one of {sorted(ENDPOINTS)}")
     per = list(headers) if headers is not None else [None] * len(bodies)
     if len(per) != len(bodies):
         raise ValueError(f"{len(bodies)} bodies and {len(per)} headers: give one per body (None: no extra headers)")
-    url = base_url.rstrip("/") + ENDPOINTS[endpoint]
+    url = endpoint_url(base_url, endpoint)
 
     async def go() -> list[RequestOutput]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
@@ -325,9 +332,7 @@ def burst(base_url: str, stream_prompts: Sequence[Prompt], stream_tokens: int, b
         raise ValueError(f"after={after}, stream_tokens={stream_tokens}: need 0 < after < stream_tokens, so the burst "
                          "comes while the streams are still decoding")
     positive("burst_tokens", burst_tokens)
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint={endpoint!r}: choose one of {sorted(ENDPOINTS)}")
-    url = base_url.rstrip("/") + ENDPOINTS[endpoint]
+    url = endpoint_url(base_url, endpoint)
 
     async def go() -> Burst:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
@@ -352,9 +357,7 @@ def post_all(base_url: str, bodies: Sequence[Mapping[str, Any]], *, endpoint: st
     lists first. (The wall seconds from the first send to the last answer, each ``post_json`` result in order.)"""
     import aiohttp
 
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint={endpoint!r}: choose one of {sorted(ENDPOINTS)}")
-    url = base_url.rstrip("/") + ENDPOINTS[endpoint]
+    url = endpoint_url(base_url, endpoint)
 
     async def go() -> tuple[float, list[dict[str, Any]]]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
