@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..core.checks import positive
 from ..core.results import jsonable
 from ..core.timing import P99_MIN_SAMPLES, clock, latency_summary
 from ..model.prompts import load_prompts
@@ -128,11 +129,6 @@ class BenchmarkResult:
         return pd.DataFrame([{**asdict(o), "tpot_s": o.tpot_s, "itl_s": None, "chunk_s": None} for o in self.outputs])
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r}: must be a positive integer")
-
-
 @dataclass(frozen=True)
 class Workload:
     """What a load run sends: ``num_requests`` requests to ``endpoint``, ``prompts`` (text, or token ids for the
@@ -166,9 +162,9 @@ class Workload:
             if not self.max_tokens:
                 raise ValueError("max_tokens=[]: give one positive integer, or a list of them (one per request, "
                                  "cycled)")
-        _positive_int("num_requests", self.num_requests)
+        positive("num_requests", self.num_requests)
         for limit in self.limits:
-            _positive_int("max_tokens", limit)
+            positive("max_tokens", limit)
         if self.max_concurrency is not None and (isinstance(self.max_concurrency, bool) or not isinstance(
                 self.max_concurrency, int) or self.max_concurrency <= 0):
             raise ValueError(f"max_concurrency={self.max_concurrency!r}: a positive integer, or None for no limit")

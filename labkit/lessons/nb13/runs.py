@@ -40,7 +40,7 @@ def replay(url: str, prompts: Prompts, *, max_tokens: int = 4, model: str | None
     in the router's routing-key header (a router that takes text only gets the prompts as text). One row per
     request."""
     positive("max_tokens", max_tokens)
-    turns = list(order(prompts))
+    turns = order(prompts)
     bodies = [client.payload("completions", p if isinstance(p := prompts[s][t], str) else list(p), model, max_tokens,
                              ignore_eos=True, return_token_ids=True, cache_salt=salt) for s, t in turns]
     headers = [{ROUTING_KEY_HEADER: f"session-{s}"} if routing_key else None for s, _ in turns]
