@@ -30,6 +30,8 @@ takes them from here, and no findings module compares a measured ratio against a
 """
 from __future__ import annotations
 
+import json
+import os
 import random
 import statistics
 from collections.abc import Mapping
@@ -88,6 +90,19 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "ratio": self.ratio, "gain": self.gain, "n": self.n, "reason": self.reason}
+
+
+LOG_ENV = "LABKIT_VERDICT_LOG"  # a path: every compare()/against() verdict is appended there, one JSON line each
+
+
+def _logged(v: Verdict, how: str) -> Verdict:
+    """``v``, appended to the file ``LABKIT_VERDICT_LOG`` names when it is set (``python -m bench.verdicts`` counts
+    a run's verdicts from it: which differences of 10 % or more were called noise, a tie or no verdict)."""
+    path = os.environ.get(LOG_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"how": how, **v.to_dict()}) + "\n")
+    return v
 
 
 def phrase(v: Verdict, what: str, better: str = "faster", worse: str = "slower") -> str:
@@ -154,6 +169,12 @@ def compare(new: Any, base: Any, *, higher_is_better: bool = True, bound: float 
             floor: float | None = None, floor_why: str = "", twin: Any = None, twin_why: str = "") -> Verdict:
     """Judge ``new`` against ``base`` (see the module docstring); ``bound``/``floor`` limit the gain, ``twin`` is an
     independent measurement the baseline should agree with."""
+    return _logged(_compare(new, base, higher_is_better=higher_is_better, bound=bound, bound_why=bound_why,
+                            floor=floor, floor_why=floor_why, twin=twin, twin_why=twin_why), "compare")
+
+
+def _compare(new: Any, base: Any, *, higher_is_better: bool, bound: float | None, bound_why: str,
+             floor: float | None, floor_why: str, twin: Any, twin_why: str) -> Verdict:
     a, b = _values(new), _values(base)
     med_a, med_b = statistics.median(a), statistics.median(b)
     ratio = _ratio(med_a, med_b, "compare()")
@@ -190,6 +211,10 @@ def against(value: float, base: Any, *, higher_is_better: bool = True) -> Verdic
     """One value (a first call, a lone run) against samples of the same quantity (the steady calls after it): better
     or worse when it lies outside their p10–p90 range and off their median by ``TOLERANCE`` or more, within noise
     inside it; with fewer than ``MIN_SAMPLES`` samples, a tie within ``TIE`` or no verdict."""
+    return _logged(_against(value, base, higher_is_better=higher_is_better), "against")
+
+
+def _against(value: float, base: Any, *, higher_is_better: bool) -> Verdict:
     b = _values(base)
     med_b = statistics.median(b)
     ratio = _ratio(float(value), med_b, "against()")
