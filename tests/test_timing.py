@@ -112,13 +112,15 @@ def test_every_interval_goes_through_the_timing_primitive():
     assert not offenders, f"time these through labkit.core.timing (clock() for host work): {offenders}"
 
 
-def test_interleave_times_variants_in_rounds_with_the_baseline_first_and_last():
+def test_interleave_times_variants_in_shuffled_rounds_with_the_baseline_again_after_them():
     order = []
     calls = {name: (lambda name=name: order.append(name)) for name in "ABC"}
     result = timing.interleave(calls, rounds=3, warmup=1)
-    assert order == list("ABC") + list("ABCABCABC") + ["A"]  # warmups, three rounds, the baseline again
-    assert [result[n].n for n in "ABC"] == [4, 3, 3] and result.baseline == "A"
-    assert "timed first and last" in result.drift_line() and result["B"].meta["interleaved"]
+    assert order[:3] == list("ABC") and order[-1] == "A"  # warmups in order; the baseline's extra pass last
+    assert [sorted(order[3 + 3 * i: 6 + 3 * i]) for i in range(3)] == [list("ABC")] * 3  # each round runs each once
+    assert [tuple(order[3 + 3 * i: 6 + 3 * i]) for i in range(3)] == result.order
+    assert [result[n].n for n in "ABC"] == [3, 3, 3] and result.baseline == "A"  # the extra pass is not a sample
+    assert "after the last round" in result.drift_line() and result["B"].meta["interleaved"]
     with pytest.raises(ValueError, match="rounds=0"):
         timing.interleave(calls, rounds=0)
 
@@ -135,19 +137,38 @@ def test_measure_warns_when_its_samples_disagree(monkeypatch):
         timing.measure(uneven, repeats=4, warmup=0, name="uneven")
 
 
-def test_rounds_interleaves_calls_and_repeats_the_first_at_the_end():
+def test_rounds_keep_the_round_index_and_the_extra_baseline_pass_apart():
     order = []
-    done = timing.rounds({m: (lambda m=m: order.append(m) or len(order)) for m in "ABC"}, 2)
+    done = timing.rounds({m: (lambda m=m: order.append(m) or len(order)) for m in "ABC"}, 2, shuffle=False)
     assert "".join(order) == "ABCABCA"
-    assert done == {"A": [1, 4, 7], "B": [2, 5], "C": [3, 6]}
+    assert done == {"A": [1, 4], "B": [2, 5], "C": [3, 6]} and done.again == 7 and done.ends() == [1, 7]
+    assert done.order == [tuple("ABC")] * 2
     order.clear()
-    timing.rounds({"A": lambda: order.append("A"), "B": lambda: order.append("B")}, 2, again=False)
-    assert order == ["A", "B", "A", "B"]
+    no_extra = timing.rounds({"A": lambda: order.append("A"), "B": lambda: order.append("B")}, 2, again=False,
+                             shuffle=False)
+    assert order == ["A", "B", "A", "B"] and no_extra.again is None and no_extra.ends() == [None]
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="positive integer"):
             timing.rounds({"A": lambda: None}, bad)
     with pytest.raises(ValueError, match="at least one call"):
         timing.rounds({}, 2)
+
+
+def test_rounds_shuffle_each_round_by_default_every_order_about_equally_often_and_repeatably():
+    def run(seed=timing.ORDER_SEED):
+        stamps = []
+        done = timing.rounds({m: (lambda m=m: stamps.append(m) or len(stamps)) for m in "AB"}, 200, again=False,
+                             seed=seed)
+        return done, stamps
+
+    done, stamps = run()
+    firsts = [o[0] for o in done.order]
+    assert 70 <= firsts.count("A") <= 130, "each order should run about half the time"
+    assert "".join(stamps) == "".join("".join(o) for o in done.order)  # the order recorded is the order run
+    for i, o in enumerate(done.order):  # round i's results sit at index i whichever ran first
+        a, b = done["A"][i], done["B"][i]
+        assert (a < b) == (o[0] == "A") and abs(a - b) == 1
+    assert run()[0].order == done.order and run(seed=1)[0].order != done.order  # seeded: a rerun repeats it
 
 
 def test_sync_never_creates_a_cuda_context_for_a_host_interval(monkeypatch):

@@ -107,7 +107,8 @@ def test_one_value_against_the_samples_it_should_match():
     steady = [360.0, 362.0, 365.0, 361.0, 363.0]
     assert verdict.against(398.0, steady, higher_is_better=False).kind == WORSE  # a first call that paid
     assert verdict.against(362.5, steady, higher_is_better=False).kind == NOISE
-    assert verdict.against(398.0, steady[:2], higher_is_better=False).kind == TIED
+    assert verdict.against(394.0, steady[:2], higher_is_better=False).kind == TIED  # 1.09x: within 10 % either way
+    assert verdict.against(398.0, steady[:2], higher_is_better=False).kind == NO_VERDICT  # 1.10x one way, 0.907x back
 
 
 def test_doubts_flag_a_rough_spread_and_a_drift_on_any_machine():

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 import warnings
@@ -256,50 +257,82 @@ def measure(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1, name: s
     return result
 
 
+ORDER_SEED = 0  # rounds() shuffles each round's order with this seed by default: a rerun repeats its order
+
+
 @dataclass
 class Interleaved:
-    """Variants timed in rounds (A B C A B C … A): drift hits them alike; the baseline ``A`` runs first and last."""
+    """Variants timed in rounds, each round in a shuffled order (B A C, A C B, …): drift hits them alike, and round
+    i of every variant forms a pair (``order``: who ran when). The baseline ``A`` is timed once more after the last
+    round (not a round): ``drift`` is that extra pass over its first."""
 
     measurements: dict[str, Measurement]
     baseline: str
-    drift: float  # the baseline's last sample / its first: 1.0 on a steady machine
+    drift: float  # the baseline's extra pass after the last round / its first: 1.0 on a steady machine
+    order: list[tuple[str, ...]] = field(default_factory=list)  # the order the calls ran in, round by round
 
     def __getitem__(self, name: str) -> Measurement:
         return self.measurements[name]
 
     def drift_line(self) -> str:
         change = "steady" if abs(self.drift - 1) <= SPREAD_LIMIT else "drifted"
-        return (f"Baseline '{self.baseline}' timed first and last: last / first = {self.drift:.2f} ({change}; "
-                f"{self.measurements[self.baseline].n} samples each variant, interleaved)")
+        return (f"Baseline '{self.baseline}' timed first and after the last round: last / first = {self.drift:.2f} "
+                f"({change}; {self.measurements[self.baseline].n} rounds, each in a shuffled order)")
 
 
-def rounds(calls: dict[str, Callable[[], T]], n: int, *, again: bool = True) -> dict[str, list[T]]:
-    """Each of ``calls`` once per round, in order, ``n`` rounds (A B C A B C …); what each call returned, by name.
+class Rounds(dict):
+    """What ``rounds()`` returns: each call's results by name, one per round, round i at index i (round i of A and
+    round i of B form a pair); ``order`` the order the calls ran in each round; ``again`` the baseline's extra pass
+    after the last round (not a round: it measures drift), None without one."""
 
-    With ``again`` the first call (the baseline) runs once more after the last round, so it runs first and last
-    and its first and last results show how far the machine drifted meanwhile. Interleaving is the one way to
-    compare variants on a machine whose load moves: a slowdown mid-way hits every variant alike.
+    def __init__(self, done: dict[str, list[Any]], order: list[tuple[str, ...]], baseline: str, again: Any = None):
+        super().__init__(done)
+        self.order, self.baseline, self.again = order, baseline, again
+
+    def ends(self) -> list[Any]:
+        """The baseline's first pass and its extra pass after the last round (drift = last / first); just the first
+        when there was no extra pass."""
+        first = self[self.baseline][0]
+        return [first] if self.again is None else [first, self.again]
+
+
+def rounds(calls: dict[str, Callable[[], T]], n: int, *, again: bool = True, shuffle: bool = True,
+           seed: int = ORDER_SEED) -> Rounds:
+    """Each of ``calls`` once per round, ``n`` rounds; what each call returned, by name, round i at index i.
+
+    With ``shuffle`` (the default) each round runs the calls in a random order drawn from ``seed`` (A B, B A, B A,
+    A B, …), so over many rounds every order runs about equally often and neither side always runs first, after
+    the other's leftovers; without it, in the order given. With ``again`` the first call (the baseline) runs once
+    more after the last round: that extra pass, ``Rounds.again``, is not a round, and ``Rounds.ends()`` (first,
+    extra) shows how far the machine drifted meanwhile. Interleaving is the one way to compare variants on a machine
+    whose load moves: a slowdown mid-way hits every variant alike, and the rounds pair up for
+    ``verdict.compare(…, paired=True)``.
     """
     if not calls:
         raise ValueError("rounds() needs at least one call")
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise ValueError(f"rounds n={n!r}: must be a positive integer")
+    rng = random.Random(seed)
     done: dict[str, list[T]] = {name: [] for name in calls}
+    order: list[tuple[str, ...]] = []
     for _ in range(n):
-        for name, fn in calls.items():
-            done[name].append(fn())
-    if again:
-        first = next(iter(calls))
-        done[first].append(calls[first]())
-    return done
+        names = list(calls)
+        if shuffle:
+            rng.shuffle(names)
+        order.append(tuple(names))
+        for name in names:
+            done[name].append(calls[name]())
+    first = next(iter(calls))
+    return Rounds(done, order, first, calls[first]() if again else None)
 
 
 def interleave(calls: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 1, device: Any = None,
-               baseline_again: bool = True) -> Interleaved:
-    """Time each of ``calls`` once per round, in order, ``rounds`` times; the first call is the baseline.
+               baseline_again: bool = True, shuffle: bool = True, seed: int = ORDER_SEED) -> Interleaved:
+    """Time each of ``calls`` once per round, ``rounds`` rounds, each round in a shuffled order (``rounds()``); the
+    first call is the baseline, and every variant's samples pair up with the baseline's round by round.
 
     Each variant gets ``warmup`` untimed calls first. With ``baseline_again`` the baseline is timed once more
-    after the last round, so it runs first and last and ``drift`` says how much the machine moved meanwhile.
+    after the last round (not a sample), so ``drift`` says how much the machine moved meanwhile.
     """
     if not calls:
         raise ValueError("interleave() needs at least one call to time")
@@ -320,14 +353,16 @@ def interleave(calls: dict[str, Callable[[], Any]], *, rounds: int, warmup: int 
             return now(device) - t0
         return once
 
-    samples = _rounds({name: timed(fn) for name, fn in calls.items()}, rounds, again=baseline_again)
+    samples = _rounds({name: timed(fn) for name, fn in calls.items()}, rounds, again=baseline_again, shuffle=shuffle,
+                      seed=seed)
     baseline = next(iter(calls))
     out = {name: Measurement(name=name, samples=values, first=first.get(name, values[0]), warmup=warmup,
                              meta={"interleaved": True})
            for name, values in samples.items()}
     for m in out.values():
         m.warn_if_noisy()
-    return Interleaved(out, baseline, samples[baseline][-1] / samples[baseline][0])
+    ends = samples.ends()
+    return Interleaved(out, baseline, ends[-1] / ends[0], samples.order)
 
 
 _rounds = rounds  # interleave's keyword ``rounds`` shadows the function inside it

@@ -31,6 +31,7 @@ takes them from here, and no findings module compares a measured ratio against a
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import statistics
@@ -48,6 +49,11 @@ TIE = 0.10  # two values within 10 % of each other, with no spread to judge them
 ANOMALY = 2.0  # a baseline more than 2× off its twin measures an anomaly, not the variant
 ROUGH_SPREAD = 0.25  # (p90 − p10) / median above this: the median is a rough figure
 DRIFT_RANGE = (0.8, 1.25)  # the baseline timed last over first, outside this: the machine moved during the run
+MIN_PAIRS = 6  # an exact sign-flip test on fewer pairs cannot reach p < ALPHA: its smallest p is 2/2ⁿ
+ALPHA = 0.05  # two-sided significance of the paired test
+POWER = 0.90  # the power pairs_needed() sizes a run for
+EXACT_PAIRS = 16  # up to this many pairs the sign-flip test enumerates every sign pattern; beyond, a seeded sample
+FLIPS = 20_000  # sign patterns sampled beyond EXACT_PAIRS
 CLAIM_POINTS = 0.05  # a published share ("INT8: −75 % memory") holds when the measured share is within 5 points
 
 BETTER, WORSE, NOISE, IMPLAUSIBLE = "better", "worse", "within noise", "implausible — rerun"
@@ -63,6 +69,11 @@ class Verdict:
     gain: float  # the ratio in the direction of "better" (> 1 is better)
     n: int  # the smaller sample count
     reason: str  # why this verdict, in words a learner can check
+    paired: bool = False  # judged on paired rounds (n is then the number of pairs)
+    p: float | None = None  # the paired test's two-sided p
+    low: float | None = None  # the 95 % interval of the ratio (paired only)
+    high: float | None = None
+    more: int | None = None  # pairs still to run for a verdict (a paired "no verdict")
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS, f"unknown verdict kind {self.kind!r}"
@@ -79,7 +90,8 @@ class Verdict:
         if self.kind == TIED:
             return TIE_LABEL
         if self.kind == NO_VERDICT:
-            return f"{NO_VERDICT} ({self.n} sample{'s' * (self.n != 1)})"
+            unit = "pair" if self.paired else "sample"
+            return f"{NO_VERDICT} ({self.n} {unit}{'s' * (self.n != 1)})"
         if self.kind == ANOMALOUS:
             return f"{ANOMALOUS} — rerun"
         return self.kind
@@ -89,7 +101,10 @@ class Verdict:
         return self.kind in (BETTER, WORSE)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "ratio": self.ratio, "gain": self.gain, "n": self.n, "reason": self.reason}
+        out = {"kind": self.kind, "ratio": self.ratio, "gain": self.gain, "n": self.n, "reason": self.reason}
+        if self.paired:
+            out.update(paired=True, p=self.p, low=self.low, high=self.high, more=self.more)
+        return out
 
 
 LOG_ENV = "LABKIT_VERDICT_LOG"  # a path: every compare()/against() verdict is appended there, one JSON line each
@@ -165,46 +180,202 @@ def _ratio(a: float, b: float, what: str) -> float:
     return a / b
 
 
-def compare(new: Any, base: Any, *, higher_is_better: bool = True, bound: float | None = None, bound_why: str = "",
-            floor: float | None = None, floor_why: str = "", twin: Any = None, twin_why: str = "") -> Verdict:
+def _within(gain: float, share: float) -> bool:
+    """Whether a ratio lies within ``share`` of 1 either way, the same test for a ratio and its inverse (1.11× and
+    0.90× are the same distance apart)."""
+    return max(gain, 1 / gain) < 1 + share
+
+
+def compare(new: Any, base: Any, *, higher_is_better: bool = True, paired: bool = False, bound: float | None = None,
+            bound_why: str = "", floor: float | None = None, floor_why: str = "", twin: Any = None,
+            twin_why: str = "") -> Verdict:
     """Judge ``new`` against ``base`` (see the module docstring); ``bound``/``floor`` limit the gain, ``twin`` is an
-    independent measurement the baseline should agree with."""
-    return _logged(_compare(new, base, higher_is_better=higher_is_better, bound=bound, bound_why=bound_why,
-                            floor=floor, floor_why=floor_why, twin=twin, twin_why=twin_why), "compare")
+    independent measurement the baseline should agree with. With ``paired`` the two sides are per-round statistics
+    of interleaved rounds, round i of each side at index i, judged by ``paired_test`` (see ``compare_paired``)."""
+    limits = dict(bound=bound, bound_why=bound_why, floor=floor, floor_why=floor_why, twin=twin, twin_why=twin_why)
+    if paired:
+        return _logged(compare_paired(new, base, higher_is_better=higher_is_better, **limits), "paired")
+    return _logged(_compare(new, base, higher_is_better=higher_is_better, **limits), "compare")
 
 
-def _compare(new: Any, base: Any, *, higher_is_better: bool, bound: float | None, bound_why: str,
-             floor: float | None, floor_why: str, twin: Any, twin_why: str) -> Verdict:
+def _limits(ratio: float, gain: float, n: int, base_median: float, *, bound: float | None, bound_why: str,
+            floor: float | None, floor_why: str, twin: Any, twin_why: str, **paired: Any) -> Verdict | None:
+    """An implausible gain (beyond its bound or floor) or an anomalous baseline (off its twin), else None."""
+    if bound is not None and gain > bound * (1 + SLACK):
+        why = f" ({bound_why})" if bound_why else ""
+        return Verdict(IMPLAUSIBLE, ratio, gain, n, f"{gain:.2f}× beats its bound {bound:.2f}×{why}", **paired)
+    if floor is not None and gain < floor / (1 + SLACK):
+        why = f" ({floor_why})" if floor_why else ""
+        return Verdict(IMPLAUSIBLE, ratio, gain, n, f"{gain:.2f}× falls below its floor {floor:.2f}×{why}", **paired)
+    if twin is not None:
+        med_t = statistics.median(_values(twin))
+        off = _ratio(base_median, med_t, "compare(twin=)")
+        if max(off, 1 / off) > ANOMALY:
+            why = f" ({twin_why})" if twin_why else ""
+            return Verdict(ANOMALOUS, ratio, gain, n, f"the baseline's median {base_median:.3g} is {off:.2f}× its "
+                                                      f"twin's {med_t:.3g}{why}, more than {ANOMALY:g}× apart",
+                           **paired)
+    return None
+
+
+def _compare(new: Any, base: Any, *, higher_is_better: bool, **limits: Any) -> Verdict:
     a, b = _values(new), _values(base)
     med_a, med_b = statistics.median(a), statistics.median(b)
     ratio = _ratio(med_a, med_b, "compare()")
     gain = ratio if higher_is_better else 1 / ratio
     n = min(len(a), len(b))
-    if bound is not None and gain > bound * (1 + SLACK):
-        why = f" ({bound_why})" if bound_why else ""
-        return Verdict(IMPLAUSIBLE, ratio, gain, n, f"{gain:.2f}× beats its bound {bound:.2f}×{why}")
-    if floor is not None and gain < floor / (1 + SLACK):
-        why = f" ({floor_why})" if floor_why else ""
-        return Verdict(IMPLAUSIBLE, ratio, gain, n, f"{gain:.2f}× falls below its floor {floor:.2f}×{why}")
-    if twin is not None:
-        med_t = statistics.median(_values(twin))
-        off = _ratio(med_b, med_t, "compare(twin=)")
-        if max(off, 1 / off) > ANOMALY:
-            why = f" ({twin_why})" if twin_why else ""
-            return Verdict(ANOMALOUS, ratio, gain, n, f"the baseline's median {med_b:.3g} is {off:.2f}× its twin's "
-                                                      f"{med_t:.3g}{why}, more than {ANOMALY:g}× apart")
+    wild = _limits(ratio, gain, n, med_b, **limits)
+    if wild:
+        return wild
     if n < MIN_SAMPLES:
         each = f"{n} sample{'s' * (n != 1)}"
-        if abs(gain - 1) < TIE:
+        if _within(gain, TIE):
             return Verdict(TIED, ratio, gain, n, f"{each}, medians within {TIE:.0%} of each other")
         return Verdict(NO_VERDICT, ratio, gain, n, f"{each}: at least {MIN_SAMPLES} tell a difference from noise")
     lo_a, hi_a, lo_b, hi_b = percentile(a, 10), percentile(a, 90), percentile(b, 10), percentile(b, 90)
     if lo_a <= hi_b and lo_b <= hi_a:
         return Verdict(NOISE, ratio, gain, n, "the p10–p90 ranges overlap")
-    if abs(ratio - 1) < TOLERANCE:
+    if _within(ratio, TOLERANCE):
         return Verdict(NOISE, ratio, gain, n, f"the medians differ by less than {TOLERANCE:.0%}")
     kind = BETTER if gain > 1 else WORSE
     return Verdict(kind, ratio, gain, n, f"{n}+ samples each, p10–p90 ranges apart")
+
+
+# ----------------------------------------------------------------------------------------- the paired test
+
+
+def log_ratios(new: Any, base: Any) -> list[float]:
+    """ln(new_i / base_i) for each round i: the per-pair figure the paired test and ``pairs_needed`` work on."""
+    a, b = _values(new), _values(base)
+    if len(a) != len(b):
+        raise ValueError(f"a paired comparison needs one value per round on each side, got {len(a)} and {len(b)}: "
+                         "pass the per-round statistics, round i of each side at index i (timing.rounds keeps them "
+                         "so; its extra baseline pass is not a round)")
+    if any(x <= 0 for x in a + b):
+        raise ValueError("a paired comparison needs positive per-round values: times, rates and sizes only")
+    return [math.log(x / y) for x, y in zip(a, b)]
+
+
+def sign_flip_p(d: list[float], *, seed: int = 0) -> float:
+    """The two-sided p of an exact sign-flip permutation test on the mean of ``d`` (per-pair log-ratios): under "no
+    difference" each pair's sign is a coin toss, so p is the share of the 2ⁿ sign patterns whose mean is at least as
+    far from 0 as the one measured. Beyond ``EXACT_PAIRS`` pairs, ``FLIPS`` patterns drawn with ``seed``."""
+    if not d:
+        raise ValueError("sign_flip_p() needs at least one pair")
+    observed = abs(math.fsum(d))
+    eps = 1e-9 * (math.fsum(abs(x) for x in d) or 1.0)  # the measured pattern itself counts, whatever the rounding
+    if len(d) <= EXACT_PAIRS:
+        sums = [0.0]
+        for x in d:
+            sums = [s + x for s in sums] + [s - x for s in sums]
+        return sum(abs(s) >= observed - eps for s in sums) / len(sums)
+    rng = random.Random(seed)
+    hits = sum(abs(math.fsum(x if rng.random() < 0.5 else -x for x in d)) >= observed - eps for _ in range(FLIPS))
+    return (hits + 1) / (FLIPS + 1)
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function (modified Lentz)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + num * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1) < 1e-14:
+            break
+    return h
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T ≤ t) for Student's t with ``df`` degrees of freedom."""
+    if df < 1:
+        raise ValueError(f"df={df}: Student's t needs at least 1 degree of freedom")
+    x = df / (df + t * t)
+    a, b = df / 2, 0.5
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) \
+        if 0 < x < 1 else 0.0
+    tail = front * _beta_fraction(a, b, x) / a if x < (a + 1) / (a + b + 2) else \
+        1 - front * _beta_fraction(b, a, 1 - x) / b if x < 1 else 1.0  # I_x(df/2, 1/2) = P(|T| ≥ |t|)
+    return 1 - tail / 2 if t > 0 else tail / 2
+
+
+def t_quantile(q: float, df: int) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (t₀.₉₇₅,₅ = 2.571), by bisection."""
+    if not 0 < q < 1:
+        raise ValueError(f"q={q}: a quantile is a share between 0 and 1")
+    if q < 0.5:
+        return -t_quantile(1 - q, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < q:
+        lo, hi = hi, hi * 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def pairs_needed(sigma_d: float, change: float, *, alpha: float = ALPHA, power: float = POWER) -> int:
+    """Pairs a paired t test needs to catch a ``change`` (0.086 for 8.6 %) at two-sided ``alpha`` with ``power``,
+    when the per-pair log-ratios spread by ``sigma_d``: the least n with n ≥ (t₁₋α/₂,ₙ₋₁ + t_power,ₙ₋₁)² ·
+    (σ_d/δ)², δ = ln(1 + change). Never fewer than ``MIN_PAIRS``."""
+    if change <= 0 or sigma_d < 0:
+        raise ValueError(f"pairs_needed(sigma_d={sigma_d}, change={change}): the change must be positive (0.086 for "
+                         "8.6 %) and the spread not negative")
+    scale = (sigma_d / math.log1p(change)) ** 2
+    n = max(2, math.ceil(10.5 * scale))  # the normal approximation undercounts: start there and count up
+    while n < 1_000_000 and n < (t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) ** 2 * scale:
+        n += 1
+    return max(n, MIN_PAIRS)
+
+
+def _more(n: int, sd: float | None, mean: float) -> int:
+    """Pairs to run beyond these ``n`` for a verdict: those the t formula needs to tell this run's difference (at
+    least ``TOLERANCE``) from nothing with this run's spread, or up to ``MIN_PAIRS`` where the spread is unknown."""
+    if not sd:
+        return max(MIN_PAIRS - n, 1)
+    return max(pairs_needed(sd, max(math.expm1(abs(mean)), TOLERANCE)) - n, 1)
+
+
+def compare_paired(new: Any, base: Any, *, higher_is_better: bool = True, **limits: Any) -> Verdict:
+    """Paired rounds judged on their per-round log-ratios (``compare(..., paired=True)``): the ratio is their
+    geometric mean, p the exact sign-flip test's, the interval a t interval on the mean log-ratio.
+
+    "better"/"worse": p < ``ALPHA`` and the ratio beyond ``TOLERANCE``; "within noise": the 95 % interval inside
+    ±``TOLERANCE``; else "no verdict", its reason saying how many more pairs to run (``pairs_needed`` with this run's
+    spread) — as it does below ``MIN_PAIRS`` pairs, whatever the difference."""
+    limits = {k: limits.get(k) for k in ("bound", "floor", "twin")} | \
+        {k: limits.get(k) or "" for k in ("bound_why", "floor_why", "twin_why")}
+    d = log_ratios(new, base)
+    n, mean = len(d), math.fsum(d) / len(d)
+    ratio = math.exp(mean)
+    gain = ratio if higher_is_better else 1 / ratio
+    sd = statistics.stdev(d) if n >= 2 else None
+    wild = _limits(ratio, gain, n, statistics.median(_values(base)), **limits, paired=True)
+    if wild:
+        return wild
+    pairs = f"{n} pair{'s' * (n != 1)}"
+    if n < MIN_PAIRS:
+        more = _more(n, sd, mean)
+        return Verdict(NO_VERDICT, ratio, gain, n, f"{pairs}: a paired test needs at least {MIN_PAIRS}; run {more} "
+                                                   "more pairs", paired=True, more=more)
+    p = sign_flip_p(d)
+    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+    low, high = math.exp(mean - half), math.exp(mean + half)
+    test = (f"paired sign-flip test, {pairs}: p = {p:.3f}, ratio {ratio:.3f}× (95 % interval {low:.3f}–"
+            f"{high:.3f}×)")
+    extra = dict(paired=True, p=p, low=low, high=high)
+    if p < ALPHA and not _within(ratio, TOLERANCE):
+        return Verdict(BETTER if gain > 1 else WORSE, ratio, gain, n, test, **extra)
+    if _within(low, TOLERANCE) and _within(high, TOLERANCE):
+        return Verdict(NOISE, ratio, gain, n, f"{test}, inside ±{TOLERANCE:.0%}", **extra)
+    more = _more(n, sd, mean)
+    return Verdict(NO_VERDICT, ratio, gain, n, f"{test}: run {more} more pairs", **extra, more=more)
 
 
 def against(value: float, base: Any, *, higher_is_better: bool = True) -> Verdict:
@@ -222,10 +393,10 @@ def _against(value: float, base: Any, *, higher_is_better: bool) -> Verdict:
     n = len(b)
     if n < MIN_SAMPLES:
         each = f"{n} sample{'s' * (n != 1)} to judge it by"
-        if abs(gain - 1) < TIE:
+        if _within(gain, TIE):
             return Verdict(TIED, ratio, gain, n, f"{each}, within {TIE:.0%} of its median")
         return Verdict(NO_VERDICT, ratio, gain, n, f"{each}: at least {MIN_SAMPLES} tell a difference from noise")
-    if percentile(b, 10) <= value <= percentile(b, 90) or abs(ratio - 1) < TOLERANCE:
+    if percentile(b, 10) <= value <= percentile(b, 90) or _within(ratio, TOLERANCE):
         return Verdict(NOISE, ratio, gain, n, f"inside the p10–p90 range of the {n} it is held against")
     return Verdict(BETTER if gain > 1 else WORSE, ratio, gain, n, f"outside the p10–p90 range of the {n} it is held "
                                                                   "against")
@@ -236,9 +407,9 @@ def versus(new: float, base: float, *, higher_is_better: bool = True) -> Verdict
     errors, a measurement against a model's prediction): a tie within ``TIE``, else better or worse."""
     ratio = _ratio(float(new), float(base), "versus()")
     gain = ratio if higher_is_better else 1 / ratio
-    if abs(gain - 1) < TIE:
+    if _within(gain, TIE):
         return Verdict(TIED, ratio, gain, 1, f"one value each, within {TIE:.0%} of each other")
-    return Verdict(BETTER if gain > 1 else WORSE, ratio, gain, 1, f"one value each, {abs(gain - 1):.0%} apart")
+    return Verdict(BETTER if gain > 1 else WORSE, ratio, gain, 1, f"one value each, {max(gain, 1 / gain) - 1:.0%} apart")
 
 
 ONE_RUN_RULE = f"one run each with a {TOLERANCE:.0%} step"  # the naive reader, as a sentence names it
@@ -250,9 +421,10 @@ def one_run_each(new: float, base: float, *, higher_is_better: bool = True) -> V
     takeaway with: its A/A false-positive rate is what the notebook measures."""
     ratio = _ratio(float(new), float(base), "one_run_each()")
     gain = ratio if higher_is_better else 1 / ratio
-    if abs(ratio - 1) < TOLERANCE:
+    if _within(ratio, TOLERANCE):
         return Verdict(NOISE, ratio, gain, 1, f"{ONE_RUN_RULE}: less than the step apart")
-    return Verdict(BETTER if gain > 1 else WORSE, ratio, gain, 1, f"{ONE_RUN_RULE}: {abs(ratio - 1):.0%} apart")
+    return Verdict(BETTER if gain > 1 else WORSE, ratio, gain, 1,
+                   f"{ONE_RUN_RULE}: {max(ratio, 1 / ratio) - 1:.0%} apart")
 
 
 def largest(pieces: Mapping[str, float]) -> list[str]:

@@ -201,8 +201,9 @@ def decode_rounds(model: Any, tokenizer: Any, batches: list[int], new_tokens: in
                   prompt: str = TIMED_PROMPT, drift: bool = True) -> list[dict[str, Any]]:
     """``measure_decode`` for several batch sizes, interleaved: rounds of 1 4 8 1 4 8 … so drift hits all alike.
 
-    With ``drift`` the first batch runs once more at the end (first and last) and every row carries
-    ``drift`` = its last TPOT / its first. Each row keeps its samples (``samples``: tpot_s, aggregate_tokens_per_s).
+    Each round runs the sizes in a shuffled order (``timing.rounds``), so round i of every size forms a pair. With
+    ``drift`` the first batch runs once more after the last round (not a round) and every row carries ``drift`` =
+    that pass's TPOT / its first. Each row keeps its samples (``samples``: tpot_s, aggregate_tokens_per_s).
     """
     for batch in batches:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
@@ -213,7 +214,7 @@ def decode_rounds(model: Any, tokenizer: Any, batches: list[int], new_tokens: in
     calls = {str(b): (lambda b=b: generate(model, tokenizer, [prompt] * b, max_new_tokens=new_tokens,
                                            fixed_length=True)) for b in batches}
     runs = timing.rounds(calls, rounds, again=drift)
-    moved = _drift(runs[str(batches[0])]) if drift else None
+    moved = _drift(runs.ends()) if drift else None
     return [_decode_row(runs[str(b)], b, new_tokens, moved) for b in batches]
 
 
@@ -221,8 +222,9 @@ def decode_variants(variants: dict[str, tuple[Any, Any]], new_tokens: int = 64, 
                     prompt: str = TIMED_PROMPT) -> dict[str, dict[str, Any]]:
     """Decode speed of several loaded models (name → (model, tokenizer)), timed in interleaved rounds.
 
-    One warmup request each, then rounds of one greedy request per model (A B C A B C … A: the first, the
-    baseline, runs first and last); each row as ``decode_rounds`` gives it, ``drift`` the baseline's.
+    One warmup request each, then rounds of one greedy request per model, each round in a shuffled order, and the
+    first (the baseline) once more after the last round; each row as ``decode_rounds`` gives it, ``drift`` the
+    baseline's.
     """
     if not variants:
         raise ValueError("decode_variants() needs at least one (model, tokenizer)")
@@ -232,7 +234,7 @@ def decode_variants(variants: dict[str, tuple[Any, Any]], new_tokens: int = 64, 
     calls = {name: (lambda m=m, t=t: generate(m, t, [prompt], max_new_tokens=new_tokens, fixed_length=True))
              for name, (m, t) in variants.items()}
     runs = timing.rounds(calls, rounds)
-    moved = _drift(runs[next(iter(variants))])
+    moved = _drift(runs.ends())
     return {name: _decode_row(runs[name], 1, new_tokens, moved) for name in variants}
 
 

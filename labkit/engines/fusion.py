@@ -218,5 +218,5 @@ def fusion_rows(fn: Any, fused: dict[str, Fused], inputs: dict[str, tuple[Any, .
                      "compiled_us": med["compiled_us"], "copy_us": med["copy_us"],
                      "speedup": med["eager_us"] / med["compiled_us"], "max_abs_diff": diff,
                      "first_call_s": fused[label].first_call_s, "samples": us,
-                     "drift": us["eager_us"][-1] / us["eager_us"][0]})
+                     "drift": done.ends()[-1] / done.ends()[0]})
     return rows

@@ -226,10 +226,10 @@ def run(model: Any, requests: Sequence[Request], eos: set[int], pad_id: int, mod
     return fn(model, requests, eos, pad_id, batch_size)
 
 
-def rounds(modes: dict[str, Callable[[], Run]], n: int) -> dict[str, list[Run]]:
-    """Each mode run once per round, in order, ``n`` rounds, and the first mode once more at the end
-    (``timing.rounds``): a machine that slows down mid-way slows every mode alike, and the first mode running
-    first and last shows how far it drifted."""
+def rounds(modes: dict[str, Callable[[], Run]], n: int) -> timing.Rounds:
+    """Each mode run once per round, each round in a shuffled order, ``n`` rounds, and the first mode once more
+    after the last round (``timing.rounds``): a machine that slows down mid-way slows every mode alike, round i of
+    each mode forms a pair, and the first mode's extra pass (``.again``, not a round) shows how far it drifted."""
     positive("rounds", n)
     return timing.rounds(modes, n)
 
