@@ -1,7 +1,8 @@
 """The one timing primitive: synchronise the device, then read ``perf_counter``.
 
 ``measure`` keeps every raw sample; statistics are computed on demand, and a
-``Measurement`` warns when its spread is too wide to trust the median.
+``Measurement`` warns when its spread is too wide to trust the median. ``rounds``/``interleave`` time variants
+in shuffled, paired rounds; ``t_cdf``/``t_quantile`` (Student's t, no SciPy) serve the paired verdict's interval.
 """
 from __future__ import annotations
 
@@ -90,6 +91,52 @@ def percentile(samples: list[float], q: float) -> float:
     pos = (len(ordered) - 1) * q / 100
     lo, hi = math.floor(pos), math.ceil(pos)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function (modified Lentz)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + num * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1) < 1e-14:
+            break
+    return h
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T ≤ t) for Student's t with ``df`` degrees of freedom."""
+    if df < 1:
+        raise ValueError(f"df={df}: Student's t needs at least 1 degree of freedom")
+    x = df / (df + t * t)
+    a, b = df / 2, 0.5
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) \
+        if 0 < x < 1 else 0.0
+    tail = front * _beta_fraction(a, b, x) / a if x < (a + 1) / (a + b + 2) else \
+        1 - front * _beta_fraction(b, a, 1 - x) / b if x < 1 else 1.0  # I_x(df/2, 1/2) = P(|T| ≥ |t|)
+    return 1 - tail / 2 if t > 0 else tail / 2
+
+
+def t_quantile(q: float, df: int) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (t₀.₉₇₅,₅ = 2.571), by bisection."""
+    if not 0 < q < 1:
+        raise ValueError(f"q={q}: a quantile is a share between 0 and 1")
+    if q < 0.5:
+        return -t_quantile(1 - q, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < q:
+        lo, hi = hi, hi * 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
+    return (lo + hi) / 2
 
 
 LATENCY_STATS = ("mean", "p50", "p90", "p99")  # what a latency summary reports unless asked otherwise

@@ -19,7 +19,8 @@ layers' errors, a measurement against a model's prediction): ``"tie"`` within ``
 ``largest(pieces)`` names the largest of several such values, or the ones tied for it. ``doubts(spread, drift)``
 names what makes a timed row rough (a spread over ``ROUGH_SPREAD``, a drift outside ``DRIFT_RANGE``).
 ``bootstrap_diff(new, base)`` bounds the difference of two medians (a percentile bootstrap): a difference is there
-only when its interval leaves out zero.
+only when its interval leaves out zero. ``compare(new, base, paired=True)`` judges paired rounds instead (see
+``compare_paired``: a sign-flip test, a 2 % floor, and "no verdict: run N more pairs" sized by ``pairs_needed``).
 
 A sentence never says "faster" on a pair that is not a real difference: it asks ``Verdict.word`` for its word, or
 lets ``phrase`` (a ratio and what the verdict allows it to say) or ``than`` (the comparison words) write the words,
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import machine
-from .timing import percentile
+from .timing import percentile, t_quantile
 
 MIN_SAMPLES = 3  # fewer samples cannot tell a difference from noise
 TOLERANCE = 0.02  # medians closer than 2 % are the same number on any laptop
@@ -272,52 +273,6 @@ def sign_flip_p(d: list[float], *, seed: int = 0) -> float:
     rng = random.Random(seed)
     hits = sum(abs(math.fsum(x if rng.random() < 0.5 else -x for x in d)) >= observed - eps for _ in range(FLIPS))
     return (hits + 1) / (FLIPS + 1)
-
-
-def _beta_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularised incomplete beta function (modified Lentz)."""
-    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
-    d = 1 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1 + num * d
-            d = 1 / (d if abs(d) > tiny else tiny)
-            c = 1 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1) < 1e-14:
-            break
-    return h
-
-
-def t_cdf(t: float, df: int) -> float:
-    """P(T ≤ t) for Student's t with ``df`` degrees of freedom."""
-    if df < 1:
-        raise ValueError(f"df={df}: Student's t needs at least 1 degree of freedom")
-    x = df / (df + t * t)
-    a, b = df / 2, 0.5
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) \
-        if 0 < x < 1 else 0.0
-    tail = front * _beta_fraction(a, b, x) / a if x < (a + 1) / (a + b + 2) else \
-        1 - front * _beta_fraction(b, a, 1 - x) / b if x < 1 else 1.0  # I_x(df/2, 1/2) = P(|T| ≥ |t|)
-    return 1 - tail / 2 if t > 0 else tail / 2
-
-
-def t_quantile(q: float, df: int) -> float:
-    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (t₀.₉₇₅,₅ = 2.571), by bisection."""
-    if not 0 < q < 1:
-        raise ValueError(f"q={q}: a quantile is a share between 0 and 1")
-    if q < 0.5:
-        return -t_quantile(1 - q, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < q:
-        lo, hi = hi, hi * 2
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
-    return (lo + hi) / 2
 
 
 def pairs_needed(sigma_d: float, change: float, *, alpha: float = ALPHA, power: float = POWER) -> int:
