@@ -1,8 +1,10 @@
 """Notebook 14's headline figures, measured in one run: can you trust this benchmark?
 
     clients     labkit's loadgen, vllm bench serve, AIPerf and GuideLLM on one request set against one `vllm serve`
-                (held to core 0, each client to core 1), interleaved rounds: each client's own p50 TTFT, TPOT/ITL and
-                tokens/s, the same runs under one definition, and the largest aligned deviation from their median
+                (held to core 0, each client to core 1), interleaved rounds, each other client's pass right after a
+                pass of labkit's (the anchor): each client's own p50 TTFT, TPOT/ITL and tokens/s, the same runs under
+                one definition, each client's aligned deviation from its anchor pass (median over its pairs) beside its
+                pass-to-pass range, and the largest aligned deviation from the clients' median
     shared      labkit's client and AIPerf again on the server's own core: CPU share, how far the figures move
     aa_ab       A/A trials and trials with a known per-token slowdown (the lab's slow proxy), interleaved passes in
                 pairs, real and resampled from the recorded A/A passes: false-positive and detection rates of one run
@@ -76,9 +78,12 @@ def main() -> None:
         if srv is not None:
             loadgen.run(srv.url, texts[:1], num_requests=1, max_tokens=4, warmup=0, model=model_path)
             runs = nb14_runs.clients_on_one_server(srv.url, work, folder / "pinned", rounds=config.pick(3, 1),
-                                                   cores=CLIENT_CORES)
+                                                   cores=CLIENT_CORES, anchor="labkit")
             tables = nb14_runs.client_tables(runs)
+            anchored = nb14_runs.anchored(runs)
             out["clients"] = {"raw": tables["raw"], "aligned": tables["aligned"],
+                              "anchored": {name: nb14_runs.anchored_row(anchored, name) for name in runs},
+                              "max_anchored_deviation": anchored["max"],
                               "max_aligned_deviation": tables["aligned_deviation"]["max"],
                               "max_raw_deviation": tables["raw_deviation"]["max"]}
             _emit("clients", out["clients"])
@@ -94,7 +99,7 @@ def main() -> None:
             out["aa_ab"] = {k: v for k, v in ab.items() if k not in ("rows", "resampled_rows", "recording")}
             out["aa_ab"]["rows"] = [{k: v for k, v in r.items() if k != "ci_s"} for r in ab["rows"]]
             _emit("aa_ab", out["aa_ab"])
-            loops = nb14_runs.loops(srv.url, texts, model=model_path, requests=config.pick(32, 12), concurrency=4,
+            loops = nb14_runs.loops(srv.url, texts, model=model_path, requests=config.pick(32, 8), concurrency=4,
                                     max_tokens=8, long_tokens=32, idle_s=config.pick(20, 3))
             out["loops"] = {k: v for k, v in loops.items() if k not in ("closed", "open", "closed_long")} | {
                 name: {k: v for k, v in loops[name].items() if k != "ttft_s"} for name in ("closed", "open",
@@ -126,6 +131,8 @@ def main() -> None:
                                                             "output_tokens_per_s", "latency_named")}
                          for r in clients["raw"]} if clients else None),
         "max_aligned_deviation": clients["max_aligned_deviation"] if clients else None,
+        "max_anchored_deviation": clients["max_anchored_deviation"] if clients else None,
+        "clients_anchored": clients["anchored"] if clients else None,
         "max_raw_deviation": clients["max_raw_deviation"] if clients else None,
         "aa_false_positive_rate": ({k: v["aa_false_positive_rate"] for k, v in out["aa_ab"]["rates"].items()}
                                    if out["aa_ab"] else None),

@@ -115,8 +115,21 @@ def test_aa_ab_over_the_tiny_server_records_pairs_and_sizes_the_slowdown(server)
     assert seen["change"] == 0.5 and seen["sd"] == pytest.approx(out["sigma_d"]) and out["sigma_d"] >= 0
     assert out["needed"] == 9 and out["pairs"] == 7 and not out["afforded"]  # capped by what the run affords
     assert out["per_token_s"] == pytest.approx(0.5 * out["tpot_a_s"]) and seen["sized"]["pairs"] == 7
-    assert out["passes"] == 2 + 2 * 6 + 2 * 7  # the two thrown-away passes, the A/A rounds, the A/B rounds
+    assert out["passes"] == 1 + 2 * 6 + 2 * 7  # the thrown-away pass, the A/A rounds, the A/B rounds
     assert [r["trial"] for r in out["rows"]] == ["A/A", "A/B"] and out["rows"][1]["pairs"] == 7
     assert len(out["resampled_rows"]) == 20 and {r["reader"] for r in out["table"]} == set(nb14.READERS)
     assert out["measured_slowdown"] > 0.1  # the proxy's delay shows on the B side
     assert len(out["recording"]["order"]) == 6 and {tuple(sorted(o)) for o in out["recording"]["order"]} == {("A", "B")}
+
+
+def test_the_anchored_sentence_names_the_largest_deviation_with_its_range_and_the_anchors_own():
+    fig = lambda d, r: {"deviation": d, "range": r, "ratios": []}  # noqa: E731
+    a = {"anchor": "labkit", "max": {"value": -0.07, "client": "AIPerf", "metric": "tpot_p50_s"},
+         "per_client": {"AIPerf": {"pairs": 3, "tpot_p50_s": fig(-0.07, 0.12)},
+                        "labkit": {"pairs": 2, "tpot_p50_s": fig(0.0, 0.05), "output_tokens_per_s": fig(0.0, None)}}}
+    said = f14.anchored_sentence(a)
+    assert "-7.0% (AIPerf, p50 TPOT, median of 3 pairs; pass-to-pass range 12.0%)" in said
+    assert "p50 TPOT pass-to-pass range 5.0%" in said
+    assert "tokens/s no pass-to-pass range (one pair)" in said  # a single ratio has no range
+    none = dict(a, max={"value": 0.0, "client": None, "metric": None})
+    assert f14.anchored_sentence(none).startswith("no client had a pair")

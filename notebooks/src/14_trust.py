@@ -68,7 +68,7 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 PROMPTS = config.pick(16, 8)  # the request set every client sends (the lab's chat prompts)
 OUTPUT_LEN = config.pick(32, 16)  # tokens per answer, exactly (ignore_eos)
 CONCURRENCY = 4  # requests in flight at most, every client
-CLIENT_PASSES = config.pick(3, 1)  # passes of the four clients, interleaved (a figure: median over PROMPTS requests)
+CLIENT_PASSES = config.pick(3, 1)  # rounds: each other client once, each beside a pass of labkit's (its pair)
 AA_TRIALS, AB_TRIALS = config.pick(10, 2), config.pick(10, 1)  # real A/A trials, then real A/B trials
 PAIRS = config.pick(10, 6)  # pairs of interleaved passes (A, B in a shuffled order) in each A/A trial
 MAX_AB_PAIRS = config.pick(20, 6)  # the most pairs an A/B trial can afford (the formula asks for its own number)
@@ -102,8 +102,9 @@ print(f"{PROMPTS} prompts × {OUTPUT_LEN} tokens, {CONCURRENCY} in flight; clien
 #
 # One `vllm serve` held to core 0 (its engine, its front end, every thread); each client held to core 1. Every
 # client reads the same prompts, asks for exactly `OUTPUT_LEN` tokens, greedy, at most `CONCURRENCY` in flight, and
-# saves every request's record. First, each client's own report, with what it calls its per-token latency and how
-# it computes it. Predict: how far apart (largest ÷ smallest − 1) will the four reports of p50 TPOT/ITL be?
+# saves every request's record. The server's pace moves from pass to pass, so each other client's pass runs right
+# after a pass of labkit's client (the anchor): that pair shares the server's pace. First, each client's own report,
+# with what it calls its per-token latency and how it computes it. Predict: how far apart (largest ÷ smallest − 1) will the four reports of p50 TPOT/ITL be?
 
 # %% slideshow={"slide_type": "fragment"}
 PREDICT_RAW_SPREAD = None  # your prediction: largest ÷ smallest p50 TPOT/ITL among the clients' own reports, minus 1
@@ -119,7 +120,7 @@ if HAS_VLLM:
     loadgen.run(srv.url, texts[:1], num_requests=1, max_tokens=4, warmup=0, model=model_path)  # set-up paid here
     before = metrics.scrape(srv.url)
     runs = nb14.runs.clients_on_one_server(
-        srv.url, work, folder / "pinned", rounds=CLIENT_PASSES, cores=CLIENT_CORES,
+        srv.url, work, folder / "pinned", rounds=CLIENT_PASSES, cores=CLIENT_CORES, anchor="labkit",
         on_run=lambda r: print(f"  {r.client}: {r.status}, {r.wall_s or 0:.1f} s"))
     server_seen = nb14.runs.server_view(before, metrics.scrape(srv.url))
 else:
@@ -158,26 +159,25 @@ exercises.check("14.align", align)
 align_fn = exercises.use("14.align", align, outside.align.aligned)
 if runs:
     tables = nb14.runs.client_tables(runs, align_fn)
+    tables["anchored"] = nb14.runs.anchored(runs, align_fn)
     aligned_rows = [{"client": name, **{k: v for k, v in a.items() if k in ("ttft_p50_s", "tpot_p50_s",
-                                                                            "output_tokens_per_s", "requests")},
-                     "tpot_vs_median": tables["aligned_deviation"]["per_client"].get(name, {}).get("tpot_p50_s"),
-                     "tokens_per_s_vs_median": tables["aligned_deviation"]["per_client"].get(name, {}).get(
-                         "output_tokens_per_s")}
+                                                                            "output_tokens_per_s")},
+                     **nb14.runs.anchored_row(tables["anchored"], name)}
                     for name, a in tables["aligned"].items()]
     res.replace("clients_aligned", aligned_rows)
     display(res.frame("clients_aligned").round(4))
-    worst = tables["aligned_deviation"]["max"]
-    print(f"largest aligned deviation from the clients' median: {abs(worst['value']):.1%} ({worst['client']}, "
-          f"{worst['metric']})")
+    print(nb14.findings.anchored_sentence(tables["anchored"]))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ## What was left after alignment, and the server's own view
 #
-# The residuals have causes the run itself shows: AIPerf counts tokens by re-tokenising the streamed text (a token
-# whose text merges with the next, or one with no text, is lost) and stops its clock at the last chunk with text;
-# GuideLLM's TPOT divides the whole latency, first token and the stream's close included, by every token; the
-# clients ran one after another, and the server's pace can move between runs. vLLM's `/metrics` histograms cover every
-# request of the run above (all clients): the mean is exact (sum ÷ count), a percentile only as fine as its bucket.
+# Alignment took out the definitions (GuideLLM's E2E ÷ n among them: its aligned figure is its ITL). What it cannot
+# take out shows below: AIPerf's own token count (it re-tokenises the streamed text) and its clock stopping at the
+# last chunk with text, which makes its TPOT shorter, not longer; and the server's pace, which moves from pass to
+# pass even between two passes of one client (labkit's pass-to-pass range above). A deviation inside that range is
+# not a difference between clients. The four also differ in TTFT, which no definition here touches. vLLM's
+# `/metrics` histograms cover every request of the runs above (all clients): the mean is exact (sum ÷ count), a
+# percentile only as fine as its bucket.
 
 # %% slideshow={"slide_type": "fragment"}
 if runs:
@@ -206,15 +206,17 @@ if runs:
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The client's own cost
 #
-# Every client above had core 1 to itself. A laptop benchmark usually shares its cores with the server: run labkit's
-# client and AIPerf again on the server's own core, so the server keeps what it had less what the client takes.
+# Every client above had core 1 to itself. A laptop benchmark usually shares its cores with the server: run AIPerf
+# (and labkit's client, in full mode) again on the server's own core, so the server keeps what it had less what the
+# client takes.
 
 # %% slideshow={"slide_type": "fragment"}
 shared_rows, shared = [], None
 if runs:
     cost = nb14.runs.cpu_share(runs)
     shared_rows, shared = nb14.runs.shared_cores(srv.url, work, folder / "shared", tables, runs,
-                                                 server_cores=SERVER_CORES, align_fn=align_fn)
+                                                 server_cores=SERVER_CORES, align_fn=align_fn,
+                                                 clients=config.pick(("labkit", "AIPerf"), ("AIPerf",)))
     res.replace("shared_cores", shared_rows)
     display(res.frame("shared_cores").round(4))
 
@@ -301,7 +303,7 @@ PREDICT_OPEN_OVER_CLOSED = None  # your prediction: p50 TTFT, open loop ÷ close
 # %% slideshow={"slide_type": "fragment"}
 loops = None
 if srv is not None:
-    loops = nb14.runs.loops(srv.url, texts, model=model_path, requests=config.pick(32, 12), concurrency=CONCURRENCY,
+    loops = nb14.runs.loops(srv.url, texts, model=model_path, requests=config.pick(32, 8), concurrency=CONCURRENCY,
                             max_tokens=8, long_tokens=32, idle_s=IDLE_S)
     loop_rows = [{"load": name, "ttft_p50_s": loops[name]["ttft_p50_s"], "ttft_p90_s": loops[name]["ttft_p90_s"],
                   "requests": len(loops[name]["ttft_s"]), "failed": loops[name]["failed"]}

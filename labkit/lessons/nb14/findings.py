@@ -18,13 +18,41 @@ def _dev(d: Mapping[str, Any]) -> str:
     return f"{abs(m['value']):.1%} ({m['client']}, {m['metric'].replace('_s', '').replace('_', ' ')})"
 
 
+METRIC_NAMES = {"ttft_p50_s": "p50 TTFT", "tpot_p50_s": "p50 TPOT", "output_tokens_per_s": "tokens/s"}
+
+
+def _range(fig: Mapping[str, Any] | None) -> str:
+    if not fig or fig.get("range") is None:
+        return "no pass-to-pass range (one pair)"
+    return f"pass-to-pass range {fig['range']:.1%}"
+
+
+def anchored_sentence(a: Mapping[str, Any]) -> str:
+    """The largest aligned deviation from the anchor's run beside each client, with that client's range, and the
+    anchor's own range."""
+    m = a["max"]
+    own = a["per_client"][a["anchor"]]
+    ranges = "; ".join(f"{METRIC_NAMES[metric]} {_range(own.get(metric))}"
+                       for metric in ("tpot_p50_s", "output_tokens_per_s"))
+    if m["client"] is None:
+        return f"no client had a pair with {a['anchor']}'s runs; {a['anchor']}'s own runs: {ranges}"
+    row = a["per_client"][m["client"]]
+    return (f"largest aligned deviation from {a['anchor']}'s run beside it: {m['value']:+.1%} ({m['client']}, "
+            f"{METRIC_NAMES[m['metric']]}, median of {row['pairs']} pair"
+            f"{'s' * (row['pairs'] != 1)}; {_range(row.get(m['metric']))}); {a['anchor']}'s own runs, one after "
+            f"another: {ranges}")
+
+
 def clients_sentence(tables: Mapping[str, Any], cost: Mapping[str, float | None], shared: Mapping[str, Any] | None
                      ) -> str:
     """The clients' own reports against the same runs under one definition, and what each client costs."""
     busiest = max(((n, c) for n, c in cost.items() if c is not None), key=lambda x: x[1], default=None)
     said = (f"On one request set, the clients' own reports of p50 TPOT/ITL and tokens/s were up to "
             f"{_dev(tables['raw_deviation'])} away from the clients' median; recomputed from each client's own "
-            f"per-request stamps under one definition, up to {_dev(tables['aligned_deviation'])}.")
+            f"per-request stamps under one definition and held against labkit's run beside it, "
+            + (anchored_sentence(tables["anchored"]).replace("largest aligned deviation from labkit's run beside it: ",
+                                                             "up to ") if tables.get("anchored") else
+               f"up to {_dev(tables['aligned_deviation'])} from the clients' median") + ".")
     if busiest is not None:
         said += (f" The busiest client, {busiest[0]}, kept {busiest[1]:.0%} of a core busy while it ran")
         if shared:
@@ -137,6 +165,8 @@ def takeaways(*, tables: Mapping[str, Any], ab: Mapping[str, Any], loops: Mappin
               sentences: Sequence[str]) -> Findings:
     """The rows (the largest aligned deviation first) and the sentences they choose."""
     rows: list[dict[str, Any]] = [
+        {"finding": "largest aligned deviation from labkit's run beside it (p50 TPOT, tokens/s)",
+         "value": abs(tables["anchored"]["max"]["value"])} if tables.get("anchored") else
         {"finding": "largest deviation between clients after alignment (p50 TPOT, tokens/s)",
          "value": abs(tables["aligned_deviation"]["max"]["value"])},
         {"finding": "largest deviation between the clients' own reports",

@@ -1,8 +1,9 @@
 """Notebook 14's runs (can you trust this benchmark?), shared with ``bench/trust.py``.
 
     clients_on_one_server  the benchmark clients (labkit's loadgen, vllm bench serve, AIPerf, GuideLLM) on one
-                   request set against one server, interleaved rounds, each client held to chosen cores;
-                   ``client_tables`` their own figures and the aligned ones
+                   request set against one server, interleaved rounds, each client held to chosen cores, each run of
+                   another client beside a run of labkit's (the anchor); ``client_tables`` their own figures and the
+                   aligned ones, ``anchored`` each client against its anchor run, pair by pair
     server_view    vLLM's own histograms of TTFT, TPOT and inter-token time over a run (``/metrics`` before and after)
     aa_ab          A/A and A/B trials of interleaved passes through two slow proxies (``ABPasses``), real and resampled
                    from the recorded passes: how often four readers (one run each, the overlap rule, a bootstrap over
@@ -43,23 +44,104 @@ LG_FACTORS = (0.4, 2.0)  # LoadGen's Server runs: these multiples of the rate Of
 # ------------------------------------------------------------------------------------------- the clients
 
 
+class ClientPasses(dict):
+    """What ``clients_on_one_server`` returns: each client's runs by name, in the order they ran; ``anchor``, the
+    client every other one is paired with (None: no pairing); ``anchor_of[name][i]``, the index of the anchor's run
+    just before ``name``'s run i (its pair; None where that anchor run failed); ``order``, the runs in turn."""
+
+    def __init__(self, runs: dict[str, list[outside.ClientRun]], anchor: str | None = None,
+                 anchor_of: dict[str, list[int | None]] | None = None, order: list[str] | None = None) -> None:
+        super().__init__(runs)
+        self.anchor, self.anchor_of, self.order = anchor, anchor_of or {}, order or []
+
+
 def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
                           clients: Sequence[str] = tuple(outside.CLIENTS), rounds: int = 1,
                           cores: set[int] | None = None, timeout_s: float = 300.0,
-                          on_run: Callable[[outside.ClientRun], None] | None = None
-                          ) -> dict[str, list[outside.ClientRun]]:
+                          on_run: Callable[[outside.ClientRun], None] | None = None, anchor: str | None = None,
+                          seed: int = timing.ORDER_SEED) -> ClientPasses:
     """Each of ``clients`` once per round, in turn (interleaved: a machine that slows down mid-way slows them all),
-    each in a folder of its own per round; a client that failed once is not run again."""
+    each in a folder of its own; a client that failed once is not run again. With ``anchor`` (one of ``clients``,
+    e.g. "labkit"), each round runs the others in a shuffled order (``seed``) and the anchor just before each of
+    them: every other client's run has an anchor run beside it, its pair (``ClientPasses.anchor_of``)."""
     runs: dict[str, list[outside.ClientRun]] = {c: [] for c in clients}
+    order: list[str] = []
+
+    def go(c: str, where: Path) -> outside.ClientRun:
+        run = outside.run(c, url, w, where, cores=cores, timeout_s=timeout_s)
+        runs[c].append(run)
+        order.append(c)
+        if on_run is not None:
+            on_run(run)
+        return run
+
+    if anchor is None:
+        for r in range(rounds):
+            for c in clients:
+                if not runs[c] or runs[c][-1].ok:
+                    go(c, folder / f"round{r}")
+        return ClientPasses(runs, order=order)
+    if anchor not in clients:
+        raise ValueError(f"anchor {anchor!r} is not one of the clients {list(clients)}")
+    others = [c for c in clients if c != anchor]
+    anchor_of: dict[str, list[int | None]] = {c: [] for c in others}
+    rng = random.Random(seed)
     for r in range(rounds):
-        for c in clients:
+        turn = list(others)
+        rng.shuffle(turn)
+        for c in turn:
             if runs[c] and not runs[c][-1].ok:
                 continue
-            run = outside.run(c, url, w, folder / f"round{r}", cores=cores, timeout_s=timeout_s)
-            runs[c].append(run)
-            if on_run is not None:
-                on_run(run)
-    return runs
+            beside = go(anchor, folder / f"round{r}-{anchor}-before-{c}")
+            go(c, folder / f"round{r}")
+            anchor_of[c].append(len(runs[anchor]) - 1 if beside.ok else None)
+    return ClientPasses(runs, anchor, anchor_of, order)
+
+
+def anchored(runs: ClientPasses, align_fn: Callable[[Sequence[Mapping[str, float]]], Mapping[str, Any]] = align.aligned,
+             metrics: Sequence[str] = ("ttft_p50_s", *align.JUDGED)) -> dict[str, Any]:
+    """Each client against the anchor's run beside it, under one definition (``align_fn``): per pair, the client's
+    aligned figure over the anchor's; a client's deviation is the median of its pairs' ratios, minus 1. One spread
+    measure for everyone, its pass-to-pass range: the largest of a client's per-pair ratios minus the smallest (None
+    with fewer than 2 pairs); the anchor's own range from its consecutive runs (run k + 1 over run k). ``max``: the
+    largest deviation on ``align.JUDGED`` (TPOT, tokens/s), with its client and metric."""
+    if runs.anchor is None:
+        raise ValueError("anchored() needs runs made with an anchor (clients_on_one_server(..., anchor='labkit'))")
+    figures = {name: [dict(align_fn(align.stamps(r.outputs))) if r.ok else None for r in rs]
+               for name, rs in runs.items()}
+
+    def spread(ratios: Sequence[float]) -> float | None:
+        return max(ratios) - min(ratios) if len(ratios) >= 2 else None
+
+    per: dict[str, dict[str, Any]] = {}
+    found = [{"value": 0.0, "client": None, "metric": None}]
+    for name, partners in runs.anchor_of.items():
+        pairs = [(figures[name][i], figures[runs.anchor][j]) for i, j in enumerate(partners)
+                 if j is not None and figures[name][i] is not None]
+        row: dict[str, Any] = {"pairs": len(pairs)}
+        for m in metrics:
+            ratios = [c[m] / a[m] for c, a in pairs if c.get(m) and a.get(m)]
+            row[m] = {"deviation": statistics.median(ratios) - 1 if ratios else None, "range": spread(ratios),
+                      "ratios": ratios}
+            if ratios and m in align.JUDGED:
+                found.append({"value": row[m]["deviation"], "client": name, "metric": m})
+        per[name] = row
+    own = [f for f in figures[runs.anchor] if f is not None]
+    per[runs.anchor] = {"pairs": max(len(own) - 1, 0), **{
+        m: {"deviation": 0.0 if own else None, "range": spread(ratios), "ratios": ratios}
+        for m in metrics for ratios in [[b[m] / a[m] for a, b in zip(own, own[1:]) if a.get(m) and b.get(m)]]}}
+    return {"anchor": runs.anchor, "per_client": per, "max": max(found, key=lambda f: abs(f["value"]))}
+
+
+def anchored_row(a: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """One client's row of ``anchored``: its pairs, and per figure its deviation from the anchor and its range."""
+    row = a["per_client"].get(name) or {}
+    out: dict[str, Any] = {"pairs": row.get("pairs")}
+    for m, short in (("ttft_p50_s", "ttft"), ("tpot_p50_s", "tpot"), ("output_tokens_per_s", "tokens_per_s")):
+        fig = row.get(m) or {}
+        out[f"{short}_vs_{a['anchor']}"] = fig.get("deviation")
+        out[f"{short}_range"] = fig.get("range")
+    return out
 
 
 def _median_of(dicts: Sequence[Mapping[str, Any]], key: str) -> float | None:
@@ -146,7 +228,7 @@ class ABPasses:
     ``per_token_s`` to every token when a call asks (0 for A/A). ``rounds(n)`` runs n rounds, each an A pass and a B
     pass in a shuffled order (``timing.rounds``): round i of A and round i of B ran side by side and form a pair.
     A pass is ``requests`` requests of ``max_tokens`` tokens at ``concurrency`` in flight; what it keeps is every
-    request's TPOT. Entering runs one pass through each proxy that is thrown away (connections and caches warm)."""
+    request's TPOT. Entering runs one pass through A that is thrown away (the server's caches warm)."""
 
     def __init__(self, url: str, prompts: Sequence[Any], *, model: str | None, requests: int, max_tokens: int,
                  concurrency: int) -> None:
@@ -159,8 +241,7 @@ class ABPasses:
         self._a, self._b = SlowProxy(self.url), SlowProxy(self.url)
         self._a.__enter__()
         self._b.__enter__()
-        self.one(self._a)
-        self.one(self._b)
+        self.one(self._a)  # the server's warm-up pass, thrown away (B's proxy only forwards: nothing of it to warm)
         return self
 
     def __exit__(self, *exc: Any) -> None:
