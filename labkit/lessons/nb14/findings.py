@@ -96,8 +96,9 @@ def readers_sentence(ab: Mapping[str, Any]) -> str:
             f"drawn from the recorded passes: " + "; ".join(parts) + ". ")
     real = ab["rates"]
     said += (f"On the real trials ({ab['aa_trials']} A/A of {ab['aa_pairs']} pairs, {ab['ab_trials']} A/B of "
-             f"{ab['pairs']}): " + "; ".join(f"{k} {_pct(v['aa_false_positive_rate'])} and "
-                                             f"{_pct(v['slowdown_detection_rate'])}" for k, v in real.items()) + ". ")
+             f"{ab['pairs']}): " + "; ".join(f"{k} {_pct(v['aa_false_positive_rate'])} false positives, "
+                                             f"{_pct(v['slowdown_detection_rate'])} detection"
+                                             for k, v in real.items()) + ". ")
     if met:
         said += f"Met {_goal()}: {', '.join(met)}."
     else:
