@@ -376,3 +376,34 @@ def test_client_tables_align_every_client_and_keep_a_failed_one_as_a_row():
     # the learner's alignment is the one the table uses
     t2 = nb14.client_tables(runs, lambda records: {"ttft_p50_s": 1.0, "tpot_p50_s": 2.0, "output_tokens_per_s": 3.0})
     assert t2["aligned"]["AIPerf"]["tpot_p50_s"] == 2.0
+
+
+def test_each_client_runs_beside_an_anchor_run_and_its_deviation_is_the_median_of_its_pairs(monkeypatch, tmp_path):
+    from labkit.lessons.nb14 import runs as nb14
+
+    pace = iter([1.0, 1.0, 1.3, 1.3, 0.8, 0.8, 1.2, 1.2, 0.7, 0.7, 1.1, 1.1, 1.0, 1.0])  # the server's pace: it moves
+    # ±30 % between pairs, not inside one
+    tpot = {"labkit": 0.050, "AIPerf": 0.055, "GuideLLM": 0.050}  # AIPerf reads 10 % slower, GuideLLM the same
+
+    def fake(name, url, w, folder, *, cores=None, timeout_s=0):
+        p = next(pace)
+        if name == "GuideLLM" and "round1" in str(folder):
+            return outside.ClientRun(name, "failed: exit 1: no")
+        return _run(name, tpot[name] * p)
+
+    monkeypatch.setattr(outside, "run", fake)
+    runs = nb14.clients_on_one_server("http://x", None, tmp_path, clients=("labkit", "AIPerf", "GuideLLM"), rounds=3,
+                                      anchor="labkit")
+    assert runs.anchor == "labkit" and len(runs["AIPerf"]) == 3 and len(runs["GuideLLM"]) == 2  # failed: not again
+    assert [runs.order[i] for i in range(0, 4, 2)] == ["labkit", "labkit"]  # the anchor runs before each other
+    assert len(runs["labkit"]) == 5 and runs.anchor_of["AIPerf"] == [runs.order[:runs.order.index("AIPerf")].count(
+        "labkit") - 1, *runs.anchor_of["AIPerf"][1:]]
+    a = nb14.anchored(runs)
+    aiperf = a["per_client"]["AIPerf"]
+    assert aiperf["pairs"] == 3 and aiperf["tpot_p50_s"]["deviation"] == pytest.approx(0.1)
+    assert aiperf["tpot_p50_s"]["range"] == pytest.approx(0.0, abs=1e-9)  # the drift cancels inside each pair
+    assert a["per_client"]["GuideLLM"]["tpot_p50_s"]["deviation"] == pytest.approx(0.0, abs=1e-9) and a["per_client"]["GuideLLM"]["pairs"] == 1
+    assert a["per_client"]["GuideLLM"]["tpot_p50_s"]["range"] is None  # one pair: no range
+    assert a["per_client"]["labkit"]["pairs"] == 4 and a["max"]["client"] == "AIPerf"
+    with pytest.raises(ValueError, match="anchor"):
+        nb14.anchored(nb14.ClientPasses({"labkit": []}))

@@ -35,3 +35,20 @@ def report(lg, query_id, event, tokens):
         lg.FirstTokenComplete([lg.QuerySampleResponse(query_id, 0, 0)])
     elif event == "done":
         lg.QuerySamplesComplete([lg.QuerySampleResponse(query_id, 0, 0, tokens)])
+
+
+# %% exercise 14.pairs_needed
+def pairs_needed(sigma_d, change):
+    """sigma_d: standard deviation of the per-pair log-ratios ln(B_i / A_i) when nothing changed; change: the change
+    to catch (0.10 for 10 %). Return the least number of pairs n (never fewer than 6, the fewest a sign-flip test can
+    decide on) with n >= (t(0.975, n - 1) + t(0.90, n - 1)) ** 2 * (sigma_d / delta) ** 2, delta = ln(1 + change).
+    verdict.t_quantile(q, df) is Student's t quantile (from labkit.core import verdict)."""
+    import math
+
+    from labkit.core import verdict
+
+    delta = math.log1p(change)
+    n = 2
+    while n < (verdict.t_quantile(0.975, n - 1) + verdict.t_quantile(0.90, n - 1)) ** 2 * (sigma_d / delta) ** 2:
+        n += 1
+    return max(n, 6)

@@ -30,7 +30,8 @@
 #   recompute all of them under one (an exercise); hold them against the server's own histograms.
 # - Measure what a client costs on a small machine: its CPU, and how far its figures move when it shares the cores.
 # - See how often "B is faster" appears when nothing changed, and how often a real slowdown is caught, by one run
-#   each, by labkit's verdict and by a [bootstrap interval](../docs/glossary.md#bootstrap-interval) you write.
+#   each, the old overlap rule, a [bootstrap interval](../docs/glossary.md#bootstrap-interval) you write and a paired
+#   test on interleaved passes, sized by the power formula (an exercise).
 # - Compare a concurrency cap with Poisson arrivals at the same rate; run MLPerf's LoadGen over the server through an
 #   adapter you complete; find where a greedy answer changes with its batch.
 
@@ -56,7 +57,7 @@ from labkit.serve import loadgen, metrics, processes
 from labkit.serve.experiments import paged
 from labkit.serve.clients import mlperf, outside
 from labkit.serve.vllm import server as vllm_server
-from labkit.lessons import exercises, findings
+from labkit.lessons import exercises, findings, references
 from labkit.lessons import nb14
 
 machine.check("start")  # the load line: is other work using the CPU while we time?
@@ -67,11 +68,14 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 PROMPTS = config.pick(16, 8)  # the request set every client sends (the lab's chat prompts)
 OUTPUT_LEN = config.pick(32, 16)  # tokens per answer, exactly (ignore_eos)
 CONCURRENCY = 4  # requests in flight at most, every client
-CLIENT_PASSES = config.pick(3, 1)  # passes of the four clients, interleaved (a figure: median over PROMPTS requests)
-TRIALS = config.pick(20, 3)  # A/A trials, then as many A/B trials
-RUNS_PER_SIDE = config.pick(5, 3)  # runs of A and of B per trial, alternately
-AB_REQUESTS, AB_TOKENS = config.pick(16, 4), config.pick(16, 8)  # each run of a trial: requests, tokens each
+CLIENT_PASSES = config.pick(3, 1)  # rounds: each other client once, each beside a pass of labkit's (its pair)
+AA_TRIALS, AB_TRIALS = config.pick(10, 2), config.pick(10, 1)  # real A/A trials, then real A/B trials
+PAIRS = config.pick(10, 6)  # pairs of interleaved passes (A, B in a shuffled order) in each A/A trial
+MAX_AB_PAIRS = config.pick(20, 6)  # the most pairs an A/B trial can afford (the formula asks for its own number)
+AB_REQUESTS, AB_TOKENS = config.pick(8, 4), config.pick(16, 8)  # each pass: requests, tokens each
 SLOWDOWN = 0.10  # the injected slowdown: this share of a token's time, added per token
+RESAMPLED = 200  # A/A and slowdown trials drawn from the recorded passes
+RESAMPLES = config.pick(1000, 200)  # bootstrap resamples in each drawn trial
 IDLE_S = config.pick(20, 3)  # the idle gap before one request
 LG_QUERIES = config.pick(96, 48)  # LoadGen's minimum queries per run (early stopping at p90 needs about 45)
 LG_TOKENS = 8  # tokens per LoadGen query
@@ -98,8 +102,9 @@ print(f"{PROMPTS} prompts × {OUTPUT_LEN} tokens, {CONCURRENCY} in flight; clien
 #
 # One `vllm serve` held to core 0 (its engine, its front end, every thread); each client held to core 1. Every
 # client reads the same prompts, asks for exactly `OUTPUT_LEN` tokens, greedy, at most `CONCURRENCY` in flight, and
-# saves every request's record. First, each client's own report, with what it calls its per-token latency and how
-# it computes it. Predict: how far apart (largest ÷ smallest − 1) will the four reports of p50 TPOT/ITL be?
+# saves every request's record. The server's pace moves from pass to pass, so each other client's pass runs right
+# after a pass of labkit's client (the anchor): that pair shares the server's pace. First, each client's own report,
+# with what it calls its per-token latency and how it computes it. Predict: how far apart (largest ÷ smallest − 1) will the four reports of p50 TPOT/ITL be?
 
 # %% slideshow={"slide_type": "fragment"}
 PREDICT_RAW_SPREAD = None  # your prediction: largest ÷ smallest p50 TPOT/ITL among the clients' own reports, minus 1
@@ -115,7 +120,7 @@ if HAS_VLLM:
     loadgen.run(srv.url, texts[:1], num_requests=1, max_tokens=4, warmup=0, model=model_path)  # set-up paid here
     before = metrics.scrape(srv.url)
     runs = nb14.runs.clients_on_one_server(
-        srv.url, work, folder / "pinned", rounds=CLIENT_PASSES, cores=CLIENT_CORES,
+        srv.url, work, folder / "pinned", rounds=CLIENT_PASSES, cores=CLIENT_CORES, anchor="labkit",
         on_run=lambda r: print(f"  {r.client}: {r.status}, {r.wall_s or 0:.1f} s"))
     server_seen = nb14.runs.server_view(before, metrics.scrape(srv.url))
 else:
@@ -154,26 +159,25 @@ exercises.check("14.align", align)
 align_fn = exercises.use("14.align", align, outside.align.aligned)
 if runs:
     tables = nb14.runs.client_tables(runs, align_fn)
+    tables["anchored"] = nb14.runs.anchored(runs, align_fn)
     aligned_rows = [{"client": name, **{k: v for k, v in a.items() if k in ("ttft_p50_s", "tpot_p50_s",
-                                                                            "output_tokens_per_s", "requests")},
-                     "tpot_vs_median": tables["aligned_deviation"]["per_client"].get(name, {}).get("tpot_p50_s"),
-                     "tokens_per_s_vs_median": tables["aligned_deviation"]["per_client"].get(name, {}).get(
-                         "output_tokens_per_s")}
+                                                                            "output_tokens_per_s")},
+                     **nb14.runs.anchored_row(tables["anchored"], name)}
                     for name, a in tables["aligned"].items()]
     res.replace("clients_aligned", aligned_rows)
     display(res.frame("clients_aligned").round(4))
-    worst = tables["aligned_deviation"]["max"]
-    print(f"largest aligned deviation from the clients' median: {abs(worst['value']):.1%} ({worst['client']}, "
-          f"{worst['metric']})")
+    print(nb14.findings.anchored_sentence(tables["anchored"]))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ## What was left after alignment, and the server's own view
 #
-# The residuals have causes the run itself shows: AIPerf counts tokens by re-tokenising the streamed text (a token
-# whose text merges with the next, or one with no text, is lost) and stops its clock at the last chunk with text;
-# GuideLLM's TPOT divides the whole latency, first token and the stream's close included, by every token; the
-# clients ran one after another, and the server's pace can move between runs. vLLM's `/metrics` histograms cover every
-# request of the run above (all clients): the mean is exact (sum ÷ count), a percentile only as fine as its bucket.
+# Alignment took out the definitions (GuideLLM's E2E ÷ n among them: its aligned figure is its ITL). What it cannot
+# take out shows below: AIPerf's own token count (it re-tokenises the streamed text) and its clock stopping at the
+# last chunk with text, which makes its TPOT shorter, not longer; and the server's pace, which moves from pass to
+# pass even between two passes of one client (labkit's pass-to-pass range above). A deviation inside that range is
+# not a difference between clients. The four also differ in TTFT, which no definition here touches. vLLM's
+# `/metrics` histograms cover every request of the runs above (all clients): the mean is exact (sum ÷ count), a
+# percentile only as fine as its bucket.
 
 # %% slideshow={"slide_type": "fragment"}
 if runs:
@@ -202,26 +206,35 @@ if runs:
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The client's own cost
 #
-# Every client above had core 1 to itself. A laptop benchmark usually shares its cores with the server: run labkit's
-# client and AIPerf again on the server's own core, so the server keeps what it had less what the client takes.
+# Every client above had core 1 to itself. A laptop benchmark usually shares its cores with the server: run AIPerf
+# (and labkit's client, in full mode) again on the server's own core, so the server keeps what it had less what the
+# client takes.
 
 # %% slideshow={"slide_type": "fragment"}
 shared_rows, shared = [], None
 if runs:
     cost = nb14.runs.cpu_share(runs)
     shared_rows, shared = nb14.runs.shared_cores(srv.url, work, folder / "shared", tables, runs,
-                                                 server_cores=SERVER_CORES, align_fn=align_fn)
+                                                 server_cores=SERVER_CORES, align_fn=align_fn,
+                                                 clients=config.pick(("labkit", "AIPerf"), ("AIPerf",)))
     res.replace("shared_cores", shared_rows)
     display(res.frame("shared_cores").round(4))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · A/A, then A/B
 #
-# Two identical configurations: the same server behind two copies of a proxy that adds nothing. Each trial runs A
-# and B `RUNS_PER_SIDE` times, alternately. A reader with one run each calls a difference when the means differ by
-# 2 % or more; labkit's verdict judges the runs' medians; a bootstrap interval for the difference of medians, over
-# every request, calls one when it leaves out 0. Then B's proxy adds `SLOWDOWN` of a token's time to every token.
-# First write the bootstrap.
+# Two identical configurations: the same server behind two copies of a proxy that adds nothing. A pass is
+# `AB_REQUESTS` requests through one proxy; a round is a pass through A and one through B, in a shuffled order, side
+# by side: a pair. Four readers judge a trial of pairs:
+#
+# - **naive**: the first pass each, mean TPOT, a difference wherever they are 2 % apart;
+# - **overlap**: labkit's old rule, the passes' median TPOTs, a difference where their p10–p90 ranges part;
+# - **bootstrap**: an interval for the difference of medians over every request of every pass, a difference where it
+#   leaves out 0;
+# - **paired**: a paired test on each round's log-ratio ln(B/A) of the passes'
+#   medians (`verdict.compare(..., paired=True)`): drift moves both passes of a round alike and cancels.
+#
+# Then B's proxy adds `SLOWDOWN` of a token's time to every token. First write the bootstrap.
 
 # %% labkit={"exercise": "14.bootstrap_diff"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def bootstrap_diff(new, base, resamples=2000, seed=0):
@@ -232,28 +245,50 @@ def bootstrap_diff(new, base, resamples=2000, seed=0):
 # %% slideshow={"slide_type": "skip"} tags=["check"]
 exercises.check("14.bootstrap_diff", bootstrap_diff)
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# ## How many pairs?
+#
+# The A/A rounds measure σ_d, the spread of the per-pair log-ratio when nothing changed. A paired t test at two-sided
+# α = 0.05 with 90 % power needs the least n with
+# n ≥ (t₀.₉₇₅,ₙ₋₁ + t₀.₉₀,ₙ₋₁)² · (σ_d / δ)², δ = ln(1 + change): iterate on n, since t depends on it (the normal
+# approximation, 10.5 · (σ_d/δ)², undercounts at small n). Write it; the run then makes that many pairs of A/B
+# (up to `MAX_AB_PAIRS`).
+
+# %% labkit={"exercise": "14.pairs_needed"} slideshow={"slide_type": "skip"} tags=["exercise"]
+def pairs_needed(sigma_d, change):
+    """sigma_d: standard deviation of the per-pair log-ratios ln(B_i / A_i) when nothing changed; change: the change
+    to catch (0.10 for 10 %). Return the least number of pairs n (never fewer than 6, the fewest a sign-flip test can
+    decide on) with n >= (t(0.975, n - 1) + t(0.90, n - 1)) ** 2 * (sigma_d / delta) ** 2, delta = ln(1 + change).
+    verdict.t_quantile(q, df) is Student's t quantile (from labkit.core import verdict)."""
+    return None  # your code here
+
+# %% slideshow={"slide_type": "skip"} tags=["check"]
+exercises.check("14.pairs_needed", pairs_needed)
+
 # %% slideshow={"slide_type": "fragment"}
 PREDICT_AA_NAIVE = None  # your prediction: share of A/A trials where one run each calls a difference (0 to 1)
 
 # %% tags=["mechanism"]
 boot = exercises.use("14.bootstrap_diff", bootstrap_diff, verdict.bootstrap_diff)
+pairs_fn = exercises.use("14.pairs_needed", pairs_needed, verdict.pairs_needed)
 ab = None
 if srv is not None:
-    single = loadgen.run(srv.url, texts, num_requests=AB_REQUESTS, max_concurrency=CONCURRENCY, max_tokens=AB_TOKENS,
-                         warmup=0, model=model_path).summary()  # this machine's TPOT at CONCURRENCY in flight
-    ab = nb14.runs.aa_ab(srv.url, texts, model=model_path, trials=TRIALS, runs_per_side=RUNS_PER_SIDE,
-                         per_token_s=SLOWDOWN * single["tpot_p50_s"], requests=AB_REQUESTS, max_tokens=AB_TOKENS,
-                         concurrency=CONCURRENCY, bootstrap=boot)
+    ab = nb14.runs.aa_ab(srv.url, texts, model=model_path, aa_trials=AA_TRIALS, pairs=PAIRS, slowdown=SLOWDOWN,
+                         requests=AB_REQUESTS, max_tokens=AB_TOKENS, concurrency=CONCURRENCY, ab_trials=AB_TRIALS,
+                         ab_pairs=pairs_fn, max_ab_pairs=MAX_AB_PAIRS, resampled=RESAMPLED, bootstrap=boot,
+                         resamples=RESAMPLES,
+                         on_sized=lambda z: print(nb14.findings.sizing_sentence(z, AA_TRIALS * PAIRS)))
     res.replace("aa_ab", [{k: (str(v) if k == "ci_s" else v) for k, v in r.items()} for r in ab["rows"]])
     display(res.frame("aa_ab").round(4))
-    rates = [{"reader": k, **v} for k, v in ab["rates"].items()]
-    res.replace("aa_ab_rates", rates)
-    display(res.frame("aa_ab_rates").round(3))
-    if config.quick():
-        print(f"quick mode: {TRIALS} trials of each; the rates move in steps of {1 / TRIALS:.0%} "
-              "(full mode runs 20 of each)")
-    _ = exercises.reveal("share of A/A trials where one run each called a difference", PREDICT_AA_NAIVE,
-                         ab["rates"]["naive"]["aa_false_positive_rate"])
+    res.replace("aa_ab_readers", ab["table"])
+    display(res.frame("aa_ab_readers").round(3))
+    print(nb14.findings.readers_sentence(ab))
+    _ = exercises.reveal("share of A/A trials where one run each called a difference (resampled)", PREDICT_AA_NAIVE,
+                         ab["resampled_rates"]["naive"]["aa_false_positive_rate"])
+    if not nb14.findings.afforded(ab):
+        print("The full-mode run (full mode here, or `python -m bench.trust`) sizes its A/B trials by the formula; "
+              "its reference:")
+        references.show("14_trust", "aa_ab_readers")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · Open loop, closed loop, and the idle gap
@@ -268,7 +303,7 @@ PREDICT_OPEN_OVER_CLOSED = None  # your prediction: p50 TTFT, open loop ÷ close
 # %% slideshow={"slide_type": "fragment"}
 loops = None
 if srv is not None:
-    loops = nb14.runs.loops(srv.url, texts, model=model_path, requests=config.pick(32, 12), concurrency=CONCURRENCY,
+    loops = nb14.runs.loops(srv.url, texts, model=model_path, requests=config.pick(32, 8), concurrency=CONCURRENCY,
                             max_tokens=8, long_tokens=32, idle_s=IDLE_S)
     loop_rows = [{"load": name, "ttft_p50_s": loops[name]["ttft_p50_s"], "ttft_p90_s": loops[name]["ttft_p90_s"],
                   "requests": len(loops[name]["ttft_s"]), "failed": loops[name]["failed"]}
@@ -309,7 +344,7 @@ exercises.check("14.report", report)
 reporter = exercises.use("14.report", report, mlperf.report)
 lg_rows, limits = [], None
 if srv is not None:
-    lg_rows, limits = nb14.runs.loadgen_rates(srv.url, model_path, texts, folder, tpot_s=single["tpot_p50_s"],
+    lg_rows, limits = nb14.runs.loadgen_rates(srv.url, model_path, texts, folder, tpot_s=ab["tpot_a_s"],
                                               queries=LG_QUERIES, tokens=LG_TOKENS,
                                               min_duration_s=config.pick(20, 3), report=reporter)
     res.replace("loadgen", lg_rows)
@@ -402,12 +437,14 @@ res.save()
 # - Before comparing two benchmark reports, ask each for its definitions: TPOT with or without the first token,
 #   tokens counted by whom, the clock stopped at which chunk, throughput over what time. From per-request stamps, one
 #   definition brings them together; the cells above name what is left.
-# - One run each can call a difference that is not there; interleaved runs judged by their spread, or an interval that
-#   must leave out zero, are the readers to hold against a claim (the rates above are this run's).
+# - Before believing "B is faster", ask two rates of the reader that says so: how often it says it when nothing
+#   changed (A/A), and how often it catches a change of known size. Section 2's table measured both here, for four
+#   readers; its sentence names the ones that met the goal.
 # - A concurrency cap sets the arrivals' pace: its TTFT is not an open-loop service's TTFT.
 # - "Temperature 0" is one answer only for one batch and one precision: the table in section 5 shows where it held here.
 #
 # ## Exercises (open-ended)
 # 1. Run AIPerf again with `--use-server-token-count` (edit `outside.aiperf_command`): does its ITL meet the others'?
-# 2. Halve `SLOWDOWN`: how many runs per side does the verdict need to catch it in 9 trials of 10?
+# 2. Halve `SLOWDOWN`: how many pairs does your `pairs_needed` ask for, and does the paired reader then catch it in 9
+#    resampled trials of 10?
 # 3. Raise `LG_QUERIES` until LoadGen's early stopping holds at the p99 MLPerf uses (`percentile=0.99`).

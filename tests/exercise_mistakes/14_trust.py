@@ -77,3 +77,32 @@ def report(lg, query_id, event, tokens):  # the completion without its token cou
         lg.FirstTokenComplete([lg.QuerySampleResponse(query_id, 0, 0)])
     elif event == "done":
         lg.QuerySamplesComplete([lg.QuerySampleResponse(query_id, 0, 0)])
+
+
+# %% exercise 14.pairs_needed
+def pairs_needed(sigma_d, change):  # the normal approximation: it undercounts at small n
+    import math
+
+    return max(6, math.ceil(10.5 * (sigma_d / math.log1p(change)) ** 2))
+
+
+# %% exercise 14.pairs_needed
+def pairs_needed(sigma_d, change):  # the change itself for δ, not ln(1 + change)
+    from labkit.core import verdict
+
+    n = 2
+    while n < (verdict.t_quantile(0.975, n - 1) + verdict.t_quantile(0.90, n - 1)) ** 2 * (sigma_d / change) ** 2:
+        n += 1
+    return max(n, 6)
+
+
+# %% exercise 14.pairs_needed
+def pairs_needed(sigma_d, change):  # one-sided α: t at 0.95 instead of 0.975
+    import math
+
+    from labkit.core import verdict
+
+    n = 2
+    while n < (verdict.t_quantile(0.95, n - 1) + verdict.t_quantile(0.90, n - 1)) ** 2 * (sigma_d / math.log1p(change)) ** 2:
+        n += 1
+    return max(n, 6)

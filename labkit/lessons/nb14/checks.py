@@ -130,3 +130,29 @@ def _sut_report(fn: Any) -> None:
         raise Wrong(f"on 'done' LoadGen heard {done or 'nothing'}; the answer's end is QuerySamplesComplete", hint=1)
     if done != [("QuerySamplesComplete", [(3, 0, 0, 17)])]:
         raise Wrong(f"on 'done' the response was {done[0][1]}: it must carry the 17 output tokens", hint=2)
+
+
+@exercise("14.pairs_needed", "the pairs a paired test needs", hints=(
+    "The fewer pairs, the wider the t distribution's tails: the factor (t₀.₉₇₅,ₙ₋₁ + t₀.₉₀,ₙ₋₁)² depends on n itself. "
+    "Start small and count n up until n is at least that factor times (σ_d / δ)².",
+    "δ is the change on the log scale, ln(1 + change) (`math.log1p(change)`), because the pairs are log-ratios; and "
+    "the two-sided α = 0.05 puts 0.025 in each tail (t at 0.975), the 90 % power is t at 0.90, both with n − 1 "
+    "degrees of freedom.",
+    "A `while` loop that adds 1 to n as long as n is below the right-hand side, recomputed with the new n each time; "
+    "`verdict.t_quantile(q, df)` gives each t; the floor of 6 last, with `max`.",
+))
+def _pairs_needed(fn: Any) -> None:
+    cases = [  # (sigma_d, change, what it tests, the hint for it)
+        (0.10, 0.086, "σ_d 0.10 for an 8.6 % change (t, not the normal approximation)", 1),
+        (0.075, 0.086, "σ_d 0.075 for an 8.6 % change", 1),
+        (0.20, 0.30, "σ_d 0.20 for a 30 % change (δ = ln 1.3, not 0.3)", 2),
+        (0.30, 0.05, "σ_d 0.30 for a 5 % change (many pairs)", 2),
+        (0.01, 0.10, "a small spread: never fewer than 6 pairs", 3),
+    ]
+    for i, (sd, change, why, hint) in enumerate(cases):
+        got = call(fn, sd, change) if i == 0 else fn(sd, change)
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
+            raise Wrong(f"return a whole number of pairs, got {got!r}", hint=1)
+        want = verdict.pairs_needed(sd, change)
+        if int(got) != want:
+            raise Wrong(f"{why}: {int(got)} pairs, expected {want}", hint=hint)

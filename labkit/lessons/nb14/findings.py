@@ -1,5 +1,6 @@
 """Notebook 14's takeaways: how far four benchmark clients stay apart before and after one definition, what a
-one-run-each comparison calls a difference when there is none and when there is one, what a concurrency cap does
+reader of A/B trials calls a difference when there is none and when there is one (one run each, the
+overlap rule, a request bootstrap, the paired test), what a concurrency cap does
 to TTFT, what MLPerf's LoadGen says at two rates, and whether a greedy answer depends on its batch."""
 from __future__ import annotations
 
@@ -17,13 +18,41 @@ def _dev(d: Mapping[str, Any]) -> str:
     return f"{abs(m['value']):.1%} ({m['client']}, {m['metric'].replace('_s', '').replace('_', ' ')})"
 
 
+METRIC_NAMES = {"ttft_p50_s": "p50 TTFT", "tpot_p50_s": "p50 TPOT", "output_tokens_per_s": "tokens/s"}
+
+
+def _range(fig: Mapping[str, Any] | None) -> str:
+    if not fig or fig.get("range") is None:
+        return "no pass-to-pass range (one pair)"
+    return f"pass-to-pass range {fig['range']:.1%}"
+
+
+def anchored_sentence(a: Mapping[str, Any]) -> str:
+    """The largest aligned deviation from the anchor's run beside each client, with that client's range, and the
+    anchor's own range."""
+    m = a["max"]
+    own = a["per_client"][a["anchor"]]
+    ranges = "; ".join(f"{METRIC_NAMES[metric]} {_range(own.get(metric))}"
+                       for metric in ("tpot_p50_s", "output_tokens_per_s"))
+    if m["client"] is None:
+        return f"no client had a pair with {a['anchor']}'s runs; {a['anchor']}'s own runs: {ranges}"
+    row = a["per_client"][m["client"]]
+    return (f"largest aligned deviation from {a['anchor']}'s run beside it: {m['value']:+.1%} ({m['client']}, "
+            f"{METRIC_NAMES[m['metric']]}, median of {row['pairs']} pair"
+            f"{'s' * (row['pairs'] != 1)}; {_range(row.get(m['metric']))}); {a['anchor']}'s own runs, one after "
+            f"another: {ranges}")
+
+
 def clients_sentence(tables: Mapping[str, Any], cost: Mapping[str, float | None], shared: Mapping[str, Any] | None
                      ) -> str:
     """The clients' own reports against the same runs under one definition, and what each client costs."""
     busiest = max(((n, c) for n, c in cost.items() if c is not None), key=lambda x: x[1], default=None)
     said = (f"On one request set, the clients' own reports of p50 TPOT/ITL and tokens/s were up to "
             f"{_dev(tables['raw_deviation'])} away from the clients' median; recomputed from each client's own "
-            f"per-request stamps under one definition, up to {_dev(tables['aligned_deviation'])}.")
+            f"per-request stamps under one definition and held against labkit's run beside it, "
+            + (anchored_sentence(tables["anchored"]).replace("largest aligned deviation from labkit's run beside it: ",
+                                                             "up to ") if tables.get("anchored") else
+               f"up to {_dev(tables['aligned_deviation'])} from the clients' median") + ".")
     if busiest is not None:
         said += (f" The busiest client, {busiest[0]}, kept {busiest[1]:.0%} of a core busy while it ran")
         if shared:
@@ -33,15 +62,72 @@ def clients_sentence(tables: Mapping[str, Any], cost: Mapping[str, float | None]
     return said
 
 
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0%}"
+
+
+def sizing_sentence(z: Mapping[str, Any], recorded: int) -> str:
+    """What the A/A recording measured (σ_d over its pairs) and the pairs the t formula asks for the slowdown."""
+    said = (f"σ_d over {recorded} recorded A/A pairs (ln of B's pass median TPOT over A's): {z['sigma_d']:.3f}. A "
+            f"{z['change']:.0%} slowdown ({z['per_token_s'] * 1e3:.1f} ms a token on a median TPOT of "
+            f"{z['tpot_a_s'] * 1e3:.1f} ms) needs {z['needed']} pairs for 90 % power; each A/B trial runs "
+            f"{z['pairs']}")
+    if not z["afforded"]:
+        said += ", all this run affords"
+    return said + "."
+
+
+def afforded(ab: Mapping[str, Any]) -> bool:
+    """Whether the A/B trials ran as many pairs as the power formula asked for."""
+    return bool(ab["afforded"])
+
+
+def _goal() -> str:
+    return f"at most {verdict.ALPHA:.0%} false positives and at least {verdict.POWER:.0%} detection"
+
+
+def readers_sentence(ab: Mapping[str, Any]) -> str:
+    """Each reader's rates on the resampled trials (and the real ones), and which readers met the goal: only what the
+    table shows."""
+    parts = [f"{r['reader']} {_pct(r['aa_fp_resampled'])} false positives and {_pct(r['detected_resampled'])} "
+             f"detection" for r in ab["table"]]
+    met = [r["reader"] for r in ab["table"] if r["meets_goal"]]
+    said = (f"On {ab['resampled_trials']} A/A and {ab['resampled_trials']} slowdown trials of {ab['pairs']} pairs "
+            f"drawn from the recorded passes: " + "; ".join(parts) + ". ")
+    real = ab["rates"]
+    said += (f"On the real trials ({ab['aa_trials']} A/A of {ab['aa_pairs']} pairs, {ab['ab_trials']} A/B of "
+             f"{ab['pairs']}): " + "; ".join(f"{k} {_pct(v['aa_false_positive_rate'])} false positives, "
+                                             f"{_pct(v['slowdown_detection_rate'])} detection"
+                                             for k, v in real.items()) + ". ")
+    if met:
+        said += f"Met {_goal()}: {', '.join(met)}."
+    else:
+        said += (f"No reader met {_goal()}: at {ab['pairs']} pairs of {ab['requests_per_pass']}-request passes, none "
+                 f"here tells a {ab['slowdown_share']:.0%} slowdown from nothing reliably.")
+    if not afforded(ab):
+        said += (f" The formula asked for {ab['needed']} pairs at this σ_d and the run made {ab['pairs']}: the paired "
+                 "test was not sized for this slowdown here.")
+    return said
+
+
 def aa_sentence(ab: Mapping[str, Any]) -> str:
-    r = ab["rates"]
-    n = ab["trials"]
-    return (f"In {n} A/A trials (nothing changed), {verdict.ONE_RUN_RULE} called a difference "
-            f"in {r['naive']['aa_false_positive_rate']:.0%} of them, labkit's verdict over {ab['runs_per_side']} "
-            f"interleaved runs a side in {r['verdict']['aa_false_positive_rate']:.0%}, the bootstrap interval in "
-            f"{r['bootstrap']['aa_false_positive_rate']:.0%}. With {ab['slowdown_share']:.0%} added to every token "
-            f"({n} A/B trials), they detected it in {r['naive']['slowdown_detection_rate']:.0%}, "
-            f"{r['verdict']['slowdown_detection_rate']:.0%} and {r['bootstrap']['slowdown_detection_rate']:.0%}.")
+    """The takeaway: the four readers' rates (resampled trials) and which met the goal, as ``readers_sentence``."""
+    r = ab["resampled_rates"]
+    met = [row["reader"] for row in ab["table"] if row["meets_goal"]]
+    said = (f"With nothing changed, {verdict.ONE_RUN_RULE} called a difference in "
+            f"{_pct(r['naive']['aa_false_positive_rate'])} of {ab['resampled_trials']} resampled A/A trials, the "
+            f"overlap rule in {_pct(r['overlap']['aa_false_positive_rate'])}, the request bootstrap in "
+            f"{_pct(r['bootstrap']['aa_false_positive_rate'])}, the paired test in "
+            f"{_pct(r['paired']['aa_false_positive_rate'])}; with {ab['slowdown_share']:.0%} added to every token they "
+            f"caught it in {_pct(r['naive']['slowdown_detection_rate'])}, "
+            f"{_pct(r['overlap']['slowdown_detection_rate'])}, {_pct(r['bootstrap']['slowdown_detection_rate'])} and "
+            f"{_pct(r['paired']['slowdown_detection_rate'])} ({ab['pairs']} pairs a trial, σ_d {ab['sigma_d']:.3f}).")
+    if met:
+        said += f" Only {' and '.join(met)} met {_goal()} here." if len(met) < len(ab["table"]) else \
+            f" Every reader met {_goal()} here."
+    else:
+        said += f" None met {_goal()} at this size."
+    return said
 
 
 def loops_sentence(loops: Mapping[str, Any], judged: Any, judged_long: Any) -> str:
@@ -80,16 +166,20 @@ def takeaways(*, tables: Mapping[str, Any], ab: Mapping[str, Any], loops: Mappin
               sentences: Sequence[str]) -> Findings:
     """The rows (the largest aligned deviation first) and the sentences they choose."""
     rows: list[dict[str, Any]] = [
+        {"finding": "largest aligned deviation from labkit's run beside it (p50 TPOT, tokens/s)",
+         "value": abs(tables["anchored"]["max"]["value"])} if tables.get("anchored") else
         {"finding": "largest deviation between clients after alignment (p50 TPOT, tokens/s)",
          "value": abs(tables["aligned_deviation"]["max"]["value"])},
         {"finding": "largest deviation between the clients' own reports",
          "value": abs(tables["raw_deviation"]["max"]["value"])},
     ]
-    for reader in ("naive", "verdict", "bootstrap"):
-        rows.append({"finding": f"A/A false-positive rate ({reader})",
-                     "value": ab["rates"][reader]["aa_false_positive_rate"]})
-        rows.append({"finding": f"injected slowdown detected ({reader})",
-                     "value": ab["rates"][reader]["slowdown_detection_rate"]})
+    for row in ab["table"]:
+        reader = row["reader"]
+        rows.append({"finding": f"A/A false-positive rate ({reader}, resampled)", "value": row["aa_fp_resampled"]})
+        rows.append({"finding": f"injected slowdown detected ({reader}, resampled)",
+                     "value": row["detected_resampled"]})
+    rows.append({"finding": "σ_d of the A/A pairs (log-ratio)", "value": ab["sigma_d"]})
+    rows.append({"finding": "pairs the power formula asked for the slowdown", "value": ab["needed"]})
     if loops:
         rows.append({"finding": "p50 TTFT, open loop ÷ closed loop at the same mean rate",
                      "value": loops["open"]["ttft_p50_s"] / loops["closed"]["ttft_p50_s"]})

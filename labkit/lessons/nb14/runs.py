@@ -1,11 +1,13 @@
 """Notebook 14's runs (can you trust this benchmark?), shared with ``bench/trust.py``.
 
     clients_on_one_server  the benchmark clients (labkit's loadgen, vllm bench serve, AIPerf, GuideLLM) on one
-                   request set against one server, interleaved rounds, each client held to chosen cores;
-                   ``client_tables`` their own figures and the aligned ones
+                   request set against one server, interleaved rounds, each client held to chosen cores, each run of
+                   another client beside a run of labkit's (the anchor); ``client_tables`` their own figures and the
+                   aligned ones, ``anchored`` each client against its anchor run, pair by pair
     server_view    vLLM's own histograms of TTFT, TPOT and inter-token time over a run (``/metrics`` before and after)
-    aa_ab          A/A and A/B trials through two slow proxies: how often one-run-each means, labkit's verdict and the
-                   bootstrap interval call a difference, with none there and with a known per-token delay
+    aa_ab          A/A and A/B trials of interleaved passes through two slow proxies (``ABPasses``), real and resampled
+                   from the recorded passes: how often four readers (one run each, the overlap rule, a bootstrap over
+                   the requests, the paired test) call a difference, with none there and with a known per-token delay
     loops          closed loop (a concurrency cap) against open loop (Poisson at the same mean rate); short against
                    long answers under the cap; the first request after an idle gap against warm ones
     vllm_batch_divergence  one prompt's greedy answer from ``vllm serve`` alone and among others sent at once
@@ -16,13 +18,16 @@ A run orchestrates: requests go through ``serve.client``, ``serve.loadgen`` or t
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...core import verdict
+from ...core import timing, verdict
 from ...core.checks import positive
 from ...core.timing import percentile
 from ...decoding import invariance, quality
@@ -39,23 +44,104 @@ LG_FACTORS = (0.4, 2.0)  # LoadGen's Server runs: these multiples of the rate Of
 # ------------------------------------------------------------------------------------------- the clients
 
 
+class ClientPasses(dict):
+    """What ``clients_on_one_server`` returns: each client's runs by name, in the order they ran; ``anchor``, the
+    client every other one is paired with (None: no pairing); ``anchor_of[name][i]``, the index of the anchor's run
+    just before ``name``'s run i (its pair; None where that anchor run failed); ``order``, the runs in turn."""
+
+    def __init__(self, runs: dict[str, list[outside.ClientRun]], anchor: str | None = None,
+                 anchor_of: dict[str, list[int | None]] | None = None, order: list[str] | None = None) -> None:
+        super().__init__(runs)
+        self.anchor, self.anchor_of, self.order = anchor, anchor_of or {}, order or []
+
+
 def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
                           clients: Sequence[str] = tuple(outside.CLIENTS), rounds: int = 1,
                           cores: set[int] | None = None, timeout_s: float = 300.0,
-                          on_run: Callable[[outside.ClientRun], None] | None = None
-                          ) -> dict[str, list[outside.ClientRun]]:
+                          on_run: Callable[[outside.ClientRun], None] | None = None, anchor: str | None = None,
+                          seed: int = timing.ORDER_SEED) -> ClientPasses:
     """Each of ``clients`` once per round, in turn (interleaved: a machine that slows down mid-way slows them all),
-    each in a folder of its own per round; a client that failed once is not run again."""
+    each in a folder of its own; a client that failed once is not run again. With ``anchor`` (one of ``clients``,
+    e.g. "labkit"), each round runs the others in a shuffled order (``seed``) and the anchor just before each of
+    them: every other client's run has an anchor run beside it, its pair (``ClientPasses.anchor_of``)."""
     runs: dict[str, list[outside.ClientRun]] = {c: [] for c in clients}
+    order: list[str] = []
+
+    def go(c: str, where: Path) -> outside.ClientRun:
+        run = outside.run(c, url, w, where, cores=cores, timeout_s=timeout_s)
+        runs[c].append(run)
+        order.append(c)
+        if on_run is not None:
+            on_run(run)
+        return run
+
+    if anchor is None:
+        for r in range(rounds):
+            for c in clients:
+                if not runs[c] or runs[c][-1].ok:
+                    go(c, folder / f"round{r}")
+        return ClientPasses(runs, order=order)
+    if anchor not in clients:
+        raise ValueError(f"anchor {anchor!r} is not one of the clients {list(clients)}")
+    others = [c for c in clients if c != anchor]
+    anchor_of: dict[str, list[int | None]] = {c: [] for c in others}
+    rng = random.Random(seed)
     for r in range(rounds):
-        for c in clients:
+        turn = list(others)
+        rng.shuffle(turn)
+        for c in turn:
             if runs[c] and not runs[c][-1].ok:
                 continue
-            run = outside.run(c, url, w, folder / f"round{r}", cores=cores, timeout_s=timeout_s)
-            runs[c].append(run)
-            if on_run is not None:
-                on_run(run)
-    return runs
+            beside = go(anchor, folder / f"round{r}-{anchor}-before-{c}")
+            go(c, folder / f"round{r}")
+            anchor_of[c].append(len(runs[anchor]) - 1 if beside.ok else None)
+    return ClientPasses(runs, anchor, anchor_of, order)
+
+
+def anchored(runs: ClientPasses, align_fn: Callable[[Sequence[Mapping[str, float]]], Mapping[str, Any]] = align.aligned,
+             metrics: Sequence[str] = ("ttft_p50_s", *align.JUDGED)) -> dict[str, Any]:
+    """Each client against the anchor's run beside it, under one definition (``align_fn``): per pair, the client's
+    aligned figure over the anchor's; a client's deviation is the median of its pairs' ratios, minus 1. One spread
+    measure for everyone, its pass-to-pass range: the largest of a client's per-pair ratios minus the smallest (None
+    with fewer than 2 pairs); the anchor's own range from its consecutive runs (run k + 1 over run k). ``max``: the
+    largest deviation on ``align.JUDGED`` (TPOT, tokens/s), with its client and metric."""
+    if runs.anchor is None:
+        raise ValueError("anchored() needs runs made with an anchor (clients_on_one_server(..., anchor='labkit'))")
+    figures = {name: [dict(align_fn(align.stamps(r.outputs))) if r.ok else None for r in rs]
+               for name, rs in runs.items()}
+
+    def spread(ratios: Sequence[float]) -> float | None:
+        return max(ratios) - min(ratios) if len(ratios) >= 2 else None
+
+    per: dict[str, dict[str, Any]] = {}
+    found = [{"value": 0.0, "client": None, "metric": None}]
+    for name, partners in runs.anchor_of.items():
+        pairs = [(figures[name][i], figures[runs.anchor][j]) for i, j in enumerate(partners)
+                 if j is not None and figures[name][i] is not None]
+        row: dict[str, Any] = {"pairs": len(pairs)}
+        for m in metrics:
+            ratios = [c[m] / a[m] for c, a in pairs if c.get(m) and a.get(m)]
+            row[m] = {"deviation": statistics.median(ratios) - 1 if ratios else None, "range": spread(ratios),
+                      "ratios": ratios}
+            if ratios and m in align.JUDGED:
+                found.append({"value": row[m]["deviation"], "client": name, "metric": m})
+        per[name] = row
+    own = [f for f in figures[runs.anchor] if f is not None]
+    per[runs.anchor] = {"pairs": max(len(own) - 1, 0), **{
+        m: {"deviation": 0.0 if own else None, "range": spread(ratios), "ratios": ratios}
+        for m in metrics for ratios in [[b[m] / a[m] for a, b in zip(own, own[1:]) if a.get(m) and b.get(m)]]}}
+    return {"anchor": runs.anchor, "per_client": per, "max": max(found, key=lambda f: abs(f["value"]))}
+
+
+def anchored_row(a: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """One client's row of ``anchored``: its pairs, and per figure its deviation from the anchor and its range."""
+    row = a["per_client"].get(name) or {}
+    out: dict[str, Any] = {"pairs": row.get("pairs")}
+    for m, short in (("ttft_p50_s", "ttft"), ("tpot_p50_s", "tpot"), ("output_tokens_per_s", "tokens_per_s")):
+        fig = row.get(m) or {}
+        out[f"{short}_vs_{a['anchor']}"] = fig.get("deviation")
+        out[f"{short}_range"] = fig.get("range")
+    return out
 
 
 def _median_of(dicts: Sequence[Mapping[str, Any]], key: str) -> float | None:
@@ -132,60 +218,223 @@ def _tpots(res: loadgen.BenchmarkResult) -> list[float]:
     return [o.tpot_s for o in res.outputs if o.success and o.tpot_s is not None]
 
 
-def aa_ab(url: str, prompts: Sequence[Any], *, model: str | None, trials: int, runs_per_side: int,
-          per_token_s: float, requests: int, max_tokens: int, concurrency: int,
-          bootstrap: Callable[..., tuple[float, float]] = verdict.bootstrap_diff) -> dict[str, Any]:
-    """``trials`` A/A trials (both sides through a proxy adding nothing), then ``trials`` A/B trials (B's proxy adds
-    ``per_token_s`` per token). Each trial runs A and B ``runs_per_side`` times, alternately; then it asks three
-    readers whether B differs:
+READERS = ("naive", "overlap", "bootstrap", "paired")  # the four ways a trial is read, in the order a table shows
+READER_NAMES = {"naive": verdict.ONE_RUN_RULE, "overlap": "the p10–p90 overlap rule over the passes' medians",
+                "bootstrap": "a bootstrap interval over every request", "paired": "the paired sign-flip test"}
 
-    - naive: one run each (the first), mean TPOT; "differs" by ``verdict.one_run_each`` (a step of its own)
-      (in an A/B trial: "detects" when B's is that much slower);
-    - verdict: labkit's ``verdict.compare`` of the per-run median TPOTs (better or worse; in an A/B trial: worse);
-    - bootstrap: the interval for median(B) − median(A) over every request's TPOT leaves out 0 (A/B: above 0).
 
-    Returns the per-trial rows and, per reader, the share of A/A trials where it called a difference (false
-    positives) and the share of A/B trials where it detected the slowdown."""
-    positive("trials", trials)
-    positive("runs_per_side", runs_per_side)
+class ABPasses:
+    """Passes of one workload through two slow proxies in front of one server: A adds nothing, B adds
+    ``per_token_s`` to every token when a call asks (0 for A/A). ``rounds(n)`` runs n rounds, each an A pass and a B
+    pass in a shuffled order (``timing.rounds``): round i of A and round i of B ran side by side and form a pair.
+    A pass is ``requests`` requests of ``max_tokens`` tokens at ``concurrency`` in flight; what it keeps is every
+    request's TPOT. Entering runs one pass through A that is thrown away (the server's caches warm)."""
+
+    def __init__(self, url: str, prompts: Sequence[Any], *, model: str | None, requests: int, max_tokens: int,
+                 concurrency: int) -> None:
+        positive("requests", requests)
+        self.url, self.prompts, self.model = url, prompts, model
+        self.requests, self.max_tokens, self.concurrency = requests, max_tokens, concurrency
+        self.passes = 0
+
+    def __enter__(self) -> ABPasses:
+        self._a, self._b = SlowProxy(self.url), SlowProxy(self.url)
+        self._a.__enter__()
+        self._b.__enter__()
+        self.one(self._a)  # the server's warm-up pass, thrown away (B's proxy only forwards: nothing of it to warm)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._b.__exit__(*exc)
+        self._a.__exit__(*exc)
+
+    def one(self, proxy: SlowProxy) -> list[float]:
+        res = loadgen.run(proxy.url, self.prompts, num_requests=self.requests, max_concurrency=self.concurrency,
+                          max_tokens=self.max_tokens, warmup=0, model=self.model)
+        self.passes += 1
+        tpots = _tpots(res)
+        if not tpots:
+            raise RuntimeError(f"a pass of {self.requests} requests through the proxy returned no TPOT "
+                               f"({res.failed} failed): is the server up?")
+        return tpots
+
+    def rounds(self, n: int, *, per_token_s: float = 0.0, seed: int = 0) -> dict[str, Any]:
+        """``n`` rounds; ``{"A": [...], "B": [...], "order": [...]}``, each pass's per-request TPOTs, round i at i."""
+        self._b.per_token_s = per_token_s
+        done = timing.rounds({"A": lambda: self.one(self._a), "B": lambda: self.one(self._b)}, n, again=False,
+                             seed=seed)
+        return {"A": done["A"], "B": done["B"], "order": done.order, "per_token_s": per_token_s}
+
+
+def pass_medians(passes: Sequence[Sequence[float]]) -> list[float]:
+    """Each pass's median TPOT: the one statistic a pass gives the paired test and the overlap rule."""
+    return [statistics.median(p) for p in passes]
+
+
+def sigma_d(rec: Mapping[str, Any]) -> float:
+    """The spread (standard deviation) of the per-pair log-ratios ln(B_i / A_i) of recorded rounds' pass medians:
+    what ``verdict.pairs_needed`` sizes a paired run by."""
+    d = verdict.log_ratios(pass_medians(rec["B"]), pass_medians(rec["A"]))
+    if len(d) < 2:
+        raise ValueError(f"sigma_d needs at least 2 recorded pairs, got {len(d)}")
+    return statistics.stdev(d)
+
+
+def read(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], *, slow: bool,
+         bootstrap: Callable[..., tuple[float, float]] = verdict.bootstrap_diff, resamples: int = 2000
+         ) -> dict[str, Any]:
+    """One trial read four ways. ``a``, ``b``: each pass's per-request TPOTs, pass i of A and pass i of B from one
+    round. A reader "calls" a difference (A/A, ``slow`` False: B better or worse; a slowdown trial: B worse):
+
+    - naive: the first pass each, mean TPOT, ``verdict.one_run_each`` (a 2 % step, whatever the noise);
+    - overlap: the old rule, unpaired ``verdict.compare`` of the passes' median TPOTs (p10–p90 ranges apart);
+    - bootstrap: ``bootstrap`` interval for median(B) − median(A) over every request of every pass leaves out 0
+      (a slowdown: lies above 0);
+    - paired: ``verdict.compare(..., paired=True)`` of the passes' medians, round by round."""
+    def called(kind: str) -> bool:
+        return kind == verdict.WORSE if slow else kind in (verdict.BETTER, verdict.WORSE)
+
+    naive = verdict.one_run_each(statistics.mean(b[0]), statistics.mean(a[0]), higher_is_better=False)
+    med_a, med_b = pass_medians(a), pass_medians(b)
+    overlap = verdict.compare(med_b, med_a, higher_is_better=False)
+    paired = verdict.compare(med_b, med_a, paired=True, higher_is_better=False)
+    lo, hi = bootstrap([x for p in b for x in p], [x for p in a for x in p], resamples=resamples)
+    return {"pairs": len(a), "naive": called(naive.kind), "naive_ratio": naive.ratio,
+            "overlap": called(overlap.kind), "overlap_kind": overlap.kind, "paired": called(paired.kind),
+            "paired_kind": paired.kind, "paired_ratio": paired.ratio, "paired_p": paired.p,
+            "bootstrap": lo > 0 if slow else (lo > 0 or hi < 0), "ci_s": (lo, hi)}
+
+
+def real_trials(rec: Mapping[str, Any], pairs: int, *, slow: bool,
+                bootstrap: Callable[..., tuple[float, float]] = verdict.bootstrap_diff) -> list[dict[str, Any]]:
+    """The recorded rounds cut into consecutive trials of ``pairs`` rounds each (a rest shorter than ``pairs`` is
+    left out), each read by ``read``."""
+    positive("pairs", pairs)
     rows = []
-    with SlowProxy(url) as a, SlowProxy(url) as b:
-        def one(proxy: SlowProxy) -> loadgen.BenchmarkResult:
-            return loadgen.run(proxy.url, prompts, num_requests=requests, max_concurrency=concurrency,
-                               max_tokens=max_tokens, warmup=0, model=model)
+    for t in range(len(rec["A"]) // pairs):
+        block = slice(t * pairs, (t + 1) * pairs)
+        rows.append({"trial": "A/B" if slow else "A/A", "source": "real", "index": t,
+                     **read(rec["A"][block], rec["B"][block], slow=slow, bootstrap=bootstrap)})
+    return rows
 
-        loadgen.run(a.url, prompts, num_requests=1, max_tokens=2, warmup=0, model=model)  # connections and caches warm
-        for kind in ("A/A", "A/B"):
-            b.per_token_s = 0.0 if kind == "A/A" else per_token_s
+
+@contextlib.contextmanager
+def _unlogged() -> Iterator[None]:
+    """Resampled trials simulate the readers; they are not comparisons the run states, so the verdict log
+    (``verdict.LOG_ENV``) does not count them."""
+    was = os.environ.pop(verdict.LOG_ENV, None)
+    try:
+        yield
+    finally:
+        if was is not None:
+            os.environ[verdict.LOG_ENV] = was
+
+
+def resampled_trials(rec: Mapping[str, Any], *, pairs: int, trials: int, per_token_s: float, seed: int = 0,
+                     bootstrap: Callable[..., tuple[float, float]] = verdict.bootstrap_diff, resamples: int = 400
+                     ) -> list[dict[str, Any]]:
+    """``trials`` A/A and ``trials`` slowdown trials of ``pairs`` pairs each, drawn from recorded A/A rounds:
+    each pair one recorded round (its A pass and the B pass that ran beside it), drawn with replacement. A slowdown
+    trial adds ``per_token_s`` to every request's TPOT on the B side, as the proxy adds it to every gap between
+    tokens. Each trial read by ``read`` (the bootstrap with ``resamples`` resamples, to keep it quick)."""
+    positive("pairs", pairs)
+    positive("trials", trials)
+    rng = random.Random(seed)
+    n = len(rec["A"])
+    rows = []
+    with _unlogged():
+        for kind, slow in (("A/A", False), ("A/B", True)):
             for t in range(trials):
-                side = {"A": [], "B": []}
-                for _ in range(runs_per_side):
-                    side["A"].append(one(a))
-                    side["B"].append(one(b))
-                ta, tb = _tpots(side["A"][0]), _tpots(side["B"][0])
-                naive = verdict.one_run_each(statistics.mean(tb), statistics.mean(ta), higher_is_better=False)
-                med_a = [statistics.median(_tpots(r)) for r in side["A"]]
-                med_b = [statistics.median(_tpots(r)) for r in side["B"]]
-                v = verdict.compare(med_b, med_a, higher_is_better=False)
-                pooled_a = [x for r in side["A"] for x in _tpots(r)]
-                pooled_b = [x for r in side["B"] for x in _tpots(r)]
-                lo, hi = bootstrap(pooled_b, pooled_a)
-                slow = kind == "A/B"
-                rows.append({"trial": kind, "index": t, "naive_ratio": naive.ratio,
-                             "naive": naive.kind == verdict.WORSE if slow else naive.kind in (verdict.BETTER,
-                                                                                              verdict.WORSE),
-                             "verdict_kind": v.kind, "verdict_ratio": v.ratio,
-                             "verdict": v.kind == verdict.WORSE if slow else v.kind in (verdict.BETTER, verdict.WORSE),
-                             "ci_s": (lo, hi), "bootstrap": lo > 0 if slow else (lo > 0 or hi < 0),
-                             "tpot_a_s": statistics.median(pooled_a), "tpot_b_s": statistics.median(pooled_b)})
-    rates = {}
-    for reader in ("naive", "verdict", "bootstrap"):
+                idx = [rng.randrange(n) for _ in range(pairs)]
+                a = [rec["A"][i] for i in idx]
+                b = [[x + (per_token_s if slow else 0.0) for x in rec["B"][i]] for i in idx]
+                rows.append({"trial": kind, "source": "resampled", "index": t,
+                             **read(a, b, slow=slow, bootstrap=bootstrap, resamples=resamples)})
+    return rows
+
+
+def rates(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per reader: the share of A/A trials where it called a difference (false positives) and the share of A/B
+    trials where it called the slowdown (detection); None where there was no trial of that kind."""
+    out = {}
+    for reader in READERS:
         aa = [r[reader] for r in rows if r["trial"] == "A/A"]
         ab = [r[reader] for r in rows if r["trial"] == "A/B"]
-        rates[reader] = {"aa_false_positive_rate": sum(aa) / len(aa), "slowdown_detection_rate": sum(ab) / len(ab)}
-    tpot_a = statistics.median(r["tpot_a_s"] for r in rows if r["trial"] == "A/B")
-    return {"rows": rows, "rates": rates, "trials": trials, "runs_per_side": runs_per_side,
-            "per_token_s": per_token_s, "slowdown_share": per_token_s / tpot_a, "requests_per_run": requests}
+        out[reader] = {"aa_false_positive_rate": sum(aa) / len(aa) if aa else None,
+                       "slowdown_detection_rate": sum(ab) / len(ab) if ab else None}
+    return out
+
+
+def meets(r: Mapping[str, float | None]) -> bool:
+    """Whether a reader's rates meet the goal a paired run is sized for: false positives at most ``verdict.ALPHA``
+    and detection at least ``verdict.POWER``."""
+    fp, det = r["aa_false_positive_rate"], r["slowdown_detection_rate"]
+    if fp is None or det is None:
+        return False
+    return fp <= verdict.ALPHA and det >= verdict.POWER  # fact: shares of trials against the test's own α and power
+
+
+def reader_table(real: Sequence[Mapping[str, Any]], resampled: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per reader: its rates on real trials and on resampled ones, and whether it meets the goal (``meets``)
+    on the resampled trials (the many) and, where there were real trials of both kinds, on the real ones too."""
+    on_real, on_resampled = rates(real), rates(resampled)
+    rows = []
+    for reader in READERS:
+        rr, rs = on_real[reader], on_resampled[reader]
+        has_real = rr["aa_false_positive_rate"] is not None and rr["slowdown_detection_rate"] is not None
+        rows.append({"reader": reader, "rule": READER_NAMES[reader],
+                     "aa_fp_real": rr["aa_false_positive_rate"], "detected_real": rr["slowdown_detection_rate"],
+                     "aa_fp_resampled": rs["aa_false_positive_rate"],
+                     "detected_resampled": rs["slowdown_detection_rate"],
+                     "meets_goal": meets(rs) and (meets(rr) or not has_real)})
+    return rows
+
+
+def aa_ab(url: str, prompts: Sequence[Any], *, model: str | None, aa_trials: int, pairs: int, slowdown: float,
+          requests: int, max_tokens: int, concurrency: int, ab_trials: int | None = None,
+          ab_pairs: Callable[[float, float], int] | int | None = None, max_ab_pairs: int | None = None,
+          resampled: int = 200, bootstrap: Callable[..., tuple[float, float]] = verdict.bootstrap_diff,
+          resamples: int = 400, on_sized: Callable[[Mapping[str, Any]], None] | None = None) -> dict[str, Any]:
+    """A/A, then A/B with a known slowdown, read by four readers (``read``), on real trials and resampled ones.
+
+    1. ``aa_trials`` × ``pairs`` interleaved A/A rounds (``ABPasses``): the recording. Its A passes' median TPOT
+       sets the slowdown, ``per_token_s`` = ``slowdown`` × that; σ_d comes from its pairs (``sigma_d``).
+    2. The pairs a paired test needs for that slowdown: ``ab_pairs(sigma_d, change)`` (the learner's t formula, or
+       ``verdict.pairs_needed``), or a number; at most ``max_ab_pairs`` (what the run can afford), at least
+       ``verdict.MIN_PAIRS``.
+    3. ``ab_trials`` (default ``aa_trials``) A/B trials of that many rounds, B slowed.
+    4. ``resampled`` A/A and as many slowdown trials of that many pairs, drawn from the recording (their bootstrap
+       with ``resamples`` resamples a trial).
+
+    The real A/A trials are the recording cut into trials of ``pairs`` rounds."""
+    positive("aa_trials", aa_trials)
+    ab_trials = aa_trials if ab_trials is None else ab_trials
+    with ABPasses(url, prompts, model=model, requests=requests, max_tokens=max_tokens,
+                  concurrency=concurrency) as ab:
+        rec = ab.rounds(aa_trials * pairs, seed=1)
+        tpot_a = statistics.median(x for p in rec["A"] for x in p)
+        per_token_s = slowdown * tpot_a
+        sd = sigma_d(rec)
+        needed = (ab_pairs(sd, slowdown) if callable(ab_pairs) else ab_pairs) or verdict.pairs_needed(sd, slowdown)
+        run_pairs = max(verdict.MIN_PAIRS, needed if max_ab_pairs is None else min(needed, max_ab_pairs))
+        afforded = run_pairs >= needed  # fact: a count of pairs against a count of pairs
+        sized = {"sigma_d": sd, "needed": needed, "pairs": run_pairs, "afforded": afforded,
+                 "per_token_s": per_token_s, "tpot_a_s": tpot_a, "change": slowdown}
+        if on_sized is not None:
+            on_sized(sized)
+        slow = ab.rounds(ab_trials * run_pairs, per_token_s=per_token_s, seed=2)
+        passes = ab.passes
+    real = real_trials(rec, pairs, slow=False, bootstrap=bootstrap) + \
+        real_trials(slow, run_pairs, slow=True, bootstrap=bootstrap)
+    drawn = resampled_trials(rec, pairs=run_pairs, trials=resampled, per_token_s=per_token_s,
+                             bootstrap=bootstrap, resamples=resamples) if resampled else []
+    tpot_b = statistics.median(x for p in slow["B"] for x in p)
+    return {"rows": real, "resampled_rows": drawn, "rates": rates(real), "resampled_rates": rates(drawn),
+            "table": reader_table(real, drawn), "aa_trials": aa_trials, "ab_trials": ab_trials,
+            "aa_pairs": pairs, **sized, "resampled_trials": resampled, "recorded_rounds": len(rec["A"]),
+            "slowdown_share": per_token_s / tpot_a, "measured_slowdown": tpot_b / statistics.median(
+                x for p in slow["A"] for x in p) - 1, "requests_per_pass": requests, "tokens_per_request": max_tokens,
+            "passes": passes, "recording": rec}
 
 
 # ------------------------------------------------------------------------------------------- open and closed loop

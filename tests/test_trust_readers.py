@@ -1,0 +1,136 @@
+"""Notebook 14's A/A and A/B readers: one run each, the old overlap rule, a request bootstrap and the paired test, on
+simulated drifting passes (real and resampled trials), and the whole run over the tiny server through two proxies."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from labkit.core import verdict
+from labkit.lessons.nb14 import findings as f14
+from labkit.lessons.nb14 import runs as nb14
+
+
+def drifting(rounds, *, seed, requests=4, walk=0.05, bound=0.15, noise=0.05, tpot=0.05):
+    """Recorded A/A rounds: the machine's pace a bounded random walk (±15 %) between rounds, both passes of a round
+    at its pace; each request's TPOT with 5 % noise of its own."""
+    rng = random.Random(seed)
+    level, a, b = 1.0, [], []
+    for _ in range(rounds):
+        level = min(1 + bound, max(1 - bound, level * math.exp(rng.gauss(0, walk))))
+        a.append([tpot * level * math.exp(rng.gauss(0, noise)) for _ in range(requests)])
+        b.append([tpot * level * math.exp(rng.gauss(0, noise)) for _ in range(requests)])
+    return {"A": a, "B": b}
+
+
+def test_read_calls_only_a_slowdown_in_the_slowdown_direction():
+    a = [[1.0, 1.01, 0.99, 1.0]] * 8
+    faster = [[0.8, 0.81, 0.79, 0.8]] * 8
+    row = nb14.read(a, faster, slow=True, resamples=200)
+    assert row["paired_kind"] == verdict.BETTER and not row["paired"] and not row["naive"]  # faster is not caught
+    assert nb14.read(a, faster, slow=False, resamples=200)["paired"]  # but in A/A it is a false positive
+    assert row["pairs"] == 8 and row["paired_p"] is not None
+
+
+def test_the_paired_reader_meets_the_goal_where_one_run_each_and_the_overlap_rule_do_not():
+    rec = drifting(40, seed=7)
+    rows = nb14.resampled_trials(rec, pairs=16, trials=200, per_token_s=0.1 * 0.05, resamples=200)
+    r = nb14.rates(rows)
+    assert r["paired"]["aa_false_positive_rate"] <= 0.08, r
+    assert r["paired"]["slowdown_detection_rate"] >= 0.9, r
+    assert r["naive"]["aa_false_positive_rate"] > 0.2, r  # a 2 % step, with 5 % noise a pass
+    assert r["overlap"]["slowdown_detection_rate"] < 0.5, r  # the drift spreads the passes' medians past the change
+    table = {row["reader"]: row for row in nb14.reader_table([], rows)}
+    assert table["paired"]["meets_goal"] and not table["naive"]["meets_goal"] and not table["overlap"]["meets_goal"]
+    assert table["paired"]["aa_fp_real"] is None  # no real trials: the real columns say so
+
+
+def test_real_trials_are_consecutive_blocks_and_a_short_rest_is_left_out():
+    rec = drifting(13, seed=1)
+    rows = nb14.real_trials(rec, 6, slow=False)
+    assert [r["index"] for r in rows] == [0, 1] and all(r["pairs"] == 6 and r["source"] == "real" for r in rows)
+    assert nb14.rates(rows)["paired"]["slowdown_detection_rate"] is None
+
+
+def test_resampled_trials_stay_out_of_the_verdict_log_and_real_ones_go_in(tmp_path, monkeypatch):
+    log = tmp_path / "v.jsonl"
+    monkeypatch.setenv(verdict.LOG_ENV, str(log))
+    rec = drifting(12, seed=2)
+    nb14.resampled_trials(rec, pairs=6, trials=5, per_token_s=0.005, resamples=50)
+    assert not log.exists()
+    nb14.real_trials(rec, 6, slow=False)
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert sorted(x["how"] for x in lines) == ["compare", "compare", "paired", "paired"]
+    assert verdict.LOG_ENV in __import__("os").environ  # put back
+
+
+def test_meets_reads_alpha_and_power():
+    assert nb14.meets({"aa_false_positive_rate": verdict.ALPHA, "slowdown_detection_rate": verdict.POWER})
+    assert not nb14.meets({"aa_false_positive_rate": verdict.ALPHA + 0.01, "slowdown_detection_rate": 1.0})
+    assert not nb14.meets({"aa_false_positive_rate": 0.0, "slowdown_detection_rate": verdict.POWER - 0.01})
+    assert not nb14.meets({"aa_false_positive_rate": None, "slowdown_detection_rate": 1.0})
+
+
+def test_sigma_d_is_the_spread_of_the_pairs_log_ratios():
+    rec = {"A": [[1.0], [2.0], [1.0]], "B": [[1.1], [2.0], [0.9]]}
+    want = __import__("statistics").stdev([math.log(1.1), 0.0, math.log(0.9)])
+    assert nb14.sigma_d(rec) == pytest.approx(want)
+    with pytest.raises(ValueError, match="2 recorded pairs"):
+        nb14.sigma_d({"A": [[1.0]], "B": [[1.0]]})
+
+
+def _ab(table_meets, *, pairs=6, needed=6):
+    rates = {k: {"aa_false_positive_rate": 0.5, "slowdown_detection_rate": 0.5} for k in nb14.READERS}
+    return {"table": [{"reader": k, "aa_fp_resampled": 0.5, "detected_resampled": 0.5, "meets_goal": k in table_meets}
+                      for k in nb14.READERS], "resampled_rates": rates, "rates": rates, "resampled_trials": 200,
+            "pairs": pairs, "needed": needed, "afforded": pairs >= needed, "aa_trials": 2, "ab_trials": 1, "aa_pairs": 6, "requests_per_pass": 4,
+            "slowdown_share": 0.1, "sigma_d": 0.05}
+
+
+def test_the_sentences_name_only_the_readers_that_met_the_goal():
+    said = f14.readers_sentence(_ab(["paired"]))
+    assert "Met at most 5 % false positives and at least 90 % detection: paired." in said.replace("5%", "5 %") \
+        .replace("90%", "90 %")
+    assert "Only paired met" in f14.aa_sentence(_ab(["paired"]))
+    none = f14.readers_sentence(_ab([], pairs=6, needed=14))
+    assert "No reader met" in none and "none here tells a 10% slowdown from nothing" in none
+    assert "asked for 14 pairs" in none and "made 6" in none
+    assert "None met" in f14.aa_sentence(_ab([])) and "Only" not in f14.aa_sentence(_ab([]))
+    assert "Every reader met" in f14.aa_sentence(_ab(list(nb14.READERS)))
+    assert not f14.afforded(_ab([], pairs=6, needed=7)) and f14.afforded(_ab([], pairs=7, needed=7))
+
+
+def test_aa_ab_over_the_tiny_server_records_pairs_and_sizes_the_slowdown(server):
+    seen = {}
+
+    def ask(sd, change):
+        seen.update(sd=sd, change=change)
+        return 9
+
+    out = nb14.aa_ab(server.url, ["Tell me a story about a lighthouse."], model=None, aa_trials=1, pairs=6,
+                     slowdown=4.0, requests=2, max_tokens=4, concurrency=2, ab_pairs=ask, max_ab_pairs=7,
+                     resampled=10, on_sized=lambda z: seen.update(sized=dict(z)))
+    assert seen["change"] == 4.0 and seen["sd"] == pytest.approx(out["sigma_d"]) and out["sigma_d"] >= 0
+    assert out["needed"] == 9 and out["pairs"] == 7 and not out["afforded"]  # capped by what the run affords
+    assert out["per_token_s"] == pytest.approx(4.0 * out["tpot_a_s"]) and seen["sized"]["pairs"] == 7
+    assert out["passes"] == 1 + 2 * 6 + 2 * 7  # the thrown-away pass, the A/A rounds, the A/B rounds
+    assert [r["trial"] for r in out["rows"]] == ["A/A", "A/B"] and out["rows"][1]["pairs"] == 7
+    assert len(out["resampled_rows"]) == 20 and {r["reader"] for r in out["table"]} == set(nb14.READERS)
+    assert out["measured_slowdown"] > 0.5  # the proxy's delay (4× a token's time) shows on the B side, whatever the
+    # tiny server's own noise
+    assert len(out["recording"]["order"]) == 6 and {tuple(sorted(o)) for o in out["recording"]["order"]} == {("A", "B")}
+
+
+def test_the_anchored_sentence_names_the_largest_deviation_with_its_range_and_the_anchors_own():
+    fig = lambda d, r: {"deviation": d, "range": r, "ratios": []}  # noqa: E731
+    a = {"anchor": "labkit", "max": {"value": -0.07, "client": "AIPerf", "metric": "tpot_p50_s"},
+         "per_client": {"AIPerf": {"pairs": 3, "tpot_p50_s": fig(-0.07, 0.12)},
+                        "labkit": {"pairs": 2, "tpot_p50_s": fig(0.0, 0.05), "output_tokens_per_s": fig(0.0, None)}}}
+    said = f14.anchored_sentence(a)
+    assert "-7.0% (AIPerf, p50 TPOT, median of 3 pairs; pass-to-pass range 12.0%)" in said
+    assert "p50 TPOT pass-to-pass range 5.0%" in said
+    assert "tokens/s no pass-to-pass range (one pair)" in said  # a single ratio has no range
+    none = dict(a, max={"value": 0.0, "client": None, "metric": None})
+    assert f14.anchored_sentence(none).startswith("no client had a pair")
