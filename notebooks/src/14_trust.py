@@ -30,8 +30,10 @@
 #   recompute all of them under one (an exercise); hold them against the server's own histograms.
 # - Measure what a client costs on a small machine: its CPU, and how far its figures move when it shares the cores.
 # - See how often "B is faster" appears when nothing changed, and how often a real slowdown is caught, by one run
-#   each, the old overlap rule, a [bootstrap interval](../docs/glossary.md#bootstrap-interval) you write and a paired
-#   test on interleaved passes, sized by the power formula (an exercise).
+#   each, the old overlap rule, a [bootstrap interval](../docs/glossary.md#bootstrap-interval) you write and a
+#   [paired test](../docs/glossary.md#paired-test) on interleaved passes with a
+#   [magnitude floor](../docs/glossary.md#magnitude-floor), sized by the [power](../docs/glossary.md#power) formula
+#   (an exercise).
 # - Compare a concurrency cap with Poisson arrivals at the same rate; run MLPerf's LoadGen over the server through an
 #   adapter you complete; find where a greedy answer changes with its batch.
 
