@@ -410,10 +410,44 @@ def test_nb10_on_the_reference_run_judges_each_mechanism():
     assert "decode 2.80× plain decoding's speed, no verdict (1 sample" in text and "within noise" not in text
     assert found.headline == {"label": "prompt lookup / plain decode tokens/s, copying task (×)",
                               "value": pytest.approx(2.80, abs=0.01), "verdict": "no verdict"}
-    assert "median TTFT without / with it 9.05×" in text and "TTFTs with it were shorter" in text
-    assert "each stream's worst gap with chunks against without: shorter (3+ samples each" in text
+    # recorded as one run each, before rounds were paired: the old rule, and the sentence says so
+    unpaired = "judged unpaired on one run each (recorded before runs were paired in rounds)"
+    assert "median TTFT without / with it 9.05×" in text and f"{unpaired}, TTFT with it: shorter" in text
+    assert f"the streams' worst gap with chunks against without, {unpaired}: shorter (3+ samples each" in text
     assert "the long prompt's own TTFT 1.9× unchunked's, no verdict (1 sample" in text
     assert "decode steps 0.76× the speed (slower)" in text and "llama.cpp Q4_1 decodes 2.77× as fast" in text
+
+
+def test_nb10_rounds_are_judged_paired_and_too_few_pairs_say_how_many_more():
+    """Rows measured in interleaved rounds (``prefix_cache_rounds``, ``chunked_prefill_rounds``, ``compare_lookup``)
+    are judged on their per-round statistics, round i against round i: a drift that moves both sides of a round
+    alike cancels; fewer than 6 pairs is "no verdict", whatever the gap."""
+    _, kw = _ref10()
+    off, on = kw["prefix"]
+    plain, chunk = kw["chunked"]
+    drift = [1.0, 1.3, 0.8, 1.15, 0.9, 1.25]  # ±30 % between rounds: the per-round spread alone overlaps
+    rounds = lambda row, key, x: dict(row, samples={key: [x * d for d in drift]})  # noqa: E731
+    prefix = (rounds(off, "ttft_p50_s", 0.50), rounds(on, "ttft_p50_s", 0.40))
+    chunked = (dict(plain, samples={"stall_s": [2.8 * d for d in drift], "long_ttft_s": [1.0 * d for d in drift]}),
+               dict(chunk, samples={"stall_s": [0.5 * d for d in drift], "long_ttft_s": [1.9 * d for d in drift]}))
+    text = _text(nb10.takeaways(**{**kw, "prefix": prefix, "chunked": chunked}))
+    assert "judged paired over 6 rounds, TTFT with it: shorter (paired sign-flip test, 6 pairs: p = 0.031" in text
+    assert "the streams' worst gap with chunks against without, judged paired over 6 rounds: shorter" in text
+    assert "the long prompt's own TTFT 1.9× unchunked's, longer (paired sign-flip test, 6 pairs" in text
+    assert verdict.compare([0.4 * d for d in drift], [0.5 * d for d in drift]).kind == verdict.NOISE, \
+        "unpaired, the same rounds overlap: the drift hides a 20 % gain"
+    few = (rounds(off, "ttft_p50_s", 0.50), dict(on, samples={"ttft_p50_s": [0.40 * d for d in drift[:4]]}))
+    with pytest.raises(ValueError, match="equal-length"):
+        nb10.takeaways(**{**kw, "prefix": few})
+    four = (dict(off, samples={"ttft_p50_s": [0.5 * d for d in drift[:4]]}), few[1])
+    text = _text(nb10.takeaways(**{**kw, "prefix": four}))
+    assert "judged paired over 4 rounds, TTFT with it: no verdict (4 pairs: a paired test needs at least 6; " in text
+    copy, chat = kw["lookup"]
+    looked = dict(copy, rounds_paired=True, samples={"plain_decode_tokens_per_s": [20.0 * d for d in drift],
+                                                     "lookup_decode_tokens_per_s": [56.0 * d for d in drift]})
+    v = nb10.lookup_verdict(looked)
+    assert v.paired and v.kind == verdict.BETTER and v.n == 6
+    assert not nb10.lookup_verdict(dict(looked, rounds_paired=float("nan"))).paired, "a frame's missing flag: unpaired"
 
 
 def test_nb10_a_slower_prompt_lookup_says_why_from_its_numbers():
