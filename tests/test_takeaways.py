@@ -533,15 +533,23 @@ def test_nb11_routing_verdict_from_the_reference_and_from_too_few_rounds():
     assert found.headline == {"label": "TTFT p50, cache-aware / round-robin", "value": pytest.approx(0.186, abs=1e-3),
                               "verdict": "better"}
     text = _text(found)
-    assert "TTFT p50 0.19× round-robin's (lower over 5 rounds)" in text and "4 replicas." in text
+    assert ("TTFT p50 0.19× round-robin's (lower, over 5 rounds, judged unpaired: recorded before rounds were "
+            "paired)") in text and "4 replicas." in text
     assert "$0.61 per million output tokens at AWS m7g.large's price" in text and "left 8 of 16 requests" in text
     as_if = _text(nb11.takeaways(head=head, capacity_reason="knee at 2.15 req/s", arithmetic=None,
                                  chosen={"name": "AWS m7g.large", "usd_per_million_tokens": 0.3063, "tokens_per_s": 74.0},
                                  tokens_per_s=37.0, answered=8, requests=16))
     assert "priced as if the instance made 74.0 tokens/s from this run's 37.0 (one replica at the knee" in as_if
-    two = verdict.compare([0.2, 0.21], [0.5, 0.52], higher_is_better=False)  # two rounds: too few to tell
-    text = _text(_nb11({**head, "ttft_verdict": two.kind, "rounds": 2}))
-    assert "(no verdict over 2 rounds)" in text and "lower" not in text
+    two = verdict.compare([0.2, 0.21], [0.5, 0.52], higher_is_better=False, paired=True)  # too few pairs to tell
+    text = _text(_nb11({**head, "ttft_verdict": two.kind, "ttft_verdict_label": two.label, "ttft_pairs": two.n,
+                        "ttft_verdict_reason": two.reason, "rounds": 2}))
+    assert "(no verdict (2 pairs), judged paired over 2 rounds: 2 pairs: a paired test needs at least 6" in text
+    assert "lower" not in text
+    six = verdict.compare([0.2, 0.25, 0.18, 0.22, 0.3, 0.2], [0.5, 0.6, 0.45, 0.5, 0.7, 0.52], higher_is_better=False,
+                          paired=True)
+    text = _text(_nb11({**head, "ttft_verdict": six.kind, "ttft_verdict_label": six.label, "ttft_pairs": six.n,
+                        "ttft_verdict_reason": six.reason, "rounds": 6}))
+    assert "(lower, judged paired over 6 rounds: paired sign-flip test, 6 pairs: p = 0.031" in text
     assert "Capacity: knee at 2.15 req/s." in _text(nb11.takeaways(head=head, capacity_reason="knee at 2.15 req/s",
                                                                    arithmetic=None, chosen={"name": "n",
                                                                                             "usd_per_million_tokens": 1.0},
