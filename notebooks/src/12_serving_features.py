@@ -51,7 +51,7 @@ import pandas as pd
 from IPython.display import display
 
 import labkit
-from labkit.core import config, env, machine, results, verdict
+from labkit.core import config, env, machine, results
 from labkit.decoding import constrained
 from labkit.model import adapters, models, prompts
 from labkit.serve import launch, metrics as prom
@@ -76,18 +76,20 @@ SCHEMA = nb12.runs.PERSON_SCHEMA  # the JSON schema every structured answer must
 PEOPLE = ["a teacher from Lyon", "a retired sailor", "a nurse in Osaka", "a young painter", "a baker in Quebec",
           "a chess champion", "a farmer in Kenya", "a student in Lima"]  # one request each
 JSON_MAX_TOKENS = 64  # tokens per structured answer
-JSON_ROUNDS = config.pick(5, 3)  # rounds of free and constrained, interleaved (the first pays the grammar's compile)
+JSON_ROUNDS = config.pick(8, 6)  # rounds of free and constrained, interleaved in a shuffled order, after a warm-up
+#                                  batch of each (which pays the grammar's compile): the pairs of the paired verdicts
 ADAPTERS = ["alpha", "beta"]  # LoRA adapters made here (seeded, rank LORA_RANK on q_proj and v_proj)
 LORA_RANK = 8
 N_VARIANTS = 10  # fine-tuned variants to serve: the byte count below
 LORA_PROMPTS = config.pick(8, 6)  # requests per batch in the throughput rounds
 LORA_TOKENS = config.pick(32, 16)  # tokens per answer there
-LORA_ROUNDS = config.pick(5, 3)  # rounds of base / one adapter / mixed, interleaved
+LORA_ROUNDS = config.pick(8, 6)  # rounds of base / one adapter / mixed, interleaved after a warm-up pass of each
 CHECK_PROMPTS, CHECK_TOKENS = config.pick(4, 3), config.pick(24, 16)  # answers checked against transformers, merged
 GUIDANCE = config.pick(1, 0)  # 1: a second vllm serve with the guidance backend (full mode); 0: its reference rows
 PD = config.pick(1, 0)  # 1: prefill and decode on two vllm serve behind the lab's proxy (full mode); 0: reference rows
 PD_PROMPT_TOKENS = (140, 180, 260)  # prompts sent through the proxy, tokens each
 PD_LONG_TOKENS, PD_LONG = 500, 2  # the burst: long prompts arriving while short ones stream
+PD_ROUNDS = 8  # interleaved rounds of that burst, one server against the split (full mode only)
 HAS_VLLM = vllm_server.vllm_python().exists()
 res = results.Results("12_serving_features")
 lm = models.load(dtype="fp32")
@@ -181,7 +183,7 @@ print("one free answer:       ", next(r["example"] for r in lab_runs if r["varia
 
 # %% slideshow={"slide_type": "fragment"}
 free_row, con_row = (lab_df.set_index("variant").loc[v] for v in ("free", "constrained"))
-exercises.reveal("free answers that are valid JSON of the schema (first round, of 8)", PREDICT_FREE_VALID,
+exercises.reveal("free answers that are valid JSON of the schema (first batch, of 8)", PREDICT_FREE_VALID,
                  next(r["valid"] for r in lab_runs if r["variant"] == "free"))
 lab_said = nb12.findings.structured_sentence(con_row.to_dict(), free_row.to_dict(), "the lab's server")
 print(lab_said)
@@ -300,8 +302,7 @@ if vllm_srv is not None:
     modes = lora.lora_rounds(vllm_srv, ADAPTERS, eval_ids[:LORA_PROMPTS], LORA_TOKENS, LORA_PROMPTS, LORA_ROUNDS)
     res.replace("lora_modes", modes)
     display(res.frame("lora_modes")[LORA_COLUMNS].round(3))
-    judged = {m["mode"]: verdict.compare(m["samples"]["tokens_per_s"], modes[0]["samples"]["tokens_per_s"])
-              for m in modes if m["mode"] != "base"}
+    judged = {m["mode"]: lora.paired_verdict(m, modes[0]) for m in modes if m["mode"] != "base"}  # round r vs round r
     lora_said = nb12.findings.lora_sentence(modes, checks, judged)
     lora_gain = judged["mixed"].ratio
     print(lora_said)
@@ -363,7 +364,7 @@ if PD and HAS_VLLM:
         pd_out = nb12.runs.pd_session(pd_srv, storage, model_path, pd_prompts, decide=decide, missing_prompt=text_ids[1200:1400],
                                short_prompts=[text_ids[1600:1620], text_ids[1700:1720]],
                                long_prompt=text_ids[2000:2000 + PD_LONG_TOKENS], n_long=PD_LONG,
-                               kill_prompt=text_ids[3000:3300])
+                               burst_rounds=PD_ROUNDS, kill_prompt=text_ids[3000:3300])
     res.replace("pd_split", [{k: v for k, v in r.items() if k != "metrics"} for r in pd_out["split"]])
     res.replace("pd_itl", pd_out.get("itl", []))
     res.replace("pd_faults", [{"fault": "no KV for the request", **pd_out["missing"]},
