@@ -14,9 +14,13 @@ def busted_sentence(server: str, clean: Mapping[str, Any], busted: Mapping[str, 
                     fixed: Mapping[str, Any] | None = None) -> str:
     """One server's clean run against the same trace with a timestamp in the system prompt (and the fix)."""
     fix = (f"; with the clock pinned it served {fixed['cached_share']:.0%} again" if fixed else "")
+    how = (f"the same request's TTFT per prompt token with the timestamp was {judged.ratio:.2f}× the clean run's "
+           f"(the geometric mean of {judged.n} requests paired round by round; {judged.word('faster', 'slower')}: "
+           f"{judged.reason})" if judged.paired else
+           f"median TTFT per prompt token with the timestamp was {judged.ratio:.2f}× the clean run's "
+           f"({judged.word('faster', 'slower')}, judged unpaired: {judged.reason})")
     return (f"{server}: the clean trace's prompt tokens were {clean['cached_share']:.0%} served from the prefix cache, "
-            f"the timestamped one's {busted['cached_share']:.0%}{fix}. From turn 1 on, median TTFT per prompt token with the timestamp was "
-            f"{judged.ratio:.2f}× the clean run's ({judged.word('faster', 'slower')}: {judged.reason}).")
+            f"the timestamped one's {busted['cached_share']:.0%}{fix}. From turn 1 on, {how}.")
 
 
 def tier_sentence(bytes_per_token: int, predicted: Mapping[str, Any], measured: int | None, table: Sequence[Mapping[str, Any]],
@@ -47,7 +51,9 @@ def takeaways(*, clean: Mapping[str, Any], busted: Mapping[str, Any], judged: An
         {"finding": "cached share of prompt tokens, clean trace (lab server)", "value": clean["cached_share"]},
         {"finding": "cached share of prompt tokens, timestamp in the system prompt (lab server)",
          "value": busted["cached_share"]},
-        {"finding": "TTFT per prompt token, timestamped ÷ clean (median)", "value": judged.ratio, "verdict": judged.kind},
+        {"finding": "TTFT per prompt token, timestamped ÷ clean (" + ("geometric mean of the pairs" if judged.paired
+                                                                      else "median") + ")",
+         "value": judged.ratio, "verdict": judged.kind},
         {"finding": "reload beats recompute from (tokens, measured)", "value": crossover},
         {"finding": "sessions resident in the KV budget, predicted", "value": resident["predicted"]},
         {"finding": "sessions resident in the KV budget, measured", "value": resident["measured"]},
