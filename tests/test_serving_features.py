@@ -103,6 +103,9 @@ def test_a_split_shown_from_the_reference_says_so_and_names_its_machine():
     row = nb12.pd_reference_row(ref, nb12_runs.bytes_ratio(ref.section("pd_split")))
     assert row["sentence"].startswith("The prefill/decode split did not start in this run; from the reference: ")
     assert "AMD EPYC" in row["sentence"] and "this run shows" not in row["sentence"]
+    date = ref.env["date"][:10]
+    assert row["sentence"].endswith(f"Its stall verdict was judged unpaired, recorded {date} (3 rounds, before rounds "
+                                    "were paired).")
     found = nb12.takeaways(lab=None, vllm_con=None, mask={"mask_ms_per_token": 40.0, "model_ms_per_token": 40.0},
                            bytes_row={"n": 2, "rank": 8, "base_plus_adapters_bytes": 1.0, "full_copies_bytes": 2.0},
                            lora=None, lora_gain=None, pd=row)
@@ -123,3 +126,28 @@ def test_a_forced_choice_is_the_form_not_the_answer():
     assert said.startswith("a mask guarantees the form, not the answer") and "'neutral'" in said and "'positive'" in said
     plain = constrained.form_not_answer("I think so.", "positive", ["positive", "negative", "neutral"])
     assert "one of the choices by construction" in plain
+
+
+def test_too_few_pairs_show_the_full_mode_references_verdicts_beside_and_how_they_were_judged():
+    """Quick mode runs 3 rounds on vLLM: "no verdict (3 pairs)", and beside it the reference's verdicts, read from
+    the shipped file, by the rule they were recorded under (unpaired, before rounds were paired) and its date."""
+    from labkit.core import results
+
+    ref = results.reference("12_serving_features")
+    runs = [x for r, d in enumerate(DRIFT[:3]) for x in (_run("constrained", r, [8.0 * d], wall=3.0 / d),
+                                                          _run("free", r, [10.0 * d], wall=6.0 / d))]
+    con = {row["variant"]: row for row in nb12_runs.structured_table(runs)}["constrained"]
+    said = nb12.structured_beside_reference(con, ref)
+    row = next(r for r in ref.section("vllm_structured") if r["variant"] == "constrained")
+    assert said.startswith("This run: no verdict (3 pairs), too few pairs for the paired test. The full-mode reference "
+                           f"(judged unpaired, recorded {ref.env['date'][:10]}, {row['rounds']} rounds): constrained "
+                           f"tokens/s per sequence {row['speed_ratio']:.2f}× the free one's ({row['speed_verdict']})")
+    six = [x for r, d in enumerate(DRIFT) for x in (_run("constrained", r, [8.0 * d]), _run("free", r, [10.0 * d]))]
+    assert nb12.structured_beside_reference({row["variant"]: row for row in nb12_runs.structured_table(six)}
+                                            ["constrained"], ref) == "", "six pairs decide: nothing beside"
+    modes = {r["mode"]: r for r in ref.section("lora_modes")}
+    few = {"mixed": verdict.compare([1.0, 1.1, 0.9], [2.0, 2.2, 1.8], paired=True)}
+    base, mixed = modes["base"]["samples"]["tokens_per_s"], modes["mixed"]["samples"]["tokens_per_s"]
+    old = verdict.compare(mixed, base)
+    assert nb12.lora_beside_reference(few, ref).endswith(f"mixed {old.ratio:.2f}× the base ({old.label}).")
+    assert nb12.lora_beside_reference({"mixed": verdict.compare([1.0] * 6, [2.0] * 6, paired=True)}, ref) == ""

@@ -702,3 +702,18 @@ def test_nb09_says_when_the_sweep_and_the_same_load_run_disagree():
     assert "TPOT p50 0.14 vs 0.36 s" in said[0] and "rerun before reading its SLO limit" in said[0]
     assert nb09.sweep_disagrees(same, [{**sweep[0], "good_requests": 14}]) == []
     assert nb09.sweep_disagrees(same, sweep[1:]) == []
+
+
+def test_a_reference_recorded_before_rounds_were_paired_says_so_with_its_date():
+    """The shipped references of 10 and 12 were judged by the unpaired rule: the line under their verdicts says so,
+    with the date the file records; a reference whose notes say its verdicts were paired gets no such line."""
+    from labkit.lessons.nb12 import findings as nb12
+
+    for mod, name, section in ((nb10, "10_beyond", "vllm_mechanisms"), (nb12, "12_serving_features", "pd_itl")):
+        ref = results.load(ROOT / "data" / "reference" / f"{name}.json")
+        env = (ref.notes.get("section_env") or {}).get(section) or ref.env
+        assert mod.unpaired_reference(ref, section) == (
+            f"The reference's verdicts above were judged unpaired, recorded {env['date'][:10]} (before rounds were "
+            "paired); this run's verdicts are paired, round by round.")
+        ref.notes["verdicts"] = mod.PAIRED_NOTE
+        assert mod.unpaired_reference(ref, section) == "" and mod.unpaired_reference(None, section) == ""

@@ -653,6 +653,10 @@ if vllm_ran:
         references.show("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
 else:
     references.show("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
+ref_path = results.reference_dir() / "10_beyond.json"
+if (not vllm_ran or served["skipped"]) and (said := nb10.findings.unpaired_reference(
+        results.reference("10_beyond") if ref_path.is_file() else None, "vllm_mechanisms")):
+    print(said)
 
 # %% slideshow={"slide_type": "fragment"}
 if vllm_ran:
@@ -680,6 +684,7 @@ head = nb10.runs.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_
                        quality_floor=QUALITY_FLOOR)
 res.replace("headline", [head])  # the figures bench/beyond.py prints
 res.notes["versions"] = env.versions(("optimum-quanto", "hqq", "onnx-ir", "llama-cpp-python"))
+res.notes["verdicts"] = nb10.findings.PAIRED_NOTE  # this run's two-way verdicts: paired, round by round
 found = nb10.findings.takeaways(head=head, lookup=(copy_row, chat_row), prefix=(off, on), chunked=(unchunked, chunked),
                                 kv=(base, kv_best), quality_floor=QUALITY_FLOOR, kv_rows=kv_rows,
                                 llamacpp_reference=llamacpp_reference)

@@ -122,6 +122,23 @@ def structured_rounds(url: str, prompts: Sequence[str], variants: Mapping[str, M
     return out
 
 
+def structured_verdicts(runs: Sequence[Mapping[str, Any]], base: str = "free") -> dict[str, dict[str, Any]]:
+    """Each variant's paired verdicts against ``base`` (rows of ``structured_rounds``, round r against round r, the
+    warm-up batch left out): ``speed`` on each round's median tokens/s per sequence, ``wall`` on each round's wall
+    time."""
+    def of(name: str) -> list[Mapping[str, Any]]:
+        return sorted((r for r in runs if r["variant"] == name and not r.get("warmup")), key=lambda r: r["round"])
+
+    def pairs(name: str, key: str) -> tuple[list[float], list[float]]:
+        base_by = {r["round"]: r[key] for r in of(base) if r[key]}
+        kept = [(r[key], base_by[r["round"]]) for r in of(name) if r[key] and r["round"] in base_by]
+        return [a for a, _ in kept], [b for _, b in kept]
+
+    return {name: {"speed": verdict.compare(*pairs(name, "tokens_per_s_per_seq"), paired=True),
+                   "wall": verdict.compare(*pairs(name, "wall_s"), paired=True, higher_is_better=False)}
+            for name in dict.fromkeys(r["variant"] for r in runs) if name != base}
+
+
 def structured_table(runs: Sequence[Mapping[str, Any]], base: str = "free") -> list[dict[str, Any]]:
     """One row per variant: valid answers of all, tokens per answer, tokens/s per sequence and the batch's wall
     time (medians over the rounds; the first batch's wall time, which also paid the grammar's first compile, beside
@@ -131,11 +148,8 @@ def structured_table(runs: Sequence[Mapping[str, Any]], base: str = "free") -> l
     if base not in names:
         raise ValueError(f"base={base!r}: no such variant among {names}")
     def of(name: str) -> list[Mapping[str, Any]]:
-        return sorted((r for r in runs if r["variant"] == name and not r.get("warmup")), key=lambda r: r["round"])
-    def pairs(name: str, key: str) -> tuple[list[float], list[float]]:
-        base_by = {r["round"]: r[key] for r in of(base) if r[key]}
-        kept = [(r[key], base_by[r["round"]]) for r in of(name) if r[key] and r["round"] in base_by]
-        return [a for a, _ in kept], [b for _, b in kept]
+        return [r for r in runs if r["variant"] == name and not r.get("warmup")]
+    judged = structured_verdicts(runs, base)
     table = []
     for name in names:
         rows = of(name)
@@ -148,11 +162,10 @@ def structured_table(runs: Sequence[Mapping[str, Any]], base: str = "free") -> l
                "wall_s": statistics.median(r["wall_s"] for r in rows), "first_wall_s": first["wall_s"]}
         row["valid_share"] = row["valid"] / row["requests"]
         if name != base:
-            speed = verdict.compare(*pairs(name, "tokens_per_s_per_seq"), paired=True)
-            wall = verdict.compare(*pairs(name, "wall_s"), paired=True, higher_is_better=False)
+            speed, wall = judged[name]["speed"], judged[name]["wall"]
             row.update({"speed_ratio": speed.ratio, "speed_verdict": speed.word(), "speed_why": speed.reason,
                         "wall_ratio": wall.ratio, "wall_verdict": wall.word("shorter", "longer"),
-                        "wall_why": wall.reason, "pairs": speed.n})
+                        "wall_why": wall.reason, "pairs": speed.n, "speed_label": speed.label})
         table.append(row)
     return table
 

@@ -137,9 +137,10 @@ def paired_verdict(mode: Mapping[str, Any], base: Mapping[str, Any]) -> verdict.
 
 
 def lora_rounds(server: vs.VLLMServer, adapters: Sequence[str], prompts: Sequence[Sequence[int]], max_tokens: int,
-                concurrency: int, rounds: int) -> list[dict[str, Any]]:
+                concurrency: int, rounds: int, warmup: bool = True) -> list[dict[str, Any]]:
     """The same requests (``max_tokens`` each, ``ignore_eos``) three ways, interleaved ``rounds`` times, each round
-    in a shuffled order (``timing.rounds``), after one warm-up pass of each way that is not a round: all to the
+    in a shuffled order (``timing.rounds``), after one warm-up pass of each way that is not a round (``warmup``:
+    leave it out only on a server that has already answered each adapter since its start): all to the
     base, all to ``adapters[0]``, and the adapters alternating request by request (mixed in one batch). One row
     per mode: output tokens/s (all tokens over the wall time, each round's and their median), TTFT p50 (each
     round's median, then their median), failures. ``samples`` keep each round's figure at its index (None where
@@ -163,7 +164,7 @@ def lora_rounds(server: vs.VLLMServer, adapters: Sequence[str], prompts: Sequenc
                 "ttft_p50_s": statistics.median(o.ttft_s for o in ok) if ok else None,
                 "errors": [o.error for o in outs if not o.success]}
 
-    for m in MODES:
+    for m in MODES if warmup else ():
         run(m)  # the warm-up pass of each way (an adapter's first batch loads it): not a round
     done = interleaved_rounds({m: (lambda m=m: run(m)) for m in MODES}, rounds, again=False)
     rows = []
