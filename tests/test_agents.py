@@ -395,3 +395,22 @@ def test_the_busted_sentence_says_how_it_was_judged():
     rows = nb13.takeaways(clean=clean, busted=busted, judged=paired, sentences=[], crossover=None,
                           resident={"budget_tokens": 1, "predicted": 1, "measured": 1, "runs": "x"}, tool_rows=None).rows
     assert rows[2]["finding"] == "TTFT per prompt token, timestamped ÷ clean (geometric mean of the pairs)"
+
+
+def test_a_tier_with_too_few_pairs_says_so_and_what_full_mode_runs():
+    from labkit.core import results
+    from labkit.lessons.nb13 import findings as nb13
+    from labkit.lessons.nb13 import runs as nb13_runs
+
+    rows = [{"tokens": n, "way": w, "round": r, "ttft_s": t * (1 + 0.01 * r), "cached_tokens": 0, "answer": []}
+            for r in range(1) for n, w, t in ((128, "reload", 0.3), (128, "recompute", 0.2))]
+    table = nb13_runs.tier_table(rows)
+    said = nb13.tier_beside_reference(table, 8)
+    assert said == ("Too few pairs here for the paired test (128 tokens: no verdict (1 pair)); full mode runs 8 rounds "
+                    "of each way, and no full-mode reference of this notebook ships yet to show its verdicts.")
+    ref = results.Results("13_agents", env={"date": "2026-12-09T10:00:00+00:00"})
+    ref.replace("tier", [{"tokens": 128, "reload_over_recompute": 1.4, "reload_verdict": "worse"}])
+    assert nb13.tier_beside_reference(table, 8, ref).endswith(
+        "the full-mode reference (recorded 2026-12-09): 128 tokens: reload 1.40× recompute (worse).")
+    six = nb13_runs.tier_table([dict(r, round=k, ttft_s=r["ttft_s"] * (1 + k / 10)) for k in range(6) for r in rows])
+    assert six[0]["pairs"] == 6 and nb13.tier_beside_reference(six, 8) == ""

@@ -71,7 +71,8 @@ SEED = 0
 MAX_TOKENS = 2  # tokens per answer: the prompt's cost (TTFT) is what this notebook measures
 CACHE_TOKENS = 16384  # the lab server's prefix cache for the trace: every session fits
 TIER_LENGTHS = config.pick((32, 128, 512, 1024, 1536), (32, 128, 1024))  # prefix lengths, reload against recompute
-TIER_ROUNDS = config.pick(8, 1)  # interleaved rounds of each way, in a shuffled order: the pairs of each length's verdict
+TIER_FULL_ROUNDS = 8  # full mode's interleaved rounds of each way, in a shuffled order: the pairs of each length's verdict
+TIER_ROUNDS = config.pick(TIER_FULL_ROUNDS, 1)  # quick mode: one round, too few pairs for a verdict (and said so)
 BUDGET_TOKENS = config.pick(4096, 2560)  # section 4's KV budget (the prefix cache's positions)
 MANY_TURNS = config.pick(6, 4)  # turns of each session there
 ROUTED = config.pick(1, 1)  # 1: two replicas behind notebook 11's router (smg), round robin against session affinity
@@ -278,6 +279,9 @@ print(f"disk read-back {disk['bytes_per_s'] / 1e9:.2f} GB/s, start {disk['start_
       f"{prefill_tps:,.0f} tokens/s at {filler} tokens: {predicted['reason']}")
 tier_said = nb13.findings.tier_sentence(BYTES_PER_TOKEN, predicted, measured_cross, tier_table, disk["bytes_per_s"])
 print(tier_said)
+if said := nb13.findings.tier_beside_reference(tier_table, TIER_FULL_ROUNDS, results.reference("13_agents") if (
+        results.reference_dir() / "13_agents.json").is_file() else None):  # quick mode: one round per length
+    print(said)
 _ = exercises.reveal("tokens from which reloading beats recomputing (predicted from the formula)", PREDICT_CROSSOVER,
                      predicted["tokens"] or float("inf"), "tokens", kind="computed")
 

@@ -75,3 +75,23 @@ def takeaways(*, clean: Mapping[str, Any], busted: Mapping[str, Any], judged: An
                         f"tool_calls, {auto['in_content']} wrote the call as text and {auto['in_none']} made none. "
                         f"Forced by the grammar, {forced}.")
     return Findings(rows, said)
+
+
+def tier_beside_reference(table: Sequence[Mapping[str, Any]], full_rounds: int, ref: Any = None) -> str:
+    """Where this run timed too few rounds for a paired verdict at some length (quick mode's one round), says so,
+    with the full-mode reference's verdicts beside (``ref``: the notebook's shipped reference, its "tier" rows) or,
+    where none ships, that full mode runs ``full_rounds`` rounds to decide; empty where every length had its pairs."""
+    short = [r for r in table if r["reload_verdict"] == verdict.NO_VERDICT
+             and r.get("pairs", 0) < verdict.MIN_PAIRS]  # fact: pairs counted against the test's minimum
+    if not short:
+        return ""
+    here = "; ".join(f"{r['tokens']} tokens: {r['reload_verdict_label']}" for r in short)
+    rows = {r["tokens"]: r for r in (ref.section("tier") if ref is not None else [])}
+    if not rows:
+        return (f"Too few pairs here for the paired test ({here}); full mode runs {full_rounds} rounds of each way, and no "
+                "full-mode reference of this notebook ships yet to show its verdicts.")
+    env = (ref.notes.get("section_env") or {}).get("tier") or ref.env
+    return (f"Too few pairs here for the paired test ({here}); the full-mode reference (recorded "
+            f"{str(env.get('date') or 'on a date not recorded')[:10]}): "
+            + "; ".join(f"{n} tokens: reload {r['reload_over_recompute']:.2f}× recompute ({r['reload_verdict']})"
+                        for n, r in sorted(rows.items())) + ".")

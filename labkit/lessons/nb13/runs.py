@@ -246,6 +246,7 @@ def tier_table(rows: Sequence[Mapping[str, Any]], predicted: Callable[[int, str]
         judged = verdict.compare([by["reload"][k] for k in both], [by["recompute"][k] for k in both], paired=True,
                                  higher_is_better=False)
         row["reload_verdict"], row["reload_verdict_reason"] = judged.kind, judged.reason
+        row["reload_verdict_label"], row["pairs"] = judged.label, judged.n
         out.append(row)
     return out
 
