@@ -52,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
                                          pick(64, 24), 5, repeats=args.rounds, label=t) for t, p in tasks.items()]
     _emit("lookup", lookup)
 
-    doc = prefill.document_text(tok, pick(768, 256))
-    shared = prefill.shared_prefix_prompts(doc, nb10_runs.QUESTIONS[:pick(8, 4)])
+    doc = prefill.document_text(tok, pick(768, 128))
+    shared = prefill.shared_prefix_prompts(doc, nb10_runs.QUESTIONS[:pick(8, 3)])
     prefix = prefill.prefix_cache_rounds(lm, shared, pick(16, 2), 2, 4096, args.rounds)
     _emit("prefix_cache", prefix)
 
-    long_prompt = prefill.document_text(tok, pick(1536, 512))
-    chunked = prefill.chunked_prefill_rounds(lm, list(nb10_runs.STREAM_PROMPTS[:pick(3, 2)]), pick(48, 16), long_prompt,
+    long_prompt = prefill.document_text(tok, pick(1536, 256))
+    chunked = prefill.chunked_prefill_rounds(lm, list(nb10_runs.STREAM_PROMPTS[:pick(3, 2)]), pick(48, 10), long_prompt,
                                              128, args.rounds)
     _emit("chunked_prefill", chunked)
 

@@ -82,15 +82,15 @@ REPEATS = config.pick(5, 3)  # timed runs per measurement (after one warmup)
 LOOKUP_ROUNDS = config.pick(8, 6)  # interleaved rounds of plain decoding and prompt lookup: the pairs of their verdict
 DRAFT_MODEL = None  # a smaller model sharing the tokenizer (hub id or directory), e.g. with
 #                     LABKIT_MODEL=HuggingFaceTB/SmolLM2-1.7B-Instruct: "HuggingFaceTB/SmolLM2-135M-Instruct"
-DOC_TOKENS = config.pick(768, 256)  # tokens of the document every prefix-cache request starts with
-PREFIX_REQUESTS = config.pick(8, 4)  # requests sharing it
+DOC_TOKENS = config.pick(768, 128)  # tokens of the document every prefix-cache request starts with
+PREFIX_REQUESTS = config.pick(8, 3)  # requests sharing it (quick mode: short passes, more rounds)
 PREFIX_MAX_TOKENS = config.pick(16, 2)  # tokens per answer
 PREFIX_ROUNDS = config.pick(8, 6)  # interleaved rounds of the cache off and on (each pass from an empty cache)
 CONCURRENCY = 2  # requests in flight at once (and the server's max_batch_size)
 PREFIX_CACHE_TOKENS = 4096  # the server's prefix cache bound, KV positions
 STREAMS = config.pick(3, 2)  # answers streaming when the long prompt arrives (3 × 47 gaps: enough for a p99)
-STREAM_TOKENS = config.pick(48, 16)  # tokens each stream decodes
-LONG_PROMPT_TOKENS = config.pick(1536, 512)  # the long prompt that arrives while they stream
+STREAM_TOKENS = config.pick(48, 10)  # tokens each stream decodes
+LONG_PROMPT_TOKENS = config.pick(1536, 256)  # the long prompt that arrives while they stream (quick: short bursts)
 PREFILL_CHUNK_TOKENS = 128  # chunked prefill: prompt tokens per step
 CHUNK_ROUNDS = config.pick(8, 6)  # interleaved rounds of the long prompt arriving, unchunked and chunked
 KV_CONTEXT_TOKENS = config.pick(2048, 384)  # context for the KV-cache comparison
@@ -274,7 +274,7 @@ print(f"prompt lengths {len(ids[0])} and {len(ids[1])} tokens; the second reuses
 
 # %% slideshow={"slide_type": "fragment"}
 # the lab's server on this machine, also with LABKIT_SERVER_URL set: its prefix cache, off and on, is the experiment;
-# two servers, one warm-up pass each, then PREFIX_ROUNDS interleaved rounds, each pass from an empty cache
+# two servers, one warm-up request each, then PREFIX_ROUNDS interleaved rounds, each pass from an empty cache
 prefix_rows = prefill.prefix_cache_rounds(lm, prefix_prompts, PREFIX_MAX_TOKENS, CONCURRENCY, PREFIX_CACHE_TOKENS,
                                           PREFIX_ROUNDS)
 res.replace("prefix_cache", [{k: v for k, v in r.items() if k != "texts"} for r in prefix_rows])
@@ -343,7 +343,7 @@ print(f"one prefill of {whole_s * 1e3:.0f} ms unchunked, or {len(schedule)} chun
 
 # %% slideshow={"slide_type": "fragment"}
 stream_prompts = list(nb10.runs.STREAM_PROMPTS[:STREAMS])  # the lab's server here: its chunk budget is the experiment
-# two servers, unchunked and chunked, one warm-up burst each, then CHUNK_ROUNDS interleaved rounds
+# two servers, unchunked and chunked, one warm-up request each, then CHUNK_ROUNDS interleaved rounds
 chunk_rows = prefill.chunked_prefill_rounds(lm, stream_prompts, STREAM_TOKENS, long_prompt, PREFILL_CHUNK_TOKENS,
                                             CHUNK_ROUNDS)
 res.replace("chunked_prefill", [{k: v for k, v in r.items() if k not in ("stamps", "texts")} for r in chunk_rows])

@@ -97,7 +97,7 @@ def prefix_cache_rounds(lm: Any, prompts: Sequence[str], max_tokens: int, concur
     """The same requests in ``rounds`` interleaved rounds (``timing.rounds``: each round's order shuffled) against two
     continuous-batching servers started together, the prefix cache off (0) and on (``prefix_cache_tokens``); each
     pass starts from an empty cache (``flush_cache``), so it is the one run ``prefix_cache_run`` makes, repeated.
-    After the start each server answers one warm-up pass, not a round. Returns [off, on]: per mode each round's
+    After the start each server answers one warm-up request (the first prompt), not a round. Returns [off, on]: per mode each round's
     median TTFT (``samples["ttft_p50_s"]``, round i at index i: the pairs of a paired verdict) and their median,
     every request's TTFT pooled, the cache's counters over the rounds, the first round's answers and whether every
     round answered the same."""
@@ -123,8 +123,9 @@ def prefix_cache_rounds(lm: Any, prompts: Sequence[str], max_tokens: int, concur
                     "texts": [o.text for o in res.outputs],
                     "counters": _counters_delta(before, metrics(srv.url, "labkit_prefix_cache"))}
 
-        for mode in servers:
-            one(mode)  # the warm-up pass after the start: not a round
+        for srv in servers.values():  # the warm-up after the start: not a round (each pass flushes the cache first)
+            loadgen.run(srv.url, list(prompts[:1]), num_requests=1, max_concurrency=1, max_tokens=max_tokens,
+                        endpoint="chat", ignore_eos=True, warmup=0)
         done = timing.rounds({mode: (lambda m=mode: one(m)) for mode in servers}, rounds, again=False)
     out = []
     for mode, runs in done.items():
@@ -185,7 +186,8 @@ def chunked_prefill_rounds(lm: Any, stream_prompts: Sequence[str], stream_tokens
                            long_after: int = 4) -> list[dict[str, Any]]:
     """``chunked_prefill_run``'s burst in ``rounds`` interleaved rounds (``timing.rounds``, each round's order
     shuffled) against two continuous-batching servers started together, chunked prefill off (0) and on
-    (``prefill_chunk_tokens``); each server first answers one warm-up burst, not a round. Returns [unchunked,
+    (``prefill_chunk_tokens``); each server first answers one warm-up request (the first stream's prompt), not a
+    round. Returns [unchunked,
     chunked]: the streams' gaps pooled over the rounds (p50, p99 from ``timing.P99_MIN_SAMPLES`` gaps, max), per
     round the worst gap overlapping the long prompt's prefill (``samples["stall_s"]``) and the long prompt's TTFT
     (``samples["long_ttft_s"]``), round i at index i: the pairs of a paired verdict; their medians; the first
@@ -215,8 +217,8 @@ def chunked_prefill_rounds(lm: Any, stream_prompts: Sequence[str], stream_tokens
                     "long_first_token_s": first, "stall_s": during["max_s"], "gaps_during": during["n"],
                     "long_ttft_s": first - long.start_s if first is not None else None}
 
-        for mode in servers:
-            one(mode)  # the warm-up burst after the start: not a round
+        for srv in servers.values():  # the warm-up after the start: not a round
+            client.burst(srv.url, stream_prompts[:1], 2, stream_prompts[:1], 1, 1, endpoint="chat")
         done = timing.rounds({mode: (lambda m=mode: one(m)) for mode in servers}, rounds, again=False)
     out = []
     for mode, runs in done.items():
