@@ -162,3 +162,23 @@ def test_cli_threads_must_be_positive():
     proc = subprocess.run([sys.executable, "-m", "labkit", "serve", "--threads", "0"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "threads=0" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_compare_policies_warms_each_router_up_then_runs_shuffled_rounds(monkeypatch):
+    calls = []
+
+    def fake_run(url, policy, replicas, workload, max_tokens, **kw):
+        calls.append((policy, workload[0]))
+        return {"summary": {"policy": policy, "ttft_p50_s": 1.0}, "replicas": [{"replica": 0}], "records": [workload[0]]}
+
+    monkeypatch.setattr(nb11_runs.routing, "run_policy", fake_run)
+    routers = {"round_robin": type("R", (), {"url": "a"})(), "cache_aware": type("R", (), {"url": "b"})()}
+    works = [[f"w{r}"] for r in range(6)]
+    out = nb11_runs.compare_policies(routers, [], works, 2, warmup=["warm"])
+    assert calls[:2] == [("round_robin", "warm"), ("cache_aware", "warm")], "one warm-up run per router first"
+    assert all(w != "warm" for _, w in calls[2:]) and len(calls) == 2 + 12
+    assert sorted((r["policy"], r["round"]) for r in out["runs"]) == sorted(
+        (p, r) for p in routers for r in range(6)), "the warm-up is not a round"
+    assert [calls[2 + 2 * r][1] for r in range(6)] == [f"w{r}" for r in range(6)], "round r runs workload r"
+    orders = {tuple(p for p, _ in calls[2 + 2 * r:4 + 2 * r]) for r in range(6)}
+    assert len(orders) == 2, "the rounds' order is shuffled: each policy goes first in some round"
