@@ -295,3 +295,18 @@ def test_the_log_is_plain_text_also_when_started_from_a_notebook():
     # ipykernel sets FORCE_COLOR: vLLM would write ANSI colour codes into the log the parsers above read
     child = vs.environment(vs.Settings(model="/m"), base={"FORCE_COLOR": "1"})
     assert child["VLLM_LOGGING_COLOR"] == "0"
+
+
+def test_pd_itl_rounds_pair_each_rounds_stall_after_a_warm_up(servers):
+    """Notebook 12's burst rounds: one server that stalls the streams for a whole prefill against one that chunks
+    it, six rounds after a warm-up burst each: one stall per round at its index, judged paired."""
+    from labkit.lessons.nb12 import runs as nb12_runs
+
+    plain, split = servers(Fake(prefill_s=0.3, chunks=1)), servers(Fake(prefill_s=0.3, chunks=6))
+    rows = {r["target"]: r for r in nb12_runs.itl_rounds({"plain": plain.url, "split": split.url}, [[1] * 10, [2] * 10],
+                                                          20, [3] * LONG, n_long=1, n_rounds=6)}
+    assert len(rows["split"]["samples"]["stall_s"]) == 6 and rows["plain"]["verdict"] == "baseline"
+    assert rows["split"]["verdict"] == "better" and "paired sign-flip test, 6 pairs" in rows["split"]["verdict_reason"]
+    few = {r["target"]: r for r in nb12_runs.itl_rounds({"plain": plain.url, "split": split.url}, [[1] * 10, [2] * 10],
+                                                         20, [3] * LONG, n_long=1, n_rounds=3)}
+    assert few["split"]["verdict"] == "no verdict (3 pairs)"
