@@ -35,14 +35,12 @@ def _emit(section: str, row: dict) -> None:
     print(json.dumps(jsonable({"section": section, **row})), flush=True)
 
 
-def _busted(url: str, runs: dict, *, model: str | None = None, salt: bool = False, flush=None) -> dict:
-    """Every run of the trace replayed (the cache flushed before each, or each under its own cache_salt): the cached
-    shares and the verdict on TTFT per prompt token, timestamped against clean."""
-    rows = {}
-    for name, p in runs.items():
-        if flush is not None:
-            flush()
-        rows[name] = nb13_runs.replay(url, p, max_tokens=MAX_TOKENS, model=model, salt=f"bench-{name}" if salt else None)
+def _busted(urls: dict, runs: dict, *, model: str | None = None, salt: bool = False, flush=None) -> dict:
+    """The runs of the trace replayed side by side, request by request in shuffled rounds (``replay_rounds``), each
+    on its own server (``urls``: run → URL) or under its own cache_salt: the cached shares and the paired verdict on
+    TTFT per prompt token, timestamped against clean."""
+    rows = nb13_runs.replay_rounds(runs, urls, max_tokens=MAX_TOKENS, model=model, flush=flush,
+                                   salts={name: f"bench-{name}" for name in runs} if salt else None)
     whole, judged = nb13_runs.busted_against_clean(rows)
     return {"cached_share_clean": whole["clean"]["cached_share"], "cached_share_busted": whole["timestamp"]["cached_share"],
             "ttft_ratio_busted_over_clean": judged.ratio, "verdict": judged.kind, "verdict_reason": judged.reason}
@@ -58,9 +56,12 @@ def main() -> None:
             "timestamp": [[trace.render(b, tok) for b in trace.bust(s, "timestamp").requests] for s in sessions]}
     out: dict = {"sessions": sessions_n, "turns": turns, "bytes_per_token": bpt}
 
-    with launch.run_server(lm, port=0, batching="continuous", max_batch_size=4, prefix_cache_tokens=16384,
-                           max_prompt_tokens=MAX_MODEL_LEN) as lab:
-        out["lab"] = _busted(lab.url, runs, flush=lab.flush_cache)
+    with contextlib.ExitStack() as labs:
+        lab = {name: labs.enter_context(launch.run_server(lm, port=0, batching="continuous", max_batch_size=4,
+                                                          prefix_cache_tokens=16384, max_prompt_tokens=MAX_MODEL_LEN))
+               for name in runs}
+        out["lab"] = _busted({name: srv.url for name, srv in lab.items()}, runs,
+                             flush={srv.url: srv.flush_cache for srv in lab.values()})
     _emit("trace_lab", out["lab"])
 
     lengths = config.pick((32, 128, 512, 1024, 1536), (32, 128, 1024))
@@ -69,7 +70,7 @@ def main() -> None:
                               prefix_cache_disk_dir=folder, max_prompt_tokens=MAX_MODEL_LEN) as srv:
         disk = machine.disk_bandwidth(folder, bpt)
         tier_rows = nb13_runs.tier_rounds(srv, prompts.eval_tokens(tok), lengths, max(lengths),
-                                          rounds=config.pick(3, 1), truncate=True, max_tokens=MAX_TOKENS)
+                                          rounds=config.pick(8, 1), truncate=True, max_tokens=MAX_TOKENS)
     predicted = nb13_runs.tier_prediction(tier_rows, disk, bpt)
     table = nb13_runs.tier_table(tier_rows)
     out["tier"] = {"disk_bytes_per_s": disk["bytes_per_s"], "start_s": disk["start_s"], "prefill_tokens_per_s": predicted["prefill_tokens_per_s"],
@@ -94,7 +95,7 @@ def main() -> None:
                 model=model_path, device=vs.default_device(), max_num_seqs=20, max_model_len=MAX_MODEL_LEN,
                 block_size=block, extra_args=("--enable-prompt-tokens-details", "--enable-auto-tool-choice",
                                               "--tool-call-parser", "hermes", "--chat-template", str(template)))))
-            out["vllm"] = _busted(srv.url, runs, model=model_path, salt=True)
+            out["vllm"] = _busted(dict.fromkeys(runs, srv.url), runs, model=model_path, salt=True)
             _emit("trace_vllm", out["vllm"])
             first = [s.requests[0] for s in trace.trace(20, 1, seed=2)]
             table = toolcalls.table(nb13_runs.tool_runs(srv.url, first, config.pick(128, 96), model=model_path),

@@ -38,26 +38,28 @@ def _emit(section: str, rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=config.pick(3, 1), help="timed runs per measurement")
+    ap.add_argument("--rounds", type=int, default=config.pick(8, 6),
+                    help="interleaved rounds of each two-way comparison (its pairs: a paired verdict needs 6)")
     args = ap.parse_args(argv)
-    if args.repeats <= 0:
-        ap.error("--repeats must be positive")
+    if args.repeats <= 0 or args.rounds <= 0:
+        ap.error("--repeats and --rounds must be positive")
     pick = config.pick
     lm = models.load(dtype="fp32" if env.device() == "cpu" else "fp16")
     tok, device = lm.tokenizer, lm.model.device
 
     tasks = {"copy": nb10_runs.copy_prompt(tok, pick(240, 96)), "chat": nb10_runs.FREE_CHAT}
     lookup = [speculative.compare_lookup(lm.model, models.chat_inputs(tok, p, device=str(device))["input_ids"],
-                                         pick(64, 24), 5, repeats=args.repeats, label=t) for t, p in tasks.items()]
+                                         pick(64, 24), 5, repeats=args.rounds, label=t) for t, p in tasks.items()]
     _emit("lookup", lookup)
 
-    doc = prefill.document_text(tok, pick(768, 256))
-    shared = prefill.shared_prefix_prompts(doc, nb10_runs.QUESTIONS[:pick(8, 4)])
-    prefix = [prefill.prefix_cache_run(lm, shared, pick(16, 2), 2, n) for n in (0, 4096)]
+    doc = prefill.document_text(tok, pick(768, 128))
+    shared = prefill.shared_prefix_prompts(doc, nb10_runs.QUESTIONS[:pick(8, 3)])
+    prefix = prefill.prefix_cache_rounds(lm, shared, pick(16, 2), 2, 4096, args.rounds)
     _emit("prefix_cache", prefix)
 
-    long_prompt = prefill.document_text(tok, pick(1536, 512))
-    chunked = [prefill.chunked_prefill_run(lm, list(nb10_runs.STREAM_PROMPTS[:pick(3, 2)]), pick(48, 16), long_prompt, n)
-               for n in (0, 128)]
+    long_prompt = prefill.document_text(tok, pick(1536, 256))
+    chunked = prefill.chunked_prefill_rounds(lm, list(nb10_runs.STREAM_PROMPTS[:pick(3, 2)]), pick(48, 10), long_prompt,
+                                             128, args.rounds)
     _emit("chunked_prefill", chunked)
 
     caches = {"int8 per channel (lab)": lambda: kvquant.lab_cache(lm.model.config)}

@@ -40,7 +40,8 @@ def _emit(section: str, rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of the policy comparison (at least 3 for a verdict)")
+    ap.add_argument("--rounds", type=int, default=config.pick(8, 6),
+                    help="rounds of the policy comparison, judged paired (at least 6 pairs for a verdict)")
     ap.add_argument("--price", default=None, help="a row of data/prices.json (default: the first CPU row of this "
                                                   "machine's architecture)")
     args = ap.parse_args(argv)
@@ -55,10 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     with router.replicas(2, prefix_cache_tokens=16384, threads=1) as reps:
         routers = {p: router.start_router([r.url for r in reps], p) for p in policies}
         try:
-            works = [routing.workload(tok, 4, 2, pick(4, 3), pick(512, 256), tag=f"-{r}", document_tokens=pick(256, 128))
-                     for r in range(args.rounds)]
-            cmp = nb11_runs.compare_policies(routers, reps, works, pick(16, 6), stagger_s=0.3)
-            single = routing.run_policy(reps[0].url, "one server", reps[:1], works[0][:4], pick(16, 6), stagger_s=0.3)
+            groups = pick(4, 2)  # quick mode: more, shorter rounds
+            works = [routing.workload(tok, groups, 2, pick(4, 3), pick(512, 256), tag=f"-{r}",
+                                      document_tokens=pick(256, 128)) for r in range(args.rounds)]
+            warm = routing.workload(tok, 1, 2, 1, pick(512, 256), tag="-warm-up")
+            cmp = nb11_runs.compare_policies(routers, reps, works, pick(16, 6), stagger_s=0.3, warmup=warm)
+            single = routing.run_policy(reps[0].url, "one server", reps[:1], works[0][:groups], pick(16, 6),
+                                        stagger_s=0.3)
         finally:
             router.stop_all(list(routers.values()))
         identical = {"all_identical": all(routing.same_answers(single["records"], recs[0])["all_identical"]

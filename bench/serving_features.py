@@ -42,7 +42,8 @@ def _emit(section: str, row: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=config.pick(5, 3), help="interleaved rounds (3 or more for a verdict)")
+    ap.add_argument("--rounds", type=int, default=config.pick(8, 6),
+                    help="interleaved rounds, judged paired (6 or more pairs for a verdict)")
     ap.add_argument("--skip", nargs="*", default=[], choices=("structured", "lora", "pd"), help="sections to leave out")
     args = ap.parse_args(argv)
     if args.rounds <= 0:

@@ -130,3 +130,44 @@ def test_a_seeded_adapter_moves_each_weight_by_its_strength(tiny_llama, written)
     with safe_open(str(written["beta"] / ad.WEIGHTS_FILE), "pt") as f:
         delta = (8 / RANK) * f.get_tensor(key.format("B")) @ f.get_tensor(key.format("A"))  # alpha / r
     assert float(delta.norm() / weight.norm()) == pytest.approx(ad.DEFAULT_STRENGTH, rel=1e-4)
+
+
+def test_lora_modes_are_judged_paired_round_by_round():
+    """Each round's tokens/s of a mode against the base's of the same round: a drift both share cancels; a round
+    either measured nothing in drops out; fewer than 6 pairs is no verdict."""
+    from labkit.core import verdict
+
+    drift = [1.0, 1.3, 0.8, 1.2, 0.9, 1.1, 1.25]
+    base = {"mode": "base", "samples": {"tokens_per_s": [100.0 * d for d in drift]}}
+    mixed = {"mode": "mixed", "samples": {"tokens_per_s": [90.0 * d for d in drift[:-1]] + [None]}}
+    v = lora.paired_verdict(mixed, base)
+    assert v.paired and v.n == 6 and v.kind == verdict.WORSE and v.ratio == pytest.approx(0.9)
+    assert verdict.compare([x for x in mixed["samples"]["tokens_per_s"] if x], base["samples"]["tokens_per_s"]).kind \
+        == verdict.NOISE, "unpaired, the drift hides the 10 %"
+    few = {"mode": "one", "samples": {"tokens_per_s": [90.0 * d for d in drift[:3]]}}
+    assert lora.paired_verdict(few, base).label == "no verdict (3 pairs)"
+    with pytest.raises(ValueError, match="nothing to pair"):
+        lora.paired_verdict({"mode": "one", "samples": {"tokens_per_s": [None] * 7}}, base)
+
+
+def test_lora_rounds_warm_up_each_mode_then_keep_each_rounds_figure_at_its_index(monkeypatch):
+    from types import SimpleNamespace
+
+    sent = []
+
+    def fake_send(url, prompts, max_tokens, concurrency, models):
+        sent.append(tuple(models))
+        out = SimpleNamespace(success=True, output_tokens=max_tokens, ttft_s=0.1, error=None)
+        return [out] * len(prompts), 0.5 * (2 if models[0] != "base" else 1)
+
+    monkeypatch.setattr(lora, "served_models", lambda url: {"base": "base", "adapters": ["alpha", "beta"]})
+    monkeypatch.setattr(lora.client, "send_ids", fake_send)
+    server = SimpleNamespace(url="http://x")
+    rows = {r["mode"]: r for r in lora.lora_rounds(server, ["alpha", "beta"], [[1], [2]], 4, 2, rounds=6)}
+    assert len(sent) == 3 + 18, "one warm-up pass per mode, then six rounds of three"
+    assert all(len(r["samples"]["tokens_per_s"]) == 6 for r in rows.values())
+    v = lora.paired_verdict(rows["mixed"], rows["base"])
+    assert v.paired and v.n == 6 and v.ratio == pytest.approx(0.5)
+    sent.clear()
+    lora.lora_rounds(server, ["alpha", "beta"], [[1], [2]], 4, 2, rounds=2, warmup=False)
+    assert len(sent) == 6, "a server already warm: no warm-up pass"

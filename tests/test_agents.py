@@ -304,15 +304,18 @@ def test_replay_order_summary_and_block_rounding():
                 for r in range(rounds) for n, w, t in ((128, "reload", 0.3), (128, "recompute", 0.2),
                                                        (1024, "reload", 0.2), (1024, "recompute", 1.5))]
 
-    table = nb13_runs.tier_table(tier_rows(3))
+    table = nb13_runs.tier_table(tier_rows(6))  # six rounds: six pairs per length
     assert [r["reload_verdict"] for r in table] == ["worse", "better"]
+    assert table[1]["reload_verdict_reason"].startswith("paired sign-flip test, 6 pairs: p = 0.031")
     assert nb13_runs.measured_crossover(table) == 1024
     assert nb13_runs.measured_crossover(table[:1]) is None
-    one_each = nb13_runs.tier_table(tier_rows(1))  # one request each way: a 7.5x gap is still no verdict
-    assert nb13_runs.measured_crossover(one_each) is None and one_each[1]["reload_verdict"] == "no verdict"
+    three = nb13_runs.tier_table(tier_rows(3))  # three pairs: a 7.5x gap is still no verdict
+    assert nb13_runs.measured_crossover(three) is None and three[1]["reload_verdict"] == "no verdict"
+    assert "3 pairs: a paired test needs at least 6; run 3 more pairs" in three[1]["reload_verdict_reason"]
 
 
 def test_perfect_served_the_busted_verdict_the_tier_prediction_and_a_refusal():
+    from labkit.core import verdict
     from labkit.lessons.nb13 import runs as nb13_runs
     from labkit.serve import client
 
@@ -328,6 +331,17 @@ def test_perfect_served_the_busted_verdict_the_tier_prediction_and_a_refusal():
     whole, judged = nb13_runs.busted_against_clean({"clean": rows(0.5), "timestamp": rows(1.5)})
     assert whole["clean"]["cached_share"] == 0.8 and judged.ratio == pytest.approx(3.0, rel=0.05)
     assert judged.kind == "worse", "turn 0 (equal in both) is left out: the later turns are 3× slower"
+    assert not judged.paired, "two replays one after the other: nothing pairs them"
+    # replay_rounds' rows: the same request of both runs timed in one round, judged paired on turns 1 on
+    drift = [1.0, 1.3, 0.8, 1.2, 0.9, 1.1, 1.25, 0.85, 1.0, 1.15, 0.95, 1.05, 0.9, 1.2, 1.0, 0.8]
+    def paired_rows(per_token, gain):
+        return [dict(r, round=k, ttft_s=r["ttft_s"] * drift[k] * (gain if r["turn"] else 1.0))
+                for k, r in enumerate(rows(per_token))]
+    _, judged = nb13_runs.busted_against_clean({"clean": paired_rows(0.5, 1.0), "timestamp": paired_rows(0.5, 1.1)})
+    assert judged.paired and judged.n == 12 and judged.kind == "worse" and judged.ratio == pytest.approx(1.1)
+    pooled = verdict.compare([r["ttft_s"] for r in paired_rows(0.5, 1.1) if r["turn"]],
+                             [r["ttft_s"] for r in paired_rows(0.5, 1.0) if r["turn"]], higher_is_better=False)
+    assert pooled.kind != "worse", "pooled over requests, the drift hides the 10 %"
 
     tier = [{"tokens": n, "way": "recompute", "ttft_s": t} for n, t in ((1024, 2.0), (1024, 1.0), (128, 0.5))]
     found = nb13_runs.tier_prediction(tier, {"bytes_per_s": 1e9, "start_s": 0.01}, 1e5)
@@ -336,3 +350,67 @@ def test_perfect_served_the_busted_verdict_the_tier_prediction_and_a_refusal():
     said = client.refusal({"status": 400, "data": {"error": {"message": "too long", "param": "prompt"}}})
     assert said == {"status": 400, "message": "too long", "param": "prompt"}
     assert client.refusal({"status": 500, "data": "boom"})["message"] == "{'error': 'boom'}"
+
+
+def test_replay_rounds_pair_each_request_and_each_server_sees_the_replay_order():
+    """Two runs of one trace on two servers, request by request in shuffled rounds: every row keeps its round (its
+    pair), each server got its requests in ``order``, so its cache served what one ``replay`` would have, and the
+    warm-up request left nothing behind in the cache (it was flushed)."""
+    from labkit.lessons.nb13 import runs as nb13_runs
+    from labkit.serve import launch, protocol
+
+    base = list(range(5, 69))  # 64 tokens every turn starts with: a block cache serves them from turn 1 on
+    clean = [[base + [100 + s] * 3, base + [100 + s] * 3 + [7] * 20] for s in range(2)]
+    busted = [[[1 + s] + p[1:] for p in session] for s, session in enumerate(clean)]  # a changed first token per session
+    with launch.run_server(protocol.TINY_RANDOM, port=0, batching="continuous", prefix_cache_tokens=4096) as a, \
+            launch.run_server(protocol.TINY_RANDOM, port=0, batching="continuous", prefix_cache_tokens=4096) as b:
+        rows = nb13_runs.replay_rounds({"clean": clean, "timestamp": busted}, {"clean": a.url, "timestamp": b.url},
+                                       max_tokens=2, flush={a.url: a.flush_cache, b.url: b.flush_cache})
+        alone = nb13_runs.replay(a.url, clean, max_tokens=2) if a.flush_cache() >= 0 else None
+    assert [(r["session"], r["turn"], r["round"]) for r in rows["clean"]] == [
+        (s, t, k) for k, (s, t) in enumerate(nb13_runs.order(clean))]
+    assert [r["cached_tokens"] for r in rows["clean"]] == [r["cached_tokens"] for r in alone], "as one replay"
+    assert rows["clean"][0]["cached_tokens"] == 0, "the warm-up was flushed"
+    assert sum(r["cached_tokens"] or 0 for r in rows["timestamp"][2:]) > 0, "its own turn 0 still serves turn 1"
+    _, judged = nb13_runs.busted_against_clean(rows)
+    assert judged.paired and judged.n == 2
+    with pytest.raises(ValueError, match="same sessions and turns"):
+        nb13_runs.replay_rounds({"clean": clean, "timestamp": busted[:1]}, {"clean": "u", "timestamp": "v"})
+
+
+def test_the_busted_sentence_says_how_it_was_judged():
+    from labkit.core import verdict
+    from labkit.lessons.nb13 import findings as nb13
+
+    clean, busted = {"cached_share": 0.9}, {"cached_share": 0.1}
+    drift = [1.0, 1.3, 0.8, 1.2, 0.9, 1.1, 1.25, 0.85]
+    paired = verdict.compare([3e-3 * d for d in drift], [1e-3 * d for d in drift], paired=True, higher_is_better=False)
+    said = nb13.busted_sentence("Here", clean, busted, paired)
+    assert "the same request's TTFT per prompt token with the timestamp was 3.00× the clean run's (the geometric mean " \
+           "of 8 requests paired round by round; slower: paired sign-flip test, 8 pairs" in said
+    few = verdict.compare([3e-3, 3.1e-3], [1e-3, 1.1e-3], paired=True, higher_is_better=False)
+    assert "slower" not in nb13.busted_sentence("Here", clean, busted, few), "2 pairs: no verdict, whatever the gap"
+    once = verdict.compare([3e-3, 3.1e-3, 2.9e-3], [1e-3, 1.1e-3, 0.9e-3], higher_is_better=False)
+    assert "(slower, judged unpaired: " in nb13.busted_sentence("Here", clean, busted, once)
+    rows = nb13.takeaways(clean=clean, busted=busted, judged=paired, sentences=[], crossover=None,
+                          resident={"budget_tokens": 1, "predicted": 1, "measured": 1, "runs": "x"}, tool_rows=None).rows
+    assert rows[2]["finding"] == "TTFT per prompt token, timestamped ÷ clean (geometric mean of the pairs)"
+
+
+def test_a_tier_with_too_few_pairs_says_so_and_what_full_mode_runs():
+    from labkit.core import results
+    from labkit.lessons.nb13 import findings as nb13
+    from labkit.lessons.nb13 import runs as nb13_runs
+
+    rows = [{"tokens": n, "way": w, "round": r, "ttft_s": t * (1 + 0.01 * r), "cached_tokens": 0, "answer": []}
+            for r in range(1) for n, w, t in ((128, "reload", 0.3), (128, "recompute", 0.2))]
+    table = nb13_runs.tier_table(rows)
+    said = nb13.tier_beside_reference(table, 8)
+    assert said == ("Too few pairs here for the paired test (128 tokens: no verdict (1 pair)); full mode runs 8 rounds "
+                    "of each way, and no full-mode reference of this notebook ships yet to show its verdicts.")
+    ref = results.Results("13_agents", env={"date": "2026-12-09T10:00:00+00:00"})
+    ref.replace("tier", [{"tokens": 128, "reload_over_recompute": 1.4, "reload_verdict": "worse"}])
+    assert nb13.tier_beside_reference(table, 8, ref).endswith(
+        "the full-mode reference (recorded 2026-12-09): 128 tokens: reload 1.40× recompute (worse).")
+    six = nb13_runs.tier_table([dict(r, round=k, ttft_s=r["ttft_s"] * (1 + k / 10)) for k in range(6) for r in rows])
+    assert six[0]["pairs"] == 6 and nb13.tier_beside_reference(six, 8) == ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import statistics
 
 import pytest
 import torch
@@ -167,6 +168,35 @@ def test_chunked_prefill_run_streams_through_the_long_prefill():
     assert off["long_ttft_s"] > 0 and on["itl_max_s"] > 0 and on["itl_p99_s"] is None  # 38 gaps: no p99
     with pytest.raises(ValueError, match="long_after"):
         prefill.chunked_prefill_run(lm, prompts, 3, long_prompt, 0, long_after=3)
+
+
+def test_prefix_cache_rounds_pair_each_round_and_start_every_pass_from_an_empty_cache():
+    lm = server.tiny_random_model()
+    doc = prefill.document_text(lm.tokenizer, 120)
+    prompts = prefill.shared_prefix_prompts(doc, nb10_runs.QUESTIONS[:4])
+    off, on = prefill.prefix_cache_rounds(lm, prompts, max_tokens=2, concurrency=2, prefix_cache_tokens=2048, rounds=3)
+    assert (off["prefix_cache_tokens"], on["prefix_cache_tokens"]) == (0, 2048)
+    assert len(off["samples"]["ttft_p50_s"]) == len(on["samples"]["ttft_p50_s"]) == 3, "one statistic per round"
+    assert len(on["ttft_s"]) == 12 and off["texts"] == on["texts"] and on["same_texts_every_round"]
+    # flushed before every pass (the warm-up pass not counted): each round misses its first request alone
+    assert off["cache_queries"] == 0 and on["cache_queries"] == 12 and on["cache_hits"] == 9
+    assert on["ttft_p50_s"] == statistics.median(on["samples"]["ttft_p50_s"])
+    assert all(sorted(o) == ["A", "B"] for o in on["order"])
+
+
+def test_chunked_prefill_rounds_keep_one_stall_and_one_ttft_per_round():
+    lm = server.tiny_random_model()
+    long_prompt = prefill.document_text(lm.tokenizer, 600)
+    prompts = list(nb10_runs.STREAM_PROMPTS[:2])
+    off, on = prefill.chunked_prefill_rounds(lm, prompts, 12, long_prompt, 64, rounds=2, long_after=3)
+    assert (off["prefill_chunk_tokens"], on["prefill_chunk_tokens"]) == (0, 64) and off["texts"] == on["texts"]
+    for r in (off, on):
+        assert len(r["samples"]["stall_s"]) == len(r["samples"]["long_ttft_s"]) == 2
+        assert r["itl_n"] == 2 * 2 * 11, "gaps pooled over both rounds"
+        assert r["long_ttft_s"] == statistics.median(r["samples"]["long_ttft_s"])
+        assert all(len(s) == 12 for s in r["stamps"]), "the first round's stamps, for the figure"
+    with pytest.raises(ValueError, match="long_after"):
+        prefill.chunked_prefill_rounds(lm, prompts, 3, long_prompt, 64, rounds=2, long_after=3)
 
 
 # ------------------------------------------------------------------------------------------- KV quant
@@ -378,14 +408,16 @@ def test_beside_vllm_puts_each_figure_and_tokens_check_in_one_row():
                     "long_ttft_s": 1.5, "prefill_chunk_tokens": 128, "texts": ["x"]}]
     lab_lookup = [{"task": "copy", "acceptance_rate": 0.9, "decode_speedup": 2.0, "identical": True,
                    "mechanism_tokens_match": True}]
+    wobble = [1.0, 1.1, 0.95, 1.05, 0.9, 1.02]  # six rounds: the machine's drift, shared by both sides of a round
+
     def chunk(stall, p99, budget, answers):
         return {"itl_p99_s": p99, "itl_max_s": p99, "itl_n": 120, "stall_p50_s": stall, "long_ttft_p50_s": 1.0,
-                "rounds": 4, "max_num_batched_tokens": budget, "answers": answers,
-                "samples": {"stall_s": [stall] * 4, "long_ttft_s": [1.0] * 4}}
-    served = {"prefix": {"without": {"ttft_p50_s": 0.6, "token_hit_rate": 0.0, "rounds": 4, "answers": {"q0": [5, 6]},
-                                     "samples": {"ttft_s": [0.6] * 16, "ttft_p50_s": [0.6] * 4}},
-                         "with": {"ttft_p50_s": 0.2, "token_hit_rate": 0.6, "rounds": 4, "answers": {"q0": [5, 6]},
-                                  "samples": {"ttft_s": [0.6, 0.1] * 8, "ttft_p50_s": [0.2] * 4}}},
+                "rounds": 6, "max_num_batched_tokens": budget, "answers": answers,
+                "samples": {"stall_s": [stall * w for w in wobble], "long_ttft_s": [1.0] * 6}}
+    served = {"prefix": {"without": {"ttft_p50_s": 0.6, "token_hit_rate": 0.0, "rounds": 6, "answers": {"q0": [5, 6]},
+                                     "samples": {"ttft_s": [0.6] * 24, "ttft_p50_s": [0.6 * w for w in wobble]}},
+                         "with": {"ttft_p50_s": 0.2, "token_hit_rate": 0.6, "rounds": 6, "answers": {"q0": [5, 6]},
+                                  "samples": {"ttft_s": [0.6, 0.1] * 12, "ttft_p50_s": [0.2 * w for w in wobble]}}},
               "chunked": {"large": chunk(1.4, 1.3, 2048, [[7, 8, 2, 9]]), "small": chunk(0.35, 0.4, 128, [[7, 9]])},
               "speculative": {"copy": {"acceptance_rate": 1.0, "decode_speedup": 4.0, "rounds": 4, "verdict": "better",
                                        "ngram_answer": [1, 2, 3], "plain_answer": [1, 2, 3]}}}
@@ -403,8 +435,16 @@ def test_beside_vllm_puts_each_figure_and_tokens_check_in_one_row():
     spec = rows["decode speedup, copy (×)"]
     assert (spec["labkit"], spec["vllm"]) == (2.0, 4.0) and "n-gram identical (1 of 1)" in spec["vllm_tokens"]
     assert rows["draft tokens accepted, copy (share)"]["vllm"] == 1.0
-    assert spec["vllm_verdict"] == "better" and stall["vllm_verdict"] == "better", "4 rounds each, apart"
-    assert ttft["vllm_verdict"] == "better"
+    assert spec["vllm_verdict"] == "better" and stall["vllm_verdict"] == "better", "6 pairs, each 4× apart"
+    assert ttft["vllm_verdict"] == "better" and "verdicts paired round by round" in ttft["note"]
+    assert ttft["note"].startswith("labkit one run of 4 requests"), "a lab row without rounds: one run"
+    four = {"prefix": {m: {**r, "samples": {**r["samples"], "ttft_p50_s": r["samples"]["ttft_p50_s"][:4]}}
+                       for m, r in served["prefix"].items()}}
+    got = nb10_runs.beside_vllm(lab_prefix, lab_chunked, lab_lookup, four, refs, {2})[0]
+    assert got["vllm_verdict"] == "no verdict (4 pairs)", "4 rounds: too few pairs for the paired test, whatever the gap"
+    rounds = [{**r, "rounds": 6} for r in lab_prefix]
+    assert nb10_runs.beside_vllm(rounds, lab_chunked, lab_lookup, four, refs, {2})[0]["note"].startswith(
+        "labkit the median of 6 interleaved rounds' medians")
     quick = {k: served[k] for k in ("prefix",)}  # quick mode: one vllm serve start, the prefix cache alone
     only = nb10_runs.beside_vllm(lab_prefix, lab_chunked, lab_lookup, quick, {**refs, "streams": {}}, {2})
     assert {r["mechanism"] for r in only} == {"prefix caching"} and len(only) == 2

@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from labkit.core import verdict
 from labkit.lessons.nb11 import runs as nb11_runs
 from labkit.model import models
 from labkit.serve import launch, protocol
@@ -119,15 +120,26 @@ def test_same_answers_compares_turn_by_turn():
     assert routing.same_answers(x, y)["identical"] == 1
 
 
-def test_headline_judges_ttft_over_rounds_and_gives_no_verdict_with_too_few():
-    runs = [{"policy": p, "ttft_p50_s": t, "hit_rate": h, "token_hit_rate": h, "ttft_p90_s": t, "max_share": 0.5,
-             "requests": 8, "failed": 0} for p, ts, h in (("round_robin", (1.0, 1.1, 1.05), 0.5),
-                                                          ("cache_aware", (0.6, 0.65, 0.62), 0.75)) for t in ts]
+def test_headline_judges_ttft_paired_by_round_and_gives_no_verdict_with_too_few_pairs():
+    # six rounds whose load drifts ±20 %: both policies of a round share it, so the pairs cancel it
+    drift = (1.0, 1.2, 0.85, 1.1, 0.9, 1.15)
+    runs = [{"policy": p, "round": r, "ttft_p50_s": base * d, "hit_rate": h, "token_hit_rate": h, "ttft_p90_s": base * d,
+             "max_share": 0.5, "requests": 8, "failed": 0}
+            for p, base, h in (("round_robin", 1.0, 0.5), ("cache_aware", 0.85, 0.75)) for r, d in enumerate(drift)]
     head = nb11_runs.headline(nb11_runs.policy_table(runs), runs, None, None, {"all_identical": True})
-    assert head["ttft_verdict"] == "better" and head["ttft_p50_ratio_ca_over_rr"] == pytest.approx(0.62 / 1.05)
+    assert head["ttft_verdict"] == "better" and head["ttft_pairs"] == 6
+    assert head["ttft_verdict_reason"].startswith("paired sign-flip test, 6 pairs: p = 0.031")
     assert head["cache_aware_hit_rate"] == 0.75 and head["answers_identical_to_one_server"] is True
-    two = [r for r in runs if r["ttft_p50_s"] not in (1.1, 0.65)]
-    assert nb11_runs.headline(nb11_runs.policy_table(two), two, None, None, None)["ttft_verdict"] == "no verdict"
+    unpaired = [r["ttft_p50_s"] for r in runs if r["policy"] == "cache_aware"]
+    assert verdict.compare(unpaired, [r["ttft_p50_s"] for r in runs if r["policy"] == "round_robin"],
+                           higher_is_better=False).kind != "better", "unpaired, the drift hides the 15 %"
+    shuffled = sorted(runs, key=lambda r: (r["round"] * 7) % 5)  # the order rows arrive in does not matter
+    assert nb11_runs.ttft_verdict(shuffled).ratio == pytest.approx(0.85)
+    few = [r for r in runs if r["round"] < 4]
+    v = nb11_runs.headline(nb11_runs.policy_table(few), few, None, None, None)
+    assert v["ttft_verdict"] == "no verdict" and v["ttft_verdict_label"] == "no verdict (4 pairs)"
+    lost = [r for r in runs if not (r["policy"] == "cache_aware" and r["round"] == 5)]  # a round one policy lacks
+    assert nb11_runs.ttft_verdict(lost).n == 5
 
 
 def test_flush_cache_endpoint_and_its_absence():
@@ -150,3 +162,23 @@ def test_cli_threads_must_be_positive():
     proc = subprocess.run([sys.executable, "-m", "labkit", "serve", "--threads", "0"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "threads=0" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_compare_policies_warms_each_router_up_then_runs_shuffled_rounds(monkeypatch):
+    calls = []
+
+    def fake_run(url, policy, replicas, workload, max_tokens, **kw):
+        calls.append((policy, workload[0]))
+        return {"summary": {"policy": policy, "ttft_p50_s": 1.0}, "replicas": [{"replica": 0}], "records": [workload[0]]}
+
+    monkeypatch.setattr(nb11_runs.routing, "run_policy", fake_run)
+    routers = {"round_robin": type("R", (), {"url": "a"})(), "cache_aware": type("R", (), {"url": "b"})()}
+    works = [[f"w{r}"] for r in range(6)]
+    out = nb11_runs.compare_policies(routers, [], works, 2, warmup=["warm"])
+    assert calls[:2] == [("round_robin", "warm"), ("cache_aware", "warm")], "one warm-up run per router first"
+    assert all(w != "warm" for _, w in calls[2:]) and len(calls) == 2 + 12
+    assert sorted((r["policy"], r["round"]) for r in out["runs"]) == sorted(
+        (p, r) for p in routers for r in range(6)), "the warm-up is not a round"
+    assert [calls[2 + 2 * r][1] for r in range(6)] == [f"w{r}" for r in range(6)], "round r runs workload r"
+    orders = {tuple(p for p, _ in calls[2 + 2 * r:4 + 2 * r]) for r in range(6)}
+    assert len(orders) == 2, "the rounds' order is shuffled: each policy goes first in some round"

@@ -20,7 +20,9 @@ def test_rounds_on_a_live_server_count_valid_answers_free_and_constrained(server
     runs = nb12_runs.structured_rounds(server.url, ["Is it?", "Is it so?"], {
         "free": {}, "constrained": {"response_format": nb12_runs.json_schema_format(SMALL)}},
         max_tokens=48, rounds=2, schema=SMALL, model="tiny")
-    assert [r["variant"] for r in runs] == ["free", "constrained", "free", "constrained"]  # interleaved
+    assert [(r["variant"], r["round"], r["warmup"]) for r in runs[:2]] == [("free", -1, True), ("constrained", -1, True)]
+    assert sorted((r["round"], r["variant"]) for r in runs[2:]) == [(0, "constrained"), (0, "free"), (1, "constrained"),
+                                                                    (1, "free")], "each round runs both, after a warm-up"
     con = [r for r in runs if r["variant"] == "constrained"]
     free = [r for r in runs if r["variant"] == "free"]
     assert all(r["valid"] == 2 for r in con), con  # a random model held to the grammar: valid every time
@@ -29,22 +31,36 @@ def test_rounds_on_a_live_server_count_valid_answers_free_and_constrained(server
     assert bad["status"] == 400 and bad["param"] == "response_format.json_schema", bad
 
 
-def test_table_judges_speed_and_wall_time_against_free():
-    runs = [x for r in range(3) for x in (_run("free", r, [10.0, 10.2, 9.9], valid=1, tokens=60, wall=6.0 + r / 10),
-                                          _run("constrained", r, [8.0, 8.1, 7.9], tokens=30, wall=3.0 + r / 10))]
+DRIFT = (1.0, 1.25, 0.8, 1.1, 0.9, 1.2)  # the machine's speed round by round: both variants of a round share it
+
+
+def test_table_judges_speed_and_wall_time_against_free_paired_by_round():
+    warm = [_run("free", -1, [5.0], wall=9.0) | {"warmup": True}, _run("constrained", -1, [4.0], wall=20.0) | {"warmup": True}]
+    runs = warm + [x for r, d in enumerate(DRIFT) for x in (
+        _run("constrained", r, [8.0 * d, 8.1 * d, 7.9 * d], tokens=30, wall=3.0 / d),
+        _run("free", r, [10.0 * d, 10.2 * d, 9.9 * d], valid=1, tokens=60, wall=6.0 / d))]
     table = {row["variant"]: row for row in nb12_runs.structured_table(runs)}
     con = table["constrained"]
-    assert con["valid_share"] == 1 and table["free"]["valid_share"] == pytest.approx(3 / 24)
-    assert con["speed_verdict"] == "slower" and con["speed_ratio"] == pytest.approx(0.8)
-    assert con["wall_verdict"] == "shorter" and con["wall_ratio"] == pytest.approx(3.1 / 6.1)
+    assert con["valid_share"] == 1 and table["free"]["valid_share"] == pytest.approx(6 / 48), "the warm-up not counted"
+    assert con["speed_verdict"] == "slower" and con["speed_ratio"] == pytest.approx(0.8) and con["pairs"] == 6
+    assert con["speed_why"].startswith("paired sign-flip test, 6 pairs: p = 0.031")
+    assert con["wall_verdict"] == "shorter" and con["wall_ratio"] == pytest.approx(0.5)
+    assert con["first_wall_s"] == 20.0 and con["rounds"] == 6, "the warm-up batch paid the compile: shown, not a round"
     said = nb12.structured_sentence(con, table["free"], "here")
-    assert "24 of 24 constrained" in said and "3 of 24 free" in said and "slower" in said
+    assert "48 of 48 constrained" in said and "6 of 48 free" in said and "slower" in said
+    pooled = [x for r in runs[2:] if r["variant"] == "constrained" for x in r["seq_rates"]]
+    assert verdict.compare(pooled, [x for r in runs[2:] if r["variant"] == "free" for x in r["seq_rates"]]).kind \
+        == verdict.NOISE, "pooled over requests, the drift hides the 20 %"
+    few = [r for r in runs if r["round"] < 3]
+    short = {row["variant"]: row for row in nb12_runs.structured_table(few)}["constrained"]
+    assert short["speed_verdict"] == verdict.NO_VERDICT and "3 pairs: a paired test needs at least 6" in short["speed_why"]
     with pytest.raises(ValueError, match="no such variant"):
         nb12_runs.structured_table(runs, base="guided")
 
 
 def test_a_speed_within_noise_is_never_called_slower():
-    runs = [x for r in range(3) for x in (_run("free", r, [10.0, 8.0, 12.0]), _run("constrained", r, [9.5, 8.5, 11.0]))]
+    runs = [x for r, d in enumerate(DRIFT) for x in (_run("free", r, [10.0 * d, 8.0, 12.0]),
+                                                     _run("constrained", r, [10.0 * d * (0.995 + 0.002 * (r % 3)), 8.5]))]
     con = {row["variant"]: row for row in nb12_runs.structured_table(runs)}["constrained"]
     assert con["speed_verdict"] == verdict.NOISE
     assert "slower" not in nb12.structured_sentence(con, con, "here").split("wall time")[0]
@@ -87,6 +103,9 @@ def test_a_split_shown_from_the_reference_says_so_and_names_its_machine():
     row = nb12.pd_reference_row(ref, nb12_runs.bytes_ratio(ref.section("pd_split")))
     assert row["sentence"].startswith("The prefill/decode split did not start in this run; from the reference: ")
     assert "AMD EPYC" in row["sentence"] and "this run shows" not in row["sentence"]
+    date = ref.env["date"][:10]
+    assert row["sentence"].endswith(f"Its stall verdict was judged unpaired, recorded {date} (3 rounds, before rounds "
+                                    "were paired).")
     found = nb12.takeaways(lab=None, vllm_con=None, mask={"mask_ms_per_token": 40.0, "model_ms_per_token": 40.0},
                            bytes_row={"n": 2, "rank": 8, "base_plus_adapters_bytes": 1.0, "full_copies_bytes": 2.0},
                            lora=None, lora_gain=None, pd=row)
@@ -107,3 +126,28 @@ def test_a_forced_choice_is_the_form_not_the_answer():
     assert said.startswith("a mask guarantees the form, not the answer") and "'neutral'" in said and "'positive'" in said
     plain = constrained.form_not_answer("I think so.", "positive", ["positive", "negative", "neutral"])
     assert "one of the choices by construction" in plain
+
+
+def test_too_few_pairs_show_the_full_mode_references_verdicts_beside_and_how_they_were_judged():
+    """Quick mode runs 3 rounds on vLLM: "no verdict (3 pairs)", and beside it the reference's verdicts, read from
+    the shipped file, by the rule they were recorded under (unpaired, before rounds were paired) and its date."""
+    from labkit.core import results
+
+    ref = results.reference("12_serving_features")
+    runs = [x for r, d in enumerate(DRIFT[:3]) for x in (_run("constrained", r, [8.0 * d], wall=3.0 / d),
+                                                          _run("free", r, [10.0 * d], wall=6.0 / d))]
+    con = {row["variant"]: row for row in nb12_runs.structured_table(runs)}["constrained"]
+    said = nb12.structured_beside_reference(con, ref)
+    row = next(r for r in ref.section("vllm_structured") if r["variant"] == "constrained")
+    assert said.startswith("This run: no verdict (3 pairs), too few pairs for the paired test. The full-mode reference "
+                           f"(judged unpaired, recorded {ref.env['date'][:10]}, {row['rounds']} rounds): constrained "
+                           f"tokens/s per sequence {row['speed_ratio']:.2f}× the free one's ({row['speed_verdict']})")
+    six = [x for r, d in enumerate(DRIFT) for x in (_run("constrained", r, [8.0 * d]), _run("free", r, [10.0 * d]))]
+    assert nb12.structured_beside_reference({row["variant"]: row for row in nb12_runs.structured_table(six)}
+                                            ["constrained"], ref) == "", "six pairs decide: nothing beside"
+    modes = {r["mode"]: r for r in ref.section("lora_modes")}
+    few = {"mixed": verdict.compare([1.0, 1.1, 0.9], [2.0, 2.2, 1.8], paired=True)}
+    base, mixed = modes["base"]["samples"]["tokens_per_s"], modes["mixed"]["samples"]["tokens_per_s"]
+    old = verdict.compare(mixed, base)
+    assert nb12.lora_beside_reference(few, ref).endswith(f"mixed {old.ratio:.2f}× the base ({old.label}).")
+    assert nb12.lora_beside_reference({"mixed": verdict.compare([1.0] * 6, [2.0] * 6, paired=True)}, ref) == ""

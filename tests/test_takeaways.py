@@ -410,10 +410,44 @@ def test_nb10_on_the_reference_run_judges_each_mechanism():
     assert "decode 2.80× plain decoding's speed, no verdict (1 sample" in text and "within noise" not in text
     assert found.headline == {"label": "prompt lookup / plain decode tokens/s, copying task (×)",
                               "value": pytest.approx(2.80, abs=0.01), "verdict": "no verdict"}
-    assert "median TTFT without / with it 9.05×" in text and "TTFTs with it were shorter" in text
-    assert "each stream's worst gap with chunks against without: shorter (3+ samples each" in text
+    # recorded as one run each, before rounds were paired: the old rule, and the sentence says so
+    unpaired = "judged unpaired on one run each (recorded before runs were paired in rounds)"
+    assert "median TTFT without / with it 9.05×" in text and f"{unpaired}, TTFT with it: shorter" in text
+    assert f"the streams' worst gap with chunks against without, {unpaired}: shorter (3+ samples each" in text
     assert "the long prompt's own TTFT 1.9× unchunked's, no verdict (1 sample" in text
     assert "decode steps 0.76× the speed (slower)" in text and "llama.cpp Q4_1 decodes 2.77× as fast" in text
+
+
+def test_nb10_rounds_are_judged_paired_and_too_few_pairs_say_how_many_more():
+    """Rows measured in interleaved rounds (``prefix_cache_rounds``, ``chunked_prefill_rounds``, ``compare_lookup``)
+    are judged on their per-round statistics, round i against round i: a drift that moves both sides of a round
+    alike cancels; fewer than 6 pairs is "no verdict", whatever the gap."""
+    _, kw = _ref10()
+    off, on = kw["prefix"]
+    plain, chunk = kw["chunked"]
+    drift = [1.0, 1.3, 0.8, 1.15, 0.9, 1.25]  # ±30 % between rounds: the per-round spread alone overlaps
+    rounds = lambda row, key, x: dict(row, samples={key: [x * d for d in drift]})  # noqa: E731
+    prefix = (rounds(off, "ttft_p50_s", 0.50), rounds(on, "ttft_p50_s", 0.40))
+    chunked = (dict(plain, samples={"stall_s": [2.8 * d for d in drift], "long_ttft_s": [1.0 * d for d in drift]}),
+               dict(chunk, samples={"stall_s": [0.5 * d for d in drift], "long_ttft_s": [1.9 * d for d in drift]}))
+    text = _text(nb10.takeaways(**{**kw, "prefix": prefix, "chunked": chunked}))
+    assert "judged paired over 6 rounds, TTFT with it: shorter (paired sign-flip test, 6 pairs: p = 0.031" in text
+    assert "the streams' worst gap with chunks against without, judged paired over 6 rounds: shorter" in text
+    assert "the long prompt's own TTFT 1.9× unchunked's, longer (paired sign-flip test, 6 pairs" in text
+    assert verdict.compare([0.4 * d for d in drift], [0.5 * d for d in drift]).kind == verdict.NOISE, \
+        "unpaired, the same rounds overlap: the drift hides a 20 % gain"
+    few = (rounds(off, "ttft_p50_s", 0.50), dict(on, samples={"ttft_p50_s": [0.40 * d for d in drift[:4]]}))
+    with pytest.raises(ValueError, match="equal-length"):
+        nb10.takeaways(**{**kw, "prefix": few})
+    four = (dict(off, samples={"ttft_p50_s": [0.5 * d for d in drift[:4]]}), few[1])
+    text = _text(nb10.takeaways(**{**kw, "prefix": four}))
+    assert "judged paired over 4 rounds, TTFT with it: no verdict (4 pairs: a paired test needs at least 6; " in text
+    copy, chat = kw["lookup"]
+    looked = dict(copy, rounds_paired=True, samples={"plain_decode_tokens_per_s": [20.0 * d for d in drift],
+                                                     "lookup_decode_tokens_per_s": [56.0 * d for d in drift]})
+    v = nb10.lookup_verdict(looked)
+    assert v.paired and v.kind == verdict.BETTER and v.n == 6
+    assert not nb10.lookup_verdict(dict(looked, rounds_paired=float("nan"))).paired, "a frame's missing flag: unpaired"
 
 
 def test_nb10_a_slower_prompt_lookup_says_why_from_its_numbers():
@@ -499,15 +533,23 @@ def test_nb11_routing_verdict_from_the_reference_and_from_too_few_rounds():
     assert found.headline == {"label": "TTFT p50, cache-aware / round-robin", "value": pytest.approx(0.186, abs=1e-3),
                               "verdict": "better"}
     text = _text(found)
-    assert "TTFT p50 0.19× round-robin's (lower over 5 rounds)" in text and "4 replicas." in text
+    assert ("TTFT p50 0.19× round-robin's (lower, over 5 rounds, judged unpaired: recorded before rounds were "
+            "paired)") in text and "4 replicas." in text
     assert "$0.61 per million output tokens at AWS m7g.large's price" in text and "left 8 of 16 requests" in text
     as_if = _text(nb11.takeaways(head=head, capacity_reason="knee at 2.15 req/s", arithmetic=None,
                                  chosen={"name": "AWS m7g.large", "usd_per_million_tokens": 0.3063, "tokens_per_s": 74.0},
                                  tokens_per_s=37.0, answered=8, requests=16))
     assert "priced as if the instance made 74.0 tokens/s from this run's 37.0 (one replica at the knee" in as_if
-    two = verdict.compare([0.2, 0.21], [0.5, 0.52], higher_is_better=False)  # two rounds: too few to tell
-    text = _text(_nb11({**head, "ttft_verdict": two.kind, "rounds": 2}))
-    assert "(no verdict over 2 rounds)" in text and "lower" not in text
+    two = verdict.compare([0.2, 0.21], [0.5, 0.52], higher_is_better=False, paired=True)  # too few pairs to tell
+    text = _text(_nb11({**head, "ttft_verdict": two.kind, "ttft_verdict_label": two.label, "ttft_pairs": two.n,
+                        "ttft_verdict_reason": two.reason, "rounds": 2}))
+    assert "(no verdict (2 pairs), judged paired over 2 rounds: 2 pairs: a paired test needs at least 6" in text
+    assert "lower" not in text
+    six = verdict.compare([0.2, 0.25, 0.18, 0.22, 0.3, 0.2], [0.5, 0.6, 0.45, 0.5, 0.7, 0.52], higher_is_better=False,
+                          paired=True)
+    text = _text(_nb11({**head, "ttft_verdict": six.kind, "ttft_verdict_label": six.label, "ttft_pairs": six.n,
+                        "ttft_verdict_reason": six.reason, "rounds": 6}))
+    assert "(lower, judged paired over 6 rounds: paired sign-flip test, 6 pairs: p = 0.031" in text
     assert "Capacity: knee at 2.15 req/s." in _text(nb11.takeaways(head=head, capacity_reason="knee at 2.15 req/s",
                                                                    arithmetic=None, chosen={"name": "n",
                                                                                             "usd_per_million_tokens": 1.0},
@@ -660,3 +702,18 @@ def test_nb09_says_when_the_sweep_and_the_same_load_run_disagree():
     assert "TPOT p50 0.14 vs 0.36 s" in said[0] and "rerun before reading its SLO limit" in said[0]
     assert nb09.sweep_disagrees(same, [{**sweep[0], "good_requests": 14}]) == []
     assert nb09.sweep_disagrees(same, sweep[1:]) == []
+
+
+def test_a_reference_recorded_before_rounds_were_paired_says_so_with_its_date():
+    """The shipped references of 10 and 12 were judged by the unpaired rule: the line under their verdicts says so,
+    with the date the file records; a reference whose notes say its verdicts were paired gets no such line."""
+    from labkit.lessons.nb12 import findings as nb12
+
+    for mod, name, section in ((nb10, "10_beyond", "vllm_mechanisms"), (nb12, "12_serving_features", "pd_itl")):
+        ref = results.load(ROOT / "data" / "reference" / f"{name}.json")
+        env = (ref.notes.get("section_env") or {}).get(section) or ref.env
+        assert mod.unpaired_reference(ref, section) == (
+            f"The reference's verdicts above were judged unpaired, recorded {env['date'][:10]} (before rounds were "
+            "paired); this run's verdicts are paired, round by round.")
+        ref.notes["verdicts"] = mod.PAIRED_NOTE
+        assert mod.unpaired_reference(ref, section) == "" and mod.unpaired_reference(None, section) == ""

@@ -231,14 +231,17 @@ def test_prefix_rounds_share_the_cache_only_within_a_salt(servers):
 
 def test_speculative_rounds_read_acceptance_from_the_ngram_servers_metrics(servers):
     plain, ngram = servers(Fake(tpot_s=0.02)), servers(Fake(tpot_s=0.02, ngram=True))
-    rows = vm.speculative_rounds(plain, ngram, {"copy": [1] * 30}, new_tokens=12, n_rounds=3)
+    rows = vm.speculative_rounds(plain, ngram, {"copy": [1] * 30}, new_tokens=12, n_rounds=6)
     row = rows["copy"]
-    assert row["drafts"] == 3 * 6 and row["acceptance_rate"] == pytest.approx(0.5), "deltas of three runs"
-    assert row["decode_speedup"] > 1.3 and row["verdict"] == "better"
-    assert len(row["samples"]["ngram_decode_tokens_per_s"]) == 3 and row["failed"] == 0
+    assert row["drafts"] == 6 * 6 and row["acceptance_rate"] == pytest.approx(0.5), "deltas of six runs, no warm-up"
+    assert row["decode_speedup"] > 1.3 and row["verdict"] == "better", "six pairs, each the n-gram server faster"
+    assert "paired sign-flip test, 6 pairs" in row["verdict_reason"]
+    assert len(row["samples"]["ngram_decode_tokens_per_s"]) == 6 and row["failed"] == 0
+    fewer = vm.speculative_rounds(plain, ngram, {"copy": [1] * 30}, new_tokens=12, n_rounds=3)["copy"]
+    assert fewer["verdict"] == "no verdict (3 pairs)", "below 6 pairs a paired test cannot decide"
     engine, client = row["samples"]["ngram_decode_tokens_per_s"], row["samples"]["client_ngram_decode_tokens_per_s"]
     assert all(50 < e <= 11 / (5 * 0.02) * 1.01 for e in engine), "the engine's TPOT from /metrics: 11 tokens, 5 gaps"
-    assert len(client) == 3, "the client's kept beside it"
+    assert len(client) == 6, "the client's kept beside it"
     assert row["plain_answer"] == row["ngram_answer"] == list(range(12))
 
 
@@ -292,3 +295,18 @@ def test_the_log_is_plain_text_also_when_started_from_a_notebook():
     # ipykernel sets FORCE_COLOR: vLLM would write ANSI colour codes into the log the parsers above read
     child = vs.environment(vs.Settings(model="/m"), base={"FORCE_COLOR": "1"})
     assert child["VLLM_LOGGING_COLOR"] == "0"
+
+
+def test_pd_itl_rounds_pair_each_rounds_stall_after_a_warm_up(servers):
+    """Notebook 12's burst rounds: one server that stalls the streams for a whole prefill against one that chunks
+    it, six rounds after a warm-up burst each: one stall per round at its index, judged paired."""
+    from labkit.lessons.nb12 import runs as nb12_runs
+
+    plain, split = servers(Fake(prefill_s=0.3, chunks=1)), servers(Fake(prefill_s=0.3, chunks=6))
+    rows = {r["target"]: r for r in nb12_runs.itl_rounds({"plain": plain.url, "split": split.url}, [[1] * 10, [2] * 10],
+                                                          20, [3] * LONG, n_long=1, n_rounds=6)}
+    assert len(rows["split"]["samples"]["stall_s"]) == 6 and rows["plain"]["verdict"] == "baseline"
+    assert rows["split"]["verdict"] == "better" and "paired sign-flip test, 6 pairs" in rows["split"]["verdict_reason"]
+    few = {r["target"]: r for r in nb12_runs.itl_rounds({"plain": plain.url, "split": split.url}, [[1] * 10, [2] * 10],
+                                                         20, [3] * LONG, n_long=1, n_rounds=3)}
+    assert few["split"]["verdict"] == "no verdict (3 pairs)"

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core.checks import positive
+from ..core.timing import rounds
 from . import quality
 from .decode import prefill, verify
 from .generation import TimingStreamer
@@ -160,20 +161,22 @@ def timed_generate(model: Any, input_ids: Any, new_tokens: int, label: str = "",
 
 def compare_lookup(model: Any, input_ids: Any, new_tokens: int, num_tokens: int = 10, repeats: int = 3,
                    label: str = "", **extra: Any) -> dict[str, Any]:
-    """Plain greedy ``generate`` against prompt lookup on the same prompt: the median of ``repeats`` timed
-    runs of each (after one warmup of each), forward passes, tokens per pass, decode speedup (every run's
-    tokens/s kept in ``samples``, for its verdict), and whether the tokens are identical. ``extra`` goes to the
+    """Plain greedy ``generate`` against prompt lookup on the same prompt, in ``repeats`` interleaved rounds
+    (``timing.rounds``: each round runs both, in a shuffled order, after one warmup of each): the median of each,
+    forward passes, tokens per pass, decode speedup (every run's tokens/s kept in ``samples``, round i at index i,
+    so the two sides pair up for a paired verdict), and whether the tokens are identical. ``extra`` goes to the
     prompt-lookup call only."""
     positive("repeats", repeats)
     kinds = {"plain": {}, "prompt lookup": {"prompt_lookup_num_tokens": num_tokens, **extra}}
     for kwargs in kinds.values():  # warmup: first calls pay allocation and lazy set-up
         timed_generate(model, input_ids, min(new_tokens, 4), **kwargs)
-    runs = {k: [timed_generate(model, input_ids, new_tokens, k, **kw) for _ in range(repeats)] for k, kw in kinds.items()}
+    runs = dict(rounds({k: (lambda k=k, kw=kw: timed_generate(model, input_ids, new_tokens, k, **kw))
+                        for k, kw in kinds.items()}, repeats, again=False))
     med = {k: statistics.median(r["decode_s"] for r in rs) for k, rs in runs.items()}
     plain, lookup = runs["plain"][0], runs["prompt lookup"][0]
     tps = {k: statistics.median(r["decode_tokens_per_s"] or 0.0 for r in rs) for k, rs in runs.items()}
     return {"task": label, "prompt_tokens": int(input_ids.shape[1]), "new_tokens": new_tokens,
-            "num_tokens": num_tokens, "repeats": repeats,
+            "num_tokens": num_tokens, "repeats": repeats, "rounds_paired": True,  # samples: round i at index i
             "plain_forward_passes": plain["forward_passes"], "lookup_forward_passes": lookup["forward_passes"],
             "tokens_per_forward": lookup["tokens_per_forward"],
             "plain_decode_s": med["plain"], "lookup_decode_s": med["prompt lookup"],

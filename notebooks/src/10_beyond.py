@@ -79,17 +79,20 @@ PASSAGE_TOKENS = config.pick(240, 96)  # tokens of text the copying task hands t
 LOOKUP_NEW_TOKENS = config.pick(64, 12)  # tokens each speculative run decodes
 LOOKUP_DRAFT_TOKENS = 5  # prompt lookup's draft length, tokens (transformers' prompt_lookup_num_tokens)
 REPEATS = config.pick(5, 3)  # timed runs per measurement (after one warmup)
+LOOKUP_ROUNDS = config.pick(8, 6)  # interleaved rounds of plain decoding and prompt lookup: the pairs of their verdict
 DRAFT_MODEL = None  # a smaller model sharing the tokenizer (hub id or directory), e.g. with
 #                     LABKIT_MODEL=HuggingFaceTB/SmolLM2-1.7B-Instruct: "HuggingFaceTB/SmolLM2-135M-Instruct"
-DOC_TOKENS = config.pick(768, 256)  # tokens of the document every prefix-cache request starts with
-PREFIX_REQUESTS = config.pick(8, 4)  # requests sharing it
+DOC_TOKENS = config.pick(768, 128)  # tokens of the document every prefix-cache request starts with
+PREFIX_REQUESTS = config.pick(8, 3)  # requests sharing it (quick mode: short passes, more rounds)
 PREFIX_MAX_TOKENS = config.pick(16, 2)  # tokens per answer
+PREFIX_ROUNDS = config.pick(8, 6)  # interleaved rounds of the cache off and on (each pass from an empty cache)
 CONCURRENCY = 2  # requests in flight at once (and the server's max_batch_size)
 PREFIX_CACHE_TOKENS = 4096  # the server's prefix cache bound, KV positions
 STREAMS = config.pick(3, 2)  # answers streaming when the long prompt arrives (3 × 47 gaps: enough for a p99)
-STREAM_TOKENS = config.pick(48, 16)  # tokens each stream decodes
-LONG_PROMPT_TOKENS = config.pick(1536, 512)  # the long prompt that arrives while they stream
+STREAM_TOKENS = config.pick(48, 10)  # tokens each stream decodes
+LONG_PROMPT_TOKENS = config.pick(1536, 256)  # the long prompt that arrives while they stream (quick: short bursts)
 PREFILL_CHUNK_TOKENS = 128  # chunked prefill: prompt tokens per step
+CHUNK_ROUNDS = config.pick(8, 6)  # interleaved rounds of the long prompt arriving, unchunked and chunked
 KV_CONTEXT_TOKENS = config.pick(2048, 384)  # context for the KV-cache comparison
 KV_NEW_TOKENS = config.pick(32, 6)  # tokens decoded (teacher-forced) after it
 ENGINE_NEW_TOKENS = config.pick(32, 6)  # decode tokens per engine run
@@ -100,7 +103,7 @@ NBITS = config.pick((4, 8), (4,))  # ONNX Runtime MatMulNBits widths to build an
 QUALITY_FLOOR = 0.9  # greedy agreement a path needs to count as "the lab's best" (a fast wrong answer does not)
 VLLM_SMALL_BUDGET = PREFILL_CHUNK_TOKENS  # vLLM's --max-num-batched-tokens that chunks the long prompt, tokens per step
 VLLM_LARGE_BUDGET = 2048  # … one that takes the whole long prompt in one step (vLLM's default on a CPU), tokens per step
-VLLM_ROUNDS = config.pick(5, 4)  # interleaved rounds per vLLM comparison (4 × STREAMS × STREAM_TOKENS gaps: a p99)
+VLLM_ROUNDS = config.pick(8, 6)  # interleaved rounds per vLLM comparison, each judged paired (a p99 of the gaps too)
 VLLM_KV_CACHE_GIB = 1  # KV cache of each vLLM server on a CPU, whole GiB (two run at once: about 4 GiB of RAM each)
 VLLM_GPU_FRACTION = 0.3  # on a GPU, the share of its memory each of the two vLLM servers running at once may take
 VLLM_START_DEADLINE_S = 300  # seconds each vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
@@ -180,13 +183,15 @@ res.frame("lookup_mechanism").round(3)
 # ## The library: transformers' `prompt_lookup_num_tokens`, timed
 #
 # The same rule inside `generate`. Each timed run decodes exactly the same number of tokens with and
-# without it; a streamer counts forward passes (plain decoding: one per token). The loop above must give
-# plain decoding's tokens in the library's number of passes.
+# without it; a streamer counts forward passes (plain decoding: one per token). The two run in `LOOKUP_ROUNDS`
+# interleaved rounds, each round in a shuffled order, and the verdict pairs round i of one with round i of the other.
+# The loop above must give plain decoding's tokens in the library's number of passes.
 
 # %% slideshow={"slide_type": "fragment"}
 lookup_rows = []
 for task, ids in task_ids.items():
-    row = speculative.compare_lookup(lm.model, ids, LOOKUP_NEW_TOKENS, LOOKUP_DRAFT_TOKENS, repeats=REPEATS, label=task)
+    row = speculative.compare_lookup(lm.model, ids, LOOKUP_NEW_TOKENS, LOOKUP_DRAFT_TOKENS, repeats=LOOKUP_ROUNDS,
+                                     label=task)
     row["acceptance_rate"] = mech[task]["acceptance_rate"]
     row["mechanism_passes_match"] = row["lookup_forward_passes"] == mech[task]["forward_passes"]
     row["mechanism_tokens_match"] = mech_tokens[task] == row["tokens"]  # the loop above = plain greedy decoding
@@ -231,7 +236,7 @@ else:
         print(f"Draft-model speculation not run: {reason}")
     else:
         ids = task_ids["chat"]
-        draft_row = speculative.compare_lookup(lm.model, ids, LOOKUP_NEW_TOKENS, 5, repeats=REPEATS, label="chat, draft model",
+        draft_row = speculative.compare_lookup(lm.model, ids, LOOKUP_NEW_TOKENS, 5, repeats=LOOKUP_ROUNDS, label="chat, draft model",
                                                assistant_model=draft_lm.model, prompt_lookup_num_tokens=None)
         res.replace("draft_model", [{k: v for k, v in draft_row.items() if k not in ("tokens", "lookup_tokens")}])
         print(f"{draft_lm.name} drafting for {lm.name}: {draft_row['tokens_per_forward']:.2f} tokens per target pass, "
@@ -268,20 +273,24 @@ print(f"prompt lengths {len(ids[0])} and {len(ids[1])} tokens; the second reuses
       f"positions in blocks of {block}")
 
 # %% slideshow={"slide_type": "fragment"}
-# the lab's server on this machine, also with LABKIT_SERVER_URL set: its prefix cache, off then on, is the experiment
-prefix_rows = [prefill.prefix_cache_run(lm, prefix_prompts, PREFIX_MAX_TOKENS, CONCURRENCY, n)
-               for n in (0, PREFIX_CACHE_TOKENS)]
+# the lab's server on this machine, also with LABKIT_SERVER_URL set: its prefix cache, off and on, is the experiment;
+# two servers, one warm-up request each, then PREFIX_ROUNDS interleaved rounds, each pass from an empty cache
+prefix_rows = prefill.prefix_cache_rounds(lm, prefix_prompts, PREFIX_MAX_TOKENS, CONCURRENCY, PREFIX_CACHE_TOKENS,
+                                          PREFIX_ROUNDS)
 res.replace("prefix_cache", [{k: v for k, v in r.items() if k != "texts"} for r in prefix_rows])
 off, on = prefix_rows
 prefix_df = res.frame("prefix_cache")
-prefix_df[["prefix_cache_tokens", "requests", "ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "hit_rate", "token_hit_rate"]].round(3)
+prefix_df[["prefix_cache_tokens", "requests", "rounds", "ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "hit_rate",
+           "token_hit_rate"]].round(3)
 
 # %% slideshow={"slide_type": "fragment"}
 ttft_ratio = off["ttft_p50_s"] / on["ttft_p50_s"]
 exercises.reveal("TTFT without / with the prefix cache", PREDICT_PREFIX_TTFT_RATIO, ttft_ratio, "×")
-print(f"median TTFT {off['ttft_p50_s'] * 1e3:.0f} ms → {on['ttft_p50_s'] * 1e3:.0f} ms ({ttft_ratio:.2f}×); /metrics: "
+print(f"median TTFT (the median of {PREFIX_ROUNDS} rounds' medians) {off['ttft_p50_s'] * 1e3:.0f} ms → "
+      f"{on['ttft_p50_s'] * 1e3:.0f} ms ({ttft_ratio:.2f}×); /metrics over the rounds: "
       f"{on['cache_hits']:.0f} of {on['cache_queries']:.0f} prompts hit ({on['hit_rate']:.0%}), "
-      f"{on['token_hit_rate']:.0%} of prompt positions reused; answers identical: {off['texts'] == on['texts']}")
+      f"{on['token_hit_rate']:.0%} of prompt positions reused; answers identical: {off['texts'] == on['texts']} (every "
+      f"round the same: {off['same_texts_every_round'] and on['same_texts_every_round']})")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3 · Chunked prefill: a long prompt arrives while others stream
@@ -334,10 +343,12 @@ print(f"one prefill of {whole_s * 1e3:.0f} ms unchunked, or {len(schedule)} chun
 
 # %% slideshow={"slide_type": "fragment"}
 stream_prompts = list(nb10.runs.STREAM_PROMPTS[:STREAMS])  # the lab's server here: its chunk budget is the experiment
-chunk_rows = [prefill.chunked_prefill_run(lm, stream_prompts, STREAM_TOKENS, long_prompt, n) for n in (0, PREFILL_CHUNK_TOKENS)]
+# two servers, unchunked and chunked, one warm-up request each, then CHUNK_ROUNDS interleaved rounds
+chunk_rows = prefill.chunked_prefill_rounds(lm, stream_prompts, STREAM_TOKENS, long_prompt, PREFILL_CHUNK_TOKENS,
+                                            CHUNK_ROUNDS)
 res.replace("chunked_prefill", [{k: v for k, v in r.items() if k not in ("stamps", "texts")} for r in chunk_rows])
 chunk_df = res.frame("chunked_prefill")
-chunk_df[["prefill_chunk_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s", "itl_during_long_prefill_max_s",
+chunk_df[["prefill_chunk_tokens", "rounds", "itl_p50_s", "itl_p99_s", "itl_max_s", "itl_during_long_prefill_max_s",
           "long_ttft_s"]].round(3)
 
 # %% slideshow={"slide_type": "fragment"}
@@ -346,10 +357,11 @@ exercises.reveal("worst inter-token gap without chunking", PREDICT_STALL_MS, unc
 prefill.stamps_figure(chunk_rows).show()
 tail = unchunked["itl_tail"] if unchunked["itl_tail"] == chunked["itl_tail"] else "max"  # p99 only from 100 gaps on
 itl_ratio = unchunked[f"itl_{tail}_s"] / chunked[f"itl_{tail}_s"]
-print(f"running streams' ITL {tail} ({unchunked['itl_n']} gaps) {unchunked[f'itl_{tail}_s'] * 1e3:.0f} ms unchunked → "
-      f"{chunked[f'itl_{tail}_s'] * 1e3:.0f} ms "
-      f"with {PREFILL_CHUNK_TOKENS}-token chunks ({itl_ratio:.1f}×); the long prompt's TTFT {unchunked['long_ttft_s']:.2f} s → "
-      f"{chunked['long_ttft_s']:.2f} s; streamed answers identical: {unchunked['texts'] == chunked['texts']}")
+print(f"running streams' ITL {tail} ({unchunked['itl_n']} gaps over {CHUNK_ROUNDS} rounds) "
+      f"{unchunked[f'itl_{tail}_s'] * 1e3:.0f} ms unchunked → {chunked[f'itl_{tail}_s'] * 1e3:.0f} ms "
+      f"with {PREFILL_CHUNK_TOKENS}-token chunks ({itl_ratio:.1f}×); the long prompt's TTFT (median of the rounds) "
+      f"{unchunked['long_ttft_s']:.2f} s → {chunked['long_ttft_s']:.2f} s; streamed answers identical: "
+      f"{unchunked['texts'] == chunked['texts']} (the first round's stamps in the figure)")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · A quantised KV cache
@@ -641,6 +653,10 @@ if vllm_ran:
         references.show("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
 else:
     references.show("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
+ref_path = results.reference_dir() / "10_beyond.json"
+if (not vllm_ran or served["skipped"]) and (said := nb10.findings.unpaired_reference(
+        results.reference("10_beyond") if ref_path.is_file() else None, "vllm_mechanisms")):
+    print(said)
 
 # %% slideshow={"slide_type": "fragment"}
 if vllm_ran:
@@ -668,6 +684,7 @@ head = nb10.runs.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_
                        quality_floor=QUALITY_FLOOR)
 res.replace("headline", [head])  # the figures bench/beyond.py prints
 res.notes["versions"] = env.versions(("optimum-quanto", "hqq", "onnx-ir", "llama-cpp-python"))
+res.notes["verdicts"] = nb10.findings.PAIRED_NOTE  # this run's two-way verdicts: paired, round by round
 found = nb10.findings.takeaways(head=head, lookup=(copy_row, chat_row), prefix=(off, on), chunked=(unchunked, chunked),
                                 kv=(base, kv_best), quality_floor=QUALITY_FLOOR, kv_rows=kv_rows,
                                 llamacpp_reference=llamacpp_reference)

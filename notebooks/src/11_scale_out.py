@@ -72,13 +72,14 @@ print({k: v for k, v in {**env.versions(), **env.versions(("smg",))}.items() if 
 # %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 REPLICAS = 2  # labkit serve replicas behind the router, one torch thread each
 POLICIES = config.pick(("round_robin", "cache_aware", "consistent_hashing"), ("round_robin", "cache_aware"))  # smg's policies (consistent hashing: a routing key per conversation)
-GROUPS = 4  # groups of conversations, each with its own long system prompt
+GROUPS = config.pick(4, 2)  # groups of conversations, each with its own long system prompt
 PER_GROUP = 2  # conversations per group
 TURNS = config.pick(4, 3)  # turns per conversation; each resends the conversation so far
 SYSTEM_TOKENS = config.pick(512, 256)  # tokens of each group's system prompt
 DOCUMENT_TOKENS = config.pick(256, 128)  # tokens of the document each conversation's first message pastes
 MAX_TOKENS = config.pick(16, 6)  # tokens per answer
-ROUNDS = config.pick(5, 3)  # rounds of the policy comparison (fresh system prompts each round, policies interleaved)
+ROUNDS = config.pick(8, 6)  # rounds of the policy comparison (fresh system prompts each round, policies interleaved
+#                             in a shuffled order): the pairs of the paired verdict, which needs at least 6
 STAGGER_S = 0.3  # seconds between two conversations' starts (users do not all arrive at once)
 PREFIX_CACHE_TOKENS = 16384  # each replica's prefix cache bound, KV positions (holds the whole workload)
 ROUTE_THRESHOLD = 4  # your routing rule's load threshold, requests in flight
@@ -132,8 +133,10 @@ workloads = [routing.workload(tok, GROUPS, PER_GROUP, TURNS, SYSTEM_TOKENS, tag=
 n_req = GROUPS * PER_GROUP * TURNS
 print(f"{n_req} requests a round; system prompts of {SYSTEM_TOKENS} tokens, documents of {DOCUMENT_TOKENS}; {ROUNDS} "
       f"rounds of {', '.join(POLICIES)}, "
-      "interleaved; every replica's prefix cache flushed before each run")
-cmp = nb11.runs.compare_policies(routers, reps, workloads, MAX_TOKENS, stagger_s=STAGGER_S)
+      "interleaved, each round in a shuffled order, after one warm-up run per router that is not a round; every "
+      "replica's prefix cache flushed before each run")
+warm = routing.workload(tok, 1, 2, 1, SYSTEM_TOKENS, tag="-warm-up")  # two one-turn conversations: not a round
+cmp = nb11.runs.compare_policies(routers, reps, workloads, MAX_TOKENS, stagger_s=STAGGER_S, warmup=warm)
 res.replace("policy_runs", cmp["runs"])
 res.replace("policy_replicas", cmp["replicas"])
 res.replace("policies", nb11.runs.policy_table(cmp["runs"]))
@@ -166,8 +169,8 @@ head = nb11.runs.headline(res.section("policies"), cmp["runs"], None, None, {"al
     s["all_identical"] for s in same.values())})
 print(f"cache-aware: {head['cache_aware_hit_rate']:.0%} of requests hit a replica's cache, {head['cache_aware_token_hit_rate']:.0%} "
       f"of prompt positions reused; round-robin: {head['round_robin_hit_rate']:.0%} and {head['round_robin_token_hit_rate']:.0%}. "
-      f"TTFT p50 cache-aware / round-robin = {head['ttft_p50_ratio_ca_over_rr']:.2f} ({head['ttft_verdict']}: "
-      f"{head['ttft_verdict_reason']}).")
+      f"TTFT p50 cache-aware / round-robin = {head['ttft_p50_ratio_ca_over_rr']:.2f} ({head['ttft_verdict_label']}, "
+      f"round r of one against round r of the other: {head['ttft_verdict_reason']}).")
 print("Against the work:", nb11.findings.work_words(head))
 
 # %% slideshow={"slide_type": "fragment"}

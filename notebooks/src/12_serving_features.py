@@ -39,7 +39,7 @@
 
 # %% [markdown] slideshow={"slide_type": "notes"}
 # Presenter: the vLLM server starts once for sections 1 and 2 (about a minute on a laptop). Ask the room before
-# section 1: a 135M model asked for JSON, greedy: how many of 8 answers parse? Before section 2: ten adapters of
+# section 1: a 135M model asked for JSON, greedy: how many of 8 answers (4 in quick mode) parse? Before section 2: ten adapters of
 # rank 8 on this model, how many megabytes, against ten copies? Before section 3: on a laptop, what can splitting
 # prefill from decode buy, when both processes share the same cores? (Latency isolation, not throughput.)
 
@@ -51,7 +51,7 @@ import pandas as pd
 from IPython.display import display
 
 import labkit
-from labkit.core import config, env, machine, results, verdict
+from labkit.core import config, env, machine, results
 from labkit.decoding import constrained
 from labkit.model import adapters, models, prompts
 from labkit.serve import launch, metrics as prom
@@ -75,20 +75,27 @@ MASK_TOKENS = config.pick(40, 32)  # tokens for the regex-constrained answer
 SCHEMA = nb12.runs.PERSON_SCHEMA  # the JSON schema every structured answer must follow
 PEOPLE = ["a teacher from Lyon", "a retired sailor", "a nurse in Osaka", "a young painter", "a baker in Quebec",
           "a chess champion", "a farmer in Kenya", "a student in Lima"]  # one request each
-JSON_MAX_TOKENS = 64  # tokens per structured answer
-JSON_ROUNDS = config.pick(5, 3)  # rounds of free and constrained, interleaved (the first pays the grammar's compile)
+JSON_PEOPLE = config.pick(8, 4)  # requests per structured batch, the first of PEOPLE (quick: shorter batches, more rounds)
+JSON_MAX_TOKENS = config.pick(64, 48)  # tokens per structured answer (a constrained one closes its JSON in fewer)
+JSON_ROUNDS = config.pick(8, 6)  # rounds of free and constrained on the lab's server, interleaved in a shuffled
+#                                  order after a warm-up batch of each (which pays the grammar's compile): the pairs
+VLLM_JSON_ROUNDS = config.pick(8, 3)  # the same on vllm serve (quick mode: too few pairs for a verdict; the reference's)
 ADAPTERS = ["alpha", "beta"]  # LoRA adapters made here (seeded, rank LORA_RANK on q_proj and v_proj)
 LORA_RANK = 8
 N_VARIANTS = 10  # fine-tuned variants to serve: the byte count below
 LORA_PROMPTS = config.pick(8, 6)  # requests per batch in the throughput rounds
 LORA_TOKENS = config.pick(32, 16)  # tokens per answer there
-LORA_ROUNDS = config.pick(5, 3)  # rounds of base / one adapter / mixed, interleaved
+LORA_ROUNDS = config.pick(8, 3)  # rounds of base / one adapter / mixed, interleaved (quick mode: too few pairs for
+#                                  a verdict; the reference's beside it)
 CHECK_PROMPTS, CHECK_TOKENS = config.pick(4, 3), config.pick(24, 16)  # answers checked against transformers, merged
 GUIDANCE = config.pick(1, 0)  # 1: a second vllm serve with the guidance backend (full mode); 0: its reference rows
 PD = config.pick(1, 0)  # 1: prefill and decode on two vllm serve behind the lab's proxy (full mode); 0: reference rows
 PD_PROMPT_TOKENS = (140, 180, 260)  # prompts sent through the proxy, tokens each
 PD_LONG_TOKENS, PD_LONG = 500, 2  # the burst: long prompts arriving while short ones stream
+PD_ROUNDS = 8  # interleaved rounds of that burst, one server against the split (full mode only)
 HAS_VLLM = vllm_server.vllm_python().exists()
+REFERENCE = (results.reference("12_serving_features") if (results.reference_dir() / "12_serving_features.json").is_file()
+             else None)  # the full-mode run shipped with the lab: its verdicts where quick mode has too few pairs
 res = results.Results("12_serving_features")
 lm = models.load(dtype="fp32")
 tok = lm.tokenizer
@@ -152,17 +159,18 @@ _ = exercises.reveal("mask time ÷ model time, per token", PREDICT_MASK_OVER_MOD
 # OpenAI's API asks for JSON of a schema with `response_format={"type": "json_schema", "json_schema": {...}}`.
 # The lab's server compiles the schema into a grammar once (xgrammar: the mask for every grammar state is
 # computed ahead, so a step only looks it up) and masks each constrained row of its batch; unconstrained rows in
-# the same batch are untouched. `PEOPLE` asks for a person's JSON eight times at once, free and constrained.
+# the same batch are untouched. `PEOPLE` asks for a person's JSON eight times at once (`JSON_PEOPLE`: four in quick
+# mode), free and constrained.
 #
 # Predict: of the 8 free (unconstrained) answers, how many parse as JSON of the schema?
 
 # %% slideshow={"slide_type": "fragment"}
-PREDICT_FREE_VALID = None  # your prediction: free answers (of 8) that are valid JSON of the schema
+PREDICT_FREE_VALID = None  # your prediction: free answers (of 8; 4 in quick mode) that are valid JSON of the schema
 
 # %% slideshow={"slide_type": "fragment"}
-json_prompts = [f"Give JSON with the name, age and city of {who}." for who in PEOPLE]
+json_prompts = [f"Give JSON with the name, age and city of {who}." for who in PEOPLE[:JSON_PEOPLE]]
 variants = {"free": {}, "constrained": {"response_format": nb12.runs.json_schema_format(SCHEMA)}}
-lab_server = launch.start_server(lm, port=0, max_batch_size=len(PEOPLE))
+lab_server = launch.start_server(lm, port=0, max_batch_size=len(json_prompts))
 try:
     lab_runs = nb12.runs.structured_rounds(lab_server.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
                                           rounds=JSON_ROUNDS, schema=SCHEMA)
@@ -181,7 +189,7 @@ print("one free answer:       ", next(r["example"] for r in lab_runs if r["varia
 
 # %% slideshow={"slide_type": "fragment"}
 free_row, con_row = (lab_df.set_index("variant").loc[v] for v in ("free", "constrained"))
-exercises.reveal("free answers that are valid JSON of the schema (first round, of 8)", PREDICT_FREE_VALID,
+exercises.reveal(f"free answers that are valid JSON of the schema (first batch, of {len(json_prompts)})", PREDICT_FREE_VALID,
                  next(r["valid"] for r in lab_runs if r["variant"] == "free"))
 lab_said = nb12.findings.structured_sentence(con_row.to_dict(), free_row.to_dict(), "the lab's server")
 print(lab_said)
@@ -241,7 +249,7 @@ else:
 VLLM_COLUMNS = ["variant", "valid", "requests", "tokens_per_answer", "tokens_per_s_per_seq", "wall_s", "first_wall_s"]
 if vllm_srv is not None:
     vllm_runs = nb12.runs.structured_rounds(vllm_srv.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
-                                           rounds=JSON_ROUNDS, schema=SCHEMA, model=model_path)
+                                           rounds=VLLM_JSON_ROUNDS, schema=SCHEMA, model=model_path)
     res.replace("vllm_structured_runs", [{k: v for k, v in r.items() if k != "seq_rates"} for r in vllm_runs])
     res.replace("vllm_structured", [{**r, "backend": "xgrammar (auto)"} for r in nb12.runs.structured_table(vllm_runs)])
     display(res.frame("vllm_structured")[VLLM_COLUMNS].round(3))
@@ -249,6 +257,8 @@ if vllm_srv is not None:
     vllm_said = nb12.findings.structured_sentence(
         vllm_con, res.frame("vllm_structured").set_index("variant").loc["free"].to_dict(), "vLLM (xgrammar)")
     print(vllm_said + " vLLM lets the grammar write whitespace between JSON tokens; the lab's server writes none.")
+    if said := nb12.findings.structured_beside_reference(vllm_con, REFERENCE):
+        print(said)
     print("one constrained answer:", next(r["example"] for r in vllm_runs if r["variant"] == "constrained"))
     bad_vllm = {what: nb12.runs.malformed(vllm_srv.url, fmt, model_path) for what, fmt in nb12.runs.MALFORMED.items()}
     for what, answer in bad_vllm.items():
@@ -270,7 +280,7 @@ if GUIDANCE and HAS_VLLM:
                                       extra_args=("--structured-outputs-config.backend", "guidance"))
     with vllm_server.serve(g_settings, name="vllm-guidance") as g_srv:
         g_runs = nb12.runs.structured_rounds(g_srv.url, json_prompts, variants, max_tokens=JSON_MAX_TOKENS,
-                                            rounds=JSON_ROUNDS, schema=SCHEMA, model=model_path)
+                                            rounds=VLLM_JSON_ROUNDS, schema=SCHEMA, model=model_path)
     res.replace("vllm_guidance", [{**r, "backend": "guidance"} for r in nb12.runs.structured_table(g_runs)])
     display(res.frame("vllm_guidance")[VLLM_COLUMNS].round(3))
 else:
@@ -297,14 +307,17 @@ if vllm_srv is not None:
     refs = adapters.greedy_table(model_path, adapter_dirs, eval_ids[:CHECK_PROMPTS], CHECK_TOKENS)
     checks = lora.lora_check(vllm_srv, refs, eval_ids[:CHECK_PROMPTS], CHECK_TOKENS, eos_ids(lm.model, tok))
     res.replace("lora_check", [{"model": n, **{k: v for k, v in c.items() if k != "answers"}} for n, c in checks.items()])
-    modes = lora.lora_rounds(vllm_srv, ADAPTERS, eval_ids[:LORA_PROMPTS], LORA_TOKENS, LORA_PROMPTS, LORA_ROUNDS)
+    # the server answered the structured rounds and every adapter's check above: warm, no warm-up pass needed
+    modes = lora.lora_rounds(vllm_srv, ADAPTERS, eval_ids[:LORA_PROMPTS], LORA_TOKENS, LORA_PROMPTS, LORA_ROUNDS,
+                             warmup=False)
     res.replace("lora_modes", modes)
     display(res.frame("lora_modes")[LORA_COLUMNS].round(3))
-    judged = {m["mode"]: verdict.compare(m["samples"]["tokens_per_s"], modes[0]["samples"]["tokens_per_s"])
-              for m in modes if m["mode"] != "base"}
+    judged = {m["mode"]: lora.paired_verdict(m, modes[0]) for m in modes if m["mode"] != "base"}  # round r vs round r
     lora_said = nb12.findings.lora_sentence(modes, checks, judged)
     lora_gain = judged["mixed"].ratio
     print(lora_said)
+    if said := nb12.findings.lora_beside_reference(judged, REFERENCE):
+        print(said)
     exercises.reveal("mixed adapters' tokens/s ÷ the base's", PREDICT_MIXED_SHARE, lora_gain)
 else:
     references.show("12_serving_features", "lora_modes", LORA_COLUMNS)
@@ -363,7 +376,7 @@ if PD and HAS_VLLM:
         pd_out = nb12.runs.pd_session(pd_srv, storage, model_path, pd_prompts, decide=decide, missing_prompt=text_ids[1200:1400],
                                short_prompts=[text_ids[1600:1620], text_ids[1700:1720]],
                                long_prompt=text_ids[2000:2000 + PD_LONG_TOKENS], n_long=PD_LONG,
-                               kill_prompt=text_ids[3000:3300])
+                               burst_rounds=PD_ROUNDS, kill_prompt=text_ids[3000:3300])
     res.replace("pd_split", [{k: v for k, v in r.items() if k != "metrics"} for r in pd_out["split"]])
     res.replace("pd_itl", pd_out.get("itl", []))
     res.replace("pd_faults", [{"fault": "no KV for the request", **pd_out["missing"]},
@@ -375,6 +388,8 @@ else:
                                                     else vllm_server.MISSING))
     references.show("12_serving_features", "pd_split", PD_COLUMNS)
     references.show("12_serving_features", "pd_itl", ITL_COLUMNS)
+    if said := nb12.findings.unpaired_reference(REFERENCE, "pd_itl"):
+        print(said)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4 · Faults
@@ -412,6 +427,7 @@ found_12 = nb12.findings.takeaways(lab=lab_con, vllm_con=vllm_con, mask=by_hand,
                                    lora_gain=lora_gain, pd=pd_row, structured=[s for s in (lab_said, vllm_said) if s])
 findings.record(res, found_12)
 res.notes["versions"] = env.versions(("xgrammar", "peft"))
+res.notes["verdicts"] = nb12.findings.PAIRED_NOTE  # this run's two-way verdicts: paired, round by round
 if vllm_srv is not None:
     res.notes["vllm"] = {"platform": {"version": vllm_srv.version()}}
 res.save()

@@ -71,7 +71,8 @@ SEED = 0
 MAX_TOKENS = 2  # tokens per answer: the prompt's cost (TTFT) is what this notebook measures
 CACHE_TOKENS = 16384  # the lab server's prefix cache for the trace: every session fits
 TIER_LENGTHS = config.pick((32, 128, 512, 1024, 1536), (32, 128, 1024))  # prefix lengths, reload against recompute
-TIER_ROUNDS = config.pick(3, 1)  # interleaved rounds of each
+TIER_FULL_ROUNDS = 8  # full mode's interleaved rounds of each way, in a shuffled order: the pairs of each length's verdict
+TIER_ROUNDS = config.pick(TIER_FULL_ROUNDS, 1)  # quick mode: one round, too few pairs for a verdict (and said so)
 BUDGET_TOKENS = config.pick(4096, 2560)  # section 4's KV budget (the prefix cache's positions)
 MANY_TURNS = config.pick(6, 4)  # turns of each session there
 ROUTED = config.pick(1, 1)  # 1: two replicas behind notebook 11's router (smg), round robin against session affinity
@@ -136,29 +137,31 @@ _ = exercises.reveal("share of prompt tokens a perfect cache serves", PREDICT_SH
 # answer's first token), so the prediction is rounded the same way per server.
 #
 # The cache-buster: `trace.bust(session, "timestamp")` puts the current time in the system prompt, as many agent
-# frameworks do. Predict: how many times the clean run's median TTFT does the timestamped run take? (Per prompt
-# token, turns 1 on: the turns differ in length, so each request's TTFT is divided by its prompt's tokens.)
+# frameworks do. Predict: how many times the clean run's TTFT does the timestamped run take? (Per prompt token,
+# turns 1 on: the turns differ in length, so each request's TTFT is divided by its prompt's tokens.) The runs go
+# side by side, each on a server of its own: round k sends request k of every run, in a shuffled order, so the same
+# request clean and timestamped is a pair timed moments apart, and the ratio is the geometric mean over the pairs.
 
 # %% slideshow={"slide_type": "fragment"}
-PREDICT_TTFT_RATIO = None  # your prediction: median TTFT per prompt token, timestamped ÷ clean (lab server)
+PREDICT_TTFT_RATIO = None  # your prediction: TTFT per prompt token, timestamped ÷ clean (lab server)
 
 # %% slideshow={"slide_type": "fragment"}
 runs = {"clean": ids,
         "timestamp": [[trace.render(b, tok) for b in trace.bust(s, "timestamp").requests] for s in sessions],
         "clock pinned": [[trace.render(b, tok) for b in trace.pin_clock(s).requests] for s in sessions]}
-lab = launch.start_server(lm, port=0, batching="continuous", max_batch_size=4, prefix_cache_tokens=CACHE_TOKENS,
-                          max_prompt_tokens=MAX_MODEL_LEN)
-try:
-    lab_rows = {}
-    for name, prompts_of in runs.items():
-        lab.flush_cache()
-        lab_rows[name] = nb13.runs.replay(lab.url, prompts_of, max_tokens=MAX_TOKENS)
+# one lab server per run, each with its own prefix cache; request k of every run is timed in round k, the runs in a
+# shuffled order: the same request, clean and timestamped, is a pair (turn 0, cold in both, is left out of the verdict)
+with contextlib.ExitStack() as lab_stack:
+    labs = {name: lab_stack.enter_context(launch.run_server(
+        lm, port=0, batching="continuous", max_batch_size=4, prefix_cache_tokens=CACHE_TOKENS,
+        max_prompt_tokens=MAX_MODEL_LEN)) for name in runs}
+    lab_rows = nb13.runs.replay_rounds(runs, {name: srv.url for name, srv in labs.items()}, max_tokens=MAX_TOKENS,
+                                       flush={srv.url: srv.flush_cache for srv in labs.values()})
+    lab = labs["clock pinned"]
     edited = trace.bust(sessions[0], "edited_history")
     edited_answer = nb13.runs.replay(lab.url, [[trace.render(b, tok) for b in edited.requests]], max_tokens=MAX_TOKENS)
     too_long = nb13.runs.over_context(lab.url, MAX_MODEL_LEN)
     tools_answer = nb13.runs.post_tools(lab.url, sessions[0].requests[0])
-finally:
-    lab.stop()
 lab_sum, lab_judged = nb13.runs.busted_against_clean(lab_rows)
 SAMPLES = ("ttft_s", "ttft_per_token_s")  # each request's figures: kept in the results, not in the tables
 res.replace("lab_runs", [{k: v for k, v in s.items() if k not in SAMPLES} for s in lab_sum.values()])
@@ -168,7 +171,7 @@ display(res.frame("lab_per_turn").round(3))
 lab_said = nb13.findings.busted_sentence("The lab's server", lab_sum["clean"], lab_sum["timestamp"], lab_judged,
                                          lab_sum["clock pinned"])
 print(lab_said)
-_ = exercises.reveal("median TTFT per prompt token, timestamped ÷ clean (lab server)", PREDICT_TTFT_RATIO,
+_ = exercises.reveal("TTFT per prompt token, timestamped ÷ clean (lab server, over the pairs)", PREDICT_TTFT_RATIO,
                      lab_judged.ratio)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -225,8 +228,9 @@ if HAS_VLLM:
                                         "--tool-call-parser", "hermes", "--chat-template", str(template_file)))
     vllm_srv = vllm_stack.enter_context(vllm_server.serve(settings))
     print(f"vllm serve started in {vllm_srv.start_s:.0f} s: {vllm_srv.platform()}")
-    vllm_rows = {name: nb13.runs.replay(vllm_srv.url, runs[name], max_tokens=MAX_TOKENS, model=str(model_path),
-                                        salt=f"{name}-{SEED}") for name in ("clean", "timestamp")}
+    vllm_runs = {name: runs[name] for name in ("clean", "timestamp")}  # one server: each run under its own cache salt
+    vllm_rows = nb13.runs.replay_rounds(vllm_runs, dict.fromkeys(vllm_runs, vllm_srv.url), max_tokens=MAX_TOKENS,
+                                        model=str(model_path), salts={name: f"{name}-{SEED}" for name in vllm_runs})
     vllm_sum, vllm_judged = nb13.runs.busted_against_clean(vllm_rows)
     res.replace("vllm_runs", [{k: v for k, v in s.items() if k not in SAMPLES} for s in vllm_sum.values()])
     res.replace("vllm_per_turn", nb13.runs.per_turn(vllm_rows["clean"],
@@ -275,6 +279,9 @@ print(f"disk read-back {disk['bytes_per_s'] / 1e9:.2f} GB/s, start {disk['start_
       f"{prefill_tps:,.0f} tokens/s at {filler} tokens: {predicted['reason']}")
 tier_said = nb13.findings.tier_sentence(BYTES_PER_TOKEN, predicted, measured_cross, tier_table, disk["bytes_per_s"])
 print(tier_said)
+if said := nb13.findings.tier_beside_reference(tier_table, TIER_FULL_ROUNDS, results.reference("13_agents") if (
+        results.reference_dir() / "13_agents.json").is_file() else None):  # quick mode: one round per length
+    print(said)
 _ = exercises.reveal("tokens from which reloading beats recomputing (predicted from the formula)", PREDICT_CROSSOVER,
                      predicted["tokens"] or float("inf"), "tokens", kind="computed")
 

@@ -11,12 +11,57 @@ from ...engines.cpu import best_lab_row
 from ..findings import Findings
 
 
+def paired(new: Sequence[float | None], base: Sequence[float | None], *, higher_is_better: bool = True,
+           **limits: Any) -> verdict.Verdict:
+    """The paired verdict on two sides' per-round statistics (round i of each at index i); a round where either
+    side measured nothing (None) drops out as a pair."""
+    kept = [(a, b) for a, b in zip(new, base) if a is not None and b is not None]
+    if len(new) != len(base) or not kept:
+        raise ValueError(f"paired rounds need equal-length sides with at least one measured pair (got {len(new)} and "
+                         f"{len(base)}, {len(kept)} measured)")
+    return verdict.compare([a for a, _ in kept], [b for _, b in kept], paired=True, higher_is_better=higher_is_better,
+                           **limits)
+
+
 def lookup_verdict(row: Mapping[str, Any]) -> verdict.Verdict:
-    """Prompt lookup's decode tokens/s against plain decoding's, over the repeats: a forward pass that yields k
-    tokens is at most k× faster (``tokens_per_forward`` bounds the gain)."""
-    return verdict.compare(verdict.samples(row, "lookup_decode_tokens_per_s"),
-                           verdict.samples(row, "plain_decode_tokens_per_s"), bound=max(1.0, row["tokens_per_forward"]),
-                           bound_why="a pass that yields k tokens saves at most k passes' time")
+    """Prompt lookup's decode tokens/s against plain decoding's: paired round by round where the row says its runs
+    were interleaved rounds (``compare_lookup``'s ``rounds_paired``), else (a row recorded before) by the unpaired
+    rule on its samples. A forward pass that yields k tokens is at most k× faster (``tokens_per_forward`` bounds the
+    gain)."""
+    limits = dict(bound=max(1.0, row["tokens_per_forward"]), bound_why="a pass that yields k tokens saves at most k "
+                  "passes' time")
+    new, base = verdict.samples(row, "lookup_decode_tokens_per_s"), verdict.samples(row, "plain_decode_tokens_per_s")
+    if _is_true(row.get("rounds_paired")):
+        return paired(new, base, **limits)
+    return verdict.compare(new, base, **limits)
+
+
+def _is_true(x: Any) -> bool:
+    """A flag as a table keeps it: True (also numpy's), never a missing value (None, or NaN in a frame)."""
+    return x is not None and not isinstance(x, float) and bool(x)
+
+
+def _per_round(row: Mapping[str, Any], key: str) -> list[float | None] | None:
+    kept = row.get("samples") if hasattr(row, "get") else None
+    return list(kept[key]) if isinstance(kept, dict) and kept.get(key) else None
+
+
+def judged(new: Mapping[str, Any], base: Mapping[str, Any], key: str, unpaired: tuple[Any, Any], *,
+           higher_is_better: bool = False) -> tuple[verdict.Verdict, str]:
+    """The verdict on two rows and how it was reached: paired on their per-round statistics (``samples[key]``, round
+    i of each at index i) where both rows were measured in rounds; else, for a row recorded before (one run each),
+    the unpaired rule on ``unpaired`` (new's and base's samples), and the words say so."""
+    a, b = _per_round(new, key), _per_round(base, key)
+    if a is not None and b is not None:
+        n = sum(x is not None and y is not None for x, y in zip(a, b))
+        return paired(a, b, higher_is_better=higher_is_better), f"judged paired over {n} rounds"
+    return (verdict.compare(*unpaired, higher_is_better=higher_is_better),
+            "judged unpaired on one run each (recorded before runs were paired in rounds)")
+
+
+def worst_gaps(stamps: Sequence[Sequence[float]]) -> list[float]:
+    """Each stream's worst inter-token gap (seconds): one sample per running stream (a row recorded as one run)."""
+    return [max(timing.gaps(s)) for s in stamps if len(s) > 1]
 
 
 def lookup_why(row: Mapping[str, Any], v: verdict.Verdict | None = None) -> str:
@@ -42,11 +87,6 @@ def lookup_why(row: Mapping[str, Any], v: verdict.Verdict | None = None) -> str:
     return (f"On {f'the {task} task' if task else 'this task'} lookup was {word} because {rare}, while each verification pass cost "
             f"{cost:.2f}× a plain step ({pass_s * 1e3:.0f} vs {step_s * 1e3:.0f} ms: a pass that carries drafts runs them too): "
             f"{tpf:.2f} ÷ {cost:.2f} = {tpf / cost:.2f}×.")
-
-
-def worst_gaps(stamps: Sequence[Sequence[float]]) -> list[float]:
-    """Each stream's worst inter-token gap (seconds): one sample per running stream."""
-    return [max(timing.gaps(s)) for s in stamps if len(s) > 1]
 
 
 def _said(v: verdict.Verdict) -> str:
@@ -108,20 +148,22 @@ def takeaways(*, head: Mapping[str, Any], lookup: tuple[Mapping[str, Any], Mappi
               kv: tuple[Mapping[str, Any], Mapping[str, Any]], quality_floor: float,
               kv_rows: Sequence[Mapping[str, Any]] = (), llamacpp_reference: str | None = None) -> Findings:
     """``head``: ``nb10.runs.headline``'s figures; ``lookup``: the copying and free-chat rows of ``compare_lookup``;
-    ``prefix``: off and on rows of ``prefix_cache_run`` (per-request ``ttft_s``); ``chunked``: unchunked and
-    chunked rows of ``chunked_prefill_run`` (``stamps`` per stream); ``kv``: the model's own cache row and the
+    ``prefix``: off and on rows of ``prefix_cache_rounds`` (each round's median TTFT in ``samples``); ``chunked``:
+    unchunked and chunked rows of ``chunked_prefill_rounds`` (each round's stall and long TTFT in ``samples``); each
+    pair of them is judged paired, round by round; ``kv``: the model's own cache row and the
     quantised one reported (``samples`` of step_s); ``kv_rows``: every cache's row, ranked by KL (``kv_ranking``).
     ``llamacpp_reference``: ``llamacpp_elsewhere``'s sentence, where llama.cpp's figures come from a reference run.
     The headline: prompt lookup's decode speedup on copying."""
     copy, chat = lookup
     look_v = lookup_verdict(copy)
     off, on = prefix
-    ttft_v = verdict.compare(on["ttft_s"], off["ttft_s"], higher_is_better=False)
+    ttft_v, ttft_how = judged(on, off, "ttft_p50_s", (on["ttft_s"], off["ttft_s"]))
     plain, chunk = chunked
     tail = plain["itl_tail"] if plain["itl_tail"] == chunk["itl_tail"] else "max"  # p99 only from 100 gaps on
     itl_x = plain[f"itl_{tail}_s"] / chunk[f"itl_{tail}_s"]
-    stall_v = verdict.compare(worst_gaps(chunk["stamps"]), worst_gaps(plain["stamps"]), higher_is_better=False)
-    long_v = verdict.compare(chunk["long_ttft_s"], plain["long_ttft_s"], higher_is_better=False)
+    stall_v, stall_how = judged(chunk, plain, "stall_s", (worst_gaps(chunk.get("stamps") or []),
+                                                          worst_gaps(plain.get("stamps") or [])))
+    long_v, _ = judged(chunk, plain, "long_ttft_s", (chunk["long_ttft_s"], plain["long_ttft_s"]))
     base, best = kv
     kv_v = verdict.compare(verdict.samples(best, "step_s"), verdict.samples(base, "step_s"), higher_is_better=False)
     engines = (f"; llama.cpp Q4_1 decodes {1 / head['lab_best_over_llamacpp_decode']:.2f}× as fast (agreement "
@@ -134,11 +176,11 @@ def takeaways(*, head: Mapping[str, Any], lookup: tuple[Mapping[str, Any], Mappi
         f"{chat['decode_speedup']:.2f}×. Greedy tokens identical: {head['lookup_identical_to_greedy']}."
         + "".join(f" {w}" for w in (lookup_why(copy, look_v), lookup_why(chat, lookup_verdict(chat))) if w),
         f"Prefix cache: median TTFT without / with it {head['prefix_cache_ttft_ratio']:.2f}×, with {on['hit_rate']:.0%} "
-        f"of prompts hitting; per request, TTFTs with it were {_said(ttft_v)}; answers identical: "
+        f"of prompts hitting; {ttft_how}, TTFT with it: {_said(ttft_v)}; answers identical: "
         f"{head['prefix_cache_outputs_identical']}.",
-        f"Chunked prefill: the running streams' ITL {tail} unchunked / chunked {itl_x:.1f}×; each stream's worst gap "
-        f"with chunks against without: {_said(stall_v)}; the long prompt's own TTFT {long_v.ratio:.1f}× unchunked's, "
-        f"{_said(long_v)}; answers identical: {head['chunked_prefill_outputs_identical']}.",
+        f"Chunked prefill: the running streams' ITL {tail} unchunked / chunked {itl_x:.1f}×; the streams' worst gap "
+        f"with chunks against without, {stall_how}: {_said(stall_v)}; the long prompt's own TTFT {long_v.ratio:.1f}× "
+        f"unchunked's, {_said(long_v)}; answers identical: {head['chunked_prefill_outputs_identical']}.",
         f"KV cache ({best['cache']}): {best['bytes_ratio']:.1f}× fewer bytes, decode steps "
         + verdict.phrase(kv_v, "the speed") + f", KL {best['kl']:.2e}, agreement {best['agreement']:.1%}."
         + (f" {kv_ranking(kv_rows)}" if kv_rows else ""),
@@ -185,3 +227,17 @@ def same_file_elsewhere(here: Mapping[str, Any], here_base: Mapping[str, Any], t
     return (head + rel + ": " + ("the machine ran at the same speed, so " if same_base else "the gains differ, so ")
             + "the two measurements of the engine differ (prompt, token count, alone or beside other sessions, their "
             "spread), not only the machine: compare like with like before quoting either.")
+
+
+PAIRED_NOTE = "paired"  # results.notes["verdicts"] of a run whose verdicts were judged paired round by round
+
+
+def unpaired_reference(ref: Any, section: str) -> str:
+    """The line under a reference's verdicts (``section`` of ``ref``, a shipped reference run) recorded before this
+    notebook judged its rounds paired (its notes lack ``"verdicts": "paired"``): judged unpaired, and when; empty for
+    a reference recorded since, or none."""
+    if ref is None or not ref.section(section) or (ref.notes or {}).get("verdicts") == PAIRED_NOTE:
+        return ""
+    env = (ref.notes.get("section_env") or {}).get(section) or ref.env
+    return (f"The reference's verdicts above were judged unpaired, recorded {str(env.get('date') or 'on a date not recorded')[:10]} "
+            "(before rounds were paired); this run's verdicts are paired, round by round.")

@@ -89,9 +89,19 @@ def headline(lookup: list[dict[str, Any]], prefix: list[dict[str, Any]], chunked
 
 
 def _verdict(new: list[float | None], base: list[float | None]) -> str | None:
-    """The verdict on a time that should fall (``new`` against ``base``), from the rounds' samples."""
-    a, b = [x for x in new if x], [x for x in base if x]
-    return verdict.compare(a, b, higher_is_better=False).kind if a and b else None
+    """The paired verdict on a time that should fall (``new`` against ``base``), from the rounds' statistics (round
+    i of each at index i; a round either side did not measure drops out as a pair), as its label ("better", "no
+    verdict (4 pairs)", …)."""
+    kept = [(a, b) for a, b in zip(new, base) if a and b]
+    if not kept:
+        return None
+    return verdict.compare([a for a, _ in kept], [b for _, b in kept], paired=True, higher_is_better=False).label
+
+
+def _runs(row: dict[str, Any]) -> str:
+    """How the lab's figure was measured: "the median of N interleaved rounds' medians", or "one run"."""
+    n = row.get("rounds")
+    return f"the median of {n} interleaved rounds' medians" if n else "one run"
 
 
 def _tail(row: dict[str, Any]) -> tuple[str, float | None]:
@@ -119,8 +129,9 @@ def beside_vllm(prefix: list[dict[str, Any]], chunked: list[dict[str, Any]], loo
                      "vllm": _ratio(v_off["ttft_p50_s"], v_on["ttft_p50_s"]),
                      "vllm_verdict": _verdict(v_on["samples"]["ttft_p50_s"], v_off["samples"]["ttft_p50_s"]),
                      "labkit_tokens": lab_prefix_tokens, "vllm_tokens": prefix_tokens,
-                     "note": f"labkit one run of {p_on['requests']} requests; vLLM the median of {v_on['rounds']} interleaved "
-                             f"rounds' medians ({len(v_on['samples']['ttft_s'])} requests per mode)"})
+                     "note": f"labkit {_runs(p_on)} of {p_on['requests']} requests; vLLM the median of {v_on['rounds']} "
+                             f"interleaved rounds' medians ({len(v_on['samples']['ttft_s'])} requests per mode); "
+                             "verdicts paired round by round"})
         rows.append({"mechanism": "prefix caching", "figure": "prompt tokens read from the cache (share)",
                      "labkit": p_on["token_hit_rate"], "vllm": v_on["token_hit_rate"],
                      "labkit_tokens": lab_prefix_tokens, "vllm_tokens": prefix_tokens,
@@ -149,12 +160,12 @@ def beside_vllm(prefix: list[dict[str, Any]], chunked: list[dict[str, Any]], loo
                      "vllm": _ratio(big["stall_p50_s"], small["stall_p50_s"]), "labkit_tokens": lab_chunk_tokens,
                      "vllm_verdict": _verdict(small["samples"]["stall_s"], big["samples"]["stall_s"]),
                      "vllm_tokens": f"small budget {chunk_check['small']}",
-                     "note": f"labkit one run; vLLM median of {len(small['samples']['stall_s'])} rounds"})
+                     "note": f"labkit {_runs(c_on)}; vLLM median of {len(small['samples']['stall_s'])} rounds"})
         rows.append({"mechanism": "chunked prefill", "figure": "the long prompt's own TTFT, chunked / whole (×)",
                      "labkit": _ratio(c_on["long_ttft_s"], c_off["long_ttft_s"]),
                      "vllm": _ratio(small["long_ttft_p50_s"], big["long_ttft_p50_s"]),
                      "labkit_tokens": lab_chunk_tokens, "vllm_tokens": f"small budget {chunk_check['small']}",
-                     "note": f"labkit one run; vLLM median of {len(small['samples']['long_ttft_s'])} rounds"})
+                     "note": f"labkit {_runs(c_on)}; vLLM median of {len(small['samples']['long_ttft_s'])} rounds"})
     for lab in lookup:
         task = lab["task"]
         v = served.get("speculative", {}).get(task)

@@ -55,17 +55,21 @@ def capacity_words(capacity_reason: str, arithmetic: str | None, knee_rps: float
 def takeaways(*, head: Mapping[str, Any], capacity_reason: str, arithmetic: str | None, chosen: Mapping[str, Any],
               tokens_per_s: float, answered: int, requests: int, rates: Sequence[float] = (),
               priced_at: str = "at the knee", held: str = "") -> Findings:
-    """``head``: ``nb11.runs.headline``'s figures (its ``ttft_verdict`` from ``core.verdict``); ``capacity_reason``:
+    """``head``: ``nb11.runs.headline``'s figures (its ``ttft_verdict`` from ``core.verdict``, paired by round where
+    ``ttft_pairs`` says so; a head recorded before says it was judged unpaired); ``capacity_reason``:
     the knee finder's reason; ``arithmetic``: the replicas-needed sum, or None where no knee was found; ``chosen``:
     the price row (name, usd_per_million_tokens, tokens_per_s: what it was priced at); ``tokens_per_s``: one replica's output at the priced point (``priced_at``, in words: the knee, or the sweep's best where none was found);
     ``answered``/``requests``: the fault run; ``rates``: the capacity sweep's offered rates (req/s), so a knee at its
     ends is said to be a bound (``capacity_words``). The headline: TTFT p50, cache-aware over round-robin."""
-    word = {"better": "lower", "worse": "higher"}.get(head["ttft_verdict"], head["ttft_verdict"])
+    word = {"better": "lower", "worse": "higher"}.get(head["ttft_verdict"],
+                                                      head.get("ttft_verdict_label") or head["ttft_verdict"])
+    how = (f"judged paired over {head['rounds']} rounds: {head['ttft_verdict_reason']}" if head.get("ttft_pairs")
+           else f"over {head['rounds']} rounds, judged unpaired: recorded before rounds were paired")
     says = [
         f"Cache-aware routing: {head['cache_aware_hit_rate']:.0%} of requests reused a replica's cached prefix "
         f"({head['cache_aware_token_hit_rate']:.0%} of prompt positions) against round-robin's "
         f"{head['round_robin_hit_rate']:.0%} ({head['round_robin_token_hit_rate']:.0%}); TTFT p50 "
-        f"{head['ttft_p50_ratio_ca_over_rr']:.2f}× round-robin's ({word} over {head['rounds']} rounds); "
+        f"{head['ttft_p50_ratio_ca_over_rr']:.2f}× round-robin's ({word}, {how}); "
         f"{work_words(head)}. Answers "
         f"identical to one server's: {head['answers_identical_to_one_server']}.",
         capacity_words(capacity_reason, arithmetic, head.get("knee_rps"), head.get("knee_reached"), rates, held=held),

@@ -1,6 +1,6 @@
 """Notebook 11's measurements and headline figures, shared with ``bench/scale_out.py``.
 
-``compare_policies``  the router's policies on the shared-prefix workload, interleaved in rounds (each round on
+``compare_policies``  the router's policies on the shared-prefix workload, in shuffled interleaved rounds (each round on
                       fresh system prompts, every replica's prefix cache flushed before each run), one row per
                       run and one per replica and run.
 ``capacity_point``    one server under open-loop Poisson arrivals at one rate for ``seconds`` of arrivals (a
@@ -23,13 +23,17 @@ ROUTING_KEYS = {"consistent_hashing": "conversation", "manual": "conversation"} 
 
 
 def compare_policies(routers: Mapping[str, Any], replicas: Sequence[Any], workloads: Sequence[Sequence[Any]],
-                     max_tokens: int, stagger_s: float = 0.0) -> dict[str, Any]:
-    """Each policy's router on ``workloads[r]`` in round r, the policies interleaved (A B C A B C …), the
-    conversations starting ``stagger_s`` apart (``routing.run``). Returns
-    ``runs`` (one summary row per policy and round), ``replicas`` (per replica and run) and ``records``
-    (policy → the per-turn records of every round)."""
+                     max_tokens: int, stagger_s: float = 0.0, warmup: Sequence[Any] = ()) -> dict[str, Any]:
+    """Each policy's router on ``workloads[r]`` in round r, the policies interleaved, each round in a shuffled order
+    (``timing.rounds``), the conversations starting ``stagger_s`` apart (``routing.run``); ``warmup``: a workload
+    each router runs once first, not a round (the first requests after the replicas' start). Returns ``runs`` (one
+    summary row per policy and round, its ``round`` the pair index of a paired verdict), ``replicas`` (per replica and
+    run) and ``records`` (policy → the per-turn records of every round)."""
     if not routers or not workloads:
         raise ValueError("compare_policies needs at least one router and one round's workload")
+    for policy in routers if warmup else ():
+        routing.run_policy(routers[policy].url, policy, replicas, warmup, max_tokens,
+                           routing_key=ROUTING_KEYS.get(policy), stagger_s=stagger_s)
     done = {p: 0 for p in routers}
     runs: list[dict[str, Any]] = []
     per_replica: list[dict[str, Any]] = []
@@ -87,20 +91,34 @@ def capacity_sweep(server: Any, prompts: Sequence[str], rates: Sequence[float], 
     return {"points": points, "knee": knee, "held": capacity.sustained(points, knee)}
 
 
+def ttft_verdict(runs: Sequence[dict[str, Any]], new: str = "cache_aware", base: str = "round_robin") -> verdict.Verdict:
+    """``new``'s TTFT p50 against ``base``'s, paired by round (``compare_policies`` ran both on round r's workload,
+    in a shuffled order); a round either policy did not time drops out as a pair."""
+    def of(policy: str) -> dict[int, float]:
+        return {r["round"]: r["ttft_p50_s"] for r in runs if r["policy"] == policy and r["ttft_p50_s"]}
+
+    a, b = of(new), of(base)
+    both = sorted(set(a) & set(b))
+    if not both:
+        raise ValueError(f"no round timed both {new} and {base}: nothing to pair")
+    return verdict.compare([a[r] for r in both], [b[r] for r in both], paired=True, higher_is_better=False)
+
+
 def headline(table: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], knee: dict[str, Any] | None,
              cost: dict[str, Any] | None, identical: dict[str, Any] | None) -> dict[str, Any]:
-    """Cache-aware against round-robin (hit rates, TTFT p50 ratio with its verdict over the rounds), the knee
-    and $ per million tokens: the notebook's takeaways and ``bench/scale_out.py``'s JSON."""
+    """Cache-aware against round-robin (hit rates, TTFT p50 ratio with its paired verdict over the rounds: round
+    r of one policy against round r of the other, the same workload), the knee and $ per million tokens: the
+    notebook's takeaways and ``bench/scale_out.py``'s JSON."""
     by = {r["policy"]: r for r in table}
     head: dict[str, Any] = {}
     if "cache_aware" in by and "round_robin" in by:
         ca, rr = by["cache_aware"], by["round_robin"]
-        ttft = lambda p: [r["ttft_p50_s"] for r in runs if r["policy"] == p and r["ttft_p50_s"]]  # noqa: E731
-        v = verdict.compare(ttft("cache_aware"), ttft("round_robin"), higher_is_better=False)
+        v = ttft_verdict(runs)
         head.update(cache_aware_hit_rate=ca["hit_rate"], round_robin_hit_rate=rr["hit_rate"],
                     cache_aware_token_hit_rate=ca["token_hit_rate"], round_robin_token_hit_rate=rr["token_hit_rate"],
                     ttft_p50_ratio_ca_over_rr=ca["ttft_p50_s"] / rr["ttft_p50_s"], ttft_verdict=v.kind,
-                    ttft_verdict_reason=v.reason, rounds=min(ca["rounds"], rr["rounds"]))
+                    ttft_verdict_label=v.label, ttft_verdict_reason=v.reason, ttft_pairs=v.n,
+                    rounds=min(ca["rounds"], rr["rounds"]))
     if identical is not None:
         head["answers_identical_to_one_server"] = identical["all_identical"]
     if knee is not None:

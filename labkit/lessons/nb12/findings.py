@@ -66,9 +66,15 @@ def pd_reference_row(ref: Any, bytes_ratio: float | None) -> dict[str, Any] | No
         return None
     itl = {r["target"]: r for r in ref.section("pd_itl")}
     said = pd_sentence(split, bytes_ratio, itl.get("split"), itl.get("plain"))
-    where = results.where_of(results.Results(ref.name, env=(ref.notes.get("section_env") or {}).get("pd_split") or ref.env))
+    env = (ref.notes.get("section_env") or {}).get("pd_split") or ref.env
+    where = results.where_of(results.Results(ref.name, env=env))
+    judged = itl.get("split") or {}
+    unpaired = (f" Its stall verdict was judged unpaired, recorded {str(env.get('date') or 'on a date not recorded')[:10]} "
+                f"({judged.get('rounds')} rounds, before rounds were paired)."
+                if judged.get("verdict_reason") and not str(judged["verdict_reason"]).startswith("paired") else "")
     return {"bytes_ratio": bytes_ratio, "where": where,
-            "sentence": f"The prefill/decode split did not start in this run; from the {where}: {said[0].lower()}{said[1:]}"}
+            "sentence": f"The prefill/decode split did not start in this run; from the {where}: {said[0].lower()}{said[1:]}"
+                        + unpaired}
 
 
 def takeaways(*, lab: Mapping[str, Any] | None, vllm_con: Mapping[str, Any] | None, mask: Mapping[str, Any],
@@ -101,3 +107,62 @@ def takeaways(*, lab: Mapping[str, Any] | None, vllm_con: Mapping[str, Any] | No
                      + (f" ({pd['where']})" if pd.get("where") else ""), "value": pd["bytes_ratio"]})
         said.append(pd["sentence"])
     return Findings(rows=rows, sentences=said)
+
+
+PAIRED_NOTE = "paired"  # results.notes["verdicts"] of a run whose verdicts were judged paired round by round
+
+
+def unpaired_reference(ref: Any, section: str) -> str:
+    """The line under a reference's verdicts (``section`` of ``ref``, a shipped reference run) recorded before this
+    notebook judged its rounds paired (its notes lack ``"verdicts": "paired"``): judged unpaired, and when; empty for
+    a reference recorded since, or none."""
+    if ref is None or not ref.section(section) or (ref.notes or {}).get("verdicts") == PAIRED_NOTE:
+        return ""
+    env = (ref.notes.get("section_env") or {}).get(section) or ref.env
+    return (f"The reference's verdicts above were judged unpaired, recorded {str(env.get('date') or 'on a date not recorded')[:10]} "
+            "(before rounds were paired); this run's verdicts are paired, round by round.")
+
+
+def _too_few(v: Any) -> bool:
+    """A paired verdict that had fewer pairs than the test needs (quick mode's short runs)."""
+    return v.paired and v.kind == verdict.NO_VERDICT and v.n < verdict.MIN_PAIRS  # fact: pairs counted against the minimum
+
+
+def _recorded(ref: Any, section: str) -> str:
+    env = (ref.notes.get("section_env") or {}).get(section) or ref.env
+    how = "paired" if (ref.notes or {}).get("verdicts") == PAIRED_NOTE else "unpaired"
+    return f"judged {how}, recorded {str(env.get('date') or 'on a date not recorded')[:10]}"
+
+
+def structured_beside_reference(row: Mapping[str, Any], ref: Any, section: str = "vllm_structured") -> str:
+    """Where this run's constrained-against-free verdict on tokens/s per sequence (``row``: the constrained row of
+    ``structured_table``) had too few pairs, the full-mode reference's verdicts beside it (``section``'s constrained
+    row), and how they were judged; empty where this run decided, or no reference holds the section."""
+    con = next((r for r in (ref.section(section) if ref is not None else []) if r.get("variant") == "constrained"), None)
+    too_few = (row.get("speed_verdict") == verdict.NO_VERDICT
+               and (row.get("pairs") or 0) < verdict.MIN_PAIRS)  # fact: pairs counted against the test's minimum
+    if not too_few or con is None or "speed_verdict" not in con:
+        return ""
+    return (f"This run: {row['speed_label']}, too few pairs for the paired test. The full-mode reference ({_recorded(ref, section)}, "
+            f"{con.get('rounds')} rounds): constrained tokens/s per sequence {con['speed_ratio']:.2f}× the free one's "
+            f"({con['speed_verdict']}), the batch's wall time {con['wall_ratio']:.2f}× ({con['wall_verdict']}).")
+
+
+def lora_beside_reference(judged: Mapping[str, Any], ref: Any, section: str = "lora_modes") -> str:
+    """Where this run's LoRA verdicts (mode → verdict against the base) had too few pairs, the full-mode reference's
+    beside them: its rows' tokens/s samples read by the rule it was recorded under (unpaired before rounds were paired,
+    else paired), and how; empty where this run decided, or no reference holds the section."""
+    rows = {r["mode"]: r for r in (ref.section(section) if ref is not None else [])}
+    if not any(_too_few(v) for v in judged.values()) or "base" not in rows:
+        return ""
+    paired = (ref.notes or {}).get("verdicts") == PAIRED_NOTE
+    base = [x for x in rows["base"]["samples"]["tokens_per_s"] if x is not None]
+    said = []
+    for mode in judged:
+        if mode in rows:
+            mine = [x for x in rows[mode]["samples"]["tokens_per_s"] if x is not None]
+            v = verdict.compare(mine, base, paired=paired)
+            said.append(f"{mode} {v.ratio:.2f}× the base ({v.label})")
+    return (f"This run: {', '.join(f'{m} {v.label}' for m, v in judged.items())}, too few pairs for the paired test. "
+            f"The full-mode reference ({_recorded(ref, section)}, {rows['base'].get('rounds')} rounds): "
+            + "; ".join(said) + ".")

@@ -92,50 +92,80 @@ def ask_all(url: str, prompts: Sequence[str], *, max_tokens: int, response_forma
 def structured_rounds(url: str, prompts: Sequence[str], variants: Mapping[str, Mapping[str, Any]], *, max_tokens: int,
                       rounds: int, schema: Mapping[str, Any], model: str | None = None) -> list[dict[str, Any]]:
     """Each variant (name → ``ask_all`` keyword arguments, e.g. ``{"response_format": ...}``; ``{}`` is free
-    decoding) once per round, interleaved A B A B …; one row per variant and round."""
-    out = []
-    for r in range(rounds):
-        for name, kwargs in variants.items():
-            batch = ask_all(url, prompts, max_tokens=max_tokens, schema=schema, model=model, **dict(kwargs))
-            rows = batch["rows"]
-            answered = [x for x in rows if x["status"] == 200]
-            out.append({"variant": name, "round": r, "requests": len(rows), "answered": len(answered),
-                        "valid": sum(x["valid"] for x in rows), "tokens": sum(x["tokens"] for x in answered),
-                        "tokens_per_answer": statistics.mean(x["tokens"] for x in answered) if answered else None,
-                        "tokens_per_s_per_seq": statistics.median(x["tokens_per_s"] for x in answered
-                                                                  if x["tokens_per_s"]) if answered else None,
-                        "seq_rates": [x["tokens_per_s"] for x in answered if x["tokens_per_s"]],
-                        "wall_s": batch["wall_s"], "first_round": r == 0,
-                        "example": rows[0]["text"][:120] if rows else ""})
+    decoding) once per round, ``rounds`` interleaved rounds, each in a shuffled order (``timing.rounds``), after one
+    warm-up batch of each (``round`` -1, ``warmup`` True: it also pays a grammar's first compile; not a round). One
+    row per variant and batch; round r of each variant is a pair of ``structured_table``'s paired verdicts."""
+    positive("rounds", rounds)
+
+    def one(name: str, r: int) -> dict[str, Any]:
+        batch = ask_all(url, prompts, max_tokens=max_tokens, schema=schema, model=model, **dict(variants[name]))
+        rows = batch["rows"]
+        answered = [x for x in rows if x["status"] == 200]
+        return {"variant": name, "round": r, "warmup": r < 0, "requests": len(rows), "answered": len(answered),
+                "valid": sum(x["valid"] for x in rows), "tokens": sum(x["tokens"] for x in answered),
+                "tokens_per_answer": statistics.mean(x["tokens"] for x in answered) if answered else None,
+                "tokens_per_s_per_seq": statistics.median(rates) if (rates := [x["tokens_per_s"] for x in answered
+                                                                               if x["tokens_per_s"]]) else None,
+                "seq_rates": [x["tokens_per_s"] for x in answered if x["tokens_per_s"]],
+                "wall_s": batch["wall_s"], "first_round": r < 0, "example": rows[0]["text"][:120] if rows else ""}
+
+    out = [one(name, -1) for name in variants]  # the warm-up batch of each: not a round
+    count = dict.fromkeys(variants, 0)
+
+    def next_round(name: str) -> dict[str, Any]:
+        row = one(name, count[name])
+        count[name] += 1
+        out.append(row)
+        return row
+
+    interleaved_rounds({name: (lambda n=name: next_round(n)) for name in variants}, rounds, again=False)
     return out
+
+
+def structured_verdicts(runs: Sequence[Mapping[str, Any]], base: str = "free") -> dict[str, dict[str, Any]]:
+    """Each variant's paired verdicts against ``base`` (rows of ``structured_rounds``, round r against round r, the
+    warm-up batch left out): ``speed`` on each round's median tokens/s per sequence, ``wall`` on each round's wall
+    time."""
+    def of(name: str) -> list[Mapping[str, Any]]:
+        return sorted((r for r in runs if r["variant"] == name and not r.get("warmup")), key=lambda r: r["round"])
+
+    def pairs(name: str, key: str) -> tuple[list[float], list[float]]:
+        base_by = {r["round"]: r[key] for r in of(base) if r[key]}
+        kept = [(r[key], base_by[r["round"]]) for r in of(name) if r[key] and r["round"] in base_by]
+        return [a for a, _ in kept], [b for _, b in kept]
+
+    return {name: {"speed": verdict.compare(*pairs(name, "tokens_per_s_per_seq"), paired=True),
+                   "wall": verdict.compare(*pairs(name, "wall_s"), paired=True, higher_is_better=False)}
+            for name in dict.fromkeys(r["variant"] for r in runs) if name != base}
 
 
 def structured_table(runs: Sequence[Mapping[str, Any]], base: str = "free") -> list[dict[str, Any]]:
     """One row per variant: valid answers of all, tokens per answer, tokens/s per sequence and the batch's wall
-    time (medians over the rounds; the first round's wall time, which also paid the grammar's first compile, beside
-    them), with the verdicts against ``base``: tokens/s per sequence over every request, wall time over the rounds."""
+    time (medians over the rounds; the first batch's wall time, which also paid the grammar's first compile, beside
+    them: the warm-up batch, not a round, where ``structured_rounds`` ran one), with the paired verdicts against
+    ``base``, round r against round r: each round's median tokens/s per sequence, and each round's wall time."""
     names = list(dict.fromkeys(r["variant"] for r in runs))
     if base not in names:
         raise ValueError(f"base={base!r}: no such variant among {names}")
     def of(name: str) -> list[Mapping[str, Any]]:
-        return [r for r in runs if r["variant"] == name]
+        return [r for r in runs if r["variant"] == name and not r.get("warmup")]
+    judged = structured_verdicts(runs, base)
     table = []
     for name in names:
         rows = of(name)
+        first = next(r for r in runs if r["variant"] == name and (r.get("warmup") or r["first_round"]))
         row = {"variant": name, "rounds": len(rows), "valid": sum(r["valid"] for r in rows),
                "requests": sum(r["requests"] for r in rows),
                "tokens_per_answer": statistics.median(r["tokens_per_answer"] for r in rows
                                                       if r["tokens_per_answer"] is not None),
                "tokens_per_s_per_seq": statistics.median(x for r in rows for x in r["seq_rates"]),
-               "wall_s": statistics.median(r["wall_s"] for r in rows),
-               "first_wall_s": next(r["wall_s"] for r in rows if r["first_round"])}
+               "wall_s": statistics.median(r["wall_s"] for r in rows), "first_wall_s": first["wall_s"]}
         row["valid_share"] = row["valid"] / row["requests"]
         if name != base:
-            speed = verdict.compare([x for r in rows for x in r["seq_rates"]], [x for r in of(base) for x in r["seq_rates"]])
-            wall = verdict.compare([r["wall_s"] for r in rows], [r["wall_s"] for r in of(base)], higher_is_better=False)
+            speed, wall = judged[name]["speed"], judged[name]["wall"]
             row.update({"speed_ratio": speed.ratio, "speed_verdict": speed.word(), "speed_why": speed.reason,
                         "wall_ratio": wall.ratio, "wall_verdict": wall.word("shorter", "longer"),
-                        "wall_why": wall.reason})
+                        "wall_why": wall.reason, "pairs": speed.n, "speed_label": speed.label})
         table.append(row)
     return table
 
@@ -250,9 +280,10 @@ def salted(prompt: Sequence[int], k: int) -> list[int]:
 def itl_rounds(targets: Mapping[str, str], stream_prompts: Sequence[Sequence[int]], stream_tokens: int,
                long_prompt: Sequence[int], n_long: int, n_rounds: int, long_after: int = 4) -> list[dict[str, Any]]:
     """The short streams' inter-token gaps while a burst of ``n_long`` long prompts arrives, on each of ``targets``
-    (name → base URL) in turn, ``n_rounds`` interleaved rounds; the first target is the baseline each other is
-    judged against (``verdict.compare`` on each round's stall, the longest gap overlapping the burst's prefill,
-    lower is better: a p90 gap misses two stalls among sixty gaps). Every long prompt is ``salted`` apart.
+    (name → base URL) in turn, ``n_rounds`` interleaved rounds (each in a shuffled order) after one warm-up burst
+    on each that is not a round; the first target is the baseline each other is judged against (the paired
+    ``verdict.compare`` on each round's stall, the longest gap overlapping the burst's prefill, round r against
+    round r, lower is better: a p90 gap misses two stalls among sixty gaps). Every long prompt is ``salted`` apart.
 
     The comparison this lab makes on two cores: the baseline is one plain ``vllm serve`` (no connector) on core 0
     taking everything; "split" is the proxy in front of a prefill server on core 1 and a decode server on core 0.
@@ -267,22 +298,25 @@ def itl_rounds(targets: Mapping[str, str], stream_prompts: Sequence[Sequence[int
         return client.burst(url, stream_prompts, stream_tokens,
                             [salted(long_prompt, next(counter)) for _ in range(n_long)], 1, long_after, timeout_s=300.0)
 
+    for url in targets.values():
+        one(url)  # the warm-up burst: not a round
     done = interleaved_rounds({name: (lambda u=url: one(u)) for name, url in targets.items()}, n_rounds, again=False)
     p90 = {name: [percentile(g, 90) for r in runs if (g := pooled_gaps(r.stamps))] for name, runs in done.items()}
-    stall = {name: [m for r in runs if r.first_token_s is not None and (m := itl_stats(
-        r.stamps, (r.sent_s, r.first_token_s))["max_s"]) is not None] for name, runs in done.items()}
+    per_round = {name: [itl_stats(r.stamps, (r.sent_s, r.first_token_s))["max_s"] if r.first_token_s is not None
+                        else None for r in runs] for name, runs in done.items()}  # round r at index r
     base, rows = next(iter(targets)), []
     for name, runs in done.items():
-        itl, stalls = itl_stats([s for r in runs for s in r.stamps]), stall[name]
-        v = (verdict.compare(stalls, stall[base], higher_is_better=False)
-             if name != base and stalls and stall[base] else None)
+        itl, stalls = itl_stats([s for r in runs for s in r.stamps]), [m for m in per_round[name] if m is not None]
+        pairs = [(a, b) for a, b in zip(per_round[name], per_round[base]) if a is not None and b is not None]
+        v = (verdict.compare([a for a, _ in pairs], [b for _, b in pairs], paired=True, higher_is_better=False)
+             if name != base and pairs else None)
         rows.append({"target": name, "rounds": n_rounds, "streams": len(stream_prompts), "stream_tokens": stream_tokens,
                      "long_prompts": n_long, "long_prompt_tokens": len(long_prompt), "itl_n": itl["n"],
                      "itl_p50_s": itl["p50_s"], "itl_p99_s": itl["p99_s"], "itl_max_s": itl["max_s"],
                      "itl_p90_round_p50_s": statistics.median(p90[name]) if p90[name] else None,
                      "stall_p50_s": statistics.median(stalls) if stalls else None,
-                     "verdict": v.kind if v else ("baseline" if name == base else "not measured"),
+                     "verdict": v.label if v else ("baseline" if name == base else "not measured"),
                      "gain": v.gain if v else None, "verdict_reason": v.reason if v else "",
-                     "samples": {"itl_p90_s": p90[name], "stall_s": stalls}, "answers": runs[0].answers,
+                     "samples": {"itl_p90_s": p90[name], "stall_s": per_round[name]}, "answers": runs[0].answers,
                      "errors": [e for r in runs for e in r.errors][:3]})
     return rows

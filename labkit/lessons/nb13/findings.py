@@ -14,9 +14,13 @@ def busted_sentence(server: str, clean: Mapping[str, Any], busted: Mapping[str, 
                     fixed: Mapping[str, Any] | None = None) -> str:
     """One server's clean run against the same trace with a timestamp in the system prompt (and the fix)."""
     fix = (f"; with the clock pinned it served {fixed['cached_share']:.0%} again" if fixed else "")
+    how = (f"the same request's TTFT per prompt token with the timestamp was {judged.ratio:.2f}× the clean run's "
+           f"(the geometric mean of {judged.n} requests paired round by round; {judged.word('faster', 'slower')}: "
+           f"{judged.reason})" if judged.paired else
+           f"median TTFT per prompt token with the timestamp was {judged.ratio:.2f}× the clean run's "
+           f"({judged.word('faster', 'slower')}, judged unpaired: {judged.reason})")
     return (f"{server}: the clean trace's prompt tokens were {clean['cached_share']:.0%} served from the prefix cache, "
-            f"the timestamped one's {busted['cached_share']:.0%}{fix}. From turn 1 on, median TTFT per prompt token with the timestamp was "
-            f"{judged.ratio:.2f}× the clean run's ({judged.word('faster', 'slower')}: {judged.reason}).")
+            f"the timestamped one's {busted['cached_share']:.0%}{fix}. From turn 1 on, {how}.")
 
 
 def tier_sentence(bytes_per_token: int, predicted: Mapping[str, Any], measured: int | None, table: Sequence[Mapping[str, Any]],
@@ -47,7 +51,9 @@ def takeaways(*, clean: Mapping[str, Any], busted: Mapping[str, Any], judged: An
         {"finding": "cached share of prompt tokens, clean trace (lab server)", "value": clean["cached_share"]},
         {"finding": "cached share of prompt tokens, timestamp in the system prompt (lab server)",
          "value": busted["cached_share"]},
-        {"finding": "TTFT per prompt token, timestamped ÷ clean (median)", "value": judged.ratio, "verdict": judged.kind},
+        {"finding": "TTFT per prompt token, timestamped ÷ clean (" + ("geometric mean of the pairs" if judged.paired
+                                                                      else "median") + ")",
+         "value": judged.ratio, "verdict": judged.kind},
         {"finding": "reload beats recompute from (tokens, measured)", "value": crossover},
         {"finding": "sessions resident in the KV budget, predicted", "value": resident["predicted"]},
         {"finding": "sessions resident in the KV budget, measured", "value": resident["measured"]},
@@ -69,3 +75,23 @@ def takeaways(*, clean: Mapping[str, Any], busted: Mapping[str, Any], judged: An
                         f"tool_calls, {auto['in_content']} wrote the call as text and {auto['in_none']} made none. "
                         f"Forced by the grammar, {forced}.")
     return Findings(rows, said)
+
+
+def tier_beside_reference(table: Sequence[Mapping[str, Any]], full_rounds: int, ref: Any = None) -> str:
+    """Where this run timed too few rounds for a paired verdict at some length (quick mode's one round), says so,
+    with the full-mode reference's verdicts beside (``ref``: the notebook's shipped reference, its "tier" rows) or,
+    where none ships, that full mode runs ``full_rounds`` rounds to decide; empty where every length had its pairs."""
+    short = [r for r in table if r["reload_verdict"] == verdict.NO_VERDICT
+             and r.get("pairs", 0) < verdict.MIN_PAIRS]  # fact: pairs counted against the test's minimum
+    if not short:
+        return ""
+    here = "; ".join(f"{r['tokens']} tokens: {r['reload_verdict_label']}" for r in short)
+    rows = {r["tokens"]: r for r in (ref.section("tier") if ref is not None else [])}
+    if not rows:
+        return (f"Too few pairs here for the paired test ({here}); full mode runs {full_rounds} rounds of each way, and no "
+                "full-mode reference of this notebook ships yet to show its verdicts.")
+    env = (ref.notes.get("section_env") or {}).get("tier") or ref.env
+    return (f"Too few pairs here for the paired test ({here}); the full-mode reference (recorded "
+            f"{str(env.get('date') or 'on a date not recorded')[:10]}): "
+            + "; ".join(f"{n} tokens: reload {r['reload_over_recompute']:.2f}× recompute ({r['reload_verdict']})"
+                        for n, r in sorted(rows.items())) + ".")

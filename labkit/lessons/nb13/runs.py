@@ -4,6 +4,8 @@ server, what its prefix cache served, reload against recompute for the disk tier
     replay       each session's requests in the order agents send them (every session's turn 0, then every turn 1,
                  ...), one at a time: prompt tokens, cached tokens (the usage's ``prompt_tokens_details``), TTFT,
                  the answer's ids; a routing key per session when asked (the router's session affinity)
+    replay_rounds  several runs of one trace (clean, busted, ...) replayed side by side, request by request in
+                 shuffled rounds, each run on its own server or under its own salt: the pairs of a paired verdict
     tier_rounds  at each prefix length, interleaved: a prompt evicted to the disk tier and read back, against the
                  same prompt evicted and recomputed; a truncated tier file recomputes (the fault)
     tool_runs    N chat requests with the trace's tools per ``tool_choice`` (auto, required, a named function)
@@ -17,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...core import verdict
+from ...core import timing, verdict
 from ...core.checks import positive
 from ...decoding import quality
 from ...serve import client
@@ -45,14 +47,60 @@ def replay(url: str, prompts: Prompts, *, max_tokens: int = 4, model: str | None
                              ignore_eos=True, return_token_ids=True, cache_salt=salt) for s, t in turns]
     headers = [{ROUTING_KEY_HEADER: f"session-{s}"} if routing_key else None for s, _ in turns]
     outs = client.send_each(url, bodies, headers=headers, keep_headers=(ROUTED_HEADER,), timeout_s=timeout_s)
-    rows = [{"session": s, "turn": t, "prompt_tokens": out.prompt_tokens or len(prompts[s][t]),
-             "cached_tokens": out.cached_tokens, "ttft_s": out.ttft_s if out.success else None, "ok": out.success,
-             "status": out.status, "error": out.error, "worker": out.headers.get(ROUTED_HEADER), "answer": out.token_ids}
-            for (s, t), out in zip(turns, outs)]
+    rows = [_row(s, t, prompts[s][t], out) for (s, t), out in zip(turns, outs)]
     failed = [r for r in rows if not r["ok"]]
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(rows)} requests failed; the first: {failed[0]['status']} "
                            f"{failed[0]['error']}")
+    return rows
+
+
+def _row(s: int, t: int, prompt: Sequence[int] | str, out: Any) -> dict[str, Any]:
+    return {"session": s, "turn": t, "prompt_tokens": out.prompt_tokens or len(prompt), "cached_tokens": out.cached_tokens,
+            "ttft_s": out.ttft_s if out.success else None, "ok": out.success, "status": out.status, "error": out.error,
+            "worker": out.headers.get(ROUTED_HEADER), "answer": out.token_ids}
+
+
+def replay_rounds(runs: Mapping[str, Prompts], urls: Mapping[str, str], *, max_tokens: int = 4,
+                  model: str | None = None, salts: Mapping[str, str | None] | None = None,
+                  flush: Mapping[str, Callable[[], Any]] | None = None, timeout_s: float = 600.0
+                  ) -> dict[str, list[dict[str, Any]]]:
+    """Several runs of one trace (name → prompts, every run the same sessions and turns) replayed side by side,
+    request by request: round k sends request k of ``order`` of every run, the runs in a shuffled order
+    (``timing.rounds``), each to its server ``urls[name]`` (runs sharing one server keep their caches apart by their
+    ``salts``). Each server gets its requests in ``replay``'s order, so what its prefix cache serves is what one
+    ``replay`` of that run gets, while the runs' request k are timed next to each other: round k of two runs is a
+    pair. After its start each server first answers one short warm-up request (not a round), then ``flush[url]`` (a
+    lab server's ``flush_cache``) empties its cache. One row list per run, in ``order``, each row with its
+    ``round``."""
+    positive("max_tokens", max_tokens)
+    if not runs or set(urls) != set(runs):
+        raise ValueError(f"runs {sorted(runs)} and urls {sorted(urls)}: give one server URL per run")
+    turns = order(next(iter(runs.values())))
+    if any(order(p) != turns for p in runs.values()):
+        raise ValueError("every run must have the same sessions and turns: request k of each is a pair")
+    salts = dict(salts or {})
+    for url in dict.fromkeys(urls.values()):  # the warm-up request after the start, then an empty cache
+        first = next(iter(runs.values()))[0][0]
+        short = first[:16] if isinstance(first, str) else list(first[:8])
+        client.send_each(url, [client.payload("completions", short, model, 1, ignore_eos=True,
+                                              cache_salt=f"warm-up-{id(url)}" if salts else None)], timeout_s=timeout_s)
+        if flush and url in flush:
+            flush[url]()
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
+
+    def one(name: str) -> None:
+        k = len(rows[name])
+        s, t = turns[k]
+        p = runs[name][s][t]
+        body = client.payload("completions", p if isinstance(p, str) else list(p), model, max_tokens, ignore_eos=True,
+                              return_token_ids=True, cache_salt=salts.get(name))
+        (out,) = client.send_each(urls[name], [body], keep_headers=(ROUTED_HEADER,), timeout_s=timeout_s)
+        if not out.success:
+            raise RuntimeError(f"{name}: request {k} (session {s}, turn {t}) failed: {out.status} {out.error}")
+        rows[name].append({**_row(s, t, p, out), "round": k})
+
+    timing.rounds({name: (lambda n=name: one(n)) for name in runs}, len(turns), again=False)
     return rows
 
 
@@ -73,8 +121,17 @@ def summary(rows: Sequence[Mapping[str, Any]], name: str, skip_first_turn: bool 
 def busted_against_clean(rows: Mapping[str, Sequence[Mapping[str, Any]]], busted: str = "timestamp",
                          clean: str = "clean") -> tuple[dict[str, dict[str, Any]], Any]:
     """Each run's ``summary``, and the verdict on the busted run's TTFT per prompt token against the clean run's,
-    turns 1 on (turn 0 is cold in both: only later turns can lose their session's own prefix)."""
+    turns 1 on (turn 0 is cold in both: only later turns can lose their session's own prefix). Rows of
+    ``replay_rounds`` (each with its ``round``) are judged paired, the same request of the two runs a pair (timed
+    in the same round); rows of two ``replay`` runs, one after the other, by the unpaired rule."""
     whole = {name: summary(r, name) for name, r in rows.items()}
+    if all("round" in r for name in (busted, clean) for r in rows[name]):
+        def per_token(name: str) -> dict[tuple[int, int], float]:
+            return {(r["session"], r["turn"]): r["ttft_s"] / r["prompt_tokens"] for r in rows[name]
+                    if r["turn"] > 0 and r["ttft_s"]}
+        a, b = per_token(busted), per_token(clean)
+        both = sorted(set(a) & set(b))
+        return whole, verdict.compare([a[k] for k in both], [b[k] for k in both], paired=True, higher_is_better=False)
     later = {name: summary(rows[name], name, skip_first_turn=True) for name in (busted, clean)}
     return whole, verdict.compare(later[busted]["ttft_per_token_s"], later[clean]["ttft_per_token_s"],
                                   higher_is_better=False)
@@ -128,9 +185,9 @@ def post_tools(url: str, request: Mapping[str, Any]) -> dict[str, Any]:
 
 def tier_rounds(server: Any, text_ids: Sequence[int], lengths: Sequence[int], filler_tokens: int, *, rounds: int,
                 max_tokens: int = 4, truncate: bool = False) -> list[dict[str, Any]]:
-    """For each length n and round, interleaved: prompt A (n tokens) is served, then a filler of ``filler_tokens``
-    evicts it, then A comes back: once with the tier on (A was spilled to disk and is read back: ``reload``), once
-    with it off (A was dropped: ``recompute``). ``truncate``: a third way, A's file cut to half before it comes back
+    """For each round and length n, the ways in a shuffled order (``timing.rounds``): prompt A (n tokens) is served,
+    then a filler of ``filler_tokens`` evicts it, then A comes back: once with the tier on (A was spilled to disk and
+    is read back: ``reload``), once with it off (A was dropped: ``recompute``). ``truncate``: a third way, A's file cut to half before it comes back
     (the tier must recompute). When A comes back it displaces the filler, which is dropped, not written: the
     measured request pays the read alone, as in an engine that writes its tier in the background (this one writes
     at eviction, on the model's thread). ``server``: a ``launch.ServerHandle`` with a prefix cache of at most
@@ -138,25 +195,30 @@ def tier_rounds(server: Any, text_ids: Sequence[int], lengths: Sequence[int], fi
     ways = ("reload", "recompute", "truncated") if truncate else ("reload", "recompute")
     filler = list(text_ids[-filler_tokens:])
     folder = Path(server.config.prefix_cache_disk_dir)
-    rows = []
-    for r in range(positive("rounds", rounds)):
-        for n in lengths:
-            for way in ways if r % 2 == 0 else ways[::-1]:
-                a = list(text_ids[r * 7:r * 7 + n])  # another start each round: nothing cached from the last
-                server.flush_cache()
-                server.set_spill(None if way != "recompute" else (lambda positions: False))
-                client.send_ids(server.url, [a], max_tokens, 1)
-                client.send_ids(server.url, [filler], 1, 1)  # A is evicted: to disk, or dropped
-                server.set_spill(lambda positions: False)  # A's return displaces the filler: dropped, not written
-                if way == "truncated":
-                    for f in folder.glob("prefix-*.safetensors"):
-                        f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
-                outs, _ = client.send_ids(server.url, [a], max_tokens, 1)
-                o = outs[0]
-                if not o.success:
-                    raise RuntimeError(f"{way} of {n} tokens failed: {o.status} {o.error}")
-                rows.append({"tokens": n, "way": way, "round": r, "ttft_s": o.ttft_s, "cached_tokens": o.cached_tokens,
-                             "answer": o.token_ids})
+    rows: list[dict[str, Any]] = []
+    cells = [(r, n) for r in range(positive("rounds", rounds)) for n in lengths]  # each (round, length): the ways shuffled
+    done = dict.fromkeys(ways, 0)
+
+    def measure(way: str) -> None:
+        r, n = cells[done[way]]
+        done[way] += 1
+        a = list(text_ids[r * 7:r * 7 + n])  # another start each round: nothing cached from the last
+        server.flush_cache()
+        server.set_spill(None if way != "recompute" else (lambda positions: False))
+        client.send_ids(server.url, [a], max_tokens, 1)
+        client.send_ids(server.url, [filler], 1, 1)  # A is evicted: to disk, or dropped
+        server.set_spill(lambda positions: False)  # A's return displaces the filler: dropped, not written
+        if way == "truncated":
+            for f in folder.glob("prefix-*.safetensors"):
+                f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+        outs, _ = client.send_ids(server.url, [a], max_tokens, 1)
+        o = outs[0]
+        if not o.success:
+            raise RuntimeError(f"{way} of {n} tokens failed: {o.status} {o.error}")
+        rows.append({"tokens": n, "way": way, "round": r, "ttft_s": o.ttft_s, "cached_tokens": o.cached_tokens,
+                     "answer": o.token_ids})
+
+    timing.rounds({way: (lambda w=way: measure(w)) for way in ways}, len(cells), again=False)
     server.set_spill(None)
     return rows
 
@@ -164,8 +226,8 @@ def tier_rounds(server: Any, text_ids: Sequence[int], lengths: Sequence[int], fi
 def tier_table(rows: Sequence[Mapping[str, Any]], predicted: Callable[[int, str], float] | None = None
                ) -> list[dict[str, Any]]:
     """Per length: median TTFT of each way, reload ÷ recompute with its verdict (``reload_verdict``: reload judged
-    against recompute over their rounds, lower TTFT better), and the predicted seconds when ``predicted(n, way)`` is
-    given."""
+    against recompute paired, round r against round r, lower TTFT better: ``verdict.MIN_PAIRS`` rounds or more for a
+    verdict), and the predicted seconds when ``predicted(n, way)`` is given."""
     out = []
     for n in sorted({r["tokens"] for r in rows}):
         row: dict[str, Any] = {"tokens": n}
@@ -178,9 +240,13 @@ def tier_table(rows: Sequence[Mapping[str, Any]], predicted: Callable[[int, str]
                 if predicted is not None and way != "truncated":
                     row[f"{way}_predicted_s"] = predicted(n, way)
         row["reload_over_recompute"] = row["reload_ttft_s"] / row["recompute_ttft_s"]
-        judged = verdict.compare(*([r["ttft_s"] for r in rows if r["tokens"] == n and r["way"] == way]
-                                   for way in ("reload", "recompute")), higher_is_better=False)
+        by = {way: {r["round"]: r["ttft_s"] for r in rows if r["tokens"] == n and r["way"] == way and r["ttft_s"]}
+              for way in ("reload", "recompute")}
+        both = sorted(set(by["reload"]) & set(by["recompute"]))
+        judged = verdict.compare([by["reload"][k] for k in both], [by["recompute"][k] for k in both], paired=True,
+                                 higher_is_better=False)
         row["reload_verdict"], row["reload_verdict_reason"] = judged.kind, judged.reason
+        row["reload_verdict_label"], row["pairs"] = judged.label, judged.n
         out.append(row)
     return out
 

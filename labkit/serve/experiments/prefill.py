@@ -15,11 +15,14 @@ chunked prefill  a long prompt arrives while other answers stream. Unchunked, it
 """
 from __future__ import annotations
 
+import contextlib
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from ...core import timing
 from ...core.checks import positive
-from ...core.timing import itl_stats
+from ...core.timing import itl_stats, percentile
 from ...model.prompts import eval_tokens
 from .. import client, launch, loadgen
 from .. import metrics as prom
@@ -85,6 +88,64 @@ def prefix_cache_run(lm: Any, prompts: Sequence[str], max_tokens: int, concurren
             "token_hit_rate": counters.get("labkit_prefix_cache_hit_tokens_total", 0) / qt if qt else None}
 
 
+def _counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+
+
+def prefix_cache_rounds(lm: Any, prompts: Sequence[str], max_tokens: int, concurrency: int,
+                        prefix_cache_tokens: int, rounds: int) -> list[dict[str, Any]]:
+    """The same requests in ``rounds`` interleaved rounds (``timing.rounds``: each round's order shuffled) against two
+    continuous-batching servers started together, the prefix cache off (0) and on (``prefix_cache_tokens``); each
+    pass starts from an empty cache (``flush_cache``), so it is the one run ``prefix_cache_run`` makes, repeated.
+    After the start each server answers one warm-up request (the first prompt), not a round. Returns [off, on]: per mode each round's
+    median TTFT (``samples["ttft_p50_s"]``, round i at index i: the pairs of a paired verdict) and their median,
+    every request's TTFT pooled, the cache's counters over the rounds, the first round's answers and whether every
+    round answered the same."""
+    positive("max_tokens", max_tokens)
+    positive("concurrency", concurrency)
+    positive("rounds", rounds)
+    sizes = {"off": 0, "on": prefix_cache_tokens}
+    with contextlib.ExitStack() as stack:
+        servers = {mode: stack.enter_context(launch.run_server(lm, port=0, batching="continuous",
+                                                               max_batch_size=concurrency, prefix_cache_tokens=n))
+                   for mode, n in sizes.items()}
+
+        def one(mode: str) -> dict[str, Any]:
+            srv = servers[mode]
+            srv.flush_cache()  # each pass from an empty cache: the first requests miss, the rest can hit
+            before = metrics(srv.url, "labkit_prefix_cache")
+            res = loadgen.run(srv.url, list(prompts), num_requests=len(prompts), max_concurrency=concurrency,
+                              max_tokens=max_tokens, endpoint="chat", ignore_eos=True, warmup=0)
+            failed = [o.error for o in res.outputs if not o.success]
+            if failed:
+                raise RuntimeError(f"{len(failed)} request(s) failed: {failed[0]}")
+            return {"summary": res.summary(), "ttft_s": [o.ttft_s for o in res.outputs],
+                    "texts": [o.text for o in res.outputs],
+                    "counters": _counters_delta(before, metrics(srv.url, "labkit_prefix_cache"))}
+
+        for srv in servers.values():  # the warm-up after the start: not a round (each pass flushes the cache first)
+            loadgen.run(srv.url, list(prompts[:1]), num_requests=1, max_concurrency=1, max_tokens=max_tokens,
+                        endpoint="chat", ignore_eos=True, warmup=0)
+        done = timing.rounds({mode: (lambda m=mode: one(m)) for mode in servers}, rounds, again=False)
+    out = []
+    for mode, runs in done.items():
+        total = lambda key: sum(r["counters"].get(key, 0.0) for r in runs)  # noqa: E731
+        queries, hits = total("labkit_prefix_cache_queries_total"), total("labkit_prefix_cache_hits_total")
+        qt, ht = total("labkit_prefix_cache_query_tokens_total"), total("labkit_prefix_cache_hit_tokens_total")
+        per_round = [r["summary"]["ttft_p50_s"] for r in runs]
+        ttft = [t for r in runs for t in r["ttft_s"]]
+        out.append({"prefix_cache_tokens": sizes[mode], "requests": len(prompts), "concurrency": concurrency,
+                    "rounds": rounds, "ttft_p50_s": statistics.median(per_round), "ttft_p90_s": percentile(ttft, 90),
+                    "e2e_p50_s": statistics.median(r["summary"]["e2e_p50_s"] for r in runs),
+                    "ttft_s": ttft, "texts": runs[0]["texts"],
+                    "same_texts_every_round": all(r["texts"] == runs[0]["texts"] for r in runs),
+                    "cache_queries": queries, "cache_hits": hits, "hit_rate": hits / queries if queries else None,
+                    "hit_tokens": ht, "query_tokens": qt, "token_hit_rate": ht / qt if qt else None,
+                    "order": ["".join("A" if m == "off" else "B" for m in o) for o in done.order],
+                    "samples": {"ttft_p50_s": per_round}})
+    return out
+
+
 # ------------------------------------------------------------------------------------- chunked prefill
 
 
@@ -118,6 +179,65 @@ def chunked_prefill_run(lm: Any, stream_prompts: Sequence[str], stream_tokens: i
             "long_ttft_s": long_first - raw["long_sent_s"] if long_first is not None else None,
             "stamps": raw["stamps"], "long_sent_s": raw["long_sent_s"], "long_first_token_s": long_first,
             "texts": raw["texts"]}
+
+
+def chunked_prefill_rounds(lm: Any, stream_prompts: Sequence[str], stream_tokens: int, long_prompt: str,
+                           prefill_chunk_tokens: int, rounds: int, long_tokens: int = 1,
+                           long_after: int = 4) -> list[dict[str, Any]]:
+    """``chunked_prefill_run``'s burst in ``rounds`` interleaved rounds (``timing.rounds``, each round's order
+    shuffled) against two continuous-batching servers started together, chunked prefill off (0) and on
+    (``prefill_chunk_tokens``); each server first answers one warm-up request (the first stream's prompt), not a
+    round. Returns [unchunked,
+    chunked]: the streams' gaps pooled over the rounds (p50, p99 from ``timing.P99_MIN_SAMPLES`` gaps, max), per
+    round the worst gap overlapping the long prompt's prefill (``samples["stall_s"]``) and the long prompt's TTFT
+    (``samples["long_ttft_s"]``), round i at index i: the pairs of a paired verdict; their medians; the first
+    round's stamps (for ``stamps_figure``) and texts, and whether every round streamed the same texts."""
+    positive("stream_tokens", stream_tokens)
+    positive("long_tokens", long_tokens)
+    positive("long_after", long_after)
+    positive("rounds", rounds)
+    if long_after >= stream_tokens:
+        raise ValueError(f"long_after={long_after} must be below stream_tokens={stream_tokens}: the long prompt "
+                         "must arrive while the streams are still decoding")
+    sizes = {"unchunked": 0, "chunked": prefill_chunk_tokens}
+    with contextlib.ExitStack() as stack:
+        servers = {mode: stack.enter_context(launch.run_server(
+            lm, port=0, batching="continuous", max_batch_size=len(stream_prompts) + 1, prefill_chunk_tokens=n,
+            max_prompt_tokens=8192)) for mode, n in sizes.items()}
+
+        def one(mode: str) -> dict[str, Any]:
+            got = client.burst(servers[mode].url, stream_prompts, stream_tokens, [long_prompt], long_tokens,
+                               long_after, endpoint="chat")
+            if got.errors:
+                raise RuntimeError(f"a request of the chunked-prefill run failed: {got.errors[0]}")
+            (long,) = got.burst
+            first = got.first_token_s
+            during = itl_stats(got.stamps, (long.start_s, first)) if first is not None else itl_stats([])
+            return {"stamps": got.stamps, "texts": [o.text for o in got.streams], "long_sent_s": long.start_s,
+                    "long_first_token_s": first, "stall_s": during["max_s"], "gaps_during": during["n"],
+                    "long_ttft_s": first - long.start_s if first is not None else None}
+
+        for srv in servers.values():  # the warm-up after the start: not a round
+            client.burst(srv.url, stream_prompts[:1], 2, stream_prompts[:1], 1, 1, endpoint="chat")
+        done = timing.rounds({mode: (lambda m=mode: one(m)) for mode in servers}, rounds, again=False)
+    out = []
+    for mode, runs in done.items():
+        itl = itl_stats([s for r in runs for s in r["stamps"]])
+        stalls = [r["stall_s"] for r in runs]
+        ttfts = [r["long_ttft_s"] for r in runs]
+        med = lambda xs: statistics.median(x for x in xs if x is not None) if any(x is not None for x in xs) else None  # noqa: E731
+        first = runs[0]
+        out.append({"prefill_chunk_tokens": sizes[mode], "streams": len(stream_prompts), "stream_tokens": stream_tokens,
+                    "rounds": rounds, "itl_p50_s": itl["p50_s"], "itl_p99_s": itl["p99_s"], "itl_max_s": itl["max_s"],
+                    "itl_n": itl["n"], "itl_tail": "p99" if itl["p99_s"] is not None else "max",
+                    # the worst gap overlapping the long prompt's prefill, and that prompt's TTFT: medians of the rounds
+                    "itl_during_long_prefill_max_s": med(stalls),
+                    "gaps_during_long_prefill": statistics.median(r["gaps_during"] for r in runs),
+                    "long_ttft_s": med(ttfts), "stamps": first["stamps"], "long_sent_s": first["long_sent_s"],
+                    "long_first_token_s": first["long_first_token_s"], "texts": first["texts"],
+                    "same_texts_every_round": all(r["texts"] == first["texts"] for r in runs),
+                    "samples": {"stall_s": stalls, "long_ttft_s": ttfts}})
+    return out
 
 
 def stamps_figure(runs: Sequence[dict[str, Any]], title: str = "Token arrivals of the running streams"):

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...core import verdict
 from ...core.checks import positive
 from ...core.timing import rounds as interleaved_rounds
 from ...decoding.quality import answers_check
@@ -125,12 +126,25 @@ def _mode_models(mode: str, base: str, adapters: Sequence[str], n: int) -> list[
     return [adapters[i % len(adapters)] for i in range(n)]  # mixed: the adapters alternate within the batch
 
 
+def paired_verdict(mode: Mapping[str, Any], base: Mapping[str, Any]) -> verdict.Verdict:
+    """``mode``'s tokens/s against ``base``'s (rows of ``lora_rounds``), paired round by round; a round either
+    measured nothing in drops out as a pair."""
+    kept = [(a, b) for a, b in zip(mode["samples"]["tokens_per_s"], base["samples"]["tokens_per_s"])
+            if a is not None and b is not None]
+    if not kept:
+        raise ValueError(f"no round measured both {mode['mode']} and {base['mode']}: nothing to pair")
+    return verdict.compare([a for a, _ in kept], [b for _, b in kept], paired=True)
+
+
 def lora_rounds(server: vs.VLLMServer, adapters: Sequence[str], prompts: Sequence[Sequence[int]], max_tokens: int,
-                concurrency: int, rounds: int) -> list[dict[str, Any]]:
-    """The same requests (``max_tokens`` each, ``ignore_eos``) three ways, interleaved ``rounds`` times: all to the
+                concurrency: int, rounds: int, warmup: bool = True) -> list[dict[str, Any]]:
+    """The same requests (``max_tokens`` each, ``ignore_eos``) three ways, interleaved ``rounds`` times, each round
+    in a shuffled order (``timing.rounds``), after one warm-up pass of each way that is not a round (``warmup``:
+    leave it out only on a server that has already answered each adapter since its start): all to the
     base, all to ``adapters[0]``, and the adapters alternating request by request (mixed in one batch). One row
     per mode: output tokens/s (all tokens over the wall time, each round's and their median), TTFT p50 (each
-    round's median, then their median), failures."""
+    round's median, then their median), failures. ``samples`` keep each round's figure at its index (None where
+    no request of that round succeeded), so the modes pair up round by round (``paired_verdict``)."""
     positive("rounds", rounds)
     adapters = list(adapters)
     if not adapters:
@@ -150,16 +164,19 @@ def lora_rounds(server: vs.VLLMServer, adapters: Sequence[str], prompts: Sequenc
                 "ttft_p50_s": statistics.median(o.ttft_s for o in ok) if ok else None,
                 "errors": [o.error for o in outs if not o.success]}
 
+    for m in MODES if warmup else ():
+        run(m)  # the warm-up pass of each way (an adapter's first batch loads it): not a round
     done = interleaved_rounds({m: (lambda m=m: run(m)) for m in MODES}, rounds, again=False)
     rows = []
     for mode, runs in done.items():
-        tps = [r["tokens_per_s"] for r in runs if r["tokens_per_s"] is not None]
+        per_round = [r["tokens_per_s"] for r in runs]
+        tps = [x for x in per_round if x is not None]
         ttft = [r["ttft_p50_s"] for r in runs if r["ttft_p50_s"] is not None]
         errors = [e for r in runs for e in r["errors"]]
         rows.append({"mode": mode, "models": sorted(set(_mode_models(mode, listed["base"], adapters, len(prompts)))),
                      "requests": len(prompts), "max_tokens": max_tokens, "concurrency": concurrency,
                      "rounds": rounds, "tokens_per_s": statistics.median(tps) if tps else None,
                      "ttft_p50_s": statistics.median(ttft) if ttft else None,
-                     "samples": {"tokens_per_s": tps, "ttft_p50_s": ttft}, "failed": len(errors),
+                     "samples": {"tokens_per_s": per_round, "ttft_p50_s": ttft}, "failed": len(errors),
                      "errors": errors[:3]})
     return rows

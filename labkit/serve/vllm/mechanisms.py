@@ -101,8 +101,10 @@ def _failures(outs: Sequence[client.RequestOutput]) -> list[str]:
 def prefix_rounds(server: vs.VLLMServer, prompts: Mapping[str, Sequence[int]], max_tokens: int, concurrency: int,
                   n_rounds: int) -> dict[str, dict[str, Any]]:
     """``n_rounds`` interleaved rounds of the same requests without and with a shared cache (see the module
-    docstring): per mode each round's median TTFT and their median (every request's TTFT kept too: a round's
-    first requests miss even with the cache), the prompt tokens the cache held, the first round's answers."""
+    docstring; ``timing.rounds``: each round's order shuffled), after one warm-up pass of each mode that is not a
+    round: per mode each round's median TTFT (round i at index i: the pairs of a paired verdict) and their median
+    (every request's TTFT kept too: a round's first requests miss even with the cache), the prompt tokens the cache
+    held, the first round's answers."""
     positive("n_rounds", n_rounds)
     names, ids = list(prompts), list(prompts.values())
     nonce = uuid.uuid4().hex[:8]  # a rerun against the same server starts from an empty cache too
@@ -111,25 +113,34 @@ def prefix_rounds(server: vs.VLLMServer, prompts: Mapping[str, Sequence[int]], m
                                            "errors": []}
                                        for m in salts}
 
-    def run(mode: str, r: int) -> None:
+    def run(mode: str, r: int | str) -> None:
         before = server.metrics()
         outs, _wall = client.send_ids(server.url, ids, max_tokens, concurrency, salts=salts[mode](r))
         delta = metrics_delta(before, server.metrics())
+        if r == "warm-up":  # the first pass after the server's start: not a round
+            return
         k = kept[mode]
         ttfts = [o.ttft_s for o in outs if o.success]
         k["ttft_s"] += ttfts
-        k["round_p50_s"] += [statistics.median(ttfts)] if ttfts else []
+        k["round_p50_s"].append(statistics.median(ttfts) if ttfts else None)  # round r stays at index r
         k["hits"] += delta.get(HITS, 0.0)
         k["queries"] += delta.get(QUERIES, 0.0)
         k["answers"].append(dict(zip(names, (o.token_ids for o in outs))))
         k["errors"] += _failures(outs)
 
-    for r in range(n_rounds):
-        for mode in salts:
-            run(mode, r)
+    for mode in salts:
+        run(mode, "warm-up")
+    count = dict.fromkeys(salts, 0)
+
+    def next_round(mode: str) -> None:
+        run(mode, count[mode])
+        count[mode] += 1
+
+    interleaved_rounds({mode: (lambda m=mode: next_round(m)) for mode in salts}, n_rounds, again=False)
     return {mode: {"mode": mode, "requests": len(names), "rounds": n_rounds, "concurrency": concurrency,
                    # each round's median TTFT (the lab's figure for one run), then their median
-                   "ttft_p50_s": statistics.median(k["round_p50_s"]) if k["round_p50_s"] else None,
+                   "ttft_p50_s": statistics.median(p50s) if (p50s := [x for x in k["round_p50_s"] if x is not None])
+                   else None,
                    "ttft_p90_s": percentile(k["ttft_s"], 90) if k["ttft_s"] else None,
                    "hit_tokens": k["hits"], "query_tokens": k["queries"],
                    "token_hit_rate": token_hit_rate({HITS: k["hits"], QUERIES: k["queries"]}),
@@ -160,12 +171,17 @@ def chunked_rounds(servers: Mapping[str, vs.VLLMServer], stream_prompts: Sequenc
     """The long-prompt-while-streaming round on each server in turn, ``n_rounds`` times (interleaved). Per server:
     the streams' gaps pooled over every round (p50, p99 from ``timing.P99_MIN_SAMPLES`` gaps, max), the worst gap
     overlapping the long prompt's prefill in each round, the long prompt's TTFT in each, the first round's
-    answers. Every round has its own cache salt: no round's prompt is served from an earlier one's cache."""
+    answers. Every round has its own cache salt: no round's prompt is served from an earlier one's cache. Each server
+    first answers one warm-up round that is not a round (the first after its start); the rounds run in a shuffled
+    order (``timing.rounds``), and a round's stall and TTFT stay at its index (None where the long prompt's first
+    token never came), so the servers' rounds pair up."""
     positive("n_rounds", n_rounds)
     nonce = uuid.uuid4().hex[:8]
     calls = {name: (lambda srv=srv, name=name: long_prompt_while_streaming(
         srv.url, stream_prompts, stream_tokens, long_prompt, long_after, f"{nonce}-{name}-{uuid.uuid4().hex[:6]}"))
         for name, srv in servers.items()}
+    for call in calls.values():
+        call()  # the warm-up round after the start
     done = interleaved_rounds(calls, n_rounds, again=False)
     out = {}
     for name, runs in done.items():
@@ -173,10 +189,10 @@ def chunked_rounds(servers: Mapping[str, vs.VLLMServer], stream_prompts: Sequenc
         itl = itl_stats(stamps)
         stalls, ttfts = [], []
         for r in runs:
-            if r["long_first_token_s"] is not None:
-                during = itl_stats(r["stamps"], (r["long_sent_s"], r["long_first_token_s"]))
-                stalls.append(during["max_s"])
-                ttfts.append(r["long_first_token_s"] - r["long_sent_s"])
+            measured = r["long_first_token_s"] is not None
+            during = itl_stats(r["stamps"], (r["long_sent_s"], r["long_first_token_s"])) if measured else None
+            stalls.append(during["max_s"] if during else None)
+            ttfts.append(r["long_first_token_s"] - r["long_sent_s"] if measured else None)
         srv = servers[name]
         out[name] = {"server": name, "max_num_batched_tokens": srv.settings.max_num_batched_tokens,
                      **{f"logged_{k}": v for k, v in chunked_prefill_logged(srv.log()).items()}, "rounds": n_rounds,
@@ -185,7 +201,7 @@ def chunked_rounds(servers: Mapping[str, vs.VLLMServer], stream_prompts: Sequenc
                      "itl_tail": "p99" if itl["p99_s"] is not None else "max",
                      "stall_p50_s": statistics.median(measured) if (measured := [s for s in stalls if s is not None])
                      else None,
-                     "long_ttft_p50_s": statistics.median(ttfts) if ttfts else None,
+                     "long_ttft_p50_s": statistics.median(t) if (t := [x for x in ttfts if x is not None]) else None,
                      "samples": {"stall_s": stalls, "long_ttft_s": ttfts},
                      "answers": runs[0]["answers"], "long_answer": runs[0]["long_answer"],
                      "same_answers_every_round": all(quality.all_identical(r["answers"], runs[0]["answers"]) for r in runs),
@@ -205,11 +221,13 @@ def decode_rate(out: client.RequestOutput) -> float | None:
 
 def speculative_rounds(plain: vs.VLLMServer, ngram: vs.VLLMServer, tasks: Mapping[str, Sequence[int]],
                        new_tokens: int, n_rounds: int) -> dict[str, dict[str, Any]]:
-    """Each task's prompt, one request at a time, on the plain server then the n-gram one, ``n_rounds`` times
-    (interleaved), ``/metrics`` read around every request. Decode tokens/s is 1 / TPOT as the engine timed it
+    """Each task's prompt, one request at a time, on the plain server and the n-gram one, ``n_rounds`` interleaved
+    rounds (``timing.rounds``: each round's order shuffled) after one warm-up request of each that is not a round,
+    ``/metrics`` read around every request. Decode tokens/s is 1 / TPOT as the engine timed it
     (``vllm:request_time_per_output_token_seconds``: its first to last token, whatever the HTTP stream coalesced;
-    a speculative step's tokens may reach the client in one chunk), the client's kept beside it; the verdict on
-    their ratio; acceptance from the n-gram server's counters; the first round's answers of both."""
+    a speculative step's tokens may reach the client in one chunk), the client's kept beside it; the paired verdict
+    on their ratio (round i of each side a pair; a round either side did not time drops out); acceptance from the
+    n-gram server's counters; the first round's answers of both."""
     positive("n_rounds", n_rounds)
     out = {}
     for task, ids in tasks.items():
@@ -218,17 +236,24 @@ def speculative_rounds(plain: vs.VLLMServer, ngram: vs.VLLMServer, tasks: Mappin
             o = client.send_ids(server.url, [ids], new_tokens, 1)[0][0]
             return o, metrics_delta(before, server.metrics())
 
+        for server in (plain, ngram):
+            timed(server)  # the warm-up request: not a round
         done = interleaved_rounds({"plain": lambda: timed(plain), "ngram": lambda: timed(ngram)}, n_rounds, again=False)
-        rate = {m: [1 / t for o, d in runs if o.success and (t := engine_tpot(d))] for m, runs in done.items()}
+        per_round = {m: [1 / t if o.success and (t := engine_tpot(d)) else None for o, d in runs]
+                     for m, runs in done.items()}
+        rate = {m: [x for x in xs if x is not None] for m, xs in per_round.items()}
         seen = {m: [r for o, _d in runs if (r := decode_rate(o)) is not None] for m, runs in done.items()}
         spec = {k: sum(d.get(k, 0.0) for _o, d in done["ngram"]) for k in (DRAFTS, DRAFT_TOKENS, ACCEPTED)}
-        v = verdict.compare(rate["ngram"], rate["plain"]) if all(rate.values()) else None
+        pairs = [(a, b) for a, b in zip(per_round["ngram"], per_round["plain"]) if a is not None and b is not None]
+        v = (verdict.compare([a for a, _ in pairs], [b for _, b in pairs], paired=True) if pairs else None)
         out[task] = {"task": task, "prompt_tokens": len(ids), "new_tokens": new_tokens, "rounds": n_rounds,
                      "plain_decode_tokens_per_s": statistics.median(rate["plain"]) if rate["plain"] else None,
                      "ngram_decode_tokens_per_s": statistics.median(rate["ngram"]) if rate["ngram"] else None,
-                     "decode_speedup": v.gain if v else None, "verdict": v.kind if v else "not measured",
+                     "decode_speedup": v.gain if v else None, "verdict": v.label if v else "not measured",
                      "verdict_reason": v.reason if v else "a run failed", **acceptance(spec),
-                     "samples": {"plain_decode_tokens_per_s": rate["plain"], "ngram_decode_tokens_per_s": rate["ngram"],
+                     # round i at index i (None: not timed), so the sides pair up
+                     "samples": {"plain_decode_tokens_per_s": per_round["plain"],
+                                 "ngram_decode_tokens_per_s": per_round["ngram"],
                                  "client_plain_decode_tokens_per_s": seen["plain"],
                                  "client_ngram_decode_tokens_per_s": seen["ngram"]},
                      "plain_answer": done["plain"][0][0].token_ids, "ngram_answer": done["ngram"][0][0].token_ids,
