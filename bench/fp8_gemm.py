@@ -13,11 +13,12 @@ Shapes (M, K, N): the default model's largest decoder matrices (MLP up 576→153
 M = 1, 16 and prefill-like M = 256, and 1024³ (``--shapes model``, the default); ``--shapes probe`` times the six
 shapes of the H200 probe. Activations are fp32 on a CPU (the lab's CPU dtype), bf16 on CUDA (``--act-dtype``).
 Each variant gets 5 untimed warm-up calls (the first timed as ``first_us``); then the variants take turns, round
-after round, fp32 first and last (drift); a sample is ``inner`` calls, timed with CUDA events on a GPU and
-``labkit.core.timing.now`` elsewhere, in µs per call. Ratios are fp32's median / the variant's, judged by
-``labkit.core.verdict``. One JSON line per shape, the last line one JSON document: ratios, verdicts, the ISA.
+after round, each round in a shuffled order, fp32 timed first and again after the last round (drift); a sample is
+``inner`` calls, timed with CUDA events on a GPU and ``labkit.core.timing.now`` elsewhere, in µs per call. Ratios
+are fp32's median / the variant's, judged by ``labkit.core.verdict.compare(..., paired=True)``, round i of a variant
+against round i of fp32. One JSON line per shape, the last line one JSON document: ratios, verdicts, the ISA.
 
-    python -m bench.fp8_gemm [--quick] [--shapes model|probe] [--rounds 7] [--save-to data/measured_gpu]
+    python -m bench.fp8_gemm [--quick] [--shapes model|probe] [--rounds 8] [--save-to data/measured_gpu]
 
 ``--save-to DIR`` writes the rows as a labkit results file, DIR/fp8_gemm.<gpu>.json on a GPU (the shape of
 data/measured_gpu/fp8_gemm.nvidia-h200.json): on a lent GPU, ``--shapes probe --save-to data/measured_gpu``
@@ -34,7 +35,7 @@ from typing import Any
 
 import torch
 
-from labkit.core import config, cpu, env, machine, results
+from labkit.core import config, cpu, env, machine, results, verdict
 from labkit.core.results import jsonable
 from labkit.precision.fp8_gemm import VARIANTS, WARMUP, model_shapes, pair_twins, time_shape
 
@@ -87,13 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a short run: fewer rounds, shorter samples (as LABKIT_QUICK=1)")
     ap.add_argument("--shapes", default="model", choices=("model", "probe"), help="the default model's, or the H200 probe's")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, quick 3; 3+ for a verdict)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds, each in a shuffled order (default 8, quick 6; "
+                    f"{verdict.MIN_PAIRS}+ pairs for a verdict)")
     ap.add_argument("--act-dtype", default=None, choices=("fp32", "bf16"), help="activations (default: fp32 CPU, bf16 CUDA)")
     ap.add_argument("--save-to", type=Path, default=None, help="also write DIR/fp8_gemm[.<gpu>].json (a results file)")
     args = ap.parse_args(argv)
     if args.quick:
         os.environ["LABKIT_QUICK"] = "1"
-    rounds = args.rounds if args.rounds is not None else config.pick(7, 3)
+    rounds = args.rounds if args.rounds is not None else config.pick(8, 6)
     if rounds <= 0:
         ap.error("--rounds must be positive")
     device = "cuda" if env.device().startswith("cuda") else "cpu"
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     environment = env.environment()
     environment["hardware"] = {**environment["hardware"], **{k: v for k, v in isa().items() if k == "compute_capability"}}
     notes = {"method": method(device, act, args.shapes), "act_dtype": act_name, "variants": list(VARIANTS),
-             "baseline": "fp32", "note": f"one run of {rounds} interleaved rounds"}
+             "baseline": "fp32", "note": f"one run of {rounds} rounds, each in a shuffled order, judged paired"}
     saved = save(results_doc(rows, environment, notes), args.save_to) if args.save_to else None
     summary = {"bench": "fp8_gemm", "device": device, "quick": config.quick(), "act_dtype": act_name, "rounds": rounds,
                "baseline": "fp32", "rows": [summary_line(r) for r in rows],

@@ -197,8 +197,8 @@ def test_compile_cost_feeds_the_module_on_its_device(fake_cuda, monkeypatch):
     mlp = _fake_cuda_module(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.SiLU(), torch.nn.Linear(16, 8)), cuda)
     monkeypatch.setattr(torch, "compile", lambda module, **kw: module)  # compiling fake tensors is not the point
     monkeypatch.setattr(cache_variants, "fresh_compile_cache", contextlib.nullcontext)
-    synced = []
-    monkeypatch.setattr(warmup.timing, "now", lambda device=None: synced.append(str(device)) or 0.0)
+    synced, ticks = [], iter(range(1, 10_000))
+    monkeypatch.setattr(warmup.timing, "now", lambda device=None: synced.append(str(device)) or float(next(ticks)))
     with guard():
         cost = warmup.compile_cost(mlp, torch.randn(1, 8), repeats=2)  # a CPU example, as notebook 04 made it
     assert cost["repeats"] == 2

@@ -99,16 +99,28 @@ def test_batching_findings_on_a_busy_machine_say_implausible_not_a_lesson():
     assert "falls below its floor 1.00×" in text
 
 
-def _quant_table(int8_speed, int8_samples=None, fp32_samples=(9.8, 10.0, 10.2)):
+ROUNDS6 = (0.98, 1.0, 1.02, 0.99, 1.01, 1.0)  # six rounds' load, shared by every variant timed in them
+WALK = (0.85, 1.15, 0.9, 1.1, 0.95, 1.05, 0.88, 1.12)  # a machine drifting ±15 % between rounds
+JITTER = (1.004, 0.996, 1.0, 1.003, 0.997, 1.0, 1.002, 0.998)  # what one pass adds of its own
+
+
+def _rounds(x, load=ROUNDS6, own=None):
+    """x in rounds that share the machine's ``load`` (one factor a round), times each pass's ``own`` jitter."""
+    return [x * f * g for f, g in zip(load, own or [1.0] * len(load))]
+
+
+def _quant_table(int8_speed, int8_samples=None, fp32_samples=None):
     import pandas as pd
 
     def row(v, bytes_, speed, samples, ppl, agreement=0.9, kl=0.05):
         return {"variant": v, "status": "ok", "weight_bytes": bytes_, "decode_tokens_per_s": speed, "perplexity": ppl,
                 "agreement": agreement, "kl": kl, "samples": {"decode_tokens_per_s": list(samples)}}
+    fp32_samples = fp32_samples or _rounds(10.0)
+    load = ROUNDS6 if len(fp32_samples) == len(ROUNDS6) else WALK[:len(fp32_samples)]
     rows = [row("fp32", 540e6, 10.0, fp32_samples, 20.0, 1.0, 0.0),
-            row("bnb-int8", 170e6, 4.0, (3.9, 4.0, 4.1), 20.2),
+            row("bnb-int8", 170e6, 4.0, _rounds(4.0, load), 20.2),
             row("ort-fp32", 540e6, 10.0, fp32_samples, 20.0),
-            row("ort-int8-tensor", 162e6, int8_speed, int8_samples or [int8_speed * f for f in (0.98, 1, 1.02)], 26.0)]
+            row("ort-int8-tensor", 162e6, int8_speed, int8_samples or _rounds(int8_speed, load), 26.0)]
     return pd.DataFrame(rows).set_index("variant")
 
 
@@ -142,16 +154,34 @@ def test_fastest_int8_is_compared_within_fp32s_device():
 
 def test_quantisation_speed_sentence_follows_the_verdict():
     # recorded busy run: "ort-int8-tensor decoded 12.28× fp32's speed" from one 8-token run (bytes cap it near 3.3×)
-    text = " ".join(_quant(_quant_table(122.8, int8_samples=[122.8])).sentences)
+    text = " ".join(_quant(_quant_table(122.8)).sentences)
     assert "12.28× ort-fp32's speed: implausible — rerun" in text and "beats its bound 3.33×" in text
     text = " ".join(_quant(_quant_table(19.0)).sentences)  # quiet: 1.90×, inside the bytes bound
     assert "decoded 1.90× ort-fp32's speed (faster than ort-fp32)" in text
-    text = " ".join(_quant(_quant_table(10.1, int8_samples=[9.0, 10.1, 11.0])).sentences)
-    assert "1.01× ort-fp32's speed, within noise" in text and "faster than" not in text
+    text = " ".join(_quant(_quant_table(10.1, int8_samples=_rounds(10.1, own=JITTER))).sentences)
+    assert "1.01× ort-fp32's speed, within noise (paired sign-flip test, 6 pairs" in text and "faster than" not in text
     # why ONNX Runtime int8 costs perplexity: read from the per-layer errors of the form that ran
     assert "raised it +30.0%" in text and "+1.0%" in text
     assert "In the form it ran (per-tensor), on layer 0 its output error was 0.080, 8.0× the 0.010" in text
     assert "its worst probed layer reached 0.310 (layer 27)" in text
+
+
+def test_int8_speed_is_judged_paired_round_by_round():
+    """int8 1.9× its engine's fp32 in every round, on a machine drifting ±15 % between rounds: "faster" paired (the
+    unpaired rule reads the same figures the same way only where the ranges part); 8.6 % faster through that drift,
+    the unpaired rule says "within noise", the paired test "faster"; three rounds are no verdict (3 pairs)."""
+    from labkit.core import verdict
+
+    fp32 = _rounds(10.0, WALK)
+    small = _rounds(10.86, WALK, JITTER)
+    assert verdict.compare(small, fp32).kind == verdict.NOISE  # the old rule, on the same rounds
+    text = " ".join(_quant(_quant_table(10.86, int8_samples=small, fp32_samples=fp32)).sentences)
+    assert "decoded 1.09× ort-fp32's speed (faster than ort-fp32)" in text
+    three = _quant(_quant_table(19.0, int8_samples=_rounds(19.0, WALK[:3]), fp32_samples=fp32[:3]))
+    assert three.rows[0]["verdict"] == verdict.NO_VERDICT
+    assert "1.90× ort-fp32's speed, no verdict (3 pairs: a paired test needs at least 6" in " ".join(three.sentences)
+    assert "no verdict (3 pairs)" == nb03.int8_verdict(_quant_table(19.0, int8_samples=_rounds(19.0, WALK[:3]),
+                                                                     fp32_samples=fp32[:3]), "ort-int8-tensor").label
 
 
 def test_int8_is_judged_against_its_own_engines_fp32_and_the_engine_gain_said_apart():
@@ -159,7 +189,7 @@ def test_int8_is_judged_against_its_own_engines_fp32_and_the_engine_gain_said_ap
     int8's share is 1.55×; the headline says that, and the engine's gain is a sentence of its own."""
     table = _quant_table(25.1)
     table.loc["ort-fp32", "decode_tokens_per_s"] = 16.2
-    table.at["ort-fp32", "samples"] = {"decode_tokens_per_s": [15.9, 16.2, 16.5]}
+    table.at["ort-fp32", "samples"] = {"decode_tokens_per_s": _rounds(16.2)}
     found = _quant(table)
     assert found.rows[0]["finding"].endswith("decode / ort-fp32") and found.rows[0]["value"] == pytest.approx(1.549, abs=1e-3)
     text = " ".join(found.sentences)
@@ -297,7 +327,7 @@ def test_bitsandbytes_int8_speed_is_explained_by_its_verdict():
     slow = nb03.bnb_int8_speed(_quant_table(20.0))
     assert "0.40× fp32's speed (slower)" in slow and "to save GPU memory, not time" in slow
     fast_table = _quant_table(20.0)
-    fast_table.at["bnb-int8", "samples"] = {"decode_tokens_per_s": [13.9, 14.0, 14.1]}
+    fast_table.at["bnb-int8", "samples"] = {"decode_tokens_per_s": _rounds(14.0)}
     fast_table.at["bnb-int8", "decode_tokens_per_s"] = 14.0
     assert "outran the passes" in nb03.bnb_int8_speed(fast_table)
     assert nb03.bnb_int8_speed(_quant_table(20.0).drop(index="bnb-int8")) == ""

@@ -12,6 +12,11 @@ from labkit.model import sizing
 from labkit.precision import formats, fp8_gemm
 
 
+def _us(x, load=(1.0, 1.08, 0.95, 1.12, 0.9, 1.03)):
+    """µs per call in six rounds, each round's load shared by every variant timed in it."""
+    return [x * f for f in load]
+
+
 def _w(seed=0):
     return torch.randn(32, 128, generator=torch.Generator().manual_seed(seed))
 
@@ -75,8 +80,7 @@ def test_layer_errors_read_the_rows_and_the_sentence_counts_them():
 
 
 def test_the_gemm_table_and_takeaways_follow_the_rows():
-    us = {"fp32": [10.0, 10.2, 9.9], "bf16": [9.0, 9.1, 9.2], "fp8_upcast": [200.0, 210.0, 205.0],
-          "fp8_scaled_mm": [300.0, 290.0, 310.0]}
+    us = {"fp32": _us(10.0), "bf16": _us(9.1), "fp8_upcast": _us(205.0), "fp8_scaled_mm": _us(300.0)}
     gemm = [{"what": "up", **fp8_gemm.gemm_row(1, 64, 32, us)}]
     t = f03.gemm_table(gemm)
     assert list(t.variant) == ["fp32", "bf16", "fp8_upcast", "fp8_scaled_mm"]
@@ -97,7 +101,8 @@ def test_the_gpu_sentence_reads_the_saved_h200_run_and_says_it_is_not_this_run()
     big = max(h200.section("gemm"), key=lambda r: r["M"] * r["K"] * r["N"])
     assert "NVIDIA H200" in said and "not this run" in said and "2026-12-04" in said
     assert f"{big['M']}×{big['K']}×{big['N']} {big['speedup_vs_bf16']['fp8_scaled_mm']:.2f}×" in said
-    assert "1 sample a cell, so no verdict on any of them" in said and "within noise" not in said
+    assert "1 sample a cell, judged unpaired, recorded 2026-12-04, so no verdict on any of them" in said
+    assert "within noise" not in said and f03.judged_how(h200) == "judged unpaired, recorded 2026-12-04"
     # the recorded rows: three small shapes at 25-37 µs in every precision (a launch), one memory-bound shape
     assert "fixed cost: 1×4096×4096" in said and "256×4096×4096" in said.split("fixed cost:")[1]
     assert "memory-bound: 16×8192×28672 1.18×" in said and "compute-bound: 4096×4096×4096 1.67×" in said
@@ -107,8 +112,24 @@ def test_the_gpu_sentence_reads_the_saved_h200_run_and_says_it_is_not_this_run()
     assert "FP8 pays" not in f03.gpu_gemm_sentence(flat)
 
 
+def test_a_saved_gpu_run_in_paired_rounds_is_judged_paired():
+    """A GPU run saved with paired rounds (the bench's rows say ``paired``) is judged round by round and says so; the
+    same samples recorded without it are judged by the unpaired rule, with the date it was recorded."""
+    load = (1.0, 1.3, 0.8, 1.2, 0.9, 1.1)
+    rows = [fp8_gemm.gemm_row(4096, 4096, 4096, {"bf16": _us(100.0, load), "fp8_scaled_mm": _us(92.0, load)})]
+    env = {"date": "2026-12-07T10:00:00", "hardware": {"gpu": "NVIDIA H200"}}
+    paired = results.Results("fp8_gemm", env=env, rows=[dict(r, section="gemm") for r in rows])
+    said = f03.gpu_gemm_sentence(paired)
+    assert "judged paired" in said and "4096×4096×4096 1.09× (faster)" in said and f03.judged_how(paired) == "judged paired"
+    old = results.Results("fp8_gemm", env=env, rows=[dict(r, section="gemm", paired=False) for r in rows])
+    said = f03.gpu_gemm_sentence(old)
+    assert "judged unpaired, recorded 2026-12-07" in said and "(faster)" not in said and "within noise" in said
+    assert f03.gemm_table(old.section("gemm"), base="bf16").set_index("variant").verdict["fp8_scaled_mm"] == "within noise"
+    assert f03.gemm_table(paired.section("gemm"), base="bf16").set_index("variant").verdict["fp8_scaled_mm"] == "better"
+
+
 def test_the_gemm_takeaway_names_where_it_ran_and_explains_only_a_slower_fp8_on_a_cpu():
-    gemm = [{"what": "up", **fp8_gemm.gemm_row(1, 64, 32, {"fp32": [10.0, 10.1, 9.9], "fp8_scaled_mm": [4.0, 4.1, 3.9]})}]
+    gemm = [{"what": "up", **fp8_gemm.gemm_row(1, 64, 32, {"fp32": _us(10.0), "fp8_scaled_mm": _us(4.0)})}]
     hand = pd.DataFrame({"output_error": [0.0, 0.006, 0.016]}, index=["fp32", "int8 per-channel", "fp8 per-channel"])
     rows = [_row("fp32", 0.0)]
     table = f03.formats_table(rows, sizing.shape("default"))
@@ -122,5 +143,5 @@ def test_the_gemm_takeaway_names_where_it_ran_and_explains_only_a_slower_fp8_on_
                                              gemm=g).sentences if "decode step's GEMM" in s)
 
     assert "this CPU" in cpu_said(gemm) and why not in cpu_said(gemm)  # FP8 won here: no story of why it lost
-    slow = [{"what": "up", **fp8_gemm.gemm_row(1, 64, 32, {"fp32": [10.0, 10.1, 9.9], "fp8_scaled_mm": [40.0, 41.0, 39.0]})}]
+    slow = [{"what": "up", **fp8_gemm.gemm_row(1, 64, 32, {"fp32": _us(10.0), "fp8_scaled_mm": _us(40.0)})}]
     assert "Every FP8 variant was slower" in cpu_said(slow) and why in cpu_said(slow)

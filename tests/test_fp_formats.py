@@ -223,27 +223,53 @@ def test_quantise_linears_checks_every_layer_before_changing_any():
 
 # ---------------------------------------------------------------- bench/fp8_gemm.py and the H200 measurement
 
+LOAD = (1.0, 1.08, 0.95, 1.12, 0.9, 1.03)  # six rounds of a machine whose load moves: every variant of a round shares it
+OWN = (1.004, 0.996, 1.0, 1.003, 0.997, 1.0)  # what one sample adds of its own
+
+
+def _us(x: float, load=LOAD, own=None) -> list[float]:
+    """µs per call in rounds: x times the round's load, times the sample's own jitter."""
+    return [x * f * g for f, g in zip(load, own or [1.0] * len(load))]
+
+
 
 def test_gemm_rows_compute_ratios_and_verdicts_from_the_samples():
-    row = fp8_gemm.gemm_row(16, 64, 32, {"fp32": [10.0, 11.0, 10.5], "bf16": [10.4, 10.6, 10.2],
-                                         "fp8_upcast": [30.0, 31.0, 29.0]})
-    assert row["speedup_vs_fp32"] == {"bf16": 10.5 / 10.4, "fp8_upcast": 10.5 / 30.0}
-    assert row["verdict_vs_fp32"]["bf16"]["kind"] == "within noise"
-    assert row["verdict_vs_fp32"]["fp8_upcast"]["kind"] == "worse"
-    assert row["fp32_tflops"] == 2 * 16 * 64 * 32 / 10.5 / 1e6
+    row = fp8_gemm.gemm_row(16, 64, 32, {"fp32": _us(10.5), "bf16": _us(10.4, own=OWN), "fp8_upcast": _us(30.0)})
+    assert row["speedup_vs_fp32"] == {"bf16": row["fp32_us"] / row["bf16_us"], "fp8_upcast": row["fp32_us"] / row["fp8_upcast_us"]}
+    assert row["speedup_vs_fp32"]["fp8_upcast"] == pytest.approx(10.5 / 30.0)
+    assert row["verdict_vs_fp32"]["bf16"]["kind"] == "within noise" and row["verdict_vs_fp32"]["bf16"]["paired"]
+    assert row["verdict_vs_fp32"]["fp8_upcast"]["kind"] == "worse" and row["paired"] is True
+    assert row["fp32_tflops"] == 2 * 16 * 64 * 32 / row["fp32_us"] / 1e6
     assert "fp8_scaled_mm_us" not in row  # a variant that did not run has no number, never 0
 
 
 def test_a_decode_sized_gemm_cannot_beat_its_bytes():
     """At M = 1 the weights' bytes bound the gain: fp8 read 5× faster than fp32 is implausible, 3× is not; at
     M = 16 no bound applies."""
-    fast = {"fp32": [50.0, 51.0, 50.5], "bf16": [24.0, 25.0, 24.5], "fp8_upcast": [10.0, 10.1, 9.9]}
+    fast = {"fp32": _us(50.5), "bf16": _us(24.5, own=OWN), "fp8_upcast": _us(10.0, own=OWN)}
     row = fp8_gemm.gemm_row(1, 64, 32, fast)
     assert row["verdict_vs_fp32"]["fp8_upcast"]["kind"] == verdict.IMPLAUSIBLE
     assert row["verdict_vs_fp32"]["bf16"]["kind"] == "better"
-    row = fp8_gemm.gemm_row(1, 64, 32, {**fast, "fp8_upcast": [17.0, 16.9, 17.1]})
+    row = fp8_gemm.gemm_row(1, 64, 32, {**fast, "fp8_upcast": _us(17.0, own=OWN)})
     assert row["verdict_vs_fp32"]["fp8_upcast"]["kind"] == "better"
     assert fp8_gemm.gemm_row(16, 64, 32, fast)["verdict_vs_fp32"]["fp8_upcast"]["kind"] == "better"
+
+
+def test_gemm_rows_pair_rounds_and_a_saved_run_keeps_its_unpaired_rule():
+    """Each round's load hits every variant alike: fp8 8.6 % faster than fp32 through ±12 % of load is "better"
+    paired, while the old rule, on the same samples, sees the ranges overlap; fewer than 6 rounds give no verdict;
+    a row that says it is not paired (a saved run) is judged by the unpaired rule, and pair_twins keeps that."""
+    us = {"fp32": _us(10.0), "fp8_upcast": _us(10.0 / 1.086, own=OWN)}
+    row = fp8_gemm.gemm_row(16, 64, 32, us)
+    assert row["verdict_vs_fp32"]["fp8_upcast"]["kind"] == "better" and row["verdict_vs_fp32"]["fp8_upcast"]["paired"]
+    old = fp8_gemm.gemm_row(16, 64, 32, us, paired=False)
+    assert old["verdict_vs_fp32"]["fp8_upcast"]["kind"] == "within noise" and not old["paired"]
+    few = fp8_gemm.gemm_row(16, 64, 32, {k: v[:3] for k, v in us.items()})
+    assert verdict.Verdict(**few["verdict_vs_fp32"]["fp8_upcast"]).label == "no verdict (3 pairs)"
+    twins = fp8_gemm.pair_twins([dict(old, M=1, K=64, N=32), dict(old, M=1, K=32, N=64)])
+    assert all(not t["paired"] and not t["verdict_vs_fp32"]["fp8_upcast"].get("paired") for t in twins)
+    twins = fp8_gemm.pair_twins([dict(row, M=1, K=64, N=32), dict(row, M=1, K=32, N=64)])
+    assert all(t["paired"] and t["verdict_vs_fp32"]["fp8_upcast"]["paired"] for t in twins)
 
 
 def test_saved_h200_measurement_keeps_its_provenance():
@@ -266,7 +292,8 @@ def test_saved_h200_ratios_are_computed_from_its_rows():
         for v in ("fp8_scaled_mm", "fp8_upcast"):
             assert r["speedup_vs_bf16"][v] == r["bf16_us"] / r[f"{v}_us"]
             assert r[f"{v}_tflops"] == 2 * r["M"] * r["K"] * r["N"] / r[f"{v}_us"] / 1e6
-        again = fp8_gemm.gemm_row(r["M"], r["K"], r["N"], r["samples"], r["fp8_error"])
+        again = fp8_gemm.gemm_row(r["M"], r["K"], r["N"], r["samples"], r["fp8_error"], paired=False)
+        assert "paired" not in r and again.pop("paired") is False  # one mean a cell, recorded before paired rounds
         assert {k: again[k] for k in again} == {k: r[k] for k in again}
     big = rows[-1]
     assert big["speedup_vs_bf16"]["fp8_scaled_mm"] > 1 > rows[0]["speedup_vs_bf16"]["fp8_scaled_mm"]
@@ -290,8 +317,8 @@ def test_bench_writes_the_same_file_shape(tmp_path, monkeypatch, capsys):
 def test_a_variant_judged_differently_on_two_shapes_names_each_shape():
     from labkit.lessons.nb03b import findings as nb03b
 
-    shapes = [fp8_gemm.gemm_row(1, 64, 32, {"fp32": [50.0, 51.0, 50.5], "bf16": [40.0, 41.0, 40.5]}),
-              fp8_gemm.gemm_row(1, 32, 64, {"fp32": [50.0, 51.0, 50.5], "bf16": [49.0, 50.0, 51.0]})]
+    shapes = [fp8_gemm.gemm_row(1, 64, 32, {"fp32": _us(50.5), "bf16": _us(40.5, own=OWN)}),
+              fp8_gemm.gemm_row(1, 32, 64, {"fp32": _us(50.5), "bf16": _us(50.3, own=OWN)})]
     judged = [verdict.Verdict(**r["verdict_vs_fp32"]["bf16"]) for r in shapes]
     said = nb03b.shape_labels(judged, shapes)
     assert said == f"{judged[0].label} at 1×64×32, {judged[1].label} at 1×32×64" and judged[0].label != judged[1].label

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from labkit.core import verdict
 from labkit.model import prompts, sizing
 from labkit.decoding import cache_variants, kv, profiling, quality
 from labkit.lessons import findings
@@ -217,6 +218,16 @@ def test_audit_claims_runs_the_real_calls_and_shows_the_refusals(tiny_llama):
     assert model.config._attn_implementation == before
 
 
+LOAD6 = (0.98, 1.0, 1.02, 0.99, 1.01, 1.0)  # six rounds' load, shared by every row timed in them
+WALK6 = (0.85, 1.15, 0.9, 1.1, 0.95, 1.05)  # a machine drifting ±15 % between rounds
+JITTER6 = (1.004, 0.996, 1.0, 1.003, 0.997, 1.0)  # what one pass adds of its own
+
+
+def _r(x, load=LOAD6, own=None):
+    """x in rounds (round i at index i): the round's load times each pass's own jitter, as timing.rounds keeps them."""
+    return [x * f * g for f, g in zip(load, own or [1.0] * len(load))]
+
+
 def _rows(index, key, *samples):
     """Result rows indexed by ``index`` that kept ``samples`` of ``key`` (as kv's timing functions keep them)."""
     import statistics
@@ -230,14 +241,14 @@ def _rows(index, key, *samples):
 def _findings(**over):
     import pandas as pd
 
-    split = _rows([0, 1], "tpot_s", [0.050, 0.051, 0.049], [0.060, 0.061, 0.059])
+    split = _rows([0, 1], "tpot_s", _r(0.050), _r(0.060))
     split["prompt_tokens"], split["ttft_s"], split["new_tokens"] = [32, 512], [0.1, 1.0], [8, 8]
     args = dict(
         loop_agreement=1.0, core_identical=True, tokens=32, speedup=4.0,
         step_growth={"cache on": 1.0, "cache off": 1.8},
         kv_sizes=pd.DataFrame({"measured / formula": [1.0, 1.0]}), bytes_per_position=46080, split=split,
-        variants=_rows(["dynamic", "static"], "tpot_s", [0.050, 0.051, 0.049], [0.060, 0.061, 0.059]),
-        attention=_rows(["eager", "sdpa"], "ttft_s", [1.0, 1.01, 0.99], [0.80, 0.81, 0.79]),
+        variants=_rows(["dynamic", "static"], "tpot_s", _r(0.050), _r(0.060)),
+        attention=_rows(["eager", "sdpa"], "ttft_s", _r(1.0), _r(0.80)),
         decode_shares={"matmul": [0.70, 0.71, 0.69], "attention": [0.10, 0.11, 0.09], "other": [0.2] * 3},
         weight_bytes=538_000_000)
     args.update(over)
@@ -255,7 +266,7 @@ def test_findings_choose_their_words_by_the_verdicts():
     assert "matrix multiplication dominates, so a faster matrix-vector kernel" in text and "90% of its tokens equal eager's" in text
     other = " ".join(_findings(speedup=0.8, step_growth={"cache on": 1.0, "cache off": 1.0},
                                kv_sizes=pd.DataFrame({"measured / formula": [1.0, 1.5]}),
-                               variants=_rows(["dynamic", "static"], "tpot_s", [0.06, 0.061, 0.059], [0.05, 0.051, 0.049]),
+                               variants=_rows(["dynamic", "static"], "tpot_s", _r(0.06), _r(0.05)),
                                decode_shares={"matmul": [0.2, 0.21, 0.19], "attention": [0.6, 0.61, 0.59]}).sentences)
     assert "0.8× slower" in other and "cannot tell the two apart" in other and "not the formula" in other
     assert "static cache decoded faster than" in other and "attention dominates here" in other
@@ -264,10 +275,10 @@ def test_findings_choose_their_words_by_the_verdicts():
     # the busy-laptop cases: one profiled step, overlapping samples, a long prompt that decoded faster
     one_step = " ".join(_findings(decode_shares={"matmul": 0.3, "attention": 0.62, "other": 0.08}).sentences)
     assert "cannot say which dominates" in one_step and "attention dominates" not in one_step
-    even = " ".join(_findings(variants=_rows(["dynamic", "static"], "tpot_s", [0.05, 0.06, 0.04],
-                                             [0.0505, 0.055, 0.045])).sentences)
-    assert "static cache decoded within noise of the dynamic one" in even and "ranges overlap" in even
-    split = _rows([0, 1], "tpot_s", [0.06, 0.061, 0.059], [0.03, 0.031, 0.029])
+    even = " ".join(_findings(variants=_rows(["dynamic", "static"], "tpot_s", _r(0.05),
+                                             _r(0.05, own=JITTER6))).sentences)
+    assert "static cache decoded within noise of the dynamic one" in even and "inside ±2%" in even
+    split = _rows([0, 1], "tpot_s", _r(0.06), _r(0.03))
     split["prompt_tokens"], split["ttft_s"], split["new_tokens"] = [32, 512], [0.1, 1.0], [8, 8]
     faster = " ".join(_findings(split=split).sentences)
     assert "got faster, which no cache can do" in faster and "rerun" in faster
@@ -311,9 +322,23 @@ def test_one_compile_story_in_one_unit_for_notebooks_04_05_08():
     one_each = cache_variants.compile_story(results.Results("r", rows=[
         {k: v for k, v in r.items() if k != "samples"} for r in ref.rows]))
     assert "pays back after" not in findings.compile_sentence(one_each) and "no verdict" in findings.compile_sentence(one_each)
+    assert not story.paired and "judged unpaired, recorded" in findings.compile_sentence(story)
+    # rounds that pair up (one figure a round, 6 or more): judged paired, 8.6 % through ±15 % of drift is a gain
+    walk = (0.85, 1.15, 0.9, 1.1, 0.95, 1.05, 0.88, 1.12)
+    rounds = cache_variants.compile_story(results.Results("r", env={"date": "2026-12-07T12:00:00"}, rows=[
+        dict(r, samples={"decode_tokens_per_s": [10.0 * f * (1.086 if r["variant"] == "static+compile" else 1) * j
+                                                 for f, j in zip(walk, (1.004, 0.996, 1, 1.003, 0.997, 1, 1.002, 0.998))]})
+        for r in ref.rows]))
+    assert rounds.paired and rounds.steady.paired and rounds.steady.kind == "better" and rounds.judged == "judged paired"
+    assert "judged paired" in findings.compile_sentence(rounds) and "pays back after" in findings.compile_sentence(rounds)
+    unpaired = cache_variants.CompileStory(**{**rounds.__dict__, "eager_samples": rounds.eager_samples[:3],
+                                              "compiled_samples": rounds.compiled_samples[:3]})
+    assert not unpaired.paired and unpaired.judged == "judged unpaired, recorded 2026-12-07"
     with pytest.raises(ValueError, match="static\\+compile"):
         cache_variants.compile_story(results.Results("r", rows=ref.rows[:1]))
-    shipped = cache_variants.compile_story()  # the reference that ships
+    shipped = cache_variants.compile_story()  # the reference that ships: 3 rounds, recorded before paired rounds
+    assert not shipped.paired and shipped.judged == f"judged unpaired, recorded {shipped.recorded}"
+    assert shipped.recorded == str(results.reference("05_kv_cache_compile").env["date"])[:10]
     assert results.is_reference(shipped.where) and "AMD EPYC" in shipped.where and shipped.new_tokens > 0 and shipped.gain > 0
     src = Path(__file__).parents[1] / "notebooks" / "src"
     for nb in ("04_warmup.py", "05_kv_cache.py", "08_tensorrt.py"):  # one reference, one story
@@ -335,11 +360,34 @@ def test_flash_attention_is_unavailable_for_an_fp32_model_on_a_gpu(monkeypatch):
     assert 'env.device() == "cuda"' not in src  # LABKIT_DEVICE=cuda:0 is a CUDA device too
 
 
+def test_the_cache_speedup_is_judged_paired_over_the_loops_rounds():
+    """The loop with and without the cache in rounds: the speedup's verdict pairs round i of each (its reason in the
+    sentence); rounds whose ratio flips name no winner; fewer than 6 rounds are no verdict."""
+    on = _r(1.0, WALK6)
+    text = " ".join(_findings(loop_s={"cache on": on, "cache off": _r(4.0, WALK6, JITTER6)}).sentences)
+    assert "4.0× faster than without it (paired sign-flip test, 6 pairs" in text
+    flips = _r(1.0, WALK6, (1.3, 0.75, 1.25, 0.8, 1.2, 0.85))
+    text = " ".join(_findings(speedup=1.0, loop_s={"cache on": on, "cache off": flips}).sentences)
+    assert "1.0× (no verdict (6 pairs)) against without it (paired sign-flip test, 6 pairs" in text
+    assert "run " in text and "more pairs" in text
+    text = " ".join(_findings(loop_s={"cache on": on[:3], "cache off": _r(4.0, WALK6)[:3]}).sentences)
+    assert "4.0× (no verdict (3 pairs)) against without it (3 pairs: a paired test needs at least 6" in text
+
+
 def test_the_reveal_names_a_faster_cache_only_when_the_takeaway_would():
-    """The recorded run: eager 805–959 ms and sdpa 756–863 ms TTFT overlap: no winner in the reveal either."""
-    overlap = _rows(["eager", "sdpa"], "ttft_s", [0.805, 0.88, 0.959], [0.756, 0.80, 0.863])
-    assert nb05.faster_of(overlap, ["eager", "sdpa"], "ttft_s") == (None, "within noise (the p10–p90 ranges overlap)")
-    apart = _rows(["dynamic", "static"], "tpot_s", [0.050, 0.051, 0.049], [0.060, 0.061, 0.059])
+    """The recorded run: eager 805–959 ms and sdpa 756–863 ms TTFT overlap. Paired round by round, an sdpa 9 %
+    faster in every round is named, though the ranges overlap; rounds that disagree name no winner in the reveal
+    either, and say how many more pairs would tell."""
+    steady = _rows(["eager", "sdpa"], "ttft_s", _r(0.88, WALK6), _r(0.80, WALK6, JITTER6))
+    assert verdict.compare(steady.samples["sdpa"]["ttft_s"], steady.samples["eager"]["ttft_s"]).kind == verdict.NOISE
+    assert nb05.faster_of(steady, ["eager", "sdpa"], "ttft_s") == ("sdpa", "")
+    mixed = _rows(["eager", "sdpa"], "ttft_s", _r(0.88, WALK6), _r(0.80, WALK6, (1.2, 0.9, 1.25, 0.85, 1.1, 0.95)))
+    winner, why = nb05.faster_of(mixed, ["eager", "sdpa"], "ttft_s")
+    assert winner is None and why.startswith("no verdict (paired sign-flip test, 6 pairs") and "more pairs" in why
+    short = _rows(["eager", "sdpa"], "ttft_s", _r(0.88)[:3], _r(0.80)[:3])
+    assert nb05.faster_of(short, ["eager", "sdpa"], "ttft_s") == (None, "no verdict (3 pairs: a paired test needs at "
+                                                                       "least 6; run 3 more pairs)")
+    apart = _rows(["dynamic", "static"], "tpot_s", _r(0.050), _r(0.060))
     assert nb05.faster_of(apart, ["dynamic", "static"], "tpot_s") == ("dynamic", "")
     assert nb05.faster_of(apart, ["static", "dynamic"], "tpot_s") == ("dynamic", "")
 

@@ -146,6 +146,15 @@ def test_nb01_batching_sentence_follows_its_verdict():
 
 # ------------------------------------------------------------------------------------------------- notebook 02
 
+ROUNDS6 = (0.98, 1.0, 1.02, 0.99, 1.01, 1.0)  # six rounds' load, shared by every variant timed in them (median 1.0)
+WALK = (0.85, 1.15, 0.9, 1.1, 0.95, 1.05, 0.88, 1.12)  # eight rounds of a machine drifting ±15 % between rounds
+JITTER = (1.004, 0.996, 1.0, 1.003, 0.997, 1.0, 1.002, 0.998)  # what one pass adds of its own
+
+
+def _rounds(x: float, load=ROUNDS6, own=None) -> list[float]:
+    """x in rounds that share the machine's ``load`` (one factor a round), times each pass's ``own`` jitter."""
+    return [x * f * g for f, g in zip(load, own or [1.0] * len(load))]
+
 
 def _variant(name: str, weight_bytes: float, tps: list[float], ttft: list[float], kl: float) -> dict:
     return {"variant": name, "status": "ok", "weight_bytes": weight_bytes, "decode_tokens_per_s": tps[1],
@@ -153,10 +162,11 @@ def _variant(name: str, weight_bytes: float, tps: list[float], ttft: list[float]
             "samples": {"decode_tokens_per_s": tps, "ttft_s": ttft}}
 
 
-def _nb02(fp16_tps: list[float], bf16_tps: list[float]):
-    rows = [_variant("fp32", 538e6, _spread(25.0), _spread(0.20), 0.0),
-            _variant("fp16", 269e6, fp16_tps, _spread(0.45), 1.1e-4),
-            _variant("bf16", 269e6, bf16_tps, _spread(0.40), 4.2e-3)]
+def _nb02(fp16_tps: list[float], bf16_tps: list[float], fp32_tps: list[float] | None = None):
+    load = ROUNDS6 if fp32_tps is None or len(fp32_tps) == len(ROUNDS6) else WALK[:len(fp32_tps)]
+    rows = [_variant("fp32", 538e6, fp32_tps or _rounds(25.0), _rounds(0.20, load), 0.0),
+            _variant("fp16", 269e6, fp16_tps, _rounds(0.45, load), 1.1e-4),
+            _variant("bf16", 269e6, bf16_tps, _rounds(0.40, load), 4.2e-3)]
     matmul = {"fp32": {"prefill": 0.010, "decode": 0.0010}, "fp16": {"prefill": 0.050, "decode": 0.0012},
               "bf16": {"prefill": 0.030, "decode": 0.0011}}
     return nb02.takeaways(rows=rows, matmul_s=matmul, half_reason="no AVX512_FP16 or AMX: half precision converts to fp32",
@@ -181,8 +191,8 @@ def test_nb02_a_matmul_ratio_above_the_bytes_is_explained_by_each_kernels_gbs():
     gbs["fp16"] = weights * 2 / 0.0335 / 1e9
     assert "the bytes saved did not all turn into speed" in nb02.bandwidth_said("fp16", times, gbs)
     assert nb02.bandwidth_said("bf16", times, gbs) == ""
-    rows = [_variant("fp32", 538e6, _spread(25.0), _spread(0.20), 0.0), _variant("fp16", 269e6, _spread(45.0),
-                                                                               _spread(0.45), 1.1e-4)]
+    rows = [_variant("fp32", 538e6, _rounds(25.0), _rounds(0.20), 0.0), _variant("fp16", 269e6, _rounds(45.0),
+                                                                               _rounds(0.45), 1.1e-4)]
     found = nb02.takeaways(rows=rows, matmul_s=times, half_reason="", mantissa_bits={"float16": 10, "bfloat16": 7},
                            rounded={"fp16": [float("inf"), 0, 0, 1.000977], "bf16": [70144.0, 0, 0, 1.0]},
                            sums={"fp32": 2.0001}, accumulation=(1.0, 1e-4, 10_000), matmul_gbs=gbs)
@@ -190,21 +200,36 @@ def test_nb02_a_matmul_ratio_above_the_bytes_is_explained_by_each_kernels_gbs():
 
 
 def test_nb02_each_half_precision_variant_is_judged_against_its_bytes_bound():
-    found = _nb02(_spread(12.0), [23.0, 25.0, 26.0])  # recorded on AVX2: fp16 half fp32's speed, bf16 level
+    found = _nb02(_rounds(12.0), _rounds(25.0, own=JITTER))  # recorded on AVX2: fp16 half fp32's speed, bf16 level
     assert found.headline == {"label": "fp16 decode tokens/s / fp32's", "value": pytest.approx(0.48), "verdict": "worse"}
     text = _text(found)
     assert "fp16: weights 0.50× fp32's bytes; decode 0.48× fp32's speed (slower), TTFT 2.25× fp32's (longer)" in text
     assert ("Half the bytes did not make decode faster here: the decode-like matmul itself ran 0.83× fp32's speed "
             "(no AVX512_FP16") in text
-    assert "bf16: weights 0.50× fp32's bytes; decode 1.00× fp32's speed, within noise (the p10–p90 ranges overlap)" in text
+    assert ("bf16: weights 0.50× fp32's bytes; decode 1.00× fp32's speed, within noise (paired sign-flip test, 6 "
+            "pairs: p = ") in text and "inside ±2%" in text
     assert "fp16 stayed closer (3+ samples each" in text and "70000 became inf in fp16 and 70144 in bf16" in text
     assert "ended at 2.0001 in fp32, 1.5000 in fp16, 1.0000 in bf16 (exact: 2)" in text
-    wild = _text(_nb02(_spread(80.0), _spread(25.0)))  # 3.2× from half the bytes and a slower matmul
+    wild = _text(_nb02(_rounds(80.0), _rounds(25.0)))  # 3.2× from half the bytes and a slower matmul
     assert "decode 3.20× fp32's speed: implausible — rerun (3.20× beats its bound 2.00×" in wild
     with pytest.raises(ValueError, match="fp32"):
-        nb02.takeaways(rows=[dict(_variant("fp32", 1, _spread(1), _spread(1), 0), status="failed")], matmul_s={},
+        nb02.takeaways(rows=[dict(_variant("fp32", 1, _rounds(1), _rounds(1), 0), status="failed")], matmul_s={},
                        half_reason=None, mantissa_bits={}, rounded={"fp16": [0] * 4, "bf16": [0] * 4}, sums={},
                        accumulation=(0, 0, 0))
+
+
+def test_nb02_judges_each_variant_paired_round_by_round():
+    """fp16 8.6 % faster than fp32 in every round, on a machine drifting ±15 % between rounds: the rounds' ranges
+    overlap, so the old rule read "within noise"; paired round by round it is "faster", and with 3 rounds (below
+    verdict.MIN_PAIRS) it is no verdict, whatever the ratio."""
+    fp32, fp16 = _rounds(25.0, WALK), _rounds(25.0 * 1.086, WALK, JITTER)
+    assert verdict.compare(fp16, fp32).kind == verdict.NOISE  # the unpaired rule on the same figures
+    text = _text(_nb02(fp16, _rounds(25.0, WALK, JITTER[::-1]), fp32))
+    assert "fp16: weights 0.50× fp32's bytes; decode 1.09× fp32's speed (faster)" in text
+    short = _text(_nb02(fp16[:3], fp16[:3], fp32[:3]))
+    assert "decode 1.09× fp32's speed, no verdict (3 pairs: a paired test needs at least 6; run " in short
+    swapped = _nb02(fp32, fp32, fp16)  # the same rounds the other way round: slower, never faster
+    assert swapped.rows[0]["verdict"] == verdict.WORSE
 
 
 # ------------------------------------------------------------------------------------------------- notebook 07

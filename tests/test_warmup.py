@@ -290,3 +290,39 @@ def test_a_compile_gain_within_noise_claims_no_pay_back():
     assert "no measurable steady gain (within noise" in noisy and "107,396" not in noisy
     real = said([1.0e-3, 1.01e-3, 1.02e-3, 1.03e-3, 1.04e-3], [1.8e-3, 1.82e-3, 1.855e-3, 1.87e-3, 1.9e-3])
     assert "pays back after 107,396 calls" in real
+
+    # timed in rounds (compile_cost: round i of eager beside round i of compiled): 3 % faster in every round of a
+    # machine drifting ±15 % is a gain paired, which the unpaired rule, on the same samples, calls noise
+    walk = [0.85, 1.15, 0.9, 1.1, 0.95, 1.05, 0.88, 1.12]
+    eager = [1.855e-3 * f for f in walk]
+    compiled = [x / 1.03 * j for x, j in zip(eager, (1.002, 0.998, 1.0, 1.001, 0.999, 1.0, 1.002, 0.998))]
+    rows = pd.DataFrame([{"target": "one MLP layer", "where": "this run", "compiled_first_s": 5.6, "eager_first_s": 0.004,
+                          "compiled_s": 1.8e-3, "eager_s": 1.855e-3, "break_even_calls": 101800.0, "paired": True,
+                          "samples": {"compiled_s": compiled, "eager_s": eager}},
+                         {"target": "whole model", "where": "reference: AMD EPYC, 2026-12-06", "compiled_first_s": 28.0,
+                          "eager_first_s": 2.8, "compiled_s": 2.3, "eager_s": 2.5, "break_even_calls": 126.0,
+                          "paired": False, "judged": "judged unpaired, recorded 2026-12-06",
+                          "samples": {"compiled_s": [2.3, 2.35, 2.25], "eager_s": [2.5, 2.55, 2.45]}}])
+    text = " ".join(nb04.takeaways(cold=cpu, warmed=cpu, steady_s=0.2, one_time_share=0.1, memory_growth={"rss": mib},
+                                   weight_bytes=513 * mib, loop_warmup_calls=0, loop_calls=5, summary=summary,
+                                   compile_rows=rows).sentences)
+    assert "torch.compile, one MLP layer (this run): first call" in text and "pays back after 101,800 calls" in text
+    assert "(reference: AMD EPYC, 2026-12-06; judged unpaired, recorded 2026-12-06)" in text
+    rows.loc[0, "paired"] = False
+    assert "no measurable steady gain (within noise" in " ".join(nb04.takeaways(
+        cold=cpu, warmed=cpu, steady_s=0.2, one_time_share=0.1, memory_growth={"rss": mib}, weight_bytes=513 * mib,
+        loop_warmup_calls=0, loop_calls=5, summary=summary, compile_rows=rows).sentences)
+
+
+def test_compile_cost_times_eager_and_compiled_in_paired_rounds(monkeypatch):
+    """The steady calls run in rounds, each in a shuffled order: one sample a round on each side, marked paired."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda m: (lambda *a: calls.append("compiled") or m(*a)))
+    layer = torch.nn.Linear(8, 8)
+    cost = warmup.compile_cost(layer, torch.randn(2, 8), repeats=6, fresh_cache=False)
+    assert cost["paired"] is True and cost["repeats"] == 6
+    assert len(cost["samples"]["eager_s"]) == len(cost["samples"]["compiled_s"]) == 6
+    assert calls.count("compiled") == 7  # the first (compiling) call, then one a round
+    assert cost["compiled_first_s"] > 0 and cost["eager_first_s"] > 0

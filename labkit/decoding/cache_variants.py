@@ -79,17 +79,33 @@ class CompileStory:
     eager_first_s: float  # first call of a new_tokens request
     compiled_first_s: float  # the same, compilation included
     agreement: float | None = None
-    eager_samples: tuple[float, ...] = ()  # each timed run's decode tokens/s, where the file keeps them
+    eager_samples: tuple[float, ...] = ()  # each timed round's decode tokens/s, where the file keeps them
     compiled_samples: tuple[float, ...] = ()
+    recorded: str = ""  # the date the file was measured (YYYY-MM-DD), for a verdict read by the rule of its day
 
     @property
     def gain(self) -> float:
         return self.compiled_tokens_per_s / self.eager_tokens_per_s
 
     @property
+    def paired(self) -> bool:
+        """Whether the file's runs pair up: one figure per round on each side, at least ``verdict.MIN_PAIRS`` rounds.
+        A file measured before paired rounds (fewer rounds, or the baseline's extra pass kept among its samples) is
+        judged by the unpaired rule it was recorded under."""
+        return len(self.compiled_samples) == len(self.eager_samples) >= verdict.MIN_PAIRS
+
+    @property
+    def judged(self) -> str:
+        """How ``steady`` was judged, in words: "judged paired", or "judged unpaired, recorded DATE"."""
+        return "judged paired" if self.paired else f"judged unpaired, recorded {self.recorded or 'on an unrecorded date'}"
+
+    @property
     def steady(self) -> verdict.Verdict:
-        """The compiled decode's speed against eager's, judged on the timed runs (one median each where the file
-        kept no samples: a tie or no verdict)."""
+        """The compiled decode's speed against eager's, judged on the timed rounds: paired round by round where they
+        pair up (``paired``), else by the unpaired rule (one median each where the file kept no samples: a tie or no
+        verdict)."""
+        if self.paired:
+            return verdict.compare(list(self.compiled_samples), list(self.eager_samples), paired=True)
         return verdict.compare(list(self.compiled_samples) or [self.compiled_tokens_per_s],
                                list(self.eager_samples) or [self.eager_tokens_per_s])
 
@@ -165,4 +181,5 @@ def compile_story(ref: Any = None, device: str | None = None) -> CompileStory | 
                         eager_first_s=eager["first_call_s"], compiled_first_s=comp["first_call_s"],
                         agreement=comp.get("agreement"),
                         eager_samples=tuple(verdict.samples(eager, "decode_tokens_per_s")),
-                        compiled_samples=tuple(verdict.samples(comp, "decode_tokens_per_s")))
+                        compiled_samples=tuple(verdict.samples(comp, "decode_tokens_per_s")),
+                        recorded=str(ref.env.get("date") or "")[:10])

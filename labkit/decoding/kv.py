@@ -238,7 +238,8 @@ def compare_cache_variants(model: Any, tokenizer: Any, variants: Iterable[str] =
     the greedy agreement of its tokens against the first variant's (the baseline).
 
     Each variant's first call runs alone (it records the tokens); then the variants are timed in ``repeats``
-    interleaved rounds (dynamic static … dynamic static … dynamic), every sample kept."""
+    rounds, each in a shuffled order (static dynamic, dynamic static, …), the baseline timed once more after the last
+    round (not a round); every round's figure kept, round i at index i, so two rows pair up round by round."""
     from contextlib import nullcontext
 
     positive("repeats", repeats)
@@ -317,7 +318,8 @@ def compare_attention(model: Any, tokenizer: Any, implementations: Iterable[str]
 def prefill_decode_split(model: Any, tokenizer: Any, prompt_tokens: Iterable[int], new_tokens: int = 16,
                          repeats: int = 2) -> list[dict[str, Any]]:
     """TTFT (prefill + first token) and TPOT (decode) for prompts of each length, both read off the stamps; the
-    lengths timed in interleaved rounds (short long short long … short), every sample kept."""
+    lengths timed in rounds, each in a shuffled order, every round's figure kept (round i at index i: two lengths
+    pair up round by round)."""
     positive("repeats", repeats)
     lengths = list(prompt_tokens)
     inputs = {n: prompt_of_length(tokenizer, n, device=str(model_device(model))) for n in lengths}
@@ -385,8 +387,9 @@ def audit_claims(model: Any, tokenizer: Any, new_tokens: int = 2) -> list[dict[s
 
 # ---------------------------------------------------------------- reference file for quick mode
 
-def write_compile_reference(new_tokens: int = 64, repeats: int = 3, path: Any = None) -> Any:
-    """Measure CACHE_VARIANTS at full size and save them as a reference result with provenance."""
+def write_compile_reference(new_tokens: int = 64, repeats: int = 8, path: Any = None) -> Any:
+    """Measure CACHE_VARIANTS at full size, in ``repeats`` rounds (pairs for the paired verdict), and save them as a
+    reference result with provenance."""
     lm = models.load()
     res = results.Results(REFERENCE_COMPILE)
     res.notes["about"] = ("Dynamic vs static KV cache, with and without torch.compile of the decode step; "
@@ -406,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("what", choices=["reference"], help="reference: write data/reference/05_kv_cache_compile.json "
                                                         "(on a GPU: 05_kv_cache_compile.<gpu>.json)")
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=8, help="rounds, each in a shuffled order (pairs: 6 or more)")
     args = ap.parse_args(argv)
     path = write_compile_reference(new_tokens=args.new_tokens, repeats=args.repeats)
     print(json.dumps({"wrote": str(path)}))

@@ -154,13 +154,15 @@ def warmup(model: Any, tokenizer: Any, *, until_spread: float = 0.10, max_calls:
     return warmup_calls(request, until_spread=until_spread, max_calls=max_calls, window=window, device=device)
 
 
-def compile_cost(module: Any, *example: Any, repeats: int = 5, fresh_cache: bool = True) -> dict[str, Any]:
+def compile_cost(module: Any, *example: Any, repeats: int = 8, fresh_cache: bool = True) -> dict[str, Any]:
     """First and steady call of ``module(*example)`` eager and under a fresh ``torch.compile``.
 
     The compiled module's first call traces and compiles (inductor generates and builds C++ or
     Triton code); later calls with the same shapes reuse it. ``fresh_cache`` hides inductor's
     on-disk cache so the first call pays the whole compilation, as on a new machine. Example
-    tensors follow the module: they are moved to its device, and every call is timed there.
+    tensors follow the module: they are moved to its device, and every call is timed there. The steady calls run
+    in ``repeats`` rounds, each in a shuffled order (``timing.interleave``): round i of eager and round i of compiled
+    form a pair (``samples``, round i at index i; ``paired``), judged by ``verdict.compare(..., paired=True)``.
     """
     from contextlib import nullcontext
 
@@ -172,15 +174,18 @@ def compile_cost(module: Any, *example: Any, repeats: int = 5, fresh_cache: bool
     else:
         device = getattr(example[0], "device", None) if example else None
     with torch.inference_mode():
-        eager = timing.measure(lambda: module(*example), repeats=repeats, warmup=1, name="eager", device=device)
+        with timing.track(device) as eager_first:
+            module(*example)  # the eager first call: lazy initialisation
         compiled = torch.compile(module)
         with cache_variants.fresh_compile_cache() if fresh_cache else nullcontext(), timing.track(device) as first:
             compiled(*example)  # traces, generates code, builds it
-        comp = timing.measure(lambda: compiled(*example), repeats=repeats, warmup=0, name="compiled", device=device)
-    assert eager.first is not None and first.seconds is not None
-    return {"eager_first_s": eager.first, "eager_s": eager.median,
-            "compiled_first_s": first.seconds, "compiled_s": comp.median, "repeats": repeats,
-            "samples": {"eager_s": list(eager.samples), "compiled_s": list(comp.samples)}}
+        timed = timing.interleave({"eager": lambda: module(*example), "compiled": lambda: compiled(*example)},
+                                  rounds=repeats, warmup=0, device=device)
+    assert eager_first.seconds is not None and first.seconds is not None
+    return {"eager_first_s": eager_first.seconds, "eager_s": timed["eager"].median,
+            "compiled_first_s": first.seconds, "compiled_s": timed["compiled"].median, "repeats": repeats,
+            "samples": {"eager_s": list(timed["eager"].samples), "compiled_s": list(timed["compiled"].samples)},
+            "paired": True}
 
 
 def break_even_calls(compiled_first_s: float, compiled_s: float, eager_first_s: float, eager_s: float) -> float | None:

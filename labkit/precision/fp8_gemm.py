@@ -11,9 +11,11 @@ notebook 03's FP8 section):
                    FP8 GEMM itself; x is quantised once before timing
 
 Each variant gets ``WARMUP`` untimed calls (the first timed as ``first_us``); then the variants take turns, round
-after round, fp32 first and last (drift); a sample is ``inner`` calls, timed with CUDA events on a GPU and
-``labkit.core.timing.now`` elsewhere, in µs per call. Ratios are the baseline's median / the variant's, judged by
-``labkit.core.verdict``. Two shapes with the same M whose K and N are swapped (an MLP's up and down matrices) read
+after round, each round in a shuffled order, fp32 timed first and again after the last round (drift); a sample is
+``inner`` calls, timed with CUDA events on a GPU and ``labkit.core.timing.now`` elsewhere, in µs per call, one per
+variant and round (round i at index i). Ratios are the baseline's median / the variant's, judged by
+``labkit.core.verdict.compare(..., paired=True)``: round i of a variant against round i of the baseline, which ran
+beside it (a saved run whose rows do not say ``paired`` is judged by the unpaired rule it was recorded under). Two shapes with the same M whose K and N are swapped (an MLP's up and down matrices) read
 the same bytes for the same FLOPs: ``pair_twins`` holds each one's baseline against the other's, so a baseline
 that ran several times its twin's time is called anomalous instead of making every variant look fast or slow.
 """
@@ -100,7 +102,8 @@ def warm(fns: dict[str, Callable[[], Any]], device: str) -> tuple[dict[str, floa
 
 
 def time_shape(m: int, k: int, n: int, device: str, act: Any, rounds: int, sample_s: float) -> dict[str, Any]:
-    """One shape: warm-up, then ``rounds`` interleaved rounds; the row of ``gemm_row`` plus what the run did."""
+    """One shape: warm-up, then ``rounds`` rounds, each in a shuffled order; the row of ``gemm_row`` (judged paired)
+    plus what the run did."""
     fns, fp8_error = calls(m, k, n, device, act)
     first, steady = warm(fns, device)
     # each variant's sample lasts about sample_s: enough calls to see past the clock's grain, few for slow ones
@@ -123,11 +126,13 @@ def _bound(m: int, base: str, v: str) -> dict[str, Any]:
 
 
 def gemm_row(m: int, k: int, n: int, us: dict[str, list[float]], fp8_error: str | None = None,
-             twin: dict[str, list[float]] | None = None) -> dict[str, Any]:
+             twin: dict[str, list[float]] | None = None, *, paired: bool = True) -> dict[str, Any]:
     """A row from the µs-per-call samples of each variant timed: medians, TFLOP/s, each variant's speedup over
     fp32 and bf16 (the baseline's median / the variant's) and its verdict. ``twin``: the samples of a shape that
     should take the same time (``pair_twins``): a baseline more than ``verdict.ANOMALY``× off its twin's makes every
-    verdict against it "baseline anomalous". One sample each gives no verdict (nothing to judge its spread by)."""
+    verdict against it "baseline anomalous". ``paired`` (the default): the samples are rounds, round i at index i,
+    judged by the paired test (fewer than ``verdict.MIN_PAIRS`` rounds give no verdict); ``paired=False`` for a saved
+    run recorded without rounds that pair up (one mean a cell gives no verdict). The row keeps ``paired``."""
     flop = 2 * m * k * n
     row: dict[str, Any] = {"M": m, "K": k, "N": n, "variants": [v for v in VARIANTS if v in us]}
     for v in row["variants"]:
@@ -140,11 +145,13 @@ def gemm_row(m: int, k: int, n: int, us: dict[str, list[float]], fp8_error: str 
             continue
         against = {"twin": twin[base], "twin_why": f"the same bytes and FLOPs as {m}×{n}×{k}"} if twin and base in twin \
             else {}
-        judged = {v: verdict.compare(us[v], us[base], higher_is_better=False, **_bound(m, base, v), **against)
+        judged = {v: verdict.compare(us[v], us[base], higher_is_better=False, paired=paired, **_bound(m, base, v),
+                                     **against)
                   for v in row["variants"] if v != base}
         row[f"speedup_vs_{base}"] = {v: row[f"{base}_us"] / row[f"{v}_us"] for v in judged}
         row[f"verdict_vs_{base}"] = {v: j.to_dict() for v, j in judged.items()}
     row["samples"] = {v: list(us[v]) for v in row["variants"]}
+    row["paired"] = paired
     return row
 
 
@@ -155,7 +162,8 @@ def pair_twins(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         twin = next((t for t in rows if t is not r and t["M"] == r["M"] and (t["K"], t["N"]) == (r["N"], r["K"])), None)
-        out.append({**r, **gemm_row(r["M"], r["K"], r["N"], r["samples"], r.get("fp8_error"), twin["samples"])}
+        out.append({**r, **gemm_row(r["M"], r["K"], r["N"], r["samples"], r.get("fp8_error"), twin["samples"],
+                                    paired=bool(r.get("paired")))}
                    if twin is not None else r)
     return out
 

@@ -2,9 +2,11 @@
 
 ``measure.run`` measures each variant alone (load, memory, quality) and releases it: the honest way to read
 its memory, the wrong way to compare speeds on a laptop whose load moves from minute to minute. ``retime``
-loads every variant that ran, all at once, and times ``rounds`` rounds of one decode each (fp32 ort-int8 …
-fp32 ort-int8 …), the baseline once more at the end; it overwrites each row's decode speed with the medians,
-keeps every sample (``samples``) and the baseline's drift. ``run`` does both.
+loads every variant that ran, all at once, and times ``rounds`` rounds of one decode each, each round in a shuffled
+order (ort-int8 fp32 …, fp32 ort-int8 …), the baseline timed first and again after the last round (drift); it
+overwrites each row's decode speed with the medians, keeps every round's figure (``samples``, round i at index i)
+and the baseline's drift. ``run`` does both. Two rows' ``samples`` pair up round by round: judge them with
+``verdict.compare(..., paired=True)``.
 """
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ print("half precision on this run's device:", hardware.half_precision_features()
 # %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 VARIANTS = ["fp32", "fp16", "bf16"]  # fp32 first: it is the reference
 NEW_TOKENS = config.pick(32, 8)  # decode tokens per timed run
-REPEATS = config.pick(5, 3)  # timed rounds over the variants, interleaved (after one warmup each)
+REPEATS = config.pick(8, 6)  # timed rounds over the variants, each in a shuffled order (after one warmup each): pairs
 PPL_WINDOW = 512  # tokens per perplexity window
 PPL_MAX_TOKENS = config.pick(None, 128)  # tokens of data/eval text scored (None: all of it)
 REF_PROMPTS = config.pick(12, 3)  # prompts from data/prompts.json for agreement and KL
@@ -226,9 +226,10 @@ pd.DataFrame({"dtype": VARIANTS, "predicted_MiB": [predicted[d] / 2**20 for d in
 # [teacher-forced](../docs/glossary.md#teacher-forcing) on the fp32
 # model's own continuations of the prompts in `data/prompts.json` (fed those tokens, scored at each position),
 # then released; then all are loaded
-# together and their decode timed in `REPEATS` interleaved rounds of `NEW_TOKENS` greedy tokens (fp32
-# fp16 bf16 fp32 fp16 bf16 …), so a busy minute slows all of them alike. Predict: how many
-# times as fast as fp32 do fp16 and bf16 decode on this machine?
+# together and their decode timed in `REPEATS` rounds of `NEW_TOKENS` greedy tokens, each round in a shuffled
+# order (bf16 fp32 fp16, fp16 bf16 fp32, …), so a busy minute slows all of them alike. Round i of fp16 and round i
+# of fp32 ran side by side: each variant is judged against fp32 pair by pair (a paired test, at least 6 pairs).
+# Predict: how many times as fast as fp32 do fp16 and bf16 decode on this machine?
 
 # %% slideshow={"slide_type": "fragment"}
 PREDICT_FP16_DECODE_RATIO = None  # your prediction: fp16 decode tokens/s ÷ fp32's
@@ -242,8 +243,8 @@ inputs = measure.reference_inputs(settings)  # fp32's greedy continuations and l
 print(models.reference_note())
 machine.check("variants")
 rows, drift = rounds.run(VARIANTS, inputs)  # each alone for memory and quality, then decode timed in rounds
-print(f"decode timed in {REPEATS} interleaved rounds (fp32 fp16 bf16 …), fp32 first and last: "
-      f"last / first = {drift:.2f}" if drift else "decode timed in interleaved rounds")
+print(f"decode timed in {REPEATS} rounds, each in a shuffled order; fp32 timed first and again after the last round: "
+      f"again / first = {drift:.2f}" if drift else "decode timed in rounds, each in a shuffled order")
 table = pd.DataFrame(rows).set_index("variant")
 table[["status", "load_s", "weight_bytes", "predicted_weight_bytes", "ttft_s", "decode_tokens_per_s",
        "decode_spread", "doubts", "perplexity", "agreement", "kl"]]  # decode_spread: (p90 − p10) / median of the timed
@@ -291,11 +292,11 @@ shapes
 rows_by = {r["variant"]: r for r in rows}
 for v in (v for v in ok.index if v != "fp32"):
     ttft_v = verdict.compare(verdict.samples(rows_by[v], "ttft_s"), verdict.samples(rows_by["fp32"], "ttft_s"),
-                             higher_is_better=False)
+                             higher_is_better=False, paired=True)  # round i of each ran side by side: a pair
     dec_v = verdict.compare(verdict.samples(rows_by[v], "decode_tokens_per_s"),
-                            verdict.samples(rows_by["fp32"], "decode_tokens_per_s"))
-    print(f"{v}: TTFT {ttft_v.ratio:.2f}× fp32's ({ttft_v.word('shorter', 'longer')}), "
-          f"decode speed {dec_v.ratio:.2f}× fp32's ({dec_v.word()})")
+                            verdict.samples(rows_by["fp32"], "decode_tokens_per_s"), paired=True)
+    print(f"{v}: TTFT {ttft_v.ratio:.2f}× fp32's ({verdict.said(ttft_v, 'shorter', 'longer')}); "
+          f"decode speed {dec_v.ratio:.2f}× fp32's ({verdict.said(dec_v)})")
 reason = hardware.fast_half_matmul_reason()
 print(f"half-precision arithmetic on {device}:", hardware.native_half_said(device))
 

@@ -69,10 +69,10 @@ env.capabilities_frame().query("name in ['cuda', 'bitsandbytes', 'onnxruntime', 
 # %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 VARIANTS = ["fp32", "fp16", "bnb-int8", "bnb-nf4", "ort-fp32", "ort-int8-tensor", "ort-int8-channel"]  # bf16: notebook 02
 NEW_TOKENS = config.pick(32, 8)  # decode tokens per timed run
-REPEATS = config.pick(5, 3)  # timed rounds over the variants, interleaved (after one warmup each)
+REPEATS = config.pick(8, 6)  # timed rounds over the variants, each in a shuffled order (after one warmup each): pairs
 PPL_WINDOW = 512  # tokens per perplexity window
 PPL_MAX_TOKENS = config.pick(None, 128)  # tokens of data/eval text scored (None: all of it)
-REF_PROMPTS = config.pick(12, 2)  # prompts from data/prompts.json for agreement and KL
+REF_PROMPTS = config.pick(12, 3)  # prompts from data/prompts.json for agreement and KL (a verdict needs 3)
 REF_NEW_TOKENS = config.pick(32, 12)  # reference continuation tokens per prompt
 QUESTIONS = config.pick(5, 1)  # questions answered side by side
 ANSWER_TOKENS = config.pick(24, 10)  # tokens per answer
@@ -312,8 +312,9 @@ if lm.device.startswith("cuda"):
 inputs = measure.reference_inputs(settings)  # fp32's greedy continuations and log-probs, made once
 machine.check("variants")
 rows, drift = rounds.run(VARIANTS, inputs)  # each alone for memory and quality, then decode timed in rounds
-print(f"decode timed in {REPEATS} interleaved rounds, fp32 first and last: last / first = {drift:.2f}" if drift else
-      "decode timed in interleaved rounds")
+print(f"decode timed in {REPEATS} rounds, each in a shuffled order (each speed judged against its fp32 round by round); "
+      f"fp32 timed first and again after the last round: again / first = {drift:.2f}" if drift else
+      "decode timed in rounds, each in a shuffled order")
 table = pd.DataFrame(rows).set_index("variant")
 table["weight_MiB"] = table.weight_bytes / 2**20
 table["peak_MiB"] = table.peak_memory_bytes / 2**20

@@ -67,10 +67,10 @@ FORMAT_VARIANTS = config.pick(["fp8-tensor", "fp8-channel", "int8-channel", "nvf
 LIBRARY_VARIANTS = ["bnb-int8", "bnb-nf4"]  # the real int8 and NF4 of notebook 03, measured the same way
 PPL_WINDOW = 512  # tokens per perplexity window
 PPL_MAX_TOKENS = config.pick(None, 128)  # tokens of data/eval text scored (None: all of it)
-REF_PROMPTS = config.pick(12, 2)  # prompts from data/prompts.json for agreement and KL
+REF_PROMPTS = config.pick(12, 3)  # prompts from data/prompts.json for agreement and KL (a verdict needs 3)
 REF_NEW_TOKENS = config.pick(32, 12)  # reference continuation tokens per prompt
 GEMM_M = config.pick((1, 16, 256), (1, 256))  # GEMM rows timed: 1 is one decode step, 256 a prefill
-GEMM_ROUNDS = config.pick(5, 3)  # interleaved rounds per shape
+GEMM_ROUNDS = config.pick(8, 6)  # rounds per shape, each in a shuffled order: pairs for the paired verdict
 PROBE_LAYER = "model.layers.0.mlp.down_proj"  # the Linear quantised by hand, as in notebook 03
 ORIGINAL_WEIGHTS = False  # full mode: True makes the original bf16 checkpoint the reference (a hub download)
 
@@ -274,7 +274,8 @@ print(nb03b.findings.layer_sentence(layers))
 #
 # FP8 weights read a quarter of fp32's bytes; an FP8 GEMM does twice bf16's tensor-core FLOPs on Hopper. Neither
 # helps without FP8 hardware: this CPU has none (`torch._scaled_mm` runs, emulated). Timed here on the model's
-# own MLP shapes, in interleaved rounds, each against fp32: bf16, int8 and FP8 weights stored in one byte and
+# own MLP shapes in `GEMM_ROUNDS` rounds, each in a shuffled order, and judged against fp32 round by round (a paired
+# test): bf16, int8 and FP8 weights stored in one byte and
 # upcast at every call (weight-only: the same bytes, two grids), and `torch._scaled_mm` (x and W both E4M3). At
 # M = 1 (one decode step) a variant gains at most its bytes (fp32's 4 against FP8's 1): a verdict beyond that says
 # rerun. The up and down matrices read the same bytes, so each one's fp32 is held against the other's: a baseline
@@ -305,7 +306,8 @@ gemm_table
 # %% slideshow={"slide_type": "subslide"}
 # the same GEMMs on a lent H200 (one probe run; its provenance below), then published FP8 and FP4 figures
 h200 = results.load(config.DATA_DIR / "measured_gpu" / "fp8_gemm.nvidia-h200.json")
-print("Measured on a lent GPU, not in this run:", results.provenance(h200), "|", h200.notes["note"])
+print("Measured on a lent GPU, not in this run:", results.provenance(h200), "|", h200.notes["note"],
+      "| its verdicts:", nb03b.findings.judged_how(h200))
 display(nb03b.findings.gemm_table(h200.section("gemm"), base="bf16"))
 _ = references.show("03", source="published", precision=("FP8", "FP4"))  # vendor and project tables, each with its source and date
 

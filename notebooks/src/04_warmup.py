@@ -64,6 +64,7 @@ UNTIL_SPREAD = 0.10  # settled when (p90 - p10) / median of the last WINDOW call
 WINDOW = 5  # calls per settle window
 MAX_CALLS = config.pick(30, 12)  # warmup gives up after this many calls, settled or not
 COMPILE_TOKENS = (1, 16)  # (batch, tokens) of the input for the one-layer compile demo
+COMPILE_ROUNDS = config.pick(10, 8)  # rounds of eager and compiled calls, each in a shuffled order: pairs
 COMPILE_MODEL = cache_variants.compile_here()[0]  # whole-model compile, fresh process: full mode, or on a GPU
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -244,7 +245,7 @@ if cap.available:
 
     x = torch.randn(*COMPILE_TOKENS, lm.model.config.hidden_size, device=lm.device)  # inputs follow the model
     mlp = lm.model.model.layers[0].mlp
-    mlp_cost = warmup.compile_cost(mlp, x, repeats=5)
+    mlp_cost = warmup.compile_cost(mlp, x, repeats=COMPILE_ROUNDS)  # steady calls judged paired, round by round
     with torch.inference_mode():  # the same module and shapes: dynamo reuses the code compiled above
         first = lambda y: y[0] if isinstance(y, tuple) else y  # a mixture-of-experts block also returns router logits
         mlp_cost["max_abs_diff"] = (first(torch.compile(mlp)(x)) - first(mlp(x))).abs().max().item()
@@ -273,7 +274,7 @@ else:
                 compiled_first_s=story.compiled_first_s, eager_first_s=story.eager_first_s,
                 compiled_s=story.new_tokens / story.compiled_tokens_per_s,
                 eager_s=story.new_tokens / story.eager_tokens_per_s, agreement=story.agreement,
-                tokens_per_call=story.new_tokens,
+                tokens_per_call=story.new_tokens, paired=story.paired, judged=story.judged,
                 samples={"compiled_s": [story.new_tokens / x for x in story.compiled_samples],
                          "eager_s": [story.new_tokens / x for x in story.eager_samples]})
         print(f"Whole-model compile not run here ({why}). " + findings.compile_sentence(story))

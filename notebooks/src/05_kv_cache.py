@@ -45,7 +45,7 @@ import pandas as pd
 import torch
 
 import labkit
-from labkit.core import config, env, machine, results
+from labkit.core import config, env, machine, results, timing, verdict
 from labkit.model import dtypes, hardware, models, sizing
 from labkit.decoding import cache_variants, decode, generation, kv, profiling, quality
 from labkit.engines import fusion
@@ -69,7 +69,8 @@ KV_CONTEXTS = config.pick([128, 512, 1024, 2048], [64, 128, 256])  # prompt toke
 SPLIT_PROMPTS = config.pick([32, 256, 1024], [32, 512])  # prompt tokens for prefill vs decode
 SPLIT_TOKENS = config.pick(32, 8)  # new tokens per prefill/decode run
 VARIANT_TOKENS = config.pick(64, 8)  # new tokens per cache-variant run
-REPEATS = config.pick(5, 3)  # timed repeats per point
+REPEATS = config.pick(5, 3)  # timed repeats of the profiler and the bandwidth probe
+ROUNDS = config.pick(8, 6)  # rounds of every comparison, each in a shuffled order: round i of each side is a pair
 ATTN_PROMPT = config.pick(1024, 384)  # prompt tokens for the attention comparison
 ATTN_TOKENS = config.pick(16, 4)  # new tokens per attention run
 PROFILE_PROMPT = 128  # prompt tokens for the profiled prefill
@@ -135,7 +136,8 @@ def greedy_steps(model, input_ids, new_tokens, use_cache=True):
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2 · Cache on vs off: time per token
 #
-# Predict: for `LOOP_TOKENS` new tokens, how many times faster is the loop with the cache than without it?
+# Both loops run in `ROUNDS` rounds, each round in a shuffled order, so round i of each forms a pair (the chart
+# draws the first round's). Predict: for `LOOP_TOKENS` new tokens, how many times faster is the loop with the cache than without it?
 # And how does the time of one step change from the first tokens to the last, with the cache and without?
 # The chart's `itl_s` is each token's inter-token latency ([ITL](../docs/glossary.md#itl)): the time since the token before.
 
@@ -144,9 +146,16 @@ PREDICT_CACHE_SPEEDUP = None  # your prediction: time without the cache / time w
 
 # %% slideshow={"slide_type": "fragment"}
 list(greedy_steps(lm.model, inputs["input_ids"], 2))  # untimed warmup: first calls allocate
-on, on_tokens = kv.time_steps(greedy_steps(lm.model, inputs["input_ids"], LOOP_TOKENS), lm.device, n_prompt)
-off, off_tokens = kv.time_steps(greedy_steps(lm.model, inputs["input_ids"], LOOP_TOKENS, use_cache=False),
-                                lm.device, n_prompt)
+loops = timing.rounds({"cache on": lambda: kv.time_steps(greedy_steps(lm.model, inputs["input_ids"], LOOP_TOKENS),
+                                                          lm.device, n_prompt),
+                       "cache off": lambda: kv.time_steps(greedy_steps(lm.model, inputs["input_ids"], LOOP_TOKENS,
+                                                                       use_cache=False), lm.device, n_prompt)},
+                      ROUNDS)  # each round in a shuffled order; 'cache on' timed once more after the last round
+(on, on_tokens), (off, off_tokens) = loops["cache on"][0], loops["cache off"][0]  # the first round: drawn below
+loop_s = {k: [r.e2e_s for r, _ in runs] for k, runs in loops.items()}  # each round's total time, round i at index i
+loop_first, loop_again = (r.e2e_s for r, _ in loops.ends())
+print(f"{ROUNDS} rounds, each in a shuffled order; 'cache on' timed first and again after the last round: "
+      f"again / first = {loop_again / loop_first:.2f}")
 per_token = pd.DataFrame(kv.per_token_rows(on, "cache on") + kv.per_token_rows(off, "cache off"))
 plots.line(per_token, x="token", y="itl_s", color="variant", title="Time per generated token (first = TTFT)",
            x_title="generated token", y_title="seconds", markers=False).show()
@@ -157,13 +166,17 @@ print(f"last steps / first steps: cache on {growth['cache on']:.2f}×, cache off
 
 # %% slideshow={"slide_type": "subslide"}
 points = sorted({*(p for p in POINTS if p < LOOP_TOKENS), LOOP_TOKENS})
-totals = pd.DataFrame({"cache on": kv.elapsed_at(on, points), "cache off": kv.elapsed_at(off, points)})
+totals = pd.DataFrame({k: pd.DataFrame([kv.elapsed_at(r, points) for r, _ in runs]).median()  # median over the rounds
+                       for k, runs in loops.items()})
 totals["speedup"] = totals["cache off"] / totals["cache on"]
 totals.index.name = "new_tokens"
 plots.bar(totals.reset_index().melt(id_vars="new_tokens", value_vars=["cache on", "cache off"], var_name="variant",
                                     value_name="seconds"), x="new_tokens", y="seconds", color="variant",
-          title="Total time for n new tokens, read off the same runs", y_title="seconds").show()
+          title=f"Total time for n new tokens, read off the same runs (median of {ROUNDS} rounds)",
+          y_title="seconds").show()
 exercises.reveal(f"cache speedup at {totals.index[-1]} tokens", PREDICT_CACHE_SPEEDUP, totals.speedup.iloc[-1], "×")
+cache_v = verdict.compare(loop_s["cache on"], loop_s["cache off"], higher_is_better=False, paired=True)
+print(f"with the cache against without it, round by round: {verdict.said(cache_v)}")
 totals
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
@@ -266,7 +279,7 @@ PREDICT_TTFT_GROWTH = None  # your prediction: TTFT(longest) / TTFT(shortest)
 PREDICT_TPOT_GROWTH = None  # your prediction: TPOT(longest) / TPOT(shortest)
 
 # %% slideshow={"slide_type": "fragment"}
-split = pd.DataFrame(kv.prefill_decode_split(lm.model, lm.tokenizer, SPLIT_PROMPTS, SPLIT_TOKENS, repeats=REPEATS))
+split = pd.DataFrame(kv.prefill_decode_split(lm.model, lm.tokenizer, SPLIT_PROMPTS, SPLIT_TOKENS, repeats=ROUNDS))
 melted = split.melt(id_vars="prompt_tokens", value_vars=["ttft_s", "tpot_s"], var_name="metric", value_name="seconds")
 plots.bar(melted.astype({"prompt_tokens": str}), x="prompt_tokens", y="seconds", color="metric",
           title="Prefill (TTFT) vs decode (TPOT)", y_title="seconds").show()
@@ -278,7 +291,7 @@ step_bytes = [sizing.decode_bytes_per_step(weight_bytes, per_pos, r.prompt_token
               for r in (short, long_)]  # weights + the cache a mid-answer step reads
 print(f"bytes one decode step reads, weights plus the cache: {step_bytes[0] / 1e6:,.0f} MB → {step_bytes[1] / 1e6:,.0f} MB, "
       f"so a memory-bound step predicts TPOT {step_bytes[1] / step_bytes[0]:.2f}× (measured "
-      f"{long_.tpot_s / short.tpot_s:.2f}×, {long_.n} samples each, interleaved)")
+      f"{long_.tpot_s / short.tpot_s:.2f}×, {long_.n} rounds, each in a shuffled order)")
 split.drop(columns="samples")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -296,7 +309,7 @@ PREDICT_FASTER_CACHE = None  # your prediction: "dynamic" or "static"
 variants = ["dynamic"] + ([] if static_why else ["static"]) + (
     ["static+compile"] if COMPILE_HERE and not static_why and env.capability("torch.compile").available else [])
 vrows = [dict(r, where=results.HERE) for r in
-         kv.compare_cache_variants(lm.model, lm.tokenizer, variants, PROMPT, VARIANT_TOKENS, repeats=REPEATS)]
+         kv.compare_cache_variants(lm.model, lm.tokenizer, variants, PROMPT, VARIANT_TOKENS, repeats=ROUNDS)]
 if "static+compile" not in variants and not static_why:
     why = cache_variants.compile_here()[1] or "COMPILE_HERE = False"
     ref = cache_variants.compile_reference()  # this kind of machine's: never a CPU's beside a GPU's rows
@@ -342,7 +355,7 @@ status = pd.DataFrame(kv.attention_status(lm.device, dtype=lm.model.dtype))
 for r in status[~status.available].itertuples():
     print(f"{r.attn_implementation}: not run here — {r.reason}")
 impls = list(status[status.available].attn_implementation)
-attn = pd.DataFrame(kv.compare_attention(lm.model, lm.tokenizer, impls, ATTN_PROMPT, ATTN_TOKENS, repeats=REPEATS))
+attn = pd.DataFrame(kv.compare_attention(lm.model, lm.tokenizer, impls, ATTN_PROMPT, ATTN_TOKENS, repeats=ROUNDS))
 plots.bar(attn, x="attn_implementation", y="ttft_s", title=f"TTFT for a {ATTN_PROMPT}-token prompt",
           y_title="seconds").show()
 timed = attn[attn.attn_implementation.isin(["eager", "sdpa"])].set_index("attn_implementation")
@@ -400,6 +413,7 @@ for section, rows in {"cache_on_off": totals.reset_index().to_dict("records"), "
     res.replace(section, rows)
 found = nb05.findings.takeaways(loop_agreement=min(loop_agreement.values()), core_identical=core["identical"],
                                 tokens=int(totals.index[-1]), speedup=totals.speedup.iloc[-1], step_growth=growth.to_dict(),
+                                loop_s=loop_s,
                                 kv_sizes=kvdf, bytes_per_position=per_pos, split=split, variants=here, attention=timed,
                                 decode_shares=profiles[1].share_samples,
                                 weight_bytes=weight_bytes, gap=gap, static_reason=static_why)

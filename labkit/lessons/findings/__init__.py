@@ -53,6 +53,7 @@ def compile_sentence(story: Any) -> str:
                        same="shows no pay-back this run can read (its steady decode was not faster than eager's)",
                        unsure="shows no pay-back this run can read (too few timed runs for a verdict)")
     where = f"reference, not this run: {story.provenance}" if results.is_reference(story.where) else story.where
+    where += f"; {story.judged}"  # paired rounds, or the unpaired rule of the day the file was recorded
     return (f"torch.compile of the decode step ({where}): " + verdict.phrase(v, "eager's decode tokens/s")
             + f", both with a static cache ({story.compiled_tokens_per_s:.1f} vs {story.eager_tokens_per_s:.1f}); "
             f"its first {story.new_tokens}-token call took {story.compiled_first_s:.1f} s against "

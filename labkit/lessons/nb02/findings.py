@@ -14,7 +14,8 @@ from ..findings import Findings, kl_per_prompt
 def takeaways(*, rows: Sequence[Mapping[str, Any]], matmul_s: Mapping[str, Mapping[str, float]], half_reason: str | None,
               mantissa_bits: Mapping[str, int], rounded: Mapping[str, Sequence[float]], sums: Mapping[str, float],
               accumulation: tuple[float, float, int], matmul_gbs: Mapping[str, float] | None = None) -> Findings:
-    """``rows``: the variant rows (``rounds.run``; fp32 among them), with ``samples``; ``matmul_s``: per variant,
+    """``rows``: the variant rows (``rounds.run``; fp32 among them), with ``samples`` (one figure per round, round i of
+    every row timed side by side: each speed is judged paired against fp32's); ``matmul_s``: per variant,
     the median seconds of the ``prefill`` and ``decode`` matmul shapes; ``half_reason``: why this device has no fast
     half-precision matmul ('' or None when it has); ``mantissa_bits`` by torch dtype name; ``rounded``: fp16 and
     bf16 → [70000, …, 1 + 1/1024 at index 3] after rounding; ``sums``: dtype → the running total;
@@ -44,11 +45,12 @@ def takeaways(*, rows: Sequence[Mapping[str, Any]], matmul_s: Mapping[str, Mappi
 
 
 def decode_verdict(row: Mapping[str, Any], fp32: Mapping[str, Any], step_x: float) -> verdict.Verdict:
-    """A half-precision row's decode speed against fp32's. Memory-bound decode gains at most the bytes it no longer
-    reads, unless its matmul itself got faster (``step_x``: its decode-like matmul's time over fp32's)."""
+    """A half-precision row's decode speed against fp32's, paired round by round (both were timed in the same
+    rounds). Memory-bound decode gains at most the bytes it no longer reads, unless its matmul itself got faster
+    (``step_x``: its decode-like matmul's time over fp32's)."""
     byte_x = fp32["weight_bytes"] / row["weight_bytes"]
     return verdict.compare(verdict.samples(row, "decode_tokens_per_s"), verdict.samples(fp32, "decode_tokens_per_s"),
-                           bound=max(byte_x, 1 / step_x),
+                           paired=True, bound=max(byte_x, 1 / step_x),
                            bound_why=f"{byte_x:.2f}× fewer weight bytes, decode-like matmul {1 / step_x:.2f}× fp32's speed")
 
 
@@ -57,7 +59,8 @@ def _variant_sentence(v: str, r: Mapping[str, Any], fp32: Mapping[str, Any], d: 
     """One variant's bytes, decode verdict, TTFT, matmul shapes and quality, with the reason its decode moved."""
     pre = matmul_s[v]["prefill"] / matmul_s["fp32"]["prefill"]
     step = matmul_s[v]["decode"] / matmul_s["fp32"]["decode"]
-    ttft = verdict.compare(verdict.samples(r, "ttft_s"), verdict.samples(fp32, "ttft_s"), higher_is_better=False)
+    ttft = verdict.compare(verdict.samples(r, "ttft_s"), verdict.samples(fp32, "ttft_s"), higher_is_better=False,
+                           paired=True)
     why = decode_why(v, d, step, half_reason)
     return (f"{v}: weights {r['weight_bytes'] / fp32['weight_bytes']:.2f}× fp32's bytes; decode "
             + verdict.phrase(d, "fp32's speed") + f", TTFT {r['ttft_s'] / fp32['ttft_s']:.2f}× fp32's "

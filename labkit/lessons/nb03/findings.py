@@ -21,7 +21,9 @@ def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], laye
     ``claims``: the claims table; ``layers``: ONNX Runtime's error per probed layer (layer, form, relative_error);
     ``probe_layer``: the layer quantised by hand (its index), where ONNX Runtime's error is compared with the
     hand-written one; ``quick``: the run's mode (few reference tokens). ``claims`` may carry ``embedding_share`` and
-    ``tied_embedding`` (the model's): a missed memory claim then says what the tied embedding costs. Speeds are judged by ``verdict.compare``: int8 decode against its own engine's fp32
+    ``tied_embedding`` (the model's): a missed memory claim then says what the tied embedding costs. Speeds are judged by
+    ``verdict.compare(..., paired=True)`` on the rows' per-round samples (every row was timed in the same rounds, round
+    i at index i): int8 decode against its own engine's fp32
     (``int8_base``) gains at most that fp32's bytes over its own (memory-bound); the engine's gain over PyTorch is
     a sentence of its own."""
     rows: list[dict[str, Any]] = []
@@ -57,7 +59,7 @@ def takeaways(*, table: Any, hand: Any, agree: Any, routes: dict[str, str], laye
                     f"on {int8.agreement.max():.0%}.")
         if against != "fp32":  # the engine's own gain, apart from int8's
             engine = verdict.compare(verdict.samples(table.loc[against], "decode_tokens_per_s"),
-                                     verdict.samples(base, "decode_tokens_per_s"))
+                                     verdict.samples(base, "decode_tokens_per_s"), paired=True)
             says.append(f"That compares int8 with fp32 in the same engine; the engine itself, {against} against PyTorch "
                         "fp32, decoded " + verdict.phrase(engine, "PyTorch's speed") + verdict.pick(
                             engine, better=": that part is ONNX Runtime's gain, not int8's.",
@@ -106,7 +108,7 @@ def bnb_int8_speed(table: Any) -> str:
     if not {"bnb-int8", "fp32"} <= set(ok.index):
         return ""
     v = verdict.compare(verdict.samples(ok.loc["bnb-int8"], "decode_tokens_per_s"),
-                        verdict.samples(ok.loc["fp32"], "decode_tokens_per_s"))
+                        verdict.samples(ok.loc["fp32"], "decode_tokens_per_s"), paired=True)
     return " It decoded " + verdict.phrase(v, "fp32's speed") + verdict.pick(
         v, better=": the int8 matmul outran the passes LLM.int8 adds around it on this CPU.",
         worse=(": LLM.int8 wraps every matmul in more passes (quantise the activations row by row, split the outlier "
@@ -171,7 +173,7 @@ def int8_verdict(table: Any, variant: str) -> Verdict:
     base, row = table.loc[against], table.loc[variant]
     byte_x = base.weight_bytes / row.weight_bytes
     return verdict.compare(verdict.samples(row, "decode_tokens_per_s"), verdict.samples(base, "decode_tokens_per_s"),
-                           bound=byte_x, bound_why=f"{against} reads {byte_x:.2f}× its weight bytes")
+                           paired=True, bound=byte_x, bound_why=f"{against} reads {byte_x:.2f}× its weight bytes")
 
 
 def _where_int8_loses(table: Any, hand: Any, layers: Any, probe_layer: str = "0") -> str:

@@ -89,10 +89,13 @@ def layer_sentence(layers: Any, a: str = "mxfp4", b: str = "nvfp4") -> str:
 def gemm_table(rows: list[dict[str, Any]], base: str = "fp32") -> Any:
     """``labkit.precision.fp8_gemm`` rows as one line per (shape, variant): µs per call, TFLOP/s, the gain over
     ``base`` (its median / the variant's) and the verdict, judged now from the samples the rows kept (a saved run's
-    stored verdict may come from older rules: the samples are the facts), twins paired (``fp8_gemm.pair_twins``)."""
+    stored verdict may come from older rules: the samples are the facts): paired round by round where the rows say
+    ``paired`` (timed in rounds here), by the unpaired rule where a saved run recorded no rounds that pair up; twins
+    held against each other (``fp8_gemm.pair_twins``)."""
     import pandas as pd
 
-    fresh = fp8_gemm.pair_twins([{**r, **fp8_gemm.gemm_row(r["M"], r["K"], r["N"], r["samples"], r.get("fp8_error"))}
+    fresh = fp8_gemm.pair_twins([{**r, **fp8_gemm.gemm_row(r["M"], r["K"], r["N"], r["samples"], r.get("fp8_error"),
+                                                           paired=bool(r.get("paired")))}
                                  if r.get("samples") else r for r in rows])
     out = []
     for r in fresh:
@@ -190,11 +193,21 @@ def split_sentence(split: Any) -> str:
             "absmax somewhere in [4, 8), an E4M3 scale lands it within E4M3's rounding of 6.")
 
 
+def judged_how(res: Any) -> str:
+    """How a saved GEMM run's verdicts are read: "judged paired" where every row says its samples are rounds that
+    pair up, else "judged unpaired, recorded DATE" (a run recorded before paired rounds, by the rule of its day)."""
+    rows = res.section("gemm")
+    if rows and all(r.get("paired") for r in rows):
+        return "judged paired"
+    return f"judged unpaired, recorded {str(res.env.get('date') or 'an unrecorded date')[:10]}"
+
+
 def gpu_gemm_sentence(res: Any) -> str:
     """The saved GPU run's FP8 GEMM against bf16, shape by shape, grouped by what bounds each shape on that GPU
     (``roofline.gemm_regime`` from the GPU catalog's bandwidth and bf16 peak): compute-bound shapes are where FP8's
     doubled tensor-core FLOPs can pay, memory-bound ones where its halved bytes can, and a call bound by its fixed
-    cost (launch and latency) gains from neither. Each gain carries the verdict its samples allow."""
+    cost (launch and latency) gains from neither. Each gain carries the verdict its samples allow: paired round by
+    round where the run says ``paired``, else by the unpaired rule it was recorded under (the sentence says so)."""
     rows = [r for r in res.section("gemm") if "fp8_scaled_mm" in r.get("speedup_vs_bf16", {})]
     if not rows:
         return "The saved GPU run has no _scaled_mm row."
@@ -204,17 +217,20 @@ def gpu_gemm_sentence(res: Any) -> str:
         spec = gpus.gpu(str(name).replace("NVIDIA ", ""))
     except ValueError:
         spec = None
-    judged = {id(r): verdict.compare(r["samples"]["fp8_scaled_mm"], r["samples"]["bf16"], higher_is_better=False)
-              for r in rows}
+    paired = all(r.get("paired") for r in rows)
+    judged = {id(r): verdict.compare(r["samples"]["fp8_scaled_mm"], r["samples"]["bf16"], higher_is_better=False,
+                                     paired=paired) for r in rows}
     n = min(v.n for v in judged.values())
     kinds = {v.kind for v in judged.values()}
+    how = "judged paired" if paired else f"judged unpaired, recorded {date}"  # as judged_how words it
     shape = lambda r: f"{r['M']}×{r['K']}×{r['N']}"  # noqa: E731
-    if kinds == {verdict.NO_VERDICT}:  # one sample a cell: say it once, then the ratios alone
-        head = (f"On {name} (a probe run on {date}, not this run; {n} sample{'s' * (n != 1)} a cell, so "
+    if kinds == {verdict.NO_VERDICT}:  # too few samples a cell: say it once, then the ratios alone
+        unit = "pair" if paired else "sample"
+        head = (f"On {name} (a probe run on {date}, not this run; {n} {unit}{'s' * (n != 1)} a cell, {how}, so "
                 f"{verdict.NO_VERDICT} on any of them)")
         gain = lambda r: f"{shape(r)} {judged[id(r)].gain:.2f}×"  # noqa: E731
     else:
-        head = f"On {name} (a probe run on {date}, not this run)"
+        head = f"On {name} (a probe run on {date}, not this run; {how})"
         gain = lambda r: f"{shape(r)} {verdict.phrase(judged[id(r)], '')}"  # noqa: E731
     if spec is None or not spec.bf16_tflops:
         return head + ", FP8 _scaled_mm against bf16: " + "; ".join(gain(r) for r in rows) + "."

@@ -52,7 +52,10 @@ def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_ti
 
     ``summary``: rows indexed by series ('cold', 'warmed') with first_s, median_s and agreement;
     ``compile_rows``: the compile table (target, where, break_even_calls, and max_abs_diff / agreement where known);
-    a row with ``tokens_per_call`` (a whole model's requests) pays back in tokens, the unit notebooks 05 and 08 use."""
+    a row with ``tokens_per_call`` (a whole model's requests) pays back in tokens, the unit notebooks 05 and 08 use.
+    A row whose ``samples`` are rounds (``paired``: round i of eager and compiled side by side) is judged paired; one
+    without (a reference recorded before paired rounds) by the unpaired rule, and the sentence says so with its
+    ``judged`` words ("judged unpaired, recorded DATE")."""
     phases = {k: v for k, v in cold.phases().items() if v is not None and k != "second_request_s"}
     largest = max(phases, key=phases.get)
     before = sum(v for k, v in phases.items() if k != "first_request_s")
@@ -103,8 +106,10 @@ def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_ti
     for r in compile_rows.to_dict("records"):
         be, per_call = r.get("break_even_calls"), r.get("tokens_per_call")
         timed = r.get("samples") if isinstance(r.get("samples"), dict) else None
-        steady = (verdict.compare(timed["compiled_s"], timed["eager_s"], higher_is_better=False)
+        paired = r.get("paired") in (True,)  # True or numpy's True; a row without it reads NaN in a table
+        steady = (verdict.compare(timed["compiled_s"], timed["eager_s"], higher_is_better=False, paired=paired)
                   if timed and timed.get("compiled_s") and timed.get("eager_s") else None)
+        judged = r.get("judged") if isinstance(r.get("judged"), str) else ""  # how a reference's rows were read
         if steady is not None and steady.kind not in (verdict.BETTER, verdict.WORSE):
             be = None  # a steady gain within noise pays back nothing this run can show
         pay = (f"no measurable steady gain ({steady.label}: {steady.reason}), so no pay-back can be read from this run"
@@ -112,6 +117,7 @@ def takeaways(*, cold: "ColdStart", warmed: "ColdStart", steady_s: float, one_ti
                "never pays back (compiled calls were not faster)" if be is None or be != be else
                f"pays back after {be * per_call:,.0f} tokens" if per_call and per_call == per_call else
                f"pays back after {be:,.0f} calls")
-        says.append(f"torch.compile, {r['target']} ({r['where']}): first call {r['compiled_first_s']:.2f} s vs "
+        says.append(f"torch.compile, {r['target']} ({r['where']}{'; ' + judged if judged else ''}): first call "
+                    f"{r['compiled_first_s']:.2f} s vs "
                     f"{r['eager_first_s']:.3f} s eager; {pay}.")
     return Findings(rows=rows, sentences=says)

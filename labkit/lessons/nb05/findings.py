@@ -13,8 +13,11 @@ from ..findings import Findings, step_split
 
 
 def _times(new: Any, base: Any, key: str, **kw: Any) -> Verdict:
-    """Verdict on two result rows' times (lower is better), from the samples each row kept."""
-    return verdict.compare(verdict.samples(new, key), verdict.samples(base, key), higher_is_better=False, **kw)
+    """Verdict on two result rows' times (lower is better), paired round by round: both rows were timed in the same
+    rounds (``timing.rounds``: round i of each at index i of its samples), so round i of one ran beside round i of
+    the other."""
+    return verdict.compare(verdict.samples(new, key), verdict.samples(base, key), higher_is_better=False, paired=True,
+                           **kw)
 
 
 def faster_of(rows: Any, names: list[str], key: str) -> tuple[str | None, str]:
@@ -25,20 +28,23 @@ def faster_of(rows: Any, names: list[str], key: str) -> tuple[str | None, str]:
         return names[1], ""
     if v.kind == verdict.WORSE:
         return names[0], ""
-    return None, f"{v.label} ({v.reason})"
+    return None, f"{v.kind} ({v.reason})"
 
 
 def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speedup: float,
               step_growth: dict[str, float], kv_sizes: Any, bytes_per_position: int, split: Any, variants: Any,
               attention: Any, decode_shares: dict[str, Any], weight_bytes: int | None = None,
-              gap: dict[str, Any] | None = None, static_reason: str = "") -> Findings:
+              gap: dict[str, Any] | None = None, static_reason: str = "",
+              loop_s: dict[str, list[float]] | None = None) -> Findings:
     """Takeaway sentences whose every claim is read from this run's results; words follow the verdicts.
 
     ``step_growth``: last step's time / first decode step's, per 'cache on' / 'cache off'. ``kv_sizes``: rows with
     'measured / formula'. ``split``: prefill_decode_split rows, shortest prompt first. ``variants``: rows indexed
     by cache variant ('dynamic', 'static') with tpot_s and agreement. ``attention``: rows indexed by
-    implementation ('eager', 'sdpa') with ttft_s and agreement. Rows that kept ``samples`` are judged by
-    ``verdict.compare``; a row without them counts as one sample (never a real difference). ``decode_shares``: group → share
+    implementation ('eager', 'sdpa') with ttft_s and agreement. Rows that kept ``samples`` (one per round, every row
+    of a table timed in the same rounds) are judged by ``verdict.compare(..., paired=True)``; a row without them counts
+    as one pair (never a real difference). ``loop_s``: each round's total time of the loop, per 'cache on' / 'cache
+    off' (round i at index i), for the cache's paired verdict; without it the speedup is one value against 1. ``decode_shares``: group → share
     of a decode step, or → the shares of each profiled repeat. ``weight_bytes``: the bytes a decode step reads
     besides the cache, for the growth the bytes predict. ``gap``: the profiled step split three ways
     (``hardware.decode_gap`` with the profiler's matmul time), as notebooks 01 and 10 split theirs.
@@ -75,13 +81,16 @@ def takeaways(*, loop_agreement: float, core_identical: bool, tokens: int, speed
     else:
         why = split_said.reason if split_said is not None else "one group recorded no time"
         where_time = f"this run cannot say which dominates ({why}: raise REPEATS, close other programs)."
-    cache_v = verdict.versus(speedup, 1.0)  # one timed loop each way
+    cache_v = (verdict.compare(loop_s["cache on"], loop_s["cache off"], higher_is_better=False, paired=True)
+               if loop_s else verdict.versus(speedup, 1.0))  # paired rounds, or one timed loop each way
     # without the cache, did a step grow, and more than with it? (a step that got faster grew nothing)
     grows = verdict.versus(off_g, on_g) if verdict.versus(off_g, 1.0).kind == verdict.BETTER else verdict.versus(1.0, 1.0)
     sentences = [
         f"With the cache your loop made {tokens} tokens {speedup:.1f}× "
-        + verdict.pick(cache_v, better="faster than", worse="slower than", same=f"({cache_v.label}) against")
-        + f" without it. From the first decode steps to the last, a step's time changed {on_g:.2f}× with the cache and "
+        + verdict.pick(cache_v, better="faster than", worse="slower than", same=f"({cache_v.label}) against",
+                       unsure=f"({cache_v.label}) against")
+        + f" without it ({cache_v.reason}). From the first decode steps to the last, a step's time changed {on_g:.2f}× "
+        f"with the cache and "
         f"{off_g:.2f}× without: "
         + verdict.pick(grows, better="without the cache each step grows with the sequence it recomputes.",
                        worse="the cached steps grew more, which the cache should prevent: rerun on a quiet machine.",
