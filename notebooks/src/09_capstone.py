@@ -62,6 +62,7 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 PRECISIONS = ["fp32", "bf16", "fp16"]  # candidates for the "after" (fp32 first: the before, and the quality reference)
 MIN_AGREEMENT = 0.9  # the after may use a precision only if its greedy tokens agree with fp32's this often
 PROBE_TOKENS = config.pick(16, 8)  # tokens per sequence when timing each precision on a full batch
+PROBE_ROUNDS = config.pick(8, 6)  # rounds of one full batch per precision, each round in a shuffled order (the verdict's pairs)
 BATCH = 8  # max_batch_size of the batched servers
 CONCURRENCY = 8  # clients for the before/after comparison
 REQUESTS = config.pick(24, 12)  # requests per configuration at that load
@@ -95,7 +96,7 @@ print(f"{len(prompts)} prompts; {base_lm.name} loaded in {PRECISIONS}")
 
 # %% slideshow={"slide_type": "fragment"}
 probe, best_dtype = nb09.runs.choose_precision({p: c.model for p, c in candidates.items()}, base_lm.tokenizer, prompts,
-                                            BATCH, PROBE_TOKENS, min_agreement=MIN_AGREEMENT)
+                                            BATCH, PROBE_TOKENS, min_agreement=MIN_AGREEMENT, repeats=PROBE_ROUNDS)
 res.replace("precision_choice", probe)
 del candidates, base_lm  # each server below loads its own model: its memory readings hold that model, no other
 memory.free()
