@@ -256,6 +256,19 @@ def test_nb07_judges_this_runs_rounds_paired_and_shows_the_reference_beside_too_
               for m in ("static", "continuous", "alone")}
     paired = _text(nb07.takeaways(**{**kw, **steady, "when": None, "engine": None}))
     assert "the static throughput (faster), within" in paired and "the reference (full mode)" not in paired
+    assert "answered short requests 4.19× as fast as static did (sooner)" in _text(nb07.takeaways(**kw))  # one value each
+    late = [1.0, 1.1, 0.9, 1.2, 0.95, 1.05]  # each round's mean latency of the short requests, s
+
+    def with_latency(rows, n):
+        return {m: dict(rows[m], samples={"tokens_per_s": rows[m]["samples"]["tokens_per_s"][:n],
+                                          "mean_latency_short_s": [x * (0.5 if m == "continuous" else 1) * (1 + 0.01 * i)
+                                                                   for i, x in enumerate(late[:n])]})
+                for m in ("static", "continuous", "alone")}
+    text = _text(nb07.takeaways(**{**kw, **with_latency(steady, 6), "when": None, "engine": None}))
+    assert "answered short requests 2.0" in text and "as fast as static did (sooner)" in text
+    text = _text(nb07.takeaways(**{**kw, **with_latency(steady, 3), "when": None, "engine": None}))
+    assert "as fast as static did, no verdict (3 pairs" in text and "(sooner)" not in text
+
 
 
 def test_nb07_noise_and_implausible():

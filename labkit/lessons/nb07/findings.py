@@ -29,6 +29,17 @@ def engine_verdict(one: Mapping[str, Any], every: Mapping[str, Any], batch: int,
                           bound=batch, bound_why=f"{batch} requests at once cannot beat {batch}× one request's throughput")
 
 
+def short_verdict(static: Mapping[str, Any], continuous: Mapping[str, Any], when: str | None = None) -> verdict.Verdict:
+    """How much sooner continuous batching answered the short requests than static batching (lower mean latency is
+    better), paired on the rounds' ``samples`` of mean_latency_short_s; rows that kept one value each (a reference
+    from before these samples) are two values with no noise of their own to judge them by (``verdict.versus``)."""
+    key = "mean_latency_short_s"
+    if key in (static.get("samples") or {}) and key in (continuous.get("samples") or {}):
+        return rounds_verdict(verdict.samples(continuous, key), verdict.samples(static, key), higher_is_better=False,
+                              when=when)
+    return verdict.versus(continuous[key], static[key], higher_is_better=False)
+
+
 def reference_sentence(reference: Any, cb: verdict.Verdict, cb_bound: float) -> str:
     """Where this run's paired verdict on continuous against static is "no verdict" (quick mode's rounds are too
     few), the committed full-mode reference's verdict beside it; '' otherwise."""
@@ -63,7 +74,8 @@ def takeaways(*, paged: Mapping[str, Any], contiguous: Mapping[str, Any], big_mo
     come from, where they do (its rounds then may be judged unpaired, and say so). Every verdict is paired on the
     rounds. The headline: continuous ÷ static."""
     cb, static_v = batching_verdicts(static, continuous, alone, cb_bound, when)
-    short = static["mean_latency_short_s"] / continuous["mean_latency_short_s"]
+    short_v = short_verdict(static, continuous, when)
+    short = short_v.gain
     fit = paged["fit_in_budget"] / contiguous["fit_in_budget"]
     ref_x = None
     if reference is not None:
@@ -81,9 +93,8 @@ def takeaways(*, paged: Mapping[str, Any], contiguous: Mapping[str, Any], big_mo
             f"requests fit on a {big_gpu}.",
             "Continuous batching gave " + _phrase(cb, "the static throughput")
             + (f", within the {cb_bound:.1f}× its own model allows," if cb.real else "")
-            + f" and answered short requests {short:.1f}× " + verdict.pick(
-                verdict.versus(static["mean_latency_short_s"], continuous["mean_latency_short_s"]),
-                better="sooner", worse="later", same=f"as soon ({verdict.TIE_LABEL})") + ": static batches made "
+            + " and answered short requests " + verdict.phrase(short_v, "as fast as static did", "sooner", "later")
+            + ": static batches made "
             f"{static['wasted_row_fraction']:.0%} of their rows compute for finished requests, continuous "
             f"{continuous['wasted_row_fraction']:.0%}.",
             results.beside_reference("continuous ÷ static throughput", cb.gain, reference, ref_x),
@@ -92,7 +103,8 @@ def takeaways(*, paged: Mapping[str, Any], contiguous: Mapping[str, Any], big_mo
             "Batching changed no answer: every request got exactly the greedy tokens it gets alone."
             if all(same.values()) else f"Some answers differ from the request run alone: {dict(same)}; look for the cause."]
     rows = [{"finding": "continuous / static batching, tokens/s (×)", "value": cb.gain, "verdict": cb.kind},
-            {"finding": "short requests answered sooner, continuous / static (×)", "value": short},
+            {"finding": "short requests answered sooner, continuous / static (×)", "value": short,
+             "verdict": short_v.kind},
             {"finding": f"{big_model} requests fitting the budget, paged / contiguous-max (×)", "value": fit},
             {"finding": "static batching / one at a time, tokens/s (×)", "value": static_v.gain, "verdict": static_v.kind}]
     if engine is not None:
