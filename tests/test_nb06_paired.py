@@ -49,7 +49,8 @@ def test_every_comparison_of_06_is_judged_paired_and_its_words_follow():
     assert "0.62× batch 1's speed (slower)" in text
     assert "prefilled faster than the mixed batch (2.0" in text and "paired sign-flip test, 6 pairs" in text
     assert "served 4.0" in text and "the tokens/s of max_batch_size 1 (more)" in text
-    assert "each token took 1.6" in text and "as long, slower (paired sign-flip test, 6 pairs" in text
+    assert "max_batch_size 8 (mean batch 6.5) served 4.0" in text
+    assert "each token took 1.6" in text and "as long: slower (paired sign-flip test, 6 pairs" in text
     assert "TTFT p90 3.0" in text and "(pass by pass: longer, paired sign-flip test, 6 pairs" in text
 
 

@@ -47,10 +47,10 @@ def takeaways(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding:
         f"In the mixed batch {mixed['wasted_fraction']:.0%} of the prompt tokens were padding; bucketing by length "
         f"prefilled {verdict.than(bucket_v)} the mixed batch ({bucket_v.gain:.2f}× its speed; {bucket_v.reason}), and "
         f"the mixed batch's tokens equal the bucketed ones on {mixed['agreement']:.0%}.",
-        f"With {clients} clients, max_batch_size {many['max_batch_size']} served "
-        + verdict.phrase(serve_v, f"the tokens/s of max_batch_size {one['max_batch_size']}", "more", "fewer")
-        + f" (mean batch {many['mean_batch_size']:.1f}); each token took {tpot_v.ratio:.2f}× as long, "
-        + verdict.said(tpot_v, "faster", "slower") + f"; {one['failed'] + many['failed']} requests failed.",
+        f"With {clients} clients, max_batch_size {many['max_batch_size']} (mean batch {many['mean_batch_size']:.1f}) "
+        "served " + verdict.phrase(serve_v, f"the tokens/s of max_batch_size {one['max_batch_size']}", "more", "fewer")
+        + f"; each token took {tpot_v.ratio:.2f}× as long: " + verdict.said(tpot_v, "faster", "slower")
+        + f"; {one['failed'] + many['failed']} requests failed.",
         f"At {request_rate:g} requests/s, bursty arrivals made the TTFT p90 {burst_v.ratio:.2f}× Poisson's "
         f"(pass by pass: {burst_v.word('shorter', 'longer')}, {burst_v.reason}); goodput {poisson['goodput']:.2f} "
         f"(Poisson) and {bursty['goodput']:.2f} (bursty) requests/s.",
