@@ -115,5 +115,10 @@ def takeaways(*, paged: Mapping[str, Any], contiguous: Mapping[str, Any], big_mo
                     f"at once it gave " + _phrase(v, "its one-at-a-time throughput") + f". In a pool too small "
                     f"for {batch} {engine['squeeze_tokens']}-token answers it preempted {n:.0f} time{'s' * (n != 1)}, the "
                     f"replay predicted {squeezed['preemptions_replay']}.")
+        ref_engine = {r["mode"]: r for r in reference.section("vllm_engine")} if reference is not None else {}
+        if v.paired and v.kind == verdict.NO_VERDICT and {"one at a time", "all at once"} <= set(ref_engine):
+            ref_v = engine_verdict(ref_engine["one at a time"], ref_engine["all at once"], batch, recorded(reference))
+            says.append(f"vLLM all at once against one at a time: {v.label} here; the reference (full mode): it gave "
+                        + _phrase(ref_v, "its one-at-a-time throughput") + ".")
         rows.append({"finding": "vLLM all at once / one at a time, tokens/s (×)", "value": v.gain, "verdict": v.kind})
     return Findings(rows=rows, sentences=[x for x in says if x])
