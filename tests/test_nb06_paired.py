@@ -140,6 +140,7 @@ def test_arrival_rounds_give_both_shapes_the_same_seed_each_round(monkeypatch):
         from labkit.serve import client, loadgen
 
         seen.append((kw["burstiness"], kw["seed"]))
+        assert kw["warmup"] == 0, "the server is warm: a pass sends no warm-up request of its own"
         out = [client.RequestOutput(success=True, output_tokens=4, ttft_s=0.1 / kw["burstiness"] * kw["seed"], e2e_s=1.0)]
         return loadgen.BenchmarkResult(outputs=out, duration_s=1.0, slo=kw.get("slo"))
 

@@ -76,7 +76,7 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 # %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 STEP_PROMPTS = ["The capital of France is", "Once upon a time, in a village by the sea, there lived", "Water boils at"]
 STEP_TOKENS = config.pick(16, 8)  # new tokens for the decode core's check on the padded batch
-SWEEP_TOKENS = config.pick(32, 8)  # new tokens per sequence in the static sweep
+SWEEP_TOKENS = config.pick(32, 6)  # new tokens per sequence in the static sweep
 BATCH_SIZES = config.pick(None, [1, 2, 4, 8])  # None: 1, 2, 4, 8, 16 on a CPU; on a GPU doubling until out of memory
 SWEEP_REPEATS = config.pick(8, 6)  # rounds over the batch sizes (and the padding cases), each in a shuffled order (after one warmup each)
 PAD_BATCH = config.pick(8, 4)  # sequences in the padding experiment (one long prompt, the rest short)
@@ -84,7 +84,7 @@ PAD_LONG_REPEAT = config.pick(2, 1)  # how many times the long prompt repeats th
 CLIENTS = 8  # concurrent clients for the server comparison
 SERVE_ROUNDS = config.pick(8, 6)  # rounds of one short pass per max_batch_size, each round in a shuffled order
 SERVE_REQUESTS = 8  # requests per pass
-SERVE_TOKENS = config.pick(32, 8)  # tokens per request (ignore_eos: exactly this many)
+SERVE_TOKENS = config.pick(32, 4)  # tokens per request (ignore_eos: exactly this many)
 MAX_WAIT_MS = 20  # dynamic batching: how long the oldest queued request waits for company, ms
 LOCUST_SECONDS = config.pick(20, 5)  # Locust run time, s
 OPEN_LOOP_ROUNDS = config.pick(8, 6)  # rounds of one open-loop pass per arrival shape, each in a shuffled order

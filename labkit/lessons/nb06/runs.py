@@ -63,11 +63,13 @@ def batch_size_rounds(server: Any, sizes: Sequence[int], n_rounds: int, *, clien
 def arrival_rounds(url: str, shapes: Mapping[str, float], n_rounds: int, **loadgen_options: Any) -> list[dict[str, Any]]:
     """Open-loop runs of each arrival shape (label → burstiness), ``n_rounds`` rounds of one short pass each, each
     round in a shuffled order; round i of every shape draws its gaps from seed i + 1, so a pair differs in the
-    shape alone. One row per shape (``per_round``): each pass's TTFT p50 and p90 are its ``samples``."""
+    shape alone; no pass sends a warm-up request of its own (the server is warm). One row per shape (``per_round``):
+    each pass's TTFT p50 and p90 are its ``samples``."""
     seeds = {label: itertools.count(1) for label in shapes}
 
     def one_pass(label: str) -> Any:
-        return lambda: loadgen.run(url, burstiness=shapes[label], seed=next(seeds[label]), **loadgen_options).summary()
+        return lambda: loadgen.run(url, burstiness=shapes[label], seed=next(seeds[label]), warmup=0,
+                                   **loadgen_options).summary()
 
     done = timing.rounds({label: one_pass(label) for label in shapes}, n_rounds, again=False)
     return [per_round({"arrivals": label, "burstiness": b}, done[label], OPEN_LOOP_FIGURES) for label, b in shapes.items()]
