@@ -53,7 +53,7 @@ def takeaways(*, sweep: list[dict[str, Any]], memory_bound_gain: float, padding:
         + f"; {one['failed'] + many['failed']} requests failed.",
         f"At {request_rate:g} requests/s, bursty arrivals made the TTFT p90 {burst_v.ratio:.2f}× Poisson's "
         f"(pass by pass: {burst_v.word('shorter', 'longer')}, {burst_v.reason}); goodput {poisson['goodput']:.2f} "
-        f"(Poisson) and {bursty['goodput']:.2f} (bursty) requests/s.",
+        f"(Poisson) and {bursty['goodput']:.2f} (bursty) requests/s, each the median of its passes.",
     ]
     rows = [
         {"finding": f"static batch {last['batch_size']} / batch 1, total tokens/s (×)", "value": gain},
