@@ -11,7 +11,7 @@ from ..findings import Findings, UNPAIRED, recorded, rounds_verdict
 
 
 def batching_verdicts(static: Mapping[str, Any], continuous: Mapping[str, Any], alone: Mapping[str, Any],
-                      cb_bound: float, when: str | None = None) -> tuple[verdict.Verdict, verdict.Verdict]:
+                      cb_bound: float | None, when: str | None = None) -> tuple[verdict.Verdict, verdict.Verdict]:
     """Continuous against static throughput (at most ``cb_bound``: the larger of the steps and rows it saves), and
     static against one at a time, paired on the rounds' ``samples`` of tokens_per_s (round i of each mode at index
     i); ``when``: the day of the reference the rows come from, if they do (``rounds_verdict``)."""
@@ -40,7 +40,7 @@ def short_verdict(static: Mapping[str, Any], continuous: Mapping[str, Any], when
     return verdict.versus(continuous[key], static[key], higher_is_better=False)
 
 
-def reference_sentence(reference: Any, cb: verdict.Verdict, cb_bound: float) -> str:
+def reference_sentence(reference: Any, cb: verdict.Verdict) -> str:
     """Where this run's paired verdict on continuous against static is "no verdict" (quick mode's rounds are too
     few), the committed full-mode reference's verdict beside it; '' otherwise."""
     if reference is None or not cb.paired or cb.kind != verdict.NO_VERDICT:
@@ -49,7 +49,7 @@ def reference_sentence(reference: Any, cb: verdict.Verdict, cb_bound: float) -> 
     if not {"static", "continuous"} <= set(rows):
         return ""
     ref_v, _ = batching_verdicts(rows["static"], rows["continuous"], rows.get("one at a time", rows["static"]),
-                                 cb_bound, when=recorded(reference))
+                                 None, when=recorded(reference))  # its own workload: this run's bound is not its own
     return (f"This run gives {cb.label} on continuous against static; the reference (full mode): "
             f"continuous batching gave {_phrase(ref_v, 'the static throughput')}.")
 
@@ -98,7 +98,7 @@ def takeaways(*, paged: Mapping[str, Any], contiguous: Mapping[str, Any], big_mo
             f"{static['wasted_row_fraction']:.0%} of their rows compute for finished requests, continuous "
             f"{continuous['wasted_row_fraction']:.0%}.",
             results.beside_reference("continuous ÷ static throughput", cb.gain, reference, ref_x),
-            reference_sentence(reference, cb, cb_bound),
+            reference_sentence(reference, cb),
             f"Static batches of {batch} gave " + _phrase(static_v, "one-at-a-time's throughput") + f". {why}",
             "Batching changed no answer: every request got exactly the greedy tokens it gets alone."
             if all(same.values()) else f"Some answers differ from the request run alone: {dict(same)}; look for the cause."]
