@@ -401,8 +401,9 @@ if engine_ok:
                             paired=True)  # the lab's own rounds of section 4, round by round
     versus = verdict.compare(every["samples"]["tokens_per_s"], lab.loc["continuous", "samples"]["tokens_per_s"])
     print(f"vLLM all at once (up to {BATCH} running) gave {vllm_v.gain:.2f}× its one-at-a-time throughput "
-          f"({vllm_v.word()}: {vllm_v.reason}) and answered short requests "
-          f"{one.mean_latency_short_s / every.mean_latency_short_s:.1f}× sooner; the lab's continuous batching gave "
+          f"({vllm_v.word()}: {vllm_v.reason}); its short requests' mean latency was "
+          f"{every.mean_latency_short_s / one.mean_latency_short_s:.2f}× one at a time's (medians of the rounds, not judged); "
+          "the lab's continuous batching gave "
           f"{lab_v.gain:.2f}× ({lab_v.word()}).")
     print(f"vLLM all at once {every.tokens_per_s:.1f} output tokens/s through HTTP streaming, the lab's continuous "
           f"batching {lab.loc['continuous', 'tokens_per_s']:.1f} in process: {versus.gain:.2f}× ({versus.word()}; "
