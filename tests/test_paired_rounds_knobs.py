@@ -1,6 +1,7 @@
 """Notebooks 06–09 run enough rounds for a paired verdict: at least ``verdict.MIN_PAIRS`` in quick mode where that
 fits the notebook's time, 8 in full mode wherever a sentence states a comparison; where quick mode cannot fit them
-(07's scheduler rounds), the notebook shows the reference's verdict beside its own "no verdict (N pairs)"."""
+(07's scheduler rounds, 09's precision probe), the notebook shows the reference beside its own "no verdict (N
+pairs)"."""
 from __future__ import annotations
 
 import re
@@ -15,7 +16,8 @@ SRC = Path(__file__).resolve().parent.parent / "notebooks" / "src"
 KNOBS = {"06_batching": {"SWEEP_REPEATS": True, "SERVE_ROUNDS": True, "OPEN_LOOP_ROUNDS": True, "VLLM_ROUNDS": True},
          "07_vllm": {"ROUNDS": False},
          "08_tensorrt": {"ROUNDS": True, "FUSION_REPEATS": True},
-         "09_capstone": {"PROBE_ROUNDS": True}}
+         "09_capstone": {"PROBE_ROUNDS": False}}
+SHOWN = {"07_vllm": "reference=ref", "09_capstone": 'references.show("09_capstone", "precision_choice"'}
 
 
 def picks(text: str) -> dict[str, tuple[int, int]]:
@@ -35,7 +37,7 @@ def test_rounds_knobs_give_a_paired_verdict_its_pairs(notebook: str) -> None:
         if quick_fits:
             assert quick >= verdict.MIN_PAIRS, f"{notebook}.{name}: quick mode runs {quick} < {verdict.MIN_PAIRS} pairs"
         else:
-            assert "reference=ref" in text, f"{notebook}: quick mode runs {quick} pairs; its takeaways need the reference"
+            assert SHOWN[notebook] in text, f"{notebook}: quick mode runs {quick} pairs; it must show the reference"
 
 
 def test_the_knob_reader_sees_a_short_knob():
