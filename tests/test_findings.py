@@ -1,102 +1,10 @@
-"""labkit.lessons.findings: the batching lesson's findings choose their words by the numbers."""
+"""labkit.lessons.findings: the quantisation lesson's findings choose their words by the numbers (notebook 06's:
+tests/test_nb06_paired.py)."""
 from __future__ import annotations
 
 import pytest
 
 from labkit.lessons.nb03 import findings as nb03
-from labkit.lessons.nb06 import findings as nb06
-
-
-def _batching_findings(**over):
-    sweep = [{"batch_size": 1, "status": "ok", "total_tokens_per_s": 10.0, "tokens_per_s_per_user": 10.0,
-              "ttft_s": 0.1, "agreement": 1.0},
-             {"batch_size": 8, "status": "ok", "total_tokens_per_s": 50.0, "tokens_per_s_per_user": 6.25,
-              "ttft_s": 0.4, "agreement": 1.0}]
-    padding = [{"case": "mixed", "wasted_fraction": 0.6, "ttft_s": 2.0, "agreement": 1.0,
-                "samples": {"ttft_s": [1.95, 2.0, 2.05]}},
-               {"case": "bucketed", "wasted_fraction": 0.1, "ttft_s": 1.0, "agreement": 1.0,
-                "samples": {"ttft_s": [0.98, 1.0, 1.02]}}]
-    serving_rows = [{"max_batch_size": 1, "mean_batch_size": 1.0, "output_tokens_per_s": 10.0, "tpot_p50_s": 0.05,
-                     "failed": 0},
-                    {"max_batch_size": 8, "mean_batch_size": 6.5, "output_tokens_per_s": 40.0, "tpot_p50_s": 0.08,
-                     "failed": 0}]
-    open_loop = [{"arrivals": "Poisson", "ttft_p90_s": 0.5, "goodput": 1.9, "samples": {"ttft_s": [0.2, 0.3, 0.4, 0.5]}},
-                 {"arrivals": "bursty", "ttft_p90_s": 1.5, "goodput": 1.2, "samples": {"ttft_s": [0.9, 1.1, 1.3, 1.5]}}]
-    args = dict(sweep=sweep, memory_bound_gain=7.5, padding=padding, serving=serving_rows, open_loop=open_loop,
-                clients=8, request_rate=2.0)
-    args.update(over)
-    return nb06.takeaways(**args)
-
-
-def _row(b, total, user, ttft=0.1, agreement=1.0, spread=0.02):
-    """A sweep row whose samples scatter ±spread around its medians (three rounds)."""
-    return {"batch_size": b, "status": "ok", "total_tokens_per_s": total, "tokens_per_s_per_user": user,
-            "ttft_s": ttft, "agreement": agreement,
-            "samples": {"total_tokens_per_s": [total * (1 - spread), total, total * (1 + spread)],
-                        "tokens_per_s_per_user": [user * (1 - spread), user, user * (1 + spread)]}}
-
-
-def test_batching_findings_choose_their_words_by_the_numbers():
-    sweep = [_row(1, 10.0, 10.0), _row(8, 50.0, 6.25, ttft=0.4)]
-    text = " ".join(_batching_findings(sweep=sweep).sentences)
-    assert "5.0× the total tokens/s" in text and "the memory-bound model allows up to 7.5×" in text
-    assert "0.62× batch 1's speed (slower)" in text
-    assert "Batching changed no answer" in text and "prefilled faster than the mixed batch (2.00× its speed" in text
-    assert "4.0× the tokens/s" in text and "1.6× slower" in text and "3.0× Poisson's; per request, their TTFTs were longer" in text
-    # a burst on a busy machine: per-request TTFTs that overlap are within noise, not "better"
-    overlap = [{"arrivals": "Poisson", "ttft_p90_s": 1.0, "goodput": 1.0, "samples": {"ttft_s": [0.2, 0.6, 1.0, 1.4]}},
-               {"arrivals": "bursty", "ttft_p90_s": 0.3, "goodput": 1.6, "samples": {"ttft_s": [0.1, 0.2, 0.3, 0.9]}}]
-    text = " ".join(_batching_findings(sweep=sweep, open_loop=overlap).sentences)
-    assert "their TTFTs were within noise (the p10–p90 ranges overlap)" in text and "(better)" not in text
-    single_pad = [{k: v for k, v in r.items() if k != "samples"} for r in
-                  ({"case": "mixed", "wasted_fraction": 0.6, "ttft_s": 2.0, "agreement": 1.0},
-                   {"case": "bucketed", "wasted_fraction": 0.1, "ttft_s": 1.0, "agreement": 1.0})]
-    text = " ".join(_batching_findings(sweep=sweep, padding=single_pad).sentences)
-    assert "prefilled with no verdict against the mixed batch (2.00× its speed; 1 sample" in text
-    sweep = [_row(1, 10.0, 10.0), _row(4, 30.0, 7.5, agreement=0.75)]
-    text = " ".join(_batching_findings(sweep=sweep, memory_bound_gain=3.9).sentences)
-    assert "3.0× the total tokens/s" in text and "at batch 4 only 75% of the tokens" in text
-    with pytest.raises(ValueError, match="two server rows"):
-        _batching_findings(serving=[])
-
-
-def test_the_burst_reveal_names_a_winner_only_when_the_takeaway_does(capsys):
-    """The reveal of "which arrivals see the worse TTFT p90" reads the takeaway's verdict: a bursty p90 three times
-    Poisson's whose per-request TTFTs overlap is no winner, in the reveal as in the takeaway."""
-    from labkit.lessons import exercises
-
-    real = [{"arrivals": "Poisson", "ttft_p90_s": 0.5, "samples": {"ttft_s": [0.2, 0.3, 0.4, 0.5]}},
-            {"arrivals": "bursty", "ttft_p90_s": 1.5, "samples": {"ttft_s": [0.9, 1.1, 1.3, 1.5]}}]
-    assert nb06.worse_ttft(real)[0] == "bursty"
-    swapped = [dict(real[0], samples=real[1]["samples"]), dict(real[1], samples=real[0]["samples"])]
-    assert nb06.worse_ttft(swapped)[0] == "Poisson"
-    noisy = [{"arrivals": "Poisson", "ttft_p90_s": 0.3, "goodput": 1.0, "samples": {"ttft_s": [0.2, 0.6, 1.0, 1.4]}},
-             {"arrivals": "bursty", "ttft_p90_s": 0.9, "goodput": 1.0, "samples": {"ttft_s": [0.1, 0.2, 0.3, 0.9]}}]
-    worse, v = nb06.worse_ttft(noisy)
-    assert worse is None and v.kind == "within noise"  # the larger p90 (bursty) is not crowned
-    row = exercises.reveal_choice("worse TTFT p90", "bursty", worse, ["Poisson", "bursty"],
-                                  undecided=f"{v.kind} ({v.reason})")
-    out = capsys.readouterr().out
-    assert "no winner can be named in this run: within noise (the p10–p90 ranges overlap)" in out
-    assert "as you predicted" not in out and row["measured"] is None
-    text = " ".join(_batching_findings(open_loop=noisy).sentences)
-    assert "their TTFTs were within noise" in text
-
-
-def test_batching_findings_on_a_busy_machine_say_implausible_not_a_lesson():
-    # recorded on a 2-core machine at load 3-8: "Batch 8 gave 25.4× the total tokens/s of batch 1 (more than the
-    # memory-bound model's 7.8×); each user got 3.18× batch 1's speed"
-    sweep = [_row(1, 0.5, 0.5, spread=0.3), _row(8, 12.7, 1.59, spread=0.3)]
-    text = " ".join(_batching_findings(sweep=sweep, memory_bound_gain=7.8).sentences)
-    assert "implausible — rerun" in text and "beats its bound 7.80×" in text and "gave 25.4×" not in text
-    assert "3.18× batch 1's speed (implausible — rerun" in text
-    # one sample each: no verdict, whatever the ratio says
-    single = [{k: v for k, v in r.items() if k != "samples"} for r in (_row(1, 10.0, 10.0), _row(8, 50.0, 6.25))]
-    text = " ".join(_batching_findings(sweep=single).sentences)
-    assert "no verdict" in text and "1 sample" in text and "gave 5.0×" not in text
-    # batch 8 below batch 1: a batch cannot lose to one row at a time
-    text = " ".join(_batching_findings(sweep=[_row(1, 10.0, 10.0), _row(8, 4.0, 0.5)]).sentences)
-    assert "falls below its floor 1.00×" in text
 
 
 ROUNDS6 = (0.98, 1.0, 1.02, 0.99, 1.01, 1.0)  # six rounds' load, shared by every variant timed in them

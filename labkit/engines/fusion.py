@@ -196,8 +196,10 @@ def fusion_rows(fn: Any, fused: dict[str, Fused], inputs: dict[str, tuple[Any, .
     outputs (fusion reorders arithmetic: a few ulps, never a different answer).
 
     Eager, fused and a plain copy of the input (``copy_us``: one read and one write, the least a fused kernel
-    can do) are timed in interleaved rounds (eager fused copy eager fused copy … eager), every sample kept
-    (``samples``), so a machine that slows mid-way slows all three alike and the copy bounds the fused time.
+    can do) are timed in rounds, each in a shuffled order (``timing.rounds``), and eager once more after the last
+    round (``drift``; not a round); every round kept (``samples``, round i at index i, so eager and fused pair up for
+    ``verdict.compare(…, paired=True)``): a machine that slows mid-way slows all three alike and the copy bounds the
+    fused time.
     """
     import torch
 

@@ -55,7 +55,7 @@ import torch
 from IPython.display import display
 
 import labkit
-from labkit.core import config, env, machine, results
+from labkit.core import config, env, machine, results, verdict
 from labkit.model import models
 from labkit.decoding import decode
 from labkit.serve import launch, loadgen
@@ -76,21 +76,23 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 # %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 STEP_PROMPTS = ["The capital of France is", "Once upon a time, in a village by the sea, there lived", "Water boils at"]
 STEP_TOKENS = config.pick(16, 8)  # new tokens for the decode core's check on the padded batch
-SWEEP_TOKENS = config.pick(32, 8)  # new tokens per sequence in the static sweep
+SWEEP_TOKENS = config.pick(32, 6)  # new tokens per sequence in the static sweep
 BATCH_SIZES = config.pick(None, [1, 2, 4, 8])  # None: 1, 2, 4, 8, 16 on a CPU; on a GPU doubling until out of memory
-SWEEP_REPEATS = config.pick(5, 3)  # rounds over the batch sizes (and the padding cases), interleaved (after one warmup each)
+SWEEP_REPEATS = config.pick(8, 6)  # rounds over the batch sizes (and the padding cases), each in a shuffled order (after one warmup each)
 PAD_BATCH = config.pick(8, 4)  # sequences in the padding experiment (one long prompt, the rest short)
 PAD_LONG_REPEAT = config.pick(2, 1)  # how many times the long prompt repeats the prompt set
 CLIENTS = 8  # concurrent clients for the server comparison
-SERVE_REQUESTS = config.pick(32, 8)  # requests per server configuration
-SERVE_TOKENS = config.pick(32, 8)  # tokens per request (ignore_eos: exactly this many)
+SERVE_ROUNDS = config.pick(8, 6)  # rounds of one short pass per max_batch_size, each round in a shuffled order
+SERVE_REQUESTS = 8  # requests per pass
+SERVE_TOKENS = config.pick(32, 4)  # tokens per request (ignore_eos: exactly this many)
 MAX_WAIT_MS = 20  # dynamic batching: how long the oldest queued request waits for company, ms
 LOCUST_SECONDS = config.pick(20, 5)  # Locust run time, s
-OPEN_LOOP_REQUESTS = config.pick(40, 8)  # requests per open-loop (Poisson / bursty) run
+OPEN_LOOP_ROUNDS = config.pick(8, 6)  # rounds of one open-loop pass per arrival shape, each in a shuffled order
+OPEN_LOOP_REQUESTS = config.pick(8, 3)  # requests per open-loop (Poisson / bursty) pass
 REQUEST_RATE = 2.0  # open-loop arrival rate, requests/s
 SLO = loadgen.SLO(ttft_s=2.0, tpot_s=0.5)  # goodput target: a request is good if it meets both, s
 VLLM_LIVE = os.environ.get("LABKIT_VLLM_LIVE") == "1"  # True: start vllm serve here (about a minute on 2 cores); else its reference run
-VLLM_ROUNDS = 3  # interleaved rounds of the same load against labkit serve and vllm serve
+VLLM_ROUNDS = config.pick(8, 6)  # rounds of the same load against labkit serve and vllm serve, each in a shuffled order
 VLLM_KV_CACHE_GIB = 1  # vllm serve's KV cache on a CPU, whole GiB (on a GPU: half its memory)
 VLLM_START_DEADLINE_S = 300  # seconds vllm serve may take to answer /health (eager start: about 35-100 s on 2 cores)
 
@@ -222,7 +224,8 @@ plots.line(res.frame("static").query("status == 'ok'"), x="batch_size", y=["tota
 batching.pareto_figure(sweep).show()
 total_v, user_v = nb06.findings.batch_verdicts(first_row, last_row, memory_bound)
 gain = total_v.gain
-print(f"drift: batch 1 timed first and last, last / first = {first_row['drift']:.2f}" if first_row.get("drift") else "")
+print(f"drift: batch 1 timed first and again after the last round (the rounds each in a shuffled order), last / first = "
+      f"{first_row['drift']:.2f}" if first_row.get("drift") else "")
 print(nb06.findings.throughput_sentence(last_row["batch_size"], total_v, memory_bound))
 exercises.reveal(f"throughput gain at batch {last_row['batch_size']}", PREDICT_THROUGHPUT_GAIN, gain, "×")
 print(f"the memory-bound model predicted {memory_bound:.1f}× (weights read once per step, KV per sequence)")
@@ -278,7 +281,9 @@ pd.DataFrame(batching.tgi_batching_options()).style.hide(axis="index")
 # ### max_batch_size 1 vs 8, same load
 #
 # Predict: with `CLIENTS` clients always waiting, how many times the output tokens/s does `max_batch_size=8`
-# serve compared with `max_batch_size=1`? And what happens to each token's time (TPOT)?
+# serve compared with `max_batch_size=1`? And what happens to each token's time (TPOT)? The two settings take
+# turns: `SERVE_ROUNDS` rounds of one short pass each (`SERVE_REQUESTS` requests), each round in a shuffled order,
+# so a slower stretch of the machine hits both alike and each round's two passes form a pair for the verdict.
 
 # %% slideshow={"slide_type": "fragment"}
 PREDICT_SERVER_GAIN = None  # your prediction: served tokens/s with max_batch_size 8 / with 1
@@ -292,30 +297,25 @@ print(f"a request for a million tokens gets HTTP {bad.status}: {bad.error}")
 
 # %% slideshow={"slide_type": "subslide"}
 machine.check("server")
-serve_rows = []
-for max_batch in (1, 8):
-    server.configure(max_batch_size=max_batch)
-    loadgen.run(server.url, num_requests=CLIENTS, max_concurrency=CLIENTS, max_tokens=4)  # warm this shape
-    server.reset_stats()
-    before, scraped = {}, []  # the counters once loadgen's warm-up request is answered: after − before is this run
-    run = loadgen.run(server.url, num_requests=SERVE_REQUESTS, max_concurrency=CLIENTS, max_tokens=SERVE_TOKENS,
-                      on_start=lambda: (before.update(server.stats()), scraped.append(prom.scrape(server.url))))
-    serve_rows.append({"max_batch_size": max_batch, "mean_batch_size": prom.mean_batch_between(before, server.stats()),
-                       **{k: v for k, v in run.summary().items() if k != "errors"}})
+serve_rows, scraped = nb06.runs.batch_size_rounds(server, (1, 8), SERVE_ROUNDS, clients=CLIENTS,
+                                                  num_requests=SERVE_REQUESTS, max_tokens=SERVE_TOKENS)
 res.replace("serving", serve_rows)
 one, eight = serve_rows
+serve_v, tpot_v = nb06.findings.server_verdicts(one, eight)  # paired on the passes, round by round
+print(f"{SERVE_ROUNDS} rounds of one pass per setting: max_batch_size 8 served "
+      + verdict.phrase(serve_v, "the tokens/s of max_batch_size 1", "more", "fewer"))
 plots.bar(res.frame("serving").astype({"max_batch_size": str}), x="max_batch_size", y="output_tokens_per_s",
           title=f"{CLIENTS} clients: served output tokens/s", y_title="tokens/s").show()
-exercises.reveal("server gain", PREDICT_SERVER_GAIN, eight["output_tokens_per_s"] / one["output_tokens_per_s"], "×")
-res.frame("serving")[["max_batch_size", "mean_batch_size", "completed", "failed", "output_tokens_per_s",
+exercises.reveal("server gain", PREDICT_SERVER_GAIN, serve_v.gain, "×")
+res.frame("serving")[["max_batch_size", "rounds", "mean_batch_size", "completed", "failed", "output_tokens_per_s",
                       "ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "e2e_p90_s"]].round(3)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
-# The server's own view, from `/metrics` (Prometheus text format): how big the batches of the last run above really
-# were, its counters after the run minus before it (the client's warm-up request left out).
+# The server's own view, from `/metrics` (Prometheus text format): how big the batches of the last `max_batch_size=8`
+# pass above really were, its counters after that pass minus before it.
 
 # %% slideshow={"slide_type": "fragment"}
-for name, labels, value in prom.samples_delta(scraped[0], prom.scrape(server.url)):  # name, labels (a bucket), value
+for name, labels, value in prom.samples_delta(*scraped[8]):  # name, labels (a bucket), value
     if name.startswith(("labkit_batch_size", "labkit_queue")):
         print(name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""), f"{value:g}")
 
@@ -355,9 +355,12 @@ if "rows" in same:
     lab_row, vllm_row = same["rows"]
     exercises.reveal("vLLM / labkit serve output tokens/s" + (" (vLLM on the shared server)" if SHARED else ""),
                      PREDICT_VLLM_GAIN, vllm_row["output_tokens_per_s"] / lab_row["output_tokens_per_s"], "×")
-    print(f"vLLM {same['platform']['version']} ({same['platform']['platform']}); status: {same['status']}; medians of "
-          f"{VLLM_ROUNDS} interleaved rounds: vLLM {vllm_row['output_tokens_per_s'] / lab_row['output_tokens_per_s']:.2f}× "
-          "the lab's output tokens/s" + (f"; vLLM ran on the {SHARED.provenance()['where']}" if SHARED else ""))
+    vllm_v = verdict.compare(verdict.samples(vllm_row, "output_tokens_per_s"),
+                             verdict.samples(lab_row, "output_tokens_per_s"), paired=True)  # round by round
+    print(f"vLLM {same['platform']['version']} ({same['platform']['platform']}); status: {same['status']}; "
+          f"{VLLM_ROUNDS} rounds, each in a shuffled order: vLLM served "
+          + verdict.phrase(vllm_v, "the lab's output tokens/s", "more", "fewer")
+          + (f"; vLLM ran on the {SHARED.provenance()['where']}" if SHARED else ""))
     display(res.frame("vllm_same_load")[["server", *nb06.runs.SAME_LOAD_FIGURES]].round(3))
 else:
     print(same["status"] if same["status"].startswith(("vLLM not installed", "vllm serve not started"))
@@ -384,26 +387,24 @@ print(f"Locust, {CLIENTS} users for {LOCUST_SECONDS} s: {agg['requests']} reques
 # or not earlier ones finished (Poisson gaps, or gamma gaps with burstiness < 1 for bursts), streamed so TTFT
 # and inter-token latency are stamped as tokens arrive, and **goodput**: requests per second that meet the
 # SLO. The same call works against `vllm serve` (notebook 07). A burst fills the queue at once (longer waits)
-# but also hands the batcher company (bigger batches). Predict: which arrivals see the worse TTFT p90?
+# but also hands the batcher company (bigger batches). The two shapes take turns in `OPEN_LOOP_ROUNDS` rounds of
+# one short pass each (round i of both draws its gaps from the same seed), and the verdict pairs each round's two
+# TTFT p90s. Predict: which arrivals see the worse TTFT p90?
 
 # %% slideshow={"slide_type": "fragment"}
 PREDICT_WORSE_TTFT = None  # your prediction: "Poisson" or "bursty"
 
 # %% slideshow={"slide_type": "fragment"}
-open_rows = []
-for label, burstiness in (("Poisson", 1.0), ("bursty", 0.25)):
-    run = loadgen.run(server.url, num_requests=OPEN_LOOP_REQUESTS, request_rate=REQUEST_RATE, burstiness=burstiness,
-                      max_tokens=SERVE_TOKENS, slo=SLO, seed=1)
-    open_rows.append({"arrivals": label, "burstiness": burstiness,
-                      **{k: v for k, v in run.summary().items() if k not in ("errors", "slo")},
-                      "samples": {"ttft_s": [o.ttft_s for o in run.outputs if o.success]}})  # one TTFT per request
+open_rows = nb06.runs.arrival_rounds(server.url, {"Poisson": 1.0, "bursty": 0.25}, OPEN_LOOP_ROUNDS,
+                                     num_requests=OPEN_LOOP_REQUESTS, request_rate=REQUEST_RATE, max_tokens=SERVE_TOKENS,
+                                     slo=SLO)  # each figure the median over the passes, every pass's value in samples
 res.replace("open_loop", open_rows)
 poisson, bursty = open_rows
-worse, burst_v = nb06.findings.worse_ttft(open_rows)  # the takeaway's verdict on the per-request TTFTs
+worse, burst_v = nb06.findings.worse_ttft(open_rows)  # the takeaway's verdict, paired on the passes' TTFT p90s
 exercises.reveal_choice("worse TTFT p90", PREDICT_WORSE_TTFT, worse, ["Poisson", "bursty"],
                         undecided=f"{burst_v.label} ({burst_v.reason})")
 server.stop()  # queued requests would get an explicit 503; running ones finish first
-res.frame("open_loop")[["arrivals", "completed", "failed", "request_throughput", "goodput", "ttft_p50_s",
+res.frame("open_loop")[["arrivals", "rounds", "completed", "failed", "request_throughput", "goodput", "ttft_p50_s",
                         "ttft_p90_s", "itl_p50_s", "e2e_p90_s"]].round(3)
 
 # %% [markdown] slideshow={"slide_type": "slide"}

@@ -68,9 +68,10 @@ env.capabilities_frame()
 PROMPT = generation.TIMED_PROMPT  # the timed request
 NEW_TOKENS = config.pick(32, 6)  # tokens per timed decode
 REPEATS = config.pick(5, 3)  # timed runs per engine (after one warmup)
+ROUNDS = config.pick(8, 6)  # rounds of eager and every ONNX Runtime level, each round in a shuffled order
 MAX_CACHE_LEN = 256  # static KV cache positions (prompt + new tokens must fit)
 FUSION_ROWS = 256  # rows (tokens) of the activations normalised in the fusion section: a prefill's worth
-FUSION_REPEATS = config.pick(7, 3)  # timed samples per variant in the fusion section
+FUSION_REPEATS = config.pick(10, 8)  # rounds of eager, fused and a plain copy in the fusion section (one sample each)
 COMPILE_HERE = cache_variants.compile_here()[0]  # compile the decode step: full mode, or on a GPU (CPU: minutes)
 ORT_LEVELS = config.pick(onnxruntime.ORT_LEVELS, ("disable_all", "basic", "all"))  # ONNX Runtime graph optimisation levels compared
 REF_PROMPTS = config.pick(6, 2)  # prompts in the quality reference
@@ -207,7 +208,8 @@ eager_b, fused_b = traffic(FUSION_ROWS, weight.shape[0], h.element_size())
 
 fusion_said = {r["input"]: nb08.findings.fusion_verdict(r) for _, r in fusion_table.iterrows()}  # rows as Series: they keep samples
 v_big = fusion_said[big.input]
-print(f"Eager, fused and a plain copy timed in interleaved rounds (eager drifted {big.drift:.2f}× first to last). "
+print(f"Eager, fused and a plain copy timed in {FUSION_REPEATS} rounds, each in a shuffled order (eager timed first and "
+      f"again after the last round: {big.drift:.2f}×), judged paired round by round. "
       f"Fusion cut the (rows, hidden) traffic {eager_b / fused_b:.1f}× and on {FUSION_ROWS} rows ran "
       f"{v_big.word('faster', 'slower')} ({v_big.gain:.2f}×: {v_big.reason}); on one row "
       f"{fusion_said[fusion_table.iloc[0].input].word('faster', 'slower')} ({fusion_table.iloc[0].speedup:.2f}×). "
@@ -304,7 +306,7 @@ ops = {level: b["ops"] for level, b in built.items()}
 eager_name = "PyTorch eager, dynamic cache"
 timed = generation.decode_variants({eager_name: (lm.model, lm.tokenizer),
                                     **{f"ONNX Runtime, {level}": (b["model"], b["tokenizer"]) for level, b in built.items()}},
-                                   new_tokens=NEW_TOKENS, rounds=REPEATS, prompt=PROMPT)  # interleaved, eager first and last
+                                   new_tokens=NEW_TOKENS, rounds=ROUNDS, prompt=PROMPT)  # shuffled rounds, eager again after the last
 ort_rows = []
 for level, b in built.items():
     d, q = timed[f"ONNX Runtime, {level}"], quality.compare(b["model"], ref)
@@ -314,7 +316,8 @@ for level, b in built.items():
 del built
 d = timed[eager_name]  # the eager row, now from the same rounds as the levels it is compared with
 rows[0].update(ttft_s=d["ttft_s"], decode_tokens_per_s=d["decode_tokens_per_s"], samples=d["samples"])
-print(f"eager and every level timed in {REPEATS} interleaved rounds; eager first and last: drift {d['drift']:.2f}×")
+print(f"eager and every level timed in {ROUNDS} rounds, each in a shuffled order; eager timed first and again after the "
+      f"last round: drift {d['drift']:.2f}×")
 pd.DataFrame(ort_rows).drop(columns=["samples"]).round(4)
 
 # %% slideshow={"slide_type": "subslide"}
@@ -323,8 +326,7 @@ top = op_df.loc[op_df.max(axis=1).sort_values(ascending=False).index[:12]]
 plots.bar(top.T.reset_index(names="level").melt(id_vars="level", var_name="operator", value_name="count"), x="level",
           y="count", color="operator", title="Operators in the optimised graph, by level", y_title="operators").show()
 first, last = ORT_LEVELS[0], ORT_LEVELS[-1]
-ort_said = verdict.compare(verdict.samples(ort_rows[-1], "decode_tokens_per_s"),
-                           verdict.samples(ort_rows[0], "decode_tokens_per_s"))
+ort_said = nb08.findings.ort_verdict(ort_rows[-1], ort_rows[0])  # paired, round by round
 ort_gain = ort_said.ratio
 exercises.reveal(f"ONNX Runtime '{last}' ÷ '{first}' decode", PREDICT_ORT_SPEEDUP, ort_gain, "×")
 ort_ref = {r["engine"]: r["decode_tokens_per_s"] for r in results.reference(compiled.REFERENCE).section("engines")}

@@ -43,7 +43,7 @@
 import pandas as pd
 
 import labkit
-from labkit.core import config, env, machine, memory, results
+from labkit.core import config, env, machine, memory, results, verdict
 from labkit.model import hardware, models
 from labkit.serve import launch, loadgen
 from labkit.serve.experiments import paged
@@ -62,6 +62,7 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 PRECISIONS = ["fp32", "bf16", "fp16"]  # candidates for the "after" (fp32 first: the before, and the quality reference)
 MIN_AGREEMENT = 0.9  # the after may use a precision only if its greedy tokens agree with fp32's this often
 PROBE_TOKENS = config.pick(16, 8)  # tokens per sequence when timing each precision on a full batch
+PROBE_ROUNDS = config.pick(8, 3)  # rounds of one full batch per precision, each in a shuffled order (the verdict's pairs; quick mode's 3 are too few: 6 cost about 35 s more here)
 BATCH = 8  # max_batch_size of the batched servers
 CONCURRENCY = 8  # clients for the before/after comparison
 REQUESTS = config.pick(24, 12)  # requests per configuration at that load
@@ -95,13 +96,17 @@ print(f"{len(prompts)} prompts; {base_lm.name} loaded in {PRECISIONS}")
 
 # %% slideshow={"slide_type": "fragment"}
 probe, best_dtype = nb09.runs.choose_precision({p: c.model for p, c in candidates.items()}, base_lm.tokenizer, prompts,
-                                            BATCH, PROBE_TOKENS, min_agreement=MIN_AGREEMENT)
+                                            BATCH, PROBE_TOKENS, min_agreement=MIN_AGREEMENT, repeats=PROBE_ROUNDS)
 res.replace("precision_choice", probe)
 del candidates, base_lm  # each server below loads its own model: its memory readings hold that model, no other
 memory.free()
 print(f"after's precision: {best_dtype}")
 half_reason, native = hardware.fast_half_matmul_reason(), hardware.native_half()  # the CPU's flags, or the GPU's
 print(nb09.findings.precision_sentence(probe, half_reason, native))
+if PROBE_ROUNDS < verdict.MIN_PAIRS:  # too few pairs for a paired verdict here: the full-mode reference beside it
+    print(f"{PROBE_ROUNDS} rounds give no verdict ({PROBE_ROUNDS} pairs); the reference (full mode; one value per "
+          "precision, so it can be read as a ratio only):")
+    references.show("09_capstone", "precision_choice", ["precision", "batch", "tokens_per_s", "agreement", "kl"])
 res.frame("precision_choice").round(3)
 
 # %% slideshow={"slide_type": "fragment"}

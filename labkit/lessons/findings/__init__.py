@@ -7,10 +7,11 @@ its doubts come from ``labkit.core.verdict`` (``phrase``, ``than``, ``Verdict.wo
 
 ``record(res, found)`` writes the rows as the results' ``summary`` section and the headline into its notes, where
 ``tools.run_notebooks`` reads it; ``show(found)`` prints the sentences. The pieces several notebooks print live here
-too (``compile_sentence``, ``sweep_end``, ``beyond_sweep``, ``step_split``, ``kl_per_prompt``).
+too (``compile_sentence``, ``sweep_end``, ``beyond_sweep``, ``step_split``, ``kl_per_prompt``, ``rounds_verdict``).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,3 +110,24 @@ def step_split(gap: Any) -> str:
               if gap.get("overhead_us_per_op") and gap.get("per_op_basis") else "")
     return (f"{gap['bytes_share']:.0%} its bytes at the probe's bandwidth{kernel}; {gap['overhead_share']:.0%} "
             f"per-operator overhead ({largest}){per_op}")
+
+
+UNPAIRED = "judged unpaired, recorded"  # how a reference's rounds from before paired verdicts say which rule read them
+
+
+def recorded(ref: Any) -> str:
+    """The day a reference (``results.Results``) was measured, as its provenance gives it: "2026-12-03"."""
+    return str(ref.env.get("date", "?"))[:10]
+
+
+def rounds_verdict(new: Any, base: Any, *, when: str | None = None, **limits: Any) -> verdict.Verdict:
+    """Two sides timed in the same rounds (round i of each at index i), judged paired: ``verdict.compare(…,
+    paired=True)``. ``when``: the day (``recorded``) of the reference the two sides come from, where they do: a
+    reference measured before paired verdicts, with fewer than ``verdict.MIN_PAIRS`` rounds a side or sides of unequal
+    length (its baseline's drift pass among its samples), is read by the unpaired rule instead, and its reason ends
+    "judged unpaired, recorded DATE" (``UNPAIRED``)."""
+    a, b = list(getattr(new, "samples", new)), list(getattr(base, "samples", base))
+    if when and (len(a) != len(b) or len(a) < verdict.MIN_PAIRS):
+        v = verdict.compare(a, b, **limits)
+        return dataclasses.replace(v, reason=f"{v.reason}; {UNPAIRED} {when}")
+    return verdict.compare(a, b, paired=True, **limits)

@@ -12,10 +12,17 @@ from ..findings import Findings, compile_sentence
 
 
 def fusion_verdict(row: Mapping[str, Any]) -> verdict.Verdict:
-    """Fused against eager on one shape (times from the row's ``samples``); a fused kernel cannot beat a plain copy
-    of the same rows."""
+    """Fused against eager on one shape, paired on the rounds they were timed in (the row's ``samples``, round i of
+    each at index i); a fused kernel cannot beat a plain copy of the same rows."""
     return verdict.compare(verdict.samples(row, "compiled_us"), verdict.samples(row, "eager_us"), higher_is_better=False,
-                           bound=row["eager_us"] / row["copy_us"], bound_why="a fused kernel cannot beat a plain copy of its rows")
+                           paired=True, bound=row["eager_us"] / row["copy_us"], bound_why="a fused kernel cannot beat a plain copy of its rows")
+
+
+def ort_verdict(new: Mapping[str, Any], base: Mapping[str, Any]) -> verdict.Verdict:
+    """Two rows timed in the same rounds (``generation.decode_variants``: eager and every ONNX Runtime level), judged
+    paired on their decode tokens/s, round i of each at index i of its ``samples``."""
+    return verdict.compare(verdict.samples(new, "decode_tokens_per_s"), verdict.samples(base, "decode_tokens_per_s"),
+                           paired=True)
 
 
 def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: float, compiled: Mapping[str, Any] | None,
@@ -35,10 +42,10 @@ def takeaways(*, fusion: Mapping[str, Any], fusion_rows: int, max_abs_diff: floa
     ``cache_sentence``; ``all_levels``: every ONNX Runtime level timed, in order, for ``steps_sentence``."""
     v_big = fusion_verdict(fusion)
     first, last = levels
-    ort_v = verdict.compare(verdict.samples(ort[1], "decode_tokens_per_s"), verdict.samples(ort[0], "decode_tokens_per_s"))
+    ort_v = ort_verdict(ort[1], ort[0])
     base = rounds[0]
     best = max(rounds, key=lambda r: r["decode_tokens_per_s"])
-    best_v = verdict.compare(verdict.samples(best, "decode_tokens_per_s"), verdict.samples(base, "decode_tokens_per_s"))
+    best_v = ort_verdict(best, base)
     if compiled is None:
         compile_said = "torch.compile: not measured here (no reference of this GPU ships)."
     elif results.is_reference(compiled["where"]):
@@ -90,8 +97,7 @@ def levels_sentence(rounds: list[Mapping[str, Any]], last: str) -> str:
     if last not in ort or len(ort) < 2:
         return ""
     lower = max((lv for lv in ort if lv != last), key=lambda lv: ort[lv]["decode_tokens_per_s"])
-    v = verdict.compare(verdict.samples(ort[last], "decode_tokens_per_s"),
-                        verdict.samples(ort[lower], "decode_tokens_per_s"))
+    v = ort_verdict(ort[last], ort[lower])
     if v.kind == verdict.BETTER:
         return ""
     said = f"ONNX Runtime '{last}' decoded {verdict.than(v)} '{lower}' ({v.ratio:.2f}×; {v.reason}): "
@@ -114,7 +120,7 @@ def steps_sentence(rounds: list[Mapping[str, Any]], levels: list[str]) -> str:
         return ""
     steps = []
     for lo, hi in zip(ran, ran[1:]):
-        v = verdict.compare(verdict.samples(ort[hi], "decode_tokens_per_s"), verdict.samples(ort[lo], "decode_tokens_per_s"))
+        v = ort_verdict(ort[hi], ort[lo])
         steps.append((hi, lo, v))
     parts = [f"'{hi}' over '{lo}' " + verdict.phrase(v, "") for hi, lo, v in steps]
     real = [s for s in steps if s[2].kind == verdict.BETTER]

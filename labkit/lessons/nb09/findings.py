@@ -19,7 +19,7 @@ def takeaways(*, table: Any, before: str, after: str, limits: Mapping[str, int |
     configuration → the highest client count meeting the SLO; ``configs``: the same-load rows (config,
     request_throughput, ``samples`` of per-request e2e_s); ``quick``/``max_tokens``: the run's mode and answer
     limit; ``levels``: the sweep's concurrency levels (``SWEEP``), so a capacity at its ends is said to be a bound;
-    ``precision``/``half_reason``/``native``: see ``precision_sentence``; ``sweep``: the SLO sweep's rows, checked
+    ``precision``/``half_reason``/``native``: see ``precision_sentence`` (judged paired on its rounds); ``sweep``: the SLO sweep's rows, checked
     against the same-load rows by ``sweep_disagrees``.
     The headline: requests/s after over before (one load run each: a ratio to read beside the SLO)."""
     by = table.set_index("key")
@@ -69,12 +69,13 @@ def precision_sentence(probe: Sequence[Mapping[str, Any]], half_reason: str | No
     if "fp32" not in by or not by["fp32"].get("tokens_per_s"):
         return ""
     batch, rounds = by["fp32"]["batch"], by["fp32"].get("rounds", 1)
-    judged = {p: verdict.compare(verdict.samples(r, "tokens_per_s"), verdict.samples(by["fp32"], "tokens_per_s"))
+    judged = {p: verdict.compare(verdict.samples(r, "tokens_per_s"), verdict.samples(by["fp32"], "tokens_per_s"),
+                                 paired=True)  # round i of each precision at index i: the pairs
               for p, r in by.items() if p != "fp32" and r.get("tokens_per_s")}
     if not judged:
         return ""
     said = (f"At batch {batch}, " + ", ".join(f"{p} made " + verdict.phrase(v, "fp32's tokens/s") for p, v in judged.items())
-            + f" (prefill included, {rounds} interleaved round{'s' * (rounds != 1)}).")
+            + f" (prefill included, {rounds} round{'s' * (rounds != 1)}, each in a shuffled order, judged paired).")
     slow = [p for p, v in judged.items() if v.kind == verdict.WORSE]
     unsure = [p for p, v in judged.items() if not v.real and v.kind not in (verdict.NOISE, verdict.TIED)]
     if not slow:

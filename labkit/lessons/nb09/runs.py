@@ -25,9 +25,9 @@ def choose_precision(models_by_precision: dict[str, Any], tokenizer: Any, prompt
     """Measure each precision on the serving shape and its cost in answers; return the rows and the choice.
 
     Speed: ``batch`` chat prompts decoded together for ``new_tokens`` each (``decoder.decode_batch``, the
-    servers' own loop, prefill included), after one untimed warmup batch each, in ``repeats`` interleaved rounds
-    (fp32 bf16 fp16 fp32 …: a slowdown hits each alike); each row keeps its ``samples`` of tokens/s for the
-    verdicts and its median as ``tokens_per_s``. Quality: greedy agreement and KL against ``reference`` on
+    servers' own loop, prefill included), after one untimed warmup batch each, in ``repeats`` rounds, each in a
+    shuffled order (``timing.rounds``: a slowdown hits each alike); each row keeps its ``samples`` of tokens/s, round i
+    at index i, for the paired verdicts, and its median as ``tokens_per_s``. Quality: greedy agreement and KL against ``reference`` on
     ``ref_prompts`` prompts. The choice is the fastest precision whose agreement is at least ``min_agreement``
     (``pick_precision``), so a faster precision that changes answers loses.
     """

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
-from ...core import config, timing
+from ...core import timing
 from ...core.checks import positive
 from ...decoding import decode, generation
 from ...decoding.quality import TokenRecorder, agreement
@@ -61,9 +61,11 @@ def padding_experiment(model: Any, tokenizer: Any, batch: int = 8, new_tokens: i
     """Prefill and decode cost of padding: one long prompt among short ones, versus length buckets.
 
     Cases: the mixed batch padded to its longest prompt; the short prompts alone; the long prompt alone.
-    Bucketing (short batch + long alone) is the remedy a server can apply; its cost is the sum of the two. Each
-    case's first timed call records its tokens; then the cases run in ``repeats`` interleaved rounds, every TTFT
-    kept (``samples``; the bucketed row's are the round-by-round sums).
+    Bucketing (short batch + long alone) is the remedy a server can apply; its cost is the sum of the two. One
+    untimed warmup per case; then the cases run in ``repeats`` rounds (``timing.rounds``, each
+    round in a shuffled order), every TTFT kept (``samples``, round i at index i; the bucketed row's are the
+    round-by-round sums), so round i of two cases pairs up for ``verdict.compare(…, paired=True)``; each case's
+    first round records its tokens.
     """
     positive("batch", batch)
     positive("repeats", repeats)
@@ -73,18 +75,22 @@ def padding_experiment(model: Any, tokenizer: Any, batch: int = 8, new_tokens: i
     long_prompt = "Summarise the following text. " + " ".join(load_prompts("prompts") * long_repeat)
     cases = {"mixed (padded to longest)": [long_prompt] + shorts, "short prompts only": shorts,
              "long prompt alone": [long_prompt]}
-    rows, tokens = [], {}
-    first: dict[str, Any] = {}
-    for case, prompts in cases.items():
+    rows, recorders = [], {}
+    for prompts in cases.values():
         generation.generate(model, tokenizer, prompts, max_new_tokens=2, fixed_length=True)  # warmup at this shape
-        recorder = TokenRecorder()
-        first[case] = generation.generate(model, tokenizer, prompts, max_new_tokens=new_tokens, fixed_length=True,
-                                          **recorder.kwargs())
-        tokens[case] = recorder.tokens
-    # then the cases in interleaved rounds (mixed short long mixed short long … mixed): drift hits all alike
-    runs = timing.rounds({case: (lambda prompts=prompts: generation.generate(
-        model, tokenizer, prompts, max_new_tokens=new_tokens, fixed_length=True)) for case, prompts in cases.items()},
-        repeats)
+
+    def timed(case: str) -> Any:
+        def once() -> Any:
+            kw = {}
+            if case not in recorders:  # the first round records the tokens the agreement is scored on
+                recorders[case] = TokenRecorder()
+                kw = recorders[case].kwargs()
+            return generation.generate(model, tokenizer, cases[case], max_new_tokens=new_tokens, fixed_length=True, **kw)
+        return once
+
+    # the cases in rounds, each in a shuffled order: drift hits all alike, and round i of each case is a pair
+    runs = timing.rounds({case: timed(case) for case in cases}, repeats, again=False)
+    tokens = {case: r.tokens for case, r in recorders.items()}
     for case, prompts in cases.items():
         done = runs[case]
         rows.append({"case": case, **padding_stats(prompt_lengths(tokenizer, prompts)),
@@ -163,19 +169,21 @@ def sweep_row(batch_size: int, runs: list[Any], lengths: list[int]) -> dict[str,
 
 def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None = None, new_tokens: int = 32,
                  repeats: int = 1, prompts: SequenceABC[str] | None = None,
-                 progress: bool = True) -> list[dict[str, Any]]:
+                 progress: bool = False) -> list[dict[str, Any]]:
     """Per-request latency, TTFT, TPOT and total output tokens/s for each static batch size, and its quality.
 
     Each batch holds ``batch_size`` prompts (round-robin from ``prompts``, mixed lengths, left padded) and
-    generates exactly ``new_tokens`` tokens per sequence. One untimed warmup per size, then ``repeats``
-    rounds over the sizes, interleaved (1 2 4 8 1 2 4 8 …) and batch 1 once more at the end: medians reported,
-    every sample kept in ``samples``, ``drift`` = batch 1's last run time / its first. ``agreement``: the fraction of the batch's greedy tokens equal to each
-    prompt's tokens decoded alone (each distinct prompt is decoded alone once, untimed; batch 1 is its own
-    baseline). An out-of-memory becomes a row with status 'oom' and the sweep goes on; on a GPU with the
-    default sizes, the sweep stops growing after the first 'oom' row.
+    generates exactly ``new_tokens`` tokens per sequence. One untimed warmup per size (in rising order: the first
+    out-of-memory is found there), then ``repeats`` rounds over the sizes (``timing.rounds``: each round in a
+    shuffled order, round i of every size at index i of its ``samples``, a pair for ``verdict.compare(…,
+    paired=True)``) and batch 1 once more after the last round (not a round): medians reported, every round kept in
+    ``samples``, ``drift`` = batch 1's extra pass time / its first. ``agreement``: the fraction of the batch's greedy
+    tokens equal to each prompt's tokens decoded alone (each distinct prompt is decoded alone once, untimed; batch 1
+    is its own baseline; the tokens are recorded on each size's first round). An out-of-memory becomes a row with
+    status 'oom' and the sweep goes on without that size; on a GPU with the default sizes, the sweep stops growing
+    after the first 'oom' row. ``progress`` is accepted for older callers and shows nothing.
     """
     import torch
-    from tqdm.auto import tqdm
 
     positive("new_tokens", new_tokens)
     positive("repeats", repeats)
@@ -188,47 +196,47 @@ def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None =
         positive("batch size", b)
     prompts = list(prompts) if prompts is not None else load_prompts("prompts")
     rows: dict[int, dict[str, Any]] = {}
-    runs: dict[int, list[Any]] = {}
     recorders: dict[int, TokenRecorder] = {}
     alone: dict[str, Any] = {}  # prompt -> its (1, new_tokens) greedy tokens decoded without company
 
-    def run(b: int) -> bool:
-        """One timed run of batch ``b`` (the first also records its tokens); False once it ran out of memory."""
+    def attempt(b: int, **kw: Any) -> Any:
+        """One run of batch ``b``; None (and an 'oom' row) once it ran out of memory."""
         if b in rows:
-            return False
-        first = b not in runs
+            return None
         error = ""
         try:
-            if first:
-                generation.generate(model, tokenizer, cycle(prompts, b), max_new_tokens=2, fixed_length=True)  # warmup
-                recorders[b] = TokenRecorder()
-            result = generation.generate(model, tokenizer, cycle(prompts, b), max_new_tokens=new_tokens,
-                                         fixed_length=True, **(recorders[b].kwargs() if first else {}))
+            return generation.generate(model, tokenizer, cycle(prompts, b), fixed_length=True, **kw)
         except (RuntimeError, MemoryError) as exc:
             if not isinstance(exc, MemoryError) and not _is_oom(exc):
                 raise
             error = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
             traceback.clear_frames(exc.__traceback__)  # the failed frames' locals hold the batch's tensors
-        if error:  # outside the except block: the exception and its traceback are gone, so their memory can go
-            _free_memory()
-            rows[b] = {"batch_size": b, "status": "oom", "error": error}
-            return False
-        runs.setdefault(b, []).append(result)
-        return True
+        _free_memory()  # outside the except block: the exception and its traceback are gone, so their memory can go
+        rows[b] = {"batch_size": b, "status": "oom", "error": error}
+        return None
 
-    # rounds: 1 2 4 8 1 2 4 8 … then batch 1 once more, so drift hits every size alike and shows in batch 1
-    for i in tqdm(range(repeats), desc="sweep rounds", disable=not progress or not config.progress_bars()):
-        for b in sizes:
-            if i == 0 and auto and any(r["status"] == "oom" for r in rows.values()):
-                break  # on a GPU the default sizes stop growing after the first out-of-memory
-            if i == 0 or b in runs:
-                run(b)
+    for b in sizes:  # warmups in rising order: on a GPU the default sizes stop growing after the first out-of-memory
+        if auto and rows:
+            break
+        attempt(b, max_new_tokens=2)
+    live = [b for b in sizes if b not in rows and (not auto or not rows or b < min(rows))]
+
+    def timed(b: int) -> Any:
+        def once() -> Any:
+            if b not in recorders:  # the first round records the tokens the agreement is scored on
+                recorders[b] = TokenRecorder()
+                return attempt(b, max_new_tokens=new_tokens, **recorders[b].kwargs())
+            return attempt(b, max_new_tokens=new_tokens)
+        return once
+
+    runs = timing.rounds({b: timed(b) for b in live}, repeats, again=bool(live) and live[0] == sizes[0]) \
+        if live else timing.Rounds({}, [], None)
+    done = {b: results for b, results in runs.items() if b not in rows and all(r is not None for r in results)}
     drift = None
-    if sizes[0] in runs and run(sizes[0]):
-        e2e = [r.e2e_s for r in runs[sizes[0]]]
-        drift = e2e[-1] / e2e[0]
+    if sizes[0] in done and runs.again is not None:
+        drift = runs.again.e2e_s / done[sizes[0]][0].e2e_s
     for b in sizes:
-        if b not in runs:
+        if b not in done:
             continue
         batch_prompts = cycle(prompts, b)
         if b == 1:
@@ -237,7 +245,7 @@ def static_sweep(model: Any, tokenizer: Any, batch_sizes: Iterable[int] | None =
             if p not in alone:
                 alone[p] = alone_tokens(model, tokenizer, p, new_tokens)
         baseline = torch.cat([alone[p] for p in batch_prompts])
-        rows[b] = {**sweep_row(b, runs[b], prompt_lengths(tokenizer, batch_prompts)),
+        rows[b] = {**sweep_row(b, done[b], prompt_lengths(tokenizer, batch_prompts)),
                    "agreement": agreement(recorders[b].tokens, baseline), "drift": drift}
     return [rows[b] for b in sizes if b in rows]
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...core import timing
 from ...decoding.quality import first_difference, until_eos
 from .. import loadgen
 from ..experiments import paged
@@ -116,9 +117,10 @@ def natural_blocks(log_text: str) -> int | None:
 def engine_runs(settings: vs.Settings, work: Sequence[Any], *, rounds: int = 3, squeeze_tokens: int | None = None,
                 others: Mapping[str, Callable[[], Any]] | None = None, modes: Sequence[str] = (ONE, ALL),
                 deadline_s: float = 300.0, read_timeout_s: float = READ_TIMEOUT_S, **start: Any) -> dict[str, Any]:
-    """One ``vllm serve`` start (see the module docstring). ``rounds`` rounds of ``modes`` (ONE, ALL), interleaved
-    with ``others`` (name -> a call timed in the same rounds, e.g. the lab's continuous batching in process, while
-    the server idles); then the squeeze run. Returns ``status`` ("ok", or why not), ``runs`` (mode -> [Served]),
+    """One ``vllm serve`` start (see the module docstring) and one discarded warm-up request. ``rounds`` rounds of
+    ``modes`` (ONE, ALL) and ``others`` (name -> a call timed in the same rounds, e.g. the lab's continuous batching in
+    process, while the server idles), each round in a shuffled order (``timing.rounds``: round i of each at index i,
+    the pairs of ``verdict.compare(…, paired=True)``); then the squeeze run. Returns ``status`` ("ok", or why not), ``runs`` (mode -> [Served]),
     ``others`` (name -> [results]), ``squeeze`` (Served or None), and what vLLM chose: ``platform``, ``blocks``,
     ``natural_blocks``, ``start_s``. ``start`` goes to ``vllm_server.serve`` (python, log_dir)."""
     if rounds < 1:
@@ -135,12 +137,11 @@ def engine_runs(settings: vs.Settings, work: Sequence[Any], *, rounds: int = 3, 
                        natural_blocks=natural_blocks(server.log()))
             loadgen.run(server.url, [list(work[0].prompt_ids)], num_requests=1, max_tokens=4, warmup=0,
                         read_timeout_s=read_timeout_s)  # the first request pays set-up
-            for _ in range(rounds):
-                for mode in modes:
-                    out["runs"][mode].append(served_run(server, mode, work, concurrency=concurrency[mode],
-                                                        read_timeout_s=read_timeout_s))
-                for name, call in (others or {}).items():
-                    out["others"][name].append(call())
+            calls = {mode: (lambda mode=mode: out["runs"][mode].append(served_run(
+                server, mode, work, concurrency=concurrency[mode], read_timeout_s=read_timeout_s))) for mode in modes}
+            calls.update({name: (lambda name=name, call=call: out["others"][name].append(call()))
+                          for name, call in (others or {}).items()})
+            timing.rounds(calls, rounds, again=False)  # each round in a shuffled order; the runs kept as they come
             if squeeze_tokens:
                 out["squeeze"] = served_run(server, "squeezed", work, max_tokens=squeeze_tokens, ignore_eos=True,
                                             read_timeout_s=read_timeout_s)
