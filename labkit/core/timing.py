@@ -323,7 +323,7 @@ class Interleaved:
 
     def drift_line(self) -> str:
         change = "steady" if abs(self.drift - 1) <= SPREAD_LIMIT else "drifted"
-        return (f"Baseline '{self.baseline}' timed first and after the last round: last / first = {self.drift:.2f} "
+        return (f"Baseline '{self.baseline}' timed first and again after the last round: last / first = {self.drift:.2f} "
                 f"({change}; {self.measurements[self.baseline].n} rounds, each in a shuffled order)")
 
 
