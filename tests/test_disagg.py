@@ -330,14 +330,14 @@ def test_itl_rounds_judge_each_target_against_the_first(servers):
     fakes, urls = servers
     fakes["decode"].delay_s, fakes["prefill"].delay_s = 0.01, 0.03  # "prefill" plays the slower server here
     rows = nb12_runs.itl_rounds({"one": urls["prefill"], "split": urls["decode"]}, [SHORT, SHORT], 5, LONG, n_long=2,
-                               n_rounds=3, long_after=2)
+                               n_rounds=6, long_after=2)  # six pairs: the fewest a paired verdict judges
     by = {r["target"]: r for r in rows}
-    assert by["one"]["verdict"] == "baseline" and len(by["split"]["samples"]["stall_s"]) == 3
+    assert by["one"]["verdict"] == "baseline" and len(by["split"]["samples"]["stall_s"]) == 6
     assert by["split"]["stall_p50_s"] < by["one"]["stall_p50_s"]
     assert by["split"]["verdict"] == "better" and by["split"]["gain"] > 1, by["split"]["verdict_reason"]
     assert by["one"]["errors"] == [] and by["split"]["answers"] == [[0, 1, 2, 3, 4]] * 2
     longs = [b["prompt"] for b in fakes["decode"].bodies if b["max_tokens"] == 1]
-    assert len(longs) == 6 and len({tuple(p) for p in longs}) == 6, "every long prompt is new"
+    assert len(longs) == (6 + 1) * 2 and len({tuple(p) for p in longs}) == len(longs), "every long prompt is new"  # 6 rounds, 1 warm-up burst
     with pytest.raises(ValueError, match="still decoding"):
         client.burst(urls["decode"], [SHORT], 3, [LONG], after=3)
 

@@ -319,7 +319,7 @@ def test_nb07_noise_and_implausible():
 # ------------------------------------------------------------------------------------------------- notebook 08
 
 
-def _rounds(x: float, rel: float = 0.02, shift: int = 0) -> list[float]:
+def _six(x: float, rel: float = 0.02, shift: int = 0) -> list[float]:
     """Six per-round values scattered ±rel around x (``shift`` moves the pattern, so two sides do not move together):
     the pairs a paired verdict needs."""
     pattern = (-1.0, 0.5, 0.0, 1.0, -0.5, 0.25)
@@ -329,11 +329,11 @@ def _rounds(x: float, rel: float = 0.02, shift: int = 0) -> list[float]:
 def _nb08(compiled_us: list[float], ort_all: list[float], ort_disabled: float = 24.0, compiled=None):
     fusion = {"eager_ops": 7, "fused_kernels": 1, "speedup": 100.0 / compiled_us[1], "eager_us": 100.0,
               "compiled_us": compiled_us[1], "copy_us": 40.0,
-              "samples": {"eager_us": _rounds(100.0), "compiled_us": compiled_us}}
+              "samples": {"eager_us": _six(100.0), "compiled_us": compiled_us}}
     eager = {"engine": "PyTorch eager, dynamic cache", "decode_tokens_per_s": 20.0, "agreement": 1.0, "kl": 0.0,
-             "samples": {"decode_tokens_per_s": _rounds(20.0)}}
+             "samples": {"decode_tokens_per_s": _six(20.0)}}
     disabled = {"engine": "ONNX Runtime, disabled", "decode_tokens_per_s": ort_disabled, "agreement": 1.0, "kl": 1e-9,
-                "samples": {"decode_tokens_per_s": _rounds(ort_disabled)}}
+                "samples": {"decode_tokens_per_s": _six(ort_disabled)}}
     every = {"engine": "ONNX Runtime, all", "decode_tokens_per_s": ort_all[1], "agreement": 1.0, "kl": 2e-9,
              "samples": {"decode_tokens_per_s": ort_all}}
     return nb08.takeaways(fusion=fusion, fusion_rows=4096, max_abs_diff=2e-6, compiled=compiled, story=None,
@@ -344,7 +344,7 @@ def _nb08(compiled_us: list[float], ort_all: list[float], ort_disabled: float = 
 
 
 def test_nb08_engines_judged_in_one_set_of_rounds():
-    found = _nb08(_rounds(55.0), _rounds(30.0))
+    found = _nb08(_six(55.0), _six(30.0))
     assert found.headline["label"] == "fastest decode in the rounds (ONNX Runtime, all) / eager (×)"
     assert found.headline["value"] == pytest.approx(1.5) and found.headline["verdict"] == "better"
     text = _text(found)
@@ -353,7 +353,7 @@ def test_nb08_engines_judged_in_one_set_of_rounds():
     assert found.sentences[0].startswith("Fastest decode in this run's interleaved rounds")  # the whole step leads
     assert found.sentences[1].startswith("Fusion, one operator chain timed alone (not a whole decode step)")
     assert "clipping at p99.9 gave 0.67× absmax's mean KL: clipping the outliers helps this layer" in text
-    noisy_best = _nb08(_rounds(55.0), [15.0, 24.0, 33.0, 17.0, 26.0, 30.0], ort_disabled=16.0).sentences[0]
+    noisy_best = _nb08(_six(55.0), [15.0, 24.0, 33.0, 17.0, 26.0, 30.0], ort_disabled=16.0).sentences[0]
     assert "ONNX Runtime, all, with no verdict against eager (1.16×" in noisy_best and "dynamic, per-token scale disturbed" in text
     assert "torch.compile: not measured here" in text
 
@@ -363,19 +363,19 @@ def test_nb08_a_compile_measured_here_pays_back_only_on_its_verdict():
 
     row = {"where": "this run", "build_s": 40.0, "gain": 1.05, "break_even": 8000.0}
     noisy = verdict.compare([20.0, 21.5, 23.0], [19.5, 20.5, 22.0])  # compiled, eager: the ranges overlap
-    text = _text(_nb08(_rounds(55.0), _rounds(30.0), compiled={**row, "verdict": noisy}))
+    text = _text(_nb08(_six(55.0), _six(30.0), compiled={**row, "verdict": noisy}))
     assert "The whole decode step compiled (this run): 1.05× eager's speed, within noise" in text
     assert "no gain this run can read to pay the build back" in text and "pays back after" not in text
     real = verdict.compare(_spread(25.0), _spread(20.0))  # the compile is timed apart, not in rounds: unpaired
-    text = _text(_nb08(_rounds(55.0), _rounds(30.0), compiled={**row, "gain": 1.25, "verdict": real}))
+    text = _text(_nb08(_six(55.0), _six(30.0), compiled={**row, "gain": 1.25, "verdict": real}))
     assert "1.25× eager's speed (faster) after a 40 s build; it pays back after 8,000 tokens there." in text
     noise = _text(_nb08([50.0, 100.0, 150.0, 60.0, 120.0, 140.0], [20.0, 24.0, 28.0, 22.0, 29.0, 23.0]))
     # rounds that swap places: not "within noise" (its interval is far wider than ±2 %) but no verdict, run more pairs
     assert "on 4096 rows no verdict (1.00×" in noise and "'all' against 'disabled': no verdict" in noise
     assert "more pairs" in noise and "within noise" not in noise
-    wild = _text(_nb08(_rounds(20.0), _rounds(30.0)))  # 5× from a fused kernel no faster than a copy's 2.5×
+    wild = _text(_nb08(_six(20.0), _six(30.0)))  # 5× from a fused kernel no faster than a copy's 2.5×
     assert "on 4096 rows implausible — rerun (4.95×; 5.00× beats its bound 2.50×" in wild
-    assert "eager PyTorch itself (dynamic cache)" in _nb08(_rounds(55.0), _rounds(15.0), ort_disabled=16.0).sentences[0]
+    assert "eager PyTorch itself (dynamic cache)" in _nb08(_six(55.0), _six(15.0), ort_disabled=16.0).sentences[0]
 
 
 
@@ -386,18 +386,18 @@ def test_nb08_a_most_optimised_level_that_is_not_faster_is_said_and_explained():
         return {"engine": f"ONNX Runtime, {name}", "decode_tokens_per_s": tps[1], "agreement": 1.0, "kl": 0.0,
                 "samples": {"decode_tokens_per_s": tps}}
     eager = {"engine": "PyTorch eager, dynamic cache", "decode_tokens_per_s": 20.0, "samples": {}}
-    worse = nb08.levels_sentence([eager, level("disable_all", _rounds(24.0)), level("basic", _rounds(36.0)),
-                                  level("all", _rounds(30.0))], "all")
+    worse = nb08.levels_sentence([eager, level("disable_all", _six(24.0)), level("basic", _six(36.0)),
+                                  level("all", _six(30.0))], "all")
     assert worse.startswith("ONNX Runtime 'all' decoded slower than 'basic' (0.83×; paired sign-flip test, 6 pairs")
     assert "more fusions are not always faster" in worse
-    noise = nb08.levels_sentence([level("disable_all", _rounds(24.0)), level("basic", [28.0, 31.0, 34.0, 30.0, 33.0, 29.0]),
+    noise = nb08.levels_sentence([level("disable_all", _six(24.0)), level("basic", [28.0, 31.0, 34.0, 30.0, 33.0, 29.0]),
                                   level("all", [27.0, 30.0, 33.0, 31.0, 32.5, 29.5])], "all")
     assert "'all' decoded with no verdict against 'basic'" in noise and "too few rounds" in noise and "raise ROUNDS" in noise
-    steady = nb08.levels_sentence([level("basic", _rounds(30.0, 0.005)), level("all", _rounds(30.05, 0.005, 1))], "all")
+    steady = nb08.levels_sentence([level("basic", _six(30.0, 0.005)), level("all", _six(30.05, 0.005, 1))], "all")
     assert "'all' decoded within noise of 'basic'" in steady and "no larger than the spread" in steady
-    assert nb08.levels_sentence([level("basic", _rounds(24.0)), level("all", _rounds(30.0))], "all") == ""
-    assert nb08.levels_sentence([level("all", _rounds(30.0))], "all") == ""
-    found = _nb08(_rounds(55.0), _rounds(20.0), ort_disabled=24.0)  # 'all' below 'disabled': said among the takeaways
+    assert nb08.levels_sentence([level("basic", _six(24.0)), level("all", _six(30.0))], "all") == ""
+    assert nb08.levels_sentence([level("all", _six(30.0))], "all") == ""
+    found = _nb08(_six(55.0), _six(20.0), ort_disabled=24.0)  # 'all' below 'disabled': said among the takeaways
     assert any(t.startswith("ONNX Runtime 'all' decoded slower than 'disabled'") for t in found.sentences)
 
 
@@ -695,7 +695,7 @@ def test_nb10_checks_the_same_ort_file_against_notebook_03():
 
 def _probe(fp16: float, bf16: float, fp32: float = 72.0, rounds: int = 6) -> list[dict]:
     return [{"precision": p, "batch": 8, "tokens_per_s": t, "rounds": rounds,
-             **({"samples": {"tokens_per_s": _rounds(t, shift=i)[:rounds]}} if rounds > 1 else {})}
+             **({"samples": {"tokens_per_s": _six(t, shift=i)[:rounds]}} if rounds > 1 else {})}
             for i, (p, t) in enumerate((("fp32", fp32), ("bf16", bf16), ("fp16", fp16)))]
 
 
@@ -736,7 +736,7 @@ def test_nb08_attributes_the_onnx_runtime_gain_step_by_step():
     """The recorded run: 'basic' 1.62× 'disable_all' (shape bookkeeping dropped, nothing fused), 'all' 1.11× 'basic'."""
     def row(level, tps):
         return {"engine": f"ONNX Runtime, {level}", "decode_tokens_per_s": tps,
-                "samples": {"decode_tokens_per_s": _rounds(tps, shift=len(tps.hex()))}}
+                "samples": {"decode_tokens_per_s": _six(tps, shift=len(tps.hex()))}}
 
     rounds = [row("disable_all", 13.9), row("basic", 22.4), row("all", 24.9)]
     said = nb08.steps_sentence(rounds, ["disable_all", "basic", "extended", "all"])

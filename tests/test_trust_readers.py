@@ -11,6 +11,7 @@ import pytest
 from labkit.core import verdict
 from labkit.lessons.nb14 import findings as f14
 from labkit.lessons.nb14 import runs as nb14
+from labkit.serve.clients import readers
 
 
 def drifting(rounds, *, seed, requests=4, walk=0.05, bound=0.15, noise=0.05, tpot=0.05):
@@ -28,63 +29,63 @@ def drifting(rounds, *, seed, requests=4, walk=0.05, bound=0.15, noise=0.05, tpo
 def test_read_calls_only_a_slowdown_in_the_slowdown_direction():
     a = [[1.0, 1.01, 0.99, 1.0]] * 8
     faster = [[0.8, 0.81, 0.79, 0.8]] * 8
-    row = nb14.read(a, faster, slow=True, resamples=200)
+    row = readers.read(a, faster, slow=True, resamples=200)
     assert row["paired_kind"] == verdict.BETTER and not row["paired"] and not row["naive"]  # faster is not caught
-    assert nb14.read(a, faster, slow=False, resamples=200)["paired"]  # but in A/A it is a false positive
+    assert readers.read(a, faster, slow=False, resamples=200)["paired"]  # but in A/A it is a false positive
     assert row["pairs"] == 8 and row["paired_p"] is not None
 
 
 def test_the_paired_reader_meets_the_goal_where_one_run_each_and_the_overlap_rule_do_not():
     rec = drifting(40, seed=7)
-    rows = nb14.resampled_trials(rec, pairs=16, trials=200, per_token_s=0.1 * 0.05, resamples=200)
-    r = nb14.rates(rows)
+    rows = readers.resampled_trials(rec, pairs=16, trials=200, per_token_s=0.1 * 0.05, resamples=200)
+    r = readers.rates(rows)
     assert r["paired"]["aa_false_positive_rate"] <= 0.08, r
     assert r["paired"]["slowdown_detection_rate"] >= 0.9, r
     assert r["naive"]["aa_false_positive_rate"] > 0.2, r  # a 2 % step, with 5 % noise a pass
     assert r["overlap"]["slowdown_detection_rate"] < 0.5, r  # the drift spreads the passes' medians past the change
-    table = {row["reader"]: row for row in nb14.reader_table([], rows)}
+    table = {row["reader"]: row for row in readers.reader_table([], rows)}
     assert table["paired"]["meets_goal"] and not table["naive"]["meets_goal"] and not table["overlap"]["meets_goal"]
     assert table["paired"]["aa_fp_real"] is None  # no real trials: the real columns say so
 
 
 def test_real_trials_are_consecutive_blocks_and_a_short_rest_is_left_out():
     rec = drifting(13, seed=1)
-    rows = nb14.real_trials(rec, 6, slow=False)
+    rows = readers.real_trials(rec, 6, slow=False)
     assert [r["index"] for r in rows] == [0, 1] and all(r["pairs"] == 6 and r["source"] == "real" for r in rows)
-    assert nb14.rates(rows)["paired"]["slowdown_detection_rate"] is None
+    assert readers.rates(rows)["paired"]["slowdown_detection_rate"] is None
 
 
 def test_resampled_trials_stay_out_of_the_verdict_log_and_real_ones_go_in(tmp_path, monkeypatch):
     log = tmp_path / "v.jsonl"
     monkeypatch.setenv(verdict.LOG_ENV, str(log))
     rec = drifting(12, seed=2)
-    nb14.resampled_trials(rec, pairs=6, trials=5, per_token_s=0.005, resamples=50)
+    readers.resampled_trials(rec, pairs=6, trials=5, per_token_s=0.005, resamples=50)
     assert not log.exists()
-    nb14.real_trials(rec, 6, slow=False)
+    readers.real_trials(rec, 6, slow=False)
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert sorted(x["how"] for x in lines) == ["compare", "compare", "paired", "paired"]
     assert verdict.LOG_ENV in __import__("os").environ  # put back
 
 
 def test_meets_reads_alpha_and_power():
-    assert nb14.meets({"aa_false_positive_rate": verdict.ALPHA, "slowdown_detection_rate": verdict.POWER})
-    assert not nb14.meets({"aa_false_positive_rate": verdict.ALPHA + 0.01, "slowdown_detection_rate": 1.0})
-    assert not nb14.meets({"aa_false_positive_rate": 0.0, "slowdown_detection_rate": verdict.POWER - 0.01})
-    assert not nb14.meets({"aa_false_positive_rate": None, "slowdown_detection_rate": 1.0})
+    assert readers.meets({"aa_false_positive_rate": verdict.ALPHA, "slowdown_detection_rate": verdict.POWER})
+    assert not readers.meets({"aa_false_positive_rate": verdict.ALPHA + 0.01, "slowdown_detection_rate": 1.0})
+    assert not readers.meets({"aa_false_positive_rate": 0.0, "slowdown_detection_rate": verdict.POWER - 0.01})
+    assert not readers.meets({"aa_false_positive_rate": None, "slowdown_detection_rate": 1.0})
 
 
 def test_sigma_d_is_the_spread_of_the_pairs_log_ratios():
     rec = {"A": [[1.0], [2.0], [1.0]], "B": [[1.1], [2.0], [0.9]]}
     want = __import__("statistics").stdev([math.log(1.1), 0.0, math.log(0.9)])
-    assert nb14.sigma_d(rec) == pytest.approx(want)
+    assert readers.sigma_d(rec) == pytest.approx(want)
     with pytest.raises(ValueError, match="2 recorded pairs"):
-        nb14.sigma_d({"A": [[1.0]], "B": [[1.0]]})
+        readers.sigma_d({"A": [[1.0]], "B": [[1.0]]})
 
 
 def _ab(table_meets, *, pairs=6, needed=6):
-    rates = {k: {"aa_false_positive_rate": 0.5, "slowdown_detection_rate": 0.5} for k in nb14.READERS}
+    rates = {k: {"aa_false_positive_rate": 0.5, "slowdown_detection_rate": 0.5} for k in readers.READERS}
     return {"table": [{"reader": k, "aa_fp_resampled": 0.5, "detected_resampled": 0.5, "meets_goal": k in table_meets}
-                      for k in nb14.READERS], "resampled_rates": rates, "rates": rates, "resampled_trials": 200,
+                      for k in readers.READERS], "resampled_rates": rates, "rates": rates, "resampled_trials": 200,
             "pairs": pairs, "needed": needed, "afforded": pairs >= needed, "aa_trials": 2, "ab_trials": 1, "aa_pairs": 6, "requests_per_pass": 4,
             "slowdown_share": 0.1, "sigma_d": 0.05}
 
@@ -98,7 +99,7 @@ def test_the_sentences_name_only_the_readers_that_met_the_goal():
     assert "No reader met" in none and "none here tells a 10% slowdown from nothing" in none
     assert "asked for 14 pairs" in none and "made 6" in none
     assert "None met" in f14.aa_sentence(_ab([])) and "Only" not in f14.aa_sentence(_ab([]))
-    assert "Every reader met" in f14.aa_sentence(_ab(list(nb14.READERS)))
+    assert "Every reader met" in f14.aa_sentence(_ab(list(readers.READERS)))
     assert not f14.afforded(_ab([], pairs=6, needed=7)) and f14.afforded(_ab([], pairs=7, needed=7))
 
 
@@ -117,7 +118,7 @@ def test_aa_ab_over_the_tiny_server_records_pairs_and_sizes_the_slowdown(server)
     assert out["per_token_s"] == pytest.approx(4.0 * out["tpot_a_s"]) and seen["sized"]["pairs"] == 7
     assert out["passes"] == 1 + 2 * 6 + 2 * 7  # the thrown-away pass, the A/A rounds, the A/B rounds
     assert [r["trial"] for r in out["rows"]] == ["A/A", "A/B"] and out["rows"][1]["pairs"] == 7
-    assert len(out["resampled_rows"]) == 20 and {r["reader"] for r in out["table"]} == set(nb14.READERS)
+    assert len(out["resampled_rows"]) == 20 and {r["reader"] for r in out["table"]} == set(readers.READERS)
     assert out["measured_slowdown"] > 0.5  # the proxy's delay (4× a token's time) shows on the B side, whatever the
     # tiny server's own noise
     assert len(out["recording"]["order"]) == 6 and {tuple(sorted(o)) for o in out["recording"]["order"]} == {("A", "B")}

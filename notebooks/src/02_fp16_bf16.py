@@ -228,7 +228,8 @@ pd.DataFrame({"dtype": VARIANTS, "predicted_MiB": [predicted[d] / 2**20 for d in
 # then released; then all are loaded
 # together and their decode timed in `REPEATS` rounds of `NEW_TOKENS` greedy tokens, each round in a shuffled
 # order (bf16 fp32 fp16, fp16 bf16 fp32, …), so a busy minute slows all of them alike. Round i of fp16 and round i
-# of fp32 ran side by side: each variant is judged against fp32 pair by pair (a paired test, at least 6 pairs).
+# of fp32 ran side by side: each variant is judged against fp32 pair by pair (a
+# [paired test](../docs/glossary.md#paired-test), at least 6 pairs).
 # Predict: how many times as fast as fp32 do fp16 and bf16 decode on this machine?
 
 # %% slideshow={"slide_type": "fragment"}

@@ -64,7 +64,7 @@ UNTIL_SPREAD = 0.10  # settled when (p90 - p10) / median of the last WINDOW call
 WINDOW = 5  # calls per settle window
 MAX_CALLS = config.pick(30, 12)  # warmup gives up after this many calls, settled or not
 COMPILE_TOKENS = (1, 16)  # (batch, tokens) of the input for the one-layer compile demo
-COMPILE_ROUNDS = config.pick(10, 8)  # rounds of eager and compiled calls, each in a shuffled order: pairs
+COMPILE_ROUNDS = config.pick(10, 8)  # rounds of the plain and the compiled call, each in a shuffled order: pairs
 COMPILE_MODEL = cache_variants.compile_here()[0]  # whole-model compile, fresh process: full mode, or on a GPU
 
 # %% [markdown] slideshow={"slide_type": "slide"}
