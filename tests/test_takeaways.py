@@ -793,9 +793,9 @@ def test_nb09_says_when_the_sweep_and_the_same_load_run_disagree():
 def test_a_reference_recorded_before_rounds_were_paired_says_so_with_its_date():
     """The shipped references of 10 and 12 were judged by the unpaired rule: the line under their verdicts says so,
     with the date the file records; a reference whose notes say its verdicts were paired gets no such line."""
-    from labkit.lessons.nb12 import findings as nb12
+    from labkit.lessons import findings as mod
 
-    for mod, name, section in ((nb10, "10_beyond", "vllm_mechanisms"), (nb12, "12_serving_features", "pd_itl")):
+    for name, section in (("10_beyond", "vllm_mechanisms"), ("12_serving_features", "pd_itl")):
         ref = results.load(ROOT / "data" / "reference" / f"{name}.json")
         env = (ref.notes.get("section_env") or {}).get(section) or ref.env
         assert mod.unpaired_reference(ref, section) == (

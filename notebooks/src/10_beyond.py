@@ -654,7 +654,7 @@ if vllm_ran:
 else:
     references.show("10_beyond", "vllm_mechanisms", VLLM_TABLE_COLUMNS)
 ref_path = results.reference_dir() / "10_beyond.json"
-if (not vllm_ran or served["skipped"]) and (said := nb10.findings.unpaired_reference(
+if (not vllm_ran or served["skipped"]) and (said := findings.unpaired_reference(
         results.reference("10_beyond") if ref_path.is_file() else None, "vllm_mechanisms")):
     print(said)
 
@@ -684,7 +684,7 @@ head = nb10.runs.headline(lookup_rows, prefix_rows, chunk_rows, kv_rows, engine_
                        quality_floor=QUALITY_FLOOR)
 res.replace("headline", [head])  # the figures bench/beyond.py prints
 res.notes["versions"] = env.versions(("optimum-quanto", "hqq", "onnx-ir", "llama-cpp-python"))
-res.notes["verdicts"] = nb10.findings.PAIRED_NOTE  # this run's two-way verdicts: paired, round by round
+res.notes["verdicts"] = findings.PAIRED_NOTE  # this run's two-way verdicts: paired, round by round
 found = nb10.findings.takeaways(head=head, lookup=(copy_row, chat_row), prefix=(off, on), chunked=(unchunked, chunked),
                                 kv=(base, kv_best), quality_floor=QUALITY_FLOOR, kv_rows=kv_rows,
                                 llamacpp_reference=llamacpp_reference)

@@ -388,7 +388,7 @@ else:
                                                     else vllm_server.MISSING))
     references.show("12_serving_features", "pd_split", PD_COLUMNS)
     references.show("12_serving_features", "pd_itl", ITL_COLUMNS)
-    if said := nb12.findings.unpaired_reference(REFERENCE, "pd_itl"):
+    if said := findings.unpaired_reference(REFERENCE, "pd_itl"):
         print(said)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -427,7 +427,7 @@ found_12 = nb12.findings.takeaways(lab=lab_con, vllm_con=vllm_con, mask=by_hand,
                                    lora_gain=lora_gain, pd=pd_row, structured=[s for s in (lab_said, vllm_said) if s])
 findings.record(res, found_12)
 res.notes["versions"] = env.versions(("xgrammar", "peft"))
-res.notes["verdicts"] = nb12.findings.PAIRED_NOTE  # this run's two-way verdicts: paired, round by round
+res.notes["verdicts"] = findings.PAIRED_NOTE  # this run's two-way verdicts: paired, round by round
 if vllm_srv is not None:
     res.notes["vllm"] = {"platform": {"version": vllm_srv.version()}}
 res.save()

@@ -120,6 +120,20 @@ def recorded(ref: Any) -> str:
     return str(ref.env.get("date", "?"))[:10]
 
 
+PAIRED_NOTE = "paired"  # results.notes["verdicts"] of a run whose verdicts were judged paired round by round
+
+
+def unpaired_reference(ref: Any, section: str) -> str:
+    """The line under a reference's verdicts (``section`` of ``ref``, a shipped reference run) recorded before this
+    notebook judged its rounds paired (its notes lack ``"verdicts": "paired"``): judged unpaired, and when; empty for
+    a reference recorded since, or none."""
+    if ref is None or not ref.section(section) or (ref.notes or {}).get("verdicts") == PAIRED_NOTE:
+        return ""
+    env = (ref.notes.get("section_env") or {}).get(section) or ref.env
+    return (f"The reference's verdicts above were judged unpaired, recorded {str(env.get('date') or 'on a date not recorded')[:10]} "
+            "(before rounds were paired); this run's verdicts are paired, round by round.")
+
+
 def rounds_verdict(new: Any, base: Any, *, when: str | None = None, **limits: Any) -> verdict.Verdict:
     """Two sides timed in the same rounds (round i of each at index i), judged paired: ``verdict.compare(…,
     paired=True)``. ``when``: the day (``recorded``) of the reference the two sides come from, where they do: a

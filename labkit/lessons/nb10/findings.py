@@ -229,15 +229,3 @@ def same_file_elsewhere(here: Mapping[str, Any], here_base: Mapping[str, Any], t
             "spread), not only the machine: compare like with like before quoting either.")
 
 
-PAIRED_NOTE = "paired"  # results.notes["verdicts"] of a run whose verdicts were judged paired round by round
-
-
-def unpaired_reference(ref: Any, section: str) -> str:
-    """The line under a reference's verdicts (``section`` of ``ref``, a shipped reference run) recorded before this
-    notebook judged its rounds paired (its notes lack ``"verdicts": "paired"``): judged unpaired, and when; empty for
-    a reference recorded since, or none."""
-    if ref is None or not ref.section(section) or (ref.notes or {}).get("verdicts") == PAIRED_NOTE:
-        return ""
-    env = (ref.notes.get("section_env") or {}).get(section) or ref.env
-    return (f"The reference's verdicts above were judged unpaired, recorded {str(env.get('date') or 'on a date not recorded')[:10]} "
-            "(before rounds were paired); this run's verdicts are paired, round by round.")

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...core import results, verdict
-from ..findings import Findings
+from ..findings import PAIRED_NOTE, Findings
 
 
 def structured_sentence(con: Mapping[str, Any], free: Mapping[str, Any], where: str) -> str:
@@ -109,18 +109,6 @@ def takeaways(*, lab: Mapping[str, Any] | None, vllm_con: Mapping[str, Any] | No
     return Findings(rows=rows, sentences=said)
 
 
-PAIRED_NOTE = "paired"  # results.notes["verdicts"] of a run whose verdicts were judged paired round by round
-
-
-def unpaired_reference(ref: Any, section: str) -> str:
-    """The line under a reference's verdicts (``section`` of ``ref``, a shipped reference run) recorded before this
-    notebook judged its rounds paired (its notes lack ``"verdicts": "paired"``): judged unpaired, and when; empty for
-    a reference recorded since, or none."""
-    if ref is None or not ref.section(section) or (ref.notes or {}).get("verdicts") == PAIRED_NOTE:
-        return ""
-    env = (ref.notes.get("section_env") or {}).get(section) or ref.env
-    return (f"The reference's verdicts above were judged unpaired, recorded {str(env.get('date') or 'on a date not recorded')[:10]} "
-            "(before rounds were paired); this run's verdicts are paired, round by round.")
 
 
 def _too_few(v: Any) -> bool:

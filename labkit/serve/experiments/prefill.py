@@ -149,17 +149,22 @@ def prefix_cache_rounds(lm: Any, prompts: Sequence[str], max_tokens: int, concur
 # ------------------------------------------------------------------------------------- chunked prefill
 
 
-def chunked_prefill_run(lm: Any, stream_prompts: Sequence[str], stream_tokens: int, long_prompt: str,
-                        prefill_chunk_tokens: int, long_tokens: int = 1, long_after: int = 4) -> dict[str, Any]:
-    """Streams decoding, then one long prompt arrives (after the first stream's ``long_after``-th token),
-    against the continuous-batching server with chunked prefill off (0) or on: the streams' ITL, pooled
-    over the whole run, the long prompt's TTFT, and the streams' texts."""
+def _check_burst(stream_tokens: int, long_tokens: int, long_after: int) -> None:
+    """The burst's counts are positive and the long prompt arrives while the streams are still decoding."""
     positive("stream_tokens", stream_tokens)
     positive("long_tokens", long_tokens)
     positive("long_after", long_after)
     if long_after >= stream_tokens:
         raise ValueError(f"long_after={long_after} must be below stream_tokens={stream_tokens}: the long prompt "
                          "must arrive while the streams are still decoding")
+
+
+def chunked_prefill_run(lm: Any, stream_prompts: Sequence[str], stream_tokens: int, long_prompt: str,
+                        prefill_chunk_tokens: int, long_tokens: int = 1, long_after: int = 4) -> dict[str, Any]:
+    """Streams decoding, then one long prompt arrives (after the first stream's ``long_after``-th token),
+    against the continuous-batching server with chunked prefill off (0) or on: the streams' ITL, pooled
+    over the whole run, the long prompt's TTFT, and the streams' texts."""
+    _check_burst(stream_tokens, long_tokens, long_after)
     with launch.run_server(lm, port=0, batching="continuous", max_batch_size=len(stream_prompts) + 1,
                             prefill_chunk_tokens=prefill_chunk_tokens, max_prompt_tokens=8192) as srv:
         got = client.burst(srv.url, stream_prompts, stream_tokens, [long_prompt], long_tokens, long_after,
@@ -192,13 +197,8 @@ def chunked_prefill_rounds(lm: Any, stream_prompts: Sequence[str], stream_tokens
     round the worst gap overlapping the long prompt's prefill (``samples["stall_s"]``) and the long prompt's TTFT
     (``samples["long_ttft_s"]``), round i at index i: the pairs of a paired verdict; their medians; the first
     round's stamps (for ``stamps_figure``) and texts, and whether every round streamed the same texts."""
-    positive("stream_tokens", stream_tokens)
-    positive("long_tokens", long_tokens)
-    positive("long_after", long_after)
+    _check_burst(stream_tokens, long_tokens, long_after)
     positive("rounds", rounds)
-    if long_after >= stream_tokens:
-        raise ValueError(f"long_after={long_after} must be below stream_tokens={stream_tokens}: the long prompt "
-                         "must arrive while the streams are still decoding")
     sizes = {"unchunked": 0, "chunked": prefill_chunk_tokens}
     with contextlib.ExitStack() as stack:
         servers = {mode: stack.enter_context(launch.run_server(
