@@ -6,4 +6,6 @@
              exports read back into the lab's per-request records, with each one's own figures and definitions
 ``mlperf``   MLPerf LoadGen's system-under-test callbacks over an OpenAI-compatible server
 ``delay``    a streaming proxy that adds a known delay per token: an injected slowdown of known size
+``readers``  A/A and A/B trials of interleaved passes through two such proxies, read four ways (one run each, the
+             overlap rule, a request bootstrap, the paired test): each reader's false positives and detections
 """
