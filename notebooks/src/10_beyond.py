@@ -76,7 +76,7 @@ print({k: v for k, v in env.versions().items() if k in ("python", "torch", "tran
 # %% slideshow={"slide_type": "subslide"} tags=["parameters"]
 DTYPE = "fp32" if env.device() == "cpu" else "fp16"  # the model every section measures
 PASSAGE_TOKENS = config.pick(240, 96)  # tokens of text the copying task hands the model
-LOOKUP_NEW_TOKENS = config.pick(64, 12)  # tokens each speculative run decodes
+LOOKUP_NEW_TOKENS = config.pick(64, 8)  # tokens each speculative run decodes
 LOOKUP_DRAFT_TOKENS = 5  # prompt lookup's draft length, tokens (transformers' prompt_lookup_num_tokens)
 REPEATS = config.pick(5, 3)  # timed runs per measurement (after one warmup)
 LOOKUP_ROUNDS = config.pick(8, 6)  # interleaved rounds of plain decoding and prompt lookup: the pairs of their verdict
@@ -89,7 +89,7 @@ PREFIX_ROUNDS = config.pick(8, 6)  # interleaved rounds of the cache off and on 
 CONCURRENCY = 2  # requests in flight at once (and the server's max_batch_size)
 PREFIX_CACHE_TOKENS = 4096  # the server's prefix cache bound, KV positions
 STREAMS = config.pick(3, 2)  # answers streaming when the long prompt arrives (3 × 47 gaps: enough for a p99)
-STREAM_TOKENS = config.pick(48, 10)  # tokens each stream decodes
+STREAM_TOKENS = config.pick(48, 8)  # tokens each stream decodes
 LONG_PROMPT_TOKENS = config.pick(1536, 256)  # the long prompt that arrives while they stream (quick: short bursts)
 PREFILL_CHUNK_TOKENS = 128  # chunked prefill: prompt tokens per step
 CHUNK_ROUNDS = config.pick(8, 6)  # interleaved rounds of the long prompt arriving, unchunked and chunked

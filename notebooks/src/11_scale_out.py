@@ -77,7 +77,7 @@ PER_GROUP = 2  # conversations per group
 TURNS = config.pick(4, 3)  # turns per conversation; each resends the conversation so far
 SYSTEM_TOKENS = config.pick(512, 256)  # tokens of each group's system prompt
 DOCUMENT_TOKENS = config.pick(256, 128)  # tokens of the document each conversation's first message pastes
-MAX_TOKENS = config.pick(16, 6)  # tokens per answer
+MAX_TOKENS = config.pick(16, 4)  # tokens per answer
 ROUNDS = config.pick(8, 6)  # rounds of the policy comparison (fresh system prompts each round, policies interleaved
 #                             in a shuffled order): the pairs of the paired verdict, which needs at least 6
 STAGGER_S = 0.3  # seconds between two conversations' starts (users do not all arrive at once)

@@ -75,8 +75,8 @@ MASK_TOKENS = config.pick(40, 32)  # tokens for the regex-constrained answer
 SCHEMA = nb12.runs.PERSON_SCHEMA  # the JSON schema every structured answer must follow
 PEOPLE = ["a teacher from Lyon", "a retired sailor", "a nurse in Osaka", "a young painter", "a baker in Quebec",
           "a chess champion", "a farmer in Kenya", "a student in Lima"]  # one request each
-JSON_PEOPLE = config.pick(8, 4)  # requests per structured batch, the first of PEOPLE (quick: shorter batches, more rounds)
-JSON_MAX_TOKENS = config.pick(64, 48)  # tokens per structured answer (a constrained one closes its JSON in fewer)
+JSON_PEOPLE = config.pick(8, 2)  # requests per structured batch, the first of PEOPLE (quick: shorter batches, more rounds)
+JSON_MAX_TOKENS = config.pick(64, 32)  # tokens per structured answer (a constrained one closes its JSON in fewer)
 JSON_ROUNDS = config.pick(8, 6)  # rounds of free and constrained on the lab's server, interleaved in a shuffled
 #                                  order after a warm-up batch of each (which pays the grammar's compile): the pairs
 VLLM_JSON_ROUNDS = config.pick(8, 3)  # the same on vllm serve (quick mode: too few pairs for a verdict; the reference's)
@@ -159,13 +159,13 @@ _ = exercises.reveal("mask time ÷ model time, per token", PREDICT_MASK_OVER_MOD
 # OpenAI's API asks for JSON of a schema with `response_format={"type": "json_schema", "json_schema": {...}}`.
 # The lab's server compiles the schema into a grammar once (xgrammar: the mask for every grammar state is
 # computed ahead, so a step only looks it up) and masks each constrained row of its batch; unconstrained rows in
-# the same batch are untouched. `PEOPLE` asks for a person's JSON eight times at once (`JSON_PEOPLE`: four in quick
+# the same batch are untouched. `PEOPLE` asks for a person's JSON eight times at once (`JSON_PEOPLE`: two in quick
 # mode), free and constrained.
 #
 # Predict: of the 8 free (unconstrained) answers, how many parse as JSON of the schema?
 
 # %% slideshow={"slide_type": "fragment"}
-PREDICT_FREE_VALID = None  # your prediction: free answers (of 8; 4 in quick mode) that are valid JSON of the schema
+PREDICT_FREE_VALID = None  # your prediction: free answers (of 8; 2 in quick mode) that are valid JSON of the schema
 
 # %% slideshow={"slide_type": "fragment"}
 json_prompts = [f"Give JSON with the name, age and city of {who}." for who in PEOPLE[:JSON_PEOPLE]]
