@@ -115,9 +115,11 @@ def step_split(gap: Any) -> str:
 UNPAIRED = "judged unpaired, recorded"  # how a reference's rounds from before paired verdicts say which rule read them
 
 
-def recorded(ref: Any) -> str:
-    """The day a reference (``results.Results``) was measured, as its provenance gives it: "2026-12-03"."""
-    return str(ref.env.get("date", "?"))[:10]
+def recorded(ref: Any, section: str | None = None) -> str:
+    """The day a reference (``results.Results``) was measured, as its provenance gives it: "2026-12-03"; with
+    ``section``, that section's own provenance where the file keeps one (``notes["section_env"]``)."""
+    env = (((ref.notes or {}).get("section_env") or {}).get(section) if section else None) or ref.env
+    return str(env.get("date") or "on a date not recorded")[:10]
 
 
 PAIRED_NOTE = "paired"  # results.notes["verdicts"] of a run whose verdicts were judged paired round by round
@@ -129,9 +131,8 @@ def unpaired_reference(ref: Any, section: str) -> str:
     a reference recorded since, or none."""
     if ref is None or not ref.section(section) or (ref.notes or {}).get("verdicts") == PAIRED_NOTE:
         return ""
-    env = (ref.notes.get("section_env") or {}).get(section) or ref.env
-    return (f"The reference's verdicts above were judged unpaired, recorded {str(env.get('date') or 'on a date not recorded')[:10]} "
-            "(before rounds were paired); this run's verdicts are paired, round by round.")
+    return (f"The reference's verdicts above were {UNPAIRED} {recorded(ref, section)} (before rounds were paired); this "
+            "run's verdicts are paired, round by round.")
 
 
 def rounds_verdict(new: Any, base: Any, *, when: str | None = None, **limits: Any) -> verdict.Verdict:

@@ -10,7 +10,7 @@ from typing import Any
 from ...core import cpu, verdict
 from ...model import gpus, roofline, sizing
 from ...precision import formats, fp8_gemm, variants
-from ..findings import Findings, kl_per_prompt
+from ..findings import UNPAIRED, Findings, kl_per_prompt
 
 FORMAT_ROWS = ("fp32", "fp8-tensor", "fp8-channel", "int8-channel", "bnb-int8", "ort-int8-tensor", "ort-int8-channel", "nvfp4", "mxfp4",
                "int4-g64", "bnb-nf4")  # the formats table's order: 8 bits, then 4
@@ -199,7 +199,7 @@ def judged_how(res: Any) -> str:
     rows = res.section("gemm")
     if rows and all(r.get("paired") for r in rows):
         return "judged paired"
-    return f"judged unpaired, recorded {str(res.env.get('date') or 'an unrecorded date')[:10]}"
+    return f"{UNPAIRED} {str(res.env.get('date') or 'an unrecorded date')[:10]}"
 
 
 def gpu_gemm_sentence(res: Any) -> str:
@@ -222,7 +222,7 @@ def gpu_gemm_sentence(res: Any) -> str:
                                      paired=paired) for r in rows}
     n = min(v.n for v in judged.values())
     kinds = {v.kind for v in judged.values()}
-    how = "judged paired" if paired else f"judged unpaired, recorded {date}"  # as judged_how words it
+    how = "judged paired" if paired else f"{UNPAIRED} {date}"  # as judged_how words it
     shape = lambda r: f"{r['M']}×{r['K']}×{r['N']}"  # noqa: E731
     if kinds == {verdict.NO_VERDICT}:  # too few samples a cell: say it once, then the ratios alone
         unit = "pair" if paired else "sample"

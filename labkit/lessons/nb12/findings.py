@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...core import results, verdict
-from ..findings import PAIRED_NOTE, Findings
+from ..findings import PAIRED_NOTE, UNPAIRED, Findings, recorded
 
 
 def structured_sentence(con: Mapping[str, Any], free: Mapping[str, Any], where: str) -> str:
@@ -69,7 +69,7 @@ def pd_reference_row(ref: Any, bytes_ratio: float | None) -> dict[str, Any] | No
     env = (ref.notes.get("section_env") or {}).get("pd_split") or ref.env
     where = results.where_of(results.Results(ref.name, env=env))
     judged = itl.get("split") or {}
-    unpaired = (f" Its stall verdict was judged unpaired, recorded {str(env.get('date') or 'on a date not recorded')[:10]} "
+    unpaired = (f" Its stall verdict was {UNPAIRED} {recorded(ref, 'pd_split')} "
                 f"({judged.get('rounds')} rounds, before rounds were paired)."
                 if judged.get("verdict_reason") and not str(judged["verdict_reason"]).startswith("paired") else "")
     return {"bytes_ratio": bytes_ratio, "where": where,
@@ -117,9 +117,8 @@ def _too_few(v: Any) -> bool:
 
 
 def _recorded(ref: Any, section: str) -> str:
-    env = (ref.notes.get("section_env") or {}).get(section) or ref.env
     how = "paired" if (ref.notes or {}).get("verdicts") == PAIRED_NOTE else "unpaired"
-    return f"judged {how}, recorded {str(env.get('date') or 'on a date not recorded')[:10]}"
+    return f"judged {how}, recorded {recorded(ref, section)}"
 
 
 def structured_beside_reference(row: Mapping[str, Any], ref: Any, section: str = "vllm_structured") -> str:

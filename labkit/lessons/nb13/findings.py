@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...core import verdict
-from ..findings import Findings
+from ..findings import Findings, recorded
 
 
 def busted_sentence(server: str, clean: Mapping[str, Any], busted: Mapping[str, Any], judged: Any,
@@ -90,8 +90,7 @@ def tier_beside_reference(table: Sequence[Mapping[str, Any]], full_rounds: int, 
     if not rows:
         return (f"Too few pairs here for the paired test ({here}); full mode runs {full_rounds} rounds of each way, and no "
                 "full-mode reference of this notebook ships yet to show its verdicts.")
-    env = (ref.notes.get("section_env") or {}).get("tier") or ref.env
     return (f"Too few pairs here for the paired test ({here}); the full-mode reference (recorded "
-            f"{str(env.get('date') or 'on a date not recorded')[:10]}): "
+            f"{recorded(ref, 'tier')}): "
             + "; ".join(f"{n} tokens: reload {r['reload_over_recompute']:.2f}× recompute ({r['reload_verdict']})"
                         for n, r in sorted(rows.items())) + ".")
