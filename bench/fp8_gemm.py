@@ -13,7 +13,7 @@ Shapes (M, K, N): the default model's largest decoder matrices (MLP up 576→153
 M = 1, 16 and prefill-like M = 256, and 1024³ (``--shapes model``, the default); ``--shapes probe`` times the six
 shapes of the H200 probe. Activations are fp32 on a CPU (the lab's CPU dtype), bf16 on CUDA (``--act-dtype``).
 Each variant gets 5 untimed warm-up calls (the first timed as ``first_us``); then the variants take turns, round
-after round, each round in a shuffled order, fp32 timed first and again after the last round (drift); a sample is
+after round, each round in a shuffled order (round i of every variant a pair); a sample is
 ``inner`` calls, timed with CUDA events on a GPU and ``labkit.core.timing.now`` elsewhere, in µs per call. Ratios
 are fp32's median / the variant's, judged by ``labkit.core.verdict.compare(..., paired=True)``, round i of a variant
 against round i of fp32. One JSON line per shape, the last line one JSON document: ratios, verdicts, the ISA.

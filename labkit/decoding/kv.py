@@ -253,7 +253,7 @@ def compare_cache_variants(model: Any, tokenizer: Any, variants: Iterable[str] =
                                              **recorder.kwargs())
         tokens[variant] = recorder.tokens
     runs = timing.rounds({v: (lambda v=v: timed_generate(model, tokenizer, prompt, new_tokens, **cache_variant_kwargs(v)))
-                          for v in variants}, repeats)
+                          for v in variants}, repeats, again=False)  # no drift read here: no extra pass
     base = variants[0]
     return [{"variant": v, "new_tokens": new_tokens, "first_call_s": firsts[v].e2e_s, **_stats(runs[v]),
              "e2e_s": min(r.e2e_s for r in runs[v]), "agreement": agreement(tokens[v], tokens[base]), "baseline": base,
@@ -306,7 +306,7 @@ def compare_attention(model: Any, tokenizer: Any, implementations: Iterable[str]
             recorder = TokenRecorder()
             first[impl] = run(impl, **recorder.kwargs())
             tokens[impl] = recorder.tokens
-        runs = timing.rounds({impl: (lambda impl=impl: run(impl)) for impl in implementations}, repeats)
+        runs = timing.rounds({impl: (lambda impl=impl: run(impl)) for impl in implementations}, repeats, again=False)
     finally:
         model.set_attn_implementation(before)
     base = implementations[0]
@@ -326,7 +326,7 @@ def prefill_decode_split(model: Any, tokenizer: Any, prompt_tokens: Iterable[int
     for n in lengths:
         timed_generate(model, tokenizer, inputs[n], 2)  # untimed warmup
     runs = timing.rounds({str(n): (lambda n=n: timed_generate(model, tokenizer, inputs[n], new_tokens)) for n in lengths},
-                         repeats)
+                         repeats, again=False)
     rows = []
     for n in lengths:
         row = {"prompt_tokens": n, "new_tokens": new_tokens, **_stats(runs[str(n)]), "repeats": repeats}

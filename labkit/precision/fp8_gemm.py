@@ -11,7 +11,7 @@ notebook 03's FP8 section):
                    FP8 GEMM itself; x is quantised once before timing
 
 Each variant gets ``WARMUP`` untimed calls (the first timed as ``first_us``); then the variants take turns, round
-after round, each round in a shuffled order, fp32 timed first and again after the last round (drift); a sample is
+after round, each round in a shuffled order (round i of every variant a pair); a sample is
 ``inner`` calls, timed with CUDA events on a GPU and ``labkit.core.timing.now`` elsewhere, in µs per call, one per
 variant and round (round i at index i). Ratios are the baseline's median / the variant's, judged by
 ``labkit.core.verdict.compare(..., paired=True)``: round i of a variant against round i of the baseline, which ran
@@ -108,7 +108,7 @@ def time_shape(m: int, k: int, n: int, device: str, act: Any, rounds: int, sampl
     first, steady = warm(fns, device)
     # each variant's sample lasts about sample_s: enough calls to see past the clock's grain, few for slow ones
     inner = {name: max(1, round(sample_s * 1e6 / max(call_us, 0.1))) for name, call_us in steady.items()}
-    us = timing.rounds({name: sampler(fn, device, inner[name]) for name, fn in fns.items()}, rounds)
+    us = timing.rounds({name: sampler(fn, device, inner[name]) for name, fn in fns.items()}, rounds, again=False)
     return {**gemm_row(m, k, n, us, fp8_error), "first_us": first, "inner": inner, "rounds": rounds}
 
 
