@@ -177,6 +177,6 @@ def lora_rounds(server: vs.VLLMServer, adapters: Sequence[str], prompts: Sequenc
                      "requests": len(prompts), "max_tokens": max_tokens, "concurrency": concurrency,
                      "rounds": rounds, "tokens_per_s": statistics.median(tps) if tps else None,
                      "ttft_p50_s": statistics.median(ttft) if ttft else None,
-                     "samples": {"tokens_per_s": per_round, "ttft_p50_s": ttft}, "failed": len(errors),
+                     "samples": {"tokens_per_s": per_round, "ttft_p50_s": [r["ttft_p50_s"] for r in runs]}, "failed": len(errors),
                      "errors": errors[:3]})
     return rows
