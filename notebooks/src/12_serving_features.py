@@ -187,13 +187,14 @@ display(lab_df[["variant", "valid", "requests", "tokens_per_answer", "tokens_per
 print("one constrained answer:", next(r["example"] for r in lab_runs if r["variant"] == "constrained"))
 print("one free answer:       ", next(r["example"] for r in lab_runs if r["variant"] == "free"))
 
-# %% slideshow={"slide_type": "fragment"}
+# %% slideshow={"slide_type": "subslide"}
 free_row, con_row = (lab_df.set_index("variant").loc[v] for v in ("free", "constrained"))
 exercises.reveal(f"free answers that are valid JSON of the schema (first batch, of {len(json_prompts)})", PREDICT_FREE_VALID,
                  next(r["valid"] for r in lab_runs if r["variant"] == "free"))
 lab_said = nb12.findings.structured_sentence(con_row.to_dict(), free_row.to_dict(), "the lab's server")
 print(lab_said)
-print("grammar compiles (the server's /metrics):", grammar_metrics)
+print("grammar compiles (the server's /metrics):",
+      ", ".join(f"{k.removeprefix('labkit_grammar_')} {v:g}" for k, v in grammar_metrics.items()))
 for what, answer in bad_lab.items():
     print(f"{what}: {answer['status']} {answer['param']!r}: {answer['message'][:110]}")
 
