@@ -144,10 +144,12 @@ def test_lora_modes_are_judged_paired_round_by_round():
     assert v.paired and v.n == 6 and v.kind == verdict.WORSE and v.ratio == pytest.approx(0.9)
     assert verdict.compare([x for x in mixed["samples"]["tokens_per_s"] if x], base["samples"]["tokens_per_s"]).kind \
         == verdict.NOISE, "unpaired, the drift hides the 10 %"
-    few = {"mode": "one", "samples": {"tokens_per_s": [90.0 * d for d in drift[:3]]}}
+    few = {"mode": "one", "samples": {"tokens_per_s": [90.0 * d for d in drift[:3]] + [None] * 4}}
     assert lora.paired_verdict(few, base).label == "no verdict (3 pairs)"
-    with pytest.raises(ValueError, match="nothing to pair"):
-        lora.paired_verdict({"mode": "one", "samples": {"tokens_per_s": [None] * 7}}, base)
+    assert lora.paired_verdict({"mode": "one", "samples": {"tokens_per_s": [None] * 7}}, base).label \
+        == "no verdict (0 pairs)"
+    with pytest.raises(ValueError, match="one value per round"):
+        lora.paired_verdict({"mode": "one", "samples": {"tokens_per_s": [90.0] * 3}}, base)
 
 
 def test_lora_rounds_warm_up_each_mode_then_keep_each_rounds_figure_at_its_index(monkeypatch):

@@ -517,7 +517,7 @@ def test_nb10_rounds_are_judged_paired_and_too_few_pairs_say_how_many_more():
     assert verdict.compare([0.4 * d for d in drift], [0.5 * d for d in drift]).kind == verdict.NOISE, \
         "unpaired, the same rounds overlap: the drift hides a 20 % gain"
     few = (rounds(off, "ttft_p50_s", 0.50), dict(on, samples={"ttft_p50_s": [0.40 * d for d in drift[:4]]}))
-    with pytest.raises(ValueError, match="equal-length"):
+    with pytest.raises(ValueError, match="one value per round"):
         nb10.takeaways(**{**kw, "prefix": few})
     four = (dict(off, samples={"ttft_p50_s": [0.5 * d for d in drift[:4]]}), few[1])
     text = _text(nb10.takeaways(**{**kw, "prefix": four}))

@@ -91,6 +91,22 @@ def test_paired_sides_must_hold_one_value_per_round():
         verdict.compare([1.0, 0.0], [1.0, 1.0], paired=True)
 
 
+def test_a_round_without_a_figure_on_both_sides_drops_out_as_a_pair_and_the_reason_counts_it():
+    drift = [1.0, 1.3, 0.8, 1.2, 0.9, 1.1, 1.25, 0.95]
+    base = [d for d in drift]
+    new = [1.1 * d for d in drift]
+    new[2], base[5] = None, math.nan  # a round each side timed nothing in
+    v = verdict.compare(new, base, paired=True, higher_is_better=False)
+    assert v.n == 6 and v.ratio == pytest.approx(1.1) and v.kind == verdict.WORSE
+    assert "2 rounds without a figure on both sides left out" in v.reason
+    # keyed by round (or by request): the same key of each side pairs up, a key one side lacks drops out
+    keyed = verdict.compare({r: 1.1 * d for r, d in enumerate(drift) if r != 3}, dict(enumerate(drift)), paired=True,
+                            higher_is_better=False)
+    assert keyed.n == 7 and keyed.ratio == pytest.approx(1.1) and "1 round without" in keyed.reason
+    none = verdict.compare([None] * 3, [1.0] * 3, paired=True)
+    assert none.kind == verdict.NO_VERDICT and none.n == 0 and none.label == "no verdict (0 pairs)"
+
+
 def test_the_sign_flip_p_is_exact_for_few_pairs_and_sampled_close_to_it_beyond():
     assert verdict.sign_flip_p([0.1] * 6) == pytest.approx(2 / 64)
     assert verdict.sign_flip_p([0.1, -0.1]) == 1.0

@@ -162,7 +162,7 @@ def _values(x: Any) -> list[float]:
     values = getattr(x, "samples", x)
     if isinstance(values, (int, float)):
         values = [values]
-    values = [float(v) for v in values]
+    values = [float(v) for v in values if not _missing(v)]  # a round that measured nothing (None) is no sample
     if not values:
         raise ValueError("compare() needs at least one sample on each side: measure before judging")
     return values
@@ -245,15 +245,34 @@ def _compare(new: Any, base: Any, *, higher_is_better: bool, **limits: Any) -> V
 # ----------------------------------------------------------------------------------------- the paired test
 
 
-def log_ratios(new: Any, base: Any) -> list[float]:
-    """ln(new_i / base_i) for each round i: the per-pair figure the paired test and ``pairs_needed`` work on."""
-    a, b = _values(new), _values(base)
+def pairs_of(new: Any, base: Any) -> tuple[list[float], list[float], int]:
+    """The pairs a paired comparison judges: round i of each side at index i (two sequences of one length), or the
+    same key of two mappings (keyed by round, or by request). A pair one side has no figure for (None, NaN, a key the
+    other lacks) is left out, as a pair. Returns each side's kept values and how many pairs were left out."""
+    a, b = getattr(new, "samples", new), getattr(base, "samples", base)
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        keys = list(dict.fromkeys([*a, *b]))
+        a, b = [a.get(k) for k in keys], [b.get(k) for k in keys]
+    a, b = list(a), list(b)
     if len(a) != len(b):
         raise ValueError(f"a paired comparison needs one value per round on each side, got {len(a)} and {len(b)}: "
                          "pass the per-round statistics, round i of each side at index i (timing.rounds keeps them "
-                         "so; its extra baseline pass is not a round)")
-    if any(x <= 0 for x in a + b):
-        raise ValueError("a paired comparison needs positive per-round values: times, rates and sizes only")
+                         "so; its extra baseline pass is not a round), None where a round has no figure")
+    kept = [(float(x), float(y)) for x, y in zip(a, b) if not (_missing(x) or _missing(y))]
+    if any(x <= 0 for pair in kept for x in pair):
+        raise ValueError("a paired comparison needs positive per-round values: times, rates and sizes only (None "
+                         "where a round has no figure)")
+    return [x for x, _ in kept], [y for _, y in kept], len(a) - len(kept)
+
+
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def log_ratios(new: Any, base: Any) -> list[float]:
+    """ln(new_i / base_i) for each round i with a figure on both sides (``pairs_of``): the per-pair figure the paired
+    test and ``pairs_needed`` work on."""
+    a, b, _left_out = pairs_of(new, base)
     return [math.log(x / y) for x, y in zip(a, b)]
 
 
@@ -298,23 +317,29 @@ def _more(n: int, sd: float | None, mean: float) -> int:
 
 
 def compare_paired(new: Any, base: Any, *, higher_is_better: bool = True, **limits: Any) -> Verdict:
-    """Paired rounds judged on their per-round log-ratios (``compare(..., paired=True)``): the ratio is their
-    geometric mean, p the exact sign-flip test's, the interval a t interval on the mean log-ratio.
+    """Paired rounds judged on their per-round log-ratios (``compare(..., paired=True)``; the pairs of ``pairs_of``:
+    a round without a figure on both sides is left out and counted in the reason): the ratio is their geometric mean,
+    p the exact sign-flip test's, the interval a t interval on the mean log-ratio.
 
     "better"/"worse": p < ``ALPHA`` and the ratio beyond ``TOLERANCE``; "within noise": the 95 % interval inside
     ±``TOLERANCE``; else "no verdict", its reason saying how many more pairs to run (``pairs_needed`` with this run's
     spread) — as it does below ``MIN_PAIRS`` pairs, whatever the difference."""
     limits = {k: limits.get(k) for k in ("bound", "floor", "twin")} | \
         {k: limits.get(k) or "" for k in ("bound_why", "floor_why", "twin_why")}
-    d = log_ratios(new, base)
+    a, b, left_out = pairs_of(new, base)
+    if not a:
+        return Verdict(NO_VERDICT, math.nan, math.nan, 0, "no round has a figure on both sides: nothing to pair",
+                       paired=True)
+    d = [math.log(x / y) for x, y in zip(a, b)]
     n, mean = len(d), math.fsum(d) / len(d)
     ratio = math.exp(mean)
     gain = ratio if higher_is_better else 1 / ratio
     sd = statistics.stdev(d) if n >= 2 else None
-    wild = _limits(ratio, gain, n, statistics.median(_values(base)), **limits, paired=True)
+    wild = _limits(ratio, gain, n, statistics.median(b), **limits, paired=True)
     if wild:
         return wild
-    pairs = f"{n} pair{'s' * (n != 1)}"
+    pairs = f"{n} pair{'s' * (n != 1)}" + (f" ({left_out} round{'s' * (left_out != 1)} without a figure on both "
+                                           "sides left out)" if left_out else "")
     if n < MIN_PAIRS:
         more = _more(n, sd, mean)
         return Verdict(NO_VERDICT, ratio, gain, n, f"{pairs}: a paired test needs at least {MIN_PAIRS}; run {more} "

@@ -11,18 +11,6 @@ from ...engines.cpu import best_lab_row
 from ..findings import Findings
 
 
-def paired(new: Sequence[float | None], base: Sequence[float | None], *, higher_is_better: bool = True,
-           **limits: Any) -> verdict.Verdict:
-    """The paired verdict on two sides' per-round statistics (round i of each at index i); a round where either
-    side measured nothing (None) drops out as a pair."""
-    kept = [(a, b) for a, b in zip(new, base) if a is not None and b is not None]
-    if len(new) != len(base) or not kept:
-        raise ValueError(f"paired rounds need equal-length sides with at least one measured pair (got {len(new)} and "
-                         f"{len(base)}, {len(kept)} measured)")
-    return verdict.compare([a for a, _ in kept], [b for _, b in kept], paired=True, higher_is_better=higher_is_better,
-                           **limits)
-
-
 def lookup_verdict(row: Mapping[str, Any]) -> verdict.Verdict:
     """Prompt lookup's decode tokens/s against plain decoding's: paired round by round where the row says its runs
     were interleaved rounds (``compare_lookup``'s ``rounds_paired``), else (a row recorded before) by the unpaired
@@ -32,7 +20,7 @@ def lookup_verdict(row: Mapping[str, Any]) -> verdict.Verdict:
                   "passes' time")
     new, base = verdict.samples(row, "lookup_decode_tokens_per_s"), verdict.samples(row, "plain_decode_tokens_per_s")
     if _is_true(row.get("rounds_paired")):
-        return paired(new, base, **limits)
+        return verdict.compare(new, base, paired=True, **limits)
     return verdict.compare(new, base, **limits)
 
 
@@ -53,8 +41,8 @@ def judged(new: Mapping[str, Any], base: Mapping[str, Any], key: str, unpaired: 
     the unpaired rule on ``unpaired`` (new's and base's samples), and the words say so."""
     a, b = _per_round(new, key), _per_round(base, key)
     if a is not None and b is not None:
-        n = sum(x is not None and y is not None for x, y in zip(a, b))
-        return paired(a, b, higher_is_better=higher_is_better), f"judged paired over {n} rounds"
+        v = verdict.compare(a, b, paired=True, higher_is_better=higher_is_better)
+        return v, f"judged paired over {v.n} rounds"
     return (verdict.compare(*unpaired, higher_is_better=higher_is_better),
             "judged unpaired on one run each (recorded before runs were paired in rounds)")
 

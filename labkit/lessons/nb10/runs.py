@@ -92,10 +92,8 @@ def _verdict(new: list[float | None], base: list[float | None]) -> str | None:
     """The paired verdict on a time that should fall (``new`` against ``base``), from the rounds' statistics (round
     i of each at index i; a round either side did not measure drops out as a pair), as its label ("better", "no
     verdict (4 pairs)", …)."""
-    kept = [(a, b) for a, b in zip(new, base) if a and b]
-    if not kept:
-        return None
-    return verdict.compare([a for a, _ in kept], [b for _, b in kept], paired=True, higher_is_better=False).label
+    v = verdict.compare(new, base, paired=True, higher_is_better=False)
+    return v.label if v.n else None
 
 
 def _runs(row: dict[str, Any]) -> str:

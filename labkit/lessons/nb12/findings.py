@@ -143,12 +143,11 @@ def lora_beside_reference(judged: Mapping[str, Any], ref: Any, section: str = "l
     if not any(_too_few(v) for v in judged.values()) or "base" not in rows:
         return ""
     paired = (ref.notes or {}).get("verdicts") == PAIRED_NOTE
-    base = [x for x in rows["base"]["samples"]["tokens_per_s"] if x is not None]
     said = []
     for mode in judged:
-        if mode in rows:
-            mine = [x for x in rows[mode]["samples"]["tokens_per_s"] if x is not None]
-            v = verdict.compare(mine, base, paired=paired)
+        if mode in rows:  # round i of each at index i, None where a round measured nothing (pairs_of drops it)
+            v = verdict.compare(rows[mode]["samples"]["tokens_per_s"], rows["base"]["samples"]["tokens_per_s"],
+                                paired=paired)
             said.append(f"{mode} {v.ratio:.2f}× the base ({v.label})")
     return (f"This run: {', '.join(f'{m} {v.label}' for m, v in judged.items())}, too few pairs for the paired test. "
             f"The full-mode reference ({_recorded(ref, section)}, {rows['base'].get('rounds')} rounds): "

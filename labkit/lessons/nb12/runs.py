@@ -129,10 +129,8 @@ def structured_verdicts(runs: Sequence[Mapping[str, Any]], base: str = "free") -
     def of(name: str) -> list[Mapping[str, Any]]:
         return sorted((r for r in runs if r["variant"] == name and not r.get("warmup")), key=lambda r: r["round"])
 
-    def pairs(name: str, key: str) -> tuple[list[float], list[float]]:
-        base_by = {r["round"]: r[key] for r in of(base) if r[key]}
-        kept = [(r[key], base_by[r["round"]]) for r in of(name) if r[key] and r["round"] in base_by]
-        return [a for a, _ in kept], [b for _, b in kept]
+    def pairs(name: str, key: str) -> tuple[dict[int, float | None], dict[int, float | None]]:
+        return ({r["round"]: r[key] or None for r in of(name)}, {r["round"]: r[key] or None for r in of(base)})
 
     return {name: {"speed": verdict.compare(*pairs(name, "tokens_per_s_per_seq"), paired=True),
                    "wall": verdict.compare(*pairs(name, "wall_s"), paired=True, higher_is_better=False)}
@@ -307,9 +305,9 @@ def itl_rounds(targets: Mapping[str, str], stream_prompts: Sequence[Sequence[int
     base, rows = next(iter(targets)), []
     for name, runs in done.items():
         itl, stalls = itl_stats([s for r in runs for s in r.stamps]), [m for m in per_round[name] if m is not None]
-        pairs = [(a, b) for a, b in zip(per_round[name], per_round[base]) if a is not None and b is not None]
-        v = (verdict.compare([a for a, _ in pairs], [b for _, b in pairs], paired=True, higher_is_better=False)
-             if name != base and pairs else None)
+        v = verdict.compare(per_round[name], per_round[base], paired=True, higher_is_better=False) \
+            if name != base else None
+        v = v if v is not None and v.n else None
         rows.append({"target": name, "rounds": n_rounds, "streams": len(stream_prompts), "stream_tokens": stream_tokens,
                      "long_prompts": n_long, "long_prompt_tokens": len(long_prompt), "itl_n": itl["n"],
                      "itl_p50_s": itl["p50_s"], "itl_p99_s": itl["p99_s"], "itl_max_s": itl["max_s"],

@@ -126,12 +126,10 @@ def busted_against_clean(rows: Mapping[str, Sequence[Mapping[str, Any]]], busted
     in the same round); rows of two ``replay`` runs, one after the other, by the unpaired rule."""
     whole = {name: summary(r, name) for name, r in rows.items()}
     if all("round" in r for name in (busted, clean) for r in rows[name]):
-        def per_token(name: str) -> dict[tuple[int, int], float]:
-            return {(r["session"], r["turn"]): r["ttft_s"] / r["prompt_tokens"] for r in rows[name]
-                    if r["turn"] > 0 and r["ttft_s"]}
-        a, b = per_token(busted), per_token(clean)
-        both = sorted(set(a) & set(b))
-        return whole, verdict.compare([a[k] for k in both], [b[k] for k in both], paired=True, higher_is_better=False)
+        def per_token(name: str) -> dict[tuple[int, int], float | None]:
+            return {(r["session"], r["turn"]): (r["ttft_s"] / r["prompt_tokens"] if r["ttft_s"] else None)
+                    for r in rows[name] if r["turn"] > 0}
+        return whole, verdict.compare(per_token(busted), per_token(clean), paired=True, higher_is_better=False)
     later = {name: summary(rows[name], name, skip_first_turn=True) for name in (busted, clean)}
     return whole, verdict.compare(later[busted]["ttft_per_token_s"], later[clean]["ttft_per_token_s"],
                                   higher_is_better=False)
@@ -240,11 +238,9 @@ def tier_table(rows: Sequence[Mapping[str, Any]], predicted: Callable[[int, str]
                 if predicted is not None and way != "truncated":
                     row[f"{way}_predicted_s"] = predicted(n, way)
         row["reload_over_recompute"] = row["reload_ttft_s"] / row["recompute_ttft_s"]
-        by = {way: {r["round"]: r["ttft_s"] for r in rows if r["tokens"] == n and r["way"] == way and r["ttft_s"]}
+        by = {way: {r["round"]: r["ttft_s"] or None for r in rows if r["tokens"] == n and r["way"] == way}
               for way in ("reload", "recompute")}
-        both = sorted(set(by["reload"]) & set(by["recompute"]))
-        judged = verdict.compare([by["reload"][k] for k in both], [by["recompute"][k] for k in both], paired=True,
-                                 higher_is_better=False)
+        judged = verdict.compare(by["reload"], by["recompute"], paired=True, higher_is_better=False)
         row["reload_verdict"], row["reload_verdict_reason"] = judged.kind, judged.reason
         row["reload_verdict_label"], row["pairs"] = judged.label, judged.n
         out.append(row)

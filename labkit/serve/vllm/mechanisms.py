@@ -244,8 +244,8 @@ def speculative_rounds(plain: vs.VLLMServer, ngram: vs.VLLMServer, tasks: Mappin
         rate = {m: [x for x in xs if x is not None] for m, xs in per_round.items()}
         seen = {m: [r for o, _d in runs if (r := decode_rate(o)) is not None] for m, runs in done.items()}
         spec = {k: sum(d.get(k, 0.0) for _o, d in done["ngram"]) for k in (DRAFTS, DRAFT_TOKENS, ACCEPTED)}
-        pairs = [(a, b) for a, b in zip(per_round["ngram"], per_round["plain"]) if a is not None and b is not None]
-        v = (verdict.compare([a for a, _ in pairs], [b for _, b in pairs], paired=True) if pairs else None)
+        v = verdict.compare(per_round["ngram"], per_round["plain"], paired=True)
+        v = v if v.n else None
         out[task] = {"task": task, "prompt_tokens": len(ids), "new_tokens": new_tokens, "rounds": n_rounds,
                      "plain_decode_tokens_per_s": statistics.median(rate["plain"]) if rate["plain"] else None,
                      "ngram_decode_tokens_per_s": statistics.median(rate["ngram"]) if rate["ngram"] else None,
