@@ -90,6 +90,10 @@ def test_aiperf_records_use_the_servers_token_count_and_keep_aiperfs_own(tmp_pat
     own = (first["request_latency"]["value"] - first["time_to_first_token"]["value"]) / (
         first["output_sequence_length"]["value"] - 1)
     assert own == pytest.approx(first["inter_token_latency"]["value"])
+    # its span, first request to last response, on the wall clock its ns stamps use
+    start, end, how = outside.span_aiperf(tmp_path)
+    assert how == "epoch" and start == min(r["metadata"]["request_start_ns"] for r in lines) / 1e9
+    assert end == max(r["metadata"]["request_end_ns"] for r in lines) / 1e9 and end > start
 
 
 def test_guidellm_tpot_counts_the_first_token_and_alignment_takes_it_out(tmp_path):
@@ -102,6 +106,9 @@ def test_guidellm_tpot_counts_the_first_token_and_alignment_takes_it_out(tmp_pat
         assert r["time_per_output_token_ms"] / 1e3 == pytest.approx(r["request_latency"] / o.output_tokens, rel=1e-3)
         assert r["inter_token_latency_ms"] / 1e3 == pytest.approx(o.tpot_s, rel=1e-3)
     assert reported["tpot_p50_s"] > reported["itl_p50_s"]
+    start, end, how = outside.span_guidellm(tmp_path)
+    assert how == "epoch" and start == min(r["request_start_time"] for r in raw)
+    assert end == max(r["request_end_time"] for r in raw)
 
 
 # ------------------------------------------------------------------------------------------- running
@@ -144,6 +151,10 @@ def test_labkits_client_as_a_child_writes_records_that_align(server, tmp_path):
     assert len(run.outputs) == 4 and run.reported["requests"] == 4
     assert run.aligned()["tpot_p50_s"] == pytest.approx(run.reported["tpot_p50_s"])
     assert run.cpu_s is not None and run.cpu_s > 0
+    # its cost while it measured, its start-up (imports, the warm-up request) apart, both inside its whole CPU time
+    assert run.startup_cpu_s > 0 and run.run_cpu_s > 0 and 0 < run.run_wall_s < run.wall_s
+    assert run.startup_cpu_s + run.run_cpu_s <= run.cpu_s + 0.05
+    assert run.row()["run_cpu_s"] == run.run_cpu_s
 
 
 @pytest.mark.parametrize("change, words", [({"max_tokens": 1}, "at least 2"), ({"num_requests": 3}, "sent once"),
@@ -330,6 +341,27 @@ def test_pin_group_holds_every_thread_of_the_group(tmp_path):
         proc.wait()
 
 
+def test_cpu_trace_reads_a_groups_cpu_by_either_clock_and_keeps_a_member_that_exits():
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+    code = (f"import subprocess, sys, time; time.sleep(0.4); subprocess.run([sys.executable, '-c', {burn!r}]); "
+            "time.sleep(0.4)")
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    trace = processes.CpuTrace(proc.pid, every_s=0.02, refresh=1).start()
+    try:
+        proc.wait(30)
+    finally:
+        proc.kill()
+        trace.stop()
+    assert trace.at(t0 + 0.3) < 0.3, "before the burn: the interpreter's start only"
+    assert trace.at(time.time()) >= 0.45, "the child that burned 0.5 s and exited still counts"
+    last_epoch, last_mono, last_cpu = trace.rows[-1]
+    assert trace.at(last_mono, "monotonic") == last_cpu == trace.at(last_epoch + 5)
+    assert trace.at(0.0) == trace.rows[0][2]
+    with pytest.raises(ValueError, match="epoch"):
+        trace.at(t0, "wall")
+
+
 # ------------------------------------------------------------------------------------------- batch divergence
 
 
@@ -357,7 +389,7 @@ def _run(name, tpot, tokens=5, n=4, status="ok", reported=None):
     outs = [client.RequestOutput(success=True, output_tokens=tokens, ttft_s=0.1, e2e_s=0.1 + tpot * (tokens - 1),
                                  start_s=0.05 * i) for i in range(n)]
     return outside.ClientRun(name, status, outs if status == "ok" else [], reported or {"tpot_p50_s": tpot},
-                             cpu_s=1.0, wall_s=2.0)
+                             cpu_s=3.0, wall_s=4.0, startup_cpu_s=2.0, run_cpu_s=1.0, run_wall_s=2.0)
 
 
 def test_client_tables_align_every_client_and_keep_a_failed_one_as_a_row():
@@ -372,7 +404,9 @@ def test_client_tables_align_every_client_and_keep_a_failed_one_as_a_row():
     assert failed["rounds"] == 0 and failed["status"].startswith("failed")
     worst = t["aligned_deviation"]["max"]
     assert abs(worst["value"]) == pytest.approx(0.066 / 0.063 - 1) and worst["metric"] == "tpot_p50_s"
+    # CPU per second between the first request and the last response: the start-up stays out of it
     assert nb14.cpu_share(runs)["labkit"] == pytest.approx(0.5) and nb14.cpu_share(runs)["GuideLLM"] is None
+    assert nb14.startup_cpu(runs) == {"labkit": 2.0, "AIPerf": 2.0, "GuideLLM": None}
     # the learner's alignment is the one the table uses
     t2 = nb14.client_tables(runs, lambda records: {"ttft_p50_s": 1.0, "tpot_p50_s": 2.0, "output_tokens_per_s": 3.0})
     assert t2["aligned"]["AIPerf"]["tpot_p50_s"] == 2.0

@@ -86,6 +86,7 @@ class BenchmarkResult:
     duration_s: float
     settings: dict[str, Any] = field(default_factory=dict)
     slo: SLO | None = None
+    origin_s: float | None = None  # the clock() (time.perf_counter) reading each output's start_s counts from
 
     @property
     def completed(self) -> int:
@@ -276,7 +277,8 @@ async def run_async(base_url: str, workload: Workload, *, slo: SLO | None = None
                 await asyncio.sleep(gaps[i])
         outputs = await asyncio.gather(*tasks)
         duration = clock() - t0
-    return BenchmarkResult(outputs=list(outputs), duration_s=duration, settings=w.settings(model), slo=slo)
+    return BenchmarkResult(outputs=list(outputs), duration_s=duration, settings=w.settings(model), slo=slo,
+                           origin_s=t0)
 
 
 def run(base_url: str, work: Workload | Sequence[Prompt] | None = None, **kwargs: Any) -> BenchmarkResult:
@@ -391,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.records:
         Path(args.records).write_text(json.dumps(jsonable({"duration_s": res.duration_s, "settings": res.settings,
+                                                           "origin_s": res.origin_s,
                                                            "outputs": [asdict(o) for o in res.outputs]})),
                                       encoding="utf-8")
     print(json.dumps(jsonable(res.summary()), allow_nan=False))
@@ -413,5 +416,5 @@ def read_records(path: str | Path) -> BenchmarkResult:
     """A run written by ``--records``, back as a ``BenchmarkResult``."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     return BenchmarkResult(outputs=[RequestOutput(**o) for o in data["outputs"]], duration_s=data["duration_s"],
-                           settings=data.get("settings", {}))
+                           settings=data.get("settings", {}), origin_s=data.get("origin_s"))
 

@@ -11,7 +11,8 @@ SIGTERM still had its default action and only from the main thread, stops the gr
 SIGTERM would), and on SIGKILL or any other death (a watchdog beside each group, a small process that polls its
 parent and, once the parent is gone, sends the group SIGTERM and SIGKILL ``ORPHAN_GRACE_S`` later; it exits when
 the group is stopped). Beside it, the helpers every launcher shares: free ports and a port check, a process
-group's live members, terminal colour codes stripped from a log and the log's error line.
+group's live members and the CPU they use (``CpuTrace``), terminal colour codes stripped from a log and the log's
+error line.
 """
 from __future__ import annotations
 
@@ -107,6 +108,70 @@ def group_pids(pgid: int) -> list[int]:
             if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
                 pids.append(proc.pid)
     return pids
+
+
+class CpuTrace:
+    """The CPU seconds (user + system) a process group has used, sampled every ``every_s`` on a thread between
+    ``start()`` and ``stop()`` (psutil): ``rows`` of (epoch s, monotonic s, CPU s). A member that exits keeps the
+    CPU last read from it; the members are looked up again every ``refresh`` samples. ``at(t, clock)`` reads the
+    CPU used by time ``t`` on either clock (``time.time``: "epoch"; ``time.perf_counter``: "monotonic", one clock
+    for every process on Linux), linear between samples."""
+
+    def __init__(self, pgid: int, every_s: float = 0.05, refresh: int = 10) -> None:
+        self.pgid, self.every_s, self.refresh = pgid, every_s, refresh
+        self.rows: list[tuple[float, float, float]] = []
+        self._seen: dict[int, float] = {}
+        self._procs: dict[int, Any] = {}
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"cpu-trace-{pgid}", daemon=True)
+
+    def start(self) -> "CpuTrace":
+        self._sample(True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._thread.join()
+        self._sample(False)
+
+    def _loop(self) -> None:
+        n = 0
+        while not self._halt.wait(self.every_s):
+            n += 1
+            self._sample(n % self.refresh == 0)
+
+    def _sample(self, look_up: bool) -> None:
+        import psutil
+
+        if look_up:
+            for pid in group_pids(self.pgid):
+                if pid not in self._procs:
+                    with contextlib.suppress(psutil.Error):
+                        self._procs[pid] = psutil.Process(pid)
+        for pid, proc in list(self._procs.items()):
+            try:
+                t = proc.cpu_times()
+                self._seen[pid] = max(self._seen.get(pid, 0.0), t.user + t.system)
+            except psutil.Error:
+                del self._procs[pid]  # gone: it keeps what it was last seen using
+        self.rows.append((time.time(), time.perf_counter(), sum(self._seen.values())))
+
+    def at(self, t: float, clock: str = "epoch") -> float:
+        """CPU seconds the group had used by time ``t`` (``clock``: "epoch" or "monotonic")."""
+        if clock not in ("epoch", "monotonic"):
+            raise ValueError(f"clock={clock!r}: 'epoch' (time.time) or 'monotonic' (time.perf_counter)")
+        if not self.rows:
+            raise RuntimeError("CpuTrace.at(): nothing sampled yet; start() it first")
+        i = 0 if clock == "epoch" else 1
+        rows = self.rows
+        if t <= rows[0][i]:
+            return rows[0][2]
+        for a, b in zip(rows, rows[1:]):
+            if t <= b[i]:
+                w = (t - a[i]) / (b[i] - a[i]) if b[i] > a[i] else 1.0
+                return a[2] + w * (b[2] - a[2])
+        return rows[-1][2]
 
 
 def pin_group(pgid: int, cores: set[int]) -> int:

@@ -210,7 +210,8 @@ if runs:
 #
 # Every client above had core 1 to itself. A laptop benchmark usually shares its cores with the server: run AIPerf
 # (and labkit's client, in full mode) again on the server's own core, so the server keeps what it had less what the
-# client takes.
+# client takes. A client's share of a core counts the CPU between its first request and its last response; its
+# start-up (imports, its services, a warm-up request: `startup_cpu_s`) is paid once per run and shown apart.
 
 # %% slideshow={"slide_type": "fragment"}
 shared_rows, shared = [], None

@@ -54,7 +54,8 @@ def clients_sentence(tables: Mapping[str, Any], cost: Mapping[str, float | None]
                                                              "up to ") if tables.get("anchored") else
                f"up to {_dev(tables['aligned_deviation'])} from the clients' median") + ".")
     if busiest is not None:
-        said += (f" The busiest client, {busiest[0]}, kept {busiest[1]:.0%} of a core busy while it ran")
+        said += (f" The busiest client, {busiest[0]}, kept {busiest[1]:.0%} of a core busy between its first request "
+                 "and its last response (its start-up apart)")
         if shared:
             said += (f"; run on the server's own core instead, it moved the aligned p50 TPOT "
                      f"{shared['tpot_moved']:+.0%} and tokens/s {shared['tokens_per_s_moved']:+.0%}")

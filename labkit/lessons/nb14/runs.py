@@ -11,7 +11,8 @@
     loops          closed loop (a concurrency cap) against open loop (Poisson at the same mean rate); short against
                    long answers under the cap; the first request after an idle gap against warm ones
     vllm_batch_divergence  one prompt's greedy answer from ``vllm serve`` alone and among others sent at once
-    shared_cores   the clients again on the server's own core: their CPU share, and how far the server's figures move
+    shared_cores   the clients again on the server's own core: their CPU share between first request and last
+                   response (start-up apart, `startup_cpu`), and how far the server's figures move
     loadgen_rates  MLPerf LoadGen's Offline run, then Server at fractions and multiples of the rate it sustained
 
 A run orchestrates: requests go through ``serve.client``, ``serve.loadgen`` or the clients' own programs.
@@ -175,12 +176,19 @@ def client_tables(runs: Mapping[str, Sequence[outside.ClientRun]],
 
 
 def cpu_share(runs: Mapping[str, Sequence[outside.ClientRun]]) -> dict[str, float | None]:
-    """Each client's CPU seconds per second of its run (1.0: one core kept busy), median over its rounds."""
+    """Each client's CPU seconds per second between its first request and its last response (1.0: one core kept
+    busy; its start-up is ``startup_cpu``'s), median over its rounds; None where its records give no times."""
     out = {}
     for name, rs in runs.items():
-        shares = [r.cpu_s / r.wall_s for r in rs if r.ok and r.cpu_s is not None and r.wall_s]
+        shares = [r.run_cpu_s / r.run_wall_s for r in rs if r.ok and r.run_cpu_s is not None and r.run_wall_s]
         out[name] = statistics.median(shares) if shares else None
     return out
+
+
+def startup_cpu(runs: Mapping[str, Sequence[outside.ClientRun]]) -> dict[str, float | None]:
+    """Each client's CPU seconds from its start to its first request (imports, its services, a warm-up request),
+    median over its rounds: paid once per run, whatever the run's length."""
+    return {name: _median_of([vars(r) for r in rs if r.ok], "startup_cpu_s") for name, rs in runs.items()}
 
 
 # ------------------------------------------------------------------------------------------- the server's view
@@ -350,14 +358,14 @@ def shared_cores(url: str, w: loadgen.Workload, folder: Path, tables: Mapping[st
     """``clients`` again, each held to the server's own cores (``server_cores``) instead of a core of its own: the
     server keeps what it had, less what the client takes. Each client's CPU share and aligned figures, on a core of its
     own against on the server's; and the busiest client's move in p50 TPOT."""
-    cost = cpu_share(pinned)
+    cost, startup = cpu_share(pinned), startup_cpu(pinned)
     both = clients_on_one_server(url, w, folder, clients=clients, cores=server_cores)
     shared_cost = cpu_share(both)
     rows = []
     for name, rs in both.items():
         alone = tables["aligned"].get(name) or {}
         together = dict(align_fn(align.stamps(rs[-1].outputs))) if rs and rs[-1].ok else {}
-        rows.append({"client": name, "cpu_share_own_core": cost.get(name),
+        rows.append({"client": name, "startup_cpu_s": startup.get(name), "cpu_share_own_core": cost.get(name),
                      "cpu_share_server_core": shared_cost.get(name), "tpot_p50_own_core_s": alone.get("tpot_p50_s"),
                      "tpot_p50_server_core_s": together.get("tpot_p50_s"),
                      "tokens_per_s_own_core": alone.get("output_tokens_per_s"),

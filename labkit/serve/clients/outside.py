@@ -18,6 +18,7 @@ are the records' ``latency_named`` and ``definition``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -52,7 +53,9 @@ class Client:
     into a folder (the file's path back); ``command`` its command line against a server's URL, its output going
     under that folder; ``read`` that output back as the lab's records and its own headline figures; ``python`` its
     environment's interpreter, and ``missing_why`` what to do when that is absent. Its environment is this one's,
-    offline (``vllm_bench.environment``), with this process's ``env_passed`` where set and without ``env_unset``."""
+    offline (``vllm_bench.environment``), with this process's ``env_passed`` where set and without ``env_unset``.
+    ``span`` reads from its records when it sent its first request and had its last response: (start, end, clock),
+    clock "epoch" (``time.time``) or "monotonic" (``time.perf_counter``)."""
 
     name: str
     latency_named: str
@@ -64,12 +67,16 @@ class Client:
     missing_why: str = ""
     env_passed: tuple[str, ...] = ()
     env_unset: tuple[str, ...] = ()
+    span: Callable[[Path], tuple[float, float, str] | None] = lambda folder: None  # first request to last response
 
 
 @dataclass
 class ClientRun:
     """One client's run: its per-request records, its own figures (``reported``, seconds and tokens/s), the CPU
-    time it and its children used, its wall time. ``status`` is "ok" or why it failed."""
+    time it and its children used, its wall time. ``status`` is "ok" or why it failed. Its cost while it measured:
+    ``run_cpu_s`` CPU seconds between its first request and its last response (``run_wall_s`` apart), its
+    start-up (``startup_cpu_s``, from its start to its first request) shown apart; None where its records give no
+    times."""
 
     client: str
     status: str
@@ -78,6 +85,9 @@ class ClientRun:
     cpu_s: float | None = None
     wall_s: float | None = None
     log: str | None = None
+    startup_cpu_s: float | None = None
+    run_cpu_s: float | None = None
+    run_wall_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -92,7 +102,8 @@ class ClientRun:
         c = client(self.client)
         return {"client": self.client, "status": self.status, **{k: self.reported.get(k) for k in HEADLINE},
                 "latency_named": c.latency_named, "definition": c.definition, "cpu_s": self.cpu_s,
-                "wall_s": self.wall_s}
+                "wall_s": self.wall_s, "startup_cpu_s": self.startup_cpu_s, "run_cpu_s": self.run_cpu_s,
+                "run_wall_s": self.run_wall_s}
 
 
 def clients_python() -> Path:
@@ -203,6 +214,40 @@ def read_labkit(folder: Path) -> tuple[list[RequestOutput], dict[str, Any]]:
     return res.outputs, {k: s.get(k) for k in HEADLINE[:-1]} | {"requests": s["completed"]}
 
 
+def span_labkit(folder: Path) -> tuple[float, float, str] | None:
+    res = loadgen.read_records(folder / "labkit.json")
+    if res.origin_s is None or not res.outputs:
+        return None
+    return (res.origin_s + min(o.start_s for o in res.outputs),
+            res.origin_s + max(o.start_s + o.e2e_s for o in res.outputs), "monotonic")
+
+
+def span_vllm_bench(folder: Path) -> tuple[float, float, str] | None:
+    data = json.loads((folder / "vllm_bench.json").read_text(encoding="utf-8"))
+    starts = data.get("start_times") or []
+    if not starts:
+        return None
+    return min(starts), max(s + e for s, e in zip(starts, data["latencies"])), "monotonic"  # time.perf_counter
+
+
+def span_aiperf(folder: Path) -> tuple[float, float, str] | None:
+    lines = [json.loads(x)["metadata"] for x in (folder / "aiperf" / "profile_export.jsonl").read_text(
+        encoding="utf-8").splitlines() if x]
+    ends = [m["request_end_ns"] for m in lines if m.get("request_end_ns")]
+    if not lines or not ends:
+        return None
+    return min(m["request_start_ns"] for m in lines) / 1e9, max(ends) / 1e9, "epoch"
+
+
+def span_guidellm(folder: Path) -> tuple[float, float, str] | None:
+    reqs = json.loads((folder / "guidellm" / "benchmarks.json").read_text(encoding="utf-8"))["benchmarks"][0]["requests"]
+    rows = [r for k in ("successful", "errored") for r in reqs.get(k, []) if r.get("request_start_time") is not None]
+    ends = [r["request_end_time"] for r in rows if r.get("request_end_time") is not None]
+    if not rows or not ends:
+        return None
+    return min(r["request_start_time"] for r in rows), max(ends), "epoch"
+
+
 def read_vllm_bench(folder: Path) -> tuple[list[RequestOutput], dict[str, Any]]:
     data = json.loads((folder / "vllm_bench.json").read_text(encoding="utf-8"))
     res = vllm_bench.as_loadgen(data)
@@ -282,19 +327,19 @@ def read_guidellm(folder: Path) -> tuple[list[RequestOutput], dict[str, Any]]:
 CLIENTS: dict[str, Client] = {c.name: c for c in (
     Client("labkit", "TPOT", "(E2E − TTFT) ÷ (n − 1), n from the server's usage; tokens/s over the run's wall time",
            prompts_file, labkit_command, read_labkit, _this_python,
-           env_passed=("PYTHONPATH",)),  # its child is labkit: it needs the lab's path
+           env_passed=("PYTHONPATH",), span=span_labkit),  # its child is labkit: it needs the lab's path
     Client("vllm bench", "TPOT", "(E2E − TTFT) ÷ (n − 1), n from the server's usage; tokens/s over the benchmark's "
            "wall time", prompts_file, vllm_bench_command, read_vllm_bench, vllm_server.vllm_python,
-           vllm_server.MISSING),
+           vllm_server.MISSING, span=span_vllm_bench),
     # AIPerf 0.13 gets no HF_HUB_OFFLINE: under it AIPerf looks a tokenizer up in the hub's cache even when it is a
     # local directory, and fails; given the directory, it reads it and fetches nothing
     Client("AIPerf", "ITL", "(E2E − TTFT) ÷ (n − 1), E2E to the last chunk with text, n counted by re-tokenising the "
            "streamed text on the client; tokens/s = those counts over the benchmark's duration",
            aiperf_inputs, aiperf_command, read_aiperf, clients_python, MISSING,
-           env_unset=("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")),
+           env_unset=("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"), span=span_aiperf),
     Client("GuideLLM", "TPOT", "E2E ÷ n, the first token included and E2E to the stream's end (its ITL is (last "
            "token − first token) ÷ (n − 1)), n from the server's usage; tokens/s over the benchmark's duration",
-           guidellm_inputs, guidellm_command, read_guidellm, clients_python, MISSING),
+           guidellm_inputs, guidellm_command, read_guidellm, clients_python, MISSING, span=span_guidellm),
 )}
 
 
@@ -361,12 +406,14 @@ def run(name: str, url: str, w: loadgen.Workload, folder: Path, *, cores: set[in
                             log_name=name.replace(" ", "_"))
     if cores:
         processes.pin_group(child.proc.pid, cores)  # its children, started later, inherit the affinity
+    trace = processes.CpuTrace(child.proc.pid).start()  # its CPU over time: its cost while it measured
     try:
         code = child.proc.wait(timeout_s)
         status = "ok" if code == 0 else f"failed: exit {code}: {child.error_line()}"
     except subprocess.TimeoutExpired:
         status = f"failed: no result within {timeout_s:.0f} s (stopped)"
     finally:
+        trace.stop()
         child.stop(grace_s=2.0)  # whatever it left behind (AIPerf's services) goes with it
     wall, cpu = clock() - t0, children_cpu_s() - cpu0
     log = child.log_path
@@ -376,4 +423,12 @@ def run(name: str, url: str, w: loadgen.Workload, folder: Path, *, cores: set[in
             run_.outputs, run_.reported = c.read(folder)
         except (OSError, KeyError, ValueError, TypeError, IndexError) as exc:
             run_.status = f"failed: its output could not be read ({type(exc).__name__}: {exc})"
+    if run_.ok:
+        with contextlib.suppress(OSError, KeyError, ValueError, TypeError, IndexError):
+            measured = c.span(folder)
+            if measured is not None:
+                start, end, how = measured
+                first = trace.at(start, how)
+                run_.startup_cpu_s, run_.run_cpu_s = first, trace.at(end, how) - first
+                run_.run_wall_s = end - start
     return run_
