@@ -52,6 +52,29 @@ def test_measure_decoder_and_eager_op_count(tiny_llama):
         compiled.measure_decoder(compiled.StaticDecoder(model, max_cache_len=96), ids, new_tokens=1)
 
 
+def test_measure_decoders_times_them_in_shuffled_rounds_that_pair_up(tiny_llama, monkeypatch):
+    from labkit.core import timing, verdict
+
+    model, tok = tiny_llama
+    ids = _prompt(tok)
+    seen = []
+    real = timing.rounds
+    monkeypatch.setattr(timing, "rounds", lambda calls, n, **kw: seen.append(real(calls, n, **kw)) or seen[-1])
+    decs = {"a": compiled.StaticDecoder(model, max_cache_len=96), "b": compiled.StaticDecoder(model, max_cache_len=96)}
+    out = compiled.measure_decoders(decs, ids, new_tokens=4, rounds=6)
+    (done,) = seen
+    assert done.again is None and len(set(done.order)) == 2, "no extra pass; both orders run"
+    for name in decs:
+        rates = out[name]["samples"]["decode_tokens_per_s"]
+        assert len(rates) == 6 and out[name]["rounds_paired"] and out[name]["tokens"] == out["a"]["tokens"]
+        assert rates == [1 / r.tpot_s for r, _, _ in done[name]], "round i at index i"
+    v = verdict.compare(out["b"]["samples"]["decode_tokens_per_s"], out["a"]["samples"]["decode_tokens_per_s"],
+                        paired=True)
+    assert v.paired and v.n == 6
+    with pytest.raises(ValueError, match="rounds"):
+        compiled.measure_decoders(decs, ids, new_tokens=4, rounds=0)
+
+
 def test_compiled_decoder_gives_eager_tokens(tiny_llama):
     """torch.compile of the decode step (inductor, CPU): same greedy tokens, kernels counted, build timed."""
     if not env.capability("torch.compile").available:

@@ -1,6 +1,7 @@
 """A static-cache decoder on the decode core, eager or compiled: ``StaticDecoder`` runs a prompt through a
 ``StaticCache`` of fixed size, so ``torch.compile`` sees one shape and builds once. ``measure_decoder`` times
-its TTFT and decode rate (the first, untimed run pays the build), ``decoder_quality`` compares its logits with
+its TTFT and decode rate (the first, untimed run pays the build), ``measure_decoders`` several in interleaved
+rounds (the pairs of a paired verdict), ``decoder_quality`` compares its logits with
 a reference, and ``count_eager_ops`` counts the kernels one eager decode step launches.
 """
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from ..core import timing
 from ..core.checks import model_device
 from ..core.timing import Measurement, now
 from ..decoding import cache_variants, decode, quality
@@ -119,6 +121,31 @@ def measure_decoder(dec: StaticDecoder, input_ids: Any, new_tokens: int = 32, re
             "decode_tokens_per_s": 1 / tpot.median, "new_tokens": new_tokens, "repeats": repeats,
             "build_s": dec.build_s, **dec.kernels, "tokens": runs[0][1],
             "samples": {"decode_tokens_per_s": [1 / r.tpot_s for r, _, _ in runs if r.tpot_s]}}
+
+
+def measure_decoders(decoders: dict[str, StaticDecoder], input_ids: Any, new_tokens: int = 32,
+                     rounds: int = 8) -> dict[str, dict[str, Any]]:
+    """``measure_decoder`` for several decoders at once, in interleaved rounds (``timing.rounds``: each round's order
+    shuffled, no extra pass), after one untimed warm-up run each (it pays any build): per name the same figures,
+    its ``samples`` one decode rate per round, round i at index i (None where a run timed no decode), so round i of
+    two decoders is a pair for ``verdict.compare(..., paired=True)`` (``rounds_paired``)."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds <= 0:
+        raise ValueError(f"rounds={rounds!r}: must be a positive integer")
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens={new_tokens}: need at least 2 to time decode")
+    for dec in decoders.values():
+        dec.generate(input_ids, min(4, new_tokens))  # warmup (and the compile, when compiled)
+    done = timing.rounds({name: (lambda d=dec: d.generate(input_ids, new_tokens)) for name, dec in decoders.items()},
+                         rounds, again=False)
+    out = {}
+    for name, runs in done.items():
+        dec = decoders[name]
+        tpot = Measurement.from_values("tpot", [r.tpot_s for r, _, _ in runs if r.tpot_s is not None])
+        out[name] = {"ttft_s": min(r.ttft_s for r, _, _ in runs), "tpot_s": tpot.median, "tpot_spread": tpot.spread,
+                     "decode_tokens_per_s": 1 / tpot.median, "new_tokens": new_tokens, "repeats": rounds,
+                     "build_s": dec.build_s, **dec.kernels, "tokens": runs[0][1], "rounds_paired": True,
+                     "samples": {"decode_tokens_per_s": [1 / r.tpot_s if r.tpot_s else None for r, _, _ in runs]}}
+    return out
 
 
 def decoder_quality(dec: StaticDecoder, ref: Any) -> Any:
