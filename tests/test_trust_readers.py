@@ -48,6 +48,20 @@ def test_the_paired_reader_meets_the_goal_where_one_run_each_and_the_overlap_rul
     assert table["paired"]["aa_fp_real"] is None  # no real trials: the real columns say so
 
 
+def test_a_chance_difference_in_the_recording_is_not_drawn_into_the_resampled_a_a_trials():
+    """A recording whose B passes happen to run 3 % slower on average (chance, or a setup that is not quite A/A):
+    drawn with their labels, every A/A trial would carry that 3 %; drawn with the labels at random, the A/A trials
+    sample no difference, and the slowdown trials still carry the slowdown."""
+    rec = drifting(100, seed=3)
+    rec["B"] = [[x * 1.03 for x in p] for p in rec["B"]]
+    rows = readers.resampled_trials(rec, pairs=40, trials=200, per_token_s=0.1 * 0.05, resamples=50)
+    r = readers.rates(rows)
+    assert r["paired"]["aa_false_positive_rate"] <= 0.06, r
+    assert r["paired"]["slowdown_detection_rate"] >= 0.9, r
+    a_a = [row["paired_ratio"] for row in rows if row["trial"] == "A/A"]
+    assert sum(x > 1 for x in a_a) / len(a_a) == pytest.approx(0.5, abs=0.1), "no side is the slow one by label"
+
+
 def test_real_trials_are_consecutive_blocks_and_a_short_rest_is_left_out():
     rec = drifting(13, seed=1)
     rows = readers.real_trials(rec, 6, slow=False)

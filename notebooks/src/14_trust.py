@@ -259,7 +259,9 @@ exercises.check("14.bootstrap_diff", bootstrap_diff)
 # α = 0.05 with 90 % power needs the least n with
 # n ≥ (t₀.₉₇₅,ₙ₋₁ + t₀.₉₀,ₙ₋₁)² · (σ_d / δ)², δ = ln(1 + change): iterate on n, since t depends on it (the normal
 # approximation, 10.5 · (σ_d/δ)², undercounts at small n). Write it; the run then makes that many pairs of A/B
-# (up to `MAX_AB_PAIRS`).
+# (up to `MAX_AB_PAIRS`). Beside the real trials, `RESAMPLED` more of each kind are drawn from the recorded A/A
+# rounds: distinct rounds, each round's two passes labelled A and B at random (in an A/A round the labels are
+# arbitrary), and for a slowdown trial the delay added to B's tokens.
 
 # %% labkit={"exercise": "14.pairs_needed"} slideshow={"slide_type": "skip"} tags=["exercise"]
 def pairs_needed(sigma_d, change):

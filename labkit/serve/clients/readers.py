@@ -148,9 +148,12 @@ def resampled_trials(rec: Mapping[str, Any], *, pairs: int, trials: int, per_tok
                      bootstrap: Callable[..., tuple[float, float]] = verdict.bootstrap_diff, resamples: int = 400
                      ) -> list[dict[str, Any]]:
     """``trials`` A/A and ``trials`` slowdown trials of ``pairs`` pairs each, drawn from recorded A/A rounds:
-    each pair one recorded round (its A pass and the B pass that ran beside it), drawn with replacement. A slowdown
-    trial adds ``per_token_s`` to every request's TPOT on the B side, as the proxy adds it to every gap between
-    tokens. Each trial read by ``read`` (the bootstrap with ``resamples`` resamples, to keep it quick)."""
+    each pair one recorded round (its two passes, which ran side by side; distinct rounds, unless a trial needs more
+    pairs than were recorded: then drawn with replacement), its two passes given the labels A and B at random: in an A/A round which side is called A is arbitrary, and keeping the
+    recorded labels would draw the recording's own chance mean difference into every trial, as if it were real (a
+    trial drawn from the recording must sample "no difference", as the test's null does). A slowdown trial adds
+    ``per_token_s`` to every request's TPOT on the B side, as the proxy adds it to every gap between tokens. Each
+    trial read by ``read`` (the bootstrap with ``resamples`` resamples, to keep it quick)."""
     positive("pairs", pairs)
     positive("trials", trials)
     rng = random.Random(seed)
@@ -159,9 +162,11 @@ def resampled_trials(rec: Mapping[str, Any], *, pairs: int, trials: int, per_tok
     with _unlogged():
         for kind, slow in (("A/A", False), ("A/B", True)):
             for t in range(trials):
-                idx = [rng.randrange(n) for _ in range(pairs)]
-                a = [rec["A"][i] for i in idx]
-                b = [[x + (per_token_s if slow else 0.0) for x in rec["B"][i]] for i in idx]
+                idx = rng.sample(range(n), pairs) if pairs <= n else [rng.randrange(n) for _ in range(pairs)]
+                drawn = [(rec["A"][i], rec["B"][i]) if rng.random() < 0.5 else (rec["B"][i], rec["A"][i])
+                         for i in idx]
+                a = [first for first, _ in drawn]
+                b = [[x + (per_token_s if slow else 0.0) for x in second] for _, second in drawn]
                 rows.append({"trial": kind, "source": "resampled", "index": t,
                              **read(a, b, slow=slow, bootstrap=bootstrap, resamples=resamples)})
     return rows
