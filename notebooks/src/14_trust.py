@@ -169,10 +169,12 @@ if runs:
     res.replace("clients_aligned", aligned_rows)
     display(res.frame("clients_aligned").round(4))
     print(nb14.findings.anchored_sentence(tables["anchored"]))
-    if CLIENT_PASSES < 3:
-        print(f"{CLIENT_PASSES} pair{'s' * (CLIENT_PASSES != 1)} per client here: too few for a pass-to-pass range (one client's start-up alone "
-              "takes seconds). The full-mode reference, 3 pairs per client:")
-        references.show("14_trust", "clients_aligned")
+
+# %% slideshow={"slide_type": "subslide"}
+if runs and CLIENT_PASSES < 3:
+    print(f"{CLIENT_PASSES} pair{'s' * (CLIENT_PASSES != 1)} per client here: too few for a pass-to-pass range (one "
+          "client's start-up alone takes seconds). The full-mode reference, 3 pairs per client:")
+    references.show("14_trust", "clients_aligned")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ## What was left after alignment, and the server's own view
