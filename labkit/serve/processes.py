@@ -37,6 +37,7 @@ from types import FrameType
 from typing import IO, Any, TypeVar
 
 from ..core import config
+from ..core.timing import clock
 
 _LIVE: set["Child"] = set()  # children not yet stopped: stopped at interpreter exit and on SIGTERM too
 ORPHAN_GRACE_S = 5.0  # the parent gone (SIGTERM, SIGKILL): no one waits for answers, so SIGKILL after this long
@@ -114,8 +115,8 @@ class CpuTrace:
     """The CPU seconds (user + system) a process group has used, sampled every ``every_s`` on a thread between
     ``start()`` and ``stop()`` (psutil): ``rows`` of (epoch s, monotonic s, CPU s). A member that exits keeps the
     CPU last read from it; the members are looked up again every ``refresh`` samples. ``at(t, clock)`` reads the
-    CPU used by time ``t`` on either clock (``time.time``: "epoch"; ``time.perf_counter``: "monotonic", one clock
-    for every process on Linux), linear between samples."""
+    CPU used by time ``t`` on either clock (``time.time``: "epoch"; ``timing.clock``: "monotonic", one clock for
+    every process on Linux), linear between samples."""
 
     def __init__(self, pgid: int, every_s: float = 0.05, refresh: int = 10) -> None:
         self.pgid, self.every_s, self.refresh = pgid, every_s, refresh
@@ -155,12 +156,12 @@ class CpuTrace:
                 self._seen[pid] = max(self._seen.get(pid, 0.0), t.user + t.system)
             except psutil.Error:
                 del self._procs[pid]  # gone: it keeps what it was last seen using
-        self.rows.append((time.time(), time.perf_counter(), sum(self._seen.values())))
+        self.rows.append((time.time(), clock(), sum(self._seen.values())))
 
     def at(self, t: float, clock: str = "epoch") -> float:
         """CPU seconds the group had used by time ``t`` (``clock``: "epoch" or "monotonic")."""
         if clock not in ("epoch", "monotonic"):
-            raise ValueError(f"clock={clock!r}: 'epoch' (time.time) or 'monotonic' (time.perf_counter)")
+            raise ValueError(f"clock={clock!r}: 'epoch' (time.time) or 'monotonic' (labkit.core.timing.clock)")
         if not self.rows:
             raise RuntimeError("CpuTrace.at(): nothing sampled yet; start() it first")
         i = 0 if clock == "epoch" else 1

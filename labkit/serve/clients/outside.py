@@ -55,7 +55,8 @@ class Client:
     environment's interpreter, and ``missing_why`` what to do when that is absent. Its environment is this one's,
     offline (``vllm_bench.environment``), with this process's ``env_passed`` where set and without ``env_unset``.
     ``span`` reads from its records when it sent its first request and had its last response: (start, end, clock),
-    clock "epoch" (``time.time``) or "monotonic" (``time.perf_counter``)."""
+    clock "epoch" (``time.time``) or "monotonic" (``timing.clock``: CLOCK_MONOTONIC, one clock for every process on
+    Linux)."""
 
     name: str
     latency_named: str
