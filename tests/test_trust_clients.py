@@ -207,6 +207,21 @@ def test_each_clients_environment_is_its_records(monkeypatch):
 # ------------------------------------------------------------------------------------------- the slow proxy
 
 
+@pytest.mark.parametrize("chunk, token", [
+    ({"choices": [{"index": 0, "text": " the"}]}, True),
+    ({"choices": [{"index": 0, "text": ""}]}, True),  # a token that decodes to no text still took its step
+    ({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}, True),
+    ({"choices": [], "usage": {"completion_tokens": 16}}, False),
+    ({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, False),  # chat's opening chunk
+    ({"choices": [{"index": 0, "delta": {"content": "Hi"}}]}, True),
+])
+def test_the_slow_proxy_delays_every_tokens_chunk_with_text_or_without(chunk, token):
+    from labkit.serve.clients.delay import carries_tokens
+
+    assert carries_tokens(b"data: " + json.dumps(chunk).encode()) is token
+    assert not carries_tokens(b"data: [DONE]") and not carries_tokens(b": keep-alive")
+
+
 def test_the_slow_proxy_adds_its_delay_to_every_token(server):
     from labkit.serve.clients.delay import SlowProxy
 

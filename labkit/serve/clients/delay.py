@@ -25,14 +25,23 @@ PASSED = ("/v1/models", "/health", "/metrics")
 
 
 def carries_tokens(line: bytes) -> bool:
-    """Whether a server-sent-events line is a chunk with output (not the usage chunk, not ``[DONE]``)."""
+    """Whether a server-sent-events line is a generated token's chunk: a completion choice's ``text``, empty or not
+    (a token can decode to no text, past the end of an answer under ``ignore_eos``, and still took its step; vLLM
+    sends its chunk all the same), or a chat delta's ``content`` that is not the role's opening chunk. Not the
+    usage chunk, not ``[DONE]``."""
     if not line.startswith(b"data: {"):
         return False
     try:
         chunk = json.loads(line[6:])
     except ValueError:
         return False
-    return any(c.get("text") or (c.get("delta") or {}).get("content") for c in chunk.get("choices") or [])
+    for c in chunk.get("choices") or []:
+        delta = c.get("delta")
+        if "text" in c and c["text"] is not None:
+            return True
+        if isinstance(delta, dict) and (delta.get("content") or ("content" in delta and "role" not in delta)):
+            return True
+    return False
 
 
 class SlowProxy:
