@@ -13,7 +13,7 @@ from ..core import timing
 from ..core.checks import model_device
 from ..core.timing import Measurement, now
 from ..decoding import cache_variants, decode, quality
-from ..decoding.generation import TIMED_PROMPT, GenerationResult
+from ..decoding.generation import TIMED_PROMPT, GenerationResult, _checked_rounds
 from .fusion import decode_step_ops
 
 DEFAULT_PROMPT = TIMED_PROMPT
@@ -116,11 +116,17 @@ def measure_decoder(dec: StaticDecoder, input_ids: Any, new_tokens: int = 32, re
         raise ValueError(f"new_tokens={new_tokens}: need at least 2 to time decode")
     dec.generate(input_ids, min(4, new_tokens))  # warmup (and the compile, when compiled)
     runs = [dec.generate(input_ids, new_tokens) for _ in range(repeats)]
+    return {**_figures(dec, runs, new_tokens),
+            "samples": {"decode_tokens_per_s": [1 / r.tpot_s for r, _, _ in runs if r.tpot_s]}}
+
+
+def _figures(dec: StaticDecoder, runs: list[tuple[GenerationResult, list[int], list[Any]]],
+             new_tokens: int) -> dict[str, Any]:
+    """A decoder's figures over its timed runs: best TTFT, median TPOT and its spread, its build and kernels."""
     tpot = Measurement.from_values("tpot", [r.tpot_s for r, _, _ in runs if r.tpot_s is not None])
     return {"ttft_s": min(r.ttft_s for r, _, _ in runs), "tpot_s": tpot.median, "tpot_spread": tpot.spread,
-            "decode_tokens_per_s": 1 / tpot.median, "new_tokens": new_tokens, "repeats": repeats,
-            "build_s": dec.build_s, **dec.kernels, "tokens": runs[0][1],
-            "samples": {"decode_tokens_per_s": [1 / r.tpot_s for r, _, _ in runs if r.tpot_s]}}
+            "decode_tokens_per_s": 1 / tpot.median, "new_tokens": new_tokens, "repeats": len(runs),
+            "build_s": dec.build_s, **dec.kernels, "tokens": runs[0][1]}
 
 
 def measure_decoders(decoders: dict[str, StaticDecoder], input_ids: Any, new_tokens: int = 32,
@@ -129,23 +135,14 @@ def measure_decoders(decoders: dict[str, StaticDecoder], input_ids: Any, new_tok
     shuffled, no extra pass), after one untimed warm-up run each (it pays any build): per name the same figures,
     its ``samples`` one decode rate per round, round i at index i (None where a run timed no decode), so round i of
     two decoders is a pair for ``verdict.compare(..., paired=True)`` (``rounds_paired``)."""
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds <= 0:
-        raise ValueError(f"rounds={rounds!r}: must be a positive integer")
-    if new_tokens < 2:
-        raise ValueError(f"new_tokens={new_tokens}: need at least 2 to time decode")
+    _checked_rounds(new_tokens, rounds)
     for dec in decoders.values():
         dec.generate(input_ids, min(4, new_tokens))  # warmup (and the compile, when compiled)
     done = timing.rounds({name: (lambda d=dec: d.generate(input_ids, new_tokens)) for name, dec in decoders.items()},
                          rounds, again=False)
-    out = {}
-    for name, runs in done.items():
-        dec = decoders[name]
-        tpot = Measurement.from_values("tpot", [r.tpot_s for r, _, _ in runs if r.tpot_s is not None])
-        out[name] = {"ttft_s": min(r.ttft_s for r, _, _ in runs), "tpot_s": tpot.median, "tpot_spread": tpot.spread,
-                     "decode_tokens_per_s": 1 / tpot.median, "new_tokens": new_tokens, "repeats": rounds,
-                     "build_s": dec.build_s, **dec.kernels, "tokens": runs[0][1], "rounds_paired": True,
-                     "samples": {"decode_tokens_per_s": [1 / r.tpot_s if r.tpot_s else None for r, _, _ in runs]}}
-    return out
+    return {name: {**_figures(decoders[name], runs, new_tokens), "rounds_paired": True,
+                   "samples": {"decode_tokens_per_s": [1 / r.tpot_s if r.tpot_s else None for r, _, _ in runs]}}
+            for name, runs in done.items()}
 
 
 def decoder_quality(dec: StaticDecoder, ref: Any) -> Any:

@@ -305,9 +305,9 @@ def itl_rounds(targets: Mapping[str, str], stream_prompts: Sequence[Sequence[int
     base, rows = next(iter(targets)), []
     for name, runs in done.items():
         itl, stalls = itl_stats([s for r in runs for s in r.stamps]), [m for m in per_round[name] if m is not None]
-        v = verdict.compare(per_round[name], per_round[base], paired=True, higher_is_better=False) \
-            if name != base else None
-        v = v if v is not None and v.n else None
+        v = None if name == base else verdict.compare(per_round[name], per_round[base], paired=True,
+                                                       higher_is_better=False)
+        v = v if v and v.n else None
         rows.append({"target": name, "rounds": n_rounds, "streams": len(stream_prompts), "stream_tokens": stream_tokens,
                      "long_prompts": n_long, "long_prompt_tokens": len(long_prompt), "itl_n": itl["n"],
                      "itl_p50_s": itl["p50_s"], "itl_p99_s": itl["p99_s"], "itl_max_s": itl["max_s"],

@@ -241,7 +241,8 @@ def span_aiperf(folder: Path) -> tuple[float, float, str] | None:
 
 
 def span_guidellm(folder: Path) -> tuple[float, float, str] | None:
-    reqs = json.loads((folder / "guidellm" / "benchmarks.json").read_text(encoding="utf-8"))["benchmarks"][0]["requests"]
+    data = json.loads((folder / "guidellm" / "benchmarks.json").read_text(encoding="utf-8"))
+    reqs = data["benchmarks"][0]["requests"]
     rows = [r for k in ("successful", "errored") for r in reqs.get(k, []) if r.get("request_start_time") is not None]
     ends = [r["request_end_time"] for r in rows if r.get("request_end_time") is not None]
     if not rows or not ends:

@@ -149,9 +149,10 @@ def resampled_trials(rec: Mapping[str, Any], *, pairs: int, trials: int, per_tok
                      ) -> list[dict[str, Any]]:
     """``trials`` A/A and ``trials`` slowdown trials of ``pairs`` pairs each, drawn from recorded A/A rounds:
     each pair one recorded round (its two passes, which ran side by side; distinct rounds, unless a trial needs more
-    pairs than were recorded: then drawn with replacement), its two passes given the labels A and B at random: in an A/A round which side is called A is arbitrary, and keeping the
-    recorded labels would draw the recording's own chance mean difference into every trial, as if it were real (a
-    trial drawn from the recording must sample "no difference", as the test's null does). A slowdown trial adds
+    pairs than were recorded: then drawn with replacement), its two passes given the labels A and B at random: in
+    an A/A round which side is called A is arbitrary, and keeping the recorded labels would draw the recording's
+    own chance mean difference into every trial, as if it were real (a trial drawn from the recording must sample
+    "no difference", as the test's null does). A slowdown trial adds
     ``per_token_s`` to every request's TPOT on the B side, as the proxy adds it to every gap between tokens. Each
     trial read by ``read`` (the bootstrap with ``resamples`` resamples, to keep it quick)."""
     positive("pairs", pairs)
