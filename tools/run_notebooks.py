@@ -17,6 +17,9 @@ Exercises: every check cell prints one verdict line (``labkit.lessons.exercises`
 "correct". Anything else fails that notebook. The checks also write the run's progress record,
 build/progress.json (``LABKIT_PROGRESS``: a headless run never touches the learner's own record); after the run,
 ``python -m labkit progress`` on it must show no exercise done as shipped and every one done with ``--solutions``.
+
+Verdicts: each notebook's kernel appends every verdict it reaches to build/verdicts/NN_name.jsonl
+(``LABKIT_VERDICT_LOG``); ``python -m bench.verdicts build/verdicts/*.jsonl`` counts them.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from traitlets import default
 
-from labkit.core import config, results
+from labkit.core import config, results, verdict
 from labkit.lessons import exercises
 from labkit.lessons.exercises import progress
 from tools import cells
@@ -270,9 +273,14 @@ def run_all(paths: list[Path], build_dir: Path = BUILD_DIR, timeout_s: int = 900
     progress_file.unlink(missing_ok=True)
     os.environ["LABKIT_PROGRESS"] = str(progress_file)  # the kernels inherit it
     os.environ["LABKIT_HEADLESS"] = "1"  # no progress bars: a saved notebook would keep them at 0 %
+    verdict_dir = (build_dir / "verdicts").resolve()
+    verdict_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.stem} …", flush=True)
+        log = verdict_dir / f"{path.stem}.jsonl"
+        log.unlink(missing_ok=True)
+        os.environ[verdict.LOG_ENV] = str(log)  # this notebook's kernel inherits it
         run = run_notebook(path, build_dir / "executed", timeout_s, solutions=solutions)
         runs.append(run)
         print(f"[{i}/{len(paths)}] {path.stem}: {run.status} in {run.wall_s:.1f} s", flush=True)

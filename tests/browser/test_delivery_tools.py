@@ -33,6 +33,7 @@ def two_notebooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path
     _notebook(nbs / "11_ok.ipynb", [
         "from labkit.core import results\nres = results.Results('11_ok')",
         "res.add('speed', batch=4, tokens_per_s=123.456789)\nres.save()",
+        "from labkit.core import verdict\nv = verdict.compare([2.0, 2.1, 2.2], [1.0, 1.1, 1.2])",
     ])
     return nbs, tmp_path / "build"
 
@@ -54,6 +55,9 @@ def test_failing_notebook_reported_with_its_cell_and_the_next_still_runs(two_not
     assert summary["n_failed"] == 1 and summary["n_notebooks"] == 2
     executed = nbformat.read(build / "executed" / "10_fails.ipynb", as_version=4)
     assert executed.cells[1].outputs[0]["ename"] == "ValueError"
+    logged = [json.loads(line) for line in (build / "verdicts" / "11_ok.jsonl").read_text().splitlines()]
+    assert [(v["kind"], round(v["ratio"], 2)) for v in logged] == [("better", 1.91)]  # each notebook, its own log
+    assert not (build / "verdicts" / "10_fails.jsonl").exists()  # it failed before any verdict
     page = (build / "summary.html").read_text(encoding="utf-8")
     assert "failing cell 1" in page and "boom at 2" in page and "results/11_ok.json" in page
 
