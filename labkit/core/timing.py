@@ -6,6 +6,7 @@ in shuffled, paired rounds; ``t_cdf``/``t_quantile`` (Student's t, no SciPy) ser
 """
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -124,8 +125,10 @@ def t_cdf(t: float, df: int) -> float:
     return 1 - tail / 2 if t > 0 else tail / 2
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(q: float, df: int) -> float:
-    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (t₀.₉₇₅,₅ = 2.571), by bisection."""
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (t₀.₉₇₅,₅ = 2.571), by bisection; kept once
+    computed (``verdict.pairs_needed`` asks for the same few quantiles for every n it tries)."""
     if not 0 < q < 1:
         raise ValueError(f"q={q}: a quantile is a share between 0 and 1")
     if q < 0.5:
