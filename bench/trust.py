@@ -77,13 +77,14 @@ def main() -> None:
             _emit("vllm", {"skipped": vs.MISSING})
         if srv is not None:
             loadgen.run(srv.url, texts[:1], num_requests=1, max_tokens=4, warmup=0, model=model_path)
-            runs = nb14_runs.clients_on_one_server(srv.url, work, folder / "pinned", rounds=config.pick(3, 1),
+            runs = nb14_runs.clients_on_one_server(srv.url, work, folder / "pinned", rounds=config.pick(7, 1),
                                                    cores=CLIENT_CORES, anchor="labkit")
             tables = nb14_runs.client_tables(runs)
             anchored = nb14_runs.anchored(runs)
             out["clients"] = {"raw": tables["raw"], "aligned": tables["aligned"],
                               "anchored": {name: nb14_runs.anchored_row(anchored, name) for name in runs},
                               "max_anchored_deviation": anchored["max"],
+                              "anchor_waves": nb14_runs.waves(runs["labkit"], 4),
                               "max_aligned_deviation": tables["aligned_deviation"]["max"],
                               "max_raw_deviation": tables["raw_deviation"]["max"]}
             _emit("clients", out["clients"])

@@ -456,3 +456,21 @@ def test_each_client_runs_beside_an_anchor_run_and_its_deviation_is_the_median_o
     assert a["per_client"]["labkit"]["pairs"] == 4 and a["max"]["client"] == "AIPerf"
     with pytest.raises(ValueError, match="anchor"):
         nb14.anchored(nb14.ClientPasses({"labkit": []}))
+
+
+def test_waves_group_a_closed_loops_requests_and_read_the_pace_between_them():
+    from labkit.lessons.nb14 import findings, runs as nb14
+
+    def wave_run(paces):  # 4 in flight: wave k's requests start together and decode at paces[k] a token
+        outs = [client.RequestOutput(success=True, ttft_s=0.1, e2e_s=0.1 + 9 * p, output_tokens=10,
+                                     start_s=k * 2.0 + i * 0.01) for k, p in enumerate(paces) for i in range(4)]
+        return outside.ClientRun("labkit", "ok", outs, {})
+
+    w = nb14.waves([wave_run([0.05, 0.055, 0.05, 0.06]), wave_run([0.05, 0.05, 0.05, 0.05]),
+                    outside.ClientRun("labkit", "failed: exit 1")], concurrency=4)
+    assert w == {"passes": 2, "waves": 4, "range": pytest.approx((0.2 + 0.0) / 2)}  # 0.06 / 0.05 − 1, and 0
+    assert "4 waves of 4 requests" in findings.waves_sentence(w, "labkit", 4) and "10.0%" in findings.waves_sentence(
+        w, "labkit", 4)
+    assert nb14.waves([wave_run([0.05])], 4)["range"] is None  # one wave: nothing moves within the pass
+    with pytest.raises(ValueError, match="concurrency"):
+        nb14.waves([], 0)

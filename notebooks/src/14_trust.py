@@ -70,7 +70,7 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 PROMPTS = config.pick(16, 8)  # the request set every client sends (the lab's chat prompts)
 OUTPUT_LEN = config.pick(32, 16)  # tokens per answer, exactly (ignore_eos)
 CONCURRENCY = 4  # requests in flight at most, every client
-CLIENT_PASSES = config.pick(3, 1)  # rounds: each other client once, each beside a pass of labkit's (its pair)
+CLIENT_PASSES = config.pick(7, 1)  # rounds: each other client once, each beside a pass of labkit's (its pair)
 AA_TRIALS, AB_TRIALS = config.pick(10, 2), config.pick(10, 1)  # real A/A trials, then real A/B trials
 PAIRS = config.pick(10, 6)  # pairs of interleaved passes (A, B in a shuffled order) in each A/A trial
 MAX_AB_PAIRS = config.pick(20, 6)  # the most pairs an A/B trial can afford (the formula asks for its own number)
@@ -169,11 +169,12 @@ if runs:
     res.replace("clients_aligned", aligned_rows)
     display(res.frame("clients_aligned").round(4))
     print(nb14.findings.anchored_sentence(tables["anchored"]))
+    print(nb14.findings.waves_sentence(nb14.runs.waves(runs["labkit"], CONCURRENCY), "labkit", CONCURRENCY))
 
 # %% slideshow={"slide_type": "subslide"}
 if runs and CLIENT_PASSES < 3:
     print(f"{CLIENT_PASSES} pair{'s' * (CLIENT_PASSES != 1)} per client here: too few for a pass-to-pass range (one "
-          "client's start-up alone takes seconds). The full-mode reference, 3 pairs per client:")
+          "client's start-up alone takes seconds). The full-mode reference:")
     references.show("14_trust", "clients_aligned")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}

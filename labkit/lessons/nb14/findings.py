@@ -43,6 +43,15 @@ def anchored_sentence(a: Mapping[str, Any]) -> str:
             f"another: {ranges}")
 
 
+def waves_sentence(w: Mapping[str, Any], client: str, concurrency: int) -> str:
+    """What a pass's p50 rests on: its waves, and how far the server's pace moved between them (``runs.waves``)."""
+    if w["range"] is None:
+        return f"{client}'s passes had too few waves to show the server's pace moving within a pass"
+    return (f"{client}'s passes ran as {w['waves']:g} waves of {concurrency} requests; the waves' median TPOT moved "
+            f"{w['range']:.1%} within a pass (median of {w['passes']} passes): a pass's p50 rests on {w['waves']:g} "
+            "waves, so each pair carries that noise, and more pairs average it out")
+
+
 def clients_sentence(tables: Mapping[str, Any], cost: Mapping[str, float | None], shared: Mapping[str, Any] | None
                      ) -> str:
     """The clients' own reports against the same runs under one definition, and what each client costs."""

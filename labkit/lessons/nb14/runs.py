@@ -132,6 +132,25 @@ def anchored(runs: ClientPasses, align_fn: Callable[[Sequence[Mapping[str, float
     return {"anchor": runs.anchor, "per_client": per, "max": max(found, key=lambda f: abs(f["value"]))}
 
 
+def waves(runs: Sequence[outside.ClientRun], concurrency: int) -> dict[str, Any]:
+    """Why two passes of one client differ: a closed loop of equal-length answers runs its requests in waves of
+    ``concurrency`` (consecutive by start time), and the server's pace moves from wave to wave. Per pass, the waves'
+    median TPOT (aligned definition), their largest ÷ smallest − 1; ``range`` is its median over the passes, ``waves``
+    the waves in a pass (the independent figures a pass's p50 rests on)."""
+    positive("concurrency", concurrency)
+    ranges, counts = [], []
+    for r in runs:
+        recs = sorted(align.stamps(r.outputs) if r.ok else [], key=lambda x: x["start_s"])
+        tpots = [[(x["end_s"] - x["first_token_s"]) / (x["tokens"] - 1) for x in recs[i:i + concurrency]
+                  if x["tokens"] > 1] for i in range(0, len(recs), concurrency)]
+        medians = [statistics.median(w) for w in tpots if w]
+        if len(medians) >= 2:
+            ranges.append(max(medians) / min(medians) - 1)
+            counts.append(len(medians))
+    return {"passes": len(ranges), "waves": statistics.median(counts) if counts else None,
+            "range": statistics.median(ranges) if ranges else None}
+
+
 def anchored_row(a: Mapping[str, Any], name: str) -> dict[str, Any]:
     """One client's row of ``anchored``: its pairs, and per figure its deviation from the anchor and its range."""
     row = a["per_client"].get(name) or {}
