@@ -42,7 +42,7 @@
 # Presenter: ask before section 1 what share of a 6-turn agent's prompt tokens a cache could serve (most: each turn
 # repeats the last); before section 2, what one changing second in the system prompt costs; before section 3,
 # whether reading 45 kB per token from disk beats computing it on a laptop (by far: CPU prefill is slow); before
-# section 5, how many of 20 auto tool calls a 135M model puts in `tool_calls`.
+# section 5, how many auto tool calls a 135M model puts in `tool_calls`.
 
 # %% slideshow={"slide_type": "slide"}
 import contextlib
@@ -76,7 +76,7 @@ TIER_ROUNDS = config.pick(TIER_FULL_ROUNDS, 1)  # quick mode: one round, too few
 BUDGET_TOKENS = config.pick(4096, 2560)  # section 4's KV budget (the prefix cache's positions)
 MANY_TURNS = config.pick(6, 4)  # turns of each session there
 ROUTED = config.pick(1, 1)  # 1: two replicas behind notebook 11's router (smg), round robin against session affinity
-TOOL_REQUESTS = 20  # requests per tool_choice
+TOOL_REQUESTS = config.pick(20, 10)  # requests per tool_choice, all at once
 TOOL_MAX_TOKENS = config.pick(128, 96)  # a call cut off by this limit lands nowhere
 MAX_MODEL_LEN = 4096  # both servers' context: a longer prompt must get a 400
 HAS_VLLM = vllm_server.vllm_python().exists()
@@ -396,10 +396,10 @@ else:
 # row turns it off). The lab's server refuses `tools` with a 400 naming the field: it has the grammar, not a tool
 # parser.
 #
-# Predict: of 20 requests under auto, how many answers come back in `tool_calls`?
+# Predict: of `TOOL_REQUESTS` requests under auto, how many answers come back in `tool_calls`?
 
 # %% slideshow={"slide_type": "fragment"}
-PREDICT_AUTO_CALLS = None  # your prediction: answers in tool_calls under tool_choice auto, of 20
+PREDICT_AUTO_CALLS = None  # your prediction: answers in tool_calls under tool_choice auto, of TOOL_REQUESTS
 
 # %% slideshow={"slide_type": "fragment"}
 tool_rows = None
@@ -411,7 +411,7 @@ if vllm_srv is not None:
     display(res.frame("tool_calls").round(3))
     example = next((toolcalls.calls(r, trace.TOOLS) for r in tool_out["required"] if r.get("choices")), None)
     print("one forced call:", example)
-    _ = exercises.reveal("answers in tool_calls under auto (of 20)", PREDICT_AUTO_CALLS,
+    _ = exercises.reveal(f"answers in tool_calls under auto (of {TOOL_REQUESTS})", PREDICT_AUTO_CALLS,
                          next(r["in_tool_calls"] for r in tool_rows if r["tool_choice"] == "auto"))
 else:
     print(f"{vllm_server.MISSING}: no tool-call table")

@@ -27,9 +27,9 @@ def _range(fig: Mapping[str, Any] | None) -> str:
     return f"pass-to-pass range {fig['range']:.1%}"
 
 
-def anchored_sentence(a: Mapping[str, Any]) -> str:
+def anchored_sentence(a: Mapping[str, Any], lead: str | None = None) -> str:
     """The largest aligned deviation from the anchor's run beside each client, with that client's range, and the
-    anchor's own range."""
+    anchor's own range; ``lead``: the words before the figure (default: what the figure is)."""
     m = a["max"]
     own = a["per_client"][a["anchor"]]
     ranges = "; ".join(f"{METRIC_NAMES[metric]} {_range(own.get(metric))}"
@@ -37,7 +37,8 @@ def anchored_sentence(a: Mapping[str, Any]) -> str:
     if m["client"] is None:
         return f"no client had a pair with {a['anchor']}'s runs; {a['anchor']}'s own runs: {ranges}"
     row = a["per_client"][m["client"]]
-    return (f"largest aligned deviation from {a['anchor']}'s run beside it: {m['value']:+.1%} ({m['client']}, "
+    lead = f"largest aligned deviation from {a['anchor']}'s run beside it:" if lead is None else lead
+    return (f"{lead} {m['value']:+.1%} ({m['client']}, "
             f"{METRIC_NAMES[m['metric']]}, median of {row['pairs']} pair"
             f"{'s' * (row['pairs'] != 1)}; {_range(row.get(m['metric']))}); {a['anchor']}'s own runs, one after "
             f"another: {ranges}")
@@ -59,8 +60,7 @@ def clients_sentence(tables: Mapping[str, Any], cost: Mapping[str, float | None]
     said = (f"On one request set, the clients' own reports of p50 TPOT/ITL and tokens/s were up to "
             f"{_dev(tables['raw_deviation'])} away from the clients' median; recomputed from each client's own "
             f"per-request stamps under one definition and held against labkit's run beside it, "
-            + (anchored_sentence(tables["anchored"]).replace("largest aligned deviation from labkit's run beside it: ",
-                                                             "up to ") if tables.get("anchored") else
+            + (anchored_sentence(tables["anchored"], lead="up to") if tables.get("anchored") else
                f"up to {_dev(tables['aligned_deviation'])} from the clients' median") + ".")
     if busiest is not None:
         said += (f" The busiest client, {busiest[0]}, kept {busiest[1]:.0%} of a core busy between its first request "

@@ -425,12 +425,12 @@ def run(name: str, url: str, w: loadgen.Workload, folder: Path, *, cores: set[in
             run_.outputs, run_.reported = c.read(folder)
         except (OSError, KeyError, ValueError, TypeError, IndexError) as exc:
             run_.status = f"failed: its output could not be read ({type(exc).__name__}: {exc})"
-    if run_.ok:
-        with contextlib.suppress(OSError, KeyError, ValueError, TypeError, IndexError):
-            measured = c.span(folder)
-            if measured is not None:
-                start, end, how = measured
-                first = trace.at(start, how)
-                run_.startup_cpu_s, run_.run_cpu_s = first, trace.at(end, how) - first
-                run_.run_wall_s = end - start
+        else:  # its span, from the records just read: the CPU of its start-up apart from the CPU while it measured
+            with contextlib.suppress(OSError, KeyError, ValueError, TypeError, IndexError):
+                measured = c.span(folder)
+                if measured is not None:
+                    start, end, how = measured
+                    first = trace.at(start, how)
+                    run_.startup_cpu_s, run_.run_cpu_s = first, trace.at(end, how) - first
+                    run_.run_wall_s = end - start
     return run_
