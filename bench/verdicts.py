@@ -1,9 +1,11 @@
 """Count a run's verdicts: how many differences of 10 % or more a run called "within noise", a tie or "no verdict".
 
-Run notebooks with ``LABKIT_VERDICT_LOG=FILE`` set (``labkit.core.verdict`` appends every ``compare()`` and
-``against()`` verdict there, one JSON line each), then
+``make run`` gives every notebook its own log, build/verdicts/NN_name.jsonl (``LABKIT_VERDICT_LOG``:
+``labkit.core.verdict`` appends every ``compare()`` and ``against()`` verdict there, one JSON line each), then
 
-    python -m bench.verdicts FILE [FILE ...]     (one file per notebook: its name is the row's name)
+    python -m bench.verdicts build/verdicts/*.jsonl     (one file per notebook: its name is the row's name)
+
+A row counts log lines: a verdict computed twice (a cell and its takeaway) counts twice.
 
 prints one JSON document: per file and in all, the verdicts by kind, the differences of 10 % or more (either way)
 by kind, and how many of those were called noise, a tie or no verdict, each count beside how many of them had
