@@ -141,9 +141,8 @@ def waves(runs: Sequence[outside.ClientRun], concurrency: int) -> dict[str, Any]
     ranges, counts = [], []
     for r in runs:
         recs = sorted(align.stamps(r.outputs) if r.ok else [], key=lambda x: x["start_s"])
-        tpots = [[(x["end_s"] - x["first_token_s"]) / (x["tokens"] - 1) for x in recs[i:i + concurrency]
-                  if x["tokens"] > 1] for i in range(0, len(recs), concurrency)]  # fact: one token has no TPOT
-        medians = [statistics.median(w) for w in tpots if w]
+        waves_ = [align.tpots(recs[i:i + concurrency]) for i in range(0, len(recs), concurrency)]
+        medians = [statistics.median(w) for w in waves_ if w]
         if len(medians) >= 2:
             ranges.append(max(medians) / min(medians) - 1)
             counts.append(len(medians))

@@ -8,8 +8,9 @@ here stamps each request, so each can be recomputed one way from its own stamps:
 - ``tpot``: (end − first token) ÷ (n − 1), n the server's count of output tokens (its ``usage``);
 - ``output_tokens_per_s``: the requests' tokens over their span, from the first start to the last end.
 
-``stamps`` turns the lab's ``RequestOutput`` records into the plain stamps ``aligned`` reads; ``deviation`` says how
-far each client's aligned figure lies from the median over the clients.
+``stamps`` turns the lab's ``RequestOutput`` records into the plain stamps ``aligned`` reads; ``tpots`` gives each
+request's TPOT under the definition; ``deviation`` says how far each client's aligned figure lies from the median over
+the clients.
 """
 from __future__ import annotations
 
@@ -43,12 +44,17 @@ def check_records(records: Sequence[Mapping[str, float]]) -> None:
                              f"{r['first_token_s']}, {r['end_s']}): are the stamps from one clock?")
 
 
+def tpots(records: Sequence[Mapping[str, float]]) -> list[float]:
+    """Each request's TPOT under the one definition, (end − first token) ÷ (n − 1); a one-token answer has none."""
+    return [(r["end_s"] - r["first_token_s"]) / (r["tokens"] - 1) for r in records if r["tokens"] > 1]
+
+
 def aligned(records: Sequence[Mapping[str, float]]) -> dict[str, Any]:
     """The one definition (module docstring) over per-request stamps: p50 and p90 of TTFT and TPOT, output tokens
     per second over the requests' span, and the number of requests. TPOT leaves out requests of one token."""
     check_records(records)
     ttft = [r["first_token_s"] - r["start_s"] for r in records]
-    tpot = [(r["end_s"] - r["first_token_s"]) / (r["tokens"] - 1) for r in records if r["tokens"] > 1]
+    tpot = tpots(records)
     span = max(r["end_s"] for r in records) - min(r["start_s"] for r in records)
     out: dict[str, Any] = {"requests": len(records),
                            "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
