@@ -164,7 +164,9 @@ def measure_decode(model: Any, tokenizer: Any, batch: int = 1, new_tokens: int =
                          drift=False)[0]
 
 
-def _checked_rounds(new_tokens: int, rounds: int) -> None:
+def checked_rounds(new_tokens: int, rounds: int) -> None:
+    """Refuse a timed decode that cannot be timed (fewer than 2 new tokens) or a round count that is not a positive
+    integer (a bool included); generation's decode rounds and compiled.measure_decoders share it."""
     if new_tokens < 2:
         raise ValueError(f"new_tokens={new_tokens}: need at least 2 to time decode")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds <= 0:
@@ -208,7 +210,7 @@ def decode_rounds(model: Any, tokenizer: Any, batches: list[int], new_tokens: in
     for batch in batches:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
             raise ValueError(f"batch={batch!r}: must be a positive integer")
-    _checked_rounds(new_tokens, rounds)
+    checked_rounds(new_tokens, rounds)
     for b in batches:
         generate(model, tokenizer, [prompt] * b, max_new_tokens=min(8, new_tokens), fixed_length=True)  # warmup
     calls = {str(b): (lambda b=b: generate(model, tokenizer, [prompt] * b, max_new_tokens=new_tokens,
@@ -228,7 +230,7 @@ def decode_variants(variants: dict[str, tuple[Any, Any]], new_tokens: int = 64, 
     """
     if not variants:
         raise ValueError("decode_variants() needs at least one (model, tokenizer)")
-    _checked_rounds(new_tokens, rounds)
+    checked_rounds(new_tokens, rounds)
     for model, tokenizer in variants.values():
         generate(model, tokenizer, [prompt], max_new_tokens=min(8, new_tokens), fixed_length=True)  # warmup
     calls = {name: (lambda m=m, t=t: generate(m, t, [prompt], max_new_tokens=new_tokens, fixed_length=True))

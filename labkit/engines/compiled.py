@@ -13,7 +13,7 @@ from ..core import timing
 from ..core.checks import model_device
 from ..core.timing import Measurement, now
 from ..decoding import cache_variants, decode, quality
-from ..decoding.generation import TIMED_PROMPT, GenerationResult, _checked_rounds
+from ..decoding.generation import TIMED_PROMPT, GenerationResult, checked_rounds
 from .fusion import decode_step_ops
 
 DEFAULT_PROMPT = TIMED_PROMPT
@@ -135,7 +135,7 @@ def measure_decoders(decoders: dict[str, StaticDecoder], input_ids: Any, new_tok
     shuffled, no extra pass), after one untimed warm-up run each (it pays any build): per name the same figures,
     its ``samples`` one decode rate per round, round i at index i (None where a run timed no decode), so round i of
     two decoders is a pair for ``verdict.compare(..., paired=True)`` (``rounds_paired``)."""
-    _checked_rounds(new_tokens, rounds)
+    checked_rounds(new_tokens, rounds)
     for dec in decoders.values():
         dec.generate(input_ids, min(4, new_tokens))  # warmup (and the compile, when compiled)
     done = timing.rounds({name: (lambda d=dec: d.generate(input_ids, new_tokens)) for name, dec in decoders.items()},
