@@ -474,3 +474,15 @@ def test_waves_group_a_closed_loops_requests_and_read_the_pace_between_them():
     assert nb14.waves([wave_run([0.05])], 4)["range"] is None  # one wave: nothing moves within the pass
     with pytest.raises(ValueError, match="concurrency"):
         nb14.waves([], 0)
+
+
+def test_the_loops_sentence_says_each_load_ran_once():
+    from labkit.core import verdict
+    from labkit.lessons.nb14 import findings
+
+    load = {"ttft_p50_s": 0.2}
+    loops = {"closed": load, "open": {"ttft_p50_s": 0.1}, "closed_long": load, "tokens": (8, 32), "concurrency": 4,
+             "rate_per_s": 2.0}
+    judged = verdict.compare([0.1, 0.11, 0.09], [0.2, 0.19, 0.21], higher_is_better=False)
+    said = findings.loops_sentence(loops, judged, judged)
+    assert "0.50×" in said and "ran once, not repeated" in said

@@ -147,7 +147,8 @@ def loops_sentence(loops: Mapping[str, Any], judged: Any, judged_long: Any) -> s
             f"arrivals at the same mean rate ({loops['rate_per_s']:.2f}/s) gave {o['ttft_p50_s']:.3f} s "
             f"({judged.ratio:.2f}×, {judged.word('lower', 'higher')}: {judged.reason}). Under the cap, answers of "
             f"{long_} tokens instead of {short} gave p50 TTFT {cl['ttft_p50_s']:.3f} s ({judged_long.ratio:.2f}×, "
-            f"{judged_long.word('lower', 'higher')}: {judged_long.reason}).")
+            f"{judged_long.word('lower', 'higher')}: {judged_long.reason}). Each load ran once, not repeated: a verdict "
+            "here reads one run's requests, which share that run's drift, so it says less than a paired one.")
 
 
 def loadgen_sentence(rows: Sequence[Mapping[str, Any]], limits: Mapping[str, float]) -> str:
