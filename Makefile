@@ -55,7 +55,7 @@ NOTEBOOKS ?=
 # the browser tests' Chromium: the first of these on PATH, or CHROMIUM=/path/to/chromium
 CHROMIUM ?= $(firstword $(foreach b,chromium chromium-browser google-chrome,$(shell command -v $(b) 2>/dev/null)))
 
-.PHONY: vllm clients llmc llama help setup lab test test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
+.PHONY: vllm clients llmc llama help setup lab test test-envs test-unit test-notebooks bench notebooks clean run slides browser test-browser reference \
 	gpu-check env-check gpu-smoke test-tools test-setup wheelhouse doctor
 
 help:
@@ -216,8 +216,16 @@ test-tools:
 	@command -v npm >/dev/null || { echo "make test needs npm for the offline decks: sudo apt-get install -y npm (macOS: brew install node), or make browser as root" >&2; exit 1; }
 	@[ -n "$(CHROMIUM)" ] && [ -x "$(CHROMIUM)" ] || { echo "make test needs a Chromium for the browser tests: sudo apt-get install -y chromium, or CHROMIUM=/path/to/chromium (chromium, chromium-browser and google-chrome on PATH are found)" >&2; exit 1; }
 
+# make test's three environments are pip downloads and unpacking, with little to compute: they are built side by
+# side, then `labkit prepare`. --output-sync keeps each one's lines together (GNU make 4; macOS's 3.81 lacks it).
+# One at a time where vLLM's is the GPU one: it installs labkit from the clone too, as .venv does.
+TEST_ENVS_JOBS := $(if $(filter gpu,$(VLLM_KIND)),-j1,-j3 $(if $(filter 3.%,$(MAKE_VERSION)),,--output-sync=target))
+test-envs: test-tools
+	$(MAKE) $(TEST_ENVS_JOBS) $(DEV_STAMP) vllm clients
+	$(MAKE) setup
+
 # notebooks run once, by `make run` (not nbmake as well): its executed copies feed the decks
-test: test-tools setup vllm clients $(DEV_STAMP)
+test: test-envs
 	$(MAKE) test-unit test-setup
 	LABKIT_QUICK=1 $(MAKE) run slides test-browser
 
