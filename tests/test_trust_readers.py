@@ -145,10 +145,34 @@ def test_the_anchored_sentence_names_the_largest_deviation_with_its_range_and_th
          "per_client": {"AIPerf": {"pairs": 3, "tpot_p50_s": fig(-0.07, 0.12)},
                         "labkit": {"pairs": 2, "tpot_p50_s": fig(0.0, 0.05), "output_tokens_per_s": fig(0.0, None)}}}
     said = f14.anchored_sentence(a)
-    assert "-7.0% (AIPerf, p50 TPOT, median of 3 pairs; pass-to-pass range 12.0%)" in said
+    assert "-7.0% (AIPerf, p50 TPOT, median of 3 pairs; pass-to-pass range 12.0%; no pair to judge)" in said
+    a["per_client"]["AIPerf"]["tpot_p50_s"]["ratios"] = [0.9, 0.93, 0.95]
+    assert "not told apart from the drift" in f14.anchored_sentence(a) and "run " in f14.anchored_sentence(a)
+    a["per_client"]["AIPerf"]["tpot_p50_s"]["ratios"] = [0.9, 0.93, 0.95, 0.92, 0.91, 0.94, 0.93]
+    assert "a real difference: paired sign-flip test, 7 pairs" in f14.anchored_sentence(a)
+    a["per_client"]["AIPerf"]["tpot_p50_s"]["ratios"] = []
     assert "p50 TPOT pass-to-pass range 5.0%" in said
     assert "tokens/s no pass-to-pass range (one pair)" in said  # a single ratio has no range
     assert said.startswith("largest aligned deviation from labkit's run beside it: -7.0%")
     assert f14.anchored_sentence(a, lead="up to").startswith("up to -7.0% (AIPerf")  # the takeaway's own words
     none = dict(a, max={"value": 0.0, "client": None, "metric": None})
     assert f14.anchored_sentence(none).startswith("no client had a pair")
+
+
+def test_a_reader_that_met_the_goal_only_on_the_resampled_trials_is_named_with_what_the_real_trials_can_tell():
+    ab = _ab([])
+    ab.update(aa_trials=10, ab_trials=10)
+    for row in ab["table"]:
+        row.update(aa_fp_real=0.5, detected_real=0.5)
+    paired = next(r for r in ab["table"] if r["reader"] == "paired")
+    paired.update(aa_fp_resampled=0.04, detected_resampled=0.91, aa_fp_real=0.1, detected_real=1.0)
+    said = f14.readers_sentence(ab)
+    # 1 false alarm in 10: a reader exactly at 5 % raises one or more in 1 − 0.95¹⁰ = 40 % of such runs
+    assert "paired met it on the resampled trials, not on the real ones" in said and "40%" in said
+    assert "cannot tell it from a reader at the goal" in said and "none here tells" not in said
+    assert "paired met it on the resampled trials" in f14.aa_sentence(ab)
+    paired.update(aa_fp_real=0.4, detected_real=0.5)  # 4 alarms and 5 misses in 10: far off the goal
+    said = f14.readers_sentence(ab)
+    assert "the real trials say it fell short" in said and "5 misses in 10 A/B" in said
+    paired.update(aa_fp_resampled=0.2)  # not met on the resampled trials either: the general sentence
+    assert "none here tells" in f14.readers_sentence(ab)

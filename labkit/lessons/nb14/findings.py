@@ -4,6 +4,7 @@ overlap rule, a request bootstrap, the paired test), what a concurrency cap does
 to TTFT, what MLPerf's LoadGen says at two rates, and whether a greedy answer depends on its batch."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,8 +41,31 @@ def anchored_sentence(a: Mapping[str, Any], lead: str | None = None) -> str:
     lead = f"largest aligned deviation from {a['anchor']}'s run beside it:" if lead is None else lead
     return (f"{lead} {m['value']:+.1%} ({m['client']}, "
             f"{METRIC_NAMES[m['metric']]}, median of {row['pairs']} pair"
-            f"{'s' * (row['pairs'] != 1)}; {_range(row.get(m['metric']))}); {a['anchor']}'s own runs, one after "
-            f"another: {ranges}")
+            f"{'s' * (row['pairs'] != 1)}; {_range(row.get(m['metric']))}; {_told_apart(row[m['metric']], a)}); "
+            f"{a['anchor']}'s own runs, one after another: {ranges}")
+
+
+def _told_apart(fig: Mapping[str, Any], a: Mapping[str, Any]) -> str:
+    """Whether a client's pairs tell its deviation from the drift between passes: its per-pair ratios against 1,
+    judged paired (each pair's ratio is already client ÷ anchor)."""
+    ratios = fig.get("ratios") or []
+    if not ratios:
+        return "no pair to judge"
+    v = verdict.compare(ratios, [1.0] * len(ratios), paired=True)
+    return verdict.pick(v, better="a real difference", worse="a real difference", same="the same",
+                        unsure=f"not told apart from the drift between {a['anchor']}'s passes and the client's"
+                        ) + f": {v.reason}"
+
+
+def first_waves_sentence(fw: Mapping[str, Mapping[str, Any]], anchor: str) -> str:
+    """Each client's first wave and later waves against the anchor's run beside it (``runs.first_waves``)."""
+    parts = [f"{name} {r['first']:.2f}× and {r['later']:.2f}×" for name, r in fw.items()
+             if r["first"] is not None and r["later"] is not None]
+    if not parts:
+        return f"no client had two waves in a pass beside {anchor}'s: where its residual sits is not shown"
+    return (f"Each client's first wave of a pass and its later waves, p50 TPOT over {anchor}'s beside it (median of "
+            "the pairs): " + "; ".join(parts) + ". A residual in the first wave alone starts with the pass (the "
+            "client's start-up still running, or the server idle while the client started); one in every wave lasts")
 
 
 def waves_sentence(w: Mapping[str, Any], client: str, concurrency: int) -> str:
@@ -96,6 +120,39 @@ def _goal() -> str:
     return f"at most {verdict.ALPHA:.0%} false positives and at least {verdict.POWER:.0%} detection"
 
 
+def _at_least(k: int, n: int, p: float) -> float:
+    """The chance of k or more successes in n trials, each a success with chance p (the binomial tail)."""
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+def _resampled_only(ab: Mapping[str, Any]) -> str:
+    """For the readers that met the goal on the resampled trials and missed it on the few real ones: what the real
+    trials counted, how often a reader exactly at the goal counts that many (the binomial tail), and whether the real
+    trials can tell the two apart (every such chance at least ``verdict.ALPHA``)."""
+    said = []
+    for r in ab["table"]:
+        if r["meets_goal"] or r.get("aa_fp_real") is None or r.get("detected_real") is None:
+            continue
+        if not (r["aa_fp_resampled"] <= verdict.ALPHA and r["detected_resampled"] >= verdict.POWER):  # fact: shares
+            continue
+        n_aa, n_ab = ab["aa_trials"], ab["ab_trials"]
+        alarms, misses = round(r["aa_fp_real"] * n_aa), round((1 - r["detected_real"]) * n_ab)
+        parts, chances = [], []
+        if r["aa_fp_real"] > verdict.ALPHA:  # fact: a share of trials against the test's α
+            chances.append(_at_least(alarms, n_aa, verdict.ALPHA))
+            parts.append(f"{alarms} false alarm{'s' * (alarms != 1)} in {n_aa} A/A, which a reader exactly at "
+                         f"{verdict.ALPHA:.0%} raises that many or more in {chances[-1]:.0%} of such runs")
+        if r["detected_real"] < verdict.POWER:  # fact: a share of trials against the test's power
+            chances.append(_at_least(misses, n_ab, 1 - verdict.POWER))
+            parts.append(f"{misses} miss{'es' * (misses != 1)} in {n_ab} A/B, which a reader exactly at "
+                         f"{verdict.POWER:.0%} makes that many or more in {chances[-1]:.0%} of such runs")
+        apart = min(chances) < verdict.ALPHA  # fact: a probability against α
+        said.append(f"{r['reader']} met it on the resampled trials, not on the real ones ({'; '.join(parts)}): "
+                    + ("the real trials say it fell short" if apart else
+                       f"{n_aa + n_ab} real trials cannot tell it from a reader at the goal"))
+    return "; ".join(said)
+
+
 def readers_sentence(ab: Mapping[str, Any]) -> str:
     """Each reader's rates on the resampled trials (and the real ones), and which readers met the goal: only what the
     table shows."""
@@ -109,8 +166,11 @@ def readers_sentence(ab: Mapping[str, Any]) -> str:
              f"{ab['pairs']}): " + "; ".join(f"{k} {_pct(v['aa_false_positive_rate'])} false positives, "
                                              f"{_pct(v['slowdown_detection_rate'])} detection"
                                              for k, v in real.items()) + ". ")
+    near = _resampled_only(ab)
     if met:
-        said += f"Met {_goal()}: {', '.join(met)}."
+        said += f"Met {_goal()}: {', '.join(met)}." + (f" {near[0].upper()}{near[1:]}." if near else "")
+    elif near:
+        said += f"No reader met {_goal()} on both kinds of trial: {near}."
     else:
         said += (f"No reader met {_goal()}: at {ab['pairs']} pairs of {ab['requests_per_pass']}-request passes, none "
                  f"here tells a {ab['slowdown_share']:.0%} slowdown from nothing reliably.")
@@ -135,6 +195,8 @@ def aa_sentence(ab: Mapping[str, Any]) -> str:
     if met:
         said += f" Only {' and '.join(met)} met {_goal()} here." if len(met) < len(ab["table"]) else \
             f" Every reader met {_goal()} here."
+    elif _resampled_only(ab):
+        said += f" None met {_goal()} on both kinds of trial: {_resampled_only(ab)}."
     else:
         said += f" None met {_goal()} at this size."
     return said
