@@ -85,6 +85,7 @@ def main() -> None:
                               "anchored": {name: nb14_runs.anchored_row(anchored, name) for name in runs},
                               "max_anchored_deviation": anchored["max"],
                               "anchor_waves": nb14_runs.waves(runs["labkit"], work.max_concurrency),
+                              "first_waves": nb14_runs.first_waves(runs, work.max_concurrency),
                               "max_aligned_deviation": tables["aligned_deviation"]["max"],
                               "max_raw_deviation": tables["raw_deviation"]["max"]}
             _emit("clients", out["clients"])

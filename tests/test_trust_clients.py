@@ -486,3 +486,26 @@ def test_the_loops_sentence_says_each_load_ran_once():
     judged = verdict.compare([0.1, 0.11, 0.09], [0.2, 0.19, 0.21], higher_is_better=False)
     said = findings.loops_sentence(loops, judged, judged)
     assert "0.50×" in said and "ran once, not repeated" in said
+
+
+def test_first_waves_split_a_clients_residual_into_the_passes_first_wave_and_the_rest():
+    from labkit.lessons.nb14 import findings, runs as nb14
+
+    def wave_run(name, paces):  # 4 in flight: wave k's requests start together and decode at paces[k] a token
+        outs = [client.RequestOutput(success=True, ttft_s=0.1, e2e_s=0.1 + 9 * p, output_tokens=10,
+                                     start_s=k * 2.0 + i * 0.01) for k, p in enumerate(paces) for i in range(4)]
+        return outside.ClientRun(name, "ok", outs, {})
+
+    anchor = [wave_run("labkit", [0.05, 0.05, 0.05]), wave_run("labkit", [0.05, 0.05, 0.05])]
+    slow_start = [wave_run("X", [0.06, 0.05, 0.05]), wave_run("X", [0.065, 0.05, 0.05])]
+    steady = [wave_run("Y", [0.055, 0.055, 0.055])]
+    passes = nb14.ClientPasses({"labkit": anchor, "X": slow_start, "Y": steady}, "labkit",
+                               {"X": [0, 1], "Y": [None]})
+    fw = nb14.first_waves(passes, 4)
+    assert fw["X"] == {"pairs": 2, "first": pytest.approx(1.25), "later": pytest.approx(1.0)}
+    assert fw["Y"] == {"pairs": 0, "first": None, "later": None}  # its only pass has no anchor run beside it
+    said = findings.first_waves_sentence(fw, "labkit")
+    assert "X 1.25× and 1.00×" in said and "Y" not in said
+    assert "not shown" in findings.first_waves_sentence({"Y": fw["Y"]}, "labkit")
+    with pytest.raises(ValueError, match="concurrency"):
+        nb14.first_waves(passes, 0)

@@ -170,6 +170,7 @@ if runs:
     display(res.frame("clients_aligned").round(4))
     print(nb14.findings.anchored_sentence(tables["anchored"]))
     print(nb14.findings.waves_sentence(nb14.runs.waves(runs["labkit"], CONCURRENCY), "labkit", CONCURRENCY))
+    print(nb14.findings.first_waves_sentence(nb14.runs.first_waves(runs, CONCURRENCY), "labkit"))
 
 # %% slideshow={"slide_type": "subslide"}
 if runs and CLIENT_PASSES < 3:

@@ -132,22 +132,43 @@ def anchored(runs: ClientPasses, align_fn: Callable[[Sequence[Mapping[str, float
     return {"anchor": runs.anchor, "per_client": per, "max": max(found, key=lambda f: abs(f["value"]))}
 
 
+def _wave_tpots(run: outside.ClientRun, concurrency: int) -> list[float]:
+    """A pass's waves (``concurrency`` consecutive requests by start time), each its median TPOT (aligned)."""
+    recs = sorted(align.stamps(run.outputs) if run.ok else [], key=lambda x: x["start_s"])
+    return [statistics.median(w) for i in range(0, len(recs), concurrency) if (w := align.tpots(recs[i:i + concurrency]))]
+
+
 def waves(runs: Sequence[outside.ClientRun], concurrency: int) -> dict[str, Any]:
     """Why two passes of one client differ: a closed loop of equal-length answers runs its requests in waves of
     ``concurrency`` (consecutive by start time), and the server's pace moves from wave to wave. Per pass, the waves'
     median TPOT (aligned definition), their largest ÷ smallest − 1; ``range`` is its median over the passes, ``waves``
     the waves in a pass (the independent figures a pass's p50 rests on)."""
     positive("concurrency", concurrency)
-    ranges, counts = [], []
-    for r in runs:
-        recs = sorted(align.stamps(r.outputs) if r.ok else [], key=lambda x: x["start_s"])
-        waves_ = [align.tpots(recs[i:i + concurrency]) for i in range(0, len(recs), concurrency)]
-        medians = [statistics.median(w) for w in waves_ if w]
-        if len(medians) >= 2:
-            ranges.append(max(medians) / min(medians) - 1)
-            counts.append(len(medians))
-    return {"passes": len(ranges), "waves": statistics.median(counts) if counts else None,
-            "range": statistics.median(ranges) if ranges else None}
+    per_pass = [m for m in (_wave_tpots(r, concurrency) for r in runs) if len(m) >= 2]
+    return {"passes": len(per_pass), "waves": statistics.median(map(len, per_pass)) if per_pass else None,
+            "range": statistics.median(max(m) / min(m) - 1 for m in per_pass) if per_pass else None}
+
+
+def first_waves(runs: ClientPasses, concurrency: int) -> dict[str, dict[str, Any]]:
+    """Where in a pass a client's residual sits: per client, over its pairs, the median of (its first wave's TPOT ÷
+    the anchor's first wave's) and of (its later waves' median TPOT ÷ the anchor's): an effect that starts with the
+    pass (the client's own start-up still running, a server idle while the client started) shows in the first wave
+    alone; one that lasts, in both."""
+    positive("concurrency", concurrency)
+    out: dict[str, dict[str, Any]] = {}
+    for name, partners in runs.anchor_of.items():
+        first, later = [], []
+        for i, j in enumerate(partners):
+            if j is None:
+                continue
+            c, a = _wave_tpots(runs[name][i], concurrency), _wave_tpots(runs[runs.anchor][j], concurrency)
+            if c and a:
+                first.append(c[0] / a[0])
+            if len(c) >= 2 and len(a) >= 2:
+                later.append(statistics.median(c[1:]) / statistics.median(a[1:]))
+        out[name] = {"pairs": len(first), "first": statistics.median(first) if first else None,
+                     "later": statistics.median(later) if later else None}
+    return out
 
 
 def anchored_row(a: Mapping[str, Any], name: str) -> dict[str, Any]:
