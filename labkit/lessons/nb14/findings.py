@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...core import verdict
+from ...serve.clients import readers
 from ..findings import Findings
 
 
@@ -133,7 +134,8 @@ def _resampled_only(ab: Mapping[str, Any]) -> str:
     for r in ab["table"]:
         if r["meets_goal"] or r.get("aa_fp_real") is None or r.get("detected_real") is None:
             continue
-        if not (r["aa_fp_resampled"] <= verdict.ALPHA and r["detected_resampled"] >= verdict.POWER):  # fact: shares
+        if not readers.meets({"aa_false_positive_rate": r["aa_fp_resampled"],
+                              "slowdown_detection_rate": r["detected_resampled"]}):
             continue
         n_aa, n_ab = ab["aa_trials"], ab["ab_trials"]
         alarms, misses = round(r["aa_fp_real"] * n_aa), round((1 - r["detected_real"]) * n_ab)
@@ -195,8 +197,8 @@ def aa_sentence(ab: Mapping[str, Any]) -> str:
     if met:
         said += f" Only {' and '.join(met)} met {_goal()} here." if len(met) < len(ab["table"]) else \
             f" Every reader met {_goal()} here."
-    elif _resampled_only(ab):
-        said += f" None met {_goal()} on both kinds of trial: {_resampled_only(ab)}."
+    elif near := _resampled_only(ab):
+        said += f" None met {_goal()} on both kinds of trial: {near}."
     else:
         said += f" None met {_goal()} at this size."
     return said
