@@ -1,10 +1,10 @@
 """Notebook 14's headline figures, measured in one run: can you trust this benchmark?
 
     clients     labkit's loadgen, vllm bench serve, AIPerf and GuideLLM on one request set against one `vllm serve`
-                (held to core 0, each client to core 1), interleaved rounds, each other client's pass right after a
-                pass of labkit's (the anchor): each client's own p50 TTFT, TPOT/ITL and tokens/s, the same runs under
-                one definition, each client's aligned deviation from its anchor pass (median over its pairs) beside its
-                pass-to-pass range, and the largest aligned deviation from the clients' median
+                (held to core 0, each client to core 1), interleaved rounds, each other client's pass between two
+                passes of labkit's (the anchor): each client's own p50 TTFT, TPOT/ITL and tokens/s, the same runs under
+                one definition, each client's aligned deviation from its anchor passes (median over its pairs) beside
+                its pass-to-pass range, and the largest aligned deviation from the clients' median
     shared      labkit's client and AIPerf again on the server's own core: CPU share, how far the figures move
     aa_ab       A/A trials and trials with a known per-token slowdown (the lab's slow proxy), interleaved passes in
                 pairs, real and resampled from the recorded A/A passes: false-positive and detection rates of one run

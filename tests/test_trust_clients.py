@@ -427,15 +427,14 @@ def test_client_tables_align_every_client_and_keep_a_failed_one_as_a_row():
     assert t2["aligned"]["AIPerf"]["tpot_p50_s"] == 2.0
 
 
-def test_each_client_runs_beside_an_anchor_run_and_its_deviation_is_the_median_of_its_pairs(monkeypatch, tmp_path):
+def test_each_client_runs_between_two_anchor_runs_and_its_deviation_is_the_median_of_its_pairs(monkeypatch, tmp_path):
     from labkit.lessons.nb14 import runs as nb14
 
-    pace = iter([1.0, 1.0, 1.3, 1.3, 0.8, 0.8, 1.2, 1.2, 0.7, 0.7, 1.1, 1.1, 1.0, 1.0])  # the server's pace: it moves
-    # ±30 % between pairs, not inside one
+    paces = (1.04 ** k for k in range(20))  # the server slows 4 % with every pass, steadily
     tpot = {"labkit": 0.050, "AIPerf": 0.055, "GuideLLM": 0.050}  # AIPerf reads 10 % slower, GuideLLM the same
 
     def fake(name, url, w, folder, *, cores=None, timeout_s=0):
-        p = next(pace)
+        p = next(paces)
         if name == "GuideLLM" and "round1" in str(folder):
             return outside.ClientRun(name, "failed: exit 1: no")
         return _run(name, tpot[name] * p)
@@ -444,18 +443,31 @@ def test_each_client_runs_beside_an_anchor_run_and_its_deviation_is_the_median_o
     runs = nb14.clients_on_one_server("http://x", None, tmp_path, clients=("labkit", "AIPerf", "GuideLLM"), rounds=3,
                                       anchor="labkit")
     assert runs.anchor == "labkit" and len(runs["AIPerf"]) == 3 and len(runs["GuideLLM"]) == 2  # failed: not again
-    assert [runs.order[i] for i in range(0, 4, 2)] == ["labkit", "labkit"]  # the anchor runs before each other
-    assert len(runs["labkit"]) == 5 and runs.anchor_of["AIPerf"] == [runs.order[:runs.order.index("AIPerf")].count(
-        "labkit") - 1, *runs.anchor_of["AIPerf"][1:]]
+    assert runs.order[::2] == ["labkit"] * 6 and len(runs.order) == 11  # before each other run, and once at the end
+    first = runs.order.index("AIPerf")
+    assert runs.anchor_of["AIPerf"][0] == runs.order[:first].count("labkit") - 1
+    assert runs.anchor_after["AIPerf"][0] == runs.anchor_of["AIPerf"][0] + 1
+    assert runs.anchor_after[runs.order[-2]][-1] == 5  # the last client's closing anchor run
     a = nb14.anchored(runs)
     aiperf = a["per_client"]["AIPerf"]
     assert aiperf["pairs"] == 3 and aiperf["tpot_p50_s"]["deviation"] == pytest.approx(0.1)
-    assert aiperf["tpot_p50_s"]["range"] == pytest.approx(0.0, abs=1e-9)  # the drift cancels inside each pair
-    assert a["per_client"]["GuideLLM"]["tpot_p50_s"]["deviation"] == pytest.approx(0.0, abs=1e-9) and a["per_client"]["GuideLLM"]["pairs"] == 1
-    assert a["per_client"]["GuideLLM"]["tpot_p50_s"]["range"] is None  # one pair: no range
-    assert a["per_client"]["labkit"]["pairs"] == 4 and a["max"]["client"] == "AIPerf"
+    assert aiperf["tpot_p50_s"]["range"] == pytest.approx(0.0, abs=1e-9)  # the steady drift cancels between the sides
+    guide = a["per_client"]["GuideLLM"]
+    assert guide["tpot_p50_s"]["deviation"] == pytest.approx(0.0, abs=1e-9) and guide["pairs"] == 1
+    assert guide["tpot_p50_s"]["range"] is None  # one pair: no range
+    assert a["per_client"]["labkit"]["pairs"] == 5 and a["max"]["client"] == "AIPerf"
+    before_only = nb14.anchored(nb14.ClientPasses(dict(runs), "labkit", runs.anchor_of))  # the anchor before alone
+    assert before_only["per_client"]["AIPerf"]["tpot_p50_s"]["deviation"] == pytest.approx(1.1 * 1.04 - 1)
     with pytest.raises(ValueError, match="anchor"):
         nb14.anchored(nb14.ClientPasses({"labkit": []}))
+
+
+def test_a_pair_keeps_the_anchor_side_that_ran():
+    from labkit.lessons.nb14 import runs as nb14
+
+    passes = nb14.ClientPasses({"labkit": [], "X": []}, "labkit", {"X": [0, None, 2, None]},
+                               anchor_after={"X": [1, 2, None, None]})
+    assert passes.brackets("X") == [(0, [0, 1]), (1, [2]), (2, [2])]  # run 3 has neither side: no pair
 
 
 def test_waves_group_a_closed_loops_requests_and_read_the_pace_between_them():
@@ -503,7 +515,7 @@ def test_first_waves_split_a_clients_residual_into_the_passes_first_wave_and_the
                                {"X": [0, 1], "Y": [None]})
     fw = nb14.first_waves(passes, 4)
     assert fw["X"] == {"pairs": 2, "first": pytest.approx(1.25), "later": pytest.approx(1.0)}
-    assert fw["Y"] == {"pairs": 0, "first": None, "later": None}  # its only pass has no anchor run beside it
+    assert fw["Y"] == {"pairs": 0, "first": None, "later": None}  # its only pass has no anchor run either side
     said = findings.first_waves_sentence(fw, "labkit")
     assert "X 1.25× and 1.00×" in said and "Y" not in said
     assert "not shown" in findings.first_waves_sentence({"Y": fw["Y"]}, "labkit")

@@ -153,7 +153,7 @@ def test_the_anchored_sentence_names_the_largest_deviation_with_its_range_and_th
     a["per_client"]["AIPerf"]["tpot_p50_s"]["ratios"] = []
     assert "p50 TPOT pass-to-pass range 5.0%" in said
     assert "tokens/s no pass-to-pass range (one pair)" in said  # a single ratio has no range
-    assert said.startswith("largest aligned deviation from labkit's run beside it: -7.0%")
+    assert said.startswith("largest aligned deviation from labkit's runs either side of it: -7.0%")
     assert f14.anchored_sentence(a, lead="up to").startswith("up to -7.0% (AIPerf")  # the takeaway's own words
     none = dict(a, max={"value": 0.0, "client": None, "metric": None})
     assert f14.anchored_sentence(none).startswith("no client had a pair")

@@ -70,7 +70,7 @@ print("labkit", labkit.__version__, "| device:", env.device(), "| quick mode:", 
 PROMPTS = config.pick(16, 8)  # the request set every client sends (the lab's chat prompts)
 OUTPUT_LEN = config.pick(32, 16)  # tokens per answer, exactly (ignore_eos)
 CONCURRENCY = 4  # requests in flight at most, every client
-CLIENT_PASSES = config.pick(7, 1)  # rounds: each other client once, each beside a pass of labkit's (its pair)
+CLIENT_PASSES = config.pick(7, 1)  # rounds: each other client once, each between two passes of labkit's (its pair)
 AA_TRIALS, AB_TRIALS = config.pick(10, 2), config.pick(10, 1)  # real A/A trials, then real A/B trials
 PAIRS = config.pick(10, 6)  # pairs of interleaved passes (A, B in a shuffled order) in each A/A trial
 MAX_AB_PAIRS = config.pick(20, 6)  # the most pairs an A/B trial can afford (the formula asks for its own number)
@@ -104,8 +104,9 @@ print(f"{PROMPTS} prompts × {OUTPUT_LEN} tokens, {CONCURRENCY} in flight; clien
 #
 # One `vllm serve` held to core 0 (its engine, its front end, every thread); each client held to core 1. Every
 # client reads the same prompts, asks for exactly `OUTPUT_LEN` tokens, greedy, at most `CONCURRENCY` in flight, and
-# saves every request's record. The server's pace moves from pass to pass, so each other client's pass runs right
-# after a pass of labkit's client (the anchor): that pair shares the server's pace. First, each client's own report,
+# saves every request's record. The server's pace moves from pass to pass, so each other client's pass runs between
+# two passes of labkit's client (the anchor), and is held against their geometric mean: a pace that drifts steadily
+# through the three cancels (the ABBA design of the field's interleaved trials). First, each client's own report,
 # with what it calls its per-token latency and how it computes it. Predict: how far apart (largest ÷ smallest − 1) will the four reports of p50 TPOT/ITL be?
 
 # %% slideshow={"slide_type": "fragment"}

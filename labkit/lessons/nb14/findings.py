@@ -30,8 +30,8 @@ def _range(fig: Mapping[str, Any] | None) -> str:
 
 
 def anchored_sentence(a: Mapping[str, Any], lead: str | None = None) -> str:
-    """The largest aligned deviation from the anchor's run beside each client, with that client's range, and the
-    anchor's own range; ``lead``: the words before the figure (default: what the figure is)."""
+    """The largest aligned deviation from the anchor's runs either side of each client, with that client's range, and
+    the anchor's own range; ``lead``: the words before the figure (default: what the figure is)."""
     m = a["max"]
     own = a["per_client"][a["anchor"]]
     ranges = "; ".join(f"{METRIC_NAMES[metric]} {_range(own.get(metric))}"
@@ -39,7 +39,7 @@ def anchored_sentence(a: Mapping[str, Any], lead: str | None = None) -> str:
     if m["client"] is None:
         return f"no client had a pair with {a['anchor']}'s runs; {a['anchor']}'s own runs: {ranges}"
     row = a["per_client"][m["client"]]
-    lead = f"largest aligned deviation from {a['anchor']}'s run beside it:" if lead is None else lead
+    lead = f"largest aligned deviation from {a['anchor']}'s runs either side of it:" if lead is None else lead
     return (f"{lead} {m['value']:+.1%} ({m['client']}, "
             f"{METRIC_NAMES[m['metric']]}, median of {row['pairs']} pair"
             f"{'s' * (row['pairs'] != 1)}; {_range(row.get(m['metric']))}; {_told_apart(row[m['metric']], a)}); "
@@ -59,13 +59,13 @@ def _told_apart(fig: Mapping[str, Any], a: Mapping[str, Any]) -> str:
 
 
 def first_waves_sentence(fw: Mapping[str, Mapping[str, Any]], anchor: str) -> str:
-    """Each client's first wave and later waves against the anchor's run beside it (``runs.first_waves``)."""
+    """Each client's first wave and later waves against the anchor's runs either side of it (``runs.first_waves``)."""
     parts = [f"{name} {r['first']:.2f}× and {r['later']:.2f}×" for name, r in fw.items()
              if r["first"] is not None and r["later"] is not None]
     if not parts:
-        return f"no client had two waves in a pass beside {anchor}'s: where its residual sits is not shown"
-    return (f"Each client's first wave of a pass and its later waves, p50 TPOT over {anchor}'s beside it (median of "
-            "the pairs): " + "; ".join(parts) + ". A residual in the first wave alone starts with the pass (the "
+        return f"no client had two waves in a pass between two of {anchor}'s: where its residual sits is not shown"
+    return (f"Each client's first wave of a pass and its later waves, p50 TPOT over {anchor}'s either side of it "
+            "(median of the pairs): " + "; ".join(parts) + ". A residual in the first wave alone starts with the pass (the "
             "client's start-up still running, or the server idle while the client started); one in every wave lasts")
 
 
@@ -84,7 +84,7 @@ def clients_sentence(tables: Mapping[str, Any], cost: Mapping[str, float | None]
     busiest = max(((n, c) for n, c in cost.items() if c is not None), key=lambda x: x[1], default=None)
     said = (f"On one request set, the clients' own reports of p50 TPOT/ITL and tokens/s were up to "
             f"{_dev(tables['raw_deviation'])} away from the clients' median; recomputed from each client's own "
-            f"per-request stamps under one definition and held against labkit's run beside it, "
+            f"per-request stamps under one definition and held against labkit's runs either side of it, "
             + (anchored_sentence(tables["anchored"], lead="up to") if tables.get("anchored") else
                f"up to {_dev(tables['aligned_deviation'])} from the clients' median") + ".")
     if busiest is not None:
@@ -241,7 +241,7 @@ def takeaways(*, tables: Mapping[str, Any], ab: Mapping[str, Any], loops: Mappin
               sentences: Sequence[str]) -> Findings:
     """The rows (the largest aligned deviation first) and the sentences they choose."""
     rows: list[dict[str, Any]] = [
-        {"finding": "largest aligned deviation from labkit's run beside it (p50 TPOT, tokens/s)",
+        {"finding": "largest aligned deviation from labkit's runs either side of it (p50 TPOT, tokens/s)",
          "value": abs(tables["anchored"]["max"]["value"])} if tables.get("anchored") else
         {"finding": "largest deviation between clients after alignment (p50 TPOT, tokens/s)",
          "value": abs(tables["aligned_deviation"]["max"]["value"])},

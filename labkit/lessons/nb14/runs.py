@@ -46,12 +46,26 @@ LG_FACTORS = (0.4, 2.0)  # LoadGen's Server runs: these multiples of the rate Of
 class ClientPasses(dict):
     """What ``clients_on_one_server`` returns: each client's runs by name, in the order they ran; ``anchor``, the
     client every other one is paired with (None: no pairing); ``anchor_of[name][i]``, the index of the anchor's run
-    just before ``name``'s run i (its pair; None where that anchor run failed); ``order``, the runs in turn."""
+    just before ``name``'s run i, and ``anchor_after[name][i]`` of the one just after (None where that run failed or
+    none ran); ``order``, the runs in turn."""
 
     def __init__(self, runs: dict[str, list[outside.ClientRun]], anchor: str | None = None,
-                 anchor_of: dict[str, list[int | None]] | None = None, order: list[str] | None = None) -> None:
+                 anchor_of: dict[str, list[int | None]] | None = None, order: list[str] | None = None,
+                 anchor_after: dict[str, list[int | None]] | None = None) -> None:
         super().__init__(runs)
         self.anchor, self.anchor_of, self.order = anchor, anchor_of or {}, order or []
+        self.anchor_after = anchor_after or {}
+
+    def brackets(self, name: str) -> list[tuple[int, list[int]]]:
+        """Client ``name``'s pairs: its run i and the anchor's runs either side of it that succeeded (before, then
+        after; one where the other failed or never ran). Runs with neither are left out."""
+        after = self.anchor_after.get(name) or []
+        out = []
+        for i, j in enumerate(self.anchor_of.get(name) or []):
+            k = after[i] if i < len(after) else None
+            if sides := [x for x in (j, k) if x is not None]:
+                out.append((i, sides))
+        return out
 
 
 def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
@@ -61,8 +75,9 @@ def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
                           seed: int = timing.ORDER_SEED) -> ClientPasses:
     """Each of ``clients`` once per round, in turn (interleaved: a machine that slows down mid-way slows them all),
     each in a folder of its own; a client that failed once is not run again. With ``anchor`` (one of ``clients``,
-    e.g. "labkit"), each round runs the others in a shuffled order (``seed``) and the anchor just before each of
-    them: every other client's run has an anchor run beside it, its pair (``ClientPasses.anchor_of``)."""
+    e.g. "labkit"), each round runs the others in a shuffled order (``seed``), the anchor before each of them and once
+    more at the end: every other client's run sits between two anchor runs, its pair's two sides
+    (``ClientPasses.brackets``), so a drift that runs steadily through the three cancels."""
     runs: dict[str, list[outside.ClientRun]] = {c: [] for c in clients}
     order: list[str] = []
 
@@ -84,26 +99,39 @@ def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
         raise ValueError(f"anchor {anchor!r} is not one of the clients {list(clients)}")
     others = [c for c in clients if c != anchor]
     anchor_of: dict[str, list[int | None]] = {c: [] for c in others}
+    anchor_after: dict[str, list[int | None]] = {c: [] for c in others}
     rng = random.Random(seed)
+    waiting: str | None = None  # the client whose run still waits for the anchor run after it
+
+    def go_anchor(where: Path) -> int | None:
+        beside = go(anchor, where)
+        j = len(runs[anchor]) - 1 if beside.ok else None
+        if waiting is not None:
+            anchor_after[waiting].append(j)
+        return j
+
     for r in range(rounds):
         turn = list(others)
         rng.shuffle(turn)
         for c in turn:
             if runs[c] and not runs[c][-1].ok:
                 continue
-            beside = go(anchor, folder / f"round{r}-{anchor}-before-{c}")
+            anchor_of[c].append(go_anchor(folder / f"round{r}-{anchor}-before-{c}"))
             go(c, folder / f"round{r}")
-            anchor_of[c].append(len(runs[anchor]) - 1 if beside.ok else None)
-    return ClientPasses(runs, anchor, anchor_of, order)
+            waiting = c
+    if waiting is not None:
+        go_anchor(folder / f"round{rounds - 1}-{anchor}-last")
+    return ClientPasses(runs, anchor, anchor_of, order, anchor_after)
 
 
 def anchored(runs: ClientPasses, align_fn: Callable[[Sequence[Mapping[str, float]]], Mapping[str, Any]] = align.aligned,
              metrics: Sequence[str] = ("ttft_p50_s", *align.JUDGED)) -> dict[str, Any]:
-    """Each client against the anchor's run beside it, under one definition (``align_fn``): per pair, the client's
-    aligned figure over the anchor's; a client's deviation is the median of its pairs' ratios, minus 1. One spread
-    measure for everyone, its pass-to-pass range: the largest of a client's per-pair ratios minus the smallest (None
-    with fewer than 2 pairs); the anchor's own range from its consecutive runs (run k + 1 over run k). ``max``: the
-    largest deviation on ``align.JUDGED`` (TPOT, tokens/s), with its client and metric."""
+    """Each client against the anchor's runs either side of it, under one definition (``align_fn``): per pair, the
+    client's aligned figure over the geometric mean of the anchor's two (its one, where the other failed); a client's
+    deviation is the median of its pairs' ratios, minus 1. One spread measure for everyone, its pass-to-pass range:
+    the largest of a client's per-pair ratios minus the smallest (None with fewer than 2 pairs); the anchor's own
+    range from its consecutive runs (run k + 1 over run k). ``max``: the largest deviation on ``align.JUDGED``
+    (TPOT, tokens/s), with its client and metric."""
     if runs.anchor is None:
         raise ValueError("anchored() needs runs made with an anchor (clients_on_one_server(..., anchor='labkit'))")
     figures = {name: [dict(align_fn(align.stamps(r.outputs))) if r.ok else None for r in rs]
@@ -114,12 +142,13 @@ def anchored(runs: ClientPasses, align_fn: Callable[[Sequence[Mapping[str, float
 
     per: dict[str, dict[str, Any]] = {}
     found = [{"value": 0.0, "client": None, "metric": None}]
-    for name, partners in runs.anchor_of.items():
-        pairs = [(figures[name][i], figures[runs.anchor][j]) for i, j in enumerate(partners)
-                 if j is not None and figures[name][i] is not None]
+    for name in runs.anchor_of:
+        pairs = [(figures[name][i], [figures[runs.anchor][j] for j in sides]) for i, sides in runs.brackets(name)
+                 if figures[name][i] is not None]
         row: dict[str, Any] = {"pairs": len(pairs)}
         for m in metrics:
-            ratios = [c[m] / a[m] for c, a in pairs if c.get(m) and a.get(m)]
+            ratios = [c[m] / statistics.geometric_mean([a[m] for a in sides]) for c, sides in pairs
+                      if c.get(m) and all(a.get(m) for a in sides)]
             row[m] = {"deviation": statistics.median(ratios) - 1 if ratios else None, "range": spread(ratios),
                       "ratios": ratios}
             if ratios and m in align.JUDGED:
@@ -151,21 +180,21 @@ def waves(runs: Sequence[outside.ClientRun], concurrency: int) -> dict[str, Any]
 
 def first_waves(runs: ClientPasses, concurrency: int) -> dict[str, dict[str, Any]]:
     """Where in a pass a client's residual sits: per client, over its pairs, the median of (its first wave's TPOT ÷
-    the anchor's first wave's) and of (its later waves' median TPOT ÷ the anchor's): an effect that starts with the
-    pass (the client's own start-up still running, a server idle while the client started) shows in the first wave
-    alone; one that lasts, in both."""
+    the anchor's first wave's) and of (its later waves' median TPOT ÷ the anchor's), the anchor's figure the geometric
+    mean of its runs either side: an effect that starts with the pass (the client's own start-up still running, a
+    server idle while the client started) shows in the first wave alone; one that lasts, in both."""
     positive("concurrency", concurrency)
     out: dict[str, dict[str, Any]] = {}
-    for name, partners in runs.anchor_of.items():
+    for name in runs.anchor_of:
         first, later = [], []
-        for i, j in enumerate(partners):
-            if j is None:
-                continue
-            c, a = _wave_tpots(runs[name][i], concurrency), _wave_tpots(runs[runs.anchor][j], concurrency)
-            if c and a:
-                first.append(c[0] / a[0])
-            if len(c) >= 2 and len(a) >= 2:
-                later.append(statistics.median(c[1:]) / statistics.median(a[1:]))
+        for i, sides in runs.brackets(name):
+            c = _wave_tpots(runs[name][i], concurrency)
+            a = [_wave_tpots(runs[runs.anchor][j], concurrency) for j in sides]
+            if c and all(a):
+                first.append(c[0] / statistics.geometric_mean([x[0] for x in a]))
+            if len(c) >= 2 and all(len(x) >= 2 for x in a):
+                sides_later = [statistics.median(x[1:]) for x in a]
+                later.append(statistics.median(c[1:]) / statistics.geometric_mean(sides_later))
         out[name] = {"pairs": len(first), "first": statistics.median(first) if first else None,
                      "later": statistics.median(later) if later else None}
     return out
