@@ -33,7 +33,7 @@ from labkit.core import config, cpu, env
 from labkit.core.results import jsonable
 from labkit.lessons.nb14 import runs as nb14_runs
 from labkit.model import models
-from labkit.serve import loadgen, processes
+from labkit.serve import loadgen, metrics, processes
 from labkit.serve.experiments import paged
 from labkit.serve.vllm import server as vs
 
@@ -78,7 +78,8 @@ def main() -> None:
         if srv is not None:
             loadgen.run(srv.url, texts[:1], num_requests=1, max_tokens=4, warmup=0, model=model_path)
             runs = nb14_runs.clients_on_one_server(srv.url, work, folder / "pinned", rounds=config.pick(7, 1),
-                                                   cores=CLIENT_CORES, anchor="labkit")
+                                                   cores=CLIENT_CORES, anchor="labkit",
+                                                   scrape=lambda: metrics.scrape(srv.url))
             tables = nb14_runs.client_tables(runs)
             anchored = nb14_runs.anchored(runs)
             out["clients"] = {"raw": tables["raw"], "aligned": tables["aligned"],

@@ -462,6 +462,42 @@ def test_each_client_runs_between_two_anchor_runs_and_its_deviation_is_the_media
         nb14.anchored(nb14.ClientPasses({"labkit": []}))
 
 
+def test_the_servers_own_clock_tells_a_slower_server_from_a_clients_clock(monkeypatch, tmp_path):
+    from labkit.lessons.nb14 import findings, runs as nb14
+
+    paces = (1.03 ** k for k in range(40))  # the server drifts steadily
+    clock = {"labkit": 1.0, "AIPerf": 1.1, "GuideLLM": 1.0}  # what the client's own clock adds to each token
+    server = {"labkit": 1.0, "AIPerf": 1.0, "GuideLLM": 1.1}  # how much slower the server runs while it drives it
+    seen = {}
+
+    def fake(name, url, w, folder, *, cores=None, timeout_s=0):
+        seen["tpot"] = 0.05 * next(paces) * server[name]
+        return _run(name, seen["tpot"] * clock[name])
+
+    monkeypatch.setattr(outside, "run", fake)
+    monkeypatch.setattr(nb14, "server_view", lambda before, after: {"tpot": {"mean_s": seen["tpot"]}})
+    scraped = []
+    runs = nb14.clients_on_one_server("http://x", None, tmp_path, clients=("labkit", "AIPerf", "GuideLLM"), rounds=6,
+                                      anchor="labkit", scrape=lambda: scraped.append(1))
+    assert len(scraped) == 2 * len(runs.order)  # before and after every run
+    a = nb14.anchored(runs)
+    aiperf, guide = a["per_client"]["AIPerf"], a["per_client"]["GuideLLM"]
+    assert aiperf["tpot_p50_s"]["deviation"] == pytest.approx(0.1) == guide["tpot_p50_s"]["deviation"]
+    assert aiperf[nb14.SERVER_TPOT]["deviation"] == pytest.approx(0.0, abs=1e-9)
+    assert aiperf["beyond_server"]["deviation"] == pytest.approx(0.1)  # AIPerf's clock, not the server
+    assert guide[nb14.SERVER_TPOT]["deviation"] == pytest.approx(0.1)
+    assert guide["beyond_server"]["deviation"] == pytest.approx(0.0, abs=1e-9)  # the server itself ran slower
+    assert nb14.anchored_row(a, "AIPerf")["tpot_beyond_server"] == pytest.approx(0.1)
+    a["max"] = {"value": 0.1, "client": "GuideLLM", "metric": "tpot_p50_s"}
+    assert "the server itself ran slower while GuideLLM drove it" in findings.server_sentence(a)
+    a["max"]["client"] = "AIPerf"
+    said = findings.server_sentence(a)
+    assert "a real difference in how it times tokens" in said and "ran slower" not in said
+    unscraped = nb14.anchored(nb14.ClientPasses(dict(runs), "labkit", runs.anchor_of, anchor_after=runs.anchor_after))
+    assert unscraped["per_client"]["AIPerf"]["beyond_server"] is None
+    assert "not read pass by pass" in findings.server_sentence(unscraped)
+
+
 def test_a_pair_keeps_the_anchor_side_that_ran():
     from labkit.lessons.nb14 import runs as nb14
 

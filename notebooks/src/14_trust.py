@@ -124,6 +124,7 @@ if HAS_VLLM:
     before = metrics.scrape(srv.url)
     runs = nb14.runs.clients_on_one_server(
         srv.url, work, folder / "pinned", rounds=CLIENT_PASSES, cores=CLIENT_CORES, anchor="labkit",
+        scrape=lambda: metrics.scrape(srv.url),
         on_run=lambda r: print(f"  {r.client}: {r.status}, {r.wall_s or 0:.1f} s"))
     server_seen = nb14.runs.server_view(before, metrics.scrape(srv.url))
 else:
@@ -188,7 +189,9 @@ if runs and CLIENT_PASSES < 3:
 # pass even between two passes of one client (labkit's pass-to-pass range above). A deviation inside that range is
 # not a difference between clients. The four also differ in TTFT, which no definition here touches. vLLM's
 # `/metrics` histograms cover every request of the runs above (all clients): the mean is exact (sum ÷ count), a
-# percentile only as fine as its bucket.
+# percentile only as fine as its bucket. They were also read before and after every pass: the server's own mean
+# TPOT over each pass, held against labkit's passes either side as the clients' figures were, says whether the
+# server itself ran slower beside a client's passes, or the client's own clock added the difference.
 
 # %% slideshow={"slide_type": "fragment"}
 if runs:
@@ -213,6 +216,7 @@ if runs:
                                   if o.success and o.tpot_s is not None)
     print(f"mean TPOT over every client's requests {client_mean * 1e3:.1f} ms; the server's "
           f"{server_seen['tpot']['mean_s'] * 1e3:.1f} ms (its clock starts when the request reaches the engine)")
+    print(nb14.findings.server_sentence(tables["anchored"]))
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ## The client's own cost

@@ -58,6 +58,27 @@ def _told_apart(fig: Mapping[str, Any], a: Mapping[str, Any]) -> str:
                         ) + f": {v.reason}"
 
 
+def server_sentence(a: Mapping[str, Any]) -> str:
+    """For the client with the largest deviation: whether vLLM's own clock (its mean TPOT over each pass, from
+    ``/metrics``) moved the same way beside that client's passes, and what the client's own clock added beyond it."""
+    name = a["max"]["client"]
+    row = a["per_client"].get(name) or {}
+    srv, beyond = row.get("server_tpot_mean_s") or {}, row.get("beyond_server")
+    if name is None or not srv.get("ratios") or not beyond:
+        return "the server's own clock was not read pass by pass: where the residual arises is not shown"
+    s = verdict.compare(srv["ratios"], [1.0] * len(srv["ratios"]), paired=True)
+    b = verdict.compare(beyond["ratios"], [1.0] * len(beyond["ratios"]), paired=True)
+    return (f"Over the same pairs, vLLM's own mean TPOT (its /metrics) beside {name}'s passes against "
+            f"{a['anchor']}'s: {srv['deviation']:+.1%}, "
+            + verdict.pick(s, better=f"the server itself ran slower while {name} drove it",
+                           worse=f"the server itself ran faster while {name} drove it",
+                           same="the server ran at one pace for both", unsure="not told apart from its drift")
+            + f" ({s.reason}); what {name}'s own clock added beyond the server's: {beyond['deviation']:+.1%}, "
+            + verdict.pick(b, better="a real difference in how it times tokens",
+                           worse="a real difference in how it times tokens", same="nothing",
+                           unsure="not told apart from nothing") + f" ({b.reason})")
+
+
 def first_waves_sentence(fw: Mapping[str, Mapping[str, Any]], anchor: str) -> str:
     """Each client's first wave and later waves against the anchor's runs either side of it (``runs.first_waves``)."""
     parts = [f"{name} {r['first']:.2f}× and {r['later']:.2f}×" for name, r in fw.items()
@@ -87,6 +108,8 @@ def clients_sentence(tables: Mapping[str, Any], cost: Mapping[str, float | None]
             f"per-request stamps under one definition and held against labkit's runs either side of it, "
             + (anchored_sentence(tables["anchored"], lead="up to") if tables.get("anchored") else
                f"up to {_dev(tables['aligned_deviation'])} from the clients' median") + ".")
+    if tables.get("anchored"):
+        said += " " + server_sentence(tables["anchored"]) + "."
     if busiest is not None:
         said += (f" The busiest client, {busiest[0]}, kept {busiest[1]:.0%} of a core busy between its first request "
                  "and its last response (its start-up apart)")

@@ -2,12 +2,12 @@
 
     clients_on_one_server  the benchmark clients (labkit's loadgen, vllm bench serve, AIPerf, GuideLLM) on one
                    request set against one server, interleaved rounds, each client held to chosen cores, each run of
-                   another client beside a run of labkit's (the anchor); ``client_tables`` their own figures and the
-                   aligned ones, ``anchored`` each client against its anchor run, pair by pair
+                   another client between two of labkit's (the anchor); ``client_tables`` their own figures and the
+                   aligned ones, ``anchored`` each client against its anchor runs, pair by pair
     server_view    vLLM's own histograms of TTFT, TPOT and inter-token time over a run (``/metrics`` before and after)
     aa_ab          A/A and A/B trials of interleaved passes through two slow proxies (``serve.clients.readers``), real
-                   and resampled from the recorded passes: how often four readers (one run each, the overlap rule, a bootstrap over
-                   the requests, the paired test) call a difference, with none there and with a known per-token delay
+                   and resampled from the recorded passes: how often four readers (one run each, the overlap rule, a
+                   request bootstrap, the paired test) call a difference, with none there and with a known delay
     loops          closed loop (a concurrency cap) against open loop (Poisson at the same mean rate); short against
                    long answers under the cap; the first request after an idle gap against warm ones
     vllm_batch_divergence  one prompt's greedy answer from ``vllm serve`` alone and among others sent at once
@@ -43,46 +43,51 @@ LG_FACTORS = (0.4, 2.0)  # LoadGen's Server runs: these multiples of the rate Of
 # ------------------------------------------------------------------------------------------- the clients
 
 
+SERVER_TPOT = "server_tpot_mean_s"  # the server's own mean TPOT over a client's run (its /metrics before and after)
+
+
 class ClientPasses(dict):
     """What ``clients_on_one_server`` returns: each client's runs by name, in the order they ran; ``anchor``, the
     client every other one is paired with (None: no pairing); ``anchor_of[name][i]``, the index of the anchor's run
     just before ``name``'s run i, and ``anchor_after[name][i]`` of the one just after (None where that run failed or
-    none ran); ``order``, the runs in turn."""
+    none ran); ``order``, the runs in turn; ``server_tpot[name][i]``, the server's own mean TPOT over run i."""
 
     def __init__(self, runs: dict[str, list[outside.ClientRun]], anchor: str | None = None,
                  anchor_of: dict[str, list[int | None]] | None = None, order: list[str] | None = None,
-                 anchor_after: dict[str, list[int | None]] | None = None) -> None:
+                 anchor_after: dict[str, list[int | None]] | None = None,
+                 server_tpot: dict[str, list[float | None]] | None = None) -> None:
         super().__init__(runs)
         self.anchor, self.anchor_of, self.order = anchor, anchor_of or {}, order or []
-        self.anchor_after = anchor_after or {}
+        self.anchor_after, self.server_tpot = anchor_after or {}, server_tpot or {}
 
     def brackets(self, name: str) -> list[tuple[int, list[int]]]:
         """Client ``name``'s pairs: its run i and the anchor's runs either side of it that succeeded (before, then
         after; one where the other failed or never ran). Runs with neither are left out."""
-        after = self.anchor_after.get(name) or []
-        out = []
-        for i, j in enumerate(self.anchor_of.get(name) or []):
-            k = after[i] if i < len(after) else None
-            if sides := [x for x in (j, k) if x is not None]:
-                out.append((i, sides))
-        return out
+        before = self.anchor_of.get(name) or []
+        after = [*(self.anchor_after.get(name) or []), *[None] * len(before)]
+        sides = ([x for x in (j, k) if x is not None] for j, k in zip(before, after))
+        return [(i, s) for i, s in enumerate(sides) if s]
 
 
 def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
                           clients: Sequence[str] = tuple(outside.CLIENTS), rounds: int = 1,
                           cores: set[int] | None = None, timeout_s: float = 300.0,
                           on_run: Callable[[outside.ClientRun], None] | None = None, anchor: str | None = None,
-                          seed: int = timing.ORDER_SEED) -> ClientPasses:
+                          seed: int = timing.ORDER_SEED, scrape: Callable[[], Any] | None = None) -> ClientPasses:
     """Each of ``clients`` once per round, in turn (interleaved: a machine that slows down mid-way slows them all),
     each in a folder of its own; a client that failed once is not run again. With ``anchor`` (one of ``clients``,
     e.g. "labkit"), each round runs the others in a shuffled order (``seed``), the anchor before each of them and once
     more at the end: every other client's run sits between two anchor runs, its pair's two sides
-    (``ClientPasses.brackets``), so a drift that runs steadily through the three cancels."""
+    (``ClientPasses.brackets``), so a drift that runs steadily through the three cancels. ``scrape``: the server's
+    ``/metrics`` (``metrics.scrape``), read before and after each run for its own mean TPOT over it."""
     runs: dict[str, list[outside.ClientRun]] = {c: [] for c in clients}
     order: list[str] = []
+    server: dict[str, list[float | None]] = {c: [] for c in clients}
 
     def go(c: str, where: Path) -> outside.ClientRun:
+        before = scrape() if scrape else None
         run = outside.run(c, url, w, where, cores=cores, timeout_s=timeout_s)
+        server[c].append(server_view(before, scrape())["tpot"].get("mean_s") if scrape else None)
         runs[c].append(run)
         order.append(c)
         if on_run is not None:
@@ -94,7 +99,7 @@ def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
             for c in clients:
                 if not runs[c] or runs[c][-1].ok:
                     go(c, folder / f"round{r}")
-        return ClientPasses(runs, order=order)
+        return ClientPasses(runs, order=order, server_tpot=server)
     if anchor not in clients:
         raise ValueError(f"anchor {anchor!r} is not one of the clients {list(clients)}")
     others = [c for c in clients if c != anchor]
@@ -121,24 +126,31 @@ def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
             waiting = c
     if waiting is not None:
         go_anchor(folder / f"round{rounds - 1}-{anchor}-last")
-    return ClientPasses(runs, anchor, anchor_of, order, anchor_after)
+    return ClientPasses(runs, anchor, anchor_of, order, anchor_after, server)
 
 
 def anchored(runs: ClientPasses, align_fn: Callable[[Sequence[Mapping[str, float]]], Mapping[str, Any]] = align.aligned,
-             metrics: Sequence[str] = ("ttft_p50_s", *align.JUDGED)) -> dict[str, Any]:
+             metrics: Sequence[str] = ("ttft_p50_s", *align.JUDGED, SERVER_TPOT)) -> dict[str, Any]:
     """Each client against the anchor's runs either side of it, under one definition (``align_fn``): per pair, the
     client's aligned figure over the geometric mean of the anchor's two (its one, where the other failed); a client's
     deviation is the median of its pairs' ratios, minus 1. One spread measure for everyone, its pass-to-pass range:
     the largest of a client's per-pair ratios minus the smallest (None with fewer than 2 pairs); the anchor's own
     range from its consecutive runs (run k + 1 over run k). ``max``: the largest deviation on ``align.JUDGED``
-    (TPOT, tokens/s), with its client and metric."""
+    (TPOT, tokens/s), with its client and metric. ``SERVER_TPOT``: the server's own mean TPOT over each run, where
+    the runs were made with ``scrape``; ``beyond_server``: per pair, the client's TPOT ratio over the server's, what
+    the client's own clock added to what the server itself did."""
     if runs.anchor is None:
         raise ValueError("anchored() needs runs made with an anchor (clients_on_one_server(..., anchor='labkit'))")
-    figures = {name: [dict(align_fn(align.stamps(r.outputs))) if r.ok else None for r in rs]
-               for name, rs in runs.items()}
+    server = {name: runs.server_tpot.get(name) or [None] * len(rs) for name, rs in runs.items()}
+    figures = {name: [{**align_fn(align.stamps(r.outputs)), SERVER_TPOT: srv} if r.ok else None
+                      for r, srv in zip(rs, server[name])] for name, rs in runs.items()}
 
     def spread(ratios: Sequence[float]) -> float | None:
         return max(ratios) - min(ratios) if len(ratios) >= 2 else None
+
+    def ratio(c: Mapping[str, Any], sides: Sequence[Mapping[str, Any]], m: str) -> float | None:
+        ok = c.get(m) and all(a.get(m) for a in sides)
+        return c[m] / statistics.geometric_mean([a[m] for a in sides]) if ok else None
 
     per: dict[str, dict[str, Any]] = {}
     found = [{"value": 0.0, "client": None, "metric": None}]
@@ -147,12 +159,14 @@ def anchored(runs: ClientPasses, align_fn: Callable[[Sequence[Mapping[str, float
                  if figures[name][i] is not None]
         row: dict[str, Any] = {"pairs": len(pairs)}
         for m in metrics:
-            ratios = [c[m] / statistics.geometric_mean([a[m] for a in sides]) for c, sides in pairs
-                      if c.get(m) and all(a.get(m) for a in sides)]
+            ratios = [r for c, sides in pairs if (r := ratio(c, sides, m)) is not None]
             row[m] = {"deviation": statistics.median(ratios) - 1 if ratios else None, "range": spread(ratios),
                       "ratios": ratios}
             if ratios and m in align.JUDGED:
                 found.append({"value": row[m]["deviation"], "client": name, "metric": m})
+        beyond = [t / v for c, sides in pairs
+                  if (t := ratio(c, sides, "tpot_p50_s")) and (v := ratio(c, sides, SERVER_TPOT))]
+        row["beyond_server"] = {"deviation": statistics.median(beyond) - 1, "ratios": beyond} if beyond else None
         per[name] = row
     own = [f for f in figures[runs.anchor] if f is not None]
     per[runs.anchor] = {"pairs": max(len(own) - 1, 0), **{
@@ -204,10 +218,12 @@ def anchored_row(a: Mapping[str, Any], name: str) -> dict[str, Any]:
     """One client's row of ``anchored``: its pairs, and per figure its deviation from the anchor and its range."""
     row = a["per_client"].get(name) or {}
     out: dict[str, Any] = {"pairs": row.get("pairs")}
-    for m, short in (("ttft_p50_s", "ttft"), ("tpot_p50_s", "tpot"), ("output_tokens_per_s", "tokens_per_s")):
+    for m, short in (("ttft_p50_s", "ttft"), ("tpot_p50_s", "tpot"), ("output_tokens_per_s", "tokens_per_s"),
+                     (SERVER_TPOT, "server_tpot")):
         fig = row.get(m) or {}
         out[f"{short}_vs_{a['anchor']}"] = fig.get("deviation")
         out[f"{short}_range"] = fig.get("range")
+    out["tpot_beyond_server"] = (row.get("beyond_server") or {}).get("deviation")  # the client's clock, server apart
     return out
 
 
