@@ -4,7 +4,9 @@
                 (held to core 0, each client to core 1), interleaved rounds, each other client's pass between two
                 passes of labkit's (the anchor): each client's own p50 TTFT, TPOT/ITL and tokens/s, the same runs under
                 one definition, each client's aligned deviation from its anchor passes (median over its pairs) beside
-                its pass-to-pass range, and the largest aligned deviation from the clients' median
+                its pass-to-pass range, vLLM's own mean TPOT over each pass held against the anchor's likewise
+                (what arose outside the server's timing: ``tpot_beyond_server``), and the largest aligned deviation from
+                the clients' median
     shared      labkit's client and AIPerf again on the server's own core: CPU share, how far the figures move
     aa_ab       A/A trials and trials with a known per-token slowdown (the lab's slow proxy), interleaved passes in
                 pairs, real and resampled from the recorded A/A passes: false-positive and detection rates of one run

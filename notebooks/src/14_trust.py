@@ -106,7 +106,7 @@ print(f"{PROMPTS} prompts × {OUTPUT_LEN} tokens, {CONCURRENCY} in flight; clien
 # client reads the same prompts, asks for exactly `OUTPUT_LEN` tokens, greedy, at most `CONCURRENCY` in flight, and
 # saves every request's record. The server's pace moves from pass to pass, so each other client's pass runs between
 # two passes of labkit's client (the anchor), and is held against their geometric mean: a pace that drifts steadily
-# through the three cancels (the ABBA design of the field's interleaved trials). First, each client's own report,
+# through the three cancels (A-B-A, as in the field's interleaved trials). First, each client's own report,
 # with what it calls its per-token latency and how it computes it. Predict: how far apart (largest ÷ smallest − 1) will the four reports of p50 TPOT/ITL be?
 
 # %% slideshow={"slide_type": "fragment"}
@@ -126,7 +126,7 @@ if HAS_VLLM:
         srv.url, work, folder / "pinned", rounds=CLIENT_PASSES, cores=CLIENT_CORES, anchor="labkit",
         scrape=lambda: metrics.scrape(srv.url),
         on_run=lambda r: print(f"  {r.client}: {r.status}, {r.wall_s or 0:.1f} s"))
-    server_seen = nb14.runs.server_view(before, metrics.scrape(srv.url))
+    server_seen = vllm_server.server_view(before, metrics.scrape(srv.url))
 else:
     runs, server_seen = {}, {}
     print(f"{vllm_server.MISSING}: no server to drive")
@@ -190,8 +190,9 @@ if runs and CLIENT_PASSES < 3:
 # not a difference between clients. The four also differ in TTFT, which no definition here touches. vLLM's
 # `/metrics` histograms cover every request of the runs above (all clients): the mean is exact (sum ÷ count), a
 # percentile only as fine as its bucket. They were also read before and after every pass: the server's own mean
-# TPOT over each pass, held against labkit's passes either side as the clients' figures were, says whether the
-# server itself ran slower beside a client's passes, or the client's own clock added the difference.
+# TPOT over each pass (timed inside vLLM, only where it counted exactly that pass's requests), held against
+# labkit's passes either side as the clients' figures were, says how much of a client's residual the server itself
+# ran, and how much arose outside its timing: its front end's streaming, the transport, the client's own clock.
 
 # %% slideshow={"slide_type": "fragment"}
 if runs:

@@ -59,23 +59,27 @@ def _told_apart(fig: Mapping[str, Any], a: Mapping[str, Any]) -> str:
 
 
 def server_sentence(a: Mapping[str, Any]) -> str:
-    """For the client with the largest deviation: whether vLLM's own clock (its mean TPOT over each pass, from
-    ``/metrics``) moved the same way beside that client's passes, and what the client's own clock added beyond it."""
+    """For the client with the largest deviation: whether vLLM's own mean TPOT (timed inside the server, from
+    ``/metrics`` around each pass) moved the same way beside that client's passes, and what arose outside the
+    server's timing (its front end's streaming, the transport, the client's clock)."""
     name = a["max"]["client"]
+    if name is None:
+        return "no client had a pair with the anchor: nothing to split"
     row = a["per_client"].get(name) or {}
     srv, beyond = row.get("server_tpot_mean_s") or {}, row.get("beyond_server")
-    if name is None or not srv.get("ratios") or not beyond:
-        return "the server's own clock was not read pass by pass: where the residual arises is not shown"
+    if not srv.get("ratios") or not beyond:
+        return (f"vLLM's own TPOT was not read for {name}'s pairs (no /metrics around its passes, or they counted "
+                "other requests than the pass's own): where its residual arises is not shown")
     s = verdict.compare(srv["ratios"], [1.0] * len(srv["ratios"]), paired=True)
     b = verdict.compare(beyond["ratios"], [1.0] * len(beyond["ratios"]), paired=True)
-    return (f"Over the same pairs, vLLM's own mean TPOT (its /metrics) beside {name}'s passes against "
-            f"{a['anchor']}'s: {srv['deviation']:+.1%}, "
+    return (f"On p50 TPOT, over {len(srv['ratios'])} of {name}'s pairs, vLLM's own mean TPOT (timed inside the "
+            f"server) beside {name}'s passes against {a['anchor']}'s: {srv['deviation']:+.1%}, "
             + verdict.pick(s, better=f"the server itself ran slower while {name} drove it",
                            worse=f"the server itself ran faster while {name} drove it",
                            same="the server ran at one pace for both", unsure="not told apart from its drift")
-            + f" ({s.reason}); what {name}'s own clock added beyond the server's: {beyond['deviation']:+.1%}, "
-            + verdict.pick(b, better="a real difference in how it times tokens",
-                           worse="a real difference in how it times tokens", same="nothing",
+            + f" ({s.reason}); what arose outside the server's timing (front end, transport, {name}'s clock): "
+            f"{beyond['deviation']:+.1%}, "
+            + verdict.pick(b, better="a real difference", worse="a real difference", same="nothing",
                            unsure="not told apart from nothing") + f" ({b.reason})")
 
 
@@ -105,7 +109,7 @@ def clients_sentence(tables: Mapping[str, Any], cost: Mapping[str, float | None]
     busiest = max(((n, c) for n, c in cost.items() if c is not None), key=lambda x: x[1], default=None)
     said = (f"On one request set, the clients' own reports of p50 TPOT/ITL and tokens/s were up to "
             f"{_dev(tables['raw_deviation'])} away from the clients' median; recomputed from each client's own "
-            f"per-request stamps under one definition and held against labkit's runs either side of it, "
+            f"per-request stamps under one definition and each held against labkit's runs either side of it, "
             + (anchored_sentence(tables["anchored"], lead="up to") if tables.get("anchored") else
                f"up to {_dev(tables['aligned_deviation'])} from the clients' median") + ".")
     if tables.get("anchored"):

@@ -4,7 +4,6 @@
                    request set against one server, interleaved rounds, each client held to chosen cores, each run of
                    another client between two of labkit's (the anchor); ``client_tables`` their own figures and the
                    aligned ones, ``anchored`` each client against its anchor runs, pair by pair
-    server_view    vLLM's own histograms of TTFT, TPOT and inter-token time over a run (``/metrics`` before and after)
     aa_ab          A/A and A/B trials of interleaved passes through two slow proxies (``serve.clients.readers``), real
                    and resampled from the recorded passes: how often four readers (one run each, the overlap rule, a
                    request bootstrap, the paired test) call a difference, with none there and with a known delay
@@ -31,7 +30,7 @@ from ...core.checks import positive
 from ...core.timing import percentile
 from ...decoding import invariance, quality
 from ...model import models
-from ...serve import client, loadgen, metrics
+from ...serve import client, loadgen
 from ...serve.clients import align, mlperf, outside
 from ...serve.clients.readers import ABPasses, rates, reader_table, real_trials, resampled_trials, sigma_d
 from ...serve.vllm import server as vs
@@ -79,15 +78,15 @@ def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
     e.g. "labkit"), each round runs the others in a shuffled order (``seed``), the anchor before each of them and once
     more at the end: every other client's run sits between two anchor runs, its pair's two sides
     (``ClientPasses.brackets``), so a drift that runs steadily through the three cancels. ``scrape``: the server's
-    ``/metrics`` (``metrics.scrape``), read before and after each run for its own mean TPOT over it."""
+    ``/metrics`` (``serve.metrics.scrape``), read before and after each run for its own mean TPOT over it."""
     runs: dict[str, list[outside.ClientRun]] = {c: [] for c in clients}
     order: list[str] = []
     server: dict[str, list[float | None]] = {c: [] for c in clients}
 
     def go(c: str, where: Path) -> outside.ClientRun:
-        before = scrape() if scrape else None
+        before = _scraped(scrape)
         run = outside.run(c, url, w, where, cores=cores, timeout_s=timeout_s)
-        server[c].append(server_view(before, scrape())["tpot"].get("mean_s") if scrape else None)
+        server[c].append(_server_tpot(before, _scraped(scrape), run))
         runs[c].append(run)
         order.append(c)
         if on_run is not None:
@@ -124,9 +123,25 @@ def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
             anchor_of[c].append(go_anchor(folder / f"round{r}-{anchor}-before-{c}"))
             go(c, folder / f"round{r}")
             waiting = c
-    if waiting is not None:
+    if waiting is not None and runs[waiting][-1].ok:
         go_anchor(folder / f"round{rounds - 1}-{anchor}-last")
     return ClientPasses(runs, anchor, anchor_of, order, anchor_after, server)
+
+
+def _scraped(scrape: Callable[[], Any] | None) -> Any:
+    try:
+        return scrape() if scrape else None
+    except (OSError, ValueError):  # the server's /metrics did not answer: this run has no server figure, the run goes on
+        return None
+
+
+def _server_tpot(before: Any, after: Any, run: outside.ClientRun) -> float | None:
+    """The server's own mean TPOT over one client run (``vs.server_view``), only where its TPOT histogram counted
+    exactly the run's own answered requests (not a client's extra test request, nor a record the client lost)."""
+    if before is None or after is None:
+        return None
+    tpot = vs.server_view(before, after)["tpot"]
+    return tpot.get("mean_s") if tpot.get("count") == sum(o.success for o in run.outputs) else None
 
 
 def anchored(runs: ClientPasses, align_fn: Callable[[Sequence[Mapping[str, float]]], Mapping[str, Any]] = align.aligned,
@@ -141,7 +156,7 @@ def anchored(runs: ClientPasses, align_fn: Callable[[Sequence[Mapping[str, float
     the client's own clock added to what the server itself did."""
     if runs.anchor is None:
         raise ValueError("anchored() needs runs made with an anchor (clients_on_one_server(..., anchor='labkit'))")
-    server = {name: runs.server_tpot.get(name) or [None] * len(rs) for name, rs in runs.items()}
+    server = {name: [*(runs.server_tpot.get(name) or []), *[None] * len(rs)] for name, rs in runs.items()}
     figures = {name: [{**align_fn(align.stamps(r.outputs)), SERVER_TPOT: srv} if r.ok else None
                       for r, srv in zip(rs, server[name])] for name, rs in runs.items()}
 
@@ -274,31 +289,6 @@ def startup_cpu(runs: Mapping[str, Sequence[outside.ClientRun]]) -> dict[str, fl
     median over its rounds: paid once per run, whatever the run's length."""
     return {name: _median_of([vars(r) for r in rs if r.ok], "startup_cpu_s") for name, rs in runs.items()}
 
-
-# ------------------------------------------------------------------------------------------- the server's view
-
-SERVER_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "tpot": "vllm:request_time_per_output_token_seconds",
-                     "itl": "vllm:inter_token_latency_seconds"}
-
-
-def server_view(before: Sequence[tuple[str, dict[str, str], float]],
-                after: Sequence[tuple[str, dict[str, str], float]]) -> dict[str, Any]:
-    """vLLM's histograms over what happened between two scrapes: per quantity, requests (or gaps) counted, the mean
-    (exact: sum ÷ count), p50 and p90 as Prometheus estimates them, and the bucket p50 falls in (how finely the
-    server can place it)."""
-    delta = metrics.samples_delta(before, after)
-    out = {}
-    for key, name in SERVER_HISTOGRAMS.items():
-        try:
-            h = metrics.histogram(delta, name)
-        except ValueError as exc:
-            out[key] = {"status": str(exc)}
-            continue
-        p50 = metrics.histogram_quantile(h, 0.5)
-        out[key] = {"count": h["count"], "mean_s": h["sum"] / h["count"] if h["count"] else None, "p50_s": p50,
-                    "p90_s": metrics.histogram_quantile(h, 0.9),
-                    "p50_bucket_s": metrics.bucket_of(h, p50) if p50 is not None else None}
-    return out
 
 
 # ------------------------------------------------------------------------------------------- A/A and A/B

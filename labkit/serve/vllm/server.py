@@ -6,7 +6,8 @@ the port), starts ``python -m vllm.entrypoints.openai.api_server`` in a process 
 127.0.0.1, waits for ``/health`` within a deadline, and always stops the whole group (SIGTERM, then SIGKILL
 after a grace), also when the cell fails or the kernel is interrupted. The log stays under ``build/vllm/``;
 ``platform()`` reads the ISA and attention backend vLLM chose from it, ``metrics()`` scrapes ``/metrics`` and
-``labkit.serve.metrics.metrics_delta`` takes the difference of two scrapes. Drive it with ``labkit.serve.loadgen.run(server.url, ...)``.
+``labkit.serve.metrics.metrics_delta`` takes the difference of two scrapes; ``server_view(before, after)`` reads
+vLLM's own TTFT, TPOT and inter-token histograms over what happened between two scrapes. Drive it with ``labkit.serve.loadgen.run(server.url, ...)``.
 """
 from __future__ import annotations
 
@@ -409,3 +410,29 @@ def serve_or_shared(s: Settings, shared: SharedServer | None, deadline_s: float 
         return
     with serve(s, deadline_s=deadline_s, name=name) as srv:
         yield srv
+
+
+# ------------------------------------------------------------------------------------------- the server's view
+
+SERVER_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "tpot": "vllm:request_time_per_output_token_seconds",
+                     "itl": "vllm:inter_token_latency_seconds"}
+
+
+def server_view(before: Sequence[tuple[str, dict[str, str], float]],
+                after: Sequence[tuple[str, dict[str, str], float]]) -> dict[str, Any]:
+    """vLLM's histograms over what happened between two scrapes: per quantity, requests (or gaps) counted, the mean
+    (exact: sum ÷ count), p50 and p90 as Prometheus estimates them, and the bucket p50 falls in (how finely the
+    server can place it)."""
+    delta = prom.samples_delta(before, after)
+    out = {}
+    for key, name in SERVER_HISTOGRAMS.items():
+        try:
+            h = prom.histogram(delta, name)
+        except ValueError as exc:
+            out[key] = {"status": str(exc)}
+            continue
+        p50 = prom.histogram_quantile(h, 0.5)
+        out[key] = {"count": h["count"], "mean_s": h["sum"] / h["count"] if h["count"] else None, "p50_s": p50,
+                    "p90_s": prom.histogram_quantile(h, 0.9),
+                    "p50_bucket_s": prom.bucket_of(h, p50) if p50 is not None else None}
+    return out
