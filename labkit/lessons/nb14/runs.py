@@ -131,7 +131,7 @@ def clients_on_one_server(url: str, w: loadgen.Workload, folder: Path, *,
 def _scraped(scrape: Callable[[], Any] | None) -> Any:
     try:
         return scrape() if scrape else None
-    except (OSError, ValueError):  # the server's /metrics did not answer: this run has no server figure, the run goes on
+    except (OSError, ValueError):  # /metrics did not answer: this run has no server figure, and the runs go on
         return None
 
 
@@ -190,10 +190,11 @@ def anchored(runs: ClientPasses, align_fn: Callable[[Sequence[Mapping[str, float
     return {"anchor": runs.anchor, "per_client": per, "max": max(found, key=lambda f: abs(f["value"]))}
 
 
-def _wave_tpots(run: outside.ClientRun, concurrency: int) -> list[float]:
+def _wave_tpots(records: Sequence[Mapping[str, float]], concurrency: int) -> list[float]:
     """A pass's waves (``concurrency`` consecutive requests by start time), each its median TPOT (aligned)."""
-    recs = sorted(align.stamps(run.outputs) if run.ok else [], key=lambda x: x["start_s"])
-    return [statistics.median(w) for i in range(0, len(recs), concurrency) if (w := align.tpots(recs[i:i + concurrency]))]
+    recs = sorted(records, key=lambda x: x["start_s"])
+    return [statistics.median(w) for i in range(0, len(recs), concurrency)
+            if (w := align.tpots(recs[i:i + concurrency]))]
 
 
 def waves(runs: Sequence[outside.ClientRun], concurrency: int) -> dict[str, Any]:
@@ -202,31 +203,27 @@ def waves(runs: Sequence[outside.ClientRun], concurrency: int) -> dict[str, Any]
     median TPOT (aligned definition), their largest ÷ smallest − 1; ``range`` is its median over the passes, ``waves``
     the waves in a pass (the independent figures a pass's p50 rests on)."""
     positive("concurrency", concurrency)
-    per_pass = [m for m in (_wave_tpots(r, concurrency) for r in runs) if len(m) >= 2]
+    per_pass = [m for m in (_wave_tpots(align.stamps(r.outputs) if r.ok else [], concurrency) for r in runs)
+                if len(m) >= 2]
     return {"passes": len(per_pass), "waves": statistics.median(map(len, per_pass)) if per_pass else None,
             "range": statistics.median(max(m) / min(m) - 1 for m in per_pass) if per_pass else None}
 
 
 def first_waves(runs: ClientPasses, concurrency: int) -> dict[str, dict[str, Any]]:
-    """Where in a pass a client's residual sits: per client, over its pairs, the median of (its first wave's TPOT ÷
-    the anchor's first wave's) and of (its later waves' median TPOT ÷ the anchor's), the anchor's figure the geometric
-    mean of its runs either side: an effect that starts with the pass (the client's own start-up still running, a
-    server idle while the client started) shows in the first wave alone; one that lasts, in both."""
+    """Where in a pass a client's residual sits: per client, over its pairs (``anchored``'s, the anchor's figure the
+    geometric mean of its runs either side), the median of (its first wave's TPOT ÷ the anchor's first wave's) and of
+    (its later waves' median TPOT ÷ the anchor's): an effect that starts with the pass (the client's own start-up
+    still running, a server idle while the client started) shows in the first wave alone; one that lasts, in both."""
     positive("concurrency", concurrency)
-    out: dict[str, dict[str, Any]] = {}
-    for name in runs.anchor_of:
-        first, later = [], []
-        for i, sides in runs.brackets(name):
-            c = _wave_tpots(runs[name][i], concurrency)
-            a = [_wave_tpots(runs[runs.anchor][j], concurrency) for j in sides]
-            if c and all(a):
-                first.append(c[0] / statistics.geometric_mean([x[0] for x in a]))
-            if len(c) >= 2 and all(len(x) >= 2 for x in a):
-                sides_later = [statistics.median(x[1:]) for x in a]
-                later.append(statistics.median(c[1:]) / statistics.geometric_mean(sides_later))
-        out[name] = {"pairs": len(first), "first": statistics.median(first) if first else None,
-                     "later": statistics.median(later) if later else None}
-    return out
+
+    def split(records: Sequence[Mapping[str, float]]) -> dict[str, float | None]:
+        w = _wave_tpots(records, concurrency)
+        return {"first": w[0] if w else None, "later": statistics.median(w[1:]) if len(w) >= 2 else None}
+
+    per = anchored(runs, split, metrics=("first", "later"))["per_client"]
+    return {name: {"pairs": len(per[name]["first"]["ratios"]),
+                   **{k: statistics.median(r) if (r := per[name][k]["ratios"]) else None for k in ("first", "later")}}
+            for name in runs.anchor_of}
 
 
 def anchored_row(a: Mapping[str, Any], name: str) -> dict[str, Any]:
