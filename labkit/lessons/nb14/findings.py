@@ -46,13 +46,18 @@ def anchored_sentence(a: Mapping[str, Any], lead: str | None = None) -> str:
             f"{a['anchor']}'s own runs, one after another: {ranges}")
 
 
+def _against_one(ratios: Sequence[float]) -> verdict.Verdict:
+    """Per-pair ratios (each already client ÷ anchor) against 1, judged paired."""
+    return verdict.compare(ratios, [1.0] * len(ratios), paired=True)
+
+
 def _told_apart(fig: Mapping[str, Any], a: Mapping[str, Any]) -> str:
     """Whether a client's pairs tell its deviation from the drift between passes: its per-pair ratios against 1,
-    judged paired (each pair's ratio is already client ÷ anchor)."""
+    judged paired."""
     ratios = fig.get("ratios") or []
     if not ratios:
         return "no pair to judge"
-    v = verdict.compare(ratios, [1.0] * len(ratios), paired=True)
+    v = _against_one(ratios)
     return verdict.pick(v, better="a real difference", worse="a real difference", same="the same",
                         unsure=f"not told apart from the drift between {a['anchor']}'s passes and the client's"
                         ) + f": {v.reason}"
@@ -70,8 +75,7 @@ def server_sentence(a: Mapping[str, Any]) -> str:
     if not srv.get("ratios") or not beyond:
         return (f"vLLM's own TPOT was not read for {name}'s pairs (no /metrics around its passes, or they counted "
                 "other requests than the pass's own): where its residual arises is not shown")
-    s = verdict.compare(srv["ratios"], [1.0] * len(srv["ratios"]), paired=True)
-    b = verdict.compare(beyond["ratios"], [1.0] * len(beyond["ratios"]), paired=True)
+    s, b = _against_one(srv["ratios"]), _against_one(beyond["ratios"])
     return (f"On p50 TPOT, over {len(srv['ratios'])} of {name}'s pairs, vLLM's own mean TPOT (timed inside the "
             f"server) beside {name}'s passes against {a['anchor']}'s: {srv['deviation']:+.1%}, "
             + verdict.pick(s, better=f"the server itself ran slower while {name} drove it",
@@ -90,8 +94,9 @@ def first_waves_sentence(fw: Mapping[str, Mapping[str, Any]], anchor: str) -> st
     if not parts:
         return f"no client had two waves in a pass between two of {anchor}'s: where its residual sits is not shown"
     return (f"Each client's first wave of a pass and its later waves, p50 TPOT over {anchor}'s either side of it "
-            "(median of the pairs): " + "; ".join(parts) + ". A residual in the first wave alone starts with the pass (the "
-            "client's start-up still running, or the server idle while the client started); one in every wave lasts")
+            "(median of the pairs): " + "; ".join(parts) + ". A residual in the first wave alone starts with the pass "
+            "(the client's start-up still running, or the server idle while the client started); one in every wave "
+            "lasts")
 
 
 def waves_sentence(w: Mapping[str, Any], client: str, concurrency: int) -> str:
@@ -238,8 +243,8 @@ def loops_sentence(loops: Mapping[str, Any], judged: Any, judged_long: Any) -> s
             f"arrivals at the same mean rate ({loops['rate_per_s']:.2f}/s) gave {o['ttft_p50_s']:.3f} s "
             f"({judged.ratio:.2f}×, {judged.word('lower', 'higher')}: {judged.reason}). Under the cap, answers of "
             f"{long_} tokens instead of {short} gave p50 TTFT {cl['ttft_p50_s']:.3f} s ({judged_long.ratio:.2f}×, "
-            f"{judged_long.word('lower', 'higher')}: {judged_long.reason}). Each load ran once, not repeated: a verdict "
-            "here reads one run's requests, which share that run's drift, so it says less than a paired one.")
+            f"{judged_long.word('lower', 'higher')}: {judged_long.reason}). Each load ran once, not repeated: a "
+            "verdict here reads one run's requests, which share that run's drift, so it says less than a paired one.")
 
 
 def loadgen_sentence(rows: Sequence[Mapping[str, Any]], limits: Mapping[str, float]) -> str:
